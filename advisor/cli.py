@@ -1,0 +1,64 @@
+"""Command line: `advisor analyze | profile | lint | report`. Heavy modules are imported per command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from advisor.errors import AdvisorError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per job."""
+    parser = argparse.ArgumentParser(prog="advisor", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    analyze = sub.add_parser("analyze", help="diagnose a recorded torch.profiler trace (no torch needed)")
+    analyze.add_argument("path", help="a .json/.json.gz trace, a folder of them, or a trial/session folder")
+    analyze.add_argument("--json", action="store_true", help="print the versioned JSON document instead")
+    analyze.add_argument("--steps", help="which ProfilerStep numbers to use, e.g. 3-5 or 2,4")
+
+    profile = sub.add_parser("profile", help="run script.py:train_step under the profiler, apply fixes")
+    from advisor import trial  # light: the harness that imports torch runs in the subprocess only
+
+    trial.add_profile_arguments(profile)
+
+    lint = sub.add_parser("lint", help="static check of a training script for memory and speed mistakes")
+    from advisor import lint as lint_module
+
+    lint_module.add_lint_arguments(lint)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `advisor` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "analyze":
+            from advisor.commands import analyze_command
+
+            return analyze_command(args)
+        if args.command == "profile":
+            from advisor import trial
+
+            return trial.profile_command(args)
+        if args.command == "lint":
+            from advisor import lint as lint_module
+
+            return lint_module.lint_command(args)
+    except AdvisorError as exc:
+        if args.debug:
+            raise
+        print(f"advisor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("advisor: interrupted", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Errors that the CLI turns into one line and a non-zero exit code."""
+
+from __future__ import annotations
+
+
+class AdvisorError(Exception):
+    """A user-facing error: one line that names the file or argument and the problem."""
+
+    exit_code = 2
+
+
+class TraceError(AdvisorError):
+    """A trace file that cannot be read: missing, empty, not JSON, truncated, wrong shape."""
+
+    def __init__(self, path: object, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
