@@ -1,0 +1,570 @@
+"""What runs inside a trial's subprocess: the user's script as `__main__`, its step wrapped and profiled.
+
+The parent (`advisor.trial`) starts `python -c "...harness.main(...)" CONFIG_JSON` in a new process
+group. Here we:
+
+1. cap the address space if asked (`memory_limit`), so an oversized trial fails with the allocator's
+   error instead of taking the machine down;
+2. interpose on `DataLoader.__init__` (the DataLoader knobs, and the user's original values);
+3. compile the script with `name = __advisor_wrap__(name)` inserted right after every definition of the
+   target (an AST rewrite, as pytest does for asserts; line numbers are the user's own);
+4. run it as `__main__` in its own folder. Each outermost call of the target is one step: it runs under
+   the step knobs (autocast, GradScaler, non_blocking), is timed (synchronizing an accelerator), and ends
+   with `prof.step()`, so the trace's `ProfilerStep#N` span N is exactly step N (the time since the end
+   of the previous step: data loading in the user's loop plus the call);
+5. after the last recorded step, raise `TrialComplete` (a BaseException, so `except Exception` in the
+   user's loop does not swallow it), stop DataLoader workers and exit.
+
+Results go to files in the trial folder so that nothing is lost if the process is killed: one JSON line
+per step in `steps.jsonl` as it ends, and `harness.json` at the end. The parent merges both into
+`trial.json`. Torch is imported only inside functions: `locate_target` is also used by the parent.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import gc
+import json
+import os
+import platform
+import resource
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.knobs import Knobs, LoaderRecord, StepInterposition, dataloader_outcomes, install_dataloader_knobs
+
+WRAP_NAME = "__advisor_wrap__"
+STEPS_FILE = "steps.jsonl"
+RESULT_FILE = "harness.json"
+_OUR_FILES = {os.path.abspath(__file__), os.path.abspath(os.path.join(os.path.dirname(__file__), "knobs.py"))}
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
+class TargetNotFound(Exception):
+    """The script has no definition of the target function or method."""
+
+
+class TrialComplete(BaseException):
+    """Raised out of the wrapped step once the recorded steps are done; ends the user's script."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding and wrapping the target (torch-free: the parent checks the target before starting a trial)
+
+
+def _bodies(tree: ast.AST):
+    """Every statement list in the tree, with the node that owns it."""
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                yield node, body
+        for handler in getattr(node, "handlers", []) or []:
+            yield handler, handler.body
+
+
+def locate_target(tree: ast.Module, target: str) -> list[tuple[list[ast.stmt], int]]:
+    """Where the target is defined: (statement list, index) of each definition; raises TargetNotFound.
+
+    `name` is a function defined anywhere except directly in a class; `Class.method` is a method in
+    the body of a class of that name.
+    """
+    parts = target.split(".")
+    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+        raise TargetNotFound(f"{target!r} is not a function name or Class.method")
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    found = []
+    if len(parts) == 1:
+        for owner, body in _bodies(tree):
+            if isinstance(owner, ast.ClassDef):
+                continue
+            found += [(body, i) for i, s in enumerate(body) if isinstance(s, funcs) and s.name == target]
+    else:
+        cls_name, method = parts
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == cls_name:
+                found += [(node.body, i) for i, s in enumerate(node.body) if isinstance(s, funcs) and s.name == method]
+    if not found:
+        raise TargetNotFound(_not_found_message(tree, target))
+    return found
+
+
+def _not_found_message(tree: ast.Module, target: str) -> str:
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            names += [f"{node.name}.{s.name}" for s in node.body if isinstance(s, ast.FunctionDef)]
+    methods = {n.split(".")[1] for n in names}
+    names += sorted(
+        {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name not in methods}
+    )
+    available = ", ".join(names[:12]) or "none"
+    return f"no function {target!r} is defined (functions found: {available})"
+
+
+def rewrite_script(source: str, filename: str, target: str) -> types.CodeType:
+    """Compile the script with `name = __advisor_wrap__(name, 'target')` after each target definition."""
+    tree = ast.parse(source, filename=filename)
+    sites = locate_target(tree, target)
+    # Insert from the end of each body so earlier indexes stay valid.
+    for body, index in sorted(sites, key=lambda site: (id(site[0]), -site[1])):
+        definition = body[index]
+        name = definition.name
+        wrap = ast.parse(f"{name} = {WRAP_NAME}({name}, {target!r})").body[0]
+        for node in ast.walk(wrap):
+            node.lineno = node.end_lineno = definition.end_lineno or definition.lineno
+            node.col_offset = node.end_col_offset = 0
+        body.insert(index + 1, wrap)
+    return compile(tree, filename, "exec", dont_inherit=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Facts, memory and errors
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` -> cuda when a CUDA device is usable, else cpu; `cuda` without one is an error."""
+    import torch
+
+    if requested == "cpu":
+        return "cpu"
+    available = torch.cuda.is_available()
+    if requested == "cuda" and not available:
+        raise RuntimeError("--device cuda: no CUDA device is available to this process")
+    return "cuda" if available else "cpu"
+
+
+def cpu_facts() -> dict[str, Any]:
+    """CPU model, core counts, RAM and the matrix instructions bf16 speed depends on."""
+    import psutil
+    import torch
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    return {
+        "model": model,
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "torch_threads": torch.get_num_threads(),
+        "ram_bytes": psutil.virtual_memory().total,
+        "bf16_instructions": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"}),
+    }
+
+
+def gpu_facts() -> dict[str, Any]:
+    """The CUDA device the step runs on: allocator view, and nvidia-ml-py's view where present."""
+    import torch
+
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    free, total = torch.cuda.mem_get_info(index)
+    facts: dict[str, Any] = {
+        "index": index,
+        "name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "total_memory_bytes": props.total_memory,
+        "free_memory_bytes_at_start": free,
+        "bf16_supported": torch.cuda.is_bf16_supported(),
+    }
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            facts["nvml"] = {
+                "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+                "memory_total_bytes": int(memory.total),
+                "memory_used_bytes_at_start": int(memory.used),
+            }
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # no nvidia-ml-py, no driver, or a container without NVML
+        facts["nvml"] = {"unavailable": f"{type(exc).__name__}: {exc}"}
+    return facts
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def device_facts(device_type: str) -> dict[str, Any]:
+    """What the trial ran on."""
+    import torch
+
+    facts = {
+        "type": device_type,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_facts(),
+    }
+    if device_type == "cuda":
+        facts["gpu"] = gpu_facts()
+    return facts
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports KiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA OOM, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    import torch
+
+    oom_types: tuple[type, ...] = (MemoryError,)
+    if hasattr(torch, "OutOfMemoryError"):
+        oom_types += (torch.OutOfMemoryError,)
+    if isinstance(exc, oom_types):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback as the user would see it running their script: our frames left out."""
+    te = traceback.TracebackException.from_exception(exc)
+    pending, seen = [te], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        frames = [f for f in current.stack if os.path.abspath(f.filename) not in _OUR_FILES]
+        frames = [f for f in frames if not f.filename.startswith("<string>")]
+        current.stack = traceback.StackSummary.from_list(frames)
+        pending += [c for c in (current.__cause__, current.__context__) if c is not None]
+    return "".join(te.format())
+
+
+def find_batch_size(args: tuple, kwargs: dict) -> int | None:
+    """The leading dimension of the first tensor among the step's arguments (looking one level in)."""
+    import torch
+
+    def first_tensor(values, depth=0):
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                return value
+            if depth < 2 and isinstance(value, (list, tuple)):
+                found = first_tensor(value, depth + 1)
+            elif depth < 2 and isinstance(value, dict):
+                found = first_tensor(value.values(), depth + 1)
+            else:
+                continue
+            if found is not None:
+                return found
+        return None
+
+    tensor = first_tensor(list(args) + list(kwargs.values()))
+    return int(tensor.shape[0]) if tensor is not None else None
+
+
+def loss_value(result: Any) -> float | None:
+    """A scalar loss from what the step returned: a number, a one-element tensor, or the first one
+    in a tuple/list or under the key `loss`."""
+    import torch
+
+    if isinstance(result, dict):
+        result = result.get("loss")
+    elif isinstance(result, (tuple, list)) and result:
+        result = result[0]
+    if isinstance(result, torch.Tensor) and result.numel() == 1:
+        return float(result.detach().float().item())
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return float(result)
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The step driver
+
+
+class StepDriver:
+    """Wraps the target; turns each outermost call into one timed, profiled step."""
+
+    def __init__(self, config: dict[str, Any], device_type: str, loader_records: list[LoaderRecord]):
+        import psutil
+
+        self.out_dir = Path(config["out_dir"])
+        self.wait, self.warmup, self.active = config["wait"], config["warmup"], config["active"]
+        self.total = self.wait + self.warmup + self.active
+        self.use_profiler = config.get("profile", True)
+        self.device_type = device_type
+        self.interposition = StepInterposition(Knobs.from_dict(config["knobs"]), device_type)
+        self.loader_records = loader_records
+        self.process = psutil.Process()
+        self.index = 0
+        self.depth = 0
+        self.prof = None
+        self.period_start = 0.0
+        self.times: dict[str, float] = {}
+        self.steps_file = open(self.out_dir / STEPS_FILE, "a", buffering=1)
+
+    def wrap(self, fn: Any, target: str) -> Any:
+        """What `__advisor_wrap__` does to each definition of the target."""
+        if isinstance(fn, (staticmethod, classmethod)):
+            return type(fn)(self.wrap(fn.__func__, target))
+        if not callable(fn):
+            return fn
+
+        @functools.wraps(fn)
+        def step(*args, **kwargs):
+            if self.depth:  # a recursive or nested call is part of the current step
+                return fn(*args, **kwargs)
+            self.depth += 1
+            try:
+                return self.run_step(fn, args, kwargs)
+            finally:
+                self.depth -= 1
+
+        return step
+
+    def _synchronize(self) -> None:
+        if self.device_type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _start(self) -> None:
+        import torch
+
+        self.times["first_step_at"] = time.time()
+        if self.use_profiler:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device_type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(
+                activities=activities,
+                schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+                on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                    str(self.out_dir), worker_name="trial", use_gzip=True
+                ),
+                record_shapes=True,
+                profile_memory=True,
+            )
+            self.prof.start()
+        self.period_start = time.perf_counter()
+
+    def run_step(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """One step: knobs around the call, timing, `prof.step()`, the step's record."""
+        if self.index >= self.total:
+            raise TrialComplete()
+        if self.index == 0:
+            self._start()
+        if self.index == self.wait + self.warmup and self.device_type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        entered = time.perf_counter()
+        with self.interposition.step():
+            result = fn(*args, **kwargs)
+        self._synchronize()
+        ended = time.perf_counter()
+        wall, call = ended - self.period_start, ended - entered
+        if self.prof is not None:
+            self.prof.step()  # ends span ProfilerStep#index; a trace is exported after the last one
+        self.period_start = time.perf_counter()
+        self.record(self.index, wall, call, args, kwargs, result)
+        self.index += 1
+        if self.index >= self.total:
+            self.finish()
+            raise TrialComplete()
+        return result
+
+    def record(self, index: int, wall: float, call: float, args: tuple, kwargs: dict, result: Any) -> None:
+        """Append the step's JSON line (flushed, so a killed trial keeps its finished steps)."""
+        batch = find_batch_size(args, kwargs)
+        batch_source = "step arguments"
+        if batch is None and self.loader_records:
+            batch, batch_source = self.loader_records[-1].effective.get("batch_size"), "DataLoader"
+        step = {
+            "index": index,
+            "wall_s": wall,
+            "call_s": call,
+            "recorded": index >= self.wait + self.warmup,
+            "batch_size": batch,
+            "batch_size_source": batch_source if batch is not None else None,
+            "loss": loss_value(result),
+            "rss_bytes": self.process.memory_info().rss,
+        }
+        if self.device_type == "cuda":
+            import torch
+
+            step["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
+            step["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            step["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        self.steps_file.write(json.dumps(step) + "\n")
+
+    def finish(self) -> None:
+        """Stop the profiler (the trace is already written by then)."""
+        self.times["last_step_at"] = time.time()
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+
+    def memory(self) -> dict[str, Any]:
+        """Peak memory as the process and the allocator saw it."""
+        memory: dict[str, Any] = {"peak_rss_bytes": peak_rss_bytes()}
+        if self.device_type == "cuda":
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            memory.update(
+                cuda_max_allocated_bytes=torch.cuda.max_memory_allocated(),
+                cuda_max_reserved_bytes=torch.cuda.max_memory_reserved(),
+                cuda_free_bytes_at_end=free,
+                cuda_total_bytes=total,
+            )
+        return memory
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON via a temporary file and a rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def stop_children() -> None:
+    """End every process this one started (DataLoader workers): terminate, then kill."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=2)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Run the user's script under the config; return the harness result (written by `main`)."""
+    out_dir = Path(config["out_dir"])
+    script = os.path.abspath(config["script"])
+    target = config["target"]
+    result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
+    driver = None
+    loader_records: list[LoaderRecord] = []
+    started = time.time()
+    try:
+        if config.get("memory_limit"):
+            limit = int(config["memory_limit"])
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        import torch  # noqa: F401 - imported here, under the memory cap, on purpose
+
+        device_type = resolve_device(config["device"])
+        result["device"] = device_facts(device_type)
+        knobs = Knobs.from_dict(config["knobs"])
+        install_dataloader_knobs(knobs, accelerator=device_type != "cpu", records=loader_records)
+        driver = StepDriver(config, device_type, loader_records)
+        result["steps_expected"] = driver.total
+        source = Path(script).read_text()
+        code = rewrite_script(source, script, target)
+        module = types.ModuleType("__main__")
+        module.__dict__.update(
+            __file__=script, __builtins__=builtins, __spec__=None, __loader__=None, __package__=None
+        )
+        setattr(module, WRAP_NAME, driver.wrap)
+        sys.modules["__main__"] = module
+        sys.argv = [script, *config.get("script_args", [])]
+        sys.path[0] = os.path.dirname(script)
+        os.chdir(os.path.dirname(script))
+        result["times"] = {"setup_s": time.time() - started}
+        try:
+            exec(code, module.__dict__)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+        ran = driver.index
+        result.update(
+            status="error",
+            message=f"{os.path.basename(script)} finished after {ran} call(s) of {target}; "
+            f"the trial needs {driver.total} (wait {driver.wait} + warmup {driver.warmup} + record {driver.active})",
+        )
+    except TrialComplete:
+        result.update(status="ok", message=f"{driver.active} steps recorded")
+    except TargetNotFound as exc:
+        result.update(status="target-not-found", message=str(exc))
+    except BaseException as exc:  # the user's error, an OOM, or SIGINT inside the child
+        step = f" in step {driver.index}" if driver is not None and driver.depth else ""
+        try:
+            oom = is_out_of_memory(exc)
+        except Exception:
+            oom = isinstance(exc, MemoryError)
+        if isinstance(exc, KeyboardInterrupt):
+            status = "interrupted"
+        elif oom:
+            status = "oom"
+        else:
+            status = "error"
+        if isinstance(exc, SystemExit):
+            text = f"{os.path.basename(script)} exited with code {exc.code}"
+        else:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            text = f"{type(exc).__name__}{step}: {first}" if first else f"{type(exc).__name__}{step}"
+        result.update(status=status, message=text, error_type=type(exc).__name__, traceback=user_traceback(exc))
+    finally:
+        if driver is not None:
+            try:
+                driver.finish()
+            except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
+                result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
+            driver.steps_file.close()
+            result["memory"] = driver.memory()
+            result.setdefault("times", {}).update(driver.times)
+            result["outcomes"] = {
+                **dataloader_outcomes(driver.interposition.knobs, loader_records),
+                **driver.interposition.outcomes,
+            }
+            result["dataloaders"] = [
+                {"user": r.user, "effective": r.effective, "outcomes": r.outcomes} for r in loader_records
+            ]
+    result.setdefault("times", {})["harness_s"] = time.time() - started
+    return result
+
+
+def main(argv: list[str]) -> int:
+    """`harness CONFIG_JSON`: run one trial and write `harness.json` into its folder."""
+    config = json.loads(argv[0])
+    out_dir = Path(config["out_dir"])
+    result = run(config)
+    gc.collect()  # drops the finished script's DataLoader iterators, whose workers then exit
+    write_json_atomic(out_dir / RESULT_FILE, result)
+    stop_children()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The user's non-daemon threads or atexit hooks must not keep a finished trial alive.
+    os._exit(0)
+

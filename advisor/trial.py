@@ -1,0 +1,553 @@
+"""One trial: the user's script run in a fresh subprocess with a set of `Knobs`, its step profiled.
+
+The parent side, torch-free at import. `run_trial` starts `advisor.harness` in a new process group,
+waits (time limit, Ctrl-C), ends the whole group (DataLoader workers included), and writes `trial.json`.
+`profile_command` is `advisor profile`.
+
+trial.json (schema "advisor.trial/1"), written atomically at the start (status "running") and at the end:
+
+    schema          "advisor.trial/1"
+    name            trial name, e.g. "00-baseline"
+    target          "train_step" or "Class.method"
+    script          absolute path of the user's script
+    script_args     list of arguments passed to the script
+    device          requested device: "auto" | "cpu" | "cuda"
+    knobs           every Knobs field (null = the user's value)
+    knob_outcomes   {knob: "applied" | "not applicable: <why>"} for each requested knob
+    user_values     the user's own DataLoader values (batch_size, num_workers, pin_memory,
+                    persistent_workers, prefetch_factor) of the first DataLoader built, or null
+    dataloaders     [{user, effective, outcomes}] for every DataLoader the script built
+    schedule        {wait, warmup, active}: steps skipped, warmed up, recorded by the profiler
+    profiled        false for a timing-only trial (no profiler, no trace)
+    memory_limit    address-space cap in bytes for the trial process, or null
+    status          "running" | "ok" | "error" | "oom" | "timeout" | "interrupted" | "target-not-found"
+    message         one line saying what happened
+    error_type      exception class name (error/oom), else absent
+    traceback       the user's traceback text (our frames left out), else absent
+    device_facts    {type: "cpu"|"cuda", torch, python, platform,
+                     cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
+                     gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
+    steps           [{index, wall_s, call_s, recorded, batch_size, batch_size_source, loss, rss_bytes,
+                      cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?}]
+                    wall_s is the span ProfilerStep#index: from the end of the previous step to the end
+                    of this call (the user's data loading plus the call); call_s is the call alone
+    summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
+                     peak_memory_bytes, peak_memory_source, peak_rss_bytes,
+                     profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?}
+                    samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps
+    trace_files     names of the *.pt.trace.json.gz files in the trial folder
+    log_file        "output.log": the script's stdout and stderr
+    pid             the trial process (also its process group id)
+    times           {started_at, ended_at, duration_s, setup_s, harness_s, first_step_at, last_step_at}
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+from advisor.errors import AdvisorError
+from advisor.harness import RESULT_FILE, STEPS_FILE, TargetNotFound, locate_target, write_json_atomic
+from advisor.knobs import DATALOADER_KNOBS, Knobs
+
+SCHEMA = "advisor.trial/1"
+TRIAL_FILE = "trial.json"
+LOG_FILE = "output.log"
+STATUSES = ("running", "ok", "error", "oom", "timeout", "interrupted", "target-not-found")
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_HARNESS_ENTRY = "import sys; from advisor.harness import main; main(sys.argv[1:])"
+
+
+class TrialFailed(AdvisorError):
+    """A trial that did not finish: the CLI prints one line (after the user's traceback, if any)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What a finished trial measured; the full record is `trial.json` in `path`."""
+
+    name: str
+    status: str
+    message: str
+    path: Path
+    knobs: Knobs
+    knob_outcomes: dict[str, str]
+    median_step_s: float | None = None
+    samples_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_source: str | None = None
+    batch_size: int | None = None
+    loss: float | None = None
+    steps_recorded: int = 0
+    traceback: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the recorded steps all ran."""
+        return self.status == "ok"
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], path: Path) -> "TrialResult":
+        """Build from a trial.json document."""
+        summary = record.get("summary") or {}
+        return cls(
+            name=record["name"],
+            status=record["status"],
+            message=record.get("message", ""),
+            path=Path(path),
+            knobs=Knobs.from_dict(record.get("knobs") or {}),
+            knob_outcomes=record.get("knob_outcomes") or {},
+            median_step_s=summary.get("median_step_s"),
+            samples_per_s=summary.get("samples_per_s"),
+            peak_memory_bytes=summary.get("peak_memory_bytes"),
+            peak_memory_source=summary.get("peak_memory_source"),
+            batch_size=summary.get("batch_size"),
+            loss=summary.get("loss"),
+            steps_recorded=summary.get("steps_recorded", 0),
+            traceback=record.get("traceback"),
+        )
+
+
+def load_trial(path: str | os.PathLike) -> TrialResult:
+    """Read a trial folder (or its trial.json) back into a TrialResult."""
+    path = Path(path)
+    folder = path.parent if path.name == TRIAL_FILE else path
+    try:
+        record = json.loads((folder / TRIAL_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise AdvisorError(f"{folder / TRIAL_FILE}: cannot read trial: {exc}") from None
+    if record.get("schema") != SCHEMA:
+        raise AdvisorError(f"{folder / TRIAL_FILE}: not an {SCHEMA} document")
+    return TrialResult.from_record(record, folder)
+
+
+def parse_target(target: str) -> tuple[Path, str]:
+    """`script.py:train_step` or `script.py:Class.method` -> (script path, name); one-line errors."""
+    script, sep, name = target.rpartition(":")
+    if not sep or not script or not name:
+        raise AdvisorError(f"{target}: expected script.py:function or script.py:Class.method")
+    parts = name.split(".")
+    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+        raise AdvisorError(f"{target}: {name!r} is not a function name or Class.method")
+    path = Path(script)
+    if not path.is_file():
+        raise AdvisorError(f"{script}: no such file")
+    if path.suffix != ".py":
+        raise AdvisorError(f"{script}: not a Python script (.py)")
+    return path.resolve(), name
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary figures (pure)
+
+
+def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], trace_paths: list[Path]) -> dict[str, Any]:
+    """The trial's headline figures from its step records and the harness's memory readings."""
+    recorded = [s for s in steps if s.get("recorded")]
+    walls = [s["wall_s"] for s in recorded]
+    batches = [s["batch_size"] for s in recorded if s.get("batch_size")]
+    losses = [s["loss"] for s in recorded if s.get("loss") is not None]
+    memory = harness.get("memory") or {}
+    summary: dict[str, Any] = {
+        "steps_recorded": len(recorded),
+        "median_step_s": statistics.median(walls) if walls else None,
+        "median_call_s": statistics.median([s["call_s"] for s in recorded]) if recorded else None,
+        "samples_per_s": None,
+        "batch_size": statistics.median(batches) if batches else None,
+        "loss": losses[-1] if losses else None,
+        "peak_rss_bytes": memory.get("peak_rss_bytes"),
+        "profiler_peak_allocated_bytes": max(
+            (p for p in map(profiler_peak_allocated, trace_paths) if p is not None), default=None
+        ),
+    }
+    if batches and len(batches) == len(recorded) and sum(walls) > 0:
+        summary["samples_per_s"] = sum(batches) / sum(walls)
+    if isinstance(summary["batch_size"], float) and summary["batch_size"].is_integer():
+        summary["batch_size"] = int(summary["batch_size"])
+    if "cuda_max_allocated_bytes" in memory:
+        summary.update(
+            cuda_max_allocated_bytes=memory["cuda_max_allocated_bytes"],
+            cuda_max_reserved_bytes=memory.get("cuda_max_reserved_bytes"),
+            cuda_total_bytes=memory.get("cuda_total_bytes"),
+            peak_memory_bytes=memory["cuda_max_allocated_bytes"],
+            peak_memory_source="torch.cuda.max_memory_allocated over the recorded steps",
+        )
+    else:
+        summary.update(
+            peak_memory_bytes=memory.get("peak_rss_bytes"),
+            peak_memory_source="process peak RSS (getrusage ru_maxrss)",
+        )
+    return summary
+
+
+def profiler_peak_allocated(trace_path: Path) -> int | None:
+    """The largest `Total Allocated` of the trace's CPU `[memory]` events (profile_memory=True)."""
+    try:
+        opener = gzip.open if trace_path.suffix == ".gz" else open
+        with opener(trace_path, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+    except (OSError, ValueError, EOFError):
+        return None
+    peaks = [
+        e["args"]["Total Allocated"]
+        for e in events
+        if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and "Total Allocated" in e["args"]
+        and e["args"].get("Device Type", 0) == 0
+    ]
+    return max(peaks) if peaks else None
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    """The step records the harness appended; a torn last line (a killed trial) is dropped."""
+    steps = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return steps
+    for line in lines:
+        try:
+            steps.append(json.loads(line))
+        except ValueError:
+            break
+    return steps
+
+
+# --------------------------------------------------------------------------------------------------
+# Running a trial
+
+
+def _kill_group(pgid: int) -> None:
+    """End the trial's process group: SIGTERM, a moment to exit, then SIGKILL to whatever is left."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def run_trial(
+    target: str,
+    knobs: Knobs | None = None,
+    out_dir: str | os.PathLike = "trial",
+    *,
+    name: str | None = None,
+    steps: int = 5,
+    wait: int = 2,
+    warmup: int = 1,
+    device: str = "auto",
+    script_args: Sequence[str] = (),
+    timeout_s: float = 600.0,
+    memory_limit: int | None = None,
+    profile: bool = True,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> TrialResult:
+    """Run `script.py:target` once in a fresh subprocess with `knobs`; write and return its results.
+
+    A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
+    bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
+    KeyboardInterrupt once the trial's processes are gone.
+    """
+    knobs = knobs or Knobs()
+    script, func = parse_target(target)
+    if steps < 1 or wait < 0 or warmup < 0:
+        raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
+    if device not in ("auto", "cpu", "cuda"):
+        raise AdvisorError(f"--device: expected auto, cpu or cuda, not {device!r}")
+    out = Path(out_dir).resolve()
+    if (out / TRIAL_FILE).exists():
+        raise AdvisorError(f"{out}: already holds a trial; choose another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AdvisorError(f"{out}: cannot create the trial folder: {exc.strerror}") from None
+    started = time.time()
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": name or out.name,
+        "target": func,
+        "script": str(script),
+        "script_args": list(script_args),
+        "device": device,
+        "knobs": knobs.to_dict(),
+        "knob_outcomes": {},
+        "user_values": None,
+        "dataloaders": [],
+        "schedule": {"wait": wait, "warmup": warmup, "active": steps},
+        "profiled": profile,
+        "memory_limit": memory_limit,
+        "status": "running",
+        "message": "",
+        "device_facts": None,
+        "steps": [],
+        "summary": None,
+        "trace_files": [],
+        "log_file": LOG_FILE,
+        "pid": None,
+        "times": {"started_at": started},
+    }
+    try:
+        source = script.read_text()
+        locate_target(__import__("ast").parse(source, filename=str(script)), func)
+    except SyntaxError as exc:
+        raise AdvisorError(f"{script}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
+    except TargetNotFound as exc:
+        record.update(status="target-not-found", message=f"{script.name}: {exc}")
+        return _finish(record, out, started)
+
+    config = {
+        "script": str(script),
+        "target": func,
+        "script_args": list(script_args),
+        "knobs": knobs.to_dict(),
+        "out_dir": str(out),
+        "wait": wait,
+        "warmup": warmup,
+        "active": steps,
+        "device": device,
+        "memory_limit": memory_limit,
+        "profile": profile,
+    }
+    child_env = dict(os.environ if env is None else env)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
+    child_env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
+    write_json_atomic(out / TRIAL_FILE, record)
+    with open(out / LOG_FILE, "wb") as log:
+        proc = subprocess.Popen(
+            [python or sys.executable, "-c", _HARNESS_ENTRY, json.dumps(config)],
+            cwd=script.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            start_new_session=True,  # its own process group: one killpg ends it and its workers
+        )
+    record["pid"] = proc.pid
+    write_json_atomic(out / TRIAL_FILE, record)
+    previous_sigterm = _sigterm_as_interrupt()
+    try:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.wait()
+            record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
+    except KeyboardInterrupt:
+        _kill_group(proc.pid)
+        proc.wait()
+        record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
+        _finish(record, out, started)
+        raise
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        _kill_group(proc.pid)  # workers the harness could not reach, or a script that double-forked
+    if record["status"] == "running":
+        harness_file = out / RESULT_FILE
+        if not harness_file.exists():
+            code = proc.returncode
+            why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            oom_hint = " (the system may have run out of memory)" if code == -signal.SIGKILL else ""
+            record.update(status="error", message=f"the trial process {why}{oom_hint}; see {out / LOG_FILE}")
+    return _finish(record, out, started)
+
+
+def _sigterm_as_interrupt():
+    """While a trial runs, SIGTERM to the advisor is handled like Ctrl-C (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
+    """Merge the harness's files into the record, write trial.json, return the result."""
+    harness: dict[str, Any] = {}
+    harness_file = out / RESULT_FILE
+    if harness_file.exists():
+        try:
+            harness = json.loads(harness_file.read_text())
+        except ValueError:
+            harness = {}
+    if record["status"] == "running" and harness:
+        record["status"] = harness.get("status", "error")
+        record["message"] = harness.get("message", "")
+    for key in ("error_type", "traceback"):
+        if harness.get(key):
+            record[key] = harness[key]
+    record["device_facts"] = harness.get("device")
+    record["knob_outcomes"] = harness.get("outcomes", {})
+    record["dataloaders"] = harness.get("dataloaders", [])
+    if record["dataloaders"]:
+        record["user_values"] = {k: record["dataloaders"][0]["user"].get(k) for k in DATALOADER_KNOBS}
+    record["steps"] = read_steps(out / STEPS_FILE)
+    traces = sorted(out.glob("*.pt.trace.json*"))
+    record["trace_files"] = [p.name for p in traces]
+    record["summary"] = summarize(record["steps"], harness, traces)
+    ended = time.time()
+    record["times"].update(harness.get("times", {}))
+    record["times"].update(ended_at=ended, duration_s=ended - started)
+    write_json_atomic(out / TRIAL_FILE, record)
+    for leftover in (harness_file, out / STEPS_FILE):
+        leftover.unlink(missing_ok=True)
+    return TrialResult.from_record(record, out)
+
+
+# --------------------------------------------------------------------------------------------------
+# `advisor profile`
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `advisor profile`."""
+    parser.add_argument("target", help="script.py:train_step or script.py:Class.method")
+    parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
+    parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--out", help="output folder (default runs/<script>-<timestamp>)")
+    parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")
+    parser.add_argument("--memory-limit", help="address-space cap for the trial process, e.g. 4G or 800M")
+    parser.add_argument("script_args", nargs="*", help="arguments for the script, after --")
+
+
+def parse_size(text: str) -> int:
+    """`4G`, `800M`, `1.5GiB` or plain bytes -> bytes; one-line error otherwise."""
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
+    try:
+        value = int(float(number) * units[unit])
+    except ValueError:
+        raise AdvisorError(f"--memory-limit: cannot read {text!r} as a size like 4G or 800M") from None
+    if value <= 0:
+        raise AdvisorError(f"--memory-limit: must be positive, not {text!r}")
+    return value
+
+
+def default_out_dir(script: Path) -> Path:
+    """`runs/<script-stem>-<timestamp>` in the current folder."""
+    return Path("runs") / f"{script.stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """`advisor profile`: the baseline trial, then its diagnosis."""
+    script, _ = parse_target(args.target)
+    memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
+    out = Path(args.out) if args.out else default_out_dir(script)
+    # TODO(issue 4): without --no-apply, run the session (baseline -> apply best -> measure -> keep).
+    result = run_trial(
+        args.target,
+        Knobs(),
+        out / "trials" / "00-baseline",
+        name="00-baseline",
+        steps=args.steps,
+        wait=args.wait,
+        warmup=args.warmup,
+        device=args.device,
+        script_args=args.script_args,
+        timeout_s=args.timeout,
+        memory_limit=memory_limit,
+    )
+    if not result.ok:
+        if result.traceback:
+            print(result.traceback, file=sys.stderr, end="" if result.traceback.endswith("\n") else "\n")
+        raise TrialFailed(f"{result.status}: {result.message} (trial folder {result.path})")
+    print_diagnosis(result)
+    return 0
+
+
+def print_diagnosis(result: TrialResult) -> None:
+    """Show what the baseline trial found.
+
+    TODO(lead): `advisor.commands` (advisor analyze) does not exist yet; switch this to
+    `from advisor.commands import analyze_path` on `result.path` once it does. Until then it prints the
+    trial's own measurements.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    record = json.loads((result.path / TRIAL_FILE).read_text())
+    summary = record["summary"]
+    facts = record.get("device_facts") or {}
+    table = Table(title=f"trial {result.name}: {record['target']} in {Path(record['script']).name}", show_header=False)
+    table.add_column("figure", style="bold")
+    table.add_column("value")
+    device = facts.get("gpu", {}).get("name") or facts.get("cpu", {}).get("model", "?")
+    table.add_row("device", f"{facts.get('type', '?')} ({device})")
+    table.add_row("steps recorded", str(summary["steps_recorded"]))
+    table.add_row("median step", _seconds(summary["median_step_s"]))
+    table.add_row("median time in the step call", _seconds(summary["median_call_s"]))
+    if summary["median_step_s"] and summary["median_call_s"] is not None:
+        outside = 1 - summary["median_call_s"] / summary["median_step_s"]
+        table.add_row("time outside the call (data loading, loop)", f"{outside:.0%}")
+    table.add_row("batch size", str(summary["batch_size"]))
+    table.add_row("samples/s", f"{summary['samples_per_s']:.1f}" if summary["samples_per_s"] else "-")
+    table.add_row("loss (last step)", f"{summary['loss']:.4g}" if summary["loss"] is not None else "-")
+    table.add_row("peak memory", f"{_mib(summary['peak_memory_bytes'])} ({summary['peak_memory_source']})")
+    if summary.get("profiler_peak_allocated_bytes"):
+        table.add_row("profiler peak allocated", _mib(summary["profiler_peak_allocated_bytes"]))
+    if record["dataloaders"]:
+        user = record["user_values"]
+        table.add_row("DataLoader", ", ".join(f"{k}={user[k]}" for k in DATALOADER_KNOBS))
+    table.add_row("trace", ", ".join(record["trace_files"]) or "-")
+    table.add_row("folder", str(result.path))
+    Console().print(table)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f} ms"
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+__all__ = [
+    "SCHEMA",
+    "TrialFailed",
+    "TrialResult",
+    "add_profile_arguments",
+    "load_trial",
+    "parse_target",
+    "profile_command",
+    "run_trial",
+]
