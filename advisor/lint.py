@@ -427,7 +427,11 @@ class Script:
         )
 
     def is_model(self, node: ast.AST) -> bool:
-        """True if `node` is a model: a known model name, or a model constructor call."""
+        """True if `node` is a model: a known model name, or a model constructor call (`model.cuda()` too)."""
+        while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {
+            "to", "cuda", "cpu", "float", "half", "train", "eval", "requires_grad_",
+        }:
+            node = node.func.value  # model.cuda().half(): look at `model`
         if isinstance(node, (ast.Name, ast.Attribute)):
             return _last(_dotted(node)) in self.model_names
         return self.is_model_expr(node, self.module_classes)
@@ -537,10 +541,11 @@ class _GraphFlow:
                 # `loss, logits = model(x)`: each element comes from an unknown value.
                 self._record(element, None, node)
 
-    def carries_graph(self, expr: ast.AST, line: int, depth: int = 0) -> bool:
-        """True if `expr`, evaluated at `line`, is a tensor with a graph (a loss, or derived from one)."""
+    def carries_graph(self, expr: ast.AST, line: int, depth: int = 0) -> bool | None:
+        """Whether `expr`, evaluated at `line`, is a tensor with a graph (a loss, or derived from one):
+        True, False (a number, detached, computed without grad) or None (cannot tell)."""
         if depth > 8:
-            return False
+            return None
         if isinstance(expr, ast.Call):
             func = expr.func
             if isinstance(func, ast.Attribute) and func.attr in GRAPH_FREE_METHODS:
@@ -553,46 +558,59 @@ class _GraphFlow:
                 return self._returns_graph(func.id)
             if isinstance(func, ast.Attribute):  # loss.mean(), loss.sum(), loss.float() ...
                 return self.carries_graph(func.value, line, depth + 1)
-            return False
+            return None
         if isinstance(expr, ast.BinOp):
-            return self.carries_graph(expr.left, line, depth + 1) or self.carries_graph(
-                expr.right, line, depth + 1
-            )
+            sides = [self.carries_graph(expr.left, line, depth + 1), self.carries_graph(expr.right, line, depth + 1)]
+            if True in sides:
+                return True
+            return False if sides == [False, False] else None
         if isinstance(expr, ast.UnaryOp):
             return self.carries_graph(expr.operand, line, depth + 1)
+        if isinstance(expr, (ast.Constant, ast.Compare, ast.BoolOp, ast.JoinedStr)):
+            return False
         if isinstance(expr, ast.Attribute) and expr.attr == "data":
             return False
         if isinstance(expr, (ast.Name, ast.Attribute)):
             name = _dotted(expr)
             if name is None:
-                return False
+                return None
             earlier = [entry for entry in self.assignments.get(name, []) if entry[0] < line]
             if earlier:
                 at, value, node = earlier[-1]
                 if self.script.without_grad(node):
                     return False  # computed under no_grad: no graph to keep
                 if value is not None:
-                    return self.carries_graph(value, at, depth + 1)
-            # Unknown origin (a parameter, a tuple element, `outputs.loss`): trust the name or backward().
-            return name in self.backward_on or "loss" in _last(name).lower()
+                    known = self.carries_graph(value, at, depth + 1)
+                    if known is not None:
+                        return known
+            # Unknown origin (a parameter, `model(x)`, `outputs.loss`): backward() on it, or its name.
+            if name in self.backward_on or "loss" in _last(name).lower():
+                return True
+            return None
         if isinstance(expr, ast.Subscript):  # outputs["loss"]
             key = expr.slice
-            return isinstance(key, ast.Constant) and isinstance(key.value, str) and "loss" in key.value
-        return False
+            if isinstance(key, ast.Constant) and isinstance(key.value, str) and "loss" in key.value:
+                return True
+        return None
 
-    def _returns_graph(self, name: str) -> bool:
-        """True if the script's function `name` returns a tensor with a graph (`return loss`)."""
+    def _returns_graph(self, name: str) -> bool | None:
+        """Whether the script's function `name` returns a tensor with a graph (`return loss`)."""
         if name not in self.returns:
-            self.returns[name] = False  # provisional: stops recursion through mutually calling functions
+            self.returns[name] = None  # provisional: stops recursion through mutually calling functions
             func = self.script.functions[name]
-            if not self.script._function_without_grad(func):
+            if self.script._function_without_grad(func):
+                self.returns[name] = False
+            else:
                 flow = _GraphFlow(self.script, func, self.criteria, self.returns)
-                self.returns[name] = any(
-                    isinstance(node, ast.Return)
-                    and node.value is not None
-                    and flow.carries_graph(node.value, node.lineno)
+                results = [
+                    flow.carries_graph(node.value, node.lineno) if node.value is not None else False
                     for node in self.script.walk_scope(func)
-                )
+                    if isinstance(node, ast.Return)
+                ]
+                if True in results:
+                    self.returns[name] = True
+                elif results and all(result is False for result in results):
+                    self.returns[name] = False
         return self.returns[name]
 
 
@@ -649,7 +667,7 @@ def check_loss_accumulation(script: Script) -> Iterator[tuple[ast.AST, str, str]
         # Summing losses on purpose and calling backward on the sum is gradient accumulation, not a leak.
         if accumulator in flow.backward_on:
             continue
-        if flow.carries_graph(value, node.lineno + 1):
+        if flow.carries_graph(value, node.lineno + 1) is True:
             what = (
                 f"`{_code(node)}` adds a tensor that still carries its autograd graph to `{accumulator}`"
                 " on every iteration"
