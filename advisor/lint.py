@@ -789,15 +789,16 @@ def check_data_parallel(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
         yield call, what, fix
 
 
-def _with_keyword(call: ast.Call, name: str, value: object) -> str:
-    """The call's source with `name=value` added or replaced: the concrete fixed line."""
+def _with_keywords(call: ast.Call, **values: object) -> str:
+    """The call's source with each `name=value` added or replaced: the concrete fixed line."""
     args = list(call.args)
-    keywords = [kw for kw in call.keywords if kw.arg != name]
-    position = DATALOADER_POSITIONAL.get(name)
-    if position is not None and position < len(args):
-        args[position] = ast.Constant(value)  # it was given positionally: replace it in place
-    else:
-        keywords.append(ast.keyword(arg=name, value=ast.Constant(value)))
+    keywords = [kw for kw in call.keywords if kw.arg not in values]
+    for name, value in values.items():
+        position = DATALOADER_POSITIONAL.get(name)
+        if position is not None and position < len(args):
+            args[position] = ast.Constant(value)  # it was given positionally: replace it in place
+        else:
+            keywords.append(ast.keyword(arg=name, value=ast.Constant(value)))
     return _code(ast.Call(func=call.func, args=args, keywords=keywords))
 
 
@@ -967,7 +968,10 @@ def check_dataloader_workers(script: Script) -> Iterator[tuple[ast.AST, str, str
         if workers is None or _is_const(workers, 0):
             shown = "without `num_workers`" if workers is None else "with `num_workers=0`"
             what = f"`{_short(call)}` is built {shown}: batches are loaded in the training process"
-            fix = _with_keyword(call, "num_workers", 4) + "  # about the CPU cores per GPU; add persistent_workers=True"
+            if _keyword(call, "persistent_workers") is None:
+                fix = _with_keywords(call, num_workers=4, persistent_workers=True)
+            else:
+                fix = _with_keywords(call, num_workers=4)
             yield call, what, fix
 
 
@@ -984,7 +988,7 @@ def check_dataloader_pin_memory(script: Script) -> Iterator[tuple[ast.AST, str, 
                 f"`{_short(call)}` does not pin memory, yet its batches are copied to the GPU"
                 f" (line {used[0].lineno}: `{_code(used[0])}`)"
             )
-            yield call, what, _with_keyword(call, "pin_memory", True)
+            yield call, what, _with_keywords(call, pin_memory=True)
 
 
 def check_non_blocking_copy(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
@@ -1110,7 +1114,8 @@ RULES: dict[str, Rule] = {
             "dataloader-num-workers",
             "DataLoader without worker processes",
             "With num_workers=0 (the default) loading, decoding and augmenting each batch runs in the "
-            "training process between steps, and the GPU waits for it.",
+            "training process between steps, and the GPU waits for it. Start with 4 workers (up to the CPU "
+            "cores per GPU); persistent_workers=True keeps them alive between epochs.",
             check_dataloader_workers,
         ),
         Rule(
@@ -1274,11 +1279,16 @@ def lint_command(args: argparse.Namespace) -> int:
 
 
 def print_findings(findings: list[LintFinding], file_count: int, console: object = None) -> None:
-    """Print findings as a readable list with rich: location and rule, then what, why, fix."""
+    """Print findings as a readable list with rich: location and rule, then what, why, fix.
+
+    The why of a rule is printed at its first finding only: it is the same text every time."""
     from rich.console import Console
+    from rich.padding import Padding
+    from rich.table import Table
     from rich.text import Text
 
-    console = console or Console(highlight=False, soft_wrap=False)
+    console = console or Console(highlight=False)
+    explained: set[str] = set()
     for finding in findings:
         header = Text()
         header.append(finding.location(), style="bold")
@@ -1286,15 +1296,16 @@ def print_findings(findings: list[LintFinding], file_count: int, console: object
         header.append(finding.rule, style="bold yellow")
         header.append(f"  {finding.title}")
         console.print(header)
-        for label, text, style in (
-            ("what", finding.what, ""),
-            ("why ", finding.why, "dim"),
-            ("fix ", finding.fix, "green"),
-        ):
-            line = Text(f"    {label}  ", style="cyan")
-            line.append(text, style=style)
-            console.print(line)
-        console.print()
+        # A two-column grid keeps wrapped lines aligned under their text, not under the label.
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="cyan", no_wrap=True)
+        grid.add_column()
+        grid.add_row("what", Text(finding.what))
+        if finding.rule not in explained:
+            grid.add_row("why", Text(finding.why, style="dim"))
+            explained.add(finding.rule)
+        grid.add_row("fix", Text(finding.fix, style="green"))
+        console.print(Padding(grid, (0, 0, 1, 4)))
     files = "file" if file_count == 1 else "files"
     if findings:
         noun = "finding" if len(findings) == 1 else "findings"

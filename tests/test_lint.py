@@ -406,7 +406,7 @@ for x, y in loader:
 def test_dataloader_num_workers_found_with_fix():
     assert_finds(LOADER, "dataloader-num-workers")
     finding = [f for f in lint_source(textwrap.dedent(LOADER)) if f.rule == "dataloader-num-workers"][0]
-    assert finding.fix.startswith("DataLoader(ds, batch_size=8, shuffle=True, num_workers=4)")
+    assert finding.fix == "DataLoader(ds, batch_size=8, shuffle=True, num_workers=4, persistent_workers=True)"
 
 
 def test_dataloader_num_workers_zero_found():
