@@ -727,6 +727,9 @@ def check_eval_without_no_grad(script: Script) -> Iterator[tuple[ast.AST, str, s
             if loop in reported_loops:
                 continue
             reported_loops.add(loop)
+            # Training with BatchNorm/dropout frozen by `.eval()` needs autograd: not an evaluation.
+            if any(_is_backward(n) for n in script.walk_scope(loop)):
+                continue
             where = f" in `{scope.name}()`" if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else ""
             what = (
                 f"`{_code(node)}` runs after `{receiver}.eval()`{where} with autograd on: every forward pass"
@@ -755,8 +758,10 @@ def _half_conversion(script: Script, call: ast.Call) -> bool:
 
 
 def check_half_with_batchnorm(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
-    """`model.half()` on a model with BatchNorm layers."""
-    if not script.uses_batchnorm() or script.keeps_batchnorm_fp32():
+    """`model.half()` on a model with BatchNorm layers, in a script that trains (calls backward)."""
+    # fp16 BatchNorm in eval mode (inference with running statistics) is common and fine.
+    trains = any(_is_backward(call) for call in script.calls)
+    if not trains or not script.uses_batchnorm() or script.keeps_batchnorm_fp32():
         return
     for call in script.calls:
         if _half_conversion(script, call) and script.is_model(call.func.value):
@@ -1015,33 +1020,49 @@ def check_non_blocking_copy(script: Script) -> Iterator[tuple[ast.AST, str, str]
             yield call, what, _code(fixed)
 
 
+OPTIMIZER_NAME = re.compile(r"optim|^opt|scaler", re.IGNORECASE)
+
+
+def _is_backward(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
+
+
+def _own_nodes(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    """Nodes a loop body runs itself on each iteration: inner loops and nested scopes left out."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) or _is_scope(node):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
 def _step_loop(script: Script, loop: ast.AST, loaders: set[str]) -> bool:
-    """A loop that runs once per training/eval step: it steps an optimizer, calls backward or a step
-    function of the script directly, iterates a DataLoader, or is a `while` loop."""
+    """A loop that runs once per training/eval step: a `while` loop, a loop over a DataLoader, or one
+    that itself calls backward, steps an optimizer, or calls a step function of the script (one whose
+    backward is not inside a loop of its own: `train_one_epoch()` is an epoch, not a step)."""
     if isinstance(loop, ast.While):
         return True
     iterable = loop.iter
-    while isinstance(iterable, ast.Call) and iterable.args and _dotted(iterable.func) in {"enumerate", "tqdm", "tqdm.tqdm", "iter", "zip"}:
+    while isinstance(iterable, ast.Call) and iterable.args and _dotted(iterable.func) in ITERATOR_WRAPPERS:
         iterable = iterable.args[0]
     iter_name = _dotted(iterable) or ""
     if iter_name in loaders or "loader" in _last(iter_name).lower():
         return True
-    stack = list(loop.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) or _is_scope(node):
-            continue  # only what this loop does itself, not its inner loops
-        if isinstance(node, ast.Call):
-            if isinstance(node.func, ast.Attribute) and node.func.attr in {"backward", "step"}:
+    for node in _own_nodes(loop.body):
+        if not isinstance(node, ast.Call):
+            continue
+        if _is_backward(node):
+            return True
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "step":
+            receiver = _last(_dotted(node.func.value))
+            if OPTIMIZER_NAME.search(receiver):  # optimizer.step(), scaler.step(opt); not scheduler.step()
                 return True
-            if isinstance(node.func, ast.Name) and node.func.id in script.functions:
-                body = script.functions[node.func.id]
-                if any(
-                    isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
-                    for n in ast.walk(body)
-                ):
-                    return True
-        stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node.func, ast.Name) and node.func.id in script.functions:
+            func = script.functions[node.func.id]
+            if any(_is_backward(n) for n in _own_nodes(func.body)):
+                return True
     return False
 
 

@@ -273,6 +273,19 @@ def test_eval_at_module_level_and_back_to_training():
     assert "line 12" in finding.fix  # the validation loop, not the epoch loop that also trains
 
 
+def test_training_with_frozen_batchnorm_not_reported():
+    """`.eval()` to freeze BatchNorm statistics while training: the loop needs autograd."""
+    source = """
+    def finetune(model, loader, opt):
+        model.eval()
+        for x, y in loader:
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+    """
+    assert "eval-without-no-grad" not in rules(source)
+
+
 def test_eval_without_a_loop_or_other_receiver_not_reported():
     source = """
     import torch
@@ -309,6 +322,8 @@ class Net(nn.Module):
 
 model = Net().cuda()
 model.half()  # <-
+for x in batches:
+    model(x).sum().backward()
 """
 
 
@@ -333,8 +348,24 @@ def test_half_with_torchvision_resnet():
 
     model = torchvision.models.resnet50()
     model = model.cuda().half()  # <-
+    loss = model(images).sum()
+    loss.backward()
     """
     assert_finds(source, "half-with-batchnorm")
+
+
+def test_half_for_inference_only_not_reported():
+    """BatchNorm in eval mode uses its running statistics: fp16 inference is common and fine."""
+    source = """
+    import torch
+    import torchvision
+
+    model = torchvision.models.resnet50().eval().cuda().half()
+    with torch.inference_mode():
+        for images in batches:
+            print(model(images.cuda().half()).argmax(1))
+    """
+    assert findings(source) == []
 
 
 @pytest.mark.parametrize(
@@ -545,6 +576,23 @@ def test_empty_cache_between_benchmark_configurations_not_reported():
         torch.cuda.empty_cache()
     """
     assert findings(source) == []
+
+
+def test_empty_cache_once_per_epoch_not_reported():
+    source = """
+    import torch
+
+    def train_one_epoch(model, loader, opt):
+        for x, y in loader:
+            model(x).sum().backward()
+            opt.step()
+
+    for epoch in range(10):
+        train_one_epoch(model, loader, opt)
+        scheduler.step()
+        torch.cuda.empty_cache()
+    """
+    assert "empty-cache-in-loop" not in rules(source)
 
 
 def test_empty_cache_in_step_loops():
