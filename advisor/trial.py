@@ -229,31 +229,35 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
 # Running a trial
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in a process group: what a finished trial must not leave behind."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
 def _kill_group(pgid: int) -> None:
     """End the trial's process group: SIGTERM, a moment to exit, then SIGKILL to whatever is left."""
+    if not group_members(pgid):
+        return
     try:
         os.killpg(pgid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         return
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
+    while time.monotonic() < deadline and group_members(pgid):
         time.sleep(0.05)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def run_trial(

@@ -1,0 +1,45 @@
+"""Helpers for the trial tests: tiny scripts in tmp_path, and reading traces without advisor.trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def write_script(folder: Path, body: str, name: str = "tiny.py") -> Path:
+    """Write a dedented script into `folder` and return its path."""
+    path = folder / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def trial_record(folder: Path) -> dict:
+    """The trial.json of a trial folder."""
+    return json.loads((folder / "trial.json").read_text())
+
+
+def profiler_step_durations(trace: Path) -> dict[int, float]:
+    """{N: seconds} of each `ProfilerStep#N` span in a Chrome trace (.json or .json.gz)."""
+    opener = gzip.open if trace.suffix == ".gz" else open
+    with opener(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return {
+        int(e["name"].split("#")[1]): e["dur"] / 1e6
+        for e in events
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+    }
+
+
+def median_trace_step(folder: Path) -> float:
+    """Median ProfilerStep duration (seconds) over the trial's trace files."""
+    durations = []
+    for trace in sorted(folder.glob("*.pt.trace.json*")):
+        durations += profiler_step_durations(trace).values()
+    assert durations, f"no ProfilerStep spans in {folder}"
+    return statistics.median(durations)
