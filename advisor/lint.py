@@ -178,6 +178,7 @@ class Script:
             n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         }
         self.cuda_device_names = self._cuda_device_names()
+        self.cli_options = self._cli_options()
         self.model_names = self._model_names()
         self.functions_called_without_grad = self._functions_called_without_grad()
         self.functions_called_in_loops = {
@@ -369,6 +370,35 @@ class Script:
                         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                             names.add(arg.value.lstrip("-").replace("-", "_"))
         return names
+
+    def _cli_options(self) -> dict[str, ast.Call]:
+        """argparse options by destination: `--num-workers` → `num_workers` → its add_argument call."""
+        options: dict[str, ast.Call] = {}
+        for call in self.calls:
+            if _last(_dotted(call.func)) != "add_argument":
+                continue
+            dest = _keyword(call, "dest")
+            if isinstance(dest, ast.Constant) and isinstance(dest.value, str):
+                options[dest.value] = call
+                continue
+            flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            long = [f for f in flags if f.startswith("--")] or flags
+            if long:
+                options[long[0].lstrip("-").replace("-", "_")] = call
+        return options
+
+    def constant_value(self, node: ast.AST | None) -> ast.AST | None:
+        """The node itself, or for `args.num_workers` the default of its argparse option (a Constant)."""
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr in self.cli_options:
+            option = self.cli_options[node.attr]
+            default = _keyword(option, "default")
+            if default is None:
+                action = _keyword(option, "action")
+                if _is_const(action, "store_true"):
+                    return ast.Constant(False)
+                return ast.Constant(None)
+            return default
+        return node
 
     def _is_cuda_call(self, node: ast.AST) -> bool:
         return isinstance(node, ast.Call) and self.resolve(node.func) == "torch.cuda.current_device"
@@ -956,9 +986,9 @@ class _BatchFlow:
         return found
 
 
-def _pinned(call: ast.Call) -> bool:
-    """True if a DataLoader call passes a pin_memory that is not plainly false."""
-    pin = _keyword(call, "pin_memory", DATALOADER_POSITIONAL["pin_memory"])
+def _pinned(script: Script, call: ast.Call) -> bool:
+    """True if a DataLoader call passes a pin_memory that is not plainly false (nor defaults to false)."""
+    pin = script.constant_value(_keyword(call, "pin_memory", DATALOADER_POSITIONAL["pin_memory"]))
     return pin is not None and not _is_const(pin, False, None, 0)
 
 
@@ -967,24 +997,44 @@ def _dataloaders(script: Script) -> list[ast.Call]:
 
 
 def check_dataloader_workers(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
-    """`DataLoader(...)` that loads batches in the training process (no `num_workers`, or 0)."""
+    """`DataLoader(...)` that loads batches in the training process (no `num_workers`, 0, or a
+    command-line option whose default is 0)."""
     for call in _dataloaders(script):
-        workers = _keyword(call, "num_workers", DATALOADER_POSITIONAL["num_workers"])
-        if workers is None or _is_const(workers, 0):
-            shown = "without `num_workers`" if workers is None else "with `num_workers=0`"
-            what = f"`{_short(call)}` is built {shown}: batches are loaded in the training process"
-            if _keyword(call, "persistent_workers") is None:
-                fix = _with_keywords(call, num_workers=4, persistent_workers=True)
-            else:
-                fix = _with_keywords(call, num_workers=4)
-            yield call, what, fix
+        given = _keyword(call, "num_workers", DATALOADER_POSITIONAL["num_workers"])
+        workers = script.constant_value(given)
+        if workers is not None and not _is_const(workers, 0, None):
+            continue
+        if given is None:
+            shown = "without `num_workers`"
+        elif workers is given:
+            shown = "with `num_workers=0`"
+        else:  # `num_workers=args.num_workers` and `--num-workers` defaults to 0: change the default
+            option = script.cli_options[given.attr]
+            what = (
+                f"`{_short(call)}` takes `num_workers={_code(given)}`, whose command-line default is"
+                f" {_code(workers)}: unless it is given, batches are loaded in the training process"
+            )
+            fixed = ast.Call(
+                func=option.func,
+                args=option.args,
+                keywords=[kw for kw in option.keywords if kw.arg != "default"]
+                + [ast.keyword(arg="default", value=ast.Constant(4))],
+            )
+            yield given, what, f"{_code(fixed)}  (line {option.lineno})"
+            continue
+        what = f"`{_short(call)}` is built {shown}: batches are loaded in the training process"
+        if _keyword(call, "persistent_workers") is None:
+            fix = _with_keywords(call, num_workers=4, persistent_workers=True)
+        else:
+            fix = _with_keywords(call, num_workers=4)
+        yield call, what, fix
 
 
 def check_dataloader_pin_memory(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
     """`DataLoader(...)` without `pin_memory=True` whose batches are copied to CUDA."""
     copies = _BatchFlow(script).copies()
     for call in _dataloaders(script):
-        if _pinned(call):
+        if _pinned(script, call):
             continue
         # Its batches are copied, or a copy's batch comes from a source we cannot see.
         used = [copy for copy, origin in copies if call in origin or UNKNOWN in origin]
@@ -998,7 +1048,7 @@ def check_dataloader_pin_memory(script: Script) -> Iterator[tuple[ast.AST, str, 
 
 def check_non_blocking_copy(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
     """Copies to CUDA without `non_blocking=True` of batches from a DataLoader that pins memory."""
-    pinned = [c for c in _dataloaders(script) if _pinned(c)]
+    pinned = [c for c in _dataloaders(script) if _pinned(script, c)]
     if not pinned:
         return
     for call, origin in _BatchFlow(script).copies():

@@ -452,6 +452,36 @@ def test_dataloader_num_workers_absent(args):
     assert "dataloader-num-workers" not in rules(LOADER.replace("shuffle=True)", args))
 
 
+CLI_WORKERS = """
+import argparse
+from torch.utils.data import DataLoader
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--num-workers", type=int, default=0)
+parser.add_argument("--pin-memory", action="store_true")
+args = parser.parse_args()
+loader = DataLoader(ds, batch_size=8, num_workers=args.num_workers, pin_memory=args.pin_memory)  # <-
+for x, y in loader:
+    x = x.cuda(non_blocking=True)
+"""
+
+
+def test_dataloader_options_from_the_command_line_use_their_defaults():
+    result = lint_source(textwrap.dedent(CLI_WORKERS))
+    assert {(f.rule, f.line) for f in result} == {
+        ("dataloader-num-workers", marked_line(CLI_WORKERS)),
+        ("dataloader-pin-memory", marked_line(CLI_WORKERS)),
+    }
+    workers = [f for f in result if f.rule == "dataloader-num-workers"][0]
+    assert workers.fix.startswith("parser.add_argument('--num-workers', type=int, default=4)")
+    assert "default is 0" in workers.what
+
+
+def test_dataloader_options_from_the_command_line_with_good_defaults():
+    source = CLI_WORKERS.replace("default=0", "default=8").replace('action="store_true"', "default=True")
+    assert findings(source) == []
+
+
 def test_dataloader_pin_memory_found_with_fix():
     assert_finds(LOADER, "dataloader-pin-memory")
     finding = [f for f in lint_source(textwrap.dedent(LOADER)) if f.rule == "dataloader-pin-memory"][0]
