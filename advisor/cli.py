@@ -8,8 +8,12 @@ import sys
 from advisor.errors import AdvisorError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one sub-command per job."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per job.
+
+    Only the invoked sub-command's module is imported to describe its arguments, so `advisor analyze`
+    does not pay for importing the trial or lint code.
+    """
     parser = argparse.ArgumentParser(prog="advisor", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -20,20 +24,28 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--steps", help="which ProfilerStep numbers to use, e.g. 3-5 or 2,4")
 
     profile = sub.add_parser("profile", help="run script.py:train_step under the profiler, apply fixes")
-    from advisor import trial  # light: the harness that imports torch runs in the subprocess only
+    if command in (None, "profile"):
+        from advisor import trial  # light: the harness that imports torch runs in the subprocess only
 
-    trial.add_profile_arguments(profile)
+        trial.add_profile_arguments(profile)
 
     lint = sub.add_parser("lint", help="static check of a training script for memory and speed mistakes")
-    from advisor import lint as lint_module
+    if command in (None, "lint"):
+        from advisor import lint as lint_module
 
-    lint_module.add_lint_arguments(lint)
+        lint_module.add_lint_arguments(lint)
     return parser
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The sub-command named on the command line (first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `advisor` console script."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     try:
         if args.command == "analyze":

@@ -223,11 +223,11 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
     for s in steps:
         lo, hi, n = float("inf"), float("-inf"), 0
         for r in runtime[bisect.bisect_left(starts, s.start):bisect.bisect_right(starts, s.end)]:
-            if r.end > s.end:
+            if r.ts + r.dur > s.end or r.args is None:
                 continue
-            for d in by_corr.get(r.correlation, ()):
+            for d in by_corr.get(r.args.correlation, ()):
                 lo = min(lo, d.ts)
-                hi = max(hi, d.end)
+                hi = max(hi, d.ts + d.dur)
                 matched.add(id(d))
                 n += 1
         device_span.append((lo, hi))
@@ -334,33 +334,46 @@ def gpu_utilization(trace: Trace, steps: list[Step]) -> dict[int, float]:
 
 
 def _in_steps(e: Event, steps: list[Step]) -> bool:
-    return any(s.start <= e.ts < s.end for s in steps)
+    # Steps are sorted and disjoint: find the last one starting at or before the event.
+    i = bisect.bisect_right(steps, e.ts, key=_step_start) - 1
+    return i >= 0 and e.ts < steps[i].end
 
 
-def launching_ops(trace: Trace) -> dict:
-    """Correlation id of each runtime call → name of the innermost operator that made it.
+def _step_start(s: Step) -> float:
+    return s.start
+
+
+def launching_ops(trace: Trace, correlations: set) -> dict:
+    """Correlation id of each runtime call in `correlations` → name of the innermost operator around it.
 
     Matched by time on the calling thread rather than by 'External id', which some Kineto versions
-    write as the correlation id (so it names no operator).
+    write as the correlation id (so it names no operator). Operators and runtime calls are both sorted
+    by start already (enclosing operators first), so one merge pass per thread with a stack suffices.
     """
-    by_thread = defaultdict(list)
+    ops_by_thread = defaultdict(list)
     for op in trace.ops:
-        by_thread[op.tid].append((op.ts, 0, -op.dur, op.end, op.name))
+        ops_by_thread[op.tid].append(op)
+    calls_by_thread = defaultdict(list)
     for r in trace.runtime:
-        if r.correlation is not None:
-            by_thread[r.tid].append((r.ts, 1, -r.dur, r.end, r.correlation))
+        if r.args is not None and r.args.correlation in correlations:
+            calls_by_thread[r.tid].append(r)
     out = {}
-    for items in by_thread.values():
-        items.sort(key=lambda t: t[:3])
-        stack: list[tuple[float, str]] = []  # (end, name) of the enclosing operators
-        for start, is_runtime, _, end, what in items:
-            while stack and stack[-1][0] <= start:
+    for tid, calls in calls_by_thread.items():
+        ops = ops_by_thread.get(tid, ())
+        stack: list[Event] = []  # enclosing operators, innermost last
+        i, n = 0, len(ops)
+        for r in calls:
+            start = r.ts
+            while i < n and ops[i].ts <= start:
+                op = ops[i]
+                while stack and stack[-1].ts + stack[-1].dur <= op.ts:
+                    stack.pop()
+                stack.append(op)
+                i += 1
+            while stack and stack[-1].ts + stack[-1].dur <= start:
                 stack.pop()
-            if is_runtime:
-                if stack:
-                    out[what] = stack[-1][1]
-            else:
-                stack.append((end, what))
+            if stack:
+                out[r.args.correlation] = stack[-1].name
     return out
 
 
@@ -375,7 +388,7 @@ def tensor_cores(trace: Trace, steps: list[Step], vendor: str) -> tuple[float, f
     total = sum(k.dur for k in kernels)
     if not total:
         return 0.0, None, None, None
-    op_of = launching_ops(trace)
+    op_of = launching_ops(trace, {k.args.correlation for k in kernels if k.args is not None})
     tc = eligible_left = eligible_all = linked = 0.0
     for k in kernels:
         on_tc = _is_tensor_core(vendor, k.name)
@@ -527,6 +540,11 @@ def diagnose(trace: Trace, steps_wanted: str | None = None) -> Diagnosis:
         missing.append("runtime events: steps cannot be matched to the kernels they launched")
     if not any(DATALOADER_NAME.match(op.name) for op in trace.ops):
         missing.append("DataLoader spans (enumerate(DataLoader)#...__next__): data loading time unknown")
+    extra = {"median_step_us": median(s.duration for s in steps), "events": trace.event_count}
+    if platform == "cpu":
+        eligible_ops = iv.from_events([op for op in trace.ops if _is_eligible_op(op.name)])
+        windows = iv.from_spans((s.start, s.end) for s in steps)
+        extra["cpu_eligible_share"] = iv.length_within(eligible_ops, windows) / iv.length(windows)
     main = utilization.get(devices[0].index) if devices and utilization else None
     if main is None and utilization:
         main = max(utilization.values())
@@ -550,5 +568,5 @@ def diagnose(trace: Trace, steps_wanted: str | None = None) -> Diagnosis:
         memory=tuple(memory),
         missing=tuple(missing),
         distributed=trace.distributed,
-        extra={"median_step_us": median(s.duration for s in steps), "events": trace.event_count},
+        extra=extra,
     )

@@ -14,7 +14,9 @@ from __future__ import annotations
 import gc
 import gzip
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Union
 
@@ -118,6 +120,7 @@ KIND_BY_CATEGORY = {
 }
 
 
+@lru_cache(maxsize=None)
 def kind_of(category: str) -> str | None:
     """The analysis kind of a trace category, or None for categories the analysis ignores."""
     c = category.lower()
@@ -260,7 +263,7 @@ def _time_scale(doc: TraceDocument, events: list[Event]) -> tuple[float, str]:
         return 0.001, "ns"
     # Wall-clock timestamps in ns are > 1e17 (2001 onwards); in microseconds they stay below 1e17
     # until the year 5138. Relative ns timestamps cannot be told apart and are taken as microseconds.
-    for e in events:
+    for e in events[:1000]:
         if e.ts is not None and e.ts > 1e17:
             return 0.001, "ns"
     return 1.0, "us"
@@ -302,40 +305,43 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     events = doc.traceEvents
     scale, unit = _time_scale(doc, events)
     trace = Trace(path=str(path), distributed=doc.distributedInfo, time_unit=unit, event_count=len(events))
-    buckets = {"op": trace.ops, "annotation": trace.ops, "python_function": None, "gpu_annotation": None,
-               "runtime": trace.runtime, "kernel": trace.kernels, "memcpy": trace.memcpys,
-               "memset": trace.memsets, "trace": None}
+    buckets = {"op": trace.ops, "annotation": trace.ops, "runtime": trace.runtime, "kernel": trace.kernels,
+               "memcpy": trace.memcpys, "memset": trace.memsets}
+    bucket_of_category: dict = {}  # category -> list to append to, or None to skip; filled as met
+    steps = trace.steps
     memory_events = []
-    timed = []
-    for index, e in enumerate(events):
+    for e in events:
         ph = e.ph
         if ph == "X":
-            if e.ts is None or e.dur is None:
-                missing = "ts" if e.ts is None else "dur"
-                raise TraceError(path, f"event {index} ({e.name!r}) is a complete event without '{missing}'")
-            kind = kind_of(e.cat)
-            if kind is None:
+            cat = e.cat
+            bucket = bucket_of_category.get(cat, False)
+            if bucket is False:
+                bucket = bucket_of_category[cat] = buckets.get(kind_of(cat))
+            if bucket is None:
                 continue
-            if kind in ("op", "annotation") and e.name.startswith("ProfilerStep#"):
-                trace.steps.append(e)
-                timed.append(e)
-                continue
-            bucket = buckets[kind]
-            if bucket is not None:
-                bucket.append(e)
-                timed.append(e)
+            if bucket is trace.ops and e.name.startswith("ProfilerStep#"):
+                bucket = steps
+            bucket.append(e)
         elif ph == "i" and e.name == "[memory]":
-            if e.ts is None:
-                raise TraceError(path, f"event {index} ([memory]) has no 'ts'")
             memory_events.append(e)
-    origin = min((e.ts for e in timed), default=0)
-    if memory_events:
-        origin = min(origin, min(e.ts for e in memory_events)) if timed else min(e.ts for e in memory_events)
-    trace.origin_us = origin * scale
+    timed = steps + trace.ops + trace.runtime + trace.kernels + trace.memcpys + trace.memsets
+    # Complete events need both times; checked once over the kept events, not inside the loop above.
     for e in timed:
-        # Subtract the (possibly integer nanosecond) origin first: exact, then small floats.
-        e.ts = (e.ts - origin) * scale
-        e.dur = e.dur * scale
+        if e.ts is None or e.dur is None:
+            missing = "ts" if e.ts is None else "dur"
+            raise TraceError(path, f"event {events.index(e)} ({e.name!r}) is a complete event without '{missing}'")
+    for e in memory_events:
+        if e.ts is None:
+            raise TraceError(path, f"event {events.index(e)} ([memory]) has no 'ts'")
+    origin = 0
+    if scale != 1.0:
+        # Integer nanoseconds since the epoch do not fit a float exactly: subtract the (integer) origin
+        # first, exactly, then scale. Microsecond timestamps fit a float as they are.
+        origin = min(e.ts for e in timed + memory_events)
+        for e in timed:
+            e.ts = (e.ts - origin) * scale
+            e.dur = e.dur * scale
+    trace.origin_us = origin * scale
     for e in memory_events:
         a = e.args or Args()
         trace.memory.append(MemorySample(
@@ -346,8 +352,9 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             total_allocated=None if a.total_allocated is None else float(a.total_allocated),
             total_reserved=None if a.total_reserved is None else float(a.total_reserved),
         ))
-    for group in (trace.steps, trace.ops, trace.runtime, trace.kernels, trace.memcpys, trace.memsets):
+    for group in (trace.steps, trace.runtime, trace.kernels, trace.memcpys, trace.memsets):
         group.sort(key=_start)
+    trace.ops.sort(key=_start_outer_first)
     runtime_names = {e.name for e in trace.runtime}
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.devices = _devices(doc, runtime_names, kernel_kinds)
@@ -358,19 +365,31 @@ def _start(e: Event) -> float:
     return e.ts
 
 
+def _start_outer_first(e: Event) -> tuple[float, float]:
+    # An operator and its first child can start at the same time: the enclosing (longer) one first.
+    return (e.ts, -e.dur)
+
+
 def load_trace(path: Path | str) -> Trace:
     """Read one trace file (.json or .json.gz) into a Trace; raise TraceError naming the problem."""
     path = Path(path)
     raw = read_bytes(path)
-    # Hundreds of thousands of small objects, none cyclic: the cyclic collector would only rescan them.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         doc = decode(path, raw)
         del raw
         if not doc.traceEvents:
             raise TraceError(path, "trace has no events ('traceEvents' is empty)")
         return build_trace(path, doc)
+
+
+@contextmanager
+def collector_paused():
+    """Pause the cyclic garbage collector: a trace is hundreds of thousands of small acyclic objects,
+    which the collector would only rescan again and again while they are created and analysed."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if was_enabled:
             gc.enable()

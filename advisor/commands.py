@@ -1,0 +1,124 @@
+"""`advisor analyze`: trace file(s) → Diagnosis with recommendations → terminal summary or JSON.
+
+The JSON document (`--json`) has the schema `advisor.analysis/1`:
+
+    {"schema": "advisor.analysis/1", "path": str,
+     "traces": [TRACE, ...],            # one per trace file, in path order
+     "summary": {"traces": int, "mean_step_ms": float, "slowest": str, "recommendations": [id, ...]}}
+
+    TRACE = {"source": str, "platform": "gpu"|"cpu",
+             "device": {"name", "vendor", "compute_capability", "total_memory"} | null,
+             "steps": {"count", "names", "mean_ms", "median_ms", "note"},
+             "breakdown_ms": {role: ms per step}, "breakdown_share": {role: share of step},
+             "dataloader_share", "dataloader_wait_share", "gpu_utilization", "utilization_by_device",
+             "tensor_core_share", "eligible_share", "eligible_op_share", "kernel_ms",
+             "copies": {"pageable_ms", "pinned_ms", "unknown_ms", "count", "bytes", "synchronous",
+                        "sync_wait_ms", "overlap_with_kernels", "share"},
+             "memory": [{"device", "peak_allocated", "peak_reserved", "capacity", "headroom", "growth"}],
+             "missing": [str], "distributed": {...} | null,
+             "recommendations": [{"id", "title", "knobs", "predicted_gain", "evidence", "code_change",
+                                  "caveat", "details"}]}
+
+Roles are kernel, memcpy, memset, communication, runtime, dataloader, cpu_op, other. Shares are fractions
+(0..1); times are milliseconds; memory is bytes. A figure the trace cannot give is null. New fields may be
+added within version 1; renaming or removing one bumps the version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import msgspec
+
+from advisor.diagnosis import ROLES, Diagnosis, diagnose
+from advisor.rules import recommend
+from advisor.trace import collector_paused, load_trace, trace_files
+
+SCHEMA = "advisor.analysis/1"
+
+
+def analyze_file(path: Path | str, steps: str | None = None) -> Diagnosis:
+    """Load one trace, diagnose it and attach its ranked recommendations."""
+    with collector_paused():
+        diagnosis = diagnose(load_trace(path), steps)
+    return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis))
+
+
+def analyze_path(path: Path | str, steps: str | None = None) -> list[Diagnosis]:
+    """Diagnoses for a trace file or every trace file under a folder."""
+    return [analyze_file(p, steps) for p in trace_files(Path(path))]
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1000.0
+
+
+def diagnosis_to_dict(d: Diagnosis) -> dict:
+    """The JSON form of one diagnosis (schema in this module's docstring)."""
+    dev = d.device
+    c = d.copies
+    return {
+        "source": d.source,
+        "platform": d.platform,
+        "device": None if dev is None else {
+            "name": dev.name, "vendor": dev.vendor, "compute_capability": dev.capability_text or None,
+            "total_memory": dev.total_memory,
+        },
+        "steps": {
+            "count": len(d.steps), "names": [s.name for s in d.steps], "mean_ms": _ms(d.step_time_us),
+            "median_ms": _ms(d.extra.get("median_step_us")), "note": d.step_note or None,
+        },
+        "breakdown_ms": {r: _ms(d.breakdown_us[r]) for r in ROLES},
+        "breakdown_share": d.breakdown_share,
+        "dataloader_share": d.dataloader_share,
+        "dataloader_wait_share": d.dataloader_wait_share,
+        "gpu_utilization": d.gpu_utilization,
+        "utilization_by_device": {str(k): v for k, v in d.utilization_by_device.items()},
+        "tensor_core_share": d.tensor_core_share,
+        "eligible_share": d.eligible_share if d.platform == "gpu" else d.extra.get("cpu_eligible_share"),
+        "eligible_op_share": d.eligible_op_share,
+        "kernel_ms": _ms(d.kernel_us),
+        "copies": {
+            "pageable_ms": _ms(c.pageable_us), "pinned_ms": _ms(c.pinned_us), "unknown_ms": _ms(c.unknown_us),
+            "count": c.count, "bytes": c.bytes, "synchronous": c.synchronous, "sync_wait_ms": _ms(c.sync_wait_us),
+            "overlap_with_kernels": c.overlap_with_kernels,
+            "share": c.total_us / d.step_time_us if d.step_time_us else 0.0,
+        },
+        "memory": [dict(dataclasses.asdict(m), headroom=m.headroom) for m in d.memory],
+        "missing": list(d.missing),
+        "distributed": d.distributed,
+        "recommendations": [dataclasses.asdict(r) for r in d.recommendations],
+    }
+
+
+def analysis_document(path: Path | str, diagnoses: list[Diagnosis]) -> dict:
+    """The whole `advisor.analysis/1` document for a path."""
+    recs = []
+    for d in diagnoses:
+        recs.extend(r.id for r in d.recommendations if r.id not in recs)
+    slowest = max(diagnoses, key=lambda d: d.step_time_us)
+    return {
+        "schema": SCHEMA,
+        "path": str(path),
+        "traces": [diagnosis_to_dict(d) for d in diagnoses],
+        "summary": {
+            "traces": len(diagnoses),
+            "mean_step_ms": sum(d.step_time_us for d in diagnoses) / len(diagnoses) / 1000.0,
+            "slowest": slowest.source,
+            "recommendations": recs,
+        },
+    }
+
+
+def analyze_command(args) -> int:
+    """`advisor analyze PATH [--json] [--steps ...]`."""
+    diagnoses = analyze_path(args.path, args.steps)
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode(analysis_document(args.path, diagnoses)) + b"\n")
+        return 0
+    from advisor.terminal import print_analysis
+
+    print_analysis(diagnoses)
+    return 0

@@ -1,0 +1,128 @@
+"""Terminal rendering of diagnoses with rich: short, readable, figures first, then what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from advisor.diagnosis import ROLES, Diagnosis
+
+ROLE_LABELS = {
+    "kernel": "GPU kernels", "memcpy": "memory copies", "memset": "memset", "communication": "communication",
+    "runtime": "CUDA/HIP runtime", "dataloader": "DataLoader", "cpu_op": "CPU operators", "other": "other",
+}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _gb(x: float | None) -> str:
+    return "n/a" if x is None else f"{x / 1e9:.2f} GB"
+
+
+def device_line(d: Diagnosis) -> str:
+    """'Tesla V100 (nvidia, sm 7.0, 34.1 GB)' or 'CPU only'."""
+    dev = d.device
+    if dev is None:
+        return "CPU only" if d.platform == "cpu" else "accelerator not described in the trace"
+    parts = [dev.vendor]
+    if dev.capability_text:
+        parts.append(f"compute {dev.capability_text}")
+    if dev.total_memory:
+        parts.append(f"{dev.total_memory / 1e9:.1f} GB")
+    return f"{dev.name} ({', '.join(parts)})"
+
+
+def figures_table(d: Diagnosis) -> Table:
+    """Key figures: utilization, Tensor Cores, copies, memory."""
+    t = Table(title="Key figures", show_header=False, title_justify="left")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("DataLoader share of step", _pct(d.dataloader_share))
+    if d.platform == "gpu":
+        t.add_row("GPU utilization", _pct(d.gpu_utilization))
+        unit = "Matrix core" if d.device is not None and d.device.vendor == "amd" else "Tensor Core"
+        t.add_row(f"{unit} share of kernel time", _pct(d.tensor_core_share))
+        t.add_row("Eligible matmul/conv time not on them", _pct(d.eligible_share))
+        c = d.copies
+        share = c.total_us / d.step_time_us if d.step_time_us else 0
+        kinds = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in
+                          (("pageable", c.pageable_us), ("pinned", c.pinned_us), ("host", c.unknown_us)) if v)
+        t.add_row("Host-to-device copies per step", f"{c.count:.0f} ({kinds or 'none'}; {_pct(share)})")
+        if c.synchronous:
+            t.add_row("Synchronous copies per step", f"{c.synchronous:.0f} (host waits {c.sync_wait_us / 1000:.2f} ms)")
+    else:
+        t.add_row("Matmul/conv operators share of step", _pct(d.extra.get("cpu_eligible_share")))
+    for m in d.memory:
+        if m.peak_allocated is not None:
+            cap = f" of {_gb(m.capacity)}, {_pct(m.headroom)} free" if m.capacity else ""
+            t.add_row(f"Peak memory {m.device}", f"{_gb(m.peak_allocated)} allocated{cap}")
+        elif m.growth:
+            t.add_row(f"Memory growth {m.device}", f"+{_gb(m.growth)} (no totals in trace)")
+    return t
+
+
+def breakdown_table(d: Diagnosis) -> Table:
+    """Step-time breakdown by role."""
+    t = Table(title="Step-time breakdown", title_justify="left")
+    t.add_column("role")
+    t.add_column("ms / step", justify="right")
+    t.add_column("share", justify="right")
+    shares = d.breakdown_share
+    for role in ROLES:
+        if d.breakdown_us[role] > 0:
+            t.add_row(ROLE_LABELS[role], f"{d.breakdown_us[role] / 1000:.2f}", _pct(shares[role]))
+    return t
+
+
+def print_recommendations(d: Diagnosis, console: Console) -> None:
+    """Ranked recommendations, each with its evidence, as an indented list (reads well at 80 columns)."""
+    if not d.recommendations:
+        console.print(Text("No recommendation: nothing in this trace points to a change worth making.",
+                           style="green"))
+        return
+    console.print(Text("Recommendations, best first:", style="bold"))
+    for i, r in enumerate(d.recommendations, 1):
+        line = Text(f" {i}. ")
+        line.append(r.title, style="bold")
+        line.append(f"  (~{100 * r.predicted_gain:.1f}% of step time)", style="cyan")
+        console.print(line)
+        for e in r.evidence:
+            console.print(Text(f"    - {e}"))
+        if r.caveat:
+            console.print(Text(f"    note: {r.caveat}", style="dim"))
+
+
+def print_diagnosis(d: Diagnosis, console: Console) -> None:
+    """One trace's section."""
+    console.rule(Text(Path(d.source).name))
+    console.print(Text(f"Device: {device_line(d)}"))
+    console.print(Text(f"Steps: {len(d.steps)}, mean {d.step_time_us / 1000:.2f} ms"
+                       f" (median {d.extra['median_step_us'] / 1000:.2f} ms)"))
+    if d.step_note:
+        console.print(Text(f"  {d.step_note}", style="yellow"))
+    console.print(breakdown_table(d))
+    console.print(figures_table(d))
+    print_recommendations(d, console)
+    for m in d.missing:
+        console.print(Text(f"Not in this trace: {m}", style="dim"))
+
+
+def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None) -> None:
+    """All sections, plus a summary table when there are several traces."""
+    console = console or Console()
+    for d in diagnoses:
+        print_diagnosis(d, console)
+    if len(diagnoses) > 1:
+        t = Table(title="Summary", title_justify="left")
+        for col in ("trace", "steps", "mean step", "GPU util", "DataLoader", "top recommendation"):
+            t.add_column(col)
+        for d in diagnoses:
+            top = d.recommendations[0].id if d.recommendations else "none"
+            t.add_row(Text(Path(d.source).name), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
+                      _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
+        console.print(t)
