@@ -314,6 +314,7 @@ class StepDriver:
         self.process = psutil.Process()
         self.index = 0
         self.depth = 0
+        self.failed_step: int | None = None
         self.prof = None
         self.period_start = 0.0
         self.times: dict[str, float] = {}
@@ -333,6 +334,11 @@ class StepDriver:
             self.depth += 1
             try:
                 return self.run_step(fn, args, kwargs)
+            except TrialComplete:
+                raise
+            except BaseException:
+                self.failed_step = self.index  # the message says which step failed
+                raise
             finally:
                 self.depth -= 1
 
@@ -518,7 +524,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     except TargetNotFound as exc:
         result.update(status="target-not-found", message=str(exc))
     except BaseException as exc:  # the user's error, an OOM, or SIGINT inside the child
-        step = f" in step {driver.index}" if driver is not None and driver.depth else ""
+        step = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
         try:
             oom = is_out_of_memory(exc)
         except Exception:

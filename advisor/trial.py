@@ -450,7 +450,23 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")
     parser.add_argument("--memory-limit", help="address-space cap for the trial process, e.g. 4G or 800M")
-    parser.add_argument("script_args", nargs="*", help="arguments for the script, after --")
+    parser.set_defaults(script_args=[])
+    parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py:step -- --lr 0.1"
+    # argparse cannot take options after the target and still hand the rest after `--` to a
+    # positional, so the script's arguments are split off before argparse sees them.
+    original = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        script_args = []
+        if "--" in args:
+            split = args.index("--")
+            args, script_args = args[:split], args[split + 1 :]
+        namespace, extras = original(args, namespace)
+        namespace.script_args = script_args
+        return namespace, extras
+
+    parser.parse_known_args = parse_known_args
 
 
 def parse_size(text: str) -> int:

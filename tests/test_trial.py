@@ -1,0 +1,231 @@
+"""Trials end to end on the CPU: real subprocesses, real torch.profiler traces, real failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from trial_helpers import EXAMPLES, REPO, median_trace_step, profiler_step_durations, trial_record, write_script
+
+from advisor import cli
+from advisor.knobs import APPLIED, Knobs
+from advisor.trial import SCHEMA, group_members, load_trial, run_trial
+
+pytestmark = pytest.mark.slow
+
+# A step that calls a matmul and records what it saw into observed.json next to the script.
+KNOB_SCRIPT = """
+    import json, sys
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Trainer:
+        def __init__(self):
+            self.model = torch.nn.Linear(16, 16)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            self.loader = DataLoader(TensorDataset(torch.randn(256, 16)), batch_size=4, shuffle=False)
+
+        def step(self, x):
+            y = self.model(x.to("cpu"))
+            loss = (y @ y.T).float().mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            l = self.loader
+            with open("observed.json", "w") as f:
+                json.dump({"matmul_dtype": str((x @ x.T).dtype), "argv": sys.argv[1:],
+                           "loader": [l.batch_size, l.num_workers, l.pin_memory, l.persistent_workers, l.prefetch_factor]}, f)
+            return loss
+
+    if __name__ == "__main__":
+        trainer = Trainer()
+        for epoch in range(100):
+            for (x,) in trainer.loader:
+                trainer.step(x)
+"""
+
+
+def check_trace_matches_trial(folder, record):
+    """The recorded ProfilerStep spans are the trial's recorded steps, and their medians agree."""
+    assert record["trace_files"] and all(name.endswith(".pt.trace.json.gz") for name in record["trace_files"])
+    spans = profiler_step_durations(folder / record["trace_files"][0])
+    recorded = [s for s in record["steps"] if s["recorded"]]
+    assert sorted(spans) == [s["index"] for s in recorded]
+    trial_median = record["summary"]["median_step_s"]
+    assert abs(median_trace_step(folder) - trial_median) <= 0.10 * trial_median
+
+
+def test_image_classifier_via_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["profile", str(EXAMPLES / "image_classifier.py:train_step"), "--steps", "3", "--out", str(out),
+                     "--device", "cpu", "--", "--epochs", "5"])
+    assert code == 0
+    assert "median step" in capsys.readouterr().out
+    folder = out / "trials" / "00-baseline"
+    record = trial_record(folder)
+    assert record["schema"] == SCHEMA and record["status"] == "ok"
+    assert record["script_args"] == ["--epochs", "5"]
+    check_trace_matches_trial(folder, record)
+    assert record["user_values"] == {
+        "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
+    }
+    summary = record["summary"]
+    assert summary["batch_size"] == 32 and summary["samples_per_s"] > 0 and summary["loss"] > 0
+    assert summary["peak_memory_bytes"] > 0 and summary["profiler_peak_allocated_bytes"] > 0
+    assert record["device_facts"]["type"] == "cpu" and record["device_facts"]["cpu"]["logical_cores"] >= 1
+    # DataLoader-bound: most of a step is spent outside the call, loading data.
+    assert summary["median_call_s"] < 0.5 * summary["median_step_s"]
+    assert not group_members(record["pid"])
+
+
+def test_char_transformer_trial(tmp_path):
+    result = run_trial(f"{EXAMPLES / 'char_transformer.py'}:train_step", Knobs(), tmp_path / "t", steps=3,
+                       wait=1, device="cpu")
+    assert result.ok, result.message
+    record = trial_record(result.path)
+    check_trace_matches_trial(result.path, record)
+    assert result.batch_size == 32 and result.loss is not None and result.median_step_s > 0
+    assert load_trial(result.path) == result
+
+
+def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path):
+    script = write_script(tmp_path, KNOB_SCRIPT)
+    knobs = Knobs(amp="bf16", batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=3,
+                  pin_memory=True, non_blocking=True)
+    result = run_trial(f"{script}:Trainer.step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1,
+                       script_args=["--flag"])
+    assert result.ok, result.message + (result.traceback or "")
+    observed = json.loads((tmp_path / "observed.json").read_text())
+    assert observed["matmul_dtype"] == "torch.bfloat16"
+    assert observed["loader"] == [8, 1, False, True, 3]  # pin_memory is left alone on the CPU
+    assert observed["argv"] == ["--flag"]
+    assert result.batch_size == 8
+    record = trial_record(result.path)
+    assert record["user_values"] == {
+        "batch_size": 4, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
+    }
+    outcomes = record["knob_outcomes"]
+    for knob in ("amp", "batch_size", "num_workers", "persistent_workers", "prefetch_factor"):
+        assert outcomes[knob] == APPLIED
+    assert outcomes["pin_memory"].startswith("not applicable")
+    assert outcomes["non_blocking"].startswith("not applicable")
+    assert record["knobs"] == knobs.to_dict()
+    assert not group_members(record["pid"])  # the DataLoader worker is gone too
+
+
+def test_target_not_found(tmp_path, capsys):
+    script = write_script(tmp_path, "def train(x):\n    return x\n")
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t")
+    assert result.status == "target-not-found"
+    assert "no function 'train_step' is defined (functions found: train)" in result.message
+    assert trial_record(result.path)["status"] == "target-not-found"
+    code = cli.main(["profile", f"{script}:train_step", "--out", str(tmp_path / "cli")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "target-not-found" in err
+    assert cli.main(["profile", f"{tmp_path / 'missing.py'}:train_step"]) == 2
+    assert "missing.py: no such file" in capsys.readouterr().err
+
+
+def test_script_error_shows_the_users_traceback(tmp_path):
+    script = write_script(tmp_path, """
+        import torch
+
+        def train_step(x):
+            if x.shape[0] > 2:
+                raise ValueError("batch too large for this model")
+            return x.sum()
+
+        if __name__ == "__main__":
+            for size in range(1, 10):
+                train_step(torch.ones(size))
+    """)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5)
+    assert result.status == "error"
+    assert result.message == "ValueError in step 2: batch too large for this model"
+    assert f'File "{script}", line 6, in train_step' in result.traceback
+    assert f'File "{script}", line 11, in <module>' in result.traceback
+    assert "advisor" not in result.traceback.replace(str(tmp_path), "")
+    assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1]  # finished steps are kept
+
+
+def test_out_of_memory_under_a_memory_cap(tmp_path):
+    script = write_script(tmp_path, """
+        import torch
+
+        def train_step(step):
+            size = 16 * 2**30 if step == 3 else 2**20  # the fourth step asks for 16 GiB
+            return torch.ones(size, dtype=torch.uint8).sum()
+
+        if __name__ == "__main__":
+            for step in range(10):
+                train_step(step)
+    """)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, memory_limit=6 * 2**30)
+    assert result.status == "oom", result.message
+    assert "in step 3" in result.message and "allocate" in result.message
+    record = trial_record(result.path)
+    assert [s["index"] for s in record["steps"]] == [0, 1, 2] and record["memory_limit"] == 6 * 2**30
+    assert not group_members(record["pid"])
+
+
+def test_timeout_kills_the_trial_and_its_workers(tmp_path):
+    script = write_script(tmp_path, """
+        import time
+        import torch
+        from torch.utils.data import DataLoader
+
+        def train_step(x):
+            if x[0] >= 4:
+                time.sleep(60)
+            return x.sum()
+
+        if __name__ == "__main__":
+            for x in DataLoader(list(range(100)), batch_size=2, num_workers=2):
+                train_step(x)
+    """)
+    started = time.monotonic()
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, timeout_s=8)
+    assert time.monotonic() - started < 20
+    assert result.status == "timeout" and "time limit of 8 s" in result.message
+    record = trial_record(result.path)
+    assert [s["index"] for s in record["steps"]] == [0, 1]
+    assert not group_members(record["pid"])
+
+
+def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path):
+    script = write_script(tmp_path, """
+        import time
+        import torch
+        from torch.utils.data import DataLoader
+
+        def train_step(x):
+            if x[0] >= 2:
+                time.sleep(60)
+            return x.sum()
+
+        if __name__ == "__main__":
+            for x in DataLoader(list(range(100)), batch_size=2, num_workers=2):
+                train_step(x)
+    """)
+    out = tmp_path / "run"
+    advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step",
+                                "--out", str(out)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    folder = out / "trials" / "00-baseline"
+    deadline = time.monotonic() + 30
+    while not (folder / "steps.jsonl").exists() or not (folder / "steps.jsonl").read_text().strip():
+        assert time.monotonic() < deadline, "the trial never started its steps"
+        time.sleep(0.1)
+    pid = trial_record(folder)["pid"]
+    assert len(group_members(pid)) >= 3  # the trial and its two DataLoader workers
+    advisor.send_signal(signal.SIGINT)
+    _, err = advisor.communicate(timeout=20)
+    assert advisor.returncode == 130 and "interrupted" in err
+    record = trial_record(folder)
+    assert record["status"] == "interrupted" and record["steps"][0]["index"] == 0
+    assert not group_members(pid)
+    os.kill(os.getpid(), 0)  # and the test process (the advisor's parent) is untouched
