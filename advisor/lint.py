@@ -542,9 +542,12 @@ class _GraphFlow:
         self.criteria = criteria
         self.returns = returns  # function name → its return value carries a graph (shared cache)
         self.assignments: dict[str, list[tuple[int, ast.expr | None, ast.AST]]] = {}
-        self.backward_on: set[str] = set()
+        self.backward_on: set[str] = set()  # `x.backward()` called on these names
+        self.feeds_backward: set[str] = set()  # names whose value reaches a backward() call
+        assigns: list[ast.Assign] = []
         for node in script.walk_scope(scope):
             if isinstance(node, ast.Assign):
+                assigns.append(node)
                 for target in node.targets:
                     self._record(target, node.value, node)
             elif isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -559,6 +562,12 @@ class _GraphFlow:
                 receiver = _dotted(node.func.value)
                 if receiver:
                     self.backward_on.add(receiver)
+                self.feeds_backward.update(_names_in(node.func.value))
+        # `loss = sum(losses); loss.backward()`: what flows into a backward() also feeds it.
+        for _ in range(2):
+            for node in assigns:
+                if any(_dotted(t) in self.feeds_backward for t in node.targets):
+                    self.feeds_backward.update(_names_in(node.value))
         for values in self.assignments.values():
             values.sort(key=lambda entry: entry[0])
 
@@ -663,30 +672,54 @@ def _persists_across_steps(script: Script, node: ast.AST, target: ast.AST) -> bo
     return isinstance(target, ast.Name) and target.id in declared
 
 
+def _names_in(node: ast.AST) -> set[str]:
+    """Every name and dotted name inside an expression: `torch.stack(self.losses)` → torch, self.losses..."""
+    return {name for n in ast.walk(node) if (name := _dotted(n)) is not None}
+
+
+def _accumulations(node: ast.AST) -> tuple[ast.AST, ast.expr, str] | None:
+    """(target, added value, fix template) when `node` adds to a running value: `acc += v`,
+    `acc = acc + v`, `acc.append(v)`. The template has `{}` where the value's fixed code goes."""
+    if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+        return node.target, node.value, f"{_code(node.target)} += {{}}"
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
+        target, value = node.targets[0], node.value
+        if isinstance(value.op, ast.Add) and _dotted(target) is not None:
+            if _dotted(value.left) == _dotted(target):
+                return target, value.right, f"{_code(target)} += {{}}"
+            if _dotted(value.right) == _dotted(target):
+                return target, value.left, f"{_code(target)} += {{}}"
+    if (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and node.value.func.attr == "append"
+        and len(node.value.args) == 1
+        and not node.value.keywords
+    ):
+        return node.value.func.value, node.value.args[0], f"{_code(node.value.func)}({{}})"
+    return None
+
+
+def _scalar_code(flow: _GraphFlow, value: ast.expr, line: int) -> str:
+    """The value's code with each graph-carrying part turned into a Python number (`.item()`)."""
+    if isinstance(value, (ast.List, ast.Tuple)):
+        parts = [_scalar_code(flow, e, line) if flow.carries_graph(e, line) is True else _code(e) for e in value.elts]
+        text = ", ".join(parts)
+        return f"[{text}]" if isinstance(value, ast.List) else f"({text}{',' if len(parts) == 1 else ''})"
+    return f"{_wrap(_code(value))}.item()"
+
+
 def check_loss_accumulation(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
-    """`total += loss` in a loop, where `loss` still has its autograd graph."""
+    """`total += loss` or `losses.append(loss)` in a loop, where `loss` still has its autograd graph."""
     criteria = _criteria(script)
     flows: dict[ast.AST, _GraphFlow] = {}
-    returns: dict[str, bool] = {}
+    returns: dict[str, bool | None] = {}
     for node in ast.walk(script.tree):
-        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
-            target, value = node.target, node.value
-        elif (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.value, ast.BinOp)
-            and isinstance(node.value.op, ast.Add)
-        ):
-            target = node.targets[0]
-            left, right = node.value.left, node.value.right
-            if _dotted(left) is not None and _dotted(left) == _dotted(target):
-                value = right
-            elif _dotted(right) is not None and _dotted(right) == _dotted(target):
-                value = left
-            else:
-                continue
-        else:
+        found = _accumulations(node)
+        if found is None:
             continue
+        target, value, template = found
         accumulator = _dotted(target)
         if accumulator is None or not _persists_across_steps(script, node, target) or script.without_grad(node):
             continue
@@ -695,15 +728,18 @@ def check_loss_accumulation(script: Script) -> Iterator[tuple[ast.AST, str, str]
             flows[scope] = _GraphFlow(script, scope, criteria, returns)
         flow = flows[scope]
         # Summing losses on purpose and calling backward on the sum is gradient accumulation, not a leak.
-        if accumulator in flow.backward_on:
+        if accumulator in flow.feeds_backward:
             continue
-        if flow.carries_graph(value, node.lineno + 1) is True:
+        line = node.lineno + 1
+        carries = flow.carries_graph(value, line)
+        if isinstance(value, (ast.List, ast.Tuple)):
+            carries = any(flow.carries_graph(e, line) is True for e in value.elts)
+        if carries is True:
             what = (
-                f"`{_code(node)}` adds a tensor that still carries its autograd graph to `{accumulator}`"
+                f"`{_code(node)}` keeps a tensor that still carries its autograd graph in `{accumulator}`"
                 " on every iteration"
             )
-            fix = f"{accumulator} += {_wrap(_code(value))}.item()"
-            yield value, what, fix
+            yield value, what, template.format(_scalar_code(flow, value, line))
 
 
 def _wrap(code: str) -> str:
@@ -850,11 +886,21 @@ class _BatchFlow:
     def __init__(self, script: Script):
         self.script = script
         self.loader_vars: dict[str, ast.Call] = {}
+        self.loader_containers: dict[str, frozenset] = {}  # `loaders = {"train": DataLoader(...), ...}`
+        containers = (ast.Dict, ast.DictComp, ast.List, ast.ListComp, ast.Tuple)
         for node in ast.walk(script.tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.is_dataloader(node.value):
-                for target in node.targets:
-                    if _dotted(target):
-                        self.loader_vars[_dotted(target)] = node.value
+            if not isinstance(node, ast.Assign):
+                continue
+            names = [_dotted(t) for t in node.targets if _dotted(t)]
+            if isinstance(node.value, ast.Call) and script.is_dataloader(node.value):
+                for name in names:
+                    self.loader_vars[name] = node.value
+            elif isinstance(node.value, containers):
+                calls = frozenset(
+                    n for n in ast.walk(node.value) if isinstance(n, ast.Call) and script.is_dataloader(n)
+                )
+                for name in names if calls else []:
+                    self.loader_containers[name] = calls
         self._names: dict[ast.AST, dict[str, frozenset]] = {}
 
     def loaders_of(self, expr: ast.AST, scope: ast.AST, depth: int = 0) -> frozenset:
@@ -868,6 +914,8 @@ class _BatchFlow:
                 args = expr.args if _dotted(expr.func) == "zip" else expr.args[:1]
                 return frozenset().union(*(self.loaders_of(a, scope, depth + 1) for a in args))
             return frozenset({UNKNOWN})
+        if isinstance(expr, ast.Subscript) and _dotted(expr.value) in self.loader_containers:
+            return self.loader_containers[_dotted(expr.value)]  # dataloaders[phase]
         name = _dotted(expr)
         if name is None:
             return frozenset({UNKNOWN})
@@ -1048,11 +1096,14 @@ def check_dataloader_pin_memory(script: Script) -> Iterator[tuple[ast.AST, str, 
 
 def check_non_blocking_copy(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
     """Copies to CUDA without `non_blocking=True` of batches from a DataLoader that pins memory."""
-    pinned = [c for c in _dataloaders(script) if _pinned(script, c)]
+    loaders = _dataloaders(script)
+    pinned = [c for c in loaders if _pinned(script, c)]
     if not pinned:
         return
     for call, origin in _BatchFlow(script).copies():
-        sources = [c for c in pinned if c in origin] or (pinned if UNKNOWN in origin else [])
+        # A batch of unknown origin counts as pinned only when every DataLoader of the script pins.
+        unknown_pinned = UNKNOWN in origin and len(pinned) == len(loaders)
+        sources = [c for c in pinned if c in origin] or (pinned if unknown_pinned else [])
         if not sources:
             continue
         flag = _keyword(call, "non_blocking", 1 if call.func.attr == "cuda" else None)

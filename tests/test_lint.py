@@ -151,6 +151,44 @@ def test_loss_accumulation_into_state_inside_a_step_function():
     assert_finds(source, "loss-accumulation")
 
 
+def test_loss_kept_in_a_list():
+    source = """
+    def train(model, loader, opt, criterion):
+        losses, history = [], []
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            losses.append(loss)  # <-
+            history += [loss, x.size(0)]
+        return losses
+    """
+    result = [f for f in lint_source(textwrap.dedent(source)) if f.rule == "loss-accumulation"]
+    assert [(f.line, f.fix) for f in result] == [
+        (marked_line(source), "losses.append(loss.item())"),
+        (marked_line(source) + 1, "history += [loss.item(), x.size(0)]"),
+    ]
+
+
+def test_losses_collected_for_one_backward_not_reported():
+    source = """
+    import torch
+
+    def multi_task(model, heads, x, targets, criterion):
+        losses = []
+        for head, y in zip(heads, targets):
+            losses.append(criterion(head(model(x)), y))
+        total = torch.stack(losses).sum()
+        total.backward()
+
+    def chunked(model, chunks, criterion, y, scaler):
+        loss = 0
+        for chunk in chunks:
+            loss += criterion(model(chunk), y)
+        scaler.scale(loss / len(chunks)).backward()
+    """
+    assert "loss-accumulation" not in rules(source)
+
+
 def test_loss_accumulation_near_misses():
     source = """
     import torch
@@ -539,6 +577,35 @@ def test_non_blocking_copy_found_with_fix():
 def test_non_blocking_copy_fixed():
     fixed = PINNED.replace("images = images.cuda()  # <-", "images = images.cuda(non_blocking=True)")
     assert findings(fixed) == []
+
+
+def test_loaders_in_a_dict_and_grad_set_per_phase():
+    """The transfer-learning tutorial's shape: loaders in a dict, `set_grad_enabled(phase == "train")`."""
+    source = """
+    import torch
+
+    device = torch.device("cuda:0")
+    dataloaders = {x: torch.utils.data.DataLoader(sets[x], batch_size=4, num_workers=4) for x in ["train", "val"]}  # <-
+    other = torch.utils.data.DataLoader(extra, batch_size=4, num_workers=4, pin_memory=True)
+
+    def train_model(model, criterion, optimizer):
+        for phase in ["train", "val"]:
+            if phase == "train":
+                model.train()
+            else:
+                model.eval()
+            running_loss = 0.0
+            for inputs, labels in dataloaders[phase]:
+                inputs = inputs.to(device)
+                with torch.set_grad_enabled(phase == "train"):
+                    loss = criterion(model(inputs), labels)
+                    if phase == "train":
+                        loss.backward()
+                        optimizer.step()
+                running_loss += loss.item() * inputs.size(0)
+    """
+    # The dict's loader does not pin (reported); its copies are not blamed on the other, pinned loader.
+    assert findings(source) == [("dataloader-pin-memory", marked_line(source))]
 
 
 def test_non_blocking_copy_only_for_batches_of_the_pinned_loader():
