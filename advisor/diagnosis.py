@@ -61,12 +61,9 @@ def _is_eligible_op(op_name: str) -> bool:
     return ELIGIBLE_OP.match(op_name) is not None
 
 
-def tensor_core_family(kernel_name: str) -> str | None:
-    """The Tensor Core / matrix core family a kernel name belongs to, or None."""
-    for family, _vendor, pattern in TENSOR_CORE_PATTERNS:
-        if re.search(pattern, kernel_name):
-            return family
-    return None
+def tensor_core_families(kernel_name: str) -> list[str]:
+    """Every Tensor Core / matrix core family whose pattern matches a kernel name (often more than one)."""
+    return [family for family, _vendor, pattern in TENSOR_CORE_PATTERNS if re.search(pattern, kernel_name)]
 
 
 # Operators whose kernels could run on Tensor Cores under AMP (autocast's lower-precision list), and their
@@ -201,7 +198,7 @@ def host_steps(trace: Trace) -> tuple[list[Step], str]:
     spans = trace.ops or trace.runtime or trace.kernels or trace.memcpys
     start = min(e.ts for e in spans)
     end = max(e.end for e in spans)
-    return [Step("whole trace", start, end)], "no ProfilerStep# spans: the whole trace is taken as one step"
+    return [Step("whole trace", start, end)], "no ProfilerStep# spans: the whole trace is one step"
 
 
 def find_steps(trace: Trace) -> tuple[list[Step], str]:
