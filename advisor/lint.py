@@ -98,7 +98,6 @@ BATCHNORM_MODELS = re.compile(
     r"|inception_v3|googlenet|shufflenet\w+|mnasnet\w+|vgg\d+_bn|fcn_resnet\w+|deeplabv3_\w+)$"
 )
 DTYPE_HALF = {"torch.float16", "torch.half"}
-EVAL_FUNCTION_NAME = re.compile(r"^_*(eval|evaluate|evaluation|validate|validation|val|test|predict)(_|$)")
 DATALOADER_POSITIONAL = {"num_workers": 5, "pin_memory": 7}  # DataLoader(dataset, batch_size, ...)
 
 
@@ -167,6 +166,8 @@ class Script:
         self.tree = tree
         self.source = source
         self.filename = filename
+        self._assigned: dict[ast.AST, dict[str, list[ast.expr]]] = {}
+        self._grad_disabled_at: dict[ast.AST, list[int]] = {}
         self.parents: dict[ast.AST, ast.AST] = {}
         for node in ast.walk(tree):
             for child in ast.iter_child_nodes(node):
@@ -266,6 +267,20 @@ class Script:
             if not _is_scope(node):
                 stack.extend(ast.iter_child_nodes(node))
 
+    def assigned(self, scope: ast.AST) -> dict[str, list[ast.expr]]:
+        """Values assigned to each (dotted) name by plain `=` in one scope, in source order (cached)."""
+        if scope not in self._assigned:
+            values: dict[str, list[ast.expr]] = {}
+            nodes = sorted(
+                (n for n in self.walk_scope(scope) if isinstance(n, ast.Assign)), key=lambda n: n.lineno
+            )
+            for node in nodes:
+                for target in node.targets:
+                    if _dotted(target):
+                        values.setdefault(_dotted(target), []).append(node.value)
+            self._assigned[scope] = values
+        return self._assigned[scope]
+
     def scope_nodes(self, scope: ast.AST) -> list[ast.AST]:
         """The nodes of one scope in source order."""
         nodes = [n for n in self.walk_scope(scope) if hasattr(n, "lineno")]
@@ -311,16 +326,16 @@ class Script:
                     break
         # `torch.set_grad_enabled(False)` as a statement earlier in the same scope.
         scope = self.scope(node)
-        for other in self.walk_scope(scope):
-            if (
-                isinstance(other, ast.Expr)
-                and self._is_no_grad_expr(other.value)
+        if scope not in self._grad_disabled_at:
+            self._grad_disabled_at[scope] = [
+                other.lineno
+                for other in self.walk_scope(scope)
+                if isinstance(other, ast.Expr)
                 and isinstance(other.value, ast.Call)
                 and self.is_torch(other.value.func, SET_GRAD_ENABLED)
-                and other.lineno < node.lineno
-            ):
-                return True
-        return False
+                and self._is_no_grad_expr(other.value)
+            ]
+        return any(line < node.lineno for line in self._grad_disabled_at[scope])
 
     def _functions_called_without_grad(self) -> set[str]:
         """Names of the script's functions that are called inside a no_grad block (and nowhere else)."""
@@ -921,11 +936,7 @@ class _BatchFlow:
             return frozenset({UNKNOWN})
         if isinstance(expr, ast.Name) and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             # A local name or a parameter shadows a module-level loader of the same name.
-            values = [
-                n.value
-                for n in self.script.walk_scope(scope)
-                if isinstance(n, ast.Assign) and any(_dotted(t) == name for t in n.targets)
-            ]
+            values = self.script.assigned(scope).get(name)
             if values:  # `it = iter(loader)`
                 return frozenset().union(*(self.loaders_of(v, scope, depth + 1) for v in values))
             arguments = scope.args.posonlyargs + scope.args.args + scope.args.kwonlyargs
@@ -938,11 +949,7 @@ class _BatchFlow:
             if same_last:
                 return frozenset(same_last)
         if isinstance(expr, ast.Name):  # module level: `it = iter(loader)`
-            values = [
-                n.value
-                for n in self.script.walk_scope(self.script.tree)
-                if isinstance(n, ast.Assign) and any(_dotted(t) == name for t in n.targets)
-            ]
+            values = self.script.assigned(self.script.tree).get(name)
             if values:
                 return frozenset().union(*(self.loaders_of(v, scope, depth + 1) for v in values))
         return frozenset({UNKNOWN})
@@ -1034,6 +1041,13 @@ class _BatchFlow:
         return found
 
 
+def _batch_copies(script: Script) -> list[tuple[ast.Call, frozenset]]:
+    """The script's batch copies to CUDA with their origins, computed once per script."""
+    if not hasattr(script, "batch_copies"):
+        script.batch_copies = _BatchFlow(script).copies()
+    return script.batch_copies
+
+
 def _pinned(script: Script, call: ast.Call) -> bool:
     """True if a DataLoader call passes a pin_memory that is not plainly false (nor defaults to false)."""
     pin = script.constant_value(_keyword(call, "pin_memory", DATALOADER_POSITIONAL["pin_memory"]))
@@ -1080,7 +1094,7 @@ def check_dataloader_workers(script: Script) -> Iterator[tuple[ast.AST, str, str
 
 def check_dataloader_pin_memory(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
     """`DataLoader(...)` without `pin_memory=True` whose batches are copied to CUDA."""
-    copies = _BatchFlow(script).copies()
+    copies = _batch_copies(script)
     for call in _dataloaders(script):
         if _pinned(script, call):
             continue
@@ -1100,7 +1114,7 @@ def check_non_blocking_copy(script: Script) -> Iterator[tuple[ast.AST, str, str]
     pinned = [c for c in loaders if _pinned(script, c)]
     if not pinned:
         return
-    for call, origin in _BatchFlow(script).copies():
+    for call, origin in _batch_copies(script):
         # A batch of unknown origin counts as pinned only when every DataLoader of the script pins.
         unknown_pinned = UNKNOWN in origin and len(pinned) == len(loaders)
         sources = [c for c in pinned if c in origin] or (pinned if unknown_pinned else [])
