@@ -77,6 +77,7 @@ class CharTransformer(nn.Module):
     def __init__(self, vocab: int, context: int, width: int = 256, layers: int = 4, heads: int = 4):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
+        nn.init.normal_(self.embed.weight, std=0.02)  # small, since the output layer shares it
         self.position = nn.Parameter(torch.zeros(context, width))
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.norm = nn.LayerNorm(width)
@@ -85,7 +86,7 @@ class CharTransformer(nn.Module):
         x = self.embed(tokens) + self.position[: tokens.shape[1]]
         for block in self.blocks:
             x = block(x)
-        return self.norm(x) @ self.embed.weight.T / self.embed.weight.shape[1] ** 0.5
+        return self.norm(x) @ self.embed.weight.T
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
