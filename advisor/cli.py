@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "analyze":
+            from advisor.trace import prefetch
+
+            prefetch(args.path)  # decompress while the analysis modules import
             from advisor.commands import analyze_command
 
             return analyze_command(args)

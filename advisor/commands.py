@@ -16,6 +16,7 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
                         "sync_wait_ms", "overlap_with_kernels", "share"},
              "memory": [{"device", "peak_allocated", "peak_reserved", "capacity", "headroom", "growth"}],
              "missing": [str], "distributed": {...} | null,
+             "trial": {"name", "status", "knobs", "user_values", "summary", "device_facts"} | null,
              "recommendations": [{"id", "title", "knobs", "predicted_gain", "evidence", "code_change",
                                   "caveat", "details"}]}
 
@@ -34,15 +35,31 @@ import msgspec
 
 from advisor.diagnosis import ROLES, Diagnosis, diagnose
 from advisor.rules import recommend
+from advisor.errors import TraceError
 from advisor.trace import collector_paused, load_trace, trace_files
 
 SCHEMA = "advisor.analysis/1"
 
 
+def read_trial(trace_path: Path) -> dict | None:
+    """The trial.json that `advisor profile` wrote beside a trace, if there is one."""
+    path = Path(trace_path).parent / "trial.json"
+    if not path.is_file():
+        return None
+    try:
+        trial = msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError as exc:
+        raise TraceError(path, f"not valid JSON ({exc})") from None
+    if not isinstance(trial, dict) or not str(trial.get("schema", "")).startswith("advisor.trial/"):
+        raise TraceError(path, "not an advisor trial record (no 'schema': 'advisor.trial/...')")
+    return trial
+
+
 def analyze_file(path: Path | str, steps: str | None = None) -> Diagnosis:
     """Load one trace, diagnose it and attach its ranked recommendations."""
+    trial = read_trial(Path(path))
     with collector_paused():
-        diagnosis = diagnose(load_trace(path), steps)
+        diagnosis = diagnose(load_trace(path), steps, trial)
     return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis))
 
 
@@ -89,6 +106,8 @@ def diagnosis_to_dict(d: Diagnosis) -> dict:
         "memory": [dict(dataclasses.asdict(m), headroom=m.headroom) for m in d.memory],
         "missing": list(d.missing),
         "distributed": d.distributed,
+        "trial": None if d.trial is None else {
+            k: d.trial.get(k) for k in ("name", "status", "knobs", "user_values", "summary", "device_facts")},
         "recommendations": [dataclasses.asdict(r) for r in d.recommendations],
     }
 

@@ -165,6 +165,7 @@ class Diagnosis:
     memory: tuple[DeviceMemory, ...]
     missing: tuple[str, ...]
     distributed: dict | None = None
+    trial: dict | None = None  # the trial.json beside the trace, when it came from `advisor profile`
     findings: tuple[Finding, ...] = ()
     recommendations: tuple = ()  # filled by advisor.rules.recommend, kept here for the report and API
     extra: dict = field(default_factory=dict)
@@ -216,7 +217,6 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
     starts = [r.ts for r in runtime]
     device_span = []
     matched_count = []
-    matched = set()
     for s in steps:
         lo, hi, n = float("inf"), float("-inf"), 0
         for r in runtime[bisect.bisect_left(starts, s.start):bisect.bisect_right(starts, s.end)]:
@@ -225,19 +225,21 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
             for d in by_corr.get(r.args.correlation, ()):
                 lo = min(lo, d.ts)
                 hi = max(hi, d.ts + d.dur)
-                matched.add(id(d))
                 n += 1
         device_span.append((lo, hi))
         matched_count.append(n)
-    if not matched:
+    if not any(matched_count):
         return steps, note
     prev_end = steps[0].start
-    if device_span[0][0] != float("inf"):
-        # Device work launched before the first step (e.g. by the previous, unrecorded step) delays it.
+    first_device_start = device_span[0][0]
+    if first_device_start != float("inf"):
+        # Device work still running from before the first step (launched by an unrecorded step) delays
+        # it. Work that ends before the first step's own device work cannot come from a later step.
         for group in (trace.kernels, trace.memcpys, trace.memsets):
             for d in group:
-                if id(d) not in matched and d.end < device_span[0][0]:
-                    prev_end = max(prev_end, d.end)
+                end = d.ts + d.dur
+                if end < first_device_start and end > prev_end:
+                    prev_end = end
     out = []
     for s, (lo, hi) in zip(steps, device_span):
         start = max(prev_end, s.start)
@@ -280,7 +282,7 @@ def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
         (comm if is_comm else kernel).append(k)
     dataloader, cpu_op = [], []
     for op in trace.ops:
-        if DATALOADER_NAME.match(op.name):
+        if op.name.startswith("enumerate(Data") and DATALOADER_NAME.match(op.name):
             dataloader.append(op)
         elif op.name in COLLECTIVE_OPS:
             comm.append(op)
@@ -503,7 +505,7 @@ def _primary_devices(trace: Trace, utilization: dict[int, float]) -> list[Device
     return sorted(used, key=lambda d: -utilization.get(d.index, 0.0))
 
 
-def diagnose(trace: Trace, steps_wanted: str | None = None) -> Diagnosis:
+def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None = None) -> Diagnosis:
     """Compute every figure for one trace. Pure: the same trace gives the same Diagnosis."""
     steps, note = find_steps(trace)
     if steps_wanted:
@@ -535,7 +537,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None) -> Diagnosis:
                        "unknown")
     if platform == "gpu" and not trace.runtime:
         missing.append("runtime events: steps cannot be matched to the kernels they launched")
-    if not any(DATALOADER_NAME.match(op.name) for op in trace.ops):
+    if not roles["dataloader"][0].size:
         missing.append("DataLoader spans (enumerate(DataLoader)#...__next__): data loading time unknown")
     extra = {"median_step_us": median(s.duration for s in steps), "events": trace.event_count}
     if platform == "cpu":
@@ -565,5 +567,6 @@ def diagnose(trace: Trace, steps_wanted: str | None = None) -> Diagnosis:
         memory=tuple(memory),
         missing=tuple(missing),
         distributed=trace.distributed,
+        trial=trial,
         extra=extra,
     )

@@ -63,6 +63,13 @@ def has_matrix_units(d: Diagnosis) -> tuple[bool, str]:
     return False, f"{dev.vendor} device"
 
 
+def cpu_bf16_instructions(d: Diagnosis) -> list[str] | None:
+    """The CPU's bf16 instruction sets from the trial record, or None when no trial says."""
+    cpu = ((d.trial or {}).get("device_facts") or {}).get("cpu") or {}
+    found = cpu.get("bf16_instructions")
+    return None if found is None else list(found)
+
+
 def amp_dtype(d: Diagnosis) -> str:
     """bf16 where the device computes it natively (NVIDIA sm_80+, AMD CDNA2+, CPUs), else fp16."""
     dev = d.device
@@ -98,14 +105,22 @@ def amp(d: Diagnosis) -> Recommendation | None:
         share = d.extra.get("cpu_eligible_share") or 0.0
         if share < ELIGIBLE_SHARE:
             return None
+        evidence = [f"{_pct(share)} of the step is in matmul/convolution operators, all in fp32"]
+        bf16 = cpu_bf16_instructions(d)
+        if bf16 is not None and not bf16:
+            return None  # without bf16 instructions, autocast emulates bf16 and is slower than fp32
+        if bf16:
+            evidence.append(f"the CPU computes bf16 natively ({', '.join(bf16)})")
+        factor = 0.5 if bf16 and "amx_bf16" in bf16 else 0.3
         return Recommendation(
             id="amp",
             title="Autocast matmuls and convolutions to bf16 (CPU AMP)",
             knobs={"amp": "bf16"},
-            predicted_gain=0.3 * share,
-            evidence=(f"{_pct(share)} of the step is in matmul/convolution operators, all in fp32",),
+            predicted_gain=factor * share,
+            evidence=tuple(evidence),
             code_change=_autocast_code("cpu", "bf16"),
-            caveat="bf16 is fast only on CPUs with AMX or AVX512-BF16; elsewhere it can be slower: measure it.",
+            caveat="" if bf16 else "bf16 is fast only on CPUs with AMX or AVX512-BF16; measure it.",
+            details={"dtype": "bf16"},
         )
     ok, why = has_matrix_units(d)
     if not ok or d.eligible_share is None or d.tensor_core_share is None:

@@ -97,10 +97,26 @@ def print_recommendations(d: Diagnosis, console: Console) -> None:
             console.print(Text(f"    note: {r.caveat}", style="dim"))
 
 
+def trace_label(d: Diagnosis) -> str:
+    """How a trace is named in the output: its trial's name and file, or its file name."""
+    name = Path(d.source).name
+    if d.trial:
+        script = Path(str(d.trial.get("script", "?"))).name
+        return f"{script}, trial {d.trial.get('name', '?')} ({name})"
+    return name
+
+
 def print_diagnosis(d: Diagnosis, console: Console) -> None:
     """One trace's section."""
-    console.rule(Text(Path(d.source).name))
+    console.rule(Text(trace_label(d)))
     console.print(Text(f"Device: {device_line(d)}"))
+    if d.trial:
+        summary = d.trial.get("summary") or {}
+        sps = summary.get("samples_per_s")
+        facts = [f"status {d.trial.get('status')}", f"batch size {summary.get('batch_size')}"]
+        if sps:
+            facts.append(f"{sps:.1f} samples/s")
+        console.print(Text("Trial: " + ", ".join(facts)))
     console.print(Text(f"Steps: {len(d.steps)}, mean {d.step_time_us / 1000:.2f} ms"
                        f" (median {d.extra['median_step_us'] / 1000:.2f} ms)"))
     if d.step_note:
@@ -123,6 +139,6 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None) -
             t.add_column(col)
         for d in diagnoses:
             top = d.recommendations[0].id if d.recommendations else "none"
-            t.add_row(Text(Path(d.source).name), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
+            t.add_row(Text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
                       _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
         console.print(t)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import threading
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -214,8 +215,44 @@ def trace_files(path: Path) -> list[Path]:
     return found
 
 
+_prefetched: dict[Path, tuple[threading.Thread, list]] = {}
+
+
+def prefetch(path: Path) -> None:
+    """Start reading (and gunzipping) a trace file on a background thread.
+
+    zlib releases the GIL, so the CLI can import the analysis modules meanwhile; `read_bytes` picks the
+    result up (or re-raises its error).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return
+    box: list = []
+
+    def work():
+        try:
+            box.append(_read_bytes(path))
+        except BaseException as exc:  # handed to the reader on the main thread
+            box.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    _prefetched[path] = (thread, box)
+
+
 def read_bytes(path: Path) -> bytes:
     """The JSON text of a trace file, gunzipped if needed, with clear errors for broken files."""
+    pending = _prefetched.pop(Path(path), None)
+    if pending is None:
+        return _read_bytes(path)
+    thread, box = pending
+    thread.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

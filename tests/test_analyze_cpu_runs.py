@@ -1,0 +1,61 @@
+"""`advisor analyze` on the project's own CPU runs in sample_runs/ (real profiled trials on this CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.commands import analyze_file, analyze_path
+from conftest import SAMPLE_RUNS, run_advisor
+
+RUNS = sorted(SAMPLE_RUNS.glob("*/trials/*/trial.json"))
+
+
+def _trace_of(trial_json):
+    (trace,) = sorted(trial_json.parent.glob("*.pt.trace.json.gz"))
+    return trace
+
+
+def test_sample_runs_exist():
+    names = {p.parts[-4] for p in RUNS}
+    assert {"image_classifier", "char_transformer"} <= names
+
+
+@pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: p.parts[-4])
+def test_cpu_trace_matches_its_trial(trial_json):
+    trial = json.loads(trial_json.read_text())
+    d = analyze_file(_trace_of(trial_json))
+    assert d.platform == "cpu" and d.device is None and d.gpu_utilization is None
+    assert d.trial["name"] == trial["name"]
+    assert len(d.steps) == trial["summary"]["steps_recorded"]
+    # The trace's steps and the trial's own wall-clock timing describe the same steps.
+    assert d.extra["median_step_us"] / 1e6 == pytest.approx(trial["summary"]["median_step_s"], rel=0.10)
+    assert sum(d.breakdown_share.values()) == pytest.approx(1.0, abs=1e-6)
+    assert d.breakdown_us["kernel"] == 0 and d.copies.count == 0
+
+
+def test_image_classifier_is_dataloader_bound():
+    (trial_json,) = [p for p in RUNS if p.parts[-4] == "image_classifier"]
+    d = analyze_file(_trace_of(trial_json))
+    assert d.dataloader_share > 0.5
+    assert d.recommendations[0].id == "more-workers"
+    assert not any(r.id in ("pin-memory", "non-blocking", "larger-batch") for r in d.recommendations), \
+        "no GPU advice on a CPU trace"
+
+
+def test_char_transformer_is_matmul_bound_and_gets_bf16():
+    (trial_json,) = [p for p in RUNS if p.parts[-4] == "char_transformer"]
+    d = analyze_file(_trace_of(trial_json))
+    assert d.dataloader_share < 0.05
+    assert d.extra["cpu_eligible_share"] > 0.3
+    amp = next(r for r in d.recommendations if r.id == "amp")
+    assert amp.knobs == {"amp": "bf16"}
+
+
+def test_sample_runs_folder_cli():
+    proc = run_advisor("analyze", str(SAMPLE_RUNS))
+    assert proc.returncode == 0, proc.stderr
+    assert "image_classifier.py, trial 00-baseline" in proc.stdout
+    assert "char_transformer.py, trial 00-baseline" in proc.stdout
+    assert len(analyze_path(SAMPLE_RUNS)) == len(RUNS)
