@@ -178,6 +178,13 @@ class Script:
         self.functions = {
             n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         }
+        self.loader_names = {  # names a DataLoader is assigned to: `train_loader`, `self.loader`
+            _dotted(t)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and self.is_dataloader(node.value)
+            for t in node.targets
+            if _dotted(t)
+        }
         self.cuda_device_names = self._cuda_device_names()
         self.cli_options = self._cli_options()
         self.model_names = self._model_names()
@@ -671,9 +678,16 @@ class _GraphFlow:
 def _persists_across_steps(script: Script, node: ast.AST, target: ast.AST) -> bool:
     """True if an accumulation runs once per step into a value that outlives the step: inside a loop,
     or in a per-step function into an attribute (`self.total`) or a global/nonlocal name."""
-    if script.loops(node):
-        return True
     scope = script.scope(node)
+    loops = script.loops(node)
+    if loops:
+        # A sum over the parts of one step's output that the function returns is that step's loss
+        # (`for out in outputs: loss += crit(out)` ... `return loss`), unless the loop runs the steps.
+        returned = any(
+            isinstance(n, ast.Return) and n.value is not None and _dotted(target) in _names_in(n.value)
+            for n in script.walk_scope(scope)
+        )
+        return not returned or _step_loop(script, loops[0])
     if not script.runs_per_step(scope):
         return False
     if isinstance(target, ast.Attribute):
@@ -1153,7 +1167,7 @@ def _own_nodes(body: list[ast.stmt]) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def _step_loop(script: Script, loop: ast.AST, loaders: set[str]) -> bool:
+def _step_loop(script: Script, loop: ast.AST) -> bool:
     """A loop that runs once per training/eval step: a `while` loop, a loop over a DataLoader, or one
     that itself calls backward, steps an optimizer, or calls a step function of the script (one whose
     backward is not inside a loop of its own: `train_one_epoch()` is an epoch, not a step)."""
@@ -1163,7 +1177,7 @@ def _step_loop(script: Script, loop: ast.AST, loaders: set[str]) -> bool:
     while isinstance(iterable, ast.Call) and iterable.args and _dotted(iterable.func) in ITERATOR_WRAPPERS:
         iterable = iterable.args[0]
     iter_name = _dotted(iterable) or ""
-    if iter_name in loaders or "loader" in _last(iter_name).lower():
+    if iter_name in script.loader_names or "loader" in _last(iter_name).lower():
         return True
     for node in _own_nodes(loop.body):
         if not isinstance(node, ast.Call):
@@ -1183,18 +1197,11 @@ def _step_loop(script: Script, loop: ast.AST, loaders: set[str]) -> bool:
 
 def check_empty_cache_in_loop(script: Script) -> Iterator[tuple[ast.AST, str, str]]:
     """`torch.cuda.empty_cache()` in a loop that runs once per step."""
-    loaders = {
-        _dotted(t)
-        for node in ast.walk(script.tree)
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.is_dataloader(node.value)
-        for t in node.targets
-        if _dotted(t)
-    }
     for call in script.calls:
         if not script.is_torch(call.func, {"torch.cuda.empty_cache"}):
             continue
         loops = script.loops(call)
-        if loops and _step_loop(script, loops[0], loaders):
+        if loops and _step_loop(script, loops[0]):
             what = (
                 f"`{_code(call)}` runs on every iteration of the loop on line {loops[0].lineno}: it returns cached"
                 " blocks to the driver, so the next step must allocate them again"

@@ -189,6 +189,31 @@ def test_losses_collected_for_one_backward_not_reported():
     assert "loss-accumulation" not in rules(source)
 
 
+def test_sum_returned_as_one_steps_loss_not_reported():
+    source = """
+    def get_loss(outputs, criterion, y):
+        loss = 0.0
+        for out in outputs:
+            loss += criterion(out, y)
+        return loss
+    """
+    assert "loss-accumulation" not in rules(source)
+
+
+def test_epoch_total_returned_is_still_a_leak():
+    source = """
+    def train_epoch(model, loader, criterion, opt):
+        total = 0.0
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss  # <-
+        return total / len(loader)
+    """
+    assert_finds(source, "loss-accumulation")
+
+
 def test_loss_accumulation_near_misses():
     source = """
     import torch
