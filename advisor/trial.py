@@ -516,49 +516,12 @@ def profile_command(args: argparse.Namespace) -> int:
 
 
 def print_diagnosis(result: TrialResult) -> None:
-    """Show what the baseline trial found.
+    """Diagnose the trial's trace with `advisor analyze` and print it, then where the trial is."""
+    from advisor.commands import analyze_path
+    from advisor.terminal import print_analysis
 
-    TODO(lead): `advisor.commands` (advisor analyze) does not exist yet; switch this to
-    `from advisor.commands import analyze_path` on `result.path` once it does. Until then it prints the
-    trial's own measurements.
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    record = json.loads((result.path / TRIAL_FILE).read_text())
-    summary = record["summary"]
-    facts = record.get("device_facts") or {}
-    table = Table(title=f"trial {result.name}: {record['target']} in {Path(record['script']).name}", show_header=False)
-    table.add_column("figure", style="bold")
-    table.add_column("value")
-    device = facts.get("gpu", {}).get("name") or facts.get("cpu", {}).get("model", "?")
-    table.add_row("device", f"{facts.get('type', '?')} ({device})")
-    table.add_row("steps recorded", str(summary["steps_recorded"]))
-    table.add_row("median step", _seconds(summary["median_step_s"]))
-    table.add_row("median time in the step call", _seconds(summary["median_call_s"]))
-    if summary["median_step_s"] and summary["median_call_s"] is not None:
-        outside = 1 - summary["median_call_s"] / summary["median_step_s"]
-        table.add_row("time outside the call (data loading, loop)", f"{outside:.0%}")
-    table.add_row("batch size", str(summary["batch_size"]))
-    table.add_row("samples/s", f"{summary['samples_per_s']:.1f}" if summary["samples_per_s"] else "-")
-    table.add_row("loss (last step)", f"{summary['loss']:.4g}" if summary["loss"] is not None else "-")
-    table.add_row("peak memory", f"{_mib(summary['peak_memory_bytes'])} ({summary['peak_memory_source']})")
-    if summary.get("profiler_peak_allocated_bytes"):
-        table.add_row("profiler peak allocated", _mib(summary["profiler_peak_allocated_bytes"]))
-    if record["dataloaders"]:
-        user = record["user_values"]
-        table.add_row("DataLoader", ", ".join(f"{k}={user[k]}" for k in DATALOADER_KNOBS))
-    table.add_row("trace", ", ".join(record["trace_files"]) or "-")
-    table.add_row("folder", str(result.path))
-    Console().print(table)
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.1f} ms"
-
-
-def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value / 2**20:.0f} MiB"
+    print_analysis(analyze_path(result.path))
+    print(f"trial folder: {result.path}")
 
 
 __all__ = [
