@@ -1335,21 +1335,20 @@ def lint_tree(tree: ast.Module, source: str, filename: str) -> list[LintFinding]
     return sorted(findings, key=lambda f: (f.file, f.line, f.col, f.rule))
 
 
+def parse_source(source: str, filename: str) -> ast.Module:
+    """The syntax tree of a script; LintError (`file:line:col: syntax error: ...`) if it is not Python."""
+    try:
+        return ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        where = filename if exc.lineno is None else f"{filename}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
+        raise LintError(where, f"syntax error: {exc.msg}") from None
+    except ValueError as exc:  # null bytes, on Pythons that report them this way
+        raise LintError(filename, f"not Python source: {exc}") from None
+
+
 def lint_source(source: str, filename: str = "<string>") -> list[LintFinding]:
     """Lint Python source text; raises LintError if it is not valid Python."""
-    try:
-        tree = ast.parse(source, filename=filename)
-    except SyntaxError as exc:
-        raise LintError(_syntax_location(filename, exc), f"syntax error: {exc.msg}") from None
-    except ValueError as exc:  # null bytes
-        raise LintError(filename, f"not Python source: {exc}") from None
-    return lint_tree(tree, source, filename)
-
-
-def _syntax_location(filename: str, exc: SyntaxError) -> str:
-    if exc.lineno is None:
-        return filename
-    return f"{filename}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
+    return lint_tree(parse_source(source, filename), source, filename)
 
 
 def read_source(path: str | Path) -> str:
@@ -1362,8 +1361,8 @@ def read_source(path: str | Path) -> str:
     try:
         with tokenize.open(path) as handle:
             return handle.read()
-    except (SyntaxError, UnicodeDecodeError) as exc:
-        raise LintError(path, f"cannot decode: {exc}") from None
+    except (SyntaxError, UnicodeDecodeError):
+        raise LintError(path, "cannot decode: not UTF-8 and no valid `# coding:` line") from None
     except OSError as exc:
         raise LintError(path, f"cannot read: {exc.strerror or exc}") from None
 
@@ -1373,13 +1372,21 @@ def lint_file(path: str | Path) -> list[LintFinding]:
     return lint_source(read_source(path), str(path))
 
 
+SKIPPED_FOLDERS = {"venv", "site-packages", "__pycache__", "node_modules", "build", "dist"}
+
+
 def expand_paths(paths: list[str]) -> list[Path]:
-    """Files to lint: each file as given, each folder as its `*.py` files (sorted, recursive)."""
+    """Files to lint: each file as given, each folder as its `*.py` files (sorted, recursive; hidden
+    folders, virtual environments and build output left out)."""
     files: list[Path] = []
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*.py") if not any(part.startswith(".") for part in p.parts))
+            found = sorted(
+                p
+                for p in path.rglob("*.py")
+                if not any(part.startswith(".") or part in SKIPPED_FOLDERS for part in p.relative_to(path).parts)
+            )
             if not found:
                 raise LintError(path, "folder has no .py files")
             files.extend(found)
@@ -1405,13 +1412,7 @@ def lint_command(args: argparse.Namespace) -> int:
     parsed = []
     for path in files:
         source = read_source(path)
-        try:
-            tree = ast.parse(source, filename=str(path))
-        except SyntaxError as exc:
-            raise LintError(_syntax_location(str(path), exc), f"syntax error: {exc.msg}") from None
-        except ValueError as exc:
-            raise LintError(path, f"not Python source: {exc}") from None
-        parsed.append((tree, source, str(path)))
+        parsed.append((parse_source(source, str(path)), source, str(path)))
     findings = [finding for tree, source, name in parsed for finding in lint_tree(tree, source, name)]
     if args.json:
         json.dump([f.to_dict() for f in findings], sys.stdout, indent=2)

@@ -819,7 +819,14 @@ def scripts(tmp_path):
     clean.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
     bad = tmp_path / "bad.py"
     bad.write_text("def f(:\n    pass\n")
-    return {"broken": broken, "clean": clean, "bad": bad, "missing": tmp_path / "missing.py"}
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"\xff\xfe\x00garbage\n")
+    empty = tmp_path / "empty_folder"
+    empty.mkdir()
+    return {
+        "broken": broken, "clean": clean, "bad": bad, "missing": tmp_path / "missing.py",
+        "binary": binary, "empty": empty,
+    }
 
 
 def run_main(argv):
@@ -838,7 +845,15 @@ def test_cli_exit_codes(scripts, capsys):
     assert run_main(["lint", str(scripts["clean"]), str(scripts["broken"])]) == 1
 
 
-@pytest.mark.parametrize("name, problem", [("missing", "no such file"), ("bad", "syntax error")])
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("missing", "no such file"),
+        ("bad", "syntax error"),
+        ("binary", "cannot decode"),
+        ("empty", "no .py files"),
+    ],
+)
 def test_cli_bad_input_is_one_line(scripts, capsys, name, problem):
     assert run_main(["lint", str(scripts["clean"]), str(scripts[name])]) == 2
     captured = capsys.readouterr()
@@ -864,6 +879,15 @@ def test_cli_folder_argument(tmp_path, capsys):
     assert run_main(["lint", "--json", str(tmp_path)]) == 1
     data = json.loads(capsys.readouterr().out)
     assert {Path(d["file"]).name for d in data} == {"a.py", "b.py"}
+
+
+def test_cli_folder_skips_hidden_folders_and_environments(tmp_path, capsys):
+    (tmp_path / "train.py").write_text("print('clean')\n")
+    for folder in (".venv", "venv", "__pycache__"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "broken.py").write_text("def f(:\n")
+    assert run_main(["lint", str(tmp_path)]) == 0
+    assert "No findings in 1 file" in capsys.readouterr().out
 
 
 def _advisor_executable() -> Path:
