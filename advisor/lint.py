@@ -31,8 +31,12 @@ import sys
 import tokenize
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from advisor.errors import AdvisorError
+
+if TYPE_CHECKING:  # rich is imported when findings are printed, not when they are computed
+    from rich.console import Console
 
 
 class LintError(AdvisorError):
@@ -504,11 +508,11 @@ class Script:
         return False
 
     def keeps_batchnorm_fp32(self) -> bool:
-        """True if the script converts BatchNorm layers back to fp32 (`if isinstance(m, BatchNorm2d): m.float()`)."""
+        """True if the script puts BatchNorm back in fp32: `if isinstance(m, nn.BatchNorm2d): m.float()`."""
         for node in ast.walk(self.tree):
             if not isinstance(node, ast.If):
                 continue
-            names = [n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "") for n in ast.walk(node.test)]
+            names = [getattr(n, "attr", None) or getattr(n, "id", "") for n in ast.walk(node.test)]
             if any(BATCHNORM_NAMES.match(name) for name in names) and any(
                 isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "float"
                 for sub in ast.walk(node)
@@ -621,7 +625,7 @@ class _GraphFlow:
                 return self.carries_graph(func.value, line, depth + 1)
             return None
         if isinstance(expr, ast.BinOp):
-            sides = [self.carries_graph(expr.left, line, depth + 1), self.carries_graph(expr.right, line, depth + 1)]
+            sides = [self.carries_graph(side, line, depth + 1) for side in (expr.left, expr.right)]
             if True in sides:
                 return True
             return False if sides == [False, False] else None
@@ -733,7 +737,9 @@ def _accumulations(node: ast.AST) -> tuple[ast.AST, ast.expr, str] | None:
 def _scalar_code(flow: _GraphFlow, value: ast.expr, line: int) -> str:
     """The value's code with each graph-carrying part turned into a Python number (`.item()`)."""
     if isinstance(value, (ast.List, ast.Tuple)):
-        parts = [_scalar_code(flow, e, line) if flow.carries_graph(e, line) is True else _code(e) for e in value.elts]
+        parts = [
+            _scalar_code(flow, e, line) if flow.carries_graph(e, line) is True else _code(e) for e in value.elts
+        ]
         text = ", ".join(parts)
         return f"[{text}]" if isinstance(value, ast.List) else f"({text}{',' if len(parts) == 1 else ''})"
     return f"{_wrap(_code(value))}.item()"
@@ -1340,7 +1346,9 @@ def parse_source(source: str, filename: str) -> ast.Module:
     try:
         return ast.parse(source, filename=filename)
     except SyntaxError as exc:
-        where = filename if exc.lineno is None else f"{filename}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
+        where = filename
+        if exc.lineno is not None:
+            where = f"{filename}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
         raise LintError(where, f"syntax error: {exc.msg}") from None
     except ValueError as exc:  # null bytes, on Pythons that report them this way
         raise LintError(filename, f"not Python source: {exc}") from None
@@ -1422,7 +1430,7 @@ def lint_command(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
-def print_findings(findings: list[LintFinding], file_count: int, console: object = None) -> None:
+def print_findings(findings: list[LintFinding], file_count: int, console: Console | None = None) -> None:
     """Print findings as a readable list with rich: location and rule, then what, why, fix.
 
     The why of a rule is printed at its first finding only: it is the same text every time."""
