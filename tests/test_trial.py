@@ -230,3 +230,33 @@ def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path):
     assert record["status"] == "interrupted" and record["steps"][0]["index"] == 0
     assert not group_members(pid)
     os.kill(os.getpid(), 0)  # and the test process (the advisor's parent) is untouched
+
+
+def test_script_that_ends_too_soon_and_a_timing_only_trial(tmp_path):
+    script = write_script(tmp_path, """
+        import sys
+
+        def train_step(x):
+            return float(x)
+
+        if __name__ == "__main__":
+            for x in range(int(sys.argv[1])):
+                train_step(x)
+    """)
+    short = run_trial(f"{script}:train_step", Knobs(), tmp_path / "short", steps=5, script_args=["4"])
+    assert short.status == "error"
+    assert short.message == "tiny.py finished after 4 call(s) of train_step; the trial needs 8 (wait 2 + warmup 1 + record 5)"
+    plain = run_trial(f"{script}:train_step", Knobs(), tmp_path / "plain", steps=2, script_args=["9"], profile=False)
+    assert plain.ok and plain.loss == 4.0 and plain.steps_recorded == 2
+    assert trial_record(plain.path)["trace_files"] == []
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    script = write_script(tmp_path, "def train_step(:\n")
+    assert cli.main(["profile", f"{script}:train_step", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"advisor: error: {script}:1: cannot parse the script:") and "\n" not in err
+    assert cli.main(["profile", f"{script}:1bad"]) == 2
+    assert "is not a function name or Class.method" in capsys.readouterr().err
+    assert cli.main(["profile", f"{script}:train_step", "--memory-limit", "lots"]) == 2
+    assert "--memory-limit: cannot read 'lots'" in capsys.readouterr().err
