@@ -27,7 +27,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if command in (None, "profile"):
         from advisor import trial  # light: the harness that imports torch runs in the subprocess only
 
+        from advisor import session
+
         trial.add_profile_arguments(profile)
+        session.add_session_arguments(profile)
 
     lint = sub.add_parser("lint", help="static check of a training script for memory and speed mistakes")
     if command in (None, "lint"):
@@ -56,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return analyze_command(args)
         if args.command == "profile":
-            from advisor import trial
+            from advisor import session
 
-            return trial.profile_command(args)
+            return session.profile_command(args)
         if args.command == "lint":
             from advisor import lint as lint_module
 

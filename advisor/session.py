@@ -1,0 +1,549 @@
+"""The optimization sequence: baseline → diagnose → apply the best fix → measure → keep or revert → …
+
+Each trial is a real, profiled run of the user's unchanged script (advisor.trial). A change is kept only
+when median samples/s improves by more than the measured noise (at least `min_gain`, and beyond the
+spread of step times) and the loss stays finite and close to the baseline's. `session.json` is rewritten
+atomically after every trial, so a session killed at any moment resumes (`--resume DIR`) losing at most
+the trial in flight. Torch-free: trials run in subprocesses.
+
+session.json (schema "advisor.session/1"):
+
+    {"schema", "target", "script", "command", "options": {...}, "status": "running"|"done"|"interrupted"|"failed",
+     "started_at", "updated_at", "device": {device facts of the baseline}, "user_values": {DataLoader originals},
+     "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
+     "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
+                 ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s", "samples_per_s",
+                 "peak_memory_bytes", "peak_memory_source", "capacity_bytes", "loss", "speedup", "gain",
+                 "predicted_gain", "noise"}],
+     "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null}
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.errors import AdvisorError
+from advisor.harness import write_json_atomic
+from advisor.knobs import Knobs
+from advisor.trial import TRIAL_FILE, TrialFailed, TrialResult, default_out_dir, load_trial, parse_size, \
+    parse_target, run_trial
+
+SCHEMA = "advisor.session/1"
+SESSION_FILE = "session.json"
+LOSS_TOLERANCE = 0.25  # a kept change may move the loss by at most this share of the baseline's
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a session runs its trials and when it stops."""
+
+    steps: int = 5
+    wait: int = 2
+    warmup: int = 1
+    device: str = "auto"
+    script_args: tuple[str, ...] = ()
+    timeout_s: float = 600.0
+    memory_limit: int | None = None
+    max_trials: int = 8
+    time_budget_s: float | None = None
+    keep_effective_batch: bool = False
+    min_gain: float = 0.03
+    memory_safety: float = 0.85
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        d = dataclasses.asdict(self)
+        d["script_args"] = list(self.script_args)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SessionOptions":
+        """Back from JSON, ignoring unknown keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["script_args"] = tuple(values.get("script_args") or ())
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate next trial: the change, the knobs it gives, and why."""
+
+    recommendation: str
+    change: str
+    slug: str
+    knobs: Knobs
+    predicted_gain: float
+
+
+# --- measurements of one trial -------------------------------------------------------------------------
+
+def recorded_step_times(trial_dir: Path) -> list[float]:
+    """Wall times of the profiled steps of a trial."""
+    record = json.loads((trial_dir / TRIAL_FILE).read_text())
+    return [s["wall_s"] for s in record.get("steps", []) if s.get("recorded") and s.get("wall_s")]
+
+
+def recorded_losses(trial_dir: Path) -> list[float]:
+    """Losses returned by the profiled steps of a trial."""
+    record = json.loads((trial_dir / TRIAL_FILE).read_text())
+    return [s["loss"] for s in record.get("steps", []) if s.get("recorded") and s.get("loss") is not None]
+
+
+def relative_spread(values: list[float]) -> float:
+    """Interquartile range over the median: how much step times move from step to step."""
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    med = statistics.median(values)
+    return (q[2] - q[0]) / med if med else 0.0
+
+
+def median_noise(a: list[float], b: list[float]) -> float:
+    """Relative change between two medians that step-to-step spread alone could produce.
+
+    Twice the standard error of the difference of the medians (about 95% confidence), each standard
+    error estimated robustly from its interquartile range: SE(median) ≈ 1.253 σ / √n with σ ≈ IQR / 1.349.
+    """
+    def se(values: list[float]) -> float:
+        return 0.93 * relative_spread(values) / math.sqrt(len(values)) if len(values) >= 2 else 0.0
+
+    return 2 * math.hypot(se(a), se(b))
+
+
+def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | None:
+    """The memory a trial's batch must fit in: GPU memory, or RAM (or the --memory-limit cap) on the CPU."""
+    facts = trial.get("device_facts") or {}
+    if facts.get("type") == "cuda":
+        return (facts.get("gpu") or {}).get("total_memory_bytes")
+    ram = (facts.get("cpu") or {}).get("ram_bytes")
+    if memory_limit:
+        return min(memory_limit, ram) if ram else memory_limit
+    return ram
+
+
+def decide(best: TrialResult, candidate: TrialResult, baseline_losses: list[float], min_gain: float,
+           ) -> tuple[bool, str, float, float]:
+    """Keep or revert a candidate against the best trial so far: (keep, reason, gain, noise)."""
+    if not candidate.ok:
+        return False, f"trial {candidate.status}: {candidate.message}", 0.0, 0.0
+    if not candidate.samples_per_s or not best.samples_per_s:
+        return False, "no samples/s measured (batch size unknown)", 0.0, 0.0
+    gain = candidate.samples_per_s / best.samples_per_s - 1
+    noise = median_noise(recorded_step_times(best.path), recorded_step_times(candidate.path))
+    threshold = max(min_gain, noise)
+    losses = recorded_losses(candidate.path)
+    if losses and not all(math.isfinite(x) for x in losses):
+        return False, "loss is not finite", gain, noise
+    if losses and baseline_losses:
+        base, cand = statistics.median(baseline_losses), statistics.median(losses)
+        allowed = max(LOSS_TOLERANCE * abs(base), max(baseline_losses) - min(baseline_losses))
+        if abs(cand - base) > allowed:
+            return False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, noise
+    if gain <= threshold:
+        return False, f"{100 * gain:+.1f}% samples/s is within the noise ({100 * threshold:.1f}%)", gain, noise
+    return True, f"{100 * gain:+.1f}% samples/s (noise {100 * noise:.1f}%)", gain, noise
+
+
+# --- what to try next -------------------------------------------------------------------------------
+
+def effective(knobs: Knobs, user_values: dict[str, Any], name: str) -> Any:
+    """The value a knob has in a trial: the override, else what the user wrote."""
+    value = getattr(knobs, name)
+    return user_values.get(name) if value is None else value
+
+
+def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
+    """Peak memory against batch size, from the trials run so far.
+
+    With two or more batch sizes, a least-squares line; with one, memory proportional to the batch,
+    which over-estimates (the fixed part scales too) and so errs on the safe side.
+    """
+    sizes = sorted({b for b, _ in points})
+    if len(sizes) >= 2:
+        n = len(points)
+        mx = sum(b for b, _ in points) / n
+        my = sum(m for _, m in points) / n
+        sxx = sum((b - mx) ** 2 for b, _ in points)
+        slope = sum((b - mx) * (m - my) for b, m in points) / sxx
+        slope = max(slope, 0.0)
+        return lambda b: my + slope * (b - mx)
+    b0, m0 = points[0]
+    return lambda b: m0 * b / b0
+
+
+def next_batch_size(current: int, points: list[tuple[int, float]], capacity: float | None, safety: float,
+                    failed: int | None) -> int | None:
+    """The next batch size to try: double, capped by the memory model; bisect below a size that failed."""
+    if failed is not None:
+        size = (current + failed) // 2
+        return size if size > current * 1.1 else None
+    size = current * 2
+    if capacity and points:
+        predict = fit_memory(points)
+        limit = safety * capacity
+        while size > current and predict(size) > limit:
+            size = current + (size - current) // 2
+        if size <= current * 1.1:
+            return None
+    return size
+
+
+def propose(diagnosis, best: TrialResult, state: dict[str, Any], options: SessionOptions) -> list[Proposal]:
+    """Candidate trials from the best trial's diagnosis, best predicted gain first, none already tried."""
+    user = state["user_values"]
+    knobs = best.knobs
+    accelerator = (state.get("device") or {}).get("type") == "cuda"
+    cpus = ((state.get("device") or {}).get("cpu") or {}).get("logical_cores") or os.cpu_count() or 1
+    exhausted = set(state.setdefault("exhausted", []))
+    out = []
+    recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
+    if "more-workers" in recs and "more-workers" not in exhausted:
+        current = effective(knobs, user, "num_workers") or 0
+        target = 2 if current < 2 else current * 2
+        if target <= cpus:
+            out.append(Proposal("more-workers", f"num_workers {current} → {target}", f"workers-{target}",
+                                dataclasses.replace(knobs, num_workers=target, persistent_workers=True),
+                                recs["more-workers"].predicted_gain))
+    if "amp" in recs and knobs.amp is None and "amp" not in exhausted:
+        dtype = recs["amp"].knobs.get("amp", "bf16")
+        out.append(Proposal("amp", f"AMP {dtype}", f"amp-{dtype}", dataclasses.replace(knobs, amp=dtype),
+                            recs["amp"].predicted_gain))
+    if accelerator and "pin-memory" in recs and not knobs.pin_memory and "pin-memory" not in exhausted:
+        out.append(Proposal("pin-memory", "pin_memory → True", "pin-memory",
+                            dataclasses.replace(knobs, pin_memory=True), recs["pin-memory"].predicted_gain))
+    if accelerator and "non-blocking" in recs and not knobs.non_blocking and "non-blocking" not in exhausted:
+        out.append(Proposal("non-blocking", "non_blocking copies", "non-blocking",
+                            dataclasses.replace(knobs, non_blocking=True), recs["non-blocking"].predicted_gain))
+    batch = batch_proposal(recs.get("larger-batch"), best, state, options, accelerator)
+    if batch is not None:
+        out.append(batch)
+    tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
+    out = [p for p in out if json.dumps(p.knobs.to_dict(), sort_keys=True) not in tried]
+    return sorted(out, key=lambda p: -p.predicted_gain)
+
+
+def batch_proposal(rec, best: TrialResult, state: dict[str, Any], options: SessionOptions,
+                   accelerator: bool) -> Proposal | None:
+    """A larger batch: on an accelerator when the trace supports it; on the CPU while samples/s grows."""
+    if options.keep_effective_batch or "larger-batch" in state.get("exhausted", []):
+        return None
+    if accelerator and rec is None:
+        return None
+    current = best.batch_size
+    if not current:
+        return None
+    points = [(t["batch_size"], t["peak_memory_bytes"]) for t in state["trials"]
+              if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
+    failed = [t["batch_size"] for t in state["trials"] if t["status"] == "oom" and t.get("knobs", {}).get("batch_size")]
+    failed_above = min((b for b in failed if b > current), default=None)
+    size = next_batch_size(current, points, state["trials"][0].get("capacity_bytes"), options.memory_safety,
+                           failed_above)
+    if size is None:
+        return None
+    # On the CPU a larger batch is a measured experiment, ranked after what the trace points to.
+    gain = rec.predicted_gain if rec is not None else 0.02
+    return Proposal("larger-batch", f"batch size {current} → {size}", f"batch-{size}",
+                    dataclasses.replace(best.knobs, batch_size=size), gain)
+
+
+# --- the session --------------------------------------------------------------------------------------
+
+def trial_row(index: int, result: TrialResult, proposal: Proposal | None, state: dict[str, Any]) -> dict:
+    """The session.json row of one trial (decision filled in by the caller)."""
+    record = json.loads((result.path / TRIAL_FILE).read_text())
+    base_sps = state["trials"][0]["samples_per_s"] if state["trials"] else result.samples_per_s
+    return {
+        "index": index,
+        "name": result.name,
+        "folder": os.path.relpath(result.path, state["_dir"]),
+        "change": "baseline" if proposal is None else proposal.change,
+        "recommendation": None if proposal is None else proposal.recommendation,
+        "knobs": result.knobs.to_dict(),
+        "status": result.status,
+        "message": result.message,
+        "decision": None,
+        "reason": "",
+        "batch_size": result.batch_size,
+        "median_step_s": result.median_step_s,
+        "samples_per_s": result.samples_per_s,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "peak_memory_source": result.peak_memory_source,
+        "capacity_bytes": capacity_bytes(record, state["options"].get("memory_limit")),
+        "loss": result.loss,
+        "speedup": (result.samples_per_s / base_sps) if result.samples_per_s and base_sps else None,
+        "gain": None,
+        "predicted_gain": None if proposal is None else proposal.predicted_gain,
+        "noise": None,
+    }
+
+
+def save(state: dict[str, Any]) -> None:
+    """Rewrite session.json atomically."""
+    state["updated_at"] = time.time()
+    doc = {k: v for k, v in state.items() if not k.startswith("_")}
+    write_json_atomic(Path(state["_dir"]) / SESSION_FILE, doc)
+
+
+def _diagnose(result: TrialResult):
+    """The diagnosis (with recommendations) of a trial's trace; None when it has no trace."""
+    from advisor.commands import analyze_file
+
+    traces = sorted(result.path.glob("*.pt.trace.json*"))
+    return analyze_file(traces[0]) if traces else None
+
+
+def new_state(target: str, out: Path, options: SessionOptions, command: str) -> dict[str, Any]:
+    """A fresh session record."""
+    script, _ = parse_target(target)
+    return {
+        "schema": SCHEMA, "target": target, "script": str(script), "command": command,
+        "options": options.to_dict(), "status": "running", "started_at": time.time(), "updated_at": time.time(),
+        "device": None, "user_values": {}, "baseline": None, "best": None, "final_knobs": None, "speedup": None,
+        "trials": [], "recommendations": [], "notes": [], "patch": None, "exhausted": [], "_dir": str(out),
+    }
+
+
+def load_state(out: Path) -> dict[str, Any]:
+    """A session record to resume; trial folders it does not list (the trial in flight) are removed."""
+    path = out / SESSION_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AdvisorError(f"{path}: no session to resume here") from None
+    except ValueError as exc:
+        raise AdvisorError(f"{path}: not valid JSON ({exc})") from None
+    if state.get("schema") != SCHEMA:
+        raise AdvisorError(f"{path}: not an {SCHEMA} document")
+    state["_dir"] = str(out)
+    listed = {t["name"] for t in state["trials"]}
+    for folder in sorted((out / "trials").glob("*")):
+        if folder.is_dir() and folder.name not in listed:
+            shutil.rmtree(folder)  # the trial that was running when the session stopped
+    return state
+
+
+def run_session(target: str, out: Path, options: SessionOptions, *, command: str = "", resume: bool = False,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) the sequence until nothing is left to gain or the budget is spent; return the record."""
+    out = Path(out).resolve()
+    if resume:
+        state = load_state(out)
+        target, options = state["target"], SessionOptions.from_dict(state["options"])
+        state["status"] = "running"
+    else:
+        if (out / SESSION_FILE).exists():
+            raise AdvisorError(f"{out}: already holds a session; use --resume {out} or another --out")
+        state = new_state(target, out, options, command)
+    (out / "trials").mkdir(parents=True, exist_ok=True)
+    save(state)
+    started = time.monotonic()
+    try:
+        _sequence(target, out, options, state, started, log)
+    except KeyboardInterrupt:
+        state["status"] = "interrupted"
+        save(state)
+        log(f"interrupted: resume with  advisor profile --resume {out}")
+        raise
+    return state
+
+
+def _run(target: str, out: Path, options: SessionOptions, index: int, slug: str, knobs: Knobs) -> TrialResult:
+    name = f"{index:02d}-{slug}"
+    return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
+                     warmup=options.warmup, device=options.device, script_args=options.script_args,
+                     timeout_s=options.timeout_s, memory_limit=options.memory_limit)
+
+
+def _sequence(target: str, out: Path, options: SessionOptions, state: dict[str, Any], started: float,
+              log: Callable[[str], None]) -> None:
+    if not state["trials"]:
+        log("trial 00: baseline")
+        baseline = _run(target, out, options, 0, "baseline", Knobs())
+        record = json.loads((baseline.path / TRIAL_FILE).read_text())
+        state["device"] = record.get("device_facts")
+        state["user_values"] = record.get("user_values") or {}
+        row = trial_row(0, baseline, None, state)
+        row["decision"] = "baseline" if baseline.ok else "failed"
+        row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
+        row["speedup"] = 1.0 if baseline.ok else None
+        state["trials"].append(row)
+        state["baseline"] = state["best"] = baseline.name
+        state["final_knobs"] = Knobs().to_dict()
+        save(state)
+        if not baseline.ok:
+            state["status"] = "failed"
+            save(state)
+            if baseline.traceback:
+                log(baseline.traceback.rstrip())
+            raise TrialFailed(f"baseline trial {baseline.status}: {baseline.message} (trial folder {baseline.path})")
+    baseline = load_trial(out / state["trials"][0]["folder"])
+    baseline_losses = recorded_losses(baseline.path)
+    best = load_trial(out / next(t for t in state["trials"] if t["name"] == state["best"])["folder"])
+    while True:
+        diagnosis = _diagnose(best)
+        state["recommendations"] = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
+        if len(state["trials"]) >= options.max_trials:
+            state["notes"].append(f"stopped after {options.max_trials} trials (--max-trials)")
+            break
+        if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
+            state["notes"].append(f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)")
+            break
+        proposals = propose(diagnosis, best, state, options)
+        if not proposals:
+            break
+        proposal = proposals[0]
+        index = len(state["trials"])
+        log(f"trial {index:02d}: {proposal.change} (predicted {100 * proposal.predicted_gain:.0f}% of step time)")
+        result = _run(target, out, options, index, proposal.slug, proposal.knobs)
+        keep, reason, gain, noise = decide(best, result, baseline_losses, options.min_gain)
+        row = trial_row(index, result, proposal, state)
+        row.update(decision="kept" if keep else ("failed" if not result.ok else "reverted"), reason=reason,
+                   gain=gain, noise=noise)
+        state["trials"].append(row)
+        log(f"  {row['decision']}: {reason}")
+        if keep:
+            best = result
+            state["best"] = result.name
+            state["final_knobs"] = result.knobs.to_dict()
+        elif not (proposal.recommendation == "larger-batch" and result.status == "oom"):
+            # A change that did not help is not tried again; growing workers or the batch stops here.
+            state["exhausted"].append(proposal.recommendation)
+        save(state)
+    base_sps = state["trials"][0]["samples_per_s"]
+    best_row = next(t for t in state["trials"] if t["name"] == state["best"])
+    state["speedup"] = best_row["samples_per_s"] / base_sps if base_sps and best_row["samples_per_s"] else None
+    state["notes"].extend(batch_notes(state, options))
+    state["status"] = "done"
+    save(state)
+    finish_outputs(out, state)
+
+
+def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
+    """What a changed batch size means for training, in words."""
+    user = state["user_values"].get("batch_size")
+    final = (state["final_knobs"] or {}).get("batch_size")
+    if not user or not final or final == user:
+        if options.keep_effective_batch:
+            return ["--keep-effective-batch: the batch size was left as written"]
+        return []
+    factor = final / user
+    return [f"The batch grew from {user} to {final} (×{factor:g}): scale the learning rate by about ×{factor:g} "
+            "(linear scaling rule, with a few hundred warm-up steps) and check convergence; or run with "
+            "--keep-effective-batch to leave the batch as it is."]
+
+
+def finish_outputs(out: Path, state: dict[str, Any]) -> None:
+    """suggested.patch, report.html and TensorBoard runs, each when its module is available."""
+    final = Knobs.from_dict(state["final_knobs"] or {})
+    try:
+        from advisor.patch import write_patch
+    except ImportError:
+        write_patch = None
+    if write_patch is not None and final.requested():
+        _, func = parse_target(state["target"])
+        written = write_patch(Path(state["script"]), func, final, state["user_values"], out)
+        state["patch"] = None if written is None else os.path.relpath(written, out)
+    try:
+        from advisor.report import write_report, write_tensorboard
+    except ImportError:
+        write_report = write_tensorboard = None
+    if write_report is not None:
+        write_report(out, out / "report.html")
+        write_tensorboard(out)
+    save(state)
+
+
+# --- the command ---------------------------------------------------------------------------------------
+
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `advisor profile` that steer the sequence (the trial's own options come from trial.py)."""
+    parser.add_argument("--max-trials", type=int, default=8, help="trials in all, baseline included (default 8)")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
+    parser.add_argument("--keep-effective-batch", action="store_true",
+                        help="never change the batch size (the effective batch stays as written)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
+
+
+def ladder_table(state: dict[str, Any]):
+    """The ladder as a rich table: one row per trial."""
+    from rich.table import Table
+
+    t = Table(title="Ladder (one row per trial)", title_justify="left")
+    t.add_column("#", justify="right")
+    t.add_column("change")
+    for col in ("batch", "peak MiB", "step ms", "samples/s", "speed-up"):
+        t.add_column(col, justify="right")
+    t.add_column("decision")
+    for row in state["trials"]:
+        mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
+        step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
+        sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
+        speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
+        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, speed,
+                  row["decision"] or "-")
+    return t
+
+
+def print_session(state: dict[str, Any], out: Path) -> None:
+    """Ladder, final settings, outputs."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console()
+    console.print(ladder_table(state))
+    final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
+    speed = f"×{state['speedup']:.2f} samples/s over the baseline" if state.get("speedup") else "no speed-up"
+    console.print(Text(f"Best: {state['best']} ({speed}); settings: "
+                       + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
+    for note in state["notes"]:
+        console.print(Text(f"note: {note}", style="dim"))
+    for name in ("suggested.patch", "report.html"):
+        if (out / name).exists():
+            console.print(Text(f"{name}: {out / name}"))
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
+    memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
+    options = SessionOptions(steps=args.steps, wait=args.wait, warmup=args.warmup, device=args.device,
+                             script_args=tuple(args.script_args), timeout_s=args.timeout,
+                             memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
+                             time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
+    if args.resume:
+        out = Path(args.resume)
+        target = ""
+    else:
+        if not args.target:
+            raise AdvisorError("profile: give script.py:train_step (or --resume DIR)")
+        script, _ = parse_target(args.target)
+        out = Path(args.out) if args.out else default_out_dir(script)
+        target = args.target
+    command = "advisor profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if not args.resume else ""
+    try:
+        state = run_session(target, out, options, command=command, resume=bool(args.resume),
+                            log=lambda m: print(m, flush=True))
+    except KeyboardInterrupt:
+        return 130
+    out = Path(state["_dir"])
+    baseline = load_trial(out / state["trials"][0]["folder"])
+    if args.no_apply:
+        from advisor.terminal import print_analysis
+
+        diagnosis = _diagnose(baseline)
+        if diagnosis is not None:
+            print_analysis([diagnosis])
+    print_session(state, out)
+    return 0

@@ -1,0 +1,131 @@
+"""The optimization sequence: real sessions on the examples (CPU), keep/revert decisions on real trials,
+the memory model, and a session killed with SIGKILL and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from advisor.knobs import Knobs
+from advisor.session import (SESSION_FILE, SessionOptions, decide, fit_memory, median_noise, next_batch_size,
+                             run_session)
+from advisor.trial import load_trial
+from conftest import ROOT, SAMPLE_RUNS
+
+IMAGE = ROOT / "examples" / "image_classifier.py"
+TEXT = ROOT / "examples" / "char_transformer.py"
+
+
+def copy_trial(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_same_trial_is_not_an_improvement(tmp_path):
+    src = SAMPLE_RUNS / "image_classifier" / "trials" / "00-baseline"
+    a = load_trial(copy_trial(src, tmp_path / "a"))
+    b = load_trial(copy_trial(src, tmp_path / "b"))
+    keep, reason, gain, noise = decide(a, b, [], min_gain=0.03)
+    assert not keep and gain == pytest.approx(0.0) and "within the noise" in reason
+
+
+def test_non_finite_loss_is_reverted(tmp_path):
+    src = SAMPLE_RUNS / "char_transformer" / "trials" / "00-baseline"
+    best = load_trial(copy_trial(src, tmp_path / "best"))
+    cand_dir = copy_trial(src, tmp_path / "cand")
+    record = json.loads((cand_dir / "trial.json").read_text())
+    for step in record["steps"]:
+        step["loss"] = float("nan")
+    record["summary"]["samples_per_s"] *= 2  # faster, but diverged
+    (cand_dir / "trial.json").write_text(json.dumps(record))
+    keep, reason, _, _ = decide(best, load_trial(cand_dir), [1.0], min_gain=0.03)
+    assert not keep and "not finite" in reason
+
+
+def test_noise_grows_with_spread_and_shrinks_with_steps():
+    steady = [0.100, 0.101, 0.099, 0.100, 0.102]
+    jumpy = [0.05, 0.15, 0.10, 0.20, 0.08]
+    assert median_noise(steady, steady) < 0.03 < median_noise(jumpy, jumpy)
+    assert median_noise(jumpy * 4, jumpy * 4) < median_noise(jumpy, jumpy)
+
+
+def test_memory_model_and_batch_search():
+    # One point: memory taken as proportional to the batch (safe side).
+    predict = fit_memory([(32, 4e9)])
+    assert predict(64) == pytest.approx(8e9)
+    # Two points: a line with a fixed part.
+    predict = fit_memory([(32, 4e9), (64, 6e9)])
+    assert predict(128) == pytest.approx(10e9)
+    # Capacity 16 GB at 85%: 128 (10 GB) fits, 256 (18 GB) does not; the search stays under the cap.
+    assert next_batch_size(64, [(32, 4e9), (64, 6e9)], 16e9, 0.85, None) == 128
+    size = next_batch_size(128, [(32, 4e9), (64, 6e9), (128, 10e9)], 16e9, 0.85, None)
+    assert size is not None and predict(size) <= 0.85 * 16e9 and size > 128
+    # After an OOM at 256, bisect between the last size that ran and the one that failed.
+    assert next_batch_size(128, [(128, 10e9)], None, 0.85, 256) == 192
+    assert next_batch_size(128, [(128, 10e9)], None, 0.85, 136) is None
+
+
+@pytest.mark.slow
+def test_session_on_the_image_classifier_speeds_it_up(tmp_path):
+    out = tmp_path / "session"
+    options = SessionOptions(steps=4, max_trials=4)
+    state = run_session(f"{IMAGE}:train_step", out, options, command="test", log=lambda m: None)
+    assert state["status"] == "done"
+    saved = json.loads((out / SESSION_FILE).read_text())
+    assert saved["trials"] == state["trials"]
+    names = [t["name"] for t in saved["trials"]]
+    assert names[0] == "00-baseline" and len(names) <= 4
+    for t in saved["trials"]:
+        assert (out / t["folder"] / "trial.json").exists()
+        assert t["decision"] in ("baseline", "kept", "reverted", "failed")
+    # The loader is the bottleneck at num_workers=0: the first change tried is more workers, and the
+    # session ends faster than it started, by a measured margin.
+    assert saved["trials"][1]["recommendation"] == "more-workers"
+    assert saved["speedup"] and saved["speedup"] > 1.1
+    assert any(t["decision"] == "kept" for t in saved["trials"])
+
+
+@pytest.mark.slow
+def test_session_killed_and_resumed_keeps_its_trials(tmp_path):
+    out = tmp_path / "session"
+    cmd = [sys.executable, "-m", "advisor.cli", "profile", f"{IMAGE}:train_step", "--out", str(out),
+           "--steps", "3", "--max-trials", "4"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    # Kill the whole process group (advisor, trial, DataLoader workers) once the second trial is running.
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        session = out / SESSION_FILE
+        if session.exists():
+            trials = json.loads(session.read_text())["trials"]
+            if len(trials) >= 1 and (out / "trials").exists() and len(list((out / "trials").iterdir())) >= 2:
+                break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the session never got to its second trial")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = json.loads((out / SESSION_FILE).read_text())
+    assert before["status"] == "running"
+    done = [t["name"] for t in before["trials"]]
+    in_flight = {p.name for p in (out / "trials").iterdir()} - set(done)
+    assert in_flight, "a trial was running when the session was killed"
+    resumed = subprocess.run([sys.executable, "-m", "advisor.cli", "profile", "--resume", str(out)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    after = json.loads((out / SESSION_FILE).read_text())
+    assert after["status"] == "done"
+    # Finished trials are kept exactly as they were; the one in flight was redone under the same name.
+    assert after["trials"][: len(done)] == before["trials"]
+    names = [t["name"] for t in after["trials"]]
+    assert in_flight <= set(names)
+    assert sorted(p.name for p in (out / "trials").iterdir()) == sorted(names)
+    assert len(names) == len(set(names))
