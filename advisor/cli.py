@@ -37,6 +37,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from advisor import lint as lint_module
 
         lint_module.add_lint_arguments(lint)
+
+    report = sub.add_parser("report", help="HTML report (and TensorBoard runs) of a session or trace(s)")
+    if command in (None, "report"):
+        from advisor import report as report_module
+
+        report_module.add_report_arguments(report)
     return parser
 
 
@@ -66,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             from advisor import lint as lint_module
 
             return lint_module.lint_command(args)
+        if args.command == "report":
+            from advisor import report as report_module
+
+            return report_module.report_command(args)
     except AdvisorError as exc:
         if args.debug:
             raise

@@ -1,0 +1,66 @@
+"""Reports people want to look at: the HTML page (`html`) and TensorBoard runs (`tensorboard`).
+
+`advisor report DIR|TRACE -o report.html [--tensorboard]`. The session calls `write_report` and
+`write_tensorboard` at its end. Heavy modules (jinja2, matplotlib, torch) are imported when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def write_report(target: Path, out: Path) -> Path:
+    """Write the HTML report of a session folder or of recorded trace(s) to `out`."""
+    from advisor.report.html import write_report as write
+
+    return write(target, out)
+
+
+def render_session_report(session_dir: Path) -> str:
+    """The HTML report of a session folder, as a string."""
+    from advisor.report.html import render_session_report as render
+
+    return render(session_dir)
+
+
+def render_trace_report(path: Path) -> str:
+    """The HTML report of a trace file or a folder of traces, as a string."""
+    from advisor.report.html import render_trace_report as render
+
+    return render(path)
+
+
+def write_tensorboard(session_dir: Path) -> list[Path]:
+    """Write one TensorBoard run per trial folder of a session (replacing earlier event files)."""
+    from advisor.report.tensorboard import write_tensorboard as write
+
+    return write(session_dir)
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `advisor report`."""
+    parser.add_argument("path", help="a session folder (with session.json), a trace file or a folder of traces")
+    parser.add_argument("-o", "--out", help="where to write the HTML report (default: DIR/report.html for a "
+                                            "session, report.html otherwise)")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="also write TensorBoard runs for a session (tensorboard --logdir DIR/trials)")
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """`advisor report PATH [-o OUT] [--tensorboard]`."""
+    from advisor.errors import AdvisorError
+
+    target = Path(args.path)
+    if not target.exists():
+        raise AdvisorError(f"{target}: no such file or folder")
+    is_session = target.is_dir() and (target / "session.json").is_file()
+    out = Path(args.out) if args.out else (target / "report.html" if is_session else Path("report.html"))
+    if args.tensorboard and not is_session:
+        raise AdvisorError(f"{target}: --tensorboard needs a session folder (one with session.json)")
+    written = write_report(target, out)
+    print(f"report: {written}")
+    if args.tensorboard:
+        runs = write_tensorboard(target)
+        print(f"tensorboard: {len(runs)} run(s); view with: tensorboard --logdir {target / 'trials'}")
+    return 0

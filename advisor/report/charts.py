@@ -1,0 +1,111 @@
+"""Charts for the HTML report, drawn by matplotlib and handed back as inert `data:image/svg+xml` URIs.
+
+Embedding the SVG as a base64 image (not inline markup) makes it inert: a label taken from a trace or a
+folder name cannot become an element of the report page, whatever it contains. Mathtext is off so a `$`
+in a name is drawn as a dollar sign. Text stays text in the SVG (`svg.fonttype = 'none'`), which keeps
+each chart to a few tens of kilobytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: render to files only, before pyplot is imported anywhere
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+RC = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "advisor",  # stable element ids: the same session gives the same report
+    "text.parse_math": False,
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+
+# One colour per breakdown role (same order as advisor.diagnosis.ROLES) and per trial decision.
+ROLE_COLORS = {
+    "kernel": "#4c78a8", "memcpy": "#f58518", "memset": "#e45756", "communication": "#72b7b2",
+    "runtime": "#54a24b", "dataloader": "#eeca3b", "cpu_op": "#b279a2", "other": "#bab0ac",
+}
+DECISION_COLORS = {"baseline": "#4c78a8", "kept": "#54a24b", "reverted": "#bab0ac", "failed": "#e45756"}
+
+
+def svg_data_uri(fig: Figure) -> str:
+    """The figure as a base64 `data:image/svg+xml` URI; closes the figure."""
+    buf = io.BytesIO()
+    with plt.rc_context(RC):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(rows: int) -> tuple[Figure, object]:
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(9.0, 0.9 + 0.38 * max(rows, 1)))
+    return fig, ax
+
+
+def breakdown_chart(labels: list[str], breakdown_ms: list[dict[str, float]], roles: tuple[str, ...],
+                    role_labels: dict[str, str]) -> str:
+    """Stacked horizontal bars: each bar one trial (or trace), each segment a role's ms per step."""
+    with plt.rc_context(RC):
+        fig, ax = _figure(len(labels))
+        y = list(range(len(labels)))
+        left = [0.0] * len(labels)
+        for role in roles:
+            widths = [b.get(role) or 0.0 for b in breakdown_ms]
+            if not any(widths):
+                continue
+            ax.barh(y, widths, left=left, color=ROLE_COLORS.get(role, "#999999"), label=role_labels.get(role, role),
+                    height=0.6)
+            left = [a + b for a, b in zip(left, widths)]
+        ax.set_yticks(y, labels)
+        ax.invert_yaxis()  # first trial on top, as in the tables
+        ax.set_xlabel("ms per profiled step")
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        return svg_data_uri(fig)
+
+
+def throughput_chart(labels: list[str], samples_per_s: list[float | None], decisions: list[str]) -> str:
+    """Horizontal bars of samples/s per trial, coloured by the decision taken on it."""
+    with plt.rc_context(RC):
+        fig, ax = _figure(len(labels))
+        y = list(range(len(labels)))
+        values = [v or 0.0 for v in samples_per_s]
+        ax.barh(y, values, color=[DECISION_COLORS.get(d, "#999999") for d in decisions], height=0.6)
+        for yi, v, d in zip(y, samples_per_s, decisions):
+            ax.text((v or 0.0), yi, f" {v:.1f} ({d})" if v else f" no measurement ({d})", va="center", fontsize=8)
+        ax.set_yticks(y, labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("samples / s (median step)")
+        ax.set_xlim(0, max(values + [1.0]) * 1.3)
+        return svg_data_uri(fig)
+
+
+def memory_chart(labels: list[str], peak_bytes: list[float | None], capacity_bytes: float | None,
+                 sources: list[str]) -> str:
+    """Peak memory per trial (GB) against the device capacity (dashed line) when it is known."""
+    with plt.rc_context(RC):
+        fig, ax = _figure(len(labels))
+        y = list(range(len(labels)))
+        gb = [(v or 0.0) / 1e9 for v in peak_bytes]
+        ax.barh(y, gb, color="#4c78a8", height=0.6)
+        for yi, v in zip(y, peak_bytes):
+            ax.text((v or 0.0) / 1e9, yi, f" {v / 1e9:.2f} GB" if v else " unknown", va="center", fontsize=8)
+        top = max(gb + [0.001])
+        if capacity_bytes:
+            cap = capacity_bytes / 1e9
+            ax.axvline(cap, color="#e45756", linestyle="--", linewidth=1.2)
+            ax.text(cap, -0.6, f" capacity {cap:.1f} GB", color="#e45756", fontsize=8, va="bottom")
+            top = max(top, cap)
+        ax.set_yticks(y, labels)
+        ax.invert_yaxis()
+        ax.set_xlim(0, top * 1.25)
+        source = sorted({s for s in sources if s})
+        ax.set_xlabel("peak memory, GB" + (f" ({'; '.join(source)})" if source else ""))
+        return svg_data_uri(fig)

@@ -1,0 +1,306 @@
+"""The HTML report: session.json and Diagnoses → one self-contained page, rendered from jinja2 templates.
+
+Data flows one way: this module reads what the session wrote (session.json, trial folders, the patch) and
+the Diagnosis of each trace (`advisor.commands.analyze_file`); it formats figures, it never recomputes
+them. Everything taken from input is rendered with autoescape on and no `|safe` filter; charts are base64
+`data:` images, so nothing a trace or a folder name contains can become markup or script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from advisor.commands import analyze_file, diagnosis_to_dict
+from advisor.diagnosis import ROLES, Diagnosis
+from advisor.errors import AdvisorError
+from advisor.report import charts
+from advisor.report.hotspots import Hotspot, hotspots
+from advisor.terminal import ROLE_LABELS, device_line, trace_label
+from advisor.trace import load_trace, trace_files
+
+SESSION_SCHEMA = "advisor.session/"
+# Every field a template reads, so that an older or partial session.json renders with "n/a" instead of
+# failing (the templates run with StrictUndefined to catch their own mistakes).
+SESSION_FIELDS = ("target", "script", "command", "options", "status", "device", "user_values", "baseline", "best",
+                  "final_knobs", "trials", "recommendations", "notes", "patch", "speedup")
+ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
+              "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
+              "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "noise")
+TEMPLATE_FILES = ("base.html.j2", "session.html.j2", "traces.html.j2", "_diagnosis.html.j2",
+                  "_recommendation.html.j2")
+
+
+def templates_dir() -> Path:
+    """Where the jinja2 templates are: beside the package in a wheel, at the top of the checkout otherwise.
+
+    The wheel maps the top-level `templates/` folder to `advisor/templates/` (pyproject package-dir); a
+    checkout or editable install reads the folder where it is.
+    """
+    here = Path(__file__).resolve()
+    for candidate in (here.parent.parent / "templates", here.parents[2] / "templates"):
+        if (candidate / "base.html.j2").is_file():
+            return candidate
+    raise AdvisorError(f"report templates not found beside {here.parent.parent} (is the package installed?)")
+
+
+def environment() -> jinja2.Environment:
+    """The jinja2 environment: autoescape always on, undefined names are errors, figure filters."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        autoescape=True,  # every template, whatever its suffix
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain)
+    return env
+
+
+# ---- figure formatting (text only; the numbers come from session.json and Diagnosis) ----
+
+def pct(x: float | None) -> str:
+    """0.123 → '12.3%'."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def ms(x: float | None) -> str:
+    """Milliseconds with two decimals."""
+    return "n/a" if x is None else f"{x:.2f} ms"
+
+
+def seconds_ms(x: float | None) -> str:
+    """Seconds shown as milliseconds."""
+    return "n/a" if x is None else f"{1000 * x:.1f} ms"
+
+
+def gb(x: float | None) -> str:
+    """Bytes as GB."""
+    return "n/a" if x is None else f"{x / 1e9:.2f} GB"
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    """A plain number, or n/a."""
+    return "n/a" if x is None else f"{x:,.{digits}f}"
+
+
+def gain(x: float | None) -> str:
+    """A share of step time saved, signed: '+12.0%'."""
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+# ---- one trace: its diagnosis, formatted ----
+
+@dataclass(frozen=True)
+class TraceView:
+    """What the templates show of one trace: its Diagnosis, JSON form, hotspots and formatted figures."""
+
+    label: str
+    short: str  # for charts and the verdict: 'image_classifier/00-baseline' or the file name
+    file: str
+    device: str
+    diagnosis: Diagnosis
+    figures: dict  # diagnosis_to_dict(diagnosis)
+    figure_rows: tuple[tuple[str, str], ...]
+    breakdown_rows: tuple[tuple[str, str, str], ...]
+    kernels: tuple[Hotspot, ...]
+    operators: tuple[Hotspot, ...]
+
+
+def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
+    """Key figures as (label, value) rows, in the order the terminal shows them."""
+    rows = [("Steps", f"{f['steps']['count']}, mean {ms(f['steps']['mean_ms'])}, "
+                      f"median {ms(f['steps']['median_ms'])}"),
+            ("DataLoader share of step", pct(f["dataloader_share"]))]
+    if d.platform == "gpu":
+        unit = "Matrix core" if d.device is not None and d.device.vendor == "amd" else "Tensor Core"
+        c = f["copies"]
+        rows += [("GPU utilization", pct(f["gpu_utilization"])),
+                 (f"{unit} share of kernel time", pct(f["tensor_core_share"])),
+                 ("Eligible matmul/conv time not on them", pct(f["eligible_share"])),
+                 ("Host-to-device copies per step",
+                  f"{c['count']:.0f}: pageable {ms(c['pageable_ms'])}, pinned {ms(c['pinned_ms'])}, "
+                  f"unspecified {ms(c['unknown_ms'])} ({pct(c['share'])} of the step)"),
+                 ("Synchronous copies per step", f"{c['synchronous']:.0f} (host waits {ms(c['sync_wait_ms'])})")]
+    else:
+        rows.append(("Matmul/conv operators share of step", pct(f["eligible_share"])))
+    for m in f["memory"]:
+        if m["peak_allocated"] is not None:
+            cap = f" of {gb(m['capacity'])}, {pct(m['headroom'])} free" if m["capacity"] else ""
+            rows.append((f"Peak memory {m['device']}", f"{gb(m['peak_allocated'])} allocated{cap}"))
+        elif m["growth"]:
+            rows.append((f"Memory growth {m['device']}", f"+{gb(m['growth'])} (no totals in the trace)"))
+    return tuple(rows)
+
+
+def trace_view(path: Path) -> TraceView:
+    """Diagnose one trace file (with its trial record, if any) and format it for the templates."""
+    d = analyze_file(path)
+    f = diagnosis_to_dict(d)
+    found = hotspots(load_trace(path), len(d.steps), d.step_time_us)
+    shares = d.breakdown_share
+    breakdown = tuple((ROLE_LABELS[r], ms(d.breakdown_us[r] / 1000), pct(shares[r]))
+                      for r in ROLES if d.breakdown_us[r] > 0)
+    short = Path(d.source).name
+    if d.trial:
+        short = f"{Path(str(d.trial.get('script') or '?')).stem}/{d.trial.get('name') or '?'}"
+    return TraceView(label=trace_label(d), short=short, file=Path(d.source).name, device=device_line(d), diagnosis=d,
+                     figures=f, figure_rows=figure_rows(d, f), breakdown_rows=breakdown,
+                     kernels=found["kernels"], operators=found["operators"])
+
+
+def breakdown_chart(views: list[tuple[str, TraceView | None]]) -> str:
+    """The stacked step-time breakdown of several traces (or trials), one bar each."""
+    labels = [label if v is not None else f"{label} (no trace)" for label, v in views]
+    data = [{} if v is None else {r: v.diagnosis.breakdown_us[r] / 1000 for r in ROLES} for _, v in views]
+    return charts.breakdown_chart(labels, data, ROLES, ROLE_LABELS)
+
+
+# ---- recorded traces ----
+
+def render_trace_report(path: Path) -> str:
+    """The report of a recorded trace file or a folder of traces: each one's diagnosis and advice."""
+    path = Path(path)
+    views = [trace_view(p) for p in trace_files(path)]
+    memory_rows = [(v.short, m) for v in views for m in v.figures["memory"]
+                   if m["device"] != "cpu" and m["peak_allocated"] is not None]
+    memory_chart = None
+    if memory_rows:
+        capacities = {m["capacity"] for _, m in memory_rows if m["capacity"]}
+        memory_chart = charts.memory_chart([f"{name} {m['device']}" for name, m in memory_rows],
+                                           [m["peak_allocated"] for _, m in memory_rows],
+                                           max(capacities) if len(capacities) == 1 else None,
+                                           ["profiler [memory] events, peak Total Allocated"])
+    return environment().get_template("traces.html.j2").render(
+        title=f"advisor report: {path.name}", path=str(path), views=views,
+        breakdown_chart=breakdown_chart([(v.short, v) for v in views]), memory_chart=memory_chart,
+        command=f"advisor report {path}",
+    )
+
+
+# ---- sessions ----
+
+def load_session(session_dir: Path) -> dict:
+    """session.json of a session folder, checked for its schema."""
+    path = Path(session_dir) / "session.json"
+    try:
+        session = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AdvisorError(f"{path}: no such file (not an advisor session folder)") from None
+    except (OSError, ValueError) as exc:
+        raise AdvisorError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(session, dict) or not str(session.get("schema", "")).startswith(SESSION_SCHEMA):
+        raise AdvisorError(f"{path}: not an advisor session record (no 'schema': 'advisor.session/...')")
+    session = {k: session.get(k) for k in SESSION_FIELDS} | session
+    rows = []
+    for i, row in enumerate(session["trials"] or []):
+        row = {k: row.get(k) for k in ROW_FIELDS} | row
+        row["index"] = i if row["index"] is None else row["index"]
+        row["name"] = row["name"] or f"trial {row['index']}"
+        rows.append(row)
+    session["trials"] = rows
+    return session
+
+
+def trial_traces(session_dir: Path, row: dict) -> list[Path]:
+    """The trace files of one trial row, as its trial.json lists them (or as found in its folder)."""
+    folder = Path(session_dir) / (row.get("folder") or f"trials/{row['name']}")
+    try:
+        listed = json.loads((folder / "trial.json").read_text()).get("trace_files") or []
+    except (OSError, ValueError):
+        listed = []
+    files = [folder / name for name in listed if (folder / name).is_file()]
+    return files or sorted(folder.glob("*.pt.trace.json*"))
+
+
+def flatten(facts: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested device facts as ('cpu.model', 'Intel ...') rows."""
+    rows = []
+    for key, value in facts.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            rows += flatten(value, name + ".")
+        elif isinstance(value, (list, tuple)):
+            rows.append((name, ", ".join(str(v) for v in value)))
+        elif isinstance(value, float) or (isinstance(value, int) and key.endswith(("bytes", "memory", "mem"))):
+            rows.append((name, gb(value) if key.endswith(("bytes", "memory", "mem")) else f"{value:g}"))
+        else:
+            rows.append((name, "n/a" if value is None else str(value)))
+    return rows
+
+
+def verdict(session: dict, rows: list[dict], baseline: TraceView | None) -> dict:
+    """The top of the page: what held the step back, what was changed, the speed-up."""
+    if baseline is not None and baseline.diagnosis.recommendations:
+        top = baseline.diagnosis.recommendations[0]
+        held_back = top.title
+        held_back_evidence = top.evidence[0] if top.evidence else ""
+    elif baseline is not None:
+        d = baseline.diagnosis
+        role = max(ROLES, key=lambda r: d.breakdown_us[r])
+        held_back = f"{ROLE_LABELS[role]} take most of the step ({pct(d.breakdown_share[role])})"
+        held_back_evidence = "the baseline trace supports no recommendation"
+    else:
+        held_back, held_back_evidence = "unknown: the baseline trial has no trace", ""
+    kept = [r for r in rows if r.get("decision") == "kept"]
+    return {"held_back": held_back, "held_back_evidence": held_back_evidence,
+            "changes": [r["change"] or r["name"] for r in kept], "speedup": session.get("speedup"),
+            "best": session.get("best"), "status": session["status"] or "unknown"}
+
+
+def render_session_report(session_dir: Path) -> str:
+    """The report of an optimization session folder (session.json, trials, suggested.patch)."""
+    session_dir = Path(session_dir)
+    session = load_session(session_dir)
+    rows = session["trials"]
+    views: dict[str, TraceView | None] = {}
+    for row in rows:
+        files = trial_traces(session_dir, row)
+        views[row["name"]] = trace_view(files[0]) if files else None
+    labels = [r["name"] for r in rows]
+    baseline = views.get(session.get("baseline") or (labels[0] if labels else ""))
+    patch = None
+    if session.get("patch") and (session_dir / session["patch"]).is_file():
+        patch = (session_dir / session["patch"]).read_text(errors="replace")
+    capacity = next((r.get("capacity_bytes") for r in rows if r.get("capacity_bytes")), None)
+    chart = {}
+    if rows:
+        chart = {
+            "throughput": charts.throughput_chart(labels, [r.get("samples_per_s") for r in rows],
+                                                  [r["decision"] or "?" for r in rows]),
+            "breakdown": breakdown_chart([(r["name"], views[r["name"]]) for r in rows]),
+            "memory": charts.memory_chart(labels, [r.get("peak_memory_bytes") for r in rows], capacity,
+                                          [r.get("peak_memory_source") or "" for r in rows]),
+        }
+    return environment().get_template("session.html.j2").render(
+        title=f"advisor report: {session['target'] or session_dir.name}",
+        session=session, rows=rows, ladder=[r for r in rows if r.get("decision") in ("baseline", "kept")],
+        views=views, verdict=verdict(session, rows, baseline), chart=chart, capacity=capacity,
+        recommendations=session.get("recommendations") or [], patch=patch,
+        device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},
+        command=session.get("command") or "",
+    )
+
+
+def write_report(target: Path, out: Path) -> Path:
+    """Write the report of a session folder (if it has session.json) or of trace(s) to `out`, atomically."""
+    target, out = Path(target), Path(out)
+    is_session = target.is_dir() and (target / "session.json").is_file()
+    text = render_session_report(target) if is_session else render_trace_report(target)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A reader (a browser, the session rewriting its report) never sees half a page.
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be shared
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
