@@ -187,7 +187,12 @@ def gpu_facts() -> dict[str, Any]:
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            # NVML numbers devices ignoring CUDA_VISIBLE_DEVICES; the PCI bus id names the same GPU.
+            try:
+                bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+                handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+            except (AttributeError, pynvml.NVMLError):  # older torch has no PCI ids
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             facts["nvml"] = {
                 "name": _text(pynvml.nvmlDeviceGetName(handle)),
