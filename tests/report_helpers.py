@@ -136,10 +136,12 @@ def rewrite_trace_names(src: Path, dst: Path, payloads: tuple[str, ...]) -> Path
     """A copy of a real trace with every kernel and operator name (and device name) carrying `payloads`."""
     with gzip.open(src, "rt") as f:
         doc = json.load(f)
-    for i, e in enumerate(doc["traceEvents"]):
+    rewritten = 0
+    for e in doc["traceEvents"]:
         cat = str(e.get("cat", "")).lower()
         if cat in ("kernel", "cpu_op", "operator") and "name" in e:
-            e["name"] = f"{payloads[i % len(payloads)]}{e['name']}"
+            e["name"] = f"{payloads[rewritten % len(payloads)]}{e['name']}"  # each payload on every kind
+            rewritten += 1
     for dev in doc.get("deviceProperties") or []:
         dev["name"] = f"{payloads[-1]}{dev.get('name', '')}"
     with gzip.open(dst, "wt") as f:

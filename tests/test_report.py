@@ -1,0 +1,339 @@
+"""The HTML report and TensorBoard runs, on real trial folders and traces, in a real browser and server.
+
+Sessions are built from the recorded baseline trials of sample_runs/ (tests/report_helpers.py); the
+report is opened in headless Chromium (Debian's `chromium`), and TensorBoard runs are read back through a
+real `tensorboard` server's HTTP API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from advisor.errors import AdvisorError
+from advisor.report import render_session_report, render_trace_report, write_report, write_tensorboard
+from report_helpers import (IMAGE_BASELINE, REPO, SHARED_TRACES, TrialSpec, build_session, chromium,
+                            free_port, recorded_session, rewrite_trace_names, run_chromium, ten_trial_specs)
+
+XSS = "<script>alert(1)</script>"
+HTML = "<b>html</b>"
+PATCH = """--- a/examples/image_classifier.py
++++ b/examples/image_classifier.py
+@@ -1,2 +1,2 @@
+-loader = DataLoader(data, batch_size=32)
++loader = DataLoader(data, batch_size=64, num_workers=2)  # <b>html</b> stays text
+"""
+
+
+@pytest.fixture(scope="session")
+def browser() -> str:
+    """The chromium executable; the browser tests skip (with the reason) only when it is not installed."""
+    exe = chromium()
+    if exe is None:
+        pytest.skip("chromium is not installed (apt-get install chromium): the browser checks need it")
+    return exe
+
+
+@pytest.fixture
+def session_dir(tmp_path: Path) -> Path:
+    """A session folder: a recorded one from sample_runs/ when present, else one built from real trials."""
+    recorded = recorded_session()
+    if recorded is not None:
+        return Path(shutil.copytree(recorded, tmp_path / "session"))
+    return build_session(tmp_path / "session", patch=PATCH)
+
+
+class Elements(HTMLParser):
+    """Start tags (with attributes) and text of an HTML document, as a browser's DOM dump gives them."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def count(self, tag: str) -> int:
+        """How many elements of this tag the document has."""
+        return sum(1 for t, _ in self.tags if t == tag)
+
+    def all_text(self) -> str:
+        """The document's text, entities decoded."""
+        return "".join(self.text)
+
+
+def dump_dom(html_file: Path) -> str:
+    """The DOM that Chromium built for a file, serialized after the load event."""
+    done = run_chromium("--dump-dom", html_file.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def chart_svgs(html: str) -> list[bytes]:
+    """The SVG documents embedded as base64 data: images."""
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', html)]
+
+
+# ---- session report in the browser ----
+
+def test_session_report_in_chromium(browser, session_dir: Path, tmp_path: Path):
+    """The ladder table and the charts are in the page Chromium renders, and its screenshot is not blank."""
+    out = write_report(session_dir, session_dir / "report.html")
+    session = json.loads((session_dir / "session.json").read_text())
+    html = out.read_text()
+    assert "<script" not in html and "http://" not in html and "https://" not in html  # self-contained, inert
+
+    dom = Elements(dump_dom(out))
+    ladder_rows = [r for r in session["trials"] if r["decision"] in ("baseline", "kept")]
+    assert ("table", {"id": "ladder", "class": "ladder"}) in dom.tags
+    ladder_html = html.split('id="ladder"', 1)[1].split("</table>", 1)[0]
+    assert ladder_html.count("<tr>") == 1 + len(ladder_rows)  # header + baseline + kept changes
+    for row in ladder_rows:
+        assert row["name"] in ladder_html and f"×{row['speedup']:.2f}" in ladder_html
+    charts = [a for t, a in dom.tags if t == "img" and a.get("src", "").startswith("data:image/svg+xml;base64,")]
+    assert {a.get("id") for a in charts} >= {"chart-throughput", "chart-breakdown", "chart-memory"}
+    for svg in chart_svgs(html):
+        assert svg.lstrip().startswith(b"<?xml") and b"<svg" in svg and b"<text" in svg  # text kept as text
+    text = dom.all_text()
+    assert "What held the step back" in text and session["command"] in text
+    assert f"×{session['speedup']:.2f}" in text
+    if session.get("patch"):
+        assert (session_dir / session["patch"]).read_text().strip() in text  # the patch, as text
+        assert dom.count("b") == 0  # its "<b>html</b>" did not become an element
+    device_table = html.split('id="device"', 1)[1].split("</table>", 1)[0]
+    assert device_table.count("<tr>") >= 3 and "no device facts" not in device_table
+
+    shot = tmp_path / "report.png"
+    done = run_chromium(f"--screenshot={shot}", "--window-size=1280,2000", out.as_uri())
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    with Image.open(shot) as img:
+        rgb = img.convert("RGB")
+        assert rgb.size == (1280, 2000)
+        colors = rgb.getcolors(maxcolors=1 << 20)
+        not_white = sum(n for n, c in colors if c != (255, 255, 255))
+    assert len(colors) > 200, f"only {len(colors)} colours: the screenshot looks blank"
+    assert not_white > 0.3 * 1280 * 2000
+
+
+def test_session_report_is_deterministic_and_reads_only_the_folder(session_dir: Path):
+    """The same session folder gives the same bytes (stable chart ids, no timestamps)."""
+    assert render_session_report(session_dir) == render_session_report(session_dir)
+
+
+# ---- escaping ----
+
+def test_trace_names_render_as_text(browser, tmp_path: Path):
+    """Kernel, operator and device names with <script> and HTML are shown as text, in the page and charts."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    cpu_source = next(IMAGE_BASELINE.glob("*.pt.trace.json.gz"))
+    rewrite_trace_names(cpu_source, folder / "evil-cpu.pt.trace.json.gz", (XSS, HTML))
+    gpu_source = SHARED_TRACES / "mi250-rocm-minitoy.pt.trace.json.gz"  # kernels and a device name
+    gpu = gpu_source.exists() and rewrite_trace_names(gpu_source, folder / "evil-gpu.pt.trace.json.gz", (XSS, HTML))
+    out = write_report(tmp_path / "traces", tmp_path / "report.html")
+    html = out.read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;html&lt;/b&gt;" in html
+    assert "<script" not in html and HTML not in html
+
+    dom = Elements(dump_dom(out))
+    assert dom.count("script") == 0 and dom.count("b") == 0  # nothing injected into the rendered page
+    text = dom.all_text()
+    assert XSS + "aten::" in text or HTML + "aten::" in text  # operator names, as text
+    if gpu:
+        assert re.search(re.escape(XSS) + r"|" + re.escape(HTML), text)
+        assert "Device: " + HTML in text or "Device: " + XSS in text  # device name from the trace
+
+
+def test_session_names_render_as_text(browser, tmp_path: Path):
+    """Trial names and changes from session.json: escaped in tables, escaped inside the chart SVG too."""
+    session_dir = build_session(tmp_path / "session", patch=PATCH)
+    path = session_dir / "session.json"
+    session = json.loads(path.read_text())
+    session["trials"][1]["name"] = XSS  # names are labels; the folder stays what it is
+    session["trials"][1]["change"] = HTML
+    path.write_text(json.dumps(session))
+    out = write_report(session_dir, session_dir / "report.html")
+    html = out.read_text()
+    assert "<script" not in html and HTML not in html and "&lt;script&gt;" in html
+    for svg in chart_svgs(html):
+        assert b"<script" not in svg and b"<b>" not in svg
+    assert any(b"&lt;script&gt;alert(1)&lt;/script&gt;" in svg for svg in chart_svgs(html))
+    dom = Elements(dump_dom(out))
+    assert dom.count("script") == 0 and dom.count("b") == 0
+    assert XSS in dom.all_text() and HTML in dom.all_text()
+
+
+# ---- size and speed ----
+
+LOAD_PROBE = ('<script>window.addEventListener("load", function () { void document.body.offsetHeight;'
+              ' document.documentElement.setAttribute("data-load-ms", String(performance.now())); });</script>')
+
+
+def test_ten_trial_report_is_small_and_renders_fast(browser, tmp_path: Path):
+    """A 10-trial session report: under 5 MB, loaded and laid out by Chromium in under 2 s."""
+    session_dir = build_session(tmp_path / "session", ten_trial_specs(), patch=PATCH)
+    out = write_report(session_dir, session_dir / "report.html")
+    size = out.stat().st_size
+    assert size < 5_000_000, f"{size} bytes"
+    assert len(chart_svgs(out.read_text())) == 3
+    # A copy with a probe that records, at the load event after a forced layout, the time since navigation.
+    probe = tmp_path / "probe.html"
+    probe.write_text(out.read_text().replace("</body>", LOAD_PROBE + "</body>"))
+    empty = tmp_path / "empty.html"
+    empty.write_text("<!DOCTYPE html><html><body>" + LOAD_PROBE + "</body></html>")
+    t0 = time.perf_counter()
+    dom = dump_dom(probe)
+    wall_report = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dump_dom(empty)
+    wall_empty = time.perf_counter() - t0
+    load_ms = float(re.search(r'data-load-ms="([0-9.]+)"', dom).group(1))
+    print(f"10-trial report: {size / 1e6:.2f} MB, load {load_ms:.0f} ms in page; chromium wall "
+          f"{wall_report:.2f} s vs {wall_empty:.2f} s for an empty page")
+    assert load_ms < 2000
+    assert "10 trial(s)" in Elements(dom).all_text()
+
+
+# ---- recorded traces, inputs, CLI ----
+
+def test_trace_report_of_a_folder_has_a_section_per_trace():
+    """`advisor report sample_runs`: each trace's diagnosis and its recommendations."""
+    html = render_trace_report(REPO / "sample_runs")
+    assert html.count("<h2>char_transformer.py, trial 00-baseline") == 1
+    assert html.count("<h2>image_classifier.py, trial 00-baseline") == 1
+    assert "Load data in parallel: raise DataLoader num_workers" in html
+    assert "Autocast matmuls and convolutions to bf16 (CPU AMP)" in html
+    assert "enumerate(DataLoader)#" in html  # the heaviest operator of the loader-bound example
+
+
+def test_write_report_picks_session_or_traces_and_names_bad_input(tmp_path: Path):
+    """A folder with session.json is a session; a bad session.json is one error naming the file."""
+    session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
+    assert 'id="ladder"' in write_report(session_dir, tmp_path / "a.html").read_text()
+    trace_only = write_report(session_dir / "trials", tmp_path / "b.html").read_text()
+    assert 'id="ladder"' not in trace_only and "image_classifier.py, trial 00-baseline" in trace_only
+    (session_dir / "session.json").write_text('{"schema": "something/else"}')
+    with pytest.raises(AdvisorError, match="session.json: not an advisor session record"):
+        render_session_report(session_dir)
+
+
+def test_cli_report_writes_html_and_tensorboard(tmp_path: Path):
+    """`advisor report DIR --tensorboard` and `advisor report TRACE -o FILE`; a bad path is one line, exit 2."""
+    session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "advisor.cli", "report", *a], capture_output=True,
+                                    text=True, timeout=120, env=env, cwd=tmp_path)
+    done = run(str(session_dir), "--tensorboard")
+    assert done.returncode == 0, done.stderr
+    assert (session_dir / "report.html").is_file()
+    assert len(list((session_dir / "trials" / "00-baseline").glob("events.out.tfevents.*"))) == 1
+    trace = next(IMAGE_BASELINE.glob("*.pt.trace.json.gz"))
+    done = run(str(trace), "-o", str(tmp_path / "trace.html"))
+    assert done.returncode == 0 and (tmp_path / "trace.html").stat().st_size > 10_000, done.stderr
+    done = run(str(tmp_path / "missing"))
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and "missing" in done.stderr
+
+
+def test_wheel_ships_the_templates(tmp_path: Path):
+    """Built as a wheel and installed elsewhere, the package finds its templates and renders a report."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "advisor", src / "advisor", ignore=ignore)
+    shutil.copytree(REPO / "templates", src / "templates", ignore=ignore)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "dist")],
+                   check=True, capture_output=True, timeout=120)
+    wheel = next((tmp_path / "dist").glob("advisor-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True,
+                   capture_output=True, timeout=120)
+    # -S: no site processing, so the editable install of the checkout is not on the path; the installed
+    # wheel comes first, the venv's site-packages only provides the dependencies.
+    import sysconfig
+
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{sysconfig.get_paths()['purelib']}")
+    code = ("import sys, advisor.report.html as h; from pathlib import Path;"
+            "print(h.templates_dir()); print(len(h.render_trace_report(Path(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(next(IMAGE_BASELINE.glob("*.gz")))],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    templates, size = done.stdout.split()
+    assert Path(templates) == tmp_path / "site" / "advisor" / "templates" and int(size) > 10_000
+
+
+# ---- TensorBoard ----
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_server_shows_one_run_per_trial(tmp_path: Path):
+    """A real tensorboard server over DIR/trials: one run per trial, each with its scalars at its index."""
+    tensorboard = Path(sys.executable).parent / "tensorboard"
+    if not tensorboard.exists():
+        pytest.skip(f"{tensorboard} is not installed")
+    session_dir = build_session(tmp_path / "session")
+    rows = json.loads((session_dir / "session.json").read_text())["trials"]
+    write_tensorboard(session_dir)
+    write_tensorboard(session_dir)  # re-running replaces the event files, it does not add to them
+    for row in rows:
+        assert len(list((session_dir / row["folder"]).glob("events.out.tfevents.*"))) == 1
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "tensorboard.log"
+    with open(log, "wb") as sink:  # a file, not a pipe: a chatty server can never block on a full pipe
+        server = subprocess.Popen([str(tensorboard), "--logdir", str(session_dir / "trials"), "--host",
+                                   "127.0.0.1", "--port", str(port), "--load_fast", "false"],
+                                  stdout=sink, stderr=sink, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 45
+        runs, tags = [], {}
+        while time.monotonic() < deadline:
+            assert server.poll() is None, log.read_text()[-2000:]
+            try:
+                runs = _get_json(f"{base}/data/runs")
+                tags = _get_json(f"{base}/data/plugin/scalars/tags")
+                if len(runs) == len(rows) and all(tags.get(r["name"]) for r in rows):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert sorted(runs) == sorted(r["name"] for r in rows)
+        for row in rows:
+            assert {"throughput/samples_per_s", "step_time/median_ms", "memory/peak_gb", "breakdown/dataloader",
+                    "breakdown/cpu_op"} <= set(tags[row["name"]])
+            query = urllib.parse.urlencode({"run": row["name"], "tag": "throughput/samples_per_s"})
+            points = _get_json(f"{base}/data/plugin/scalars/scalars?{query}")
+            assert [(step, round(value, 1)) for _wall, step, value in points] == [
+                (row["index"], round(row["samples_per_s"], 1))]
+        text_tags = _get_json(f"{base}/data/plugin/text/tags")
+        assert all(text_tags.get(r["name"]) for r in rows)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
