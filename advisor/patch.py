@@ -63,6 +63,9 @@ from advisor.knobs import DATALOADER_KNOBS, Knobs
 
 PATCH_NAME = "suggested.patch"
 DATALOADER_NAMES = ("DataLoader",)
+# Positions in DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+# pin_memory, ...); prefetch_factor and persistent_workers are keyword-only.
+DATALOADER_POSITIONS = {"batch_size": 1, "batch_sampler": 4, "num_workers": 5, "pin_memory": 7}
 DTYPE_NAMES = {
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8", "int16",
     "short", "int32", "int", "int64", "long", "bool", "complex64", "cfloat", "complex128", "cdouble",
@@ -502,11 +505,12 @@ class _LoaderRewrite(cst.CSTTransformer):
 
     def _knobs_into(self, call: cst.Call) -> cst.Call:
         """The call with the knobs' values (planning constant and argparse changes on the way)."""
-        if "batch_size" in self.changes and keyword_arg(call, "batch_sampler") is None:
-            call = self._set(call, "batch_size", self.changes["batch_size"], position=1)
+        sampler = _find_arg(call, "batch_sampler")
+        if "batch_size" in self.changes and (sampler is None or literal_value(sampler.value) == (True, None)):
+            call = self._set(call, "batch_size", self.changes["batch_size"])
         if "num_workers" in self.changes:
-            call = self._set(call, "num_workers", self.changes["num_workers"], position=2)
-        workers_arg = _find_arg(call, "num_workers", 2)
+            call = self._set(call, "num_workers", self.changes["num_workers"])
+        workers_arg = _find_arg(call, "num_workers")
         workers_node = workers_arg.value if workers_arg is not None else cst.Integer("0")
         workers = self._static_value(workers_node)  # None: known only at run time
         if "pin_memory" in self.changes:
@@ -545,9 +549,9 @@ class _LoaderRewrite(cst.CSTTransformer):
                 return value
         return None
 
-    def _set(self, call: cst.Call, name: str, value: Any, position: int | None = None) -> cst.Call:
+    def _set(self, call: cst.Call, name: str, value: Any) -> cst.Call:
         """Give the DataLoader argument `name` the value: in place, at its definition, or added."""
-        arg = _find_arg(call, name, position)
+        arg = _find_arg(call, name)
         if arg is None:
             return _put_keyword(call, name, literal_node(value))
         ok, current = literal_value(arg.value)
@@ -597,9 +601,10 @@ def _wrap_added(call: cst.Call, before: cst.Call, module: cst.Module, *, paren_c
     return call.with_changes(args=args)
 
 
-def _find_arg(call: cst.Call, name: str, position: int | None) -> cst.Arg | None:
+def _find_arg(call: cst.Call, name: str) -> cst.Arg | None:
     """The argument for DataLoader parameter `name`: by keyword, or at its position."""
     found = keyword_arg(call, name)
+    position = DATALOADER_POSITIONS.get(name)
     if found is not None or position is None:
         return found
     positional = [a for a in call.args if a.keyword is None]

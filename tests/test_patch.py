@@ -1,0 +1,495 @@
+"""suggested.patch: the final knobs as a unified diff that `patch -p1` and `git apply` accept.
+
+The examples are patched on copies in tmp_path; each diff is checked with the real tools, applied, and
+the result compiled. One test runs a patched example for real.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from advisor.errors import AdvisorError
+from advisor.knobs import Knobs
+from advisor.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+USER_VALUES = {"batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
+               "prefetch_factor": None}
+
+KNOB_SETS = {
+    "amp-bf16": Knobs(amp="bf16"),
+    "amp-fp16": Knobs(amp="fp16"),
+    "batch-size": Knobs(batch_size=64),
+    "num-workers": Knobs(num_workers=2),
+    "pin-memory": Knobs(pin_memory=True),
+    "persistent-workers": Knobs(num_workers=2, persistent_workers=True),
+    "prefetch-factor": Knobs(num_workers=2, prefetch_factor=4),
+    "non-blocking": Knobs(non_blocking=True),
+    "all": Knobs(amp="bf16", batch_size=64, num_workers=2, pin_memory=True, persistent_workers=True,
+                 prefetch_factor=4, non_blocking=True),
+}
+
+
+def copy_example(tmp_path: Path, name: str) -> Path:
+    """A copy of examples/<name> in tmp_path (the original is never touched)."""
+    path = tmp_path / name
+    shutil.copyfile(EXAMPLES / name, path)
+    return path
+
+
+def check_applies(root: Path, diff: str) -> None:
+    """`patch -p1 --dry-run` and `git apply --check` both accept the diff, run in root."""
+    assert diff.startswith("--- a/") and "\n+++ b/" in diff
+    (root / PATCH_NAME).write_text(diff)
+    dry = subprocess.run(["patch", "-p1", "--dry-run", "-i", PATCH_NAME], cwd=root, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    if not (root / ".git").exists():
+        subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    check = subprocess.run(["git", "apply", "--check", PATCH_NAME], cwd=root, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+def apply(root: Path, diff: str) -> None:
+    """Apply the diff for real with `patch -p1`."""
+    (root / PATCH_NAME).write_text(diff)
+    done = subprocess.run(["patch", "-p1", "-i", PATCH_NAME], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def patch_text(tmp_path: Path, source: str, knobs: Knobs, user_values: dict | None = None, target: str = "train_step",
+               **kwargs) -> tuple[str, str]:
+    """Patch a synthetic script: (diff, patched source); the diff is checked with patch and git apply."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source))
+    diff = suggest_patch(script, target, knobs, USER_VALUES if user_values is None else user_values, **kwargs)
+    after = patched_source(script.read_text(), target, knobs, USER_VALUES if user_values is None else user_values,
+                           accumulation_steps=kwargs.get("accumulation_steps"))
+    if diff:
+        check_applies(tmp_path, diff)
+    compile(after, "train.py", "exec")
+    return diff, after
+
+
+def function(tree: ast.Module, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def dataloader_keywords(tree: ast.AST) -> dict[str, str]:
+    """Keyword arguments (as source text) of the first DataLoader(...) call."""
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("DataLoader"))
+    return {k.arg: ast.unparse(k.value) for k in call.keywords}
+
+
+def argparse_default(tree: ast.AST, option: str) -> str:
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("add_argument")
+                and isinstance(n.args[0], ast.Constant) and n.args[0].value == option)
+    return next(ast.unparse(k.value) for k in call.keywords if k.arg == "default")
+
+
+# --------------------------------------------------------------------------------------------------
+# The real examples: every knob alone and all together apply cleanly and compile
+
+
+@pytest.mark.parametrize("example", ["image_classifier.py", "char_transformer.py"])
+@pytest.mark.parametrize("knobs_name", list(KNOB_SETS))
+def test_example_patch_applies_and_compiles(tmp_path, example, knobs_name):
+    script = copy_example(tmp_path, example)
+    original = script.read_text()
+    diff = suggest_patch(script, "train_step", KNOB_SETS[knobs_name], USER_VALUES)
+    assert diff, "every knob set changes something in the examples"
+    assert diff.splitlines()[:2] == [f"--- a/{example}", f"+++ b/{example}"]
+    check_applies(tmp_path, diff)
+    assert script.read_text() == original, "suggest_patch must not touch the script"
+    apply(tmp_path, diff)
+    compile(script.read_text(), example, "exec")
+
+
+def test_image_classifier_all_knobs(tmp_path):
+    script = copy_example(tmp_path, "image_classifier.py")
+    apply(tmp_path, suggest_patch(script, "train_step", KNOB_SETS["all"], USER_VALUES))
+    tree = ast.parse(script.read_text())
+    # The loader reads args.batch_size / args.num_workers: their argparse defaults change.
+    assert argparse_default(tree, "--batch-size") == "64"
+    assert argparse_default(tree, "--num-workers") == "2"
+    keywords = dataloader_keywords(tree)
+    assert keywords["batch_size"] == "args.batch_size" and keywords["num_workers"] == "args.num_workers"
+    assert keywords["pin_memory"] == "True"
+    # The worker count is a command-line value: the worker-only arguments follow it.
+    assert keywords["persistent_workers"] == "args.num_workers > 0"
+    assert keywords["prefetch_factor"] == "4 if args.num_workers > 0 else None"
+
+    step = function(tree, "train_step")
+    assert isinstance(step.body[0], ast.Expr) and isinstance(step.body[0].value, ast.Constant), "docstring first"
+    autocast = step.body[1]
+    assert isinstance(autocast, ast.With)
+    assert ast.unparse(autocast.items[0].context_expr) == (
+        "torch.autocast(device_type=device.type, dtype=torch.bfloat16)")
+    inside = [ast.unparse(s) for s in autocast.body]
+    assert any(s.startswith("loss = F.cross_entropy(") for s in inside), "the forward and loss are inside"
+    after = [ast.unparse(s) for s in step.body[2:]]
+    assert after[0] == "loss.backward()", "backward runs outside autocast"
+    assert "optimizer.step()" in after and after[-1] == "return loss.detach()"
+    assert not any("backward" in s for s in inside)
+
+
+def test_non_blocking_only_in_the_step(tmp_path):
+    script = copy_example(tmp_path, "image_classifier.py")
+    apply(tmp_path, suggest_patch(script, "train_step", Knobs(non_blocking=True), USER_VALUES))
+    tree = ast.parse(script.read_text())
+    step = function(tree, "train_step")
+    copies = [n for n in ast.walk(step) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(".to")]
+    assert len(copies) == 2
+    assert all(ast.unparse(c) .endswith("(device, non_blocking=True)") for c in copies)
+    elsewhere = [n for n in ast.walk(function(tree, "main")) if isinstance(n, ast.Call)]
+    assert not any(k.arg == "non_blocking" for c in elsewhere for k in c.keywords), "model.to(device) untouched"
+
+
+def test_char_transformer_loader_gets_literal_keywords(tmp_path):
+    script = copy_example(tmp_path, "char_transformer.py")
+    knobs = Knobs(num_workers=2, persistent_workers=True, prefetch_factor=4)
+    apply(tmp_path, suggest_patch(script, "train_step", knobs, USER_VALUES))
+    keywords = dataloader_keywords(ast.parse(script.read_text()))
+    # num_workers was not passed at all: it is added as a keyword, so the worker count is static.
+    assert keywords["num_workers"] == "2"
+    assert keywords["persistent_workers"] == "True" and keywords["prefetch_factor"] == "4"
+    assert max(len(line) for line in script.read_text().splitlines()) <= 120
+
+
+def test_fp16_on_example(tmp_path):
+    script = copy_example(tmp_path, "char_transformer.py")
+    apply(tmp_path, suggest_patch(script, "train_step", Knobs(amp="fp16"), USER_VALUES))
+    tree = ast.parse(script.read_text())
+    module_level = [ast.unparse(s) for s in tree.body]
+    assert "scaler = torch.amp.GradScaler('cuda')" in module_level
+    last_import = max(i for i, s in enumerate(tree.body) if isinstance(s, (ast.Import, ast.ImportFrom)))
+    assert module_level.index("scaler = torch.amp.GradScaler('cuda')") == last_import + 1
+    step = function(tree, "train_step")
+    assert ast.unparse(step.body[1].items[0].context_expr) == (
+        "torch.autocast(device_type='cuda', dtype=torch.float16)")
+    assert [ast.unparse(s) for s in step.body[2:]] == [
+        "scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()", "return loss.detach()"]
+
+
+def test_paths_relative_to_root(tmp_path):
+    (tmp_path / "examples").mkdir()
+    script = copy_example(tmp_path / "examples", "image_classifier.py")
+    diff = suggest_patch(script, "train_step", Knobs(batch_size=64), USER_VALUES, root=tmp_path)
+    assert diff.splitlines()[:2] == ["--- a/examples/image_classifier.py", "+++ b/examples/image_classifier.py"]
+    check_applies(tmp_path, diff)
+    with pytest.raises(AdvisorError, match="not inside"):
+        suggest_patch(script, "train_step", Knobs(batch_size=64), USER_VALUES, root=tmp_path / "elsewhere")
+
+
+def test_write_patch(tmp_path):
+    script = copy_example(tmp_path, "image_classifier.py")
+    out = tmp_path / "run"
+    out.mkdir()
+    written = write_patch(script, "train_step", Knobs(num_workers=2), USER_VALUES, out)
+    assert written == out / PATCH_NAME and "+    parser.add_argument(\"--num-workers\"" in written.read_text()
+    assert write_patch(script, "train_step", Knobs(num_workers=0), USER_VALUES, out / "x") is None
+
+
+@pytest.mark.slow
+def test_patched_example_runs(tmp_path):
+    """batch 64, 2 workers, bf16 autocast written into the example; the patched script trains for real."""
+    script = copy_example(tmp_path, "image_classifier.py")
+    (tmp_path / "data").symlink_to(EXAMPLES / "data")  # the generated images, so nothing is regenerated
+    apply(tmp_path, suggest_patch(script, "train_step", Knobs(amp="bf16", batch_size=64, num_workers=2),
+                                  USER_VALUES))
+    run = subprocess.run([sys.executable, str(script), "--epochs", "1"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # 384 images at batch 64 (drop_last) is 6 steps: the example prints steps 0 and 4, never 8.
+    assert "epoch 0 step 4 loss" in run.stdout and "step 8" not in run.stdout, run.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic scripts
+
+
+LOADER_SCRIPT = """\
+    import torch
+    from torch.utils.data import DataLoader
+
+    BATCH = 32
+
+
+    def train_step(model, optimizer, x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+
+    def main(dataset):
+        loader = DataLoader(dataset, {batch}, shuffle=True)
+"""
+
+
+def test_positional_batch_size(tmp_path):
+    diff, after = patch_text(tmp_path, LOADER_SCRIPT.format(batch="32"), Knobs(batch_size=64))
+    assert "-    loader = DataLoader(dataset, 32, shuffle=True)" in diff
+    assert "+    loader = DataLoader(dataset, 64, shuffle=True)" in diff
+
+
+def test_batch_size_module_constant(tmp_path):
+    diff, after = patch_text(tmp_path, LOADER_SCRIPT.format(batch="batch_size=BATCH"), Knobs(batch_size=64))
+    assert "-BATCH = 32\n+BATCH = 64\n" in diff
+    assert "DataLoader(dataset, batch_size=BATCH, shuffle=True)" in after
+    assert diff.count("\n+") == 2  # the header and the one line
+
+
+def test_batch_size_name_falls_back_to_literal_with_comment(tmp_path):
+    # The constant says 32 but the trial saw 16 (set elsewhere): the literal says what was measured.
+    diff, after = patch_text(tmp_path, LOADER_SCRIPT.format(batch="batch_size=BATCH"), Knobs(batch_size=64),
+                             dict(USER_VALUES, batch_size=16))
+    assert "DataLoader(dataset, batch_size=64, shuffle=True)  # advisor: was batch_size=BATCH" in after
+    assert "BATCH = 32" in after
+    source = LOADER_SCRIPT.format(batch="batch_size=size").replace("def main(dataset):", "def main(dataset, size):")
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=64))
+    assert "batch_size=64, shuffle=True)  # advisor: was batch_size=size" in after
+
+
+def test_argparse_default(tmp_path):
+    source = """\
+        import argparse
+        import torch
+        from torch import utils
+
+
+        def train_step(model, batch):
+            return model(batch).sum()
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument("-b", "--batch-size", type=int, default=32, help="per step")
+            parser.add_argument("--workers", dest="loader_workers", type=int, default=0)
+            opts = parser.parse_args()
+            loader = utils.data.DataLoader(
+                range(100),
+                batch_size=opts.batch_size,
+                num_workers=opts.loader_workers,
+            )
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=128, num_workers=4, persistent_workers=True))
+    tree = ast.parse(after)
+    assert argparse_default(tree, "-b") == "128"
+    assert 'parser.add_argument("--workers", dest="loader_workers", type=int, default=4)' in after
+    # A trailing-comma call keeps one argument per line.
+    assert "        num_workers=opts.loader_workers,\n        persistent_workers=opts.loader_workers > 0,\n    )" in after
+
+
+def test_fp16_grad_scaler_rewrite(tmp_path):
+    source = '''\
+        import torch
+        import torch.nn as nn
+
+        model = nn.Linear(4, 1).cuda()
+        opt = torch.optim.Adam(model.parameters())
+        sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+
+
+        def train_step(x, y):
+            """One step."""
+            x = x.cuda()
+            out = model(x)
+            loss = ((out - y.cuda()) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss
+    '''
+    diff, after = patch_text(tmp_path, source, Knobs(amp="fp16"))
+    assert 'import torch.nn as nn\n\nscaler = torch.amp.GradScaler("cuda")\n\nmodel = ' in after
+    assert textwrap.dedent('''\
+        def train_step(x, y):
+            """One step."""
+            with torch.autocast(device_type="cuda", dtype=torch.float16):
+                x = x.cuda()
+                out = model(x)
+                loss = ((out - y.cuda()) ** 2).mean()
+                opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            return loss
+    ''') in after
+
+
+def test_fp16_without_optimizer_step_leaves_backward_unscaled(tmp_path):
+    # The step is outside the target: scaled gradients would reach an unscaled optimizer.step.
+    source = """\
+        import torch
+
+
+        def train_step(model, x):
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(amp="fp16"))
+    assert "GradScaler" not in after and "    loss.backward()" in after
+    assert 'with torch.autocast(device_type="cuda", dtype=torch.float16):\n        loss = model(x).sum()' in after
+
+
+def test_class_method_target(tmp_path):
+    source = """\
+        import torch
+
+
+        def step(batch):
+            return batch.to("cuda")
+
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model.to("cuda")
+                self.device = torch.device("cuda")
+
+            def step(self, batch):
+                batch = batch.to(self.device)
+                self.model.to(self.device)
+                loss = self.model(batch).float().to(torch.float16).sum()
+                loss.backward()
+                return loss
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(amp="bf16", non_blocking=True), target="Trainer.step")
+    assert 'def step(batch):\n    return batch.to("cuda")\n' in after, "the function of the same name is untouched"
+    assert textwrap.indent(textwrap.dedent("""\
+        def step(self, batch):
+            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                batch = batch.to(self.device, non_blocking=True)
+                self.model.to(self.device)
+                loss = self.model(batch).float().to(torch.float16).sum()
+            loss.backward()
+            return loss
+    """), "    ") in after
+
+
+def test_target_not_found(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("def step():\n    pass\n\n\nclass A:\n    def run(self):\n        pass\n")
+    with pytest.raises(AdvisorError, match=r"train\.py: cannot patch: no function 'train_step' is defined "
+                                           r"\(functions found: A\.run, step\)"):
+        suggest_patch(script, "train_step", Knobs(amp="bf16"), USER_VALUES)
+    with pytest.raises(AdvisorError, match="cannot patch: no function 'B.run'"):
+        suggest_patch(script, "B.run", Knobs(amp="bf16"), USER_VALUES)
+
+
+def test_no_change_gives_empty_diff(tmp_path):
+    source = LOADER_SCRIPT.format(batch="batch_size=32")
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=32, num_workers=0, pin_memory=False))
+    assert diff == "" and after == textwrap.dedent(source)
+    # persistent_workers=True without workers is not valid DataLoader input: nothing to write.
+    diff, _ = patch_text(tmp_path, source, Knobs(persistent_workers=True, prefetch_factor=4))
+    assert diff == ""
+    diff, _ = patch_text(tmp_path, source, Knobs())
+    assert diff == ""
+
+
+def test_fewer_workers_drops_worker_only_arguments(tmp_path):
+    source = LOADER_SCRIPT.format(batch="32, num_workers=4, persistent_workers=True, prefetch_factor=8")
+    diff, after = patch_text(tmp_path, source, Knobs(num_workers=0),
+                             dict(USER_VALUES, num_workers=4, persistent_workers=True, prefetch_factor=8))
+    assert "loader = DataLoader(dataset, 32, num_workers=0, shuffle=True)" in after
+
+
+def test_dataloader_positions(tmp_path):
+    # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory)
+    source = LOADER_SCRIPT.format(batch="16, True, None, None, 0, None, False").replace(", shuffle=True", "")
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=64, num_workers=3, pin_memory=True))
+    assert "DataLoader(dataset, 64, True, None, None, 3, None, True)" in after
+    source = LOADER_SCRIPT.format(batch="batch_sampler=sampler")
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=64))
+    assert diff == "", "a batch_sampler decides the batch: batch_size does not apply"
+
+
+def test_non_blocking_skips_dtype_and_module_copies(tmp_path):
+    source = """\
+        import torch
+
+        DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+        def train_step(net, x, y, mask):
+            net.to(DEVICE)
+            x = x.to(DEVICE).to(torch.bfloat16)
+            y = y.to(device=DEVICE, dtype=torch.long)
+            mask = mask.cuda(0)
+            z = x.to(y)
+            w = x.to(DEVICE, torch.float16, True)
+            return net(x, y, mask, z, w).sum()
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(non_blocking=True, amp="bf16"))
+    assert "net.to(DEVICE)\n" in after
+    assert "x = x.to(DEVICE, non_blocking=True).to(torch.bfloat16)" in after
+    assert "y = y.to(device=DEVICE, dtype=torch.long, non_blocking=True)" in after
+    assert "mask = mask.cuda(0, non_blocking=True)" in after
+    assert "z = x.to(y, non_blocking=True)" in after
+    assert "w = x.to(DEVICE, torch.float16, True)" in after
+    # No backward: the whole body is under autocast; the module's device string gives the device type.
+    assert "with torch.autocast(device_type=torch.device(DEVICE).type, dtype=torch.bfloat16):\n        net.to" in after
+
+
+def test_gradient_accumulation_shape_and_behaviour(tmp_path):
+    source = """\
+        LOG = []
+
+
+        class Loss:
+            def __init__(self, value):
+                self.value = value
+
+            def __truediv__(self, n):
+                return Loss(self.value / n)
+
+            def backward(self):
+                LOG.append(("backward", self.value))
+
+
+        class Optimizer:
+            def zero_grad(self):
+                LOG.append("zero_grad")
+
+            def step(self):
+                LOG.append("step")
+
+
+        def train_step(optimizer, value):
+            # the forward
+            loss = Loss(value)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(), accumulation_steps=2)
+    assert "ACCUMULATION_STEPS = 2" in after and "(loss / ACCUMULATION_STEPS).backward()" in after
+    namespace: dict = {}
+    exec(compile(after, "train.py", "exec"), namespace)
+    optimizer = namespace["Optimizer"]()
+    returned = [namespace["train_step"](optimizer, v).value for v in (2.0, 4.0, 6.0, 8.0)]
+    assert returned == [2.0, 4.0, 6.0, 8.0], "the returned loss is the user's, not the divided one"
+    assert namespace["LOG"] == [
+        "zero_grad", ("backward", 1.0), ("backward", 2.0), "step",
+        "zero_grad", ("backward", 3.0), ("backward", 4.0), "step",
+    ]
+
+
+def test_file_without_final_newline(tmp_path):
+    source = LOADER_SCRIPT.format(batch="32").rstrip("\n")
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=8))
+    assert diff.endswith("\n\\ No newline at end of file\n")
+    assert after.endswith("shuffle=True)")
