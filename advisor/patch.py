@@ -227,7 +227,9 @@ def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
 def is_optimizer_constructor(call: cst.Call, optim_imports: set[str]) -> bool:
     """`torch.optim.X(...)`, `optim.X(...)` or `X(...)` with X imported from torch.optim."""
     name = dotted(call.func) or ""
-    return name.startswith(("torch.optim.", "optim.")) and ".lr_scheduler." not in name or name in optim_imports
+    if "lr_scheduler" in name:
+        return False
+    return name.startswith(("torch.optim.", "optim.")) or name in optim_imports
 
 
 @dataclass
@@ -510,8 +512,7 @@ class _LoaderRewrite(cst.CSTTransformer):
             call = self._set(call, "batch_size", self.changes["batch_size"])
         if "num_workers" in self.changes:
             call = self._set(call, "num_workers", self.changes["num_workers"])
-        workers_arg = _find_arg(call, "num_workers")
-        workers_node = workers_arg.value if workers_arg is not None else cst.Integer("0")
+        workers_node = self._workers(call)
         workers = self._static_value(workers_node)  # None: known only at run time
         if "pin_memory" in self.changes:
             call = self._set(call, "pin_memory", self.changes["pin_memory"])
@@ -535,6 +536,23 @@ class _LoaderRewrite(cst.CSTTransformer):
             else:
                 call = self._set(call, "prefetch_factor", value)
         return call
+
+    def _workers(self, call: cst.Call) -> cst.BaseExpression:
+        """The expression that gives the call's worker count."""
+        found = _find_arg(call, "num_workers")
+        if found is not None:
+            return found.value
+        mapping = _double_star(call)
+        if mapping is None:
+            return cst.Integer("0")
+        if "num_workers" in self.changes:
+            return literal_node(self.changes["num_workers"])
+        # `DataLoader(..., **options)`: the count is in the user's mapping, or the default 0.
+        options = mapping.value
+        if isinstance(options, cst.Dict) and options.elements and isinstance(options.elements[0], cst.StarredDictElement):
+            options = options.elements[0].value  # already merged into `{**options, ...}` above
+        return cst.parse_expression('x.get("num_workers", 0)').with_changes(
+            func=cst.Attribute(value=options, attr=cst.Name("get")))
 
     def _static_value(self, node: cst.BaseExpression) -> Any:
         """The value an argument has whatever the command line: a literal or a module constant."""
@@ -635,11 +653,25 @@ def _drop_keywords(call: cst.Call, names: tuple[str, ...]) -> cst.Call:
     return call.with_changes(args=kept)
 
 
+def _double_star(call: cst.Call) -> cst.Arg | None:
+    """The last `**mapping` argument of a call, if any."""
+    return next((a for a in reversed(call.args) if a.star == "**"), None)
+
+
 def _put_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
     """Set `name=value`: replace an existing keyword, or append it after the last argument."""
     existing = keyword_arg(call, name)
     if existing is not None:
         return _replace_arg(call, existing, value)
+    mapping = _double_star(call)
+    if mapping is not None:
+        # The mapping may hold `name` already: a keyword beside it could be passed twice. Merging
+        # (`**{**options, "name": value}`) is right either way.
+        merged = cst.Dict([cst.StarredDictElement(mapping.value), cst.DictElement(cst.SimpleString(f'"{name}"'), value)])
+        if isinstance(mapping.value, cst.Dict) and mapping.value.elements and isinstance(
+                mapping.value.elements[0], cst.StarredDictElement):
+            merged = mapping.value.with_changes(elements=[*mapping.value.elements, merged.elements[1]])
+        return _replace_arg(call, mapping, merged)
     new = cst.Arg(value=value, keyword=cst.Name(name), equal=TIGHT_EQUAL)
     args = list(call.args)
     if args and isinstance(args[-1].comma, cst.Comma):
@@ -823,7 +855,7 @@ class TargetRewrite(cst.CSTTransformer):
     def _device_type(self, params: dict[str, str], class_name: str | None) -> str:
         """The autocast device_type: from the script's device variable if obvious, else a literal."""
         for name, annotation in params.items():
-            if annotation.endswith("device") and annotation.split(".")[-1] == "device":
+            if annotation in ("torch.device", "device"):
                 return f"{name}.type"
         for name in params:
             if name in ("device", "dev"):
@@ -839,7 +871,8 @@ class TargetRewrite(cst.CSTTransformer):
         for name, kind in sorted(self.facts.module_devices.items()):
             if name not in params and kind == "str" and "device" in name.lower():
                 return f"torch.device({name}).type"
-        return '"cuda"' if self.facts.mentions_cuda else '"cpu"'
+        # The script uses CUDA somewhere but its device is not one obvious name: decide at run time.
+        return '"cuda" if torch.cuda.is_available() else "cpu"' if self.facts.mentions_cuda else '"cpu"'
 
 
 def _is_docstring(statement: cst.BaseStatement) -> bool:

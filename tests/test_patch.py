@@ -493,3 +493,23 @@ def test_file_without_final_newline(tmp_path):
     diff, after = patch_text(tmp_path, source, Knobs(batch_size=8))
     assert diff.endswith("\n\\ No newline at end of file\n")
     assert after.endswith("shuffle=True)")
+
+
+def test_dataloader_with_double_star_options(tmp_path):
+    source = LOADER_SCRIPT.format(batch="**options").replace("def main(dataset):", "def main(dataset, options):")
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=64, persistent_workers=True))
+    # The mapping may hold these already: merging never passes a keyword twice.
+    assert ('DataLoader(dataset, **{**options, "batch_size": 64, '
+            '"persistent_workers": options.get("num_workers", 0) > 0}, shuffle=True)') in after
+
+
+def test_crlf_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_bytes(textwrap.dedent(LOADER_SCRIPT.format(batch="32")).replace("\n", "\r\n").encode())
+    diff = suggest_patch(script, "train_step", Knobs(amp="bf16", num_workers=2), USER_VALUES)
+    (tmp_path / PATCH_NAME).write_bytes(diff.encode())
+    done = subprocess.run(["patch", "-p1", "-i", PATCH_NAME], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    patched = script.read_bytes()
+    assert b"\r\n" in patched and b"\n" not in patched.replace(b"\r\n", b"")
+    assert b'DataLoader(dataset, 32, shuffle=True, num_workers=2)' in patched
