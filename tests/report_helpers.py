@@ -40,6 +40,7 @@ class TrialSpec:
     throughput: float = 1.0  # factor on the real trial's samples/s
     status: str = "ok"
     reason: str = ""
+    measured: bool = True  # False: the trial failed (e.g. OOM) before recording steps; no trace, no figures
 
 
 DEFAULT_LADDER = (
@@ -51,6 +52,9 @@ DEFAULT_LADDER = (
               reason="samples/s -2.8% against 01-more-workers, within noise"),
     TrialSpec("03-batch-64", "batch_size 32 → 64", "kept", knobs={"num_workers": 2, "batch_size": 64},
               recommendation="larger-batch", throughput=2.1, reason="samples/s +16.7% (noise 3.0%)"),
+    TrialSpec("04-batch-128", "batch_size 64 → 128", "failed", knobs={"num_workers": 2, "batch_size": 128},
+              recommendation="larger-batch", status="oom", reason="out of memory at batch 128",
+              measured=False),
 )
 
 
@@ -80,6 +84,11 @@ def build_session(dst: Path, specs: tuple[TrialSpec, ...] | list[TrialSpec] = DE
         trial["name"] = spec.name
         trial["knobs"] = _knobs(spec.knobs)
         (folder / "trial.json").write_text(json.dumps(trial, indent=2))
+        if not spec.measured:
+            for trace in folder.glob("*.pt.trace.json*"):
+                trace.unlink()
+            trial["trace_files"] = []
+            (folder / "trial.json").write_text(json.dumps(trial, indent=2))
         summary = trial["summary"]
         base_sps = base_sps or summary["samples_per_s"]
         sps = base_sps * spec.throughput
@@ -94,6 +103,9 @@ def build_session(dst: Path, specs: tuple[TrialSpec, ...] | list[TrialSpec] = DE
             "speedup": sps / base_sps, "gain": 1 - base_sps / sps, "predicted_gain": None if index == 0 else 0.3,
             "noise": 0.03,
         })
+        if not spec.measured:
+            rows[-1].update({k: None for k in ("median_step_s", "samples_per_s", "peak_memory_bytes", "loss",
+                                                "speedup", "gain", "noise")})
     kept = [r for r in rows if r["decision"] in ("baseline", "kept")]
     best = max(kept, key=lambda r: r["samples_per_s"])
     baseline_trial = json.loads((dst / "trials" / specs[0].name / "trial.json").read_text())
@@ -113,7 +125,8 @@ def build_session(dst: Path, specs: tuple[TrialSpec, ...] | list[TrialSpec] = DE
             "predicted_gain": 0.05, "evidence": ["4.5% of the step is in matmul/convolution operators"],
             "code_change": "with torch.autocast('cpu', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)",
             "caveat": "", "details": {}}],
-        "notes": [], "patch": "suggested.patch" if patch is not None else None,
+        "notes": ["The batch grew from 32 to 64 (×2): scale the learning rate by about ×2"],
+        "patch": "suggested.patch" if patch is not None else None,
         "speedup": best["speedup"],
     }
     (dst / "session.json").write_text(json.dumps(session, indent=2))

@@ -264,9 +264,11 @@ def render_session_report(session_dir: Path) -> str:
         views[row["name"]] = trace_view(files[0]) if files else None
     labels = [r["name"] for r in rows]
     baseline = views.get(session.get("baseline") or (labels[0] if labels else ""))
+    # The patch the session names; else the folder's suggested.patch (written before session.json names it).
+    patch_name = session["patch"] or ("suggested.patch" if (session_dir / "suggested.patch").is_file() else None)
     patch = None
-    if session.get("patch") and (session_dir / session["patch"]).is_file():
-        patch = (session_dir / session["patch"]).read_text(errors="replace")
+    if patch_name and (session_dir / patch_name).is_file():
+        patch = (session_dir / patch_name).read_text(errors="replace")
     capacity = next((r.get("capacity_bytes") for r in rows if r.get("capacity_bytes")), None)
     chart = {}
     if rows:
@@ -281,7 +283,8 @@ def render_session_report(session_dir: Path) -> str:
         title=f"advisor report: {session['target'] or session_dir.name}",
         session=session, rows=rows, ladder=[r for r in rows if r.get("decision") in ("baseline", "kept")],
         views=views, verdict=verdict(session, rows, baseline), chart=chart, capacity=capacity,
-        recommendations=session.get("recommendations") or [], patch=patch,
+        recommendations=session.get("recommendations") or [], patch=patch, patch_name=patch_name,
+        notes=[str(n) for n in session["notes"] or []],
         device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},
         command=session.get("command") or "",
     )
