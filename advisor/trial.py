@@ -441,7 +441,7 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `advisor profile`."""
-    parser.add_argument("target", help="script.py:train_step or script.py:Class.method")
+    parser.add_argument("target", nargs="?", help="script.py:train_step or script.py:Class.method")
     parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
     parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
