@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import jinja2
@@ -140,6 +141,17 @@ def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
 
 def trace_view(path: Path) -> TraceView:
     """Diagnose one trace file (with its trial record, if any) and format it for the templates."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    trial = path.parent / "trial.json"
+    trial_stamp = trial.stat().st_mtime_ns if trial.is_file() else None
+    return _trace_view(path, stat.st_mtime_ns, stat.st_size, trial_stamp)
+
+
+# A session writes its HTML report and then its TensorBoard runs from the same traces: diagnose each once.
+# Keyed by the files' modification times, so a rewritten trace or trial record is diagnosed again.
+@lru_cache(maxsize=64)
+def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | None) -> TraceView:
     d = analyze_file(path)
     f = diagnosis_to_dict(d)
     found = hotspots(load_trace(path), len(d.steps), d.step_time_us)
