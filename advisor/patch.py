@@ -841,6 +841,8 @@ class TargetRewrite(cst.CSTTransformer):
         if not split:  # no backward, or backward first: wrap everything
             split = len(rest)
         inside, after = rest[:split], rest[split:]
+        while len(inside) > 1 and _is_zero_grad(inside[-1]):  # not forward work: keep it out of the block
+            after.insert(0, inside.pop())
         if self.plan.fp16:
             call = 'torch.autocast(device_type="cuda", dtype=torch.float16)'
         else:
@@ -879,6 +881,13 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
     return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
             and isinstance(statement.body[0], cst.Expr)
             and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+def _is_zero_grad(statement: cst.BaseStatement) -> bool:
+    """`x.zero_grad(...)`, or that line alone under an `if` (as accumulation guards it)."""
+    if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock):
+        return len(statement.body.body) == 1 and _is_zero_grad(statement.body.body[0])
+    return method_call(statement_call(statement), "zero_grad") is not None
 
 
 def _is_optimizer(name: str | None, facts: ScriptFacts) -> bool:
@@ -1019,26 +1028,31 @@ def _flatten(lines: list[cst.BaseStatement]) -> Any:
 def add_module_statements(module: cst.Module, facts: ScriptFacts, plan: StepPlan,
                           rewrite: TargetRewrite) -> cst.Module:
     """Insert what the rewritten target needs at module level, right after the imports."""
-    lines = []
+    imports, lines = [], []
     needs_torch = rewrite.used_scaler or bool(plan.amp)
     if needs_torch and not facts.torch_bound:
-        lines.append("import torch")
+        imports.append(cst.parse_statement("import torch"))
     if rewrite.used_scaler:
         lines.append(f'{plan.scaler_name} = torch.amp.GradScaler("cuda")')
     if rewrite.used_accumulation:
-        lines.append(f"{ACCUMULATION_CONSTANT} = {plan.accumulation}  # optimizer steps every N calls of the step")
+        lines.append(f"{ACCUMULATION_CONSTANT} = {plan.accumulation}  # gradient accumulation: one optimizer step "
+                     f"every {plan.accumulation} calls of {rewrite.target}")
         lines.append(f"{ACCUMULATION_COUNTER} = 0")
-    if not lines:
+    if not imports and not lines:
         return module
     body = list(module.body)
     index = _after_imports(body)
-    statements = [cst.parse_statement(code) for code in lines]
     following = body[index] if index < len(body) else None
-    blank = [line for line in (following.leading_lines if following is not None else []) if line.comment is None]
-    statements[0] = statements[0].with_changes(leading_lines=blank or [cst.EmptyLine()])
-    if following is not None and not following.leading_lines:
-        body[index] = following.with_changes(leading_lines=[cst.EmptyLine()])
-    return module.with_changes(body=[*body[:index], *statements, *body[index:]])
+    statements = [cst.parse_statement(code) for code in lines]
+    if statements:
+        # A block of its own: the blank lines that separated the imports from what follows, and again after.
+        blank = [line for line in (following.leading_lines if following is not None else []) if line.comment is None]
+        statements[0] = statements[0].with_changes(leading_lines=blank or [cst.EmptyLine()])
+        if following is not None and not following.leading_lines:
+            body[index] = following.with_changes(leading_lines=[cst.EmptyLine()])
+    if imports and index > 0 and _is_docstring(body[index - 1]):  # no imports: a blank after the docstring
+        imports[0] = imports[0].with_changes(leading_lines=[cst.EmptyLine()])
+    return module.with_changes(body=[*body[:index], *imports, *statements, *body[index:]])
 
 
 def _after_imports(body: list[cst.BaseStatement]) -> int:

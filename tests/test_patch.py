@@ -134,10 +134,10 @@ def test_image_classifier_all_knobs(tmp_path):
         "torch.autocast(device_type=device.type, dtype=torch.bfloat16)")
     inside = [ast.unparse(s) for s in autocast.body]
     assert any(s.startswith("loss = F.cross_entropy(") for s in inside), "the forward and loss are inside"
+    assert inside[-1].startswith("loss = "), "the block ends with the loss: zero_grad is no forward work"
     after = [ast.unparse(s) for s in step.body[2:]]
-    assert after[0] == "loss.backward()", "backward runs outside autocast"
-    assert "optimizer.step()" in after and after[-1] == "return loss.detach()"
-    assert not any("backward" in s for s in inside)
+    assert after == ["optimizer.zero_grad(set_to_none=True)", "loss.backward()", "optimizer.step()",
+                     "return loss.detach()"], "backward runs outside autocast"
 
 
 def test_non_blocking_only_in_the_step(tmp_path):
@@ -175,7 +175,7 @@ def test_fp16_on_example(tmp_path):
     assert ast.unparse(step.body[1].items[0].context_expr) == (
         "torch.autocast(device_type='cuda', dtype=torch.float16)")
     assert [ast.unparse(s) for s in step.body[2:]] == [
-        "scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()", "return loss.detach()"]
+        "optimizer.zero_grad(set_to_none=True)", "scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()", "return loss.detach()"]
 
 
 def test_paths_relative_to_root(tmp_path):
@@ -319,7 +319,7 @@ def test_fp16_grad_scaler_rewrite(tmp_path):
                 x = x.cuda()
                 out = model(x)
                 loss = ((out - y.cuda()) ** 2).mean()
-                opt.zero_grad()
+            opt.zero_grad()
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
@@ -513,3 +513,46 @@ def test_crlf_script(tmp_path):
     patched = script.read_bytes()
     assert b"\r\n" in patched and b"\n" not in patched.replace(b"\r\n", b"")
     assert b'DataLoader(dataset, 32, shuffle=True, num_workers=2)' in patched
+
+
+def test_fp16_with_accumulation_on_example(tmp_path):
+    script = copy_example(tmp_path, "image_classifier.py")
+    diff = suggest_patch(script, "train_step", Knobs(amp="fp16"), USER_VALUES, accumulation_steps=4)
+    check_applies(tmp_path, diff)
+    apply(tmp_path, diff)
+    tree = ast.parse(script.read_text())
+    assert "ACCUMULATION_STEPS = 4" in [ast.unparse(s) for s in tree.body]
+    step = function(tree, "train_step")
+    assert [ast.unparse(s) for s in step.body[1:5]] == [
+        "global accumulation_micro_step",
+        "first_micro_step = accumulation_micro_step % ACCUMULATION_STEPS == 0",
+        "last_micro_step = accumulation_micro_step % ACCUMULATION_STEPS == ACCUMULATION_STEPS - 1",
+        "accumulation_micro_step += 1",
+    ]
+    assert isinstance(step.body[5], ast.With)
+    assert [ast.unparse(s) for s in step.body[6:]] == [
+        "if first_micro_step:\n    optimizer.zero_grad(set_to_none=True)",
+        "scaler.scale(loss / ACCUMULATION_STEPS).backward()",
+        "if last_micro_step:\n    scaler.step(optimizer)\n    scaler.update()",
+        "return loss.detach()",
+    ]
+
+
+def test_device_type_decided_at_run_time_and_torch_imported(tmp_path):
+    source = """\
+        from torch import nn
+
+
+        def train_step(model, x):
+            return model(x).sum()
+
+
+        def main():
+            dev = "cuda" if nn.Module else "cpu"
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(amp="bf16"))
+    assert after.startswith("from torch import nn\nimport torch\n\n\ndef train_step")
+    assert 'with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)' \
+        in after
+    diff, after = patch_text(tmp_path, source.replace('"cuda"', '"mps"'), Knobs(amp="bf16"))
+    assert 'torch.autocast(device_type="cpu", dtype=torch.bfloat16)' in after
