@@ -2,7 +2,8 @@
 
 The parent side, torch-free at import. `run_trial` starts `advisor.harness` in a new process group,
 waits (time limit, Ctrl-C), ends the whole group (DataLoader workers included), and writes `trial.json`.
-`profile_command` is `advisor profile`.
+`add_profile_arguments` declares the trial's options of `advisor profile`; the command itself is the
+session's (`advisor.session.profile_command`), which runs trials through `run_trial`.
 
 trial.json (schema "advisor.trial/1"), written atomically at the start (status "running") and at the end:
 
@@ -436,7 +437,7 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
 
 
 # --------------------------------------------------------------------------------------------------
-# `advisor profile`
+# `advisor profile`: the trial's options
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -488,42 +489,6 @@ def default_out_dir(script: Path) -> Path:
     return Path("runs") / f"{script.stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def profile_command(args: argparse.Namespace) -> int:
-    """`advisor profile`: the baseline trial, then its diagnosis."""
-    script, _ = parse_target(args.target)
-    memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
-    out = Path(args.out) if args.out else default_out_dir(script)
-    # TODO(issue 4): without --no-apply, run the session (baseline -> apply best -> measure -> keep).
-    result = run_trial(
-        args.target,
-        Knobs(),
-        out / "trials" / "00-baseline",
-        name="00-baseline",
-        steps=args.steps,
-        wait=args.wait,
-        warmup=args.warmup,
-        device=args.device,
-        script_args=args.script_args,
-        timeout_s=args.timeout,
-        memory_limit=memory_limit,
-    )
-    if not result.ok:
-        if result.traceback:
-            print(result.traceback, file=sys.stderr, end="" if result.traceback.endswith("\n") else "\n")
-        raise TrialFailed(f"{result.status}: {result.message} (trial folder {result.path})")
-    print_diagnosis(result)
-    return 0
-
-
-def print_diagnosis(result: TrialResult) -> None:
-    """Diagnose the trial's trace with `advisor analyze` and print it, then where the trial is."""
-    from advisor.commands import analyze_path
-    from advisor.terminal import print_analysis
-
-    print_analysis(analyze_path(result.path))
-    print(f"trial folder: {result.path}")
-
-
 __all__ = [
     "SCHEMA",
     "TrialFailed",
@@ -531,6 +496,5 @@ __all__ = [
     "add_profile_arguments",
     "load_trial",
     "parse_target",
-    "profile_command",
     "run_trial",
 ]
