@@ -107,14 +107,15 @@ def test_session_report_in_chromium(browser, session_dir: Path, tmp_path: Path):
     ladder_html = html.split('id="ladder"', 1)[1].split("</table>", 1)[0]
     assert ladder_html.count("<tr>") == 1 + len(ladder_rows)  # header + baseline + kept changes
     for row in ladder_rows:
-        assert row["name"] in ladder_html and f"×{row['speedup']:.2f}" in ladder_html
+        assert row["name"] in ladder_html
+        assert row["speedup"] is None or f"×{row['speedup']:.2f}" in ladder_html
     charts = [a for t, a in dom.tags if t == "img" and a.get("src", "").startswith("data:image/svg+xml;base64,")]
     assert {a.get("id") for a in charts} >= {"chart-throughput", "chart-breakdown", "chart-memory"}
     for svg in chart_svgs(html):
         assert svg.lstrip().startswith(b"<?xml") and b"<svg" in svg and b"<text" in svg  # text kept as text
     text = dom.all_text()
     assert "What held the step back" in text and session["command"] in text
-    assert f"×{session['speedup']:.2f}" in text
+    assert session["speedup"] is None or f"×{session['speedup']:.2f}" in text
     for note in session["notes"]:
         assert note in text
     patch = session_dir / (session.get("patch") or "suggested.patch")
@@ -139,6 +140,18 @@ def test_session_report_in_chromium(browser, session_dir: Path, tmp_path: Path):
 def test_session_report_is_deterministic_and_reads_only_the_folder(session_dir: Path):
     """The same session folder gives the same bytes (stable chart ids, no timestamps)."""
     assert render_session_report(session_dir) == render_session_report(session_dir)
+
+
+def test_interrupted_session_reports_the_trials_so_far(tmp_path: Path):
+    """A session killed mid-way (status interrupted, no patch yet) still gets a report that says so."""
+    session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
+    path = session_dir / "session.json"
+    session = json.loads(path.read_text())
+    session.update(status="interrupted", best=None, speedup=None, final_knobs=None, recommendations=[])
+    path.write_text(json.dumps(session))
+    html = render_session_report(session_dir)
+    assert "the session is interrupted: this report shows the trials finished so far" in html
+    assert "nothing was tried: the session ran the baseline only" in html and "No patch" in html
 
 
 # ---- escaping ----
