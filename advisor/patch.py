@@ -233,14 +233,6 @@ def is_optimizer_constructor(call: cst.Call, optim_imports: set[str]) -> bool:
 
 
 @dataclass
-class FunctionInfo:
-    """A definition of the target: its parameters' names and annotation texts."""
-
-    params: dict[str, str]
-    class_name: str | None
-
-
-@dataclass
 class ScriptFacts:
     """What one read of the syntax tree learns about the script, for the rewrites to use."""
 
@@ -251,7 +243,7 @@ class ScriptFacts:
     schedulers: set[str] = field(default_factory=set)
     module_devices: dict[str, str] = field(default_factory=dict)  # name -> "device" | "str"
     class_devices: dict[str, set[str]] = field(default_factory=dict)  # class -> {attr of self}
-    functions: dict[str, list[FunctionInfo]] = field(default_factory=dict)  # "f" / "C.m" -> defs
+    functions: dict[str, int] = field(default_factory=dict)  # "f" / "C.m" -> how many definitions
     module_names: set[str] = field(default_factory=set)
     torch_bound: bool = False
     mentions_cuda: bool = False
@@ -271,6 +263,10 @@ class ScriptFacts:
                     self.module_names.add(statement.name.value)
                 continue
             for small in statement.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    for alias in small.names:
+                        bound = alias.evaluated_alias or alias.evaluated_name
+                        self.module_names.add(bound.split(".")[0])
                 if isinstance(small, cst.Assign):
                     for t in small.targets:
                         if isinstance(t.target, cst.Name):
@@ -332,10 +328,9 @@ class _FactsVisitor(cst.CSTVisitor):
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
             name = dotted(alias.name) or ""
+            # `import torch.nn` binds torch too; `import torch as t` does not.
             if alias.asname is None and (name == "torch" or name.startswith("torch.")):
                 self.facts.torch_bound = True
-            elif name == "torch" and alias.asname is not None:
-                pass  # `import torch as t`: torch itself stays unbound
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         source = dotted(node.module) if node.module is not None else ""
@@ -352,13 +347,11 @@ class _FactsVisitor(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         owner = self.owners[-1] if self.owners else None
         key = f"{owner}.{node.name.value}" if owner else node.name.value
-        params = {}
         for param in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params):
             annotation = self.facts.module.code_for_node(param.annotation.annotation) if param.annotation else ""
-            params[param.name.value] = annotation
             if annotation.endswith("Optimizer"):
                 self.facts.optimizers.add(param.name.value)
-        self.facts.functions.setdefault(key, []).append(FunctionInfo(params, owner))
+        self.facts.functions[key] = self.facts.functions.get(key, 0) + 1
         self.owners.append(None)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
@@ -518,9 +511,11 @@ class _LoaderRewrite(cst.CSTTransformer):
             call = self._set(call, "pin_memory", self.changes["pin_memory"])
         if workers == 0:
             # DataLoader rejects these without worker processes (the user's values were valid for
-            # their own worker count, so fewer workers means dropping them).
-            call = _drop_keywords(call, ("persistent_workers", "prefetch_factor"))
-            return call
+            # their own worker count, so fewer workers means dropping them; False / None may stay).
+            harmless = {"persistent_workers": (True, False), "prefetch_factor": (True, None)}
+            return _drop_keywords(call, [a.keyword.value for a in call.args if a.keyword is not None
+                                         and a.keyword.value in harmless
+                                         and literal_value(a.value) != harmless[a.keyword.value]])
         if "persistent_workers" in self.changes:
             value = self.changes["persistent_workers"]
             if value and workers is None:
@@ -639,10 +634,11 @@ def _workers_check(workers: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _replace_arg(call: cst.Call, arg: cst.Arg, value: cst.BaseExpression) -> cst.Call:
+    """The call with one argument's value replaced (its keyword, comma and spacing kept)."""
     return call.with_changes(args=[a.with_changes(value=value) if a is arg else a for a in call.args])
 
 
-def _drop_keywords(call: cst.Call, names: tuple[str, ...]) -> cst.Call:
+def _drop_keywords(call: cst.Call, names: list[str]) -> cst.Call:
     """The call without the named keyword arguments (commas kept tidy)."""
     kept = [a for a in call.args if not (a.keyword is not None and a.keyword.value in names)]
     if len(kept) == len(call.args):
@@ -719,6 +715,7 @@ class StepPlan:
 
     @property
     def fp16(self) -> bool:
+        """fp16 autocast, which needs a GradScaler."""
         return self.amp == "fp16"
 
 
@@ -812,6 +809,8 @@ class TargetRewrite(cst.CSTTransformer):
             plan = dataclasses.replace(plan, accumulation=None)
         inner = _StepBodyRewrite(plan, self.facts, params)
         inner.optimizer_steps_total = steps
+        # Loss scaling is right only when every backward is scaled and every step unscales.
+        inner.use_scaler = plan.fp16 and steps > 0 and not _calls_autograd_backward(block)
         block = block.visit(inner)
         self.used_scaler |= inner.used_scaler
         self.used_accumulation |= bool(plan.accumulation)
@@ -877,7 +876,21 @@ class TargetRewrite(cst.CSTTransformer):
         return '"cuda" if torch.cuda.is_available() else "cpu"' if self.facts.mentions_cuda else '"cpu"'
 
 
+def _calls_autograd_backward(node: cst.CSTNode) -> bool:
+    """Whether the node calls `torch.autograd.backward(...)`, which a GradScaler rewrite cannot scale."""
+    found = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if dotted(call.func) in ("torch.autograd.backward", "autograd.backward"):
+                found.append(call)
+
+    node.visit(Finder())
+    return bool(found)
+
+
 def _is_docstring(statement: cst.BaseStatement) -> bool:
+    """A statement that is only a string (a module's or function's docstring when first)."""
     return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
             and isinstance(statement.body[0], cst.Expr)
             and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
@@ -899,6 +912,7 @@ def _is_optimizer(name: str | None, facts: ScriptFacts) -> bool:
 
 
 def _is_scheduler(name: str | None, facts: ScriptFacts) -> bool:
+    """A receiver that is a learning-rate scheduler: assigned from lr_scheduler, or named like one."""
     if name is None:
         return False
     return name in facts.schedulers or "sched" in name.rsplit(".", 1)[-1].lower()
@@ -929,6 +943,7 @@ class _StepBodyRewrite(cst.CSTTransformer):
         self.seen_backward = False
         self.optimizer_steps_total = 0
         self.optimizer_steps_seen = 0
+        self.use_scaler = False
         self.used_scaler = False
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
@@ -950,14 +965,15 @@ class _StepBodyRewrite(cst.CSTTransformer):
         receiver = func.value
         if isinstance(receiver, cst.Call) and method_call(receiver, "scale") is not None:
             return call  # already scaled by the user's own GradScaler
+        if dotted(receiver) in ("torch.autograd", "autograd"):
+            return call  # torch.autograd.backward(tensors): a function, not a tensor method
         if self.plan.accumulation:
             receiver = cst.BinaryOperation(
                 left=receiver, operator=cst.Divide(), right=cst.Name(ACCUMULATION_CONSTANT),
-                lpar=[] if self.plan.fp16 and self.optimizer_steps_total else [cst.LeftParen()],
-                rpar=[] if self.plan.fp16 and self.optimizer_steps_total else [cst.RightParen()],
+                lpar=[] if self.use_scaler else [cst.LeftParen()],
+                rpar=[] if self.use_scaler else [cst.RightParen()],
             )
-        if self.plan.fp16 and self.optimizer_steps_total:
-            # Only with the optimizer step in the target: scaled gradients must reach scaler.step.
+        if self.use_scaler:
             receiver = cst.parse_expression(f"{self.plan.scaler_name}.scale(x)").with_changes(
                 args=[cst.Arg(value=receiver)])
             self.used_scaler = True
@@ -996,7 +1012,7 @@ class _StepBodyRewrite(cst.CSTTransformer):
         if not call.args and _is_optimizer(optimizer, self.facts):
             self.optimizer_steps_seen += 1
             lines: list[cst.BaseStatement] = [updated_node]
-            if plan.fp16:
+            if self.use_scaler:
                 lines = [updated_node.with_changes(body=[cst.Expr(cst.parse_expression(
                     f"{plan.scaler_name}.step({optimizer})"))])]
                 if self.optimizer_steps_seen == self.optimizer_steps_total:
@@ -1018,6 +1034,7 @@ class _StepBodyRewrite(cst.CSTTransformer):
 
 
 def _flatten(lines: list[cst.BaseStatement]) -> Any:
+    """One statement, or several in place of one (what a transformer's leave_ may return)."""
     return lines[0] if len(lines) == 1 else cst.FlattenSentinel(lines)
 
 

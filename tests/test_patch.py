@@ -556,3 +556,25 @@ def test_device_type_decided_at_run_time_and_torch_imported(tmp_path):
         in after
     diff, after = patch_text(tmp_path, source.replace('"cuda"', '"mps"'), Knobs(amp="bf16"))
     assert 'torch.autocast(device_type="cpu", dtype=torch.bfloat16)' in after
+
+
+def test_worker_only_defaults_are_left_alone(tmp_path):
+    source = LOADER_SCRIPT.format(batch="32, num_workers=0, persistent_workers=False, prefetch_factor=None")
+    diff, after = patch_text(tmp_path, source, Knobs(batch_size=48))
+    assert "DataLoader(dataset, 48, num_workers=0, persistent_workers=False, prefetch_factor=None, shuffle=True)" \
+        in after
+
+
+def test_fp16_without_scalable_backward_has_no_scaler(tmp_path):
+    # scaler.step would unscale gradients that were never scaled: no GradScaler at all.
+    source = """\
+        import torch
+
+
+        def train_step(model, optimizer, x):
+            loss = model(x).sum()
+            torch.autograd.backward(loss)
+            optimizer.step()
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(amp="fp16"))
+    assert "    torch.autograd.backward(loss)\n    optimizer.step()\n" in after and "scaler" not in after
