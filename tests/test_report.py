@@ -147,11 +147,13 @@ def test_interrupted_session_reports_the_trials_so_far(tmp_path: Path):
     session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
     path = session_dir / "session.json"
     session = json.loads(path.read_text())
-    session.update(status="interrupted", best=None, speedup=None, final_knobs=None, recommendations=[])
+    session.update(status="interrupted", best=None, speedup=None, final_knobs=None, recommendations=[],
+                   patch="../../../../../../etc/passwd")  # only files inside the session folder are read
     path.write_text(json.dumps(session))
     html = render_session_report(session_dir)
     assert "the session is interrupted: this report shows the trials finished so far" in html
     assert "nothing was tried: the session ran the baseline only" in html and "No patch" in html
+    assert "root:" not in html
 
 
 # ---- escaping ----

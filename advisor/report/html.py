@@ -33,8 +33,6 @@ SESSION_FIELDS = ("target", "script", "command", "options", "status", "device", 
 ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
               "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
               "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "noise")
-TEMPLATE_FILES = ("base.html.j2", "session.html.j2", "traces.html.j2", "_diagnosis.html.j2",
-                  "_recommendation.html.j2")
 
 
 def templates_dir() -> Path:
@@ -219,9 +217,23 @@ def load_session(session_dir: Path) -> dict:
     return session
 
 
+def inside(session_dir: Path, relative: str) -> Path | None:
+    """`session_dir / relative` if it stays inside the session folder (a session.json names only its own files)."""
+    root = Path(session_dir).resolve()
+    path = (root / relative).resolve()
+    return path if path.is_relative_to(root) else None
+
+
+def trial_folder(session_dir: Path, row: dict) -> Path | None:
+    """The folder of one trial row, inside the session folder."""
+    return inside(session_dir, row.get("folder") or f"trials/{row['name']}")
+
+
 def trial_traces(session_dir: Path, row: dict) -> list[Path]:
     """The trace files of one trial row, as its trial.json lists them (or as found in its folder)."""
-    folder = Path(session_dir) / (row.get("folder") or f"trials/{row['name']}")
+    folder = trial_folder(session_dir, row)
+    if folder is None or not folder.is_dir():
+        return []
     try:
         listed = json.loads((folder / "trial.json").read_text()).get("trace_files") or []
     except (OSError, ValueError):
@@ -278,9 +290,8 @@ def render_session_report(session_dir: Path) -> str:
     baseline = views.get(session.get("baseline") or (labels[0] if labels else ""))
     # The patch the session names; else the folder's suggested.patch (written before session.json names it).
     patch_name = session["patch"] or ("suggested.patch" if (session_dir / "suggested.patch").is_file() else None)
-    patch = None
-    if patch_name and (session_dir / patch_name).is_file():
-        patch = (session_dir / patch_name).read_text(errors="replace")
+    patch_path = inside(session_dir, patch_name) if patch_name else None
+    patch = patch_path.read_text(errors="replace") if patch_path is not None and patch_path.is_file() else None
     capacity = next((r.get("capacity_bytes") for r in rows if r.get("capacity_bytes")), None)
     chart = {}
     if rows:

@@ -39,14 +39,14 @@ def write_tensorboard(session_dir: Path) -> list[Path]:
     """Write one TensorBoard run per trial of a session; re-running replaces the earlier event files."""
     from torch.utils.tensorboard import SummaryWriter  # torch only here: the rest of the report is torch-free
 
-    from advisor.report.html import load_session, trace_view, trial_traces
+    from advisor.report.html import load_session, trace_view, trial_folder, trial_traces
 
     session_dir = Path(session_dir)
     session = load_session(session_dir)
     runs = []
     for row in session["trials"]:
-        folder = session_dir / (row.get("folder") or f"trials/{row['name']}")
-        if not folder.is_dir():
+        folder = trial_folder(session_dir, row)
+        if folder is None or not folder.is_dir():
             continue
         for old in folder.glob("events.out.tfevents.*"):
             old.unlink()  # idempotent: one event file per run, however often the report is rewritten
