@@ -43,7 +43,11 @@ What the patched script looks like, per knob:
           return loss.detach()
 
   The loss is divided inside the backward call rather than reassigned, so the loss the step returns
-  (and the user logs) keeps its meaning.
+  (and the user logs) keeps its meaning. Without an optimizer step in the target, accumulation (and
+  the fp16 GradScaler) is not written: it could not be done correctly there.
+
+A target that runs its own loop over batches gets the autocast block and the accumulation counters
+inside the loop that holds the backward, once per iteration.
 """
 
 from __future__ import annotations
@@ -818,25 +822,29 @@ class TargetRewrite(cst.CSTTransformer):
         statements = list(block.body)
         head = statements[:1] if statements and _is_docstring(statements[0]) else []
         rest = statements[len(head):]
-        prelude: list[cst.BaseStatement] = []
+        if self.plan.amp and rest and not uses_autocast(block):
+            rest = self._autocast(rest, params, class_name)
         if plan.accumulation:
-            prelude = [cst.parse_statement(code) for code in (
-                f"global {ACCUMULATION_COUNTER}",
+            flags = [cst.parse_statement(code) for code in (
                 f"first_micro_step = {ACCUMULATION_COUNTER} % {ACCUMULATION_CONSTANT} == 0",
                 f"last_micro_step = {ACCUMULATION_COUNTER} % {ACCUMULATION_CONSTANT} == {ACCUMULATION_CONSTANT} - 1",
                 f"{ACCUMULATION_COUNTER} += 1",
             )]
-        if self.plan.amp and rest and not uses_autocast(block):
-            rest = self._autocast(rest, params, class_name)
-        if prelude and rest:  # the blank lines / comments above the first statement go above the prelude
-            prelude[0] = prelude[0].with_changes(leading_lines=rest[0].leading_lines)
-            rest[0] = rest[0].with_changes(leading_lines=[])
-        return func.with_changes(body=block.with_changes(body=[*head, *prelude, *rest]))
+            rest = [cst.parse_statement(f"global {ACCUMULATION_COUNTER}"), *_with_prelude(rest, flags)]
+            # The blank lines / comments above the first statement go above the global.
+            rest[0], rest[1] = (rest[0].with_changes(leading_lines=rest[1].leading_lines),
+                                rest[1].with_changes(leading_lines=[]))
+        return func.with_changes(body=block.with_changes(body=[*head, *rest]))
 
     def _autocast(self, rest: list[cst.BaseStatement], params: dict[str, str],
                   class_name: str | None) -> list[cst.BaseStatement]:
         """The statements with the forward part under `with torch.autocast(...)`."""
         split = next((i for i, s in enumerate(rest) if calls_backward(s)), None)
+        loop = rest[split] if split is not None else None
+        if isinstance(loop, (cst.For, cst.While)) and isinstance(loop.body, cst.IndentedBlock):
+            # A target that runs its own loop: the forward of each iteration is what autocast covers.
+            body = loop.body.with_changes(body=self._autocast(list(loop.body.body), params, class_name))
+            return [*rest[:split], loop.with_changes(body=body), *rest[split + 1:]]
         if not split:  # no backward, or backward first: wrap everything
             split = len(rest)
         inside, after = rest[:split], rest[split:]
@@ -874,6 +882,19 @@ class TargetRewrite(cst.CSTTransformer):
                 return f"torch.device({name}).type"
         # The script uses CUDA somewhere but its device is not one obvious name: decide at run time.
         return '"cuda" if torch.cuda.is_available() else "cpu"' if self.facts.mentions_cuda else '"cpu"'
+
+
+def _with_prelude(statements: list[cst.BaseStatement], prelude: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The prelude first, or first in the loop that holds the backward (one micro-step per iteration)."""
+    split = next((i for i, s in enumerate(statements) if calls_backward(s)), None)
+    loop = statements[split] if split is not None else None
+    if isinstance(loop, (cst.For, cst.While)) and isinstance(loop.body, cst.IndentedBlock):
+        body = loop.body.with_changes(body=_with_prelude(list(loop.body.body), prelude))
+        return [*statements[:split], loop.with_changes(body=body), *statements[split + 1:]]
+    if statements:
+        prelude = [prelude[0].with_changes(leading_lines=statements[0].leading_lines), *prelude[1:]]
+        statements = [statements[0].with_changes(leading_lines=[]), *statements[1:]]
+    return [*prelude, *statements]
 
 
 def _calls_autograd_backward(node: cst.CSTNode) -> bool:

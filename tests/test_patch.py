@@ -578,3 +578,63 @@ def test_fp16_without_scalable_backward_has_no_scaler(tmp_path):
     """
     diff, after = patch_text(tmp_path, source, Knobs(amp="fp16"))
     assert "    torch.autograd.backward(loss)\n    optimizer.step()\n" in after and "scaler" not in after
+
+
+def test_target_with_its_own_loop(tmp_path):
+    source = """\
+        import torch
+
+
+        def train(model, optimizer, loader, device):
+            model.train()
+            for images, target in loader:
+                images = images.to(device)
+                output = model(images)
+                loss = torch.nn.functional.cross_entropy(output, target.to(device))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(amp="bf16", non_blocking=True), target="train")
+    assert textwrap.dedent("""\
+        def train(model, optimizer, loader, device):
+            model.train()
+            for images, target in loader:
+                with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+                    images = images.to(device, non_blocking=True)
+                    output = model(images)
+                    loss = torch.nn.functional.cross_entropy(output, target.to(device, non_blocking=True))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    """) in after
+
+
+def test_accumulation_in_a_loop_target(tmp_path):
+    source = """\
+        def train(optimizer, losses):
+            \"\"\"All the steps.\"\"\"
+
+            # one step per item
+            for loss in losses:
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(), target="train", accumulation_steps=3)
+    assert textwrap.dedent('''\
+        def train(optimizer, losses):
+            """All the steps."""
+
+            # one step per item
+            global accumulation_micro_step
+            for loss in losses:
+                first_micro_step = accumulation_micro_step % ACCUMULATION_STEPS == 0
+                last_micro_step = accumulation_micro_step % ACCUMULATION_STEPS == ACCUMULATION_STEPS - 1
+                accumulation_micro_step += 1
+                if first_micro_step:
+                    optimizer.zero_grad()
+                (loss / ACCUMULATION_STEPS).backward()
+                if last_micro_step:
+                    optimizer.step()
+    ''') in after
