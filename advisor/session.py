@@ -456,14 +456,11 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
         _, func = parse_target(state["target"])
         written = write_patch(Path(state["script"]), func, final, state["user_values"], out)
         state["patch"] = None if written is None else os.path.relpath(written, out)
-    try:
-        from advisor.report import write_report, write_tensorboard
-    except ImportError:
-        write_report = write_tensorboard = None
-    if write_report is not None:
-        write_report(out, out / "report.html")
-        write_tensorboard(out)
-    save(state)
+    save(state)  # the report reads session.json: it must already name the patch
+    from advisor.report import write_report, write_tensorboard
+
+    write_report(out, out / "report.html")
+    write_tensorboard(out)
 
 
 # --- the command ---------------------------------------------------------------------------------------
