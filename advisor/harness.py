@@ -405,6 +405,7 @@ class StepDriver:
         """Append the step's JSON line (flushed, so a killed trial keeps its finished steps)."""
         batch = find_batch_size(args, kwargs)
         batch_source = "step arguments"
+        memory = self.process.memory_info()
         if batch is None and self.loader_records:
             batch, batch_source = self.loader_records[-1].effective.get("batch_size"), "DataLoader"
         step = {
@@ -415,7 +416,8 @@ class StepDriver:
             "batch_size": batch,
             "batch_size_source": batch_source if batch is not None else None,
             "loss": loss_value(result),
-            "rss_bytes": self.process.memory_info().rss,
+            "rss_bytes": memory.rss,
+            "vms_bytes": memory.vms,  # what a memory_limit (RLIMIT_AS) is compared against
         }
         if self.device_type == "cuda":
             import torch

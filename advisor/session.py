@@ -445,16 +445,27 @@ def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
             "--keep-effective-batch to leave the batch as it is."]
 
 
+def repository_root(script: Path) -> Path:
+    """The git work tree holding the script (so `git apply` works from its top), else the script's folder."""
+    for folder in script.resolve().parents:
+        if (folder / ".git").exists():
+            return folder
+    return script.resolve().parent
+
+
 def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     """suggested.patch, report.html and TensorBoard runs, each when its module is available."""
     final = Knobs.from_dict(state["final_knobs"] or {})
-    try:
-        from advisor.patch import write_patch
-    except ImportError:
-        write_patch = None
-    if write_patch is not None and final.requested():
+    from advisor.patch import write_patch
+
+    if final.requested():
         _, func = parse_target(state["target"])
-        written = write_patch(Path(state["script"]), func, final, state["user_values"], out)
+        script = Path(state["script"])
+        try:
+            written = write_patch(script, func, final, state["user_values"], out, root=repository_root(script))
+        except AdvisorError as exc:  # the settings stand; only the code change could not be written
+            state["notes"].append(f"no suggested.patch: {exc}")
+            written = None
         state["patch"] = None if written is None else os.path.relpath(written, out)
     save(state)  # the report reads session.json: it must already name the patch
     from advisor.report import write_report, write_tensorboard

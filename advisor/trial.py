@@ -29,11 +29,11 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
     steps           [{index, wall_s, call_s, recorded, batch_size, batch_size_source, loss, rss_bytes,
-                      cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?}]
+                      vms_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
                     of this call (the user's data loading plus the call); call_s is the call alone
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
-                     peak_memory_bytes, peak_memory_source, peak_rss_bytes,
+                     peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?}
                     samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps
     trace_files     names of the *.pt.trace.json.gz files in the trial folder
@@ -170,6 +170,7 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], trace_paths:
         "batch_size": statistics.median(batches) if batches else None,
         "loss": losses[-1] if losses else None,
         "peak_rss_bytes": memory.get("peak_rss_bytes"),
+        "peak_vms_bytes": max((s["vms_bytes"] for s in steps if s.get("vms_bytes")), default=None),
         "profiler_peak_allocated_bytes": max(
             (p for p in map(profiler_peak_allocated, trace_paths) if p is not None), default=None
         ),
