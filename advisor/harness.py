@@ -242,7 +242,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
         oom_types += (torch.OutOfMemoryError,)
     if isinstance(exc, oom_types):
         return True
-    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+    text = str(exc).lower()
+    if isinstance(exc, RuntimeError) and "dataloader worker" in text and "killed" in text:
+        return True  # a worker ended by the kernel's out-of-memory killer
+    return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXT)
 
 
 def user_traceback(exc: BaseException) -> str:

@@ -351,20 +351,21 @@ def run_trial(
     if device == "cpu":
         child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
     write_json_atomic(out / TRIAL_FILE, record)
-    with open(out / LOG_FILE, "wb") as log:
-        proc = subprocess.Popen(
-            [python or sys.executable, "-c", _HARNESS_ENTRY, json.dumps(config)],
-            cwd=script.parent,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_env,
-            start_new_session=True,  # its own process group: one killpg ends it and its workers
-        )
-    record["pid"] = proc.pid
-    write_json_atomic(out / TRIAL_FILE, record)
+    proc = None
     previous_sigterm = _sigterm_as_interrupt()
     try:
+        with open(out / LOG_FILE, "wb") as log:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-c", _HARNESS_ENTRY, json.dumps(config)],
+                cwd=script.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                start_new_session=True,  # its own process group: one killpg ends it and its workers
+            )
+        record["pid"] = proc.pid
+        write_json_atomic(out / TRIAL_FILE, record)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -372,22 +373,26 @@ def run_trial(
             proc.wait()
             record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
     except KeyboardInterrupt:
-        _kill_group(proc.pid)
-        proc.wait()
+        if proc is not None:
+            _kill_group(proc.pid)
+            proc.wait()
         record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
         _finish(record, out, started)
         raise
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
-        _kill_group(proc.pid)  # workers the harness could not reach, or a script that double-forked
-    if record["status"] == "running":
-        harness_file = out / RESULT_FILE
-        if not harness_file.exists():
-            code = proc.returncode
+        if proc is not None:
+            _kill_group(proc.pid)  # workers the harness could not reach, or a script that double-forked
+    if record["status"] == "running" and not (out / RESULT_FILE).exists():
+        code = proc.returncode
+        if code == -signal.SIGKILL:
+            # Nobody here sent it: on Linux that is almost always the kernel's out-of-memory killer.
+            record.update(status="oom", message="the trial process was killed (SIGKILL), most likely by the "
+                          f"kernel's out-of-memory killer; see {out / LOG_FILE}")
+        else:
             why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-            oom_hint = " (the system may have run out of memory)" if code == -signal.SIGKILL else ""
-            record.update(status="error", message=f"the trial process {why}{oom_hint}; see {out / LOG_FILE}")
+            record.update(status="error", message=f"the trial process {why}; see {out / LOG_FILE}")
     return _finish(record, out, started)
 
 

@@ -260,3 +260,22 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert "is not a function name or Class.method" in capsys.readouterr().err
     assert cli.main(["profile", f"{script}:train_step", "--memory-limit", "lots"]) == 2
     assert "--memory-limit: cannot read 'lots'" in capsys.readouterr().err
+
+
+def test_a_trial_killed_by_sigkill_counts_as_out_of_memory(tmp_path):
+    # What the kernel's out-of-memory killer does to a trial that exhausts the machine's memory.
+    script = write_script(tmp_path, """
+        import os, signal
+
+        def train_step(step):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return 0.0
+
+        if __name__ == "__main__":
+            for step in range(10):
+                train_step(step)
+    """)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3)
+    assert result.status == "oom" and "out-of-memory killer" in result.message
+    assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1]
