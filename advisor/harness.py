@@ -50,6 +50,10 @@ class TargetNotFound(Exception):
     """The script has no definition of the target function or method."""
 
 
+class SetupProblem(Exception):
+    """The trial cannot start (e.g. no CUDA device for --device cuda): a message, no traceback."""
+
+
 class TrialComplete(BaseException):
     """Raised out of the wrapped step once the recorded steps are done; ends the user's script."""
 
@@ -136,7 +140,7 @@ def resolve_device(requested: str) -> str:
         return "cpu"
     available = torch.cuda.is_available()
     if requested == "cuda" and not available:
-        raise RuntimeError("--device cuda: no CUDA device is available to this process")
+        raise SetupProblem("--device cuda: no CUDA device is available to this process")
     return "cuda" if available else "cpu"
 
 
@@ -533,6 +537,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         result.update(status="ok", message=f"{driver.active} steps recorded")
     except TargetNotFound as exc:
         result.update(status="target-not-found", message=str(exc))
+    except SetupProblem as exc:
+        result.update(status="error", message=str(exc))
     except BaseException as exc:  # the user's error, an OOM, or SIGINT inside the child
         step = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
         try:

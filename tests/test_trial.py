@@ -279,3 +279,12 @@ def test_a_trial_killed_by_sigkill_counts_as_out_of_memory(tmp_path):
     result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3)
     assert result.status == "oom" and "out-of-memory killer" in result.message
     assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1]
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    script = write_script(tmp_path, "def train_step(x):\n    return x\n\nfor i in range(9):\n    train_step(i)\n")
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", device="cuda")
+    if result.ok:
+        pytest.skip("this machine has a CUDA device")
+    assert result.status == "error" and result.message == "--device cuda: no CUDA device is available to this process"
+    assert result.traceback is None
