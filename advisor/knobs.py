@@ -307,7 +307,12 @@ def optimizer_classes() -> list[type]:
 
 
 class GradScaling:
-    """fp16 loss scaling by interposition: `backward` scaled, `optimizer.step` via the scaler."""
+    """fp16 loss scaling by interposition: `backward` scaled, `optimizer.step` via the scaler.
+
+    A step that already scales with its own GradScaler is left as it is: tensors from any
+    `GradScaler.scale` are not scaled again, and `optimizer.step` called from any `GradScaler.step`
+    reaches the optimizer directly.
+    """
 
     def __init__(self, device_type: str):
         import torch
@@ -323,14 +328,32 @@ class GradScaling:
 
         scaling = self
         original_backward = torch.Tensor.backward
+        original_scale = torch.amp.GradScaler.scale
+        original_scaler_step = torch.amp.GradScaler.step
 
         def backward(tensor, *args, **kwargs):
-            if tensor.dim() == 0 and tensor.requires_grad and tensor.is_floating_point():
-                return original_backward(scaling.scaler.scale(tensor), *args, **kwargs)
+            if (tensor.dim() == 0 and tensor.requires_grad and tensor.is_floating_point()
+                    and not getattr(tensor, "_advisor_scaled", False)):
+                tensor = scaling.scaler.scale(tensor)
             return original_backward(tensor, *args, **kwargs)
+
+        def scale(scaler, outputs):
+            scaled = original_scale(scaler, outputs)
+            if isinstance(scaled, torch.Tensor):
+                scaled._advisor_scaled = True
+            return scaled
+
+        def scaler_step(scaler, optimizer, *args, **kwargs):
+            previous, scaling._inside_scaler_step = scaling._inside_scaler_step, True
+            try:
+                return original_scaler_step(scaler, optimizer, *args, **kwargs)
+            finally:
+                scaling._inside_scaler_step = previous
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(patched_attribute(torch.Tensor, "backward", backward))
+            stack.enter_context(patched_attribute(torch.amp.GradScaler, "scale", scale))
+            stack.enter_context(patched_attribute(torch.amp.GradScaler, "step", scaler_step))
             for cls in optimizer_classes():
                 stack.enter_context(patched_attribute(cls, "step", self._wrap_step(vars(cls)["step"])))
             self.stepped = False
@@ -345,11 +368,7 @@ class GradScaling:
             # GradScaler.step calls optimizer.step itself: that inner call must reach the original.
             if scaling._inside_scaler_step or "closure" in kwargs or args:
                 return original(optimizer, *args, **kwargs)
-            scaling._inside_scaler_step = True
-            try:
-                result = scaling.scaler.step(optimizer)
-            finally:
-                scaling._inside_scaler_step = False
+            result = scaling.scaler.step(optimizer)
             scaling.stepped = True
             return result
 

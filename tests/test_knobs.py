@@ -155,3 +155,19 @@ def test_grad_scaling_scales_backward_and_steps_through_the_scaler():
     optimizer.zero_grad()
     (weight * 2).sum().backward()
     assert torch.allclose(weight.grad, torch.tensor([2.0, 2.0]))
+
+
+def test_grad_scaling_leaves_a_step_that_scales_itself_alone():
+    weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    users_scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    seen = []
+    weight.register_hook(lambda grad: seen.append(grad.clone()))
+    scaling = GradScaling("cpu")
+    with scaling.active():
+        users_scaler.scale((weight * 2).sum()).backward()
+        users_scaler.step(optimizer)
+        users_scaler.update()
+    assert torch.allclose(seen[0], torch.tensor([8.0, 8.0]))  # scaled once, by the user's scaler
+    assert torch.allclose(weight.detach(), torch.tensor([0.8, 1.8]))
+    assert not scaling.stepped
