@@ -13,6 +13,7 @@ The data set (shapes drawn on noisy backgrounds, four classes) is generated dete
 from __future__ import annotations
 
 import argparse
+import os
 import random
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def ensure_dataset(root: Path = DATA_DIR, count: int = 384) -> list[tuple[Path, 
         path = root / f"{i:04d}-{CLASSES[label]}.{'png' if i % 2 else 'jpg'}"
         if not path.exists():
             image = draw_image(rng, label)
-            tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
             image.save(tmp, quality=95) if path.suffix == ".jpg" else image.save(tmp)
             tmp.replace(path)  # a run stopped mid-write never leaves a truncated image
         else:
