@@ -45,6 +45,7 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
 from __future__ import annotations
 
 import argparse
+import ast
 import gzip
 import json
 import os
@@ -264,8 +265,8 @@ def _kill_group(pgid: int) -> None:
 
 def run_trial(
     target: str,
-    knobs: Knobs | None = None,
-    out_dir: str | os.PathLike = "trial",
+    knobs: Knobs | None,
+    out_dir: str | os.PathLike,
     *,
     name: str | None = None,
     steps: int = 5,
@@ -285,7 +286,7 @@ def run_trial(
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
     KeyboardInterrupt once the trial's processes are gone.
     """
-    knobs = knobs or Knobs()
+    knobs = knobs or Knobs()  # None: the user's own settings
     script, func = parse_target(target)
     if steps < 1 or wait < 0 or warmup < 0:
         raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
@@ -325,7 +326,7 @@ def run_trial(
     }
     try:
         source = script.read_text()
-        locate_target(__import__("ast").parse(source, filename=str(script)), func)
+        locate_target(ast.parse(source, filename=str(script)), func)
     except SyntaxError as exc:
         raise AdvisorError(f"{script}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
     except TargetNotFound as exc:
