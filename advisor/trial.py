@@ -247,20 +247,42 @@ def group_members(pgid: int) -> list[int]:
 
 
 def _kill_group(pgid: int) -> None:
-    """End the trial's process group: SIGTERM, a moment to exit, then SIGKILL to whatever is left."""
-    if not group_members(pgid):
-        return
+    """End the trial: its process group and any descendant that left it (e.g. with setsid).
+
+    SIGTERM first, a moment to exit, then SIGKILL to whatever is left.
+    """
+    import psutil
+
     try:
-        os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
+        strays = psutil.Process(pgid).children(recursive=True)  # the group leader is the trial process
+    except psutil.Error:
+        strays = []
+    strays = [p for p in strays if p.pid not in group_members(pgid)]
+    if not group_members(pgid) and not strays:
         return
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and group_members(pgid):
-        time.sleep(0.05)
+    for send in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, send)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for stray in strays:
+            try:
+                stray.send_signal(send)
+            except psutil.Error:
+                pass
+        if send == signal.SIGTERM:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and (group_members(pgid) or any(_alive(p) for p in strays)):
+                time.sleep(0.05)
+
+
+def _alive(process: Any) -> bool:
+    import psutil
+
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def run_trial(

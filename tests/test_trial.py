@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from trial_helpers import EXAMPLES, REPO, median_trace_step, profiler_step_durations, trial_record, write_script
 
@@ -288,3 +289,24 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
         pytest.skip("this machine has a CUDA device")
     assert result.status == "error" and result.message == "--device cuda: no CUDA device is available to this process"
     assert result.traceback is None
+
+
+def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path):
+    script = write_script(tmp_path, """
+        import subprocess, sys, time
+
+        def train_step(x):
+            if x == 3:
+                child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+                open("child.pid", "w").write(str(child.pid))
+                time.sleep(60)
+            return 0.0
+
+        if __name__ == "__main__":
+            for x in range(10):
+                train_step(x)
+    """)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, timeout_s=5)
+    assert result.status == "timeout"
+    child = int((tmp_path / "child.pid").read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
