@@ -93,6 +93,13 @@ def test_char_transformer_trial(tmp_path):
     check_trace_matches_trial(result.path, record)
     assert result.batch_size == 32 and result.loss is not None and result.median_step_s > 0
     assert load_trial(result.path) == result
+    # `advisor analyze` reads the trial folder and its step figure agrees with the trial's own timing.
+    from advisor.commands import analyze_path, diagnosis_to_dict
+
+    (diagnosis,) = analyze_path(result.path)
+    analyzed = diagnosis_to_dict(diagnosis)
+    assert analyzed["steps"]["count"] == 3 and analyzed["trial"]["status"] == "ok"
+    assert abs(analyzed["steps"]["median_ms"] / 1e3 - result.median_step_s) <= 0.10 * result.median_step_s
 
 
 def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path):
