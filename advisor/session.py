@@ -214,7 +214,7 @@ def propose(diagnosis, best: TrialResult, state: dict[str, Any], options: Sessio
         current = effective(knobs, user, "num_workers") or 0
         target = 2 if current < 2 else current * 2
         if target <= cpus:
-            out.append(Proposal("more-workers", f"num_workers {current} → {target}", f"workers-{target}",
+            out.append(Proposal("more-workers", f"workers {current}→{target}", f"workers-{target}",
                                 dataclasses.replace(knobs, num_workers=target, persistent_workers=True),
                                 recs["more-workers"].predicted_gain))
     if "amp" in recs and knobs.amp is None and "amp" not in exhausted:
@@ -222,10 +222,10 @@ def propose(diagnosis, best: TrialResult, state: dict[str, Any], options: Sessio
         out.append(Proposal("amp", f"AMP {dtype}", f"amp-{dtype}", dataclasses.replace(knobs, amp=dtype),
                             recs["amp"].predicted_gain))
     if accelerator and "pin-memory" in recs and not knobs.pin_memory and "pin-memory" not in exhausted:
-        out.append(Proposal("pin-memory", "pin_memory → True", "pin-memory",
+        out.append(Proposal("pin-memory", "pin_memory", "pin-memory",
                             dataclasses.replace(knobs, pin_memory=True), recs["pin-memory"].predicted_gain))
     if accelerator and "non-blocking" in recs and not knobs.non_blocking and "non-blocking" not in exhausted:
-        out.append(Proposal("non-blocking", "non_blocking copies", "non-blocking",
+        out.append(Proposal("non-blocking", "non_blocking", "non-blocking",
                             dataclasses.replace(knobs, non_blocking=True), recs["non-blocking"].predicted_gain))
     batch = batch_proposal(recs.get("larger-batch"), best, state, options, accelerator)
     if batch is not None:
@@ -255,7 +255,7 @@ def batch_proposal(rec, best: TrialResult, state: dict[str, Any], options: Sessi
         return None
     # On the CPU a larger batch is a measured experiment, ranked after what the trace points to.
     gain = rec.predicted_gain if rec is not None else 0.02
-    return Proposal("larger-batch", f"batch size {current} → {size}", f"batch-{size}",
+    return Proposal("larger-batch", f"batch {current}→{size}", f"batch-{size}",
                     dataclasses.replace(best.knobs, batch_size=size), gain)
 
 
@@ -336,8 +336,12 @@ def load_state(out: Path) -> dict[str, Any]:
 
 
 def run_session(target: str, out: Path, options: SessionOptions, *, command: str = "", resume: bool = False,
-                log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) the sequence until nothing is left to gain or the budget is spent; return the record."""
+                log: Callable[[str], None] = print, runner: TrialRunner | None = None) -> dict[str, Any]:
+    """Run (or resume) the sequence until nothing is left to gain or the budget is spent; return the record.
+
+    Trials run in subprocesses unless `runner` runs them some other way (the notebook API runs them in
+    its own process); everything else — decisions, persistence, outputs — is the same.
+    """
     out = Path(out).resolve()
     if resume:
         state = load_state(out)
@@ -351,7 +355,7 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     save(state)
     started = time.monotonic()
     try:
-        _sequence(target, out, options, state, started, log)
+        _sequence(runner or subprocess_runner(target, out, options), out, options, state, started, log)
     except KeyboardInterrupt:
         state["status"] = "interrupted"
         save(state)
@@ -360,18 +364,24 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     return state
 
 
-def _run(target: str, out: Path, options: SessionOptions, index: int, slug: str, knobs: Knobs) -> TrialResult:
-    name = f"{index:02d}-{slug}"
-    return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
-                     warmup=options.warmup, device=options.device, script_args=options.script_args,
-                     timeout_s=options.timeout_s, memory_limit=options.memory_limit)
+TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
 
 
-def _sequence(target: str, out: Path, options: SessionOptions, state: dict[str, Any], started: float,
+def subprocess_runner(target: str, out: Path, options: SessionOptions) -> TrialRunner:
+    """Trials of `script.py:func` in fresh subprocesses (the CLI's way), in `out/trials/<name>`."""
+    def run(name: str, knobs: Knobs) -> TrialResult:
+        return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
+                         warmup=options.warmup, device=options.device, script_args=options.script_args,
+                         timeout_s=options.timeout_s, memory_limit=options.memory_limit)
+
+    return run
+
+
+def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[str, Any], started: float,
               log: Callable[[str], None]) -> None:
     if not state["trials"]:
         log("trial 00: baseline")
-        baseline = _run(target, out, options, 0, "baseline", Knobs())
+        baseline = run("00-baseline", Knobs())
         record = json.loads((baseline.path / TRIAL_FILE).read_text())
         state["device"] = record.get("device_facts")
         state["user_values"] = record.get("user_values") or {}
@@ -407,7 +417,7 @@ def _sequence(target: str, out: Path, options: SessionOptions, state: dict[str, 
         proposal = proposals[0]
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (predicted {100 * proposal.predicted_gain:.0f}% of step time)")
-        result = _run(target, out, options, index, proposal.slug, proposal.knobs)
+        result = run(f"{index:02d}-{proposal.slug}", proposal.knobs)
         keep, reason, gain, noise = decide(best, result, baseline_losses, options.min_gain)
         row = trial_row(index, result, proposal, state)
         row.update(decision="kept" if keep else ("failed" if not result.ok else "reverted"), reason=reason,
