@@ -550,11 +550,9 @@ def profile_command(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else default_out_dir(script)
         target = args.target
     command = "advisor profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if not args.resume else ""
-    try:
-        state = run_session(target, out, options, command=command, resume=bool(args.resume),
-                            log=lambda m: print(m, flush=True))
-    except KeyboardInterrupt:
-        return 130
+    # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
+    state = run_session(target, out, options, command=command, resume=bool(args.resume),
+                        log=lambda m: print(m, flush=True))
     out = Path(state["_dir"])
     baseline = load_trial(out / state["trials"][0]["folder"])
     if args.no_apply:

@@ -128,7 +128,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=10)  # advisor stops it once its steps are measured
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--num-workers", type=int, default=0)
     args = parser.parse_args()
