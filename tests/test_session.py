@@ -17,7 +17,7 @@ import pytest
 from advisor.knobs import Knobs
 from advisor.session import (SESSION_FILE, SessionOptions, decide, fit_memory, median_noise, next_batch_size,
                              run_session)
-from advisor.trial import load_trial
+from advisor.trial import load_trial, run_trial
 from conftest import ROOT, SAMPLE_RUNS
 
 IMAGE = ROOT / "examples" / "image_classifier.py"
@@ -91,6 +91,43 @@ def test_session_on_the_image_classifier_speeds_it_up(tmp_path):
     assert saved["trials"][1]["recommendation"] == "more-workers"
     assert saved["speedup"] and saved["speedup"] > 1.1
     assert any(t["decision"] == "kept" for t in saved["trials"])
+    assert (out / "report.html").exists()
+    check_patch_reproduces_settings(out, saved, tmp_path / "repo")
+
+
+def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
+    """Apply suggested.patch to a copy of the example; its own settings are then the kept ones."""
+    kept = {k: v for k, v in saved["final_knobs"].items() if v is not None}
+    assert saved["patch"] == "suggested.patch"
+    (repo / "examples").mkdir(parents=True)
+    shutil.copy(IMAGE, repo / "examples" / IMAGE.name)
+    (repo / "examples" / "data").symlink_to(IMAGE.parent / "data")  # the images the trials generated
+    applied = subprocess.run(["patch", "-p1", "-i", str(out / "suggested.patch")], cwd=repo,
+                             capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    patched = repo / "examples" / IMAGE.name
+    result = run_trial(f"{patched}:train_step", Knobs(), repo / "trial", name="patched", steps=2)
+    assert result.ok, result.message
+    user = json.loads((repo / "trial" / "trial.json").read_text())["user_values"]
+    for knob in ("batch_size", "num_workers", "pin_memory"):
+        if knob in kept:
+            assert user[knob] == kept[knob], (knob, user, kept)
+    if kept.get("amp"):
+        assert "torch.autocast" in patched.read_text()
+
+
+@pytest.mark.slow
+def test_session_on_the_char_transformer_speeds_it_up(tmp_path):
+    out = tmp_path / "session"
+    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=3, max_trials=3), command="test",
+                        log=lambda m: None)
+    assert state["status"] == "done"
+    # Compute-bound: the trace's top recommendation is bf16 autocast where the CPU computes bf16.
+    first = state["trials"][1]
+    cpu = (state["device"] or {}).get("cpu") or {}
+    if cpu.get("bf16_instructions"):
+        assert first["recommendation"] == "amp" and first["knobs"]["amp"] == "bf16"
+    assert state["speedup"] and state["speedup"] > 1.1, state["trials"]
 
 
 @pytest.mark.slow

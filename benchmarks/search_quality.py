@@ -1,0 +1,87 @@
+"""Benchmark: the advisor's sequence against an exhaustive grid over the same knob values.
+
+Reference example: examples/image_classifier.py (DataLoader-bound at num_workers=0). The grid runs every
+combination of the values the sequence can reach on this machine — num_workers {user's, 2, 4, ...} up to
+the CPU count, amp {off, bf16}, batch {32, 64, 128, 256} — as real trials. The advisor runs with a budget of
+a third of the grid's trials. Both winners are then re-measured alternately (the maximum of many noisy
+trials is biased upwards), and their median samples/s compared.
+
+Floor (issue 4): the advisor reaches at least 95% of the grid's best samples/s with at most a third of the
+grid's trials. Exit code 1 if it does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from advisor.knobs import Knobs  # noqa: E402
+from advisor.session import SessionOptions, run_session  # noqa: E402
+from advisor.trial import run_trial  # noqa: E402
+
+TARGET = f"{ROOT / 'examples' / 'image_classifier.py'}:train_step"
+STEPS = 4
+REMEASURE = 3
+
+
+def grid_values() -> dict[str, list]:
+    """The knob values the advisor's sequence can reach here."""
+    workers = [0] + [w for w in (2, 4, 8, 16) if w <= (os.cpu_count() or 1)]
+    return {"num_workers": workers, "amp": [None, "bf16"], "batch_size": [32, 64, 128, 256]}
+
+
+def knobs_of(values: dict) -> Knobs:
+    """Knobs for one grid point (the example's own values stay unset, as in the sequence)."""
+    workers = values["num_workers"]
+    return Knobs(amp=values["amp"], batch_size=None if values["batch_size"] == 32 else values["batch_size"],
+                 num_workers=workers or None, persistent_workers=True if workers else None)
+
+
+def measure(knobs: Knobs, folder: Path, name: str) -> float:
+    """Samples/s of one real trial (0 if it failed)."""
+    result = run_trial(TARGET, knobs, folder / name, name=name, steps=STEPS, profile=True)
+    return (result.samples_per_s or 0.0) if result.ok else 0.0
+
+
+def main() -> int:
+    values = grid_values()
+    points = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
+    budget = len(points) // 3
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        grid = []
+        for i, point in enumerate(points):
+            sps = measure(knobs_of(point), tmp / "grid", f"{i:02d}")
+            grid.append((sps, point))
+            print(f"  grid {i + 1:2d}/{len(points)} {point}: {sps:.1f} samples/s", flush=True)
+        grid_best_sps, grid_best = max(grid, key=lambda g: g[0])
+        state = run_session(TARGET, tmp / "session", SessionOptions(steps=STEPS, max_trials=budget),
+                            log=lambda m: print("  advisor " + m, flush=True))
+        best_row = next(t for t in state["trials"] if t["name"] == state["best"])
+        advisor_knobs = Knobs.from_dict(best_row["knobs"])
+        grid_knobs = knobs_of(grid_best)
+        grid_again, advisor_again = [], []
+        for r in range(REMEASURE):  # alternate, so drift in machine load hits both alike
+            grid_again.append(measure(grid_knobs, tmp / "again", f"grid-{r}"))
+            advisor_again.append(measure(advisor_knobs, tmp / "again", f"advisor-{r}"))
+    g, a = statistics.median(grid_again), statistics.median(advisor_again)
+    trials = len(state["trials"])
+    print(f"search quality (image_classifier, {len(points)}-point grid, advisor budget {budget} trials)")
+    print(f"  grid best    : {grid_best} {grid_best_sps:.1f} samples/s in its trial, {g:.1f} re-measured")
+    print(f"  advisor best : {advisor_knobs.label() or 'as written'} {best_row['samples_per_s']:.1f} samples/s "
+          f"in its trial, {a:.1f} re-measured, after {trials} trials")
+    print(f"  ratio advisor/grid: {a / g:.3f} samples/s; trials {trials}/{len(points)} = {trials / len(points):.2f}")
+    ok = a >= 0.95 * g and trials <= len(points) / 3
+    print(f"  {'PASS' if ok else 'FAIL'}: at least 95% of the grid's best with at most a third of its trials")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
