@@ -124,6 +124,10 @@ class DeviceMemory:
     peak_reserved: float | None
     capacity: float | None
     growth: float | None = None  # peak rise of allocations during the trace, when no totals are recorded
+    # Allocated bytes over time (ms from the trace start), at most TIMELINE_POINTS points keeping each
+    # bucket's maximum so that peaks survive; cumulative allocations when the trace records no totals.
+    timeline_ms: tuple[float, ...] = ()
+    timeline_bytes: tuple[float, ...] = ()
 
     @property
     def headroom(self) -> float | None:
@@ -472,6 +476,25 @@ def host_to_device_copies(trace: Trace, steps: list[Step], kernel_intervals: iv.
     )
 
 
+TIMELINE_POINTS = 400
+
+
+def downsample_max(times: list[float], values: list[float], points: int = TIMELINE_POINTS,
+                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """At most `points` samples: the maximum of each equal-time bucket (peaks are what matter)."""
+    if len(times) <= points:
+        return tuple(times), tuple(values)
+    start, end = times[0], times[-1]
+    width = (end - start) / points or 1.0
+    best: dict[int, tuple[float, float]] = {}
+    for t, v in zip(times, values):
+        b = min(int((t - start) / width), points - 1)
+        if b not in best or v > best[b][1]:
+            best[b] = (t, v)
+    kept = [best[b] for b in sorted(best)]
+    return tuple(t for t, _ in kept), tuple(v for _, v in kept)
+
+
 def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
     """Peak allocated/reserved per device from `[memory]` events, against the device's capacity."""
     capacity = {d.index: d.total_memory for d in devices}
@@ -481,21 +504,30 @@ def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
     out = []
     for (dtype, did), samples in sorted(grouped.items()):
         name = "cpu" if dtype == 0 else f"cuda:{did}" if dtype == 1 else f"device{dtype}:{did}"
+        samples.sort(key=lambda m: m.ts)
         allocated = [m.total_allocated for m in samples if m.total_allocated is not None]
         reserved = [m.total_reserved for m in samples if m.total_reserved is not None]
         growth = None
-        if not allocated:
+        if allocated:
+            series = [(m.ts, m.total_allocated) for m in samples if m.total_allocated is not None]
+        else:
             running = peak = 0.0
+            series = []
             for m in samples:
                 running += m.bytes
                 peak = max(peak, running)
+                series.append((m.ts, running))
             growth = peak
+        t0 = samples[0].ts
+        times, values = downsample_max([(t - t0) / 1000 for t, _ in series], [v for _, v in series])
         out.append(DeviceMemory(
             device=name,
             peak_allocated=max(allocated) if allocated else None,
             peak_reserved=max(reserved) if reserved else None,
             capacity=capacity.get(did) if dtype != 0 else None,
             growth=growth,
+            timeline_ms=times,
+            timeline_bytes=values,
         ))
     return out
 

@@ -86,6 +86,10 @@ def test_v100_memory_headroom_is_about_80_percent(diagnoses):
     assert cuda[0].peak_allocated / 1e9 == pytest.approx(6.63, abs=0.01)
     assert cuda[0].capacity / 1e9 == pytest.approx(34.1, abs=0.1)
     assert cuda[0].headroom == pytest.approx(0.80, abs=0.01)
+    # The memory timeline keeps the peak while thinning 28k events to a chartable series.
+    assert 100 < len(cuda[0].timeline_ms) <= 400
+    assert max(cuda[0].timeline_bytes) == cuda[0].peak_allocated
+    assert list(cuda[0].timeline_ms) == sorted(cuda[0].timeline_ms)
     batch = next(r for r in d.recommendations if r.id == "larger-batch")
     assert any("80.6% unused" in e for e in batch.evidence)
     amp = next(r for r in d.recommendations if r.id == "amp")

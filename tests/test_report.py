@@ -211,7 +211,11 @@ def test_ten_trial_report_is_small_and_renders_fast(browser, tmp_path: Path):
     out = write_report(session_dir, session_dir / "report.html")
     size = out.stat().st_size
     assert size < 5_000_000, f"{size} bytes"
-    assert len(chart_svgs(out.read_text())) == 3
+    html = out.read_text()
+    # Three session charts, plus a memory timeline in each trial's section whose trace has memory events.
+    timelines = html.count('alt="Allocated memory over the trace"')
+    assert timelines >= 1
+    assert len(chart_svgs(html)) == 3 + timelines
     # A copy with a probe that records, at the load event after a forced layout, the time since navigation.
     probe = tmp_path / "probe.html"
     probe.write_text(out.read_text().replace("</body>", LOAD_PROBE + "</body>"))
@@ -357,3 +361,14 @@ def test_tensorboard_server_shows_one_run_per_trial(tmp_path: Path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_trace_report_shows_the_memory_timeline(tmp_path):
+    from conftest import gpu_trace
+
+    from advisor.report import write_report
+
+    out = write_report(gpu_trace("v100-memory-events.pt.trace.json.gz"), tmp_path / "v100.html")
+    html = out.read_text()
+    assert "Memory over time" in html
+    assert 'alt="Allocated memory over the trace" src="data:image/svg+xml;base64,' in html

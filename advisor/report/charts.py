@@ -109,3 +109,22 @@ def memory_chart(labels: list[str], peak_bytes: list[float | None], capacity_byt
         source = sorted({s for s in sources if s})
         ax.set_xlabel("peak memory, GB" + (f" ({'; '.join(source)})" if source else ""))
         return svg_data_uri(fig)
+
+
+def memory_timeline_chart(series: list[tuple[str, tuple[float, ...], tuple[float, ...]]],
+                          capacity_bytes: float | None, cumulative: bool) -> str:
+    """Allocated memory over the trace (one line per device), against capacity when it is known."""
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(9.0, 2.6))
+        for label, times, values in series:
+            ax.step(times, [v / 1e9 for v in values], where="post", label=label, linewidth=1.2)
+        if capacity_bytes:
+            ax.axhline(capacity_bytes / 1e9, color="#e45756", linestyle="--", linewidth=1.2)
+            ax.text(0, capacity_bytes / 1e9, f" capacity {capacity_bytes / 1e9:.1f} GB", color="#e45756",
+                    fontsize=8, va="bottom")
+        ax.set_xlabel("ms since the first memory event")
+        ax.set_ylabel("GB allocated since the trace started" if cumulative else "GB allocated")
+        ax.set_ylim(bottom=0)
+        if len(series) > 1:
+            ax.legend(frameon=False)
+        return svg_data_uri(fig)

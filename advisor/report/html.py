@@ -109,6 +109,7 @@ class TraceView:
     breakdown_rows: tuple[tuple[str, str, str], ...]
     kernels: tuple[Hotspot, ...]
     operators: tuple[Hotspot, ...]
+    memory_timeline: str | None  # chart data URI, when the trace has [memory] events
 
 
 def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
@@ -161,7 +162,19 @@ def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | N
         short = f"{Path(str(d.trial.get('script') or '?')).stem}/{d.trial.get('name') or '?'}"
     return TraceView(label=trace_label(d), short=short, file=Path(d.source).name, device=device_line(d), diagnosis=d,
                      figures=f, figure_rows=figure_rows(d, f), breakdown_rows=breakdown,
-                     kernels=found["kernels"], operators=found["operators"])
+                     kernels=found["kernels"], operators=found["operators"], memory_timeline=memory_timeline(d))
+
+
+def memory_timeline(d: Diagnosis) -> str | None:
+    """The memory timeline chart of a trace: accelerators when it has them, else the CPU."""
+    with_data = [m for m in d.memory if len(m.timeline_ms) > 1]
+    shown = [m for m in with_data if m.device != "cpu"] or with_data
+    if not shown:
+        return None
+    capacities = {m.capacity for m in shown if m.capacity}
+    return charts.memory_timeline_chart([(m.device, m.timeline_ms, m.timeline_bytes) for m in shown],
+                                        max(capacities) if len(capacities) == 1 else None,
+                                        cumulative=all(m.peak_allocated is None for m in shown))
 
 
 def breakdown_chart(views: list[tuple[str, TraceView | None]]) -> str:
