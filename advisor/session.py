@@ -305,11 +305,12 @@ def _diagnose(result: TrialResult):
     return analyze_file(traces[0]) if traces else None
 
 
-def new_state(target: str, out: Path, options: SessionOptions, command: str) -> dict[str, Any]:
-    """A fresh session record."""
-    script, _ = parse_target(target)
+def new_state(target: str, out: Path, options: SessionOptions, command: str, *, script: bool = True,
+              ) -> dict[str, Any]:
+    """A fresh session record; `script=False` when the target names no script file (the notebook API)."""
+    path = str(parse_target(target)[0]) if script else None
     return {
-        "schema": SCHEMA, "target": target, "script": str(script), "command": command,
+        "schema": SCHEMA, "target": target, "script": path, "command": command,
         "options": options.to_dict(), "status": "running", "started_at": time.time(), "updated_at": time.time(),
         "device": None, "user_values": {}, "baseline": None, "best": None, "final_knobs": None, "speedup": None,
         "trials": [], "recommendations": [], "notes": [], "patch": None, "exhausted": [], "_dir": str(out),
@@ -336,11 +337,14 @@ def load_state(out: Path) -> dict[str, Any]:
 
 
 def run_session(target: str, out: Path, options: SessionOptions, *, command: str = "", resume: bool = False,
-                log: Callable[[str], None] = print, runner: TrialRunner | None = None) -> dict[str, Any]:
+                log: Callable[[str], None] = print, runner: TrialRunner | None = None,
+                script: bool = True) -> dict[str, Any]:
     """Run (or resume) the sequence until nothing is left to gain or the budget is spent; return the record.
 
     Trials run in subprocesses unless `runner` runs them some other way (the notebook API runs them in
-    its own process); everything else — decisions, persistence, outputs — is the same.
+    its own process); everything else — decisions, persistence, outputs — is the same. `script=False`:
+    the target only names a step function (e.g. "<notebook>:train_step"), so there is no script to
+    check or patch.
     """
     out = Path(out).resolve()
     if resume:
@@ -350,7 +354,7 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     else:
         if (out / SESSION_FILE).exists():
             raise AdvisorError(f"{out}: already holds a session; use --resume {out} or another --out")
-        state = new_state(target, out, options, command)
+        state = new_state(target, out, options, command, script=script)
     (out / "trials").mkdir(parents=True, exist_ok=True)
     save(state)
     started = time.monotonic()
@@ -468,7 +472,10 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     final = Knobs.from_dict(state["final_knobs"] or {})
     from advisor.patch import write_patch
 
-    if final.requested():
+    if final.requested() and not state.get("script"):
+        state["notes"].append("no suggested.patch: the step did not come from a script file; "
+                              "make the final settings below in your code")
+    elif final.requested():
         _, func = parse_target(state["target"])
         script = Path(state["script"])
         try:
