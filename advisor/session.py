@@ -96,9 +96,9 @@ def recorded_step_times(trial_dir: Path) -> list[float]:
     return [s["wall_s"] for s in record.get("steps", []) if s.get("recorded") and s.get("wall_s")]
 
 
-def recorded_losses(trial_dir: Path) -> list[float]:
+def recorded_losses(trial_dir: Path | str) -> list[float]:
     """Losses returned by the profiled steps of a trial."""
-    record = json.loads((trial_dir / TRIAL_FILE).read_text())
+    record = json.loads((Path(trial_dir) / TRIAL_FILE).read_text())
     return [s["loss"] for s in record.get("steps", []) if s.get("recorded") and s.get("loss") is not None]
 
 
@@ -240,6 +240,8 @@ def batch_proposal(rec, best: TrialResult, state: dict[str, Any], options: Sessi
     """A larger batch: on an accelerator when the trace supports it; on the CPU while samples/s grows."""
     if options.keep_effective_batch or "larger-batch" in state.get("exhausted", []):
         return None
+    if state["trials"][0]["status"] == "oom" or best.knobs.accumulation_steps:
+        return None  # memory-bound already: the batch was made to fit, not to grow
     if accelerator and rec is None:
         return None
     current = best.batch_size
@@ -264,7 +266,8 @@ def batch_proposal(rec, best: TrialResult, state: dict[str, Any], options: Sessi
 def trial_row(index: int, result: TrialResult, proposal: Proposal | None, state: dict[str, Any]) -> dict:
     """The session.json row of one trial (decision filled in by the caller)."""
     record = json.loads((result.path / TRIAL_FILE).read_text())
-    base_sps = state["trials"][0]["samples_per_s"] if state["trials"] else result.samples_per_s
+    reference = reference_row(state)
+    base_sps = reference["samples_per_s"] if reference else result.samples_per_s
     return {
         "index": index,
         "name": result.name,
@@ -381,30 +384,113 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions) -> TrialR
     return run
 
 
+def reference_row(state: dict[str, Any]) -> dict | None:
+    """The trial speed-ups are measured against: the baseline, or the first configuration that fitted."""
+    return next((t for t in state["trials"] if t["decision"] in ("baseline", "kept") and t["samples_per_s"]), None)
+
+
+def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> TrialResult:
+    log("trial 00: baseline")
+    baseline = run("00-baseline", Knobs())
+    record = json.loads((baseline.path / TRIAL_FILE).read_text())
+    state["device"] = record.get("device_facts")
+    state["user_values"] = record.get("user_values") or {}
+    row = trial_row(0, baseline, None, state)
+    row["decision"] = "baseline" if baseline.ok else "failed"
+    row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
+    row["speedup"] = 1.0 if baseline.ok else None
+    state["trials"].append(row)
+    state["baseline"] = state["best"] = baseline.name
+    state["final_knobs"] = Knobs().to_dict()
+    if baseline.status == "oom":
+        state["notes"].append(out_of_memory_note(record))
+    save(state)
+    return baseline
+
+
+def out_of_memory_note(record: dict[str, Any]) -> str:
+    """Where memory went in a trial that ran out of it, as far as the trial could tell."""
+    summary = record.get("summary") or {}
+    parts = []
+    breakdown = summary.get("memory_breakdown") or {}
+    for key in ("parameters", "gradients", "optimizer_state", "activations"):
+        value = breakdown.get(key) if isinstance(breakdown, dict) else None
+        if isinstance(value, (int, float)) and value:
+            parts.append(f"{key.replace('_', ' ')} {value / 2**20:.0f} MiB")
+    peak = summary.get("peak_memory_bytes")
+    where = f" (peak {peak / 2**20:.0f} MiB: {', '.join(parts)})" if peak and parts else (
+        f" (peak {peak / 2**20:.0f} MiB)" if peak else "")
+    return (f"The user's settings ran out of memory{where}; the session looked for the closest configuration "
+            "that fits: AMP, then micro-batches with gradient accumulation (same effective batch), then a "
+            "smaller batch.")
+
+
+def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
+    """Configurations to try after the baseline ran out of memory, closest to the user's first."""
+    facts = state.get("device") or {}
+    batch = (state.get("user_values") or {}).get("batch_size")
+    if facts.get("type") == "cuda":
+        dtype = "bf16" if (facts.get("gpu") or {}).get("bf16_supported") else "fp16"
+    else:  # CPU autocast is bf16 only, and only worth it where the CPU computes bf16
+        dtype = "bf16" if ((facts.get("cpu") or {}).get("bf16_instructions")) else None
+    plan = []
+    if dtype:
+        plan.append(Proposal("oom-amp", f"AMP {dtype}", f"amp-{dtype}", Knobs(amp=dtype), 0.0))
+    for k in (2, 4, 8):
+        if batch and batch % k == 0:
+            plan.append(Proposal("oom-accumulation", f"micro-batches {batch // k}×{k}", f"accumulate-{k}",
+                                 Knobs(accumulation_steps=k), 0.0))
+    for f in (2, 4, 8):
+        if batch and batch // f >= 1:
+            plan.append(Proposal("oom-smaller-batch", f"batch {batch}→{batch // f} (smaller effective batch)",
+                                 f"batch-{batch // f}", Knobs(batch_size=batch // f), 0.0))
+    return plan
+
+
+def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped)."""
+    tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
+    for proposal in recovery_plan(state):
+        if json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried:
+            continue
+        index = len(state["trials"])
+        log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
+        result = run(f"{index:02d}-{proposal.slug}", proposal.knobs)
+        row = trial_row(index, result, proposal, state)
+        if result.ok:
+            row.update(decision="kept", reason="fits in memory", speedup=1.0)
+            state["best"] = result.name
+            state["final_knobs"] = result.knobs.to_dict()
+            if proposal.recommendation == "oom-smaller-batch":
+                state["notes"].append(
+                    f"Only a smaller batch fits: {proposal.change}. This changes training: scale the learning "
+                    "rate down with the batch, or find memory elsewhere (activation checkpointing, a smaller "
+                    "model).")
+        else:
+            row.update(decision="failed", reason=f"{result.status}: {result.message}")
+        state["trials"].append(row)
+        log(f"  {row['decision']}: {row['reason']}")
+        save(state)
+        if result.ok:
+            return
+
+
 def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[str, Any], started: float,
               log: Callable[[str], None]) -> None:
     if not state["trials"]:
-        log("trial 00: baseline")
-        baseline = run("00-baseline", Knobs())
-        record = json.loads((baseline.path / TRIAL_FILE).read_text())
-        state["device"] = record.get("device_facts")
-        state["user_values"] = record.get("user_values") or {}
-        row = trial_row(0, baseline, None, state)
-        row["decision"] = "baseline" if baseline.ok else "failed"
-        row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
-        row["speedup"] = 1.0 if baseline.ok else None
-        state["trials"].append(row)
-        state["baseline"] = state["best"] = baseline.name
-        state["final_knobs"] = Knobs().to_dict()
+        _baseline(run, state, log)
+    if reference_row(state) is None and state["trials"][0]["status"] == "oom":
+        _recover_from_oom(run, state, log)
+    reference = reference_row(state)
+    if reference is None:
+        state["status"] = "failed"
         save(state)
-        if not baseline.ok:
-            state["status"] = "failed"
-            save(state)
-            if baseline.traceback:
-                log(baseline.traceback.rstrip())
-            raise TrialFailed(f"baseline trial {baseline.status}: {baseline.message} (trial folder {baseline.path})")
-    baseline = load_trial(out / state["trials"][0]["folder"])
-    baseline_losses = recorded_losses(baseline.path)
+        first = load_trial(out / state["trials"][0]["folder"])
+        if first.traceback and first.status != "oom":
+            log(first.traceback.rstrip())
+        what = "no configuration fits in memory" if first.status == "oom" else f"baseline trial {first.status}"
+        raise TrialFailed(f"{what}: {first.message} (trial folder {first.path})")
+    reference_losses = recorded_losses(out / reference["folder"])
     best = load_trial(out / next(t for t in state["trials"] if t["name"] == state["best"])["folder"])
     while True:
         diagnosis = _diagnose(best)
@@ -422,7 +508,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (predicted {100 * proposal.predicted_gain:.0f}% of step time)")
         result = run(f"{index:02d}-{proposal.slug}", proposal.knobs)
-        keep, reason, gain, noise = decide(best, result, baseline_losses, options.min_gain)
+        keep, reason, gain, noise = decide(best, result, reference_losses, options.min_gain)
         row = trial_row(index, result, proposal, state)
         row.update(decision="kept" if keep else ("failed" if not result.ok else "reverted"), reason=reason,
                    gain=gain, noise=noise)
@@ -436,8 +522,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             # A change that did not help is not tried again; growing workers or the batch stops here.
             state["exhausted"].append(proposal.recommendation)
         save(state)
-    base_sps = state["trials"][0]["samples_per_s"]
     best_row = next(t for t in state["trials"] if t["name"] == state["best"])
+    base_sps = reference["samples_per_s"]
     state["speedup"] = best_row["samples_per_s"] / base_sps if base_sps and best_row["samples_per_s"] else None
     state["notes"].extend(batch_notes(state, options))
     state["status"] = "done"
