@@ -308,6 +308,16 @@ def _diagnose(result: TrialResult):
     return analyze_file(traces[0]) if traces else None
 
 
+def lint_script(script: Path) -> list[dict] | None:
+    """`advisor lint` findings on the script, for the report; None when it cannot be checked."""
+    from advisor.lint import LintError, lint_file
+
+    try:
+        return [f.to_dict() for f in lint_file(script)]
+    except LintError:
+        return None
+
+
 def new_state(target: str, out: Path, options: SessionOptions, command: str, *, script: bool = True,
               ) -> dict[str, Any]:
     """A fresh session record; `script=False` when the target names no script file (the notebook API)."""

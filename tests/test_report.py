@@ -372,3 +372,22 @@ def test_trace_report_shows_the_memory_timeline(tmp_path):
     html = out.read_text()
     assert "Memory over time" in html
     assert 'alt="Allocated memory over the trace" src="data:image/svg+xml;base64,' in html
+
+
+def test_session_report_lists_the_scripts_lint_findings(tmp_path):
+    from advisor.lint import lint_source
+
+    from advisor.report import write_report
+    from report_helpers import build_session
+
+    session_dir = build_session(tmp_path / "session")
+    session = json.loads((session_dir / "session.json").read_text())
+    script = "import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    torch.cuda.empty_cache()\n"
+    findings = lint_source(script, "train <script>.py")
+    assert findings
+    session["lint"] = [f.to_dict() for f in findings]
+    (session_dir / "session.json").write_text(json.dumps(session))
+    html = write_report(session_dir, tmp_path / "report.html").read_text()
+    assert 'id="lint"' in html
+    assert "train &lt;script&gt;.py:5" in html
+    assert findings[0].title in html

@@ -57,7 +57,8 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain)
+    env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain,
+                       basename=lambda p: Path(str(p)).name)
     return env
 
 
@@ -322,7 +323,7 @@ def render_session_report(session_dir: Path) -> str:
         recommendations=session.get("recommendations") or [], patch=patch, patch_name=patch_name,
         notes=[str(n) for n in session["notes"] or []],
         device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},
-        command=session.get("command") or "",
+        command=session.get("command") or "", lint=session.get("lint") or [],
     )
 
 
