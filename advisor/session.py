@@ -324,6 +324,7 @@ def new_state(target: str, out: Path, options: SessionOptions, command: str, *, 
     path = str(parse_target(target)[0]) if script else None
     return {
         "schema": SCHEMA, "target": target, "script": path, "command": command,
+        "lint": lint_script(Path(path)) if path else None,
         "options": options.to_dict(), "status": "running", "started_at": time.time(), "updated_at": time.time(),
         "device": None, "user_values": {}, "baseline": None, "best": None, "final_knobs": None, "speedup": None,
         "trials": [], "recommendations": [], "notes": [], "patch": None, "exhausted": [], "_dir": str(out),
