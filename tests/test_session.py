@@ -92,6 +92,9 @@ def test_session_on_the_image_classifier_speeds_it_up(tmp_path):
     assert saved["speedup"] and saved["speedup"] > 1.1
     assert any(t["decision"] == "kept" for t in saved["trials"])
     assert (out / "report.html").exists()
+    # The script's static findings travel with the session into its report.
+    assert "dataloader-num-workers" in {f["rule"] for f in saved["lint"]}
+    assert 'id="lint"' in (out / "report.html").read_text()
     check_patch_reproduces_settings(out, saved, tmp_path / "repo")
 
 
