@@ -321,7 +321,7 @@ class StepDriver:
         self.total = self.wait + self.warmup + self.active
         self.use_profiler = config.get("profile", True)
         self.device_type = device_type
-        self.interposition = StepInterposition(Knobs.from_dict(config["knobs"]), device_type)
+        self.interposition = StepInterposition(Knobs.from_dict(config["knobs"]), device_type, loader_records)
         self.loader_records = loader_records
         self.process = psutil.Process()
         self.index = 0
@@ -573,6 +573,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["dataloaders"] = [
                 {"user": r.user, "effective": r.effective, "outcomes": r.outcomes} for r in loader_records
             ]
+            result["accumulation"] = driver.interposition.accumulation_record()
     result.setdefault("times", {})["harness_s"] = time.time() - started
     return result
 

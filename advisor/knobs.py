@@ -15,12 +15,31 @@ How each knob is applied (inside the trial only):
   `scaler.step(optimizer)`, and `scaler.update()` runs once when the step returns.
 - `non_blocking`: inside the step, `Tensor.to(...)` and `Tensor.cuda(...)` from host memory to an
   accelerator get `non_blocking=True` unless the user passed a value.
+- `accumulation_steps=k` (gradient accumulation; None or 1 = off): the effective batch stays the user's
+  (or the `batch_size` knob's) while each call of the target sees a micro-batch of batch // k. One call
+  of the target is one micro-step; k calls are one accumulation cycle, aligned to the trial's first call.
+  * The DataLoader is built with batch_size = batch // k. A batch that k does not divide, a loader
+    without a batch size (batch_size=None, or a batch_sampler) or a script that builds no DataLoader
+    makes the knob "not applicable" and nothing else changes: accumulation without micro-batches would
+    multiply the effective batch by k instead of keeping it.
+  * Inside the step, a scalar `loss.backward()` back-propagates `loss / k` (the same `Tensor.backward`
+    interposition as fp16 loss scaling; with both, the divided loss is then scaled). Gradients summed
+    over the k micro-batches equal the gradient of the mean loss over the full batch.
+  * `optimizer.step()` (any `torch.optim.Optimizer`, also when an LR scheduler wrapped it),
+    `GradScaler.step/unscale_/update` and `lr_scheduler.step()` take effect on the last micro-step of
+    a cycle only; with fp16 our GradScaler steps and updates once per cycle, as the AMP docs advise.
+  * `optimizer.zero_grad()` and `module.zero_grad()` take effect only when no gradient of the current
+    cycle would be lost: on the first micro-step before its first backward, or after an optimizer step
+    that took effect. So both `zero_grad; backward; step` and `backward; step; zero_grad` work.
+  * Not covered: `optimizer.step(closure)` (L-BFGS) runs every call, non-scalar `backward(gradient)` is
+    not divided, and gradient clipping runs on every micro-step (on partial sums).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -41,6 +60,7 @@ class Knobs:
     persistent_workers: bool | None = None
     prefetch_factor: int | None = None
     non_blocking: bool | None = None
+    accumulation_steps: int | None = None
 
     def __post_init__(self) -> None:
         problem = knobs_problem(self)
@@ -81,7 +101,7 @@ def knobs_problem(knobs: Knobs) -> str | None:
     """Why these values are invalid (one line), or None."""
     if knobs.amp not in AMP_CHOICES:
         return f"amp must be one of bf16, fp16 or None, not {knobs.amp!r}"
-    for name in ("batch_size", "prefetch_factor"):
+    for name in ("batch_size", "prefetch_factor", "accumulation_steps"):
         value = getattr(knobs, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             return f"{name} must be a positive integer, not {value!r}"
@@ -133,6 +153,18 @@ def plan_loader_arguments(
         else:
             effective["batch_size"] = knobs.batch_size
             outcomes["batch_size"] = APPLIED
+    k = knobs.accumulation_steps
+    if k is not None and k > 1:
+        batch = effective["batch_size"]  # the user's, or the batch_size knob's: the effective batch
+        if user.get("batch_sampler") is not None:
+            outcomes["accumulation_steps"] = not_applicable("the DataLoader uses a batch_sampler")
+        elif batch is None:
+            outcomes["accumulation_steps"] = not_applicable("the DataLoader does not batch (batch_size=None)")
+        elif batch % k:
+            outcomes["accumulation_steps"] = not_applicable(f"batch {batch} is not a multiple of {k}")
+        else:
+            effective["batch_size"] = batch // k  # the micro-batch
+            outcomes["accumulation_steps"] = APPLIED
     if knobs.num_workers is not None:
         effective["num_workers"] = knobs.num_workers
         outcomes["num_workers"] = APPLIED
@@ -203,8 +235,11 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
 def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, str]:
     """Per requested DataLoader knob: its outcome over all loaders the script built."""
     outcomes = {}
-    for key in DATALOADER_KNOBS:
+    for key in (*DATALOADER_KNOBS, "accumulation_steps"):
         if getattr(knobs, key) is None:
+            continue
+        if key == "accumulation_steps" and knobs.accumulation_steps == 1:
+            outcomes[key] = APPLIED  # one micro-step per cycle: nothing to change
             continue
         seen = [r.outcomes[key] for r in records if key in r.outcomes]
         if not records:
@@ -293,48 +328,98 @@ def patched_attribute(owner: Any, name: str, value: Any) -> Iterator[None]:
             delattr(owner, name)
 
 
-def optimizer_classes() -> list[type]:
-    """Every loaded `torch.optim.Optimizer` subclass that defines its own `step`."""
-    import torch
-
-    found, pending = [], [torch.optim.Optimizer]
+def subclasses_defining(base: type, name: str) -> list[type]:
+    """`base` and every loaded subclass of it that defines `name` in its own body."""
+    found, pending, seen = [], [base], set()
     while pending:
         cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
         pending.extend(cls.__subclasses__())
-        if "step" in vars(cls):
+        if name in vars(cls):
             found.append(cls)
     return found
 
 
-class GradScaling:
-    """fp16 loss scaling by interposition: `backward` scaled, `optimizer.step` via the scaler.
+def optimizer_classes() -> list[type]:
+    """Every loaded `torch.optim.Optimizer` subclass that defines its own `step`."""
+    import torch
 
-    A step that already scales with its own GradScaler is left as it is: tensors from any
-    `GradScaler.scale` are not scaled again, and `optimizer.step` called from any `GradScaler.step`
-    reaches the optimizer directly.
+    return subclasses_defining(torch.optim.Optimizer, "step")
+
+
+def live_optimizers() -> list[Any]:
+    """The optimizer instances alive in this process: a garbage-collector scan, so call it rarely."""
+    import gc
+
+    import torch
+
+    return [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
+
+
+class GradientInterposition:
+    """fp16 loss scaling and/or gradient accumulation for each call of the target (one micro-step).
+
+    One `Tensor.backward` interposition serves both: a scalar loss is divided by k (accumulation),
+    then scaled (fp16). One optimizer-step interposition serves both: the step is deferred to the last
+    micro-step of the cycle (accumulation) and goes through the scaler (fp16). `zero_grad` and the LR
+    scheduler are interposed only when accumulating. A step that already scales with its own GradScaler
+    is left as it is: tensors from any `GradScaler.scale` are not scaled again, and `optimizer.step`
+    called from any `GradScaler.step` reaches the optimizer directly.
     """
 
-    def __init__(self, device_type: str):
+    def __init__(self, device_type: str, *, scale: bool = False, accumulation_steps: int | None = None):
         import torch
 
-        self.scaler = torch.amp.GradScaler(device_type)
-        self.stepped = False
+        self.scaler = torch.amp.GradScaler(device_type) if scale else None
+        self.accumulation_steps = accumulation_steps if accumulation_steps and accumulation_steps > 1 else None
+        self.micro_steps = 0  # calls so far: where the next call falls in its accumulation cycle
+        self.stepped = False  # our path stepped an optimizer in the current call (fp16: update the scaler)
+        self.counts = {"optimizer_steps": 0, "optimizer_steps_deferred": 0, "zero_grads": 0, "zero_grads_skipped": 0}
         self._inside_scaler_step = False
+        self._first = self._last = True
+        self._backward_seen = False
+        self._step_taken = False
+        self._optimizers: Any = None  # a WeakSet, filled at the first call
+        self._classes: dict[str, list[type]] = {}
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Interpose for one step; `scaler.update()` runs once at the end if an optimizer stepped."""
+        """Interpose for one call; with fp16, `scaler.update()` runs at its end if an optimizer stepped."""
+        import weakref
+
         import torch
 
+        k = self.accumulation_steps
+        position = self.micro_steps % k if k else 0
+        self._first, self._last = position == 0, k is None or position == k - 1
+        self.micro_steps += 1
+        self.stepped = self._step_taken = self._backward_seen = False
+        if self._optimizers is None:
+            # An LR scheduler replaces `optimizer.step` on the instance with a wrapper that calls the
+            # class's step it saw at construction: a class-level patch never sees those calls.
+            self._optimizers = weakref.WeakSet(live_optimizers())
+            # Walking the class trees costs milliseconds: once per trial (the script's classes exist by now).
+            self._classes = {
+                "step": optimizer_classes(),
+                "scheduler": subclasses_defining(torch.optim.lr_scheduler.LRScheduler, "step"),
+                "zero_grad": [*subclasses_defining(torch.optim.Optimizer, "zero_grad"),
+                              *subclasses_defining(torch.nn.Module, "zero_grad")],
+            }
         scaling = self
         original_backward = torch.Tensor.backward
         original_scale = torch.amp.GradScaler.scale
         original_scaler_step = torch.amp.GradScaler.step
 
         def backward(tensor, *args, **kwargs):
-            if (tensor.dim() == 0 and tensor.requires_grad and tensor.is_floating_point()
-                    and not getattr(tensor, "_advisor_scaled", False)):
-                tensor = scaling.scaler.scale(tensor)
+            if tensor.dim() == 0 and tensor.requires_grad and tensor.is_floating_point():
+                users_scaled = getattr(tensor, "_advisor_scaled", False)
+                if k:
+                    tensor = tensor / k
+                if scaling.scaler is not None and not users_scaled:
+                    tensor = scaling.scaler.scale(tensor)
+            scaling._backward_seen = True
             return original_backward(tensor, *args, **kwargs)
 
         def scale(scaler, outputs):
@@ -344,6 +429,12 @@ class GradScaling:
             return scaled
 
         def scaler_step(scaler, optimizer, *args, **kwargs):
+            if not scaling._last:  # the user's own GradScaler, mid-cycle
+                scaling.counts["optimizer_steps_deferred"] += 1
+                return None
+            if scaler is not scaling.scaler:
+                scaling.counts["optimizer_steps"] += 1
+                scaling._step_taken = True
             previous, scaling._inside_scaler_step = scaling._inside_scaler_step, True
             try:
                 return original_scaler_step(scaler, optimizer, *args, **kwargs)
@@ -351,36 +442,97 @@ class GradScaling:
                 scaling._inside_scaler_step = previous
 
         with contextlib.ExitStack() as stack:
-            stack.enter_context(patched_attribute(torch.Tensor, "backward", backward))
-            stack.enter_context(patched_attribute(torch.amp.GradScaler, "scale", scale))
-            stack.enter_context(patched_attribute(torch.amp.GradScaler, "step", scaler_step))
-            for cls in optimizer_classes():
-                stack.enter_context(patched_attribute(cls, "step", self._wrap_step(vars(cls)["step"])))
-            self.stepped = False
+            patch = stack.enter_context
+            patch(patched_attribute(torch.Tensor, "backward", backward))
+            patch(patched_attribute(torch.amp.GradScaler, "scale", scale))
+            patch(patched_attribute(torch.amp.GradScaler, "step", scaler_step))
+            for cls in self._classes["step"]:
+                patch(patched_attribute(cls, "step", self._wrap_step(vars(cls)["step"])))
+            for optimizer in list(self._optimizers):
+                if "step" in vars(optimizer):
+                    patch(patched_attribute(optimizer, "step", self._wrap_instance_step(optimizer, vars(optimizer)["step"])))
+            if k:
+                for name in ("unscale_", "update"):
+                    patch(patched_attribute(torch.amp.GradScaler, name, self._last_micro_step_only(getattr(torch.amp.GradScaler, name))))
+                for cls in self._classes["scheduler"]:
+                    patch(patched_attribute(cls, "step", self._last_micro_step_only(vars(cls)["step"])))
+                for cls in self._classes["zero_grad"]:
+                    patch(patched_attribute(cls, "zero_grad", self._wrap_zero_grad(vars(cls)["zero_grad"])))
             yield
-        if self.stepped:
+        if self.stepped and self.scaler is not None:
             self.scaler.update()
 
-    def _wrap_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        scaling = self
+    def _step(self, optimizer: Any, call: Callable[[], Any]) -> Any:
+        """An optimizer step: deferred to the cycle's last micro-step; through our scaler with fp16."""
+        self._optimizers.add(optimizer)
+        if not self._last:
+            self.counts["optimizer_steps_deferred"] += 1
+            return None
+        self.stepped = self._step_taken = True
+        self.counts["optimizer_steps"] += 1
+        if self.scaler is not None:
+            return self.scaler.step(optimizer)
+        return call()
 
+    def _wrap_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
         def step(optimizer, *args, **kwargs):
             # GradScaler.step calls optimizer.step itself: that inner call must reach the original.
-            if scaling._inside_scaler_step or "closure" in kwargs or args:
+            if self._inside_scaler_step or "closure" in kwargs or args:
                 return original(optimizer, *args, **kwargs)
-            result = scaling.scaler.step(optimizer)
-            scaling.stepped = True
-            return result
+            return self._step(optimizer, lambda: original(optimizer))
 
         return step
 
+    def _wrap_instance_step(self, optimizer: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+        # wraps: keeps the markers torch checks (`hooked`, `_wrapped_by_lr_sched`)
+        @functools.wraps(original)
+        def step(*args, **kwargs):
+            if self._inside_scaler_step or "closure" in kwargs or args:
+                return original(*args, **kwargs)
+            return self._step(optimizer, original)
+
+        return step
+
+    def _last_micro_step_only(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def method(owner, *args, **kwargs):
+            return original(owner, *args, **kwargs) if self._last else None
+
+        return method
+
+    def _wrap_zero_grad(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def zero_grad(owner, *args, **kwargs):
+            # Only when no gradient of the current cycle would be lost.
+            if (self._first and not self._backward_seen) or self._step_taken:
+                self.counts["zero_grads"] += 1
+                return original(owner, *args, **kwargs)
+            self.counts["zero_grads_skipped"] += 1
+            return None
+
+        return zero_grad
+
+
+class GradScaling(GradientInterposition):
+    """fp16 loss scaling alone: `backward` scaled, `optimizer.step` via the scaler."""
+
+    def __init__(self, device_type: str):
+        super().__init__(device_type, scale=True)
+
 
 class StepInterposition:
-    """What wraps each call of the target: autocast, fp16 GradScaler, non_blocking copies."""
+    """What wraps each call of the target: autocast, fp16 GradScaler, accumulation, non_blocking copies.
 
-    def __init__(self, knobs: Knobs, device_type: str):
+    `loader_records` are the DataLoaders the script built (the harness's list): accumulation runs only
+    when one of them was built with micro-batches. Without records (None) the caller feeds micro-batches
+    itself, as the tests do, and accumulation always runs.
+    """
+
+    def __init__(self, knobs: Knobs, device_type: str, loader_records: list[LoaderRecord] | None = None):
         self.knobs = knobs
         self.device_type = device_type
+        self.loader_records = loader_records
         self.outcomes: dict[str, str] = {}
         amp = amp_outcome(knobs, device_type)
         if amp is not None:
@@ -390,19 +542,49 @@ class StepInterposition:
             self.outcomes["non_blocking"] = non_blocking
         self.use_amp = amp == APPLIED
         self.use_non_blocking = non_blocking == APPLIED and bool(knobs.non_blocking)
-        self.scaling = GradScaling(device_type) if self.use_amp and knobs.amp == "fp16" else None
+        self.use_scaler = self.use_amp and knobs.amp == "fp16"
+        self.requested_accumulation = knobs.accumulation_steps if (knobs.accumulation_steps or 1) > 1 else None
+        if self.requested_accumulation and loader_records is None:
+            self.outcomes["accumulation_steps"] = APPLIED
+        self.gradients: GradientInterposition | None = None  # built at the first call
+        self.calls = 0
+
+    @property
+    def scaling(self) -> GradientInterposition | None:
+        """The fp16 loss scaling, when it runs."""
+        return self.gradients if self.gradients is not None and self.gradients.scaler is not None else None
+
+    def accumulation_steps(self) -> int | None:
+        """k when this trial accumulates gradients (decided by then: the loader is built before the steps)."""
+        k = self.requested_accumulation
+        if not k or self.loader_records is None:
+            return k
+        applied = any(r.outcomes.get("accumulation_steps") == APPLIED for r in self.loader_records)
+        return k if applied else None
+
+    def accumulation_record(self) -> dict[str, Any] | None:
+        """What accumulation did: k, micro-steps run, optimizer steps and zero_grads taken and skipped."""
+        if self.gradients is None or self.gradients.accumulation_steps is None:
+            return None
+        return {"steps": self.gradients.accumulation_steps, "micro_steps": self.gradients.micro_steps,
+                **self.gradients.counts}
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """The context one call of the target runs in."""
         import torch
 
+        if self.calls == 0:
+            k = self.accumulation_steps()
+            if self.use_scaler or k:
+                self.gradients = GradientInterposition(self.device_type, scale=self.use_scaler, accumulation_steps=k)
+        self.calls += 1
         with contextlib.ExitStack() as stack:
             if self.use_amp:
                 dtype = torch.bfloat16 if self.knobs.amp == "bf16" else torch.float16
                 stack.enter_context(torch.autocast(device_type=self.device_type, dtype=dtype))
-            if self.scaling is not None:
-                stack.enter_context(self.scaling.active())
+            if self.gradients is not None:
+                stack.enter_context(self.gradients.active())
             if self.use_non_blocking:
                 stack.enter_context(patched_attribute(torch.Tensor, "to", non_blocking_to(torch.Tensor.to)))
                 stack.enter_context(

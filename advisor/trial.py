@@ -18,6 +18,8 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
     user_values     the user's own DataLoader values (batch_size, num_workers, pin_memory,
                     persistent_workers, prefetch_factor) of the first DataLoader built, or null
     dataloaders     [{user, effective, outcomes}] for every DataLoader the script built
+    accumulation    null, or when the accumulation_steps knob ran: {steps: k, micro_steps,
+                    optimizer_steps, optimizer_steps_deferred, zero_grads, zero_grads_skipped}
     schedule        {wait, warmup, active}: steps skipped, warmed up, recorded by the profiler
     profiled        false for a timing-only trial (no profiler, no trace)
     memory_limit    address-space cap in bytes for the trial process, or null
@@ -34,8 +36,11 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     of this call (the user's data loading plus the call); call_s is the call alone
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes,
-                     profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?}
-                    samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps
+                     profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
+                     accumulation_steps, micro_batch_size, effective_batch_size}
+                    samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps; with
+                    gradient accumulation each step is one micro-step, so batch_size = micro_batch_size
+                    and effective_batch_size = micro_batch_size × accumulation_steps (1 when off)
     trace_files     names of the *.pt.trace.json.gz files in the trial folder
     log_file        "output.log": the script's stdout and stderr
     pid             the trial process (also its process group id)
@@ -180,6 +185,13 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], trace_paths:
         summary["samples_per_s"] = sum(batches) / sum(walls)
     if isinstance(summary["batch_size"], float) and summary["batch_size"].is_integer():
         summary["batch_size"] = int(summary["batch_size"])
+    # Each call of the target is one micro-step: batch_size and samples_per_s are per micro-step.
+    k = (harness.get("accumulation") or {}).get("steps") or 1
+    summary.update(
+        accumulation_steps=k,
+        micro_batch_size=summary["batch_size"],
+        effective_batch_size=summary["batch_size"] * k if summary["batch_size"] is not None else None,
+    )
     if "cuda_max_allocated_bytes" in memory:
         summary.update(
             cuda_max_allocated_bytes=memory["cuda_max_allocated_bytes"],
@@ -333,6 +345,7 @@ def run_trial(
         "knob_outcomes": {},
         "user_values": None,
         "dataloaders": [],
+        "accumulation": None,
         "schedule": {"wait": wait, "warmup": warmup, "active": steps},
         "profiled": profile,
         "memory_limit": memory_limit,
@@ -450,6 +463,7 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
     record["device_facts"] = harness.get("device")
     record["knob_outcomes"] = harness.get("outcomes", {})
     record["dataloaders"] = harness.get("dataloaders", [])
+    record["accumulation"] = harness.get("accumulation")
     if record["dataloaders"]:
         record["user_values"] = {k: record["dataloaders"][0]["user"].get(k) for k in DATALOADER_KNOBS}
     record["steps"] = read_steps(out / STEPS_FILE)

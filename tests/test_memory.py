@@ -1,0 +1,166 @@
+"""Memory: gradient accumulation by interposition, memory at failure, growth per step, activations."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from trial_helpers import trial_record, write_script
+
+from advisor.knobs import APPLIED, GradientInterposition, Knobs, StepInterposition, plan_loader_arguments
+from advisor.trial import run_trial
+
+K = 4
+
+
+def small_problem():
+    """A seeded Linear+ReLU+Linear model, one batch of 32 and its full-batch reference."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    optimizer.zero_grad()
+    F.cross_entropy(reference(x), y).backward()
+    grads = [p.grad.clone() for p in reference.parameters()]
+    optimizer.step()
+    return model, x, y, grads, reference
+
+
+def counting(optimizer):
+    """Count the calls that reach the optimizer's own step and zero_grad (below the interposition)."""
+    calls = {"step": 0, "zero_grad": 0}
+    optimizer.register_step_post_hook(lambda *a: calls.__setitem__("step", calls["step"] + 1))
+    zero_grad = type(optimizer).zero_grad
+
+    def counted(self, *args, **kwargs):
+        calls["zero_grad"] += 1
+        return zero_grad(self, *args, **kwargs)
+
+    return calls, counted
+
+
+@pytest.mark.parametrize("order", ["zero_grad first", "zero_grad last"])
+def test_accumulated_gradients_equal_the_full_batch(order, monkeypatch):
+    model, x, y, full_grads, reference = small_problem()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    calls, counted = counting(optimizer)
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", counted)
+    interposition = StepInterposition(Knobs(accumulation_steps=K), "cpu")
+    grads = None
+    for micro, (xb, yb) in enumerate(zip(x.chunk(K), y.chunk(K))):  # one call of the target = one micro-step
+        with interposition.step():
+            if order == "zero_grad first":
+                optimizer.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            if micro == K - 1:
+                grads = [p.grad.clone() for p in model.parameters()]
+            optimizer.step()
+            if order == "zero_grad last":
+                optimizer.zero_grad()
+        assert calls["step"] == (1 if micro == K - 1 else 0)
+    for accumulated, full in zip(grads, full_grads):
+        assert torch.allclose(accumulated, full, atol=1e-6)
+    for after, expected in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(after, expected, atol=1e-6)
+    assert calls == {"step": 1, "zero_grad": 1}  # once per cycle each
+    assert interposition.outcomes["accumulation_steps"] == APPLIED
+    record = interposition.accumulation_record()
+    assert record == {"steps": K, "micro_steps": K, "optimizer_steps": 1, "optimizer_steps_deferred": K - 1,
+                      "zero_grads": 1, "zero_grads_skipped": K - 1}
+
+
+def test_accumulation_with_the_fp16_grad_scaler_and_an_lr_scheduler():
+    # The GradScaler mechanism is device-generic; the CPU GradScaler exercises it without a GPU.
+    model, x, y, full_grads, reference = small_problem()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)  # wraps optimizer.step
+    gradients = GradientInterposition("cpu", scale=True, accumulation_steps=K)
+    for cycle in range(2):
+        for xb, yb in zip(x.chunk(K), y.chunk(K)):
+            with gradients.active():
+                optimizer.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                optimizer.step()
+                scheduler.step()
+        if cycle == 0:
+            for after, expected in zip(model.parameters(), reference.parameters()):
+                assert torch.allclose(after, expected, atol=1e-6)  # the scaler stepped on unscaled sums
+    assert gradients.counts["optimizer_steps"] == 2 and gradients.counts["zero_grads"] == 2
+    assert scheduler.last_epoch == 2 and optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert gradients.scaler._growth_tracker.item() == 2  # update() ran once per cycle, no inf found
+
+
+def test_accumulation_with_bf16_autocast_matches_the_full_batch_in_bf16_tolerance():
+    model, x, y, full_grads, _ = small_problem()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    interposition = StepInterposition(Knobs(amp="bf16", accumulation_steps=K), "cpu")
+    for xb, yb in zip(x.chunk(K), y.chunk(K)):
+        with interposition.step():
+            optimizer.zero_grad()
+            F.cross_entropy(model(xb).float(), yb).backward()
+    for accumulated, full in zip((p.grad for p in model.parameters()), full_grads):
+        assert torch.allclose(accumulated, full, atol=2e-2, rtol=2e-2)
+    assert interposition.outcomes == {"amp": APPLIED, "accumulation_steps": APPLIED}
+
+
+def test_loader_plan_yields_micro_batches_or_says_why_not():
+    user = {"batch_size": 32, "batch_sampler": None, "num_workers": 0, "pin_memory": False,
+            "persistent_workers": False, "prefetch_factor": None}
+    effective, outcomes = plan_loader_arguments(user, Knobs(accumulation_steps=4), accelerator=False)
+    assert effective["batch_size"] == 8 and outcomes == {"accumulation_steps": APPLIED}
+    effective, _ = plan_loader_arguments(user, Knobs(batch_size=64, accumulation_steps=4), accelerator=False)
+    assert effective["batch_size"] == 16  # the batch_size knob is the effective batch
+    effective, outcomes = plan_loader_arguments(user, Knobs(accumulation_steps=3), accelerator=False)
+    assert effective["batch_size"] == 32 and outcomes["accumulation_steps"] == "not applicable: batch 32 is not a multiple of 3"
+    _, outcomes = plan_loader_arguments({**user, "batch_size": None}, Knobs(accumulation_steps=2), accelerator=False)
+    assert outcomes["accumulation_steps"].startswith("not applicable: the DataLoader does not batch")
+    assert Knobs(accumulation_steps=4).label() == "accumulation-steps-4"
+    with pytest.raises(ValueError, match="accumulation_steps must be a positive integer"):
+        Knobs(accumulation_steps=0)
+
+
+ACCUMULATING_SCRIPT = """
+    import json
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(512, 8), torch.randint(0, 3, (512,)))
+    steps = []
+
+    def train_step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    optimizer.register_step_post_hook(lambda *a: steps.append(1))
+    for epoch in range(10):
+        for x, y in DataLoader(data, batch_size=32):
+            train_step(x, y)
+            json.dump({"optimizer_steps": len(steps)}, open("observed.json", "w"))
+"""
+
+
+def test_trial_with_accumulation_records_micro_and_effective_batch(tmp_path):
+    script = write_script(tmp_path, ACCUMULATING_SCRIPT)
+    result = run_trial(f"{script}:train_step", Knobs(accumulation_steps=4), tmp_path / "t", steps=5, wait=2,
+                       warmup=1, device="cpu", profile=False)
+    assert result.ok, result.message + (result.traceback or "")
+    record = trial_record(result.path)
+    assert record["knob_outcomes"] == {"accumulation_steps": APPLIED}
+    assert record["dataloaders"][0]["user"]["batch_size"] == 32
+    assert record["dataloaders"][0]["effective"]["batch_size"] == 8
+    summary = record["summary"]
+    assert (summary["accumulation_steps"], summary["micro_batch_size"], summary["effective_batch_size"]) == (4, 8, 32)
+    assert summary["batch_size"] == 8 and summary["samples_per_s"] > 0
+    assert record["accumulation"]["micro_steps"] == 8 and record["accumulation"]["optimizer_steps"] == 2
+    assert json.loads((tmp_path / "observed.json").read_text())["optimizer_steps"] == 1  # after 7 calls: 1 cycle
