@@ -1,0 +1,512 @@
+"""The notebook API: `advisor.analyze`, `advisor.profile`, `advisor.tune`, and the `Session` they lead to.
+
+Same implementation as the CLI, run in the notebook's own process instead of a subprocess:
+
+- `analyze(path)` is `advisor.commands.analyze_file`, returning a `Diagnosis` that also converts to a
+  pandas DataFrame and displays itself as the HTML report does.
+- `profile(train_step, loader)` runs one trial in-process: `train_step(batch)` is called once per batch
+  of the loader and driven by the harness's `StepDriver` (profiler schedule, timing, memory, step
+  records, `ProfilerStep#N` spans), under the step knobs (`StepInterposition`: autocast, GradScaler,
+  non_blocking). DataLoader knobs reach the loader by rebuilding it from the given one with changed
+  arguments (`plan_loader_arguments` decides which; dataset, sampler, collate_fn and the rest are kept).
+  The trial folder holds the same trial.json and trace as a subprocess trial's.
+- `tune(train_step, loader)` is `advisor.session.run_session` with a runner that calls the in-process
+  trial: the same proposals, keep/revert decisions, session.json, report and TensorBoard runs.
+
+In-process means a trial cannot be isolated as a subprocess can: an out-of-memory error is caught,
+recorded as status "oom" and its memory released (frames cleared, `gc.collect()`, the CUDA cache
+emptied), and the session goes on. There is no time limit or address-space cap per trial, and
+`device="cpu"` cannot hide a GPU from the step (the step moves its tensors where it wants).
+Torch and pandas are imported when used: `import advisor` stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import inspect
+import json
+import os
+import time
+import traceback
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from advisor import diagnosis as _diagnosis
+from advisor.commands import analyze_file, diagnosis_to_dict
+from advisor.errors import AdvisorError
+from advisor.knobs import DATALOADER_KNOBS, Knobs, LoaderRecord, dataloader_outcomes, not_applicable, \
+    plan_loader_arguments
+from advisor.trace import trace_files
+from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
+
+SESSION_FILE = "session.json"
+
+
+# --------------------------------------------------------------------------------------------------
+# Diagnosis
+
+
+class Diagnosis(_diagnosis.Diagnosis):
+    """A trace's Diagnosis (same fields) with a pandas form and the report's look in notebooks."""
+
+    @classmethod
+    def of(cls, d: _diagnosis.Diagnosis) -> "Diagnosis":
+        """The same figures, as this class."""
+        return cls(**{f.name: getattr(d, f.name) for f in dataclasses.fields(d)})
+
+    def to_frame(self):
+        """The figures as a pandas DataFrame: section, figure, value, unit, share of the step."""
+        import pandas as pd
+
+        f = diagnosis_to_dict(self)
+        step_ms = f["steps"]["mean_ms"]
+        rows = [("steps", "count", f["steps"]["count"], "steps", None),
+                ("steps", "mean", step_ms, "ms", 1.0),
+                ("steps", "median", f["steps"]["median_ms"], "ms", None)]
+        rows += [("breakdown", role, f["breakdown_ms"][role], "ms", f["breakdown_share"][role]) for role in
+                 _diagnosis.ROLES]
+        for name in ("dataloader_share", "dataloader_wait_share", "gpu_utilization", "tensor_core_share",
+                     "eligible_share", "eligible_op_share"):
+            if isinstance(f[name], (int, float)):
+                rows.append(("figures", name, f[name], "share", None))
+        if self.platform == "gpu":
+            rows.append(("figures", "kernel", f["kernel_ms"], "ms", f["kernel_ms"] / step_ms if step_ms else None))
+            c = f["copies"]
+            for name in ("pageable_ms", "pinned_ms", "unknown_ms", "sync_wait_ms"):
+                rows.append(("copies", name.removesuffix("_ms"), c[name], "ms",
+                             c[name] / step_ms if step_ms else None))
+            rows += [("copies", "count", c["count"], "per step", None),
+                     ("copies", "synchronous", c["synchronous"], "per step", None)]
+            if c["bytes"] is not None:
+                rows.append(("copies", "bytes", c["bytes"], "bytes per step", None))
+        for m in f["memory"]:
+            for name in ("peak_allocated", "peak_reserved", "capacity", "growth"):
+                if m[name] is not None:
+                    rows.append((f"memory {m['device']}", name, m[name], "bytes", None))
+            if m["headroom"] is not None:
+                rows.append((f"memory {m['device']}", "headroom", m["headroom"], "share", None))
+        return pd.DataFrame(rows, columns=["section", "figure", "value", "unit", "share_of_step"])
+
+    def _repr_html_(self) -> str:
+        from advisor.report.notebook import render_diagnosis_html
+
+        return render_diagnosis_html(self)
+
+
+def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis:
+    """Diagnose a recorded trace file (or a folder holding one trace, such as a trial folder)."""
+    path = Path(path)
+    if path.is_dir():
+        files = trace_files(path)
+        if len(files) != 1:
+            raise AdvisorError(f"{path}: holds {len(files)} trace files; pass one of them "
+                               f"(advisor.commands.analyze_path diagnoses them all)")
+        path = files[0]
+    return Diagnosis.of(analyze_file(path, steps))
+
+
+# --------------------------------------------------------------------------------------------------
+# Trial
+
+
+class Trial(TrialResult):
+    """A finished trial: TrialResult's figures, its Diagnosis, its steps and a notebook display."""
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Trial":
+        """Read a trial folder (in-process or subprocess trial alike)."""
+        result = load_trial(path)
+        return cls(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result)})
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The trial.json document."""
+        return json.loads((self.path / TRIAL_FILE).read_text())
+
+    @property
+    def steps(self):
+        """One row per step (pandas): wall and call time, recorded or not, batch size, loss, memory."""
+        import pandas as pd
+
+        return pd.DataFrame(self.record.get("steps") or [])
+
+    @cached_property
+    def diagnosis(self) -> Diagnosis | None:
+        """The Diagnosis of the trial's trace (None when the trial wrote none, e.g. it failed early)."""
+        traces = sorted(self.path.glob("*.pt.trace.json*"))
+        return analyze(traces[0]) if traces else None
+
+    def _repr_html_(self) -> str:
+        from advisor.report.notebook import render_trial_html
+
+        return render_trial_html(self.path)
+
+
+def _new_folder(base: Path) -> Path:
+    """`base`, or `base-2`, `base-3`, ... if it exists: two calls in one second get two folders."""
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def _notebook_folder() -> Path:
+    return _new_folder(Path("runs") / f"notebook-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+
+
+def step_source(train_step: Callable) -> tuple[str, str]:
+    """(where, name) of the step: its .py file or "<notebook>", and its qualified name."""
+    name = getattr(train_step, "__qualname__", None) or type(train_step).__name__
+    code = getattr(inspect.unwrap(train_step), "__code__", None)
+    filename = code.co_filename if code is not None else ""
+    # IPython compiles cells to names like /tmp/ipykernel_123/456.py that do not exist on disk.
+    if filename.endswith(".py") and os.path.isfile(filename) and "ipykernel_" not in filename:
+        return os.path.abspath(filename), name
+    session_name = os.environ.get("JPY_SESSION_NAME")  # the notebook's path, set by recent Jupyter servers
+    return (os.path.basename(session_name) if session_name else "<notebook>"), name
+
+
+# --- the loader ---------------------------------------------------------------------------------
+
+def loader_user_values(loader) -> dict[str, Any]:
+    """The DataLoader values a knob can change, as the given loader has them (plus a custom batch_sampler)."""
+    values = {k: getattr(loader, k, None) for k in DATALOADER_KNOBS}
+    # With a batch_size the DataLoader made its batch_sampler itself; only a user's own one matters.
+    values["batch_sampler"] = loader.batch_sampler if loader.batch_size is None else None
+    return values
+
+
+def rebuild_arguments(loader, effective: dict[str, Any]) -> dict[str, Any]:
+    """Every DataLoader argument of `loader` as it was built, with the effective knob values."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    names = [n for n in inspect.signature(DataLoader.__init__).parameters if n not in ("self", "shuffle")]
+    args = {n: getattr(loader, n) for n in names if hasattr(loader, n)}
+    args.update(effective)
+    iterable = isinstance(loader.dataset, IterableDataset)
+    if loader.batch_size is not None:  # batches from batch_size + sampler (+ drop_last): rebuild the same way
+        args["batch_sampler"] = None
+        args["sampler"] = None if iterable else loader.sampler
+    elif loader.batch_sampler is not None:  # the user's batch_sampler: DataLoader takes it alone
+        args.update(batch_size=1, sampler=None, drop_last=False)
+    else:  # no batching
+        args.update(batch_size=None, sampler=None if iterable else loader.sampler)
+    if not args.get("num_workers"):
+        args["multiprocessing_context"] = None  # DataLoader accepts a context only with worker processes
+    return args
+
+
+def apply_loader_knobs(loader: Iterable, knobs: Knobs, *, accelerator: bool,
+                       ) -> tuple[Iterable, list[LoaderRecord], dict[str, str]]:
+    """The loader to iterate (rebuilt when a DataLoader knob changes it), its record, and knob outcomes."""
+    from torch.utils.data import DataLoader
+
+    requested = [k for k in DATALOADER_KNOBS if getattr(knobs, k) is not None]
+    if not isinstance(loader, DataLoader):
+        return loader, [], {k: not_applicable("the loader is not a torch DataLoader") for k in requested}
+    user = loader_user_values(loader)
+    effective, outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
+    own = {k: user[k] for k in DATALOADER_KNOBS}
+    if effective != own and type(loader).__init__ is not DataLoader.__init__:
+        why = not_applicable(f"{type(loader).__name__} has its own __init__: it cannot be rebuilt")
+        effective, outcomes = own, {k: why for k in requested}
+    record = LoaderRecord(user=own, effective=effective, outcomes=outcomes)
+    if effective == own:
+        return loader, [record], dataloader_outcomes(knobs, [record])
+    rebuilt = type(loader)(**rebuild_arguments(loader, effective))
+    return rebuilt, [record], dataloader_outcomes(knobs, [record])
+
+
+# --- peak memory of one in-process trial ----------------------------------------------------------
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (Linux VmHWM), so the trial measures its own peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_since_reset() -> int | None:
+    """VmHWM from /proc/self/status, in bytes."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def release_memory() -> None:
+    """Give back what a failed trial held: garbage, and cached CUDA blocks."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _shutdown_workers(iterator: Any) -> None:
+    # A multi-process iterator stops its workers when collected; persistent workers live on with the
+    # loader, so stop them now rather than leave processes behind.
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+
+
+# --- one trial in this process --------------------------------------------------------------------
+
+def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | None, out_dir: Path, *,
+                         name: str | None = None, steps: int = 5, wait: int = 2, warmup: int = 1,
+                         device: str = "auto") -> tuple[TrialResult, BaseException | None]:
+    """Run `train_step(batch)` over the loader as one trial; write trial.json and the trace to `out_dir`.
+
+    Returns the result and, for status "error", the step's exception (the caller decides whether to
+    raise it). An out-of-memory error is recorded as "oom" and its memory released; Ctrl-C is recorded
+    as "interrupted" and re-raised.
+    """
+    from advisor.harness import (RESULT_FILE, SetupProblem, StepDriver, TrialComplete, device_facts,
+                                 is_out_of_memory, resolve_device, user_traceback, write_json_atomic)
+    from advisor.trial import _finish
+
+    knobs = knobs or Knobs()
+    if steps < 1 or wait < 0 or warmup < 0:
+        raise AdvisorError(f"steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
+    if device not in ("auto", "cpu", "cuda"):
+        raise AdvisorError(f"device: expected auto, cpu or cuda, not {device!r}")
+    try:
+        device_type = resolve_device(device)
+    except SetupProblem as exc:
+        raise AdvisorError(str(exc).replace("--device", "device=")) from None
+    out = Path(out_dir).resolve()
+    if (out / TRIAL_FILE).exists():
+        raise AdvisorError(f"{out}: already holds a trial; choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    where, func = step_source(train_step)
+    started = time.time()
+    record: dict[str, Any] = {
+        "schema": TRIAL_SCHEMA, "name": name or out.name, "target": func, "script": where, "script_args": [],
+        "device": device, "knobs": knobs.to_dict(), "knob_outcomes": {}, "user_values": None, "dataloaders": [],
+        "schedule": {"wait": wait, "warmup": warmup, "active": steps}, "profiled": True, "memory_limit": None,
+        "status": "running", "message": "", "device_facts": None, "steps": [], "summary": None,
+        "trace_files": [], "log_file": None, "pid": os.getpid(), "in_process": True,
+        "times": {"started_at": started},
+    }
+    write_json_atomic(out / TRIAL_FILE, record)
+    result: dict[str, Any] = {"status": "error", "message": "", "device": device_facts(device_type)}
+    batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
+    config = {"out_dir": str(out), "wait": wait, "warmup": warmup, "active": steps, "knobs": knobs.to_dict()}
+    driver = StepDriver(config, device_type, records)
+    result["steps_expected"] = driver.total
+    step = driver.wrap(train_step, func)
+    failure: BaseException | None = None
+    interrupted = False
+    iterator = None
+    measured_peak = reset_peak_rss()
+    try:
+        while True:
+            iterator = iter(batches)
+            produced = False
+            for batch in iterator:
+                produced = True
+                step(batch)
+            batch = None
+            if not produced:  # an empty loader, or a one-shot iterable that is used up
+                result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the trial "
+                                     f"needs {driver.total} (wait {wait} + warmup {warmup} + record {steps})")
+                break
+    except TrialComplete:
+        result.update(status="ok", message=f"{driver.active} steps recorded")
+    except BaseException as exc:  # the step's error, an out-of-memory error, or Ctrl-C
+        at = f" in step {driver.failed_step}" if driver.failed_step is not None else ""
+        first = (str(exc).strip().splitlines() or [""])[0]
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        oom = not interrupted and is_out_of_memory(exc)
+        status = "interrupted" if interrupted else "oom" if oom else "error"
+        result.update(status=status, message=f"{type(exc).__name__}{at}: {first}" if first else
+                      f"{type(exc).__name__}{at}", error_type=type(exc).__name__, traceback=user_traceback(exc))
+        if oom:
+            traceback.clear_frames(exc.__traceback__)  # the frames hold the tensors that did not fit
+        else:
+            failure = exc
+    finally:
+        batch = None
+        try:
+            driver.finish()
+        except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
+            result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
+        driver.steps_file.close()
+        if batches is not loader or not getattr(loader, "persistent_workers", False):
+            _shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
+        iterator = None
+        memory = driver.memory()
+        peak = peak_rss_since_reset() if measured_peak else None
+        if peak is not None:
+            memory["peak_rss_bytes"] = peak
+        result["memory"] = memory
+        result["times"] = driver.times
+        result["outcomes"] = {**loader_outcomes, **driver.interposition.outcomes}
+        result["dataloaders"] = [{"user": r.user, "effective": r.effective, "outcomes": r.outcomes} for r in records]
+        if result["status"] == "oom":
+            release_memory()
+    write_json_atomic(out / RESULT_FILE, result)
+    trial = _finish(record, out, started)
+    if peak is not None and trial.peak_memory_source and "ru_maxrss" in trial.peak_memory_source:
+        # The process is the notebook's: its lifetime peak says nothing about this trial.
+        done = json.loads((out / TRIAL_FILE).read_text())
+        done["summary"]["peak_memory_source"] = "process peak RSS during the trial (VmHWM, reset at its start)"
+        write_json_atomic(out / TRIAL_FILE, done)
+        trial = TrialResult.from_record(done, out)
+    if interrupted:
+        raise KeyboardInterrupt
+    return trial, failure
+
+
+def profile(train_step: Callable, loader: Iterable, *, steps: int = 5, knobs: Knobs | dict | None = None,
+            device: str = "auto", out: str | os.PathLike | None = None, wait: int = 2, warmup: int = 1) -> Trial:
+    """Profile `train_step(batch)` over the loader's batches in this process, with `knobs` applied."""
+    if isinstance(knobs, dict):
+        knobs = Knobs.from_dict(knobs)
+    knobs = knobs or Knobs()
+    folder = Path(out) if out is not None else _notebook_folder() / "trials" / knobs.label()
+    result, failure = run_trial_in_process(train_step, loader, knobs, folder, steps=steps, wait=wait,
+                                           warmup=warmup, device=device)
+    if failure is not None:  # the step's own error: the notebook shows its traceback (trial.json has it too)
+        raise failure
+    return Trial.load(result.path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Session
+
+
+class Session:
+    """An optimization session folder (session.json and its trials), for notebooks."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path).resolve()
+        file = self.path / SESSION_FILE
+        try:
+            self.state: dict[str, Any] = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise AdvisorError(f"{file}: cannot read the session: {exc}") from None
+        if not str(self.state.get("schema", "")).startswith("advisor.session/"):
+            raise AdvisorError(f"{file}: not an advisor session record")
+
+    def __repr__(self) -> str:
+        speedup = self.state.get("speedup")
+        gained = f", ×{speedup:.2f} samples/s" if speedup else ""
+        return f"Session({str(self.path)!r}: {len(self.state['trials'])} trials, best {self.state['best']}{gained})"
+
+    @property
+    def trials(self):
+        """One row per trial (pandas), as session.json has them, indexed by trial number."""
+        import pandas as pd
+
+        columns = ["index", "name", "change", "decision", "status", "reason", "batch_size", "median_step_s",
+                   "samples_per_s", "speedup", "peak_memory_bytes", "loss", "gain", "predicted_gain", "noise",
+                   "recommendation", "knobs", "folder"]
+        frame = pd.DataFrame(self.state["trials"])
+        for column in columns:
+            if column not in frame:
+                frame[column] = None
+        return frame[columns + [c for c in frame.columns if c not in columns]].set_index("index")
+
+    @property
+    def ladder(self):
+        """The baseline and each kept change, in order (pandas)."""
+        frame = self.trials
+        return frame[frame["decision"].isin(["baseline", "kept"])][
+            ["name", "change", "batch_size", "peak_memory_bytes", "median_step_s", "samples_per_s", "speedup"]]
+
+    @property
+    def speedup(self) -> float | None:
+        """Samples/s of the best trial over the baseline's."""
+        return self.state.get("speedup")
+
+    @property
+    def final_knobs(self) -> Knobs:
+        """The settings of the best trial."""
+        return Knobs.from_dict(self.state.get("final_knobs") or {})
+
+    @property
+    def recommendations(self) -> list[dict]:
+        """What the last diagnosis still recommends."""
+        return list(self.state.get("recommendations") or [])
+
+    def trial(self, name: str) -> Trial:
+        """One trial of the session by name, e.g. "00-baseline"."""
+        row = next((t for t in self.state["trials"] if t["name"] == name), None)
+        if row is None:
+            names = ", ".join(t["name"] for t in self.state["trials"])
+            raise AdvisorError(f"no trial {name!r} in {self.path} (trials: {names})")
+        return Trial.load(self.path / row["folder"])
+
+    @property
+    def baseline(self) -> Trial:
+        """The first trial: the step and loader as given."""
+        return self.trial(self.state["baseline"])
+
+    @property
+    def best(self) -> Trial:
+        """The trial with the best measured samples/s among the baseline and the kept changes."""
+        return self.trial(self.state["best"])
+
+    def report(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the HTML report (default: report.html in the session folder); return its path."""
+        from advisor.report import write_report
+
+        return write_report(self.path, Path(path) if path is not None else self.path / "report.html")
+
+    def tensorboard(self, logdir: str | os.PathLike | None = None) -> Path:
+        """Write one TensorBoard run per trial; return the folder to give `tensorboard --logdir`."""
+        import shutil
+
+        from advisor.report import write_tensorboard
+
+        runs = write_tensorboard(self.path)
+        if logdir is None:
+            return self.path / "trials"
+        logdir = Path(logdir)
+        for run in runs:  # each run: its event file and its trace (for the profiler plugin)
+            target = logdir / run.name
+            target.mkdir(parents=True, exist_ok=True)
+            for file in [*run.glob("events.out.tfevents.*"), *run.glob("*.pt.trace.json*")]:
+                shutil.copy2(file, target / file.name)
+        return logdir
+
+    def _repr_html_(self) -> str:
+        from advisor.report.notebook import render_session_html
+
+        return render_session_html(self.path)
+
+
+def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 6, device: str = "auto",
+         out: str | os.PathLike | None = None, keep_effective_batch: bool = False, wait: int = 2, warmup: int = 1,
+         time_budget_s: float | None = None, log: Callable[[str], None] | None = print) -> Session:
+    """Run the optimization sequence on `train_step(batch)` over the loader, in this process."""
+    from advisor.session import SessionOptions, run_session
+
+    options = SessionOptions(steps=steps, wait=wait, warmup=warmup, device=device, max_trials=max_trials,
+                             keep_effective_batch=keep_effective_batch, time_budget_s=time_budget_s)
+    folder = Path(out) if out is not None else _notebook_folder()
+    where, func = step_source(train_step)
+
+    def runner(name: str, knobs: Knobs) -> TrialResult:
+        result, failure = run_trial_in_process(train_step, loader, knobs, folder.resolve() / "trials" / name,
+                                               name=name, steps=steps, wait=wait, warmup=warmup, device=device)
+        del failure  # recorded in trial.json; the session goes on (a failed baseline ends it with its message)
+        return result
+
+    run_session(f"{where}:{func}", folder, options, command=f"advisor.tune({func}, ...)", runner=runner,
+                script=False, log=log or (lambda message: None))
+    return Session(folder)
+
+
+__all__ = ["Diagnosis", "Session", "Trial", "analyze", "profile", "tune"]
