@@ -249,7 +249,9 @@ def batch_proposal(rec, best: TrialResult, state: dict[str, Any], options: Sessi
         return None
     points = [(t["batch_size"], t["peak_memory_bytes"]) for t in state["trials"]
               if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
-    failed = [t["batch_size"] for t in state["trials"] if t["status"] == "oom" and t.get("knobs", {}).get("batch_size")]
+    # The batch size a trial asked for: one that ran out of memory in its first step measured none.
+    failed = [t["knobs"]["batch_size"] for t in state["trials"]
+              if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
     failed_above = min((b for b in failed if b > current), default=None)
     size = next_batch_size(current, points, state["trials"][0].get("capacity_bytes"), options.memory_safety,
                            failed_above)
