@@ -300,31 +300,30 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     }
     write_json_atomic(out / TRIAL_FILE, record)
     result: dict[str, Any] = {"status": "error", "message": "", "device": device_facts(device_type)}
-    batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
     config = {"out_dir": str(out), "wait": wait, "warmup": warmup, "active": steps, "knobs": knobs.to_dict()}
-    driver = StepDriver(config, device_type, records)
-    result["steps_expected"] = driver.total
-    step = driver.wrap(train_step, func)
-    failure: BaseException | None = None
+    batches, records, loader_outcomes = loader, [], {}
+    driver = iterator = batch = failure = None
     interrupted = False
-    iterator = None
     measured_peak = reset_peak_rss()
     try:
+        batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
+        driver = StepDriver(config, device_type, records)
+        result["steps_expected"] = driver.total
+        step = driver.wrap(train_step, func)
         while True:
             iterator = iter(batches)
             produced = False
             for batch in iterator:
                 produced = True
                 step(batch)
-            batch = None
             if not produced:  # an empty loader, or a one-shot iterable that is used up
                 result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the trial "
                                      f"needs {driver.total} (wait {wait} + warmup {warmup} + record {steps})")
                 break
     except TrialComplete:
         result.update(status="ok", message=f"{driver.active} steps recorded")
-    except BaseException as exc:  # the step's error, an out-of-memory error, or Ctrl-C
-        at = f" in step {driver.failed_step}" if driver.failed_step is not None else ""
+    except BaseException as exc:  # the step's error, an out-of-memory error, Ctrl-C, or a loader that cannot be built
+        at = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
         first = (str(exc).strip().splitlines() or [""])[0]
         interrupted = isinstance(exc, KeyboardInterrupt)
         oom = not interrupted and is_out_of_memory(exc)
@@ -337,21 +336,21 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
             failure = exc
     finally:
         batch = None
-        try:
-            driver.finish()
-        except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
-            result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
-        driver.steps_file.close()
+        if driver is not None:
+            try:
+                driver.finish()
+            except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
+                result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
+            driver.steps_file.close()
+            result["memory"] = driver.memory()
+            result["times"] = driver.times
+            result["outcomes"] = {**loader_outcomes, **driver.interposition.outcomes}
         if batches is not loader or not getattr(loader, "persistent_workers", False):
             _shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
-        iterator = None
-        memory = driver.memory()
+        iterator = batches = None
         peak = peak_rss_since_reset() if measured_peak else None
-        if peak is not None:
-            memory["peak_rss_bytes"] = peak
-        result["memory"] = memory
-        result["times"] = driver.times
-        result["outcomes"] = {**loader_outcomes, **driver.interposition.outcomes}
+        if peak is not None and "memory" in result:
+            result["memory"]["peak_rss_bytes"] = peak
         result["dataloaders"] = [{"user": r.user, "effective": r.effective, "outcomes": r.outcomes} for r in records]
         if result["status"] == "oom":
             release_memory()
@@ -379,7 +378,9 @@ def profile(train_step: Callable, loader: Iterable, *, steps: int = 5, knobs: Kn
                                            warmup=warmup, device=device)
     if failure is not None:  # the step's own error: the notebook shows its traceback (trial.json has it too)
         raise failure
-    return Trial.load(result.path)
+    if result.status == "error":  # e.g. the loader ran out of batches
+        raise AdvisorError(f"trial {result.name}: {result.message} (trial folder {result.path})")
+    return Trial.load(result.path)  # "ok", or "oom": a measured fact about these settings
 
 
 # --------------------------------------------------------------------------------------------------
