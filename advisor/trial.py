@@ -161,8 +161,9 @@ def parse_target(target: str) -> tuple[Path, str]:
 # Summary figures (pure)
 
 
-def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], trace_paths: list[Path]) -> dict[str, Any]:
-    """The trial's headline figures from its step records and the harness's memory readings."""
+def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], profiler_peak: int | None = None) -> dict[str, Any]:
+    """The trial's headline figures from its step records, the harness's memory readings and the
+    trace's peak `Total Allocated` (`add_profiler_memory`)."""
     recorded = [s for s in steps if s.get("recorded")]
     walls = [s["wall_s"] for s in recorded]
     batches = [s["batch_size"] for s in recorded if s.get("batch_size")]
@@ -176,15 +177,19 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], trace_paths:
         "batch_size": statistics.median(batches) if batches else None,
         "loss": losses[-1] if losses else None,
         "peak_rss_bytes": memory.get("peak_rss_bytes"),
-        "peak_vms_bytes": max((s["vms_bytes"] for s in steps if s.get("vms_bytes")), default=None),
-        "profiler_peak_allocated_bytes": max(
-            (p for p in map(profiler_peak_allocated, trace_paths) if p is not None), default=None
-        ),
+        "peak_vms_bytes": memory.get("peak_vms_bytes")
+        or max((s["vms_bytes"] for s in steps if s.get("vms_bytes")), default=None),
+        "profiler_peak_allocated_bytes": profiler_peak,
     }
     if batches and len(batches) == len(recorded) and sum(walls) > 0:
         summary["samples_per_s"] = sum(batches) / sum(walls)
     if isinstance(summary["batch_size"], float) and summary["batch_size"].is_integer():
         summary["batch_size"] = int(summary["batch_size"])
+    summary["memory_breakdown"] = harness.get("memory_breakdown")
+    summary["activations"] = harness.get("activations")
+    growth = memory_growth(steps)
+    summary["memory_growth"] = growth
+    summary["memory_growth_per_step_bytes"] = growth["bytes_per_step"] if growth else None
     # Each call of the target is one micro-step: batch_size and samples_per_s are per micro-step.
     k = (harness.get("accumulation") or {}).get("steps") or 1
     summary.update(
@@ -208,21 +213,82 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], trace_paths:
     return summary
 
 
-def profiler_peak_allocated(trace_path: Path) -> int | None:
-    """The largest `Total Allocated` of the trace's CPU `[memory]` events (profile_memory=True)."""
+def memory_growth(steps: list[dict[str, Any]], skip: int = 1) -> dict[str, Any] | None:
+    """Memory growth per step: least-squares slope of per-step memory over the step index, with R².
+
+    The most precise figure the steps have: `cuda_allocated_bytes` (the CUDA allocator's), else the
+    profiled steps' `profiler_allocated_bytes` (the CPU allocator's live bytes from the trace), else
+    `rss_bytes` (with the profiler recording, its own buffers add to the resident set every step).
+    For CUDA and rss the first `skip` steps are left out: they allocate what every later step reuses
+    (optimizer state, allocator pools). None with fewer than 3 points.
+    """
+    if any("cuda_allocated_bytes" in s for s in steps):
+        source, candidates = "cuda_allocated_bytes", steps[skip:]
+    elif sum("profiler_allocated_bytes" in s for s in steps) >= 3:
+        source, candidates = "profiler_allocated_bytes", steps
+    else:
+        source, candidates = "rss_bytes", steps[skip:]
+    points = [(s["index"], s[source]) for s in candidates if isinstance(s.get(source), (int, float))]
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    syy = sum((y - mean_y) ** 2 for _, y in points)
+    slope = sxy / sxx if sxx else 0.0
+    r2 = (sxy * sxy / (sxx * syy)) if sxx and syy else 0.0
+    return {"bytes_per_step": slope, "r2": r2, "steps": n, "source": source, "first_index": points[0][0]}
+
+
+def profiler_memory(trace_path: Path) -> tuple[int | None, dict[int, int]]:
+    """From the trace's CPU `[memory]` events (profile_memory=True): the largest `Total Allocated`, and
+    per `ProfilerStep#N` the `Total Allocated` at the step's end.
+
+    The profiler counts only allocations made while it records, so the per-step figure is the CPU
+    allocator's live bytes relative to the profiler's start: exact for growth, unlike the resident set,
+    which the profiler's own event buffers inflate step after step.
+    """
     try:
         opener = gzip.open if trace_path.suffix == ".gz" else open
         with opener(trace_path, "rt") as f:
             events = json.load(f).get("traceEvents", [])
     except (OSError, ValueError, EOFError):
-        return None
-    peaks = [
-        e["args"]["Total Allocated"]
+        return None, {}
+    memory = sorted(
+        (e["ts"], e["args"]["Total Allocated"])
         for e in events
         if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and "Total Allocated" in e["args"]
-        and e["args"].get("Device Type", 0) == 0
-    ]
-    return max(peaks) if peaks else None
+        and e["args"].get("Device Type", 0) == 0 and isinstance(e.get("ts"), (int, float))
+    )
+    ends = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("ph") == "X" and name.startswith("ProfilerStep#") and name[13:].isdigit():
+            ends[int(name[13:])] = e["ts"] + e.get("dur", 0)
+    by_step, position, current = {}, 0, None
+    for step, end in sorted(ends.items(), key=lambda item: item[1]):
+        while position < len(memory) and memory[position][0] <= end:
+            current = memory[position][1]
+            position += 1
+        if current is not None:
+            by_step[step] = current
+    return (max(v for _, v in memory) if memory else None), by_step
+
+
+def add_profiler_memory(steps: list[dict[str, Any]], trace_paths: list[Path]) -> int | None:
+    """Give each profiled step its `profiler_allocated_bytes`; return the traces' peak `Total Allocated`."""
+    peaks, by_step = [], {}
+    for path in trace_paths:
+        peak, figures = profiler_memory(path)
+        if peak is not None:
+            peaks.append(peak)
+        by_step.update(figures)
+    for step in steps:
+        if step.get("index") in by_step:
+            step["profiler_allocated_bytes"] = by_step[step["index"]]
+    return max(peaks, default=None)
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
@@ -469,7 +535,8 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
     record["steps"] = read_steps(out / STEPS_FILE)
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]
-    record["summary"] = summarize(record["steps"], harness, traces)
+    profiler_peak = add_profiler_memory(record["steps"], traces)
+    record["summary"] = summarize(record["steps"], harness, profiler_peak)
     ended = time.time()
     record["times"].update(harness.get("times", {}))
     record["times"].update(ended_at=ended, duration_s=ended - started)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
-from trial_helpers import trial_record, write_script
+from trial_helpers import EXAMPLES, trial_record, write_script
 
+from advisor.harness import ActivationRecorder
 from advisor.knobs import APPLIED, GradientInterposition, Knobs, StepInterposition, plan_loader_arguments
-from advisor.trial import run_trial
+from advisor.trial import group_members, memory_growth, run_trial
 
 K = 4
 
@@ -164,3 +166,113 @@ def test_trial_with_accumulation_records_micro_and_effective_batch(tmp_path):
     assert summary["batch_size"] == 8 and summary["samples_per_s"] > 0
     assert record["accumulation"]["micro_steps"] == 8 and record["accumulation"]["optimizer_steps"] == 2
     assert json.loads((tmp_path / "observed.json").read_text())["optimizer_steps"] == 1  # after 7 calls: 1 cycle
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory growth per step (pure), and the examples that leak or not
+
+
+def test_memory_growth_is_a_least_squares_slope_from_the_most_precise_source():
+    steps = [{"index": i, "rss_bytes": 500e6 + 8e6 * i + (3e6 if i % 2 else 0)} for i in range(8)]
+    growth = memory_growth(steps)
+    assert growth["source"] == "rss_bytes" and growth["steps"] == 7 and growth["first_index"] == 1
+    assert growth["bytes_per_step"] == pytest.approx(8e6, rel=0.1) and growth["r2"] > 0.9
+    # The profiled steps' allocator figure wins over the resident set (which the profiler inflates).
+    for step in steps[3:]:
+        step["profiler_allocated_bytes"] = 12 * 2**20
+    growth = memory_growth(steps)
+    assert growth["source"] == "profiler_allocated_bytes" and growth["steps"] == 5
+    assert growth["bytes_per_step"] == 0 and growth["r2"] == 0
+    assert memory_growth(steps[:3]) is None
+
+
+def test_leaky_example_grows_every_step(tmp_path):
+    result = run_trial(f"{EXAMPLES / 'leaky_loss.py'}:train_step", Knobs(), tmp_path / "t", steps=5, device="cpu")
+    assert result.ok, result.message
+    summary = trial_record(result.path)["summary"]
+    growth = summary["memory_growth"]
+    # 256 × 8192 float log-probabilities kept per step: 8 MiB, and a straight line.
+    assert growth["source"] == "profiler_allocated_bytes" and growth["steps"] == 5
+    assert summary["memory_growth_per_step_bytes"] == pytest.approx(8 * 2**20, rel=0.1) and growth["r2"] > 0.99
+    breakdown = summary["memory_breakdown"]
+    params = (64 * 128 + 128 + 128 * 8192 + 8192) * 4
+    assert breakdown["when"] == "end" and breakdown["parameters"] == params and breakdown["gradients"] == params
+    assert breakdown["optimizer_state"] == 0  # plain SGD keeps none
+    assert breakdown["activations"] > 8 * 2**20 and breakdown["activations_source"].startswith("estimated")
+
+
+# --------------------------------------------------------------------------------------------------
+# Out of memory under a cap, and the configuration that fits
+
+CAP = 2200 * 2**20  # 2.2 GiB of address space: the user's batch of 16 needs about 2.8 GiB
+
+
+def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_cap(tmp_path):
+    target = f"{EXAMPLES / 'memory_hungry.py'}:train_step"
+    env = dict(os.environ, OMP_NUM_THREADS="2")  # the address space of thread stacks and arenas stays alike
+    baseline = run_trial(target, Knobs(), tmp_path / "base", steps=1, wait=1, warmup=0, device="cpu",
+                         memory_limit=CAP, env=env)
+    assert baseline.status == "oom", baseline.message
+    assert "in step 0" in baseline.message
+    record = trial_record(baseline.path)
+    assert not group_members(record["pid"])  # the trial is gone; this process (the advisor) is fine
+    breakdown = record["summary"]["memory_breakdown"]
+    assert breakdown["when"] == "at failure" and breakdown["gradients"] == 0
+    assert 0 < breakdown["parameters"] < 2**20 and breakdown["activations"] > 500 * 2**20
+    assert "partial" in breakdown["activations_source"]
+    assert breakdown["peak_vms_bytes"] <= CAP and breakdown["rss_bytes"] > breakdown["activations"]
+    activations = record["summary"]["activations"]
+    assert activations["complete"] is False and activations["checkpoint_candidates"][0] == "Block"
+
+    fits = run_trial(target, Knobs(accumulation_steps=4), tmp_path / "acc", steps=1, wait=1, warmup=0,
+                     device="cpu", memory_limit=CAP, env=env)
+    assert fits.ok, fits.message
+    summary = trial_record(fits.path)["summary"]
+    assert (summary["micro_batch_size"], summary["effective_batch_size"]) == (4, 16)
+    assert summary["peak_vms_bytes"] < CAP
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations per module
+
+
+class Block(torch.nn.Module):
+    """A tiny transformer block."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.attention = torch.nn.MultiheadAttention(width, 2, batch_first=True)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+
+    def forward(self, x):
+        h = self.norm(x)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        return x + self.ff(x)
+
+
+def test_activation_recorder_names_the_blocks_with_their_count():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), *(Block(16) for _ in range(3)), torch.nn.Linear(16, 50))
+    tokens = torch.randint(0, 50, (4, 12))
+    with ActivationRecorder() as recorder:
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    summary = recorder.summary(step=0)
+    blocks = next(e for e in summary["by_class"] if e["class"] == "Block")
+    assert blocks["count"] == 3 and blocks["names"] == ["1", "2", "3"] and blocks["share"] > 0.5
+    assert summary["checkpoint_candidates"][0] == "Block" and summary["roots"] == ["Sequential"]
+    assert all(e["share"] <= 1 for e in summary["by_class"])
+    # Outside the recorded step nothing is hooked.
+    assert not torch.nn.modules.module._global_forward_hooks
+
+
+def test_activation_bytes_are_what_autograd_saves():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    x = torch.randn(32, 8)
+    with ActivationRecorder() as recorder:
+        model(x).sum().backward()
+    summary = recorder.summary(step=0)
+    # Linear saves its input x; ReLU saves its output, which the second Linear saves too (counted once).
+    assert summary["saved_bytes"] == 32 * 8 * 4 + 32 * 16 * 4
+    by_name = {m["name"]: m["bytes"] for m in summary["by_module"]}
+    assert by_name == {"0": 32 * 8 * 4, "1": 32 * 16 * 4, "2": 32 * 16 * 4}

@@ -78,6 +78,7 @@ def test_image_classifier_via_cli(tmp_path, capsys):
     }
     summary = record["summary"]
     assert summary["batch_size"] == 32 and summary["samples_per_s"] > 0 and summary["loss"] > 0
+    assert abs(summary["memory_growth_per_step_bytes"]) < 2**20  # no leak
     assert summary["peak_memory_bytes"] > 0 and summary["profiler_peak_allocated_bytes"] > 0
     assert record["device_facts"]["type"] == "cpu" and record["device_facts"]["cpu"]["logical_cores"] >= 1
     # DataLoader-bound: most of a step is spent outside the call, loading data.
@@ -93,6 +94,18 @@ def test_char_transformer_trial(tmp_path):
     check_trace_matches_trial(result.path, record)
     assert result.batch_size == 32 and result.loss is not None and result.median_step_s > 0
     assert load_trial(result.path) == result
+    summary = record["summary"]
+    # No leak: the CPU allocator's live bytes at the end of each profiled step stay put.
+    assert summary["memory_growth"]["source"] == "profiler_allocated_bytes"
+    assert abs(summary["memory_growth_per_step_bytes"]) < 2**20
+    # The activation evidence for checkpointing: the four transformer blocks hold nearly all of it.
+    blocks = next(e for e in summary["activations"]["by_class"] if e["class"] == "Block")
+    assert blocks["count"] == 4 and blocks["share"] > 0.8
+    assert summary["activations"]["checkpoint_candidates"][0] == "Block"
+    breakdown = summary["memory_breakdown"]
+    # AdamW: two moments per parameter, plus a scalar step count per parameter tensor.
+    assert 2 * breakdown["parameters"] <= breakdown["optimizer_state"] < 2 * breakdown["parameters"] + 2**12
+    assert breakdown["gradients"] == breakdown["parameters"]
     # `advisor analyze` reads the trial folder and its step figure agrees with the trial's own timing.
     from advisor.commands import analyze_path, diagnosis_to_dict
 
