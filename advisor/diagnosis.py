@@ -573,9 +573,9 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         missing.append("DataLoader spans (enumerate(DataLoader)#...__next__): data loading time unknown")
     extra = {"median_step_us": median(s.duration for s in steps), "events": trace.event_count}
     if platform == "cpu":
-        eligible_ops = iv.from_events([op for op in trace.ops if _is_eligible_op(op.name)])
+        matmul_spans = iv.from_events([op for op in trace.ops if _is_eligible_op(op.name)])
         windows = iv.from_spans((s.start, s.end) for s in steps)
-        extra["cpu_eligible_share"] = iv.length_within(eligible_ops, windows) / iv.length(windows)
+        extra["cpu_eligible_share"] = iv.length_within(matmul_spans, windows) / iv.length(windows)
     main = utilization.get(devices[0].index) if devices and utilization else None
     if main is None and utilization:
         main = max(utilization.values())

@@ -103,22 +103,23 @@ def recorded_losses(trial_dir: Path | str) -> list[float]:
 
 
 def relative_spread(values: list[float]) -> float:
-    """Interquartile range over the median: how much step times move from step to step."""
+    """Robust relative spread of step times: 1.4826 × median absolute deviation / median (σ/median for
+    normal noise, and one outlying step — a page fault, a worker restart — barely moves it)."""
     if len(values) < 2:
         return 0.0
-    q = statistics.quantiles(values, n=4, method="inclusive")
     med = statistics.median(values)
-    return (q[2] - q[0]) / med if med else 0.0
+    mad = statistics.median(abs(v - med) for v in values)
+    return 1.4826 * mad / med if med else 0.0
 
 
 def median_noise(a: list[float], b: list[float]) -> float:
     """Relative change between two medians that step-to-step spread alone could produce.
 
     Twice the standard error of the difference of the medians (about 95% confidence), each standard
-    error estimated robustly from its interquartile range: SE(median) ≈ 1.253 σ / √n with σ ≈ IQR / 1.349.
+    error from its robust spread: SE(median) ≈ 1.253 σ / √n.
     """
     def se(values: list[float]) -> float:
-        return 0.93 * relative_spread(values) / math.sqrt(len(values)) if len(values) >= 2 else 0.0
+        return 1.253 * relative_spread(values) / math.sqrt(len(values)) if len(values) >= 2 else 0.0
 
     return 2 * math.hypot(se(a), se(b))
 
@@ -152,6 +153,8 @@ def decide(best: TrialResult, candidate: TrialResult, baseline_losses: list[floa
         allowed = max(LOSS_TOLERANCE * abs(base), max(baseline_losses) - min(baseline_losses))
         if abs(cand - base) > allowed:
             return False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, noise
+    if gain < -threshold:
+        return False, f"{100 * gain:+.1f}% samples/s: slower (noise {100 * threshold:.1f}%)", gain, noise
     if gain <= threshold:
         return False, f"{100 * gain:+.1f}% samples/s is within the noise ({100 * threshold:.1f}%)", gain, noise
     return True, f"{100 * gain:+.1f}% samples/s (noise {100 * noise:.1f}%)", gain, noise

@@ -59,3 +59,13 @@ def test_sample_runs_folder_cli():
     assert "image_classifier.py, trial 00-baseline" in proc.stdout
     assert "char_transformer.py, trial 00-baseline" in proc.stdout
     assert len(analyze_path(SAMPLE_RUNS)) == len(RUNS)
+
+
+@pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: p.parts[-4])
+def test_cpu_trace_json_document(trial_json):
+    proc = run_advisor("analyze", "--json", str(trial_json.parent))
+    assert proc.returncode == 0, proc.stderr
+    (t,) = json.loads(proc.stdout)["traces"]
+    assert t["platform"] == "cpu" and t["device"] is None and t["gpu_utilization"] is None
+    assert t["eligible_op_share"] is None and 0 <= t["eligible_share"] <= 1
+    assert t["trial"]["name"] == trial_json.parent.name
