@@ -9,11 +9,16 @@ group. Here we:
 3. compile the script with `name = __advisor_wrap__(name)` inserted right after every definition of the
    target (an AST rewrite, as pytest does for asserts; line numbers are the user's own);
 4. run it as `__main__` in its own folder. Each outermost call of the target is one step: it runs under
-   the step knobs (autocast, GradScaler, non_blocking), is timed (synchronizing an accelerator), and ends
+   the step knobs (autocast, GradScaler, gradient accumulation, non_blocking), is timed (synchronizing an accelerator), and ends
    with `prof.step()`, so the trace's `ProfilerStep#N` span N is exactly step N (the time since the end
    of the previous step: data loading in the user's loop plus the call);
 5. after the last recorded step, raise `TrialComplete` (a BaseException, so `except Exception` in the
    user's loop does not swallow it), stop DataLoader workers and exit.
+
+Memory: the first call runs under an `ActivationRecorder` (bytes saved for backward per module: the
+evidence for activation checkpointing). A step that runs out of memory records, before the error
+unwinds its frames, where memory was (`StepDriver.memory_breakdown`: parameters, gradients, optimizer
+state, activations, rss/vms and CUDA allocator figures); a finished trial records the same at its end.
 
 Results go to files in the trial folder so that nothing is lost if the process is killed: one JSON line
 per step in `steps.jsonl` as it ends, and `harness.json` at the end. The parent merges both into
@@ -375,6 +380,18 @@ def model_tensor_bytes(device_type: str) -> dict[str, Any]:
     }
 
 
+def _never_fails(hook: Callable[..., None]) -> Callable[..., None]:
+    """A module hook whose errors are swallowed: a measurement must never break the user's step."""
+
+    def safe(*args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            pass
+
+    return safe
+
+
 class ActivationRecorder:
     """For one step: the bytes autograd saves for backward, attributed to every module running then.
 
@@ -403,10 +420,10 @@ class ActivationRecorder:
         from torch.nn.modules import module as module_hooks
 
         handles = [
-            module_hooks.register_module_forward_pre_hook(self._pre),
-            module_hooks.register_module_forward_hook(self._post, always_call=True),
+            module_hooks.register_module_forward_pre_hook(_never_fails(self._pre)),
+            module_hooks.register_module_forward_hook(_never_fails(self._post), always_call=True),
         ]
-        saved = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+        saved = torch.autograd.graph.saved_tensors_hooks(self._pack_safely, lambda tensor: tensor)
         saved.__enter__()
         self.active = True
 
@@ -458,14 +475,21 @@ class ActivationRecorder:
             list(output.values()) if isinstance(output, dict) else [output])
         self._entry(module)["output_bytes"] += sum(tensor_bytes(o) for o in outputs if hasattr(o, "element_size"))
 
-    def _pack(self, tensor: Any) -> Any:
+    def _pack_safely(self, tensor: Any) -> Any:
+        try:
+            self._pack(tensor)
+        except Exception:  # a measurement must never break the user's step
+            pass
+        return tensor
+
+    def _pack(self, tensor: Any) -> None:
         try:
             storage = tensor.untyped_storage()
             address, size = storage.data_ptr(), storage.nbytes()
         except (RuntimeError, TypeError, NotImplementedError):
-            return tensor
+            return
         if address in self.excluded or size == 0:
-            return tensor
+            return
         if address not in self.total_seen:
             self.total_seen.add(address)
             self.saved_bytes += size
@@ -474,7 +498,6 @@ class ActivationRecorder:
             if address not in seen:
                 seen.add(address)
                 self.modules[id(module)]["bytes"] += size
-        return tensor
 
     def summary(self, step: int, top: int = 10) -> dict[str, Any]:
         """`summary.activations`: the largest modules and module classes by activation bytes."""
@@ -815,6 +838,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             oom = is_out_of_memory(exc)
         except Exception:
             oom = isinstance(exc, MemoryError)
+        if oom and driver is not None and driver.failure_memory is None:
+            driver.record_failure_memory(exc)  # out of memory outside a step (e.g. loading data)
         if isinstance(exc, KeyboardInterrupt):
             status = "interrupted"
         elif oom:

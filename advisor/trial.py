@@ -31,9 +31,12 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
     steps           [{index, wall_s, call_s, recorded, batch_size, batch_size_source, loss, rss_bytes,
-                      vms_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?}]
+                      vms_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
+                      profiler_allocated_bytes?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
-                    of this call (the user's data loading plus the call); call_s is the call alone
+                    of this call (the user's data loading plus the call); call_s is the call alone;
+                    profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
+                    end of the step: live bytes of the CPU allocator counted from the profiler's start
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
@@ -41,6 +44,30 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps; with
                     gradient accumulation each step is one micro-step, so batch_size = micro_batch_size
                     and effective_batch_size = micro_batch_size × accumulation_steps (1 when off)
+                    memory_growth_per_step_bytes: memory_growth.bytes_per_step, or null
+                    memory_growth: {bytes_per_step, r2, steps, source, first_index} or null (`memory_growth`):
+                      least-squares slope of the steps' cuda_allocated_bytes, else of the profiled
+                      steps' profiler_allocated_bytes, else of rss_bytes (first step left out)
+                    memory_breakdown: null, or where memory was at an out-of-memory failure
+                      (when "at failure") or after the last step (when "end"):
+                      {when, parameters, gradients, optimizer_state, activations (bytes; activations
+                       estimated, or null), activations_source, activations_saved_bytes, source,
+                       total_bytes, rss_bytes, vms_bytes, peak_rss_bytes, peak_vms_bytes,
+                       optimizers_found, modules_found,
+                       cuda_allocated_bytes?, cuda_reserved_bytes?, cuda_max_allocated_bytes?}
+                      parameters/gradients/optimizer_state: tensors on the step's device of every
+                      module and optimizer the process holds (found by a gc scan); activations: on
+                      CUDA the allocator's figure minus those three, on the CPU the bytes saved for
+                      backward in the recorded step; or {when, unavailable} when it could not be read
+                    activations: null, or the first step's activation memory per module:
+                      {step, complete (false: the step failed part-way), saved_bytes, roots,
+                       checkpoint_candidates: [class names], by_class: [{class, module, count, calls,
+                       bytes, share, output_bytes, leaf, names}], by_module: [{name, class, module,
+                       calls, bytes, share, output_bytes, leaf, nested}], source}
+                      bytes = tensors autograd saved for backward while the module's forward ran
+                      (what checkpointing it would free), each storage counted once per module;
+                      share = bytes / saved_bytes; count = instances (not nested in one of the same
+                      class); checkpoint_candidates = repeated classes with submodules, largest first
     trace_files     names of the *.pt.trace.json.gz files in the trial folder
     log_file        "output.log": the script's stdout and stderr
     pid             the trial process (also its process group id)
