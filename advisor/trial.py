@@ -45,9 +45,10 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     gradient accumulation each step is one micro-step, so batch_size = micro_batch_size
                     and effective_batch_size = micro_batch_size × accumulation_steps (1 when off)
                     memory_growth_per_step_bytes: memory_growth.bytes_per_step, or null
-                    memory_growth: {bytes_per_step, r2, steps, source, first_index} or null (`memory_growth`):
-                      least-squares slope of the steps' cuda_allocated_bytes, else of the profiled
-                      steps' profiler_allocated_bytes, else of rss_bytes (first step left out)
+                    memory_growth: {bytes_per_step, r2, median_difference_bytes, steps, source,
+                      first_index} or null (`memory_growth`): least-squares slope of the steps'
+                      cuda_allocated_bytes, else of the profiled steps' profiler_allocated_bytes, else
+                      of rss_bytes (first step left out); a leak has slope ≈ median difference > 0
                     memory_breakdown: null, or where memory was at an out-of-memory failure
                       (when "at failure") or after the last step (when "end"):
                       {when, parameters, gradients, optimizer_state, activations (bytes; activations
@@ -266,7 +267,11 @@ def memory_growth(steps: list[dict[str, Any]], skip: int = 1) -> dict[str, Any] 
     syy = sum((y - mean_y) ** 2 for _, y in points)
     slope = sxy / sxx if sxx else 0.0
     r2 = (sxy * sxy / (sxx * syy)) if sxx and syy else 0.0
-    return {"bytes_per_step": slope, "r2": r2, "steps": n, "source": source, "first_index": points[0][0]}
+    # A leak adds about the same every step; a one-time allocation (optimizer state created at the first
+    # optimizer step) is one jump: the median difference between consecutive steps tells them apart.
+    differences = [b[1] - a[1] for a, b in zip(points, points[1:])]
+    return {"bytes_per_step": slope, "r2": r2, "median_difference_bytes": statistics.median(differences),
+            "steps": n, "source": source, "first_index": points[0][0]}
 
 
 def profiler_memory(trace_path: Path) -> tuple[int | None, dict[int, int]]:

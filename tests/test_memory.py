@@ -183,6 +183,10 @@ def test_memory_growth_is_a_least_squares_slope_from_the_most_precise_source():
     growth = memory_growth(steps)
     assert growth["source"] == "profiler_allocated_bytes" and growth["steps"] == 5
     assert growth["bytes_per_step"] == 0 and growth["r2"] == 0
+    # One jump (optimizer state created at the first optimizer step) is not a steady growth.
+    steps[3]["profiler_allocated_bytes"] = 10 * 2**20
+    growth = memory_growth(steps)
+    assert growth["bytes_per_step"] > 0 and growth["median_difference_bytes"] == 0
     assert memory_growth(steps[:3]) is None
 
 
@@ -194,6 +198,7 @@ def test_leaky_example_grows_every_step(tmp_path):
     # 256 × 8192 float log-probabilities kept per step: 8 MiB, and a straight line.
     assert growth["source"] == "profiler_allocated_bytes" and growth["steps"] == 5
     assert summary["memory_growth_per_step_bytes"] == pytest.approx(8 * 2**20, rel=0.1) and growth["r2"] > 0.99
+    assert growth["median_difference_bytes"] == pytest.approx(8 * 2**20, rel=0.1)
     breakdown = summary["memory_breakdown"]
     params = (64 * 128 + 128 + 128 * 8192 + 8192) * 4
     assert breakdown["when"] == "end" and breakdown["parameters"] == params and breakdown["gradients"] == params
