@@ -235,6 +235,10 @@ def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_c
     summary = trial_record(fits.path)["summary"]
     assert (summary["micro_batch_size"], summary["effective_batch_size"]) == (4, 16)
     assert summary["peak_vms_bytes"] < CAP
+    # bf16 autocast halves the activations: the user's batch fits too.
+    bf16 = run_trial(target, Knobs(amp="bf16"), tmp_path / "bf16", steps=1, wait=0, warmup=0, device="cpu",
+                     memory_limit=CAP, env=env, profile=False)
+    assert bf16.ok and bf16.batch_size == 16, bf16.message
 
 
 # --------------------------------------------------------------------------------------------------
