@@ -864,6 +864,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["outcomes"] = {
                 **dataloader_outcomes(driver.interposition.knobs, loader_records),
                 **driver.interposition.outcomes,
+                **driver.interposition.outcomes_after_steps(),
             }
             result["dataloaders"] = [
                 {"user": r.user, "effective": r.effective, "outcomes": r.outcomes} for r in loader_records

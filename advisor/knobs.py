@@ -31,6 +31,8 @@ How each knob is applied (inside the trial only):
   * `optimizer.zero_grad()` and `module.zero_grad()` take effect only when no gradient of the current
     cycle would be lost: on the first micro-step before its first backward, or after an optimizer step
     that took effect. So both `zero_grad; backward; step` and `backward; step; zero_grad` work.
+  * A target that never calls `optimizer.step()` (the user's loop steps after each call) makes the
+    knob "not applicable" once the steps have run: the optimizer could not wait for the cycle's end.
   * Not covered: `optimizer.step(closure)` (L-BFGS) runs every call, non-scalar `backward(gradient)` is
     not divided, and gradient clipping runs on every micro-step (on partial sums).
 """
@@ -568,6 +570,15 @@ class StepInterposition:
             return None
         return {"steps": self.gradients.accumulation_steps, "micro_steps": self.gradients.micro_steps,
                 **self.gradients.counts}
+
+    def outcomes_after_steps(self) -> dict[str, str]:
+        """Outcomes only the steps could tell: accumulation in a target that never steps an optimizer
+        (the user's loop steps it after every call, so no step waited for the cycle's end)."""
+        record = self.accumulation_record()
+        if record and record["micro_steps"] and not record["optimizer_steps"] + record["optimizer_steps_deferred"]:
+            return {"accumulation_steps": not_applicable(
+                "the target never calls optimizer.step(), so the optimizer cannot wait for the cycle's end")}
+        return {}
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:

@@ -76,6 +76,15 @@ def test_accumulated_gradients_equal_the_full_batch(order, monkeypatch):
                       "zero_grads": 1, "zero_grads_skipped": K - 1}
 
 
+def test_accumulation_is_not_applicable_when_the_target_never_steps_the_optimizer():
+    model, x, y, _, _ = small_problem()
+    interposition = StepInterposition(Knobs(accumulation_steps=K), "cpu")
+    for xb, yb in zip(x.chunk(K), y.chunk(K)):
+        with interposition.step():
+            F.cross_entropy(model(xb), yb).backward()  # the user's loop steps the optimizer
+    assert interposition.outcomes_after_steps()["accumulation_steps"].startswith("not applicable: the target never")
+
+
 def test_accumulation_with_the_fp16_grad_scaler_and_an_lr_scheduler():
     # The GradScaler mechanism is device-generic; the CPU GradScaler exercises it without a GPU.
     model, x, y, full_grads, reference = small_problem()
