@@ -499,6 +499,13 @@ class ActivationRecorder:
                 seen.add(address)
                 self.modules[id(module)]["bytes"] += size
 
+    def safe_summary(self, step: int, complete: bool) -> dict[str, Any] | None:
+        """`summary` with `complete` set, or None if it cannot be built: never hides the step's own error."""
+        try:
+            return dict(self.summary(step), complete=complete)
+        except Exception:
+            return None
+
     def summary(self, step: int, top: int = 10) -> dict[str, Any]:
         """`summary.activations`: the largest modules and module classes by activation bytes."""
         total = self.saved_bytes
@@ -634,10 +641,10 @@ class StepDriver:
             with self.interposition.step(), (recorder or contextlib.nullcontext()):
                 result = fn(*args, **kwargs)
             if recorder is not None:
-                self.activations = dict(recorder.summary(self.index), complete=True)
+                self.activations = recorder.safe_summary(self.index, complete=True)
         finally:
             if recorder is not None and self.activations is None:
-                self.activations = dict(recorder.summary(self.index), complete=False)  # up to the failure
+                self.activations = recorder.safe_summary(self.index, complete=False)  # up to the failure
         self._synchronize()
         ended = time.perf_counter()
         wall, call = ended - self.period_start, ended - entered
