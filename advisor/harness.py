@@ -510,7 +510,11 @@ class ActivationRecorder:
         """`summary.activations`: the largest modules and module classes by activation bytes."""
         total = self.saved_bytes
         share = (lambda value: round(value / total, 4) if total else None)
-        inner = [dict(m, share=share(m["bytes"])) for key, m in self.modules.items() if key not in self.roots]
+        # A lone outermost module is the whole model (all of it, nothing to choose); outermost modules
+        # of a repeated class (blocks the user's code calls one by one) are candidates like any other.
+        root_classes = [self.modules[key]["class"] for key in self.roots if key in self.modules]
+        inner = [dict(m, share=share(m["bytes"])) for key, m in self.modules.items()
+                 if key not in self.roots or root_classes.count(m["class"]) > 1]
         by_class: dict[tuple[str, str], dict[str, Any]] = {}
         for m in inner:
             if m["nested"]:

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from trial_helpers import EXAMPLES, trial_record, write_script
 
 from advisor.harness import ActivationRecorder
@@ -282,6 +283,28 @@ def test_activation_recorder_names_the_blocks_with_their_count():
     assert all(e["share"] <= 1 for e in summary["by_class"])
     # Outside the recorded step nothing is hooked.
     assert not torch.nn.modules.module._global_forward_hooks
+
+
+def test_blocks_called_one_by_one_and_what_checkpointing_them_frees():
+    torch.manual_seed(0)
+    embed, blocks, head = torch.nn.Embedding(50, 16), [Block(16) for _ in range(3)], torch.nn.Linear(16, 50)
+    tokens = torch.randint(0, 50, (4, 12))
+    saved = {}
+    for checkpointed in (False, True):
+        with ActivationRecorder() as recorder:
+            x = embed(tokens)
+            for block in blocks:  # no parent module: each block is an outermost module
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
+            F.cross_entropy(head(x).flatten(0, 1), tokens.flatten()).backward()
+        summary = recorder.summary(step=0)
+        saved[checkpointed] = summary["saved_bytes"]
+        if not checkpointed:
+            assert summary["checkpoint_candidates"][0] == "Block"
+            blocks_entry = next(e for e in summary["by_class"] if e["class"] == "Block")
+            assert blocks_entry["count"] == 3
+            freed = blocks_entry["bytes"]
+    # Checkpointing the blocks frees what the recorder attributed to them, except their inputs.
+    assert saved[True] < saved[False] - 0.8 * freed
 
 
 def test_activation_bytes_are_what_autograd_saves():
