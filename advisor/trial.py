@@ -68,7 +68,8 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                       bytes = tensors autograd saved for backward while the module's forward ran
                       (what checkpointing it would free), each storage counted once per module;
                       share = bytes / saved_bytes; count = instances (not nested in one of the same
-                      class); checkpoint_candidates = repeated classes with submodules, largest first
+                      class); a lone outermost module (the whole model, named in roots) is left out;
+                      checkpoint_candidates = repeated classes with submodules, largest first
     trace_files     names of the *.pt.trace.json.gz files in the trial folder
     log_file        "output.log": the script's stdout and stderr
     pid             the trial process (also its process group id)
