@@ -55,11 +55,23 @@ def read_trial(trace_path: Path) -> dict | None:
     return trial
 
 
+def lint_findings(script: Path) -> list[dict] | None:
+    """Static findings on a trial's script (they can name the line behind a leak); None if unreadable."""
+    from advisor.lint import LintError, lint_file
+
+    try:
+        return [f.to_dict() for f in lint_file(script)]
+    except LintError:
+        return None
+
+
 def analyze_file(path: Path | str, steps: str | None = None) -> Diagnosis:
     """Load one trace, diagnose it and attach its ranked recommendations."""
     trial = read_trial(Path(path))
     with collector_paused():
         diagnosis = diagnose(load_trace(path), steps, trial)
+    if trial and trial.get("script"):
+        diagnosis.extra["lint"] = lint_findings(Path(trial["script"]))
     return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis))
 
 

@@ -511,14 +511,16 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     while True:
         diagnosis = _diagnose(best)
         state["recommendations"] = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
+        proposals = propose(diagnosis, best, state, options)
+        if not proposals:
+            break
         if len(state["trials"]) >= options.max_trials:
-            state["notes"].append(f"stopped after {options.max_trials} trials (--max-trials)")
+            if options.max_trials > 1:  # one trial is a diagnosis-only run, not a budget that ran out
+                state["notes"].append(f"stopped after {options.max_trials} trials (--max-trials) with "
+                                      f"{len(proposals)} change(s) left to try")
             break
         if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
             state["notes"].append(f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)")
-            break
-        proposals = propose(diagnosis, best, state, options)
-        if not proposals:
             break
         proposal = proposals[0]
         index = len(state["trials"])
@@ -581,7 +583,8 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
         _, func = parse_target(state["target"])
         script = Path(state["script"])
         try:
-            written = write_patch(script, func, final, state["user_values"], out, root=repository_root(script))
+            written = write_patch(script, func, final, state["user_values"], out, root=repository_root(script),
+                                  accumulation_steps=final.accumulation_steps)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")
             written = None
@@ -632,7 +635,10 @@ def print_session(state: dict[str, Any], out: Path) -> None:
     console = Console()
     console.print(ladder_table(state))
     final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
-    speed = f"×{state['speedup']:.2f} samples/s over the baseline" if state.get("speedup") else "no speed-up"
+    reference = reference_row(state)
+    against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
+        f"{reference['name']}, the first configuration that fitted")
+    speed = f"×{state['speedup']:.2f} samples/s over {against}" if state.get("speedup") else "no speed-up"
     console.print(Text(f"Best: {state['best']} ({speed}); settings: "
                        + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
     for note in state["notes"]:

@@ -89,7 +89,10 @@ def print_recommendations(d: Diagnosis, console: Console) -> None:
     for i, r in enumerate(d.recommendations, 1):
         line = Text(f" {i}. ")
         line.append(r.title, style="bold")
-        line.append(f"  (~{100 * r.predicted_gain:.1f}% of step time)", style="cyan")
+        if r.predicted_gain:
+            line.append(f"  (~{100 * r.predicted_gain:.1f}% of step time)", style="cyan")
+        else:
+            line.append("  (memory)", style="magenta")
         console.print(line)
         for e in r.evidence:
             console.print(Text(f"    - {e}"))
