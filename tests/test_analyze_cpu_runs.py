@@ -20,9 +20,11 @@ def _trace_of(trial_json):
 def test_sample_runs_exist():
     names = {p.parts[-4] for p in RUNS}
     assert {"image_classifier", "char_transformer"} <= names
+    for name in names:  # each is a recorded session: its record, report and trials
+        assert (SAMPLE_RUNS / name / "session.json").exists() and (SAMPLE_RUNS / name / "report.html").exists()
 
 
-@pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: p.parts[-4])
+@pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: f"{p.parts[-4]}-{p.parts[-2]}")
 def test_cpu_trace_matches_its_trial(trial_json):
     trial = json.loads(trial_json.read_text())
     d = analyze_file(_trace_of(trial_json))
@@ -36,7 +38,7 @@ def test_cpu_trace_matches_its_trial(trial_json):
 
 
 def test_image_classifier_is_dataloader_bound():
-    (trial_json,) = [p for p in RUNS if p.parts[-4] == "image_classifier"]
+    trial_json = SAMPLE_RUNS / "image_classifier" / "trials" / "00-baseline" / "trial.json"
     d = analyze_file(_trace_of(trial_json))
     assert d.dataloader_share > 0.5
     assert d.recommendations[0].id == "more-workers"
@@ -44,8 +46,16 @@ def test_image_classifier_is_dataloader_bound():
         "no GPU advice on a CPU trace"
 
 
+def test_trials_run_under_autocast_are_not_told_to_use_it():
+    for trial_json in RUNS:
+        trial = json.loads(trial_json.read_text())
+        if trial["knobs"].get("amp"):
+            d = analyze_file(_trace_of(trial_json))
+            assert "amp" not in [r.id for r in d.recommendations]
+
+
 def test_char_transformer_is_matmul_bound_and_gets_bf16():
-    (trial_json,) = [p for p in RUNS if p.parts[-4] == "char_transformer"]
+    trial_json = SAMPLE_RUNS / "char_transformer" / "trials" / "00-baseline" / "trial.json"
     d = analyze_file(_trace_of(trial_json))
     assert d.dataloader_share < 0.05
     assert d.extra["cpu_eligible_share"] > 0.3
@@ -61,7 +71,7 @@ def test_sample_runs_folder_cli():
     assert len(analyze_path(SAMPLE_RUNS)) == len(RUNS)
 
 
-@pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: p.parts[-4])
+@pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: f"{p.parts[-4]}-{p.parts[-2]}")
 def test_cpu_trace_json_document(trial_json):
     proc = run_advisor("analyze", "--json", str(trial_json.parent))
     assert proc.returncode == 0, proc.stderr
