@@ -572,7 +572,7 @@ def repository_root(script: Path) -> Path:
 
 
 def finish_outputs(out: Path, state: dict[str, Any]) -> None:
-    """suggested.patch, report.html and TensorBoard runs, each when its module is available."""
+    """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
     final = Knobs.from_dict(state["final_knobs"] or {})
     from advisor.patch import write_patch
 
@@ -664,7 +664,8 @@ def profile_command(args: argparse.Namespace) -> int:
         script, _ = parse_target(args.target)
         out = Path(args.out) if args.out else default_out_dir(script)
         target = args.target
-    command = "advisor profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if not args.resume else ""
+    words = sys.argv[sys.argv.index("profile") + 1:] if "profile" in sys.argv else []
+    command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
     # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
     state = run_session(target, out, options, command=command, resume=bool(args.resume),
                         log=lambda m: print(m, flush=True))
