@@ -15,7 +15,9 @@ session.json (schema "advisor.session/1"):
                  ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s", "samples_per_s",
                  "peak_memory_bytes", "peak_memory_source", "capacity_bytes", "loss", "speedup", "gain",
                  "predicted_gain", "noise"}],
-     "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null}
+     "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null,
+     "lint": [advisor lint findings on the script] | null, "exhausted": [recommendations not to try again],
+     "pooled": {trial name: [folders of earlier runs of the same settings, measured together with it]}}
 """
 
 from __future__ import annotations
@@ -135,17 +137,52 @@ def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | N
     return ram
 
 
-def decide(best: TrialResult, candidate: TrialResult, baseline_losses: list[float], min_gain: float,
-           ) -> tuple[bool, str, float, float]:
-    """Keep or revert a candidate against the best trial so far: (keep, reason, gain, noise)."""
+BLOCK_STEPS = 2
+
+
+def measured(paths: list[Path]) -> tuple[float | None, list[float]]:
+    """Pooled over the recorded steps of one or more runs of the same settings: samples/s (all samples
+    over all time) and seconds per sample of each block of BLOCK_STEPS consecutive steps.
+
+    Blocks, not single steps, carry the noise estimate (the batch-means method): with DataLoader workers
+    a step that waited is followed by one whose batch was ready, so single steps swing widely while
+    their sums hardly move.
+    """
+    samples = seconds = 0.0
+    blocks = []
+    for path in paths:
+        record = json.loads((Path(path) / TRIAL_FILE).read_text())
+        steps = [(st["wall_s"], st["batch_size"]) for st in record.get("steps", [])
+                 if st.get("recorded") and st.get("wall_s") and st.get("batch_size")]
+        samples += sum(b for _, b in steps)
+        seconds += sum(w for w, _ in steps)
+        # Too few steps for two blocks: single steps it is (a noisier estimate, never a missing one).
+        size = BLOCK_STEPS if len(steps) >= 2 * BLOCK_STEPS else 1
+        cut = [steps[i:i + size] for i in range(0, len(steps), size)]
+        if len(cut) > 1 and len(cut[-1]) < size:
+            last = cut.pop()
+            cut[-1] = cut[-1] + last  # a lone last step joins the block before it
+        blocks += [sum(w for w, _ in c) / sum(b for _, b in c) for c in cut if c]
+    return (samples / seconds if seconds else None), blocks
+
+
+def decide(best: TrialResult, candidate: TrialResult, baseline_losses: list[float], min_gain: float, *,
+           best_extra: list[Path] = (), candidate_extra: list[Path] = ()) -> tuple[bool, str, float, float]:
+    """Keep or revert a candidate against the best trial so far: (keep, reason, gain, noise).
+
+    `*_extra`: folders of earlier runs of the same settings, pooled with the trial (a re-measurement).
+    """
     if not candidate.ok:
         return False, f"trial {candidate.status}: {candidate.message}", 0.0, 0.0
-    if not candidate.samples_per_s or not best.samples_per_s:
+    best_sps, best_times = measured([best.path, *best_extra])
+    cand_sps, cand_times = measured([candidate.path, *candidate_extra])
+    best_sps, cand_sps = best_sps or best.samples_per_s, cand_sps or candidate.samples_per_s
+    if not cand_sps or not best_sps:
         return False, "no samples/s measured (batch size unknown)", 0.0, 0.0
-    gain = candidate.samples_per_s / best.samples_per_s - 1
-    noise = median_noise(recorded_step_times(best.path), recorded_step_times(candidate.path))
+    gain = cand_sps / best_sps - 1
+    noise = median_noise(best_times, cand_times)
     threshold = max(min_gain, noise)
-    losses = recorded_losses(candidate.path)
+    losses = [x for path in [candidate.path, *candidate_extra] for x in recorded_losses(path)]
     if losses and not all(math.isfinite(x) for x in losses):
         return False, "loss is not finite", gain, noise
     if losses and baseline_losses:
@@ -332,7 +369,8 @@ def new_state(target: str, out: Path, options: SessionOptions, command: str, *, 
         "lint": lint_script(Path(path)) if path else None,
         "options": options.to_dict(), "status": "running", "started_at": time.time(), "updated_at": time.time(),
         "device": None, "user_values": {}, "baseline": None, "best": None, "final_knobs": None, "speedup": None,
-        "trials": [], "recommendations": [], "notes": [], "patch": None, "exhausted": [], "_dir": str(out),
+        "trials": [], "recommendations": [], "notes": [], "patch": None, "exhausted": [], "pooled": {},
+        "_dir": str(out),
     }
 
 
@@ -348,6 +386,7 @@ def load_state(out: Path) -> dict[str, Any]:
     if state.get("schema") != SCHEMA:
         raise AdvisorError(f"{path}: not an {SCHEMA} document")
     state["_dir"] = str(out)
+    state.setdefault("pooled", {})
     listed = {t["name"] for t in state["trials"]}
     for folder in sorted((out / "trials").glob("*")):
         if folder.is_dir() and folder.name not in listed:
@@ -526,12 +565,32 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (predicted {100 * proposal.predicted_gain:.0f}% of step time)")
         result = run(f"{index:02d}-{proposal.slug}", proposal.knobs)
-        keep, reason, gain, noise = decide(best, result, reference_losses, options.min_gain)
+        best_extra = [out / f for f in state["pooled"].get(best.name, [])]
+        keep, reason, gain, noise = decide(best, result, reference_losses, options.min_gain, best_extra=best_extra)
         row = trial_row(index, result, proposal, state)
-        row.update(decision="kept" if keep else ("failed" if not result.ok else "reverted"), reason=reason,
-                   gain=gain, noise=noise)
+        inconclusive = (not keep and result.ok and options.min_gain < gain <= noise
+                        and len(state["trials"]) + 2 <= options.max_trials)
+        row.update(decision="kept" if keep else ("failed" if not result.ok else "reverted"), gain=gain, noise=noise,
+                   reason=f"inconclusive, measured again: {reason}" if inconclusive else reason)
         state["trials"].append(row)
-        log(f"  {row['decision']}: {reason}")
+        log(f"  {row['decision']}: {row['reason']}")
+        if inconclusive:
+            # A gain the step-to-step spread could hide: run the same settings once more and decide on
+            # both runs' steps together (twice the samples, about 1/√2 of the noise).
+            save(state)
+            first = result
+            index = len(state["trials"])
+            log(f"trial {index:02d}: {proposal.change}, again")
+            result = run(f"{index:02d}-{proposal.slug}-again", proposal.knobs)
+            keep, reason, gain, noise = decide(best, result, reference_losses, options.min_gain,
+                                               best_extra=best_extra, candidate_extra=[first.path])
+            row = trial_row(index, result, proposal, state)
+            row.update(change=f"{proposal.change} (again)", gain=gain, noise=noise, reason=reason + " (both runs)",
+                       decision="kept" if keep else ("failed" if not result.ok else "reverted"))
+            state["trials"].append(row)
+            log(f"  {row['decision']}: {row['reason']}")
+            if keep:
+                state["pooled"][result.name] = [os.path.relpath(first.path, out)]
         if keep:
             best = result
             state["best"] = result.name

@@ -27,8 +27,8 @@ from advisor.session import SessionOptions, run_session  # noqa: E402
 from advisor.trial import run_trial  # noqa: E402
 
 TARGET = f"{ROOT / 'examples' / 'image_classifier.py'}:train_step"
-STEPS = 4
-REMEASURE = 3
+STEPS = 6
+REMEASURE = 5
 
 
 def grid_values() -> dict[str, list]:

@@ -169,3 +169,21 @@ def test_session_killed_and_resumed_keeps_its_trials(tmp_path):
     assert in_flight <= set(names)
     assert sorted(p.name for p in (out / "trials").iterdir()) == sorted(names)
     assert len(names) == len(set(names))
+
+
+def test_a_second_run_is_pooled_with_the_first(tmp_path):
+    from advisor.session import measured
+
+    src = SAMPLE_RUNS / "image_classifier" / "trials" / "01-workers-2"
+    first, again = copy_trial(src, tmp_path / "first"), copy_trial(src, tmp_path / "again")
+    sps_one, times_one = measured([first])
+    sps_two, times_two = measured([first, again])
+    assert sps_two == pytest.approx(sps_one)  # the same steps twice: the same rate
+    assert len(times_two) == 2 * len(times_one)
+    base = SAMPLE_RUNS / "image_classifier" / "trials" / "00-baseline"
+    _, base_times = measured([base])
+    assert median_noise(base_times, times_two) < median_noise(base_times, times_one)
+    best = load_trial(copy_trial(base, tmp_path / "base"))
+    keep_one = decide(best, load_trial(again), [], 0.03)
+    keep_two = decide(best, load_trial(again), [], 0.03, candidate_extra=[first])
+    assert keep_two[2] == pytest.approx(keep_one[2]) and keep_two[3] < keep_one[3]
