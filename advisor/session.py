@@ -429,10 +429,17 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
 TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
 
 
+def prefetched_batches(knobs: Knobs) -> int:
+    """Batches that new DataLoader workers queue up before the first step: while the step eats them the
+    loader looks free, so that many more steps are left out of the measurement."""
+    return (knobs.num_workers or 0) * (knobs.prefetch_factor or 2)
+
+
 def subprocess_runner(target: str, out: Path, options: SessionOptions) -> TrialRunner:
     """Trials of `script.py:func` in fresh subprocesses (the CLI's way), in `out/trials/<name>`."""
     def run(name: str, knobs: Knobs) -> TrialResult:
-        return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
+        return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
+                         wait=options.wait + prefetched_batches(knobs),
                          warmup=options.warmup, device=options.device, script_args=options.script_args,
                          timeout_s=options.timeout_s, memory_limit=options.memory_limit)
 

@@ -27,7 +27,7 @@ from advisor.session import SessionOptions, run_session  # noqa: E402
 from advisor.trial import run_trial  # noqa: E402
 
 TARGET = f"{ROOT / 'examples' / 'image_classifier.py'}:train_step"
-STEPS = 6
+STEPS = 10
 REMEASURE = 5
 
 
