@@ -140,13 +140,23 @@ def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | N
 BLOCK_STEPS = 2
 
 
+def lag1_autocorrelation(values: list[float]) -> float:
+    """Correlation of each value with the next: about 0 for independent steps, negative when they alternate."""
+    if len(values) < 3:
+        return 0.0
+    mean = statistics.fmean(values)
+    dev = [v - mean for v in values]
+    var = sum(d * d for d in dev)
+    return sum(a * b for a, b in zip(dev, dev[1:])) / var if var else 0.0
+
+
 def measured(paths: list[Path]) -> tuple[float | None, list[float]]:
     """Pooled over the recorded steps of one or more runs of the same settings: samples/s (all samples
     over all time) and seconds per sample of each block of BLOCK_STEPS consecutive steps.
 
-    Blocks, not single steps, carry the noise estimate (the batch-means method): with DataLoader workers
-    a step that waited is followed by one whose batch was ready, so single steps swing widely while
-    their sums hardly move.
+    Where steps alternate, blocks rather than single steps carry the noise estimate (the batch-means
+    method): with DataLoader workers a step that waited is followed by one whose batch was ready, so
+    single steps swing widely while their sums hardly move.
     """
     samples = seconds = 0.0
     blocks = []
@@ -156,8 +166,10 @@ def measured(paths: list[Path]) -> tuple[float | None, list[float]]:
                  if st.get("recorded") and st.get("wall_s") and st.get("batch_size")]
         samples += sum(b for _, b in steps)
         seconds += sum(w for w, _ in steps)
-        # Too few steps for two blocks: single steps it is (a noisier estimate, never a missing one).
-        size = BLOCK_STEPS if len(steps) >= 2 * BLOCK_STEPS else 1
+        # Blocks only where steps alternate (a negative lag-1 autocorrelation: a loader's queue filling
+        # and draining); independent steps keep every sample. Never fewer than two values.
+        alternating = lag1_autocorrelation([w for w, _ in steps]) < -0.3
+        size = BLOCK_STEPS if alternating and len(steps) >= 2 * BLOCK_STEPS else 1
         cut = [steps[i:i + size] for i in range(0, len(steps), size)]
         if len(cut) > 1 and len(cut[-1]) < size:
             last = cut.pop()

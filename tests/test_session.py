@@ -187,3 +187,19 @@ def test_a_second_run_is_pooled_with_the_first(tmp_path):
     keep_one = decide(best, load_trial(again), [], 0.03)
     keep_two = decide(best, load_trial(again), [], 0.03, candidate_extra=[first])
     assert keep_two[2] == pytest.approx(keep_one[2]) and keep_two[3] < keep_one[3]
+
+
+def test_alternating_steps_are_measured_in_blocks(tmp_path):
+    from advisor.session import lag1_autocorrelation, measured
+
+    assert lag1_autocorrelation([0.1, 0.1, 0.1, 0.1]) == 0.0
+    assert lag1_autocorrelation([0.02, 0.2, 0.03, 0.19, 0.02, 0.21]) < -0.3
+    src = SAMPLE_RUNS / "image_classifier" / "trials" / "00-baseline"
+    folder = copy_trial(src, tmp_path / "t")
+    record = json.loads((folder / "trial.json").read_text())
+    record["steps"] = [dict(record["steps"][0], recorded=True, wall_s=w, batch_size=32)
+                       for w in (0.02, 0.2, 0.03, 0.19, 0.02, 0.21)]
+    (folder / "trial.json").write_text(json.dumps(record))
+    sps, blocks = measured([folder])
+    assert sps == pytest.approx(6 * 32 / 0.67)
+    assert len(blocks) == 3 and max(blocks) / min(blocks) < 1.1  # pairs even out the swing
