@@ -23,81 +23,13 @@ from advisor.terminal import ROLE_LABELS
 
 SCOPE = "advisor-nb"
 
-_DIAGNOSIS = """\
-<div class="{{ scope }}"><style>{{ css }}</style>
-<h3>{{ view.label }}</h3>
-{% include "_diagnosis.html.j2" %}
-<h3>Recommendations</h3>
-{% for rec in view.diagnosis.recommendations %}
-{% include "_recommendation.html.j2" %}
-{% else %}
-<p>No recommendation: nothing in this trace points to a change worth making.</p>
-{% endfor %}
-</div>
-"""
+# Templates in the top-level templates/ folder, beside the report's (they share its partials).
+_DIAGNOSIS = "notebook_diagnosis.html.j2"
 
-_TRIAL = """\
-<div class="{{ scope }}"><style>{{ css }}</style>
-<section class="card verdict">
-  <h3 style="margin-top:0">Trial {{ trial.name }} <span class="decision decision-{{ 'kept' if trial.status == 'ok' else 'failed' }}">{{ trial.status }}</span></h3>
-  <p class="muted">{{ trial.message }} · folder <code>{{ folder }}</code></p>
-  <table class="figures">
-    <tr><td>Knobs</td><td class="v">{% for k, v in knobs.items() %}<code>{{ k }}={{ v }}</code> ({{ outcomes.get(k, "?") }}){% if not loop.last %}, {% endif %}{% else %}the step's and loader's own settings{% endfor %}</td></tr>
-    <tr><td>Batch size</td><td class="v">{{ summary.batch_size if summary.batch_size is not none else "n/a" }}</td></tr>
-    <tr><td>Median step time</td><td class="v">{{ summary.median_step_s | seconds_ms }}</td></tr>
-    <tr><td>Samples/s</td><td class="v">{{ summary.samples_per_s | num }}</td></tr>
-    <tr><td>Peak memory</td><td class="v">{{ summary.peak_memory_bytes | gb }} <span class="muted">({{ summary.peak_memory_source or "n/a" }})</span></td></tr>
-    <tr><td>Loss (last step)</td><td class="v">{{ summary.loss | num(4) }}</td></tr>
-  </table>
-</section>
-{% if view is not none %}
-{% include "_diagnosis.html.j2" %}
-<h3>Recommendations</h3>
-{% for rec in view.diagnosis.recommendations %}
-{% include "_recommendation.html.j2" %}
-{% else %}
-<p>No recommendation: nothing in this trace points to a change worth making.</p>
-{% endfor %}
-{% else %}
-<p class="muted">No trace for this trial.</p>
-{% endif %}
-</div>
-"""
+_TRIAL = "notebook_trial.html.j2"
 
 # The verdict and the ladder of session.html.j2, without the rest of the page.
-_SESSION = """\
-<div class="{{ scope }}"><style>{{ css }}</style>
-<section class="card verdict">
-  <h3 style="margin-top:0">Session {{ session.target }} · {{ rows | length }} trial(s) · {{ verdict.status }}</h3>
-  {% if verdict.speedup is not none %}
-  <div class="big{% if verdict.speedup <= 1.0 %} flat{% endif %}">×{{ "%.2f" | format(verdict.speedup) }} samples/s</div>
-  {% endif %}
-  <dl>
-    <dt>What held the step back</dt>
-    <dd><strong>{{ verdict.held_back }}</strong>{% if verdict.held_back_evidence %}: {{ verdict.held_back_evidence }}{% endif %}</dd>
-    <dt>What was changed</dt>
-    <dd>{% if verdict.changes %}{{ verdict.changes | join("; ") }}{% elif rows | length < 2 %}nothing was tried: the session ran the baseline only{% else %}nothing: no change measured better than the baseline{% endif %}</dd>
-    <dt>Best trial</dt>
-    <dd>{{ verdict.best or "baseline" }}</dd>
-    {% for note in notes %}
-    <dt>{% if loop.first %}Notes{% endif %}</dt>
-    <dd>{{ note }}</dd>
-    {% endfor %}
-  </dl>
-</section>
-<table class="ladder">
-  <tr><th class="n">#</th><th>trial</th><th>change</th><th>decision</th><th class="n">batch size</th><th class="n">peak memory</th><th class="n">step time</th><th class="n">samples/s</th><th class="n">speed-up</th></tr>
-  {% for r in rows %}
-  <tr><td class="n">{{ r.index }}</td><td class="trial">{{ r.name }}</td><td>{{ r.change }}</td>
-      <td><span class="decision decision-{{ r.decision }}">{{ r.decision }}</span>{% if r.status != "ok" %} <span class="caveat">({{ r.status }})</span>{% endif %}</td>
-      <td class="n">{{ r.batch_size if r.batch_size is not none else "n/a" }}</td>
-      <td class="n">{{ r.peak_memory_bytes | gb }}</td><td class="n">{{ r.median_step_s | seconds_ms }}</td>
-      <td class="n">{{ r.samples_per_s | num }}</td><td class="n">{% if r.speedup is not none %}×{{ "%.2f" | format(r.speedup) }}{% else %}n/a{% endif %}</td></tr>
-  {% endfor %}
-</table>
-<p class="muted">Folder <code>{{ folder }}</code>{% if has_report %} · report <code>{{ folder }}/report.html</code>{% endif %}</p>
-</div>
-"""
+_SESSION = "notebook_session.html.j2"
 
 
 # ---- the report's stylesheet, scoped to one output cell ----
@@ -142,7 +74,7 @@ def scoped_css() -> str:
 
 def _render(source: str, **context) -> str:
     # The stylesheet is our own template's text, not input: it is the one thing not escaped.
-    return environment().from_string(source).render(scope=SCOPE, css=Markup(scoped_css()), **context)
+    return environment().get_template(source).render(scope=SCOPE, css=Markup(scoped_css()), **context)
 
 
 # ---- views ----
