@@ -337,14 +337,7 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     finally:
         batch = None
         if driver is not None:
-            try:
-                driver.finish()
-            except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
-                result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
-            driver.steps_file.close()
-            result["memory"] = driver.memory()
-            result["times"] = driver.times
-            result["outcomes"] = {**loader_outcomes, **driver.interposition.outcomes}
+            result["outcomes"] = {**loader_outcomes, **driver.close(result)}
         if batches is not loader or not getattr(loader, "persistent_workers", False):
             _shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
         iterator = batches = None

@@ -743,6 +743,18 @@ class StepDriver:
             self.prof.stop()
             self.prof = None
 
+    def close(self, result: dict[str, Any]) -> dict[str, str]:
+        """Stop the profiler and write what the steps measured into a trial result; returns the step
+        interposition's knob outcomes (those decided while the steps ran and after them)."""
+        try:
+            self.finish()
+        except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
+            result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
+        self.steps_file.close()
+        result["memory"] = self.memory()
+        result.setdefault("times", {}).update(self.times)
+        return {**self.interposition.outcomes, **self.interposition.outcomes_after_steps()}
+
     def memory(self) -> dict[str, Any]:
         """Peak memory as the process and the allocator saw it."""
         memory: dict[str, Any] = {"peak_rss_bytes": peak_rss_bytes()}
@@ -865,18 +877,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         result.update(status=status, message=text, error_type=type(exc).__name__, traceback=user_traceback(exc))
     finally:
         if driver is not None:
-            try:
-                driver.finish()
-            except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
-                result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
-            driver.steps_file.close()
-            result["memory"] = driver.memory()
-            result.setdefault("times", {}).update(driver.times)
-            result["outcomes"] = {
-                **dataloader_outcomes(driver.interposition.knobs, loader_records),
-                **driver.interposition.outcomes,
-                **driver.interposition.outcomes_after_steps(),
-            }
+            step_outcomes = driver.close(result)
+            result["outcomes"] = {**dataloader_outcomes(driver.interposition.knobs, loader_records), **step_outcomes}
             result["dataloaders"] = [
                 {"user": r.user, "effective": r.effective, "outcomes": r.outcomes} for r in loader_records
             ]
