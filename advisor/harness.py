@@ -3,8 +3,9 @@
 The parent (`advisor.trial`) starts `python -c "...harness.main(...)" CONFIG_JSON` in a new process
 group. Here we:
 
-1. cap the address space if asked (`memory_limit`), so an oversized trial fails with the allocator's
-   error instead of taking the machine down;
+1. cap memory if asked (`memory_limit`, `cap_memory`), so an oversized trial fails with the allocator's
+   error instead of taking the machine down: device memory on a CUDA device, the process's writable
+   memory (RLIMIT_DATA) on the CPU;
 2. interpose on `DataLoader.__init__` (the DataLoader knobs, and the user's original values);
 3. compile the script with `name = __advisor_wrap__(name)` inserted right after every definition of the
    target (an AST rewrite, as pytest does for asserts; line numbers are the user's own);
@@ -150,11 +151,8 @@ def resolve_device(requested: str) -> str:
     return "cuda" if available else "cpu"
 
 
-def cpu_facts() -> dict[str, Any]:
-    """CPU model, core counts, RAM and the matrix instructions bf16 speed depends on."""
-    import psutil
-    import torch
-
+def cpuinfo() -> tuple[str, set[str]]:
+    """The CPU's model name and instruction-set flags (Linux /proc/cpuinfo; empty flags elsewhere)."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -166,14 +164,41 @@ def cpu_facts() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    return model, flags
+
+
+def cpu_facts() -> dict[str, Any]:
+    """CPU model, core counts, RAM and the matrix instructions bf16 speed depends on."""
+    import psutil
+    import torch
+
+    model, flags = cpuinfo()
     return {
         "model": model,
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "torch_threads": torch.get_num_threads(),
         "ram_bytes": psutil.virtual_memory().total,
-        "bf16_instructions": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"}),
+        "bf16_instructions": bf16_instructions(flags, os.environ),
     }
+
+
+BF16_FLAGS = {"avx512_bf16", "amx_bf16", "amx_tile"}
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which oneDNN, which runs torch's CPU matmuls, computes no bf16.
+_ONEDNN_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
+def bf16_instructions(flags: set[str], environ: Any) -> list[str]:
+    """The CPU's bf16 instruction sets that torch will use: none where oneDNN is capped below them."""
+    cap = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if cap in _ONEDNN_WITHOUT_BF16:
+        return []
+    return sorted(flags & BF16_FLAGS)
+
+
+def cpu_computes_bf16() -> bool:
+    """True when this machine's CPU computes bf16 natively (CPU autocast is then worth trying)."""
+    return bool(bf16_instructions(cpuinfo()[1], os.environ))
 
 
 def gpu_facts() -> dict[str, Any]:
@@ -235,6 +260,28 @@ def device_facts(device_type: str) -> dict[str, Any]:
     if device_type == "cuda":
         facts["gpu"] = gpu_facts()
     return facts
+
+
+def cap_memory(limit: int, device_type: str) -> dict[str, Any]:
+    """Cap the memory the trial may use, and say what was capped.
+
+    On a CUDA device the cap is on device memory (the caching allocator's per-process fraction): the
+    host's address space is no measure there, since CUDA's libraries reserve far more of it than they
+    use. On the CPU it is RLIMIT_DATA: the process's writable private memory (heap and anonymous
+    mappings, where tensors live), which leaves out shared libraries and untouched reservations.
+    """
+    if device_type == "cuda":
+        import torch
+
+        index = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        fraction = min(1.0, limit / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
+        return {"device": f"cuda:{index}", "bytes": min(limit, total), "what": "device memory",
+                "how": f"torch.cuda.set_per_process_memory_fraction({fraction:.4g}) of {total} bytes"}
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return {"device": "cpu", "bytes": limit, "what": "the process's writable memory (heap and anonymous mappings)",
+            "how": "RLIMIT_DATA"}
 
 
 def peak_rss_bytes() -> int:
@@ -317,8 +364,9 @@ def loss_value(result: Any) -> float | None:
 
 
 def proc_status_bytes() -> dict[str, int]:
-    """Peak and current virtual size and resident set from /proc/self/status (Linux), in bytes."""
-    keys = {"VmPeak": "peak_vms_bytes", "VmSize": "vms_bytes", "VmHWM": "peak_rss_bytes", "VmRSS": "rss_bytes"}
+    """Peak and current virtual size, resident set and writable data from /proc/self/status (Linux), in bytes."""
+    keys = {"VmPeak": "peak_vms_bytes", "VmSize": "vms_bytes", "VmHWM": "peak_rss_bytes", "VmRSS": "rss_bytes",
+            "VmData": "data_bytes"}
     found = {}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -642,7 +690,7 @@ class StepDriver:
         entered = time.perf_counter()
         recorder = ActivationRecorder() if self.index == self.activation_step else None
         try:
-            with self.interposition.step(), (recorder or contextlib.nullcontext()):
+            with self.interposition.step(args, kwargs), (recorder or contextlib.nullcontext()):
                 result = fn(*args, **kwargs)
             if recorder is not None:
                 self.activations = recorder.safe_summary(self.index, complete=True)
@@ -726,7 +774,8 @@ class StepDriver:
             "batch_size_source": batch_source if batch is not None else None,
             "loss": loss_value(result),
             "rss_bytes": memory.rss,
-            "vms_bytes": memory.vms,  # what a memory_limit (RLIMIT_AS) is compared against
+            "vms_bytes": memory.vms,
+            "data_bytes": getattr(memory, "data", None),  # what a CPU memory_limit (RLIMIT_DATA) counts
         }
         if self.device_type == "cuda":
             import torch
@@ -759,7 +808,7 @@ class StepDriver:
         """Peak memory as the process and the allocator saw it."""
         memory: dict[str, Any] = {"peak_rss_bytes": peak_rss_bytes()}
         if "peak_vms_bytes" in (status := proc_status_bytes()):
-            memory["peak_vms_bytes"] = status["peak_vms_bytes"]  # what a memory_limit is compared against
+            memory["peak_vms_bytes"] = status["peak_vms_bytes"]
         if self.device_type == "cuda":
             import torch
 
@@ -815,13 +864,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     loader_records: list[LoaderRecord] = []
     started = time.time()
     try:
-        if config.get("memory_limit"):
-            limit = int(config["memory_limit"])
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        import torch  # noqa: F401 - imported here, under the memory cap, on purpose
-
         device_type = resolve_device(config["device"])
         result["device"] = device_facts(device_type)
+        if config.get("memory_limit"):
+            result["memory_cap"] = cap_memory(int(config["memory_limit"]), device_type)
         knobs = Knobs.from_dict(config["knobs"])
         install_dataloader_knobs(knobs, accelerator=device_type != "cpu", records=loader_records)
         driver = StepDriver(config, device_type, loader_records)

@@ -10,7 +10,10 @@ How each knob is applied (inside the trial only):
   `prefetch_factor`): `torch.utils.data.DataLoader.__init__` is wrapped; the user's arguments are bound
   to the signature, the values the user wrote (or the defaults they relied on) are recorded, the
   requested ones are overridden, and the original `__init__` runs with the result.
-- `amp`: the step runs inside `torch.autocast(device_type, dtype)`. For fp16 a `GradScaler` covers the
+- `amp`: the step runs inside `torch.autocast(device_type, dtype)` for each device type the step computes
+  on (where the live modules' parameters are, found at the first call; else where its tensor
+  arguments are), not the trial's `--device`: a model kept on the CPU of a GPU machine is autocast on
+  the CPU. For fp16 a `GradScaler` covers the
   step: a scalar `loss.backward()` becomes `scaler.scale(loss).backward()`, `optimizer.step()` becomes
   `scaler.step(optimizer)`, and `scaler.update()` runs once when the step returns.
 - `non_blocking`: inside the step, `Tensor.to(...)` and `Tensor.cuda(...)` from host memory to an
@@ -269,6 +272,32 @@ def amp_outcome(knobs: Knobs, device_type: str) -> str | None:
         if not torch.cuda.is_bf16_supported():
             return not_applicable("this GPU does not support bf16")
     return APPLIED
+
+
+def step_device_types(args: tuple, kwargs: dict) -> list[str]:
+    """The device types a step computes on: where the live modules' parameters are, else where its
+    tensor arguments are. Autocast follows these, not the trial's --device: a script may keep its
+    model on the CPU on a machine with a GPU. A garbage-collector scan: call it once per trial."""
+    import gc
+
+    import torch
+
+    found: set[str] = set()
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.nn.Module):
+            found.update(p.device.type for p in obj.parameters(recurse=False))
+    if not found:
+        pending = [*args, *kwargs.values()]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, torch.Tensor):
+                found.add(value.device.type)
+            elif isinstance(value, (list, tuple)):
+                pending.extend(value)
+            elif isinstance(value, dict):
+                pending.extend(value.values())
+    found.discard("meta")
+    return sorted(found)
 
 
 def non_blocking_outcome(knobs: Knobs, device_type: str) -> str | None:
@@ -536,15 +565,15 @@ class StepInterposition:
         self.device_type = device_type
         self.loader_records = loader_records
         self.outcomes: dict[str, str] = {}
+        self.autocast_types: list[str] = []  # decided at the first call, from where the step computes
         amp = amp_outcome(knobs, device_type)
         if amp is not None:
             self.outcomes["amp"] = amp
         non_blocking = non_blocking_outcome(knobs, device_type)
         if non_blocking is not None:
             self.outcomes["non_blocking"] = non_blocking
-        self.use_amp = amp == APPLIED
         self.use_non_blocking = non_blocking == APPLIED and bool(knobs.non_blocking)
-        self.use_scaler = self.use_amp and knobs.amp == "fp16"
+        self.use_scaler = False
         self.requested_accumulation = knobs.accumulation_steps if (knobs.accumulation_steps or 1) > 1 else None
         if self.requested_accumulation and loader_records is None:
             self.outcomes["accumulation_steps"] = APPLIED
@@ -580,20 +609,33 @@ class StepInterposition:
                 "the target never calls optimizer.step(), so the optimizer cannot wait for the cycle's end")}
         return {}
 
+    def _decide_autocast(self, args: tuple, kwargs: dict) -> None:
+        """Autocast each device type the step computes on where the requested dtype runs there."""
+        if self.knobs.amp is None:
+            return
+        types = step_device_types(args, kwargs) or [self.device_type]
+        outcomes = {t: amp_outcome(self.knobs, t) for t in types}
+        self.autocast_types = [t for t, outcome in outcomes.items() if outcome == APPLIED]
+        self.outcomes["amp"] = APPLIED if self.autocast_types else next(iter(outcomes.values()))
+        self.use_scaler = self.knobs.amp == "fp16" and bool(self.autocast_types)
+
     @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """The context one call of the target runs in."""
+    def step(self, args: tuple = (), kwargs: dict | None = None) -> Iterator[None]:
+        """The context one call of the target (called with `args`, `kwargs`) runs in."""
         import torch
 
         if self.calls == 0:
+            self._decide_autocast(args, kwargs or {})
             k = self.accumulation_steps()
             if self.use_scaler or k:
-                self.gradients = GradientInterposition(self.device_type, scale=self.use_scaler, accumulation_steps=k)
+                device = self.autocast_types[0] if self.use_scaler else self.device_type
+                self.gradients = GradientInterposition(device, scale=self.use_scaler, accumulation_steps=k)
         self.calls += 1
         with contextlib.ExitStack() as stack:
-            if self.use_amp:
+            if self.autocast_types:
                 dtype = torch.bfloat16 if self.knobs.amp == "bf16" else torch.float16
-                stack.enter_context(torch.autocast(device_type=self.device_type, dtype=dtype))
+                for device_type in self.autocast_types:
+                    stack.enter_context(torch.autocast(device_type=device_type, dtype=dtype))
             if self.gradients is not None:
                 stack.enter_context(self.gradients.active())
             if self.use_non_blocking:

@@ -10,6 +10,7 @@ session.json (schema "advisor.session/1"):
 
     {"schema", "target", "script", "command", "options": {...}, "status": "running"|"done"|"interrupted"|"failed",
      "started_at", "updated_at", "device": {device facts of the baseline}, "user_values": {DataLoader originals},
+     "memory_cap": {what --memory-limit capped, as in trial.json} | null,
      "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
      "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
                  ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s", "samples_per_s",
@@ -127,14 +128,15 @@ def median_noise(a: list[float], b: list[float]) -> float:
 
 
 def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | None:
-    """The memory a trial's batch must fit in: GPU memory, or RAM (or the --memory-limit cap) on the CPU."""
+    """The memory a trial's batch must fit in: GPU memory or RAM, or the --memory-limit cap if smaller."""
     facts = trial.get("device_facts") or {}
     if facts.get("type") == "cuda":
-        return (facts.get("gpu") or {}).get("total_memory_bytes")
-    ram = (facts.get("cpu") or {}).get("ram_bytes")
-    if memory_limit:
-        return min(memory_limit, ram) if ram else memory_limit
-    return ram
+        total = (facts.get("gpu") or {}).get("total_memory_bytes")
+    else:
+        total = (facts.get("cpu") or {}).get("ram_bytes")
+    if memory_limit:  # the cap applies to the memory the step uses, on either device
+        return min(memory_limit, total) if total else memory_limit
+    return total
 
 
 BLOCK_STEPS = 2
@@ -382,6 +384,7 @@ def new_state(target: str, out: Path, options: SessionOptions, command: str, *, 
         "options": options.to_dict(), "status": "running", "started_at": time.time(), "updated_at": time.time(),
         "device": None, "user_values": {}, "baseline": None, "best": None, "final_knobs": None, "speedup": None,
         "trials": [], "recommendations": [], "notes": [], "patch": None, "exhausted": [], "pooled": {},
+        "memory_cap": None,
         "_dir": str(out),
     }
 
@@ -468,6 +471,7 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     baseline = run("00-baseline", Knobs())
     record = json.loads((baseline.path / TRIAL_FILE).read_text())
     state["device"] = record.get("device_facts")
+    state["memory_cap"] = record.get("memory_cap")
     state["user_values"] = record.get("user_values") or {}
     row = trial_row(0, baseline, None, state)
     row["decision"] = "baseline" if baseline.ok else "failed"

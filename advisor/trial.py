@@ -22,7 +22,12 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     optimizer_steps, optimizer_steps_deferred, zero_grads, zero_grads_skipped}
     schedule        {wait, warmup, active}: steps skipped, warmed up, recorded by the profiler
     profiled        false for a timing-only trial (no profiler, no trace)
-    memory_limit    address-space cap in bytes for the trial process, or null
+    memory_limit    the --memory-limit in bytes, or null
+    memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how}; on a CUDA
+                    device the caching allocator's share of device memory
+                    (torch.cuda.set_per_process_memory_fraction), on the CPU the process's writable
+                    memory (RLIMIT_DATA: heap and anonymous mappings; not the address space, of which
+                    CUDA's libraries reserve far more than they use)
     status          "running" | "ok" | "error" | "oom" | "timeout" | "interrupted" | "target-not-found"
     message         one line saying what happened
     error_type      exception class name (error/oom), else absent
@@ -31,14 +36,14 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
     steps           [{index, wall_s, call_s, recorded, batch_size, batch_size_source, loss, rss_bytes,
-                      vms_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
+                      vms_bytes, data_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
                       profiler_allocated_bytes?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
                     of this call (the user's data loading plus the call); call_s is the call alone;
                     profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
                     end of the step: live bytes of the CPU allocator counted from the profiler's start
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
-                     peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes,
+                     peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes, peak_data_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
                      accumulation_steps, micro_batch_size, effective_batch_size}
                     samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps; with
@@ -208,6 +213,8 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], profiler_pea
         "peak_rss_bytes": memory.get("peak_rss_bytes"),
         "peak_vms_bytes": memory.get("peak_vms_bytes")
         or max((s["vms_bytes"] for s in steps if s.get("vms_bytes")), default=None),
+        # Linux keeps no peak of the writable data: the largest a step ended with.
+        "peak_data_bytes": max((s["data_bytes"] for s in steps if s.get("data_bytes")), default=None),
         "profiler_peak_allocated_bytes": profiler_peak,
     }
     if batches and len(batches) == len(recorded) and sum(walls) > 0:
@@ -448,6 +455,7 @@ def run_trial(
         "schedule": {"wait": wait, "warmup": warmup, "active": steps},
         "profiled": profile,
         "memory_limit": memory_limit,
+        "memory_cap": None,
         "status": "running",
         "message": "",
         "device_facts": None,
@@ -560,6 +568,7 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
         if harness.get(key):
             record[key] = harness[key]
     record["device_facts"] = harness.get("device")
+    record["memory_cap"] = harness.get("memory_cap")
     record["knob_outcomes"] = harness.get("outcomes", {})
     record["dataloaders"] = harness.get("dataloaders", [])
     record["accumulation"] = harness.get("accumulation")
@@ -593,7 +602,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default runs/<script>-<timestamp>)")
     parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")
-    parser.add_argument("--memory-limit", help="address-space cap for the trial process, e.g. 4G or 800M")
+    parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
+                        "the process's writable memory on the CPU")
     parser.set_defaults(script_args=[])
     parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py:step -- --lr 0.1"
     # argparse cannot take options after the target and still hand the rest after `--` to a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,3 +29,21 @@ def run_advisor(*args: str, cwd: Path | None = None, timeout: float = 120, env: 
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "advisor.cli", *args], cwd=cwd or ROOT, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture(scope="session")
+def trial_startup_s(tmp_path_factory) -> float:
+    """Seconds a trivial trial with two DataLoader workers takes here, start to finish: time limits in tests
+    are set from it, so that a slow or busy machine gets proportionally more time."""
+    from advisor.knobs import Knobs
+    from advisor.trial import run_trial
+
+    folder = tmp_path_factory.mktemp("startup")
+    script = folder / "trivial.py"
+    script.write_text("import torch\nfrom torch.utils.data import DataLoader\n\ndef train_step(x):\n"
+                      "    return x.sum()\n\nif __name__ == '__main__':\n"
+                      "    for x in DataLoader(list(range(100)), batch_size=2, num_workers=2):\n"
+                      "        train_step(x)\n")
+    result = run_trial(f"{script}:train_step", Knobs(), folder / "t", steps=2, device="cpu")
+    assert result.ok, result.message
+    return json.loads((result.path / "trial.json").read_text())["times"]["duration_s"]

@@ -81,7 +81,8 @@ def test_profile_rebuilds_the_loader_and_autocasts_the_step(tmp_path):
         return train_step(model, optimizer, tokens, targets, torch.device("cpu"))
 
     knobs = Knobs(amp="bf16", batch_size=8, num_workers=2)
-    trial = advisor.profile(step, loader, steps=2, wait=1, warmup=1, knobs=knobs, out=tmp_path / "trial")
+    trial = advisor.profile(step, loader, steps=2, wait=1, warmup=1, knobs=knobs, out=tmp_path / "trial",
+                            device="cpu")
     assert isinstance(trial, Trial) and trial.ok, trial.message
     assert trial.knob_outcomes == {"amp": "applied", "batch_size": "applied", "num_workers": "applied"}
     assert len(seen) == 4 and all(s["batch"] == 8 for s in seen) and trial.batch_size == 8
@@ -133,7 +134,7 @@ def test_profile_raises_the_steps_own_error_after_recording_it(tmp_path):
         raise ValueError("shapes do not match")
 
     with pytest.raises(ValueError, match="shapes do not match"):
-        advisor.profile(step, loader, steps=1, wait=0, warmup=1, out=tmp_path / "t")
+        advisor.profile(step, loader, steps=1, wait=0, warmup=1, out=tmp_path / "t", device="cpu")
     record = json.loads((tmp_path / "t" / "trial.json").read_text())
     assert record["status"] == "error" and "ValueError in step 0: shapes do not match" in record["message"]
 

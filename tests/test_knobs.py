@@ -134,6 +134,25 @@ def test_bf16_autocast_reaches_a_matmul_in_the_step():
     assert StepInterposition(Knobs(amp="fp16"), "cpu").outcomes["amp"].startswith("not applicable")
 
 
+def test_autocast_follows_where_the_model_is_not_the_trial_device():
+    # A trial resolved to "cuda" (a GPU machine) whose script keeps its model on the CPU: autocast must
+    # reach the CPU matmuls, as the model's parameters and the step's tensors say.
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    interposition = StepInterposition(Knobs(amp="bf16"), "cuda")
+    with interposition.step((x,), {}):
+        inside = model(x).dtype
+    assert inside == torch.bfloat16 and "cpu" in interposition.autocast_types
+    assert interposition.outcomes == {"amp": APPLIED}
+    # fp16 autocast runs only on CUDA: a CPU-only step gets none, and says why.
+    fp16 = StepInterposition(Knobs(amp="fp16"), "cuda")
+    with fp16.step((x,), {}):
+        inside = model(x).dtype
+    if not torch.cuda.is_available():
+        assert inside == torch.float32 and fp16.autocast_types == []
+        assert fp16.outcomes["amp"].startswith("not applicable")
+
+
 def test_grad_scaling_scales_backward_and_steps_through_the_scaler():
     # The mechanism is device-generic; the CPU GradScaler exercises it without a GPU.
     weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))

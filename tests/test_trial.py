@@ -120,7 +120,7 @@ def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path):
     knobs = Knobs(amp="bf16", batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=3,
                   pin_memory=True, non_blocking=True)
     result = run_trial(f"{script}:Trainer.step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1,
-                       script_args=["--flag"])
+                       script_args=["--flag"], device="cpu")
     assert result.ok, result.message + (result.traceback or "")
     observed = json.loads((tmp_path / "observed.json").read_text())
     assert observed["matmul_dtype"] == "torch.bfloat16"
@@ -166,7 +166,7 @@ def test_script_error_shows_the_users_traceback(tmp_path):
             for size in range(1, 10):
                 train_step(torch.ones(size))
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, device="cpu")
     assert result.status == "error"
     assert result.message == "ValueError in step 2: batch too large for this model"
     assert f'File "{script}", line 6, in train_step' in result.traceback
@@ -187,7 +187,8 @@ def test_out_of_memory_under_a_memory_cap(tmp_path):
             for step in range(10):
                 train_step(step)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, memory_limit=6 * 2**30)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, memory_limit=6 * 2**30,
+                       device="cpu")
     assert result.status == "oom", result.message
     assert "in step 3" in result.message and "allocate" in result.message
     record = trial_record(result.path)
@@ -195,7 +196,7 @@ def test_out_of_memory_under_a_memory_cap(tmp_path):
     assert not group_members(record["pid"])
 
 
-def test_timeout_kills_the_trial_and_its_workers(tmp_path):
+def test_timeout_kills_the_trial_and_its_workers(tmp_path, trial_startup_s):
     script = write_script(tmp_path, """
         import time
         import torch
@@ -210,16 +211,17 @@ def test_timeout_kills_the_trial_and_its_workers(tmp_path):
             for x in DataLoader(list(range(100)), batch_size=2, num_workers=2):
                 train_step(x)
     """)
+    limit = round(2 * trial_startup_s + 4)  # time enough, on this machine, to reach the step that hangs
     started = time.monotonic()
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, timeout_s=8)
-    assert time.monotonic() - started < 20
-    assert result.status == "timeout" and "time limit of 8 s" in result.message
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, timeout_s=limit, device="cpu")
+    assert time.monotonic() - started < limit + 12  # ended at the limit, not when the step would have
+    assert result.status == "timeout" and f"time limit of {limit} s" in result.message
     record = trial_record(result.path)
     assert [s["index"] for s in record["steps"]] == [0, 1]
     assert not group_members(record["pid"])
 
 
-def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path):
+def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path, trial_startup_s):
     script = write_script(tmp_path, """
         import time
         import torch
@@ -236,9 +238,9 @@ def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path):
     """)
     out = tmp_path / "run"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step",
-                                "--out", str(out), "--no-apply"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--out", str(out), "--no-apply", "--device", "cpu"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     folder = out / "trials" / "00-baseline"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 10 + 4 * trial_startup_s
     while not (folder / "steps.jsonl").exists() or not (folder / "steps.jsonl").read_text().strip():
         assert time.monotonic() < deadline, "the trial never started its steps"
         time.sleep(0.1)
@@ -264,10 +266,11 @@ def test_script_that_ends_too_soon_and_a_timing_only_trial(tmp_path):
             for x in range(int(sys.argv[1])):
                 train_step(x)
     """)
-    short = run_trial(f"{script}:train_step", Knobs(), tmp_path / "short", steps=5, script_args=["4"])
+    short = run_trial(f"{script}:train_step", Knobs(), tmp_path / "short", steps=5, script_args=["4"], device="cpu")
     assert short.status == "error"
     assert short.message == "tiny.py finished after 4 call(s) of train_step; the trial needs 8 (wait 2 + warmup 1 + record 5)"
-    plain = run_trial(f"{script}:train_step", Knobs(), tmp_path / "plain", steps=2, script_args=["9"], profile=False)
+    plain = run_trial(f"{script}:train_step", Knobs(), tmp_path / "plain", steps=2, script_args=["9"], profile=False,
+                     device="cpu")
     assert plain.ok and plain.loss == 4.0 and plain.steps_recorded == 2
     assert trial_record(plain.path)["trace_files"] == []
 
@@ -297,7 +300,7 @@ def test_a_trial_killed_by_sigkill_counts_as_out_of_memory(tmp_path):
             for step in range(10):
                 train_step(step)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu")
     assert result.status == "oom" and "out-of-memory killer" in result.message
     assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1]
 
@@ -311,7 +314,7 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     assert result.traceback is None
 
 
-def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path):
+def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path, trial_startup_s):
     script = write_script(tmp_path, """
         import subprocess, sys, time
 
@@ -326,7 +329,8 @@ def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path):
             for x in range(10):
                 train_step(x)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, timeout_s=5)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, timeout_s=2 * trial_startup_s + 4,
+                       device="cpu")
     assert result.status == "timeout"
     child = int((tmp_path / "child.pid").read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE

@@ -29,7 +29,7 @@ SESSION_SCHEMA = "advisor.session/"
 # Every field a template reads, so that an older or partial session.json renders with "n/a" instead of
 # failing (the templates run with StrictUndefined to catch their own mistakes).
 SESSION_FIELDS = ("target", "script", "command", "options", "status", "device", "user_values", "baseline", "best",
-                  "final_knobs", "trials", "recommendations", "notes", "patch", "speedup")
+                  "final_knobs", "trials", "recommendations", "notes", "patch", "speedup", "memory_cap")
 ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
               "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
               "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "noise")
@@ -324,7 +324,16 @@ def render_session_report(session_dir: Path) -> str:
         notes=[str(n) for n in session["notes"] or []],
         device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},
         command=session.get("command") or "", lint=session.get("lint") or [],
+        memory_cap=memory_cap_text(session.get("memory_cap")),
     )
+
+
+def memory_cap_text(cap: object) -> str:
+    """What --memory-limit capped, in words ('' when nothing was capped or the record is not readable)."""
+    if not isinstance(cap, dict) or not isinstance(cap.get("bytes"), (int, float)):
+        return ""
+    return (f"{cap['bytes'] / 2**30:.2f} GiB of {cap.get('what') or 'memory'} on {cap.get('device') or '?'} "
+            f"({cap.get('how') or '?'})")
 
 
 def write_report(target: Path, out: Path) -> Path:
