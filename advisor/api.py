@@ -264,7 +264,8 @@ def _shutdown_workers(iterator: Any) -> None:
 
 def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | None, out_dir: Path, *,
                          name: str | None = None, steps: int = 5, wait: int = 2, warmup: int = 1,
-                         device: str = "auto") -> tuple[TrialResult, BaseException | None]:
+                         device: str = "auto", windows: int = 0, window_s: float = 1.0,
+                         ) -> tuple[TrialResult, BaseException | None]:
     """Run `train_step(batch)` over the loader as one trial; write trial.json and the trace to `out_dir`.
 
     Returns the result and, for status "error", the step's exception (the caller decides whether to
@@ -293,14 +294,16 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     record: dict[str, Any] = {
         "schema": TRIAL_SCHEMA, "name": name or out.name, "target": func, "script": where, "script_args": [],
         "device": device, "knobs": knobs.to_dict(), "knob_outcomes": {}, "user_values": None, "dataloaders": [],
-        "schedule": {"wait": wait, "warmup": warmup, "active": steps}, "profiled": True, "memory_limit": None,
+        "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
+        "profiled": True, "memory_limit": None,
         "status": "running", "message": "", "device_facts": None, "steps": [], "summary": None,
         "trace_files": [], "log_file": None, "pid": os.getpid(), "in_process": True,
         "times": {"started_at": started},
     }
     write_json_atomic(out / TRIAL_FILE, record)
     result: dict[str, Any] = {"status": "error", "message": "", "device": device_facts(device_type)}
-    config = {"out_dir": str(out), "wait": wait, "warmup": warmup, "active": steps, "knobs": knobs.to_dict()}
+    config = {"out_dir": str(out), "wait": wait, "warmup": warmup, "active": steps, "knobs": knobs.to_dict(),
+              "measure": {"windows": windows, "window_s": window_s}}
     batches, records, loader_outcomes = loader, [], {}
     driver = iterator = batch = failure = None
     interrupted = False
@@ -317,11 +320,15 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
                 produced = True
                 step(batch)
             if not produced:  # an empty loader, or a one-shot iterable that is used up
-                result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the trial "
-                                     f"needs {driver.total} (wait {wait} + warmup {warmup} + record {steps})")
+                ended = driver.script_ended("the loader", func)
+                if ended["status"] == "ok":
+                    result.update(ended)
+                else:
+                    result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the trial "
+                                         f"needs {driver.total} (wait {driver.wait} + warmup {warmup} + record {steps})")
                 break
     except TrialComplete:
-        result.update(status="ok", message=f"{driver.active} steps recorded")
+        result.update(status="ok", message=driver.completed_message())
     except BaseException as exc:  # the step's error, an out-of-memory error, Ctrl-C, or a loader that cannot be built
         at = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -361,14 +368,16 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
 
 
 def profile(train_step: Callable, loader: Iterable, *, steps: int = 5, knobs: Knobs | dict | None = None,
-            device: str = "auto", out: str | os.PathLike | None = None, wait: int = 2, warmup: int = 1) -> Trial:
-    """Profile `train_step(batch)` over the loader's batches in this process, with `knobs` applied."""
+            device: str = "auto", out: str | os.PathLike | None = None, wait: int = 2, warmup: int = 1,
+            windows: int = 5, window_s: float = 1.0) -> Trial:
+    """Profile `train_step(batch)` over the loader's batches in this process, with `knobs` applied, then
+    measure its steady-state samples/s in `windows` windows of at least `window_s` seconds (0: none)."""
     if isinstance(knobs, dict):
         knobs = Knobs.from_dict(knobs)
     knobs = knobs or Knobs()
     folder = Path(out) if out is not None else _notebook_folder() / "trials" / knobs.label()
     result, failure = run_trial_in_process(train_step, loader, knobs, folder, steps=steps, wait=wait,
-                                           warmup=warmup, device=device)
+                                           warmup=warmup, device=device, windows=windows, window_s=window_s)
     if failure is not None:  # the step's own error: the notebook shows its traceback (trial.json has it too)
         raise failure
     if result.status == "error":  # e.g. the loader ran out of batches
@@ -481,20 +490,24 @@ class Session:
         return render_session_html(self.path)
 
 
-def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 6, device: str = "auto",
+def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 16, device: str = "auto",
          out: str | os.PathLike | None = None, keep_effective_batch: bool = False, wait: int = 2, warmup: int = 1,
-         time_budget_s: float | None = None, log: Callable[[str], None] | None = print) -> Session:
-    """Run the optimization sequence on `train_step(batch)` over the loader, in this process."""
+         time_budget_s: float | None = None, windows: int = 5, window_s: float = 1.0,
+         log: Callable[[str], None] | None = print) -> Session:
+    """Run the optimization session on `train_step(batch)` over the loader, in this process: the same
+    search as `advisor profile` (follow the bound, measure each trial's steady state)."""
     from advisor.session import SessionOptions, run_session
 
     options = SessionOptions(steps=steps, wait=wait, warmup=warmup, device=device, max_trials=max_trials,
-                             keep_effective_batch=keep_effective_batch, time_budget_s=time_budget_s)
+                             keep_effective_batch=keep_effective_batch, time_budget_s=time_budget_s,
+                             windows=windows, window_s=window_s)
     folder = Path(out) if out is not None else _notebook_folder()
     where, func = step_source(train_step)
 
     def runner(name: str, knobs: Knobs) -> TrialResult:
         result, failure = run_trial_in_process(train_step, loader, knobs, folder.resolve() / "trials" / name,
-                                               name=name, steps=steps, wait=wait, warmup=warmup, device=device)
+                                               name=name, steps=steps, wait=wait, warmup=warmup, device=device,
+                                               windows=windows, window_s=window_s)
         del failure  # recorded in trial.json; the session goes on (a failed baseline ends it with its message)
         return result
 

@@ -606,7 +606,17 @@ class StepDriver:
 
         self.out_dir = Path(config["out_dir"])
         self.wait, self.warmup, self.active = config["wait"], config["warmup"], config["active"]
-        self.total = self.wait + self.warmup + self.active
+        self.total = self.wait + self.warmup + self.active  # the profiled part, measurement aside
+        measure = config.get("measure") or {}
+        self.windows = int(measure.get("windows") or 0)
+        self.window_s = float(measure.get("window_s") or 0.0)
+        self.queue_depth = 0  # batches the loader's workers queue before the first step, known at the first step
+        self.settle = 0
+        self.window = 0  # the measurement window being filled, and its steps and seconds so far
+        self.window_steps = 0
+        self.window_wall = 0.0
+        self.min_window_steps = 2
+        self.done = False
         self.use_profiler = config.get("profile", True)
         self.device_type = device_type
         self.interposition = StepInterposition(Knobs.from_dict(config["knobs"]), device_type, loader_records)
@@ -657,9 +667,44 @@ class StepDriver:
 
             torch.cuda.synchronize()
 
+    def schedule(self) -> dict[str, Any]:
+        """The steps each phase took: skipped (the first `wait`, and the queue the workers filled before
+        the first step), warmed up, profiled, settled (the queue refilled while the trace was written),
+        then measured in windows."""
+        return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "queue_depth": self.queue_depth,
+                "settle": self.settle, "windows": self.windows, "window_s": self.window_s,
+                "min_window_steps": self.min_window_steps, "windows_measured": self.window}
+
+    def phase(self, index: int) -> str:
+        """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
+        if index < self.wait:
+            return "wait"
+        if index < self.wait + self.warmup:
+            return "warmup"
+        if index < self.total:
+            return "profiled"
+        return "settle" if index < self.total + self.settle else "window"
+
+    def _queue(self) -> int:
+        """Batches the DataLoader's workers prepare ahead (workers × prefetch_factor) for the last loader built."""
+        if not self.loader_records:
+            return 0
+        effective = self.loader_records[-1].effective
+        workers = effective.get("num_workers") or 0
+        return workers * (effective.get("prefetch_factor") or 2) if workers > 0 else 0
+
     def _start(self) -> None:
         import torch
 
+        # The batches the workers queued before the first step make the loader look free while the step
+        # eats them: they are skipped before profiling, and again after it (the queue refills while the
+        # trace is written). A window spans at least one cycle of the workers.
+        self.queue_depth = self._queue()
+        self.wait += self.queue_depth
+        self.total += self.queue_depth
+        self.settle = self.queue_depth if self.windows else 0
+        workers = (self.loader_records[-1].effective.get("num_workers") or 0) if self.loader_records else 0
+        self.min_window_steps = max(2, workers)
         self.times["first_step_at"] = time.time()
         if self.use_profiler:
             activities = [torch.profiler.ProfilerActivity.CPU]
@@ -679,7 +724,7 @@ class StepDriver:
 
     def run_step(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """One step: knobs around the call, timing, `prof.step()`, the step's record."""
-        if self.index >= self.total:
+        if self.done:
             raise TrialComplete()
         if self.index == 0:
             self._start()
@@ -702,10 +747,21 @@ class StepDriver:
         wall, call = ended - self.period_start, ended - entered
         if self.prof is not None:
             self.prof.step()  # ends span ProfilerStep#index; a trace is exported after the last one
-        self.period_start = time.perf_counter()
-        self.record(self.index, wall, call, args, kwargs, result)
+        phase = self.phase(self.index)
+        window = self.window if phase == "window" else None
+        self.record(self.index, wall, call, args, kwargs, result, phase, window)
         self.index += 1
-        if self.index >= self.total:
+        if self.index == self.total:
+            self.finish()  # the profiler's part is over; measurement (if any) runs without it
+            self.done = not self.windows
+        if phase == "window":
+            self.window_steps += 1
+            self.window_wall += wall
+            if self.window_wall >= self.window_s and self.window_steps >= self.min_window_steps:
+                self.window, self.window_steps, self.window_wall = self.window + 1, 0, 0.0
+                self.done = self.window >= self.windows
+        self.period_start = time.perf_counter()
+        if self.done:
             try:
                 self.end_memory = self.memory_breakdown("end")
             except Exception as exc:  # a figure we could not take must not fail a finished trial
@@ -713,6 +769,23 @@ class StepDriver:
             self.finish()
             raise TrialComplete()
         return result
+
+    def completed_message(self) -> str:
+        """What a trial whose steps all ran says it measured."""
+        text = f"{self.active} steps profiled"
+        if self.windows:
+            text += f", then {self.window} window(s) of at least {self.window_s:g} s measured"
+        return text
+
+    def script_ended(self, script: str, target: str) -> dict[str, str]:
+        """Status and message when the script returned on its own: ok once the profiled steps ran (with the
+        windows it got), an error before."""
+        if self.index >= self.total:
+            return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
+                                               f"{self.window} of {self.windows} measurement window(s)"}
+        return {"status": "error",
+                "message": f"{script} finished after {self.index} call(s) of {target}; the trial needs "
+                           f"{self.total} (wait {self.wait} + warmup {self.warmup} + record {self.active})"}
 
     def record_failure_memory(self, exc: BaseException) -> None:
         """On an out-of-memory error in a step: where memory was at the failure."""
@@ -758,7 +831,8 @@ class StepDriver:
             breakdown["source"] = "process resident set (includes the framework itself); tensors summed by type"
         return breakdown
 
-    def record(self, index: int, wall: float, call: float, args: tuple, kwargs: dict, result: Any) -> None:
+    def record(self, index: int, wall: float, call: float, args: tuple, kwargs: dict, result: Any,
+               phase: str = "profiled", window: int | None = None) -> None:
         """Append the step's JSON line (flushed, so a killed trial keeps its finished steps)."""
         batch = find_batch_size(args, kwargs)
         batch_source = "step arguments"
@@ -769,7 +843,8 @@ class StepDriver:
             "index": index,
             "wall_s": wall,
             "call_s": call,
-            "recorded": index >= self.wait + self.warmup,
+            "recorded": phase == "profiled",
+            "phase": phase,
             "batch_size": batch,
             "batch_size_source": batch_source if batch is not None else None,
             "loss": loss_value(result),
@@ -777,6 +852,8 @@ class StepDriver:
             "vms_bytes": memory.vms,
             "data_bytes": getattr(memory, "data", None),  # what a CPU memory_limit (RLIMIT_DATA) counts
         }
+        if window is not None:
+            step["window"] = window
         if self.device_type == "cuda":
             import torch
 
@@ -801,6 +878,7 @@ class StepDriver:
             result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
         self.steps_file.close()
         result["memory"] = self.memory()
+        result["schedule"] = self.schedule()
         result.setdefault("times", {}).update(self.times)
         return {**self.interposition.outcomes, **self.interposition.outcomes_after_steps()}
 
@@ -889,14 +967,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 raise
-        ran = driver.index
-        result.update(
-            status="error",
-            message=f"{os.path.basename(script)} finished after {ran} call(s) of {target}; "
-            f"the trial needs {driver.total} (wait {driver.wait} + warmup {driver.warmup} + record {driver.active})",
-        )
+        driver.finish()
+        result.update(driver.script_ended(os.path.basename(script), target))
     except TrialComplete:
-        result.update(status="ok", message=f"{driver.active} steps recorded")
+        result.update(status="ok", message=driver.completed_message())
     except TargetNotFound as exc:
         result.update(status="target-not-found", message=str(exc))
     except SetupProblem as exc:

@@ -1,24 +1,12 @@
-"""The optimization sequence: baseline → diagnose → apply the best fix → measure → keep or revert → …
+"""The optimization session: baseline → diagnose → apply what addresses the bound → measure → keep or revert → …
 
-Each trial is a real, profiled run of the user's unchanged script (advisor.trial). A change is kept only
-when median samples/s improves by more than the measured noise (at least `min_gain`, and beyond the
-spread of step times) and the loss stays finite and close to the baseline's. `session.json` is rewritten
-atomically after every trial, so a session killed at any moment resumes (`--resume DIR`) losing at most
-the trial in flight. Torch-free: trials run in subprocesses.
-
-session.json (schema "advisor.session/1"):
-
-    {"schema", "target", "script", "command", "options": {...}, "status": "running"|"done"|"interrupted"|"failed",
-     "started_at", "updated_at", "device": {device facts of the baseline}, "user_values": {DataLoader originals},
-     "memory_cap": {what --memory-limit capped, as in trial.json} | null,
-     "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
-     "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
-                 ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s", "samples_per_s",
-                 "peak_memory_bytes", "peak_memory_source", "capacity_bytes", "loss", "speedup", "gain",
-                 "predicted_gain", "noise"}],
-     "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null,
-     "lint": [advisor lint findings on the script] | null, "exhausted": [recommendations not to try again],
-     "pooled": {trial name: [folders of earlier runs of the same settings, measured together with it]}}
+Each trial is a real, profiled run of the user's unchanged script (advisor.trial), or of a notebook's
+step in its own process (advisor.api), or a recorded trial served from a response surface
+(advisor.replay): a runner turns (name, knobs) into a finished trial; everything else is the same.
+What to try and whether it helped is the search's (advisor.search: measurement, bounds, strategy,
+state); this module runs the loop, persists it after every trial (session.json, atomically, so a
+session killed at any moment resumes with `--resume DIR`, losing at most the trial in flight) and
+writes the outputs. Torch-free: trials run elsewhere.
 """
 
 from __future__ import annotations
@@ -26,334 +14,43 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import shlex
-import shutil
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from advisor.errors import AdvisorError
-from advisor.harness import write_json_atomic
 from advisor.knobs import Knobs
+from advisor.search.bounds import trial_bound
+from advisor.search.measurement import Measurement, measure
+from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, new_state, reference_row, \
+    save, trial_row
+from advisor.search.strategy import Proposal, SearchSpace, decide, propose, recovery_plan
 from advisor.trial import TRIAL_FILE, TrialFailed, TrialResult, default_out_dir, load_trial, parse_size, \
     parse_target, run_trial
 
-SCHEMA = "advisor.session/1"
-SESSION_FILE = "session.json"
-LOSS_TOLERANCE = 0.25  # a kept change may move the loss by at most this share of the baseline's
+TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
 
 
-@dataclass(frozen=True)
-class SessionOptions:
-    """How a session runs its trials and when it stops."""
+# --- what a trial measured --------------------------------------------------------------------------
 
-    steps: int = 5
-    wait: int = 2
-    warmup: int = 1
-    device: str = "auto"
-    script_args: tuple[str, ...] = ()
-    timeout_s: float = 600.0
-    memory_limit: int | None = None
-    max_trials: int = 8
-    time_budget_s: float | None = None
-    keep_effective_batch: bool = False
-    min_gain: float = 0.03
-    memory_safety: float = 0.85
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        d = dataclasses.asdict(self)
-        d["script_args"] = list(self.script_args)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SessionOptions":
-        """Back from JSON, ignoring unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
-        values["script_args"] = tuple(values.get("script_args") or ())
-        return cls(**values)
+def trial_record(folder: Path) -> dict[str, Any]:
+    """The trial.json of a trial folder."""
+    return json.loads((Path(folder) / TRIAL_FILE).read_text())
 
 
-@dataclass(frozen=True)
-class Proposal:
-    """A candidate next trial: the change, the knobs it gives, and why."""
-
-    recommendation: str
-    change: str
-    slug: str
-    knobs: Knobs
-    predicted_gain: float
-
-
-# --- measurements of one trial -------------------------------------------------------------------------
-
-def recorded_step_times(trial_dir: Path) -> list[float]:
-    """Wall times of the profiled steps of a trial."""
-    record = json.loads((trial_dir / TRIAL_FILE).read_text())
-    return [s["wall_s"] for s in record.get("steps", []) if s.get("recorded") and s.get("wall_s")]
-
-
-def recorded_losses(trial_dir: Path | str) -> list[float]:
+def recorded_losses(folder: Path | str) -> list[float]:
     """Losses returned by the profiled steps of a trial."""
-    record = json.loads((Path(trial_dir) / TRIAL_FILE).read_text())
+    record = trial_record(Path(folder))
     return [s["loss"] for s in record.get("steps", []) if s.get("recorded") and s.get("loss") is not None]
 
 
-def relative_spread(values: list[float]) -> float:
-    """Robust relative spread of step times: 1.4826 × median absolute deviation / median (σ/median for
-    normal noise, and one outlying step — a page fault, a worker restart — barely moves it)."""
-    if len(values) < 2:
-        return 0.0
-    med = statistics.median(values)
-    mad = statistics.median(abs(v - med) for v in values)
-    return 1.4826 * mad / med if med else 0.0
-
-
-def median_noise(a: list[float], b: list[float]) -> float:
-    """Relative change between two medians that step-to-step spread alone could produce.
-
-    Twice the standard error of the difference of the medians (about 95% confidence), each standard
-    error from its robust spread: SE(median) ≈ 1.253 σ / √n.
-    """
-    def se(values: list[float]) -> float:
-        return 1.253 * relative_spread(values) / math.sqrt(len(values)) if len(values) >= 2 else 0.0
-
-    return 2 * math.hypot(se(a), se(b))
-
-
-def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | None:
-    """The memory a trial's batch must fit in: GPU memory or RAM, or the --memory-limit cap if smaller."""
-    facts = trial.get("device_facts") or {}
-    if facts.get("type") == "cuda":
-        total = (facts.get("gpu") or {}).get("total_memory_bytes")
-    else:
-        total = (facts.get("cpu") or {}).get("ram_bytes")
-    if memory_limit:  # the cap applies to the memory the step uses, on either device
-        return min(memory_limit, total) if total else memory_limit
-    return total
-
-
-BLOCK_STEPS = 2
-
-
-def lag1_autocorrelation(values: list[float]) -> float:
-    """Correlation of each value with the next: about 0 for independent steps, negative when they alternate."""
-    if len(values) < 3:
-        return 0.0
-    mean = statistics.fmean(values)
-    dev = [v - mean for v in values]
-    var = sum(d * d for d in dev)
-    return sum(a * b for a, b in zip(dev, dev[1:])) / var if var else 0.0
-
-
-def measured(paths: list[Path]) -> tuple[float | None, list[float]]:
-    """Pooled over the recorded steps of one or more runs of the same settings: samples/s (all samples
-    over all time) and seconds per sample of each block of BLOCK_STEPS consecutive steps.
-
-    Where steps alternate, blocks rather than single steps carry the noise estimate (the batch-means
-    method): with DataLoader workers a step that waited is followed by one whose batch was ready, so
-    single steps swing widely while their sums hardly move.
-    """
-    samples = seconds = 0.0
-    blocks = []
-    for path in paths:
-        record = json.loads((Path(path) / TRIAL_FILE).read_text())
-        steps = [(st["wall_s"], st["batch_size"]) for st in record.get("steps", [])
-                 if st.get("recorded") and st.get("wall_s") and st.get("batch_size")]
-        samples += sum(b for _, b in steps)
-        seconds += sum(w for w, _ in steps)
-        # Blocks only where steps alternate (a negative lag-1 autocorrelation: a loader's queue filling
-        # and draining); independent steps keep every sample. Never fewer than two values.
-        alternating = lag1_autocorrelation([w for w, _ in steps]) < -0.3
-        size = BLOCK_STEPS if alternating and len(steps) >= 2 * BLOCK_STEPS else 1
-        cut = [steps[i:i + size] for i in range(0, len(steps), size)]
-        if len(cut) > 1 and len(cut[-1]) < size:
-            last = cut.pop()
-            cut[-1] = cut[-1] + last  # a lone last step joins the block before it
-        blocks += [sum(w for w, _ in c) / sum(b for _, b in c) for c in cut if c]
-    return (samples / seconds if seconds else None), blocks
-
-
-def decide(best: TrialResult, candidate: TrialResult, baseline_losses: list[float], min_gain: float, *,
-           best_extra: list[Path] = (), candidate_extra: list[Path] = ()) -> tuple[bool, str, float, float]:
-    """Keep or revert a candidate against the best trial so far: (keep, reason, gain, noise).
-
-    `*_extra`: folders of earlier runs of the same settings, pooled with the trial (a re-measurement).
-    """
-    if not candidate.ok:
-        return False, f"trial {candidate.status}: {candidate.message}", 0.0, 0.0
-    best_sps, best_times = measured([best.path, *best_extra])
-    cand_sps, cand_times = measured([candidate.path, *candidate_extra])
-    best_sps, cand_sps = best_sps or best.samples_per_s, cand_sps or candidate.samples_per_s
-    if not cand_sps or not best_sps:
-        return False, "no samples/s measured (batch size unknown)", 0.0, 0.0
-    gain = cand_sps / best_sps - 1
-    noise = median_noise(best_times, cand_times)
-    threshold = max(min_gain, noise)
-    losses = [x for path in [candidate.path, *candidate_extra] for x in recorded_losses(path)]
-    if losses and not all(math.isfinite(x) for x in losses):
-        return False, "loss is not finite", gain, noise
-    if losses and baseline_losses:
-        base, cand = statistics.median(baseline_losses), statistics.median(losses)
-        allowed = max(LOSS_TOLERANCE * abs(base), max(baseline_losses) - min(baseline_losses))
-        if abs(cand - base) > allowed:
-            return False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, noise
-    if gain < -threshold:
-        return False, f"{100 * gain:+.1f}% samples/s: slower (noise {100 * threshold:.1f}%)", gain, noise
-    if gain <= threshold:
-        return False, f"{100 * gain:+.1f}% samples/s is within the noise ({100 * threshold:.1f}%)", gain, noise
-    return True, f"{100 * gain:+.1f}% samples/s (noise {100 * noise:.1f}%)", gain, noise
-
-
-# --- what to try next -------------------------------------------------------------------------------
-
-def effective(knobs: Knobs, user_values: dict[str, Any], name: str) -> Any:
-    """The value a knob has in a trial: the override, else what the user wrote."""
-    value = getattr(knobs, name)
-    return user_values.get(name) if value is None else value
-
-
-def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
-    """Peak memory against batch size, from the trials run so far.
-
-    With two or more batch sizes, a least-squares line; with one, memory proportional to the batch,
-    which over-estimates (the fixed part scales too) and so errs on the safe side.
-    """
-    sizes = sorted({b for b, _ in points})
-    if len(sizes) >= 2:
-        n = len(points)
-        mx = sum(b for b, _ in points) / n
-        my = sum(m for _, m in points) / n
-        sxx = sum((b - mx) ** 2 for b, _ in points)
-        slope = sum((b - mx) * (m - my) for b, m in points) / sxx
-        slope = max(slope, 0.0)
-        return lambda b: my + slope * (b - mx)
-    b0, m0 = points[0]
-    return lambda b: m0 * b / b0
-
-
-def next_batch_size(current: int, points: list[tuple[int, float]], capacity: float | None, safety: float,
-                    failed: int | None) -> int | None:
-    """The next batch size to try: double, capped by the memory model; bisect below a size that failed."""
-    if failed is not None:
-        size = (current + failed) // 2
-        return size if size > current * 1.1 else None
-    size = current * 2
-    if capacity and points:
-        predict = fit_memory(points)
-        limit = safety * capacity
-        while size > current and predict(size) > limit:
-            size = current + (size - current) // 2
-        if size <= current * 1.1:
-            return None
-    return size
-
-
-def propose(diagnosis, best: TrialResult, state: dict[str, Any], options: SessionOptions) -> list[Proposal]:
-    """Candidate trials from the best trial's diagnosis, best predicted gain first, none already tried."""
-    user = state["user_values"]
-    knobs = best.knobs
-    accelerator = (state.get("device") or {}).get("type") == "cuda"
-    cpus = ((state.get("device") or {}).get("cpu") or {}).get("logical_cores") or os.cpu_count() or 1
-    exhausted = set(state.setdefault("exhausted", []))
-    out = []
-    recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
-    if "more-workers" in recs and "more-workers" not in exhausted:
-        current = effective(knobs, user, "num_workers") or 0
-        target = 2 if current < 2 else current * 2
-        if target <= cpus:
-            out.append(Proposal("more-workers", f"workers {current}→{target}", f"workers-{target}",
-                                dataclasses.replace(knobs, num_workers=target, persistent_workers=True),
-                                recs["more-workers"].predicted_gain))
-    if "amp" in recs and knobs.amp is None and "amp" not in exhausted:
-        dtype = recs["amp"].knobs.get("amp", "bf16")
-        out.append(Proposal("amp", f"AMP {dtype}", f"amp-{dtype}", dataclasses.replace(knobs, amp=dtype),
-                            recs["amp"].predicted_gain))
-    if accelerator and "pin-memory" in recs and not knobs.pin_memory and "pin-memory" not in exhausted:
-        out.append(Proposal("pin-memory", "pin_memory", "pin-memory",
-                            dataclasses.replace(knobs, pin_memory=True), recs["pin-memory"].predicted_gain))
-    if accelerator and "non-blocking" in recs and not knobs.non_blocking and "non-blocking" not in exhausted:
-        out.append(Proposal("non-blocking", "non_blocking", "non-blocking",
-                            dataclasses.replace(knobs, non_blocking=True), recs["non-blocking"].predicted_gain))
-    batch = batch_proposal(recs.get("larger-batch"), best, state, options, accelerator)
-    if batch is not None:
-        out.append(batch)
-    tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
-    out = [p for p in out if json.dumps(p.knobs.to_dict(), sort_keys=True) not in tried]
-    return sorted(out, key=lambda p: -p.predicted_gain)
-
-
-def batch_proposal(rec, best: TrialResult, state: dict[str, Any], options: SessionOptions,
-                   accelerator: bool) -> Proposal | None:
-    """A larger batch: on an accelerator when the trace supports it; on the CPU while samples/s grows."""
-    if options.keep_effective_batch or "larger-batch" in state.get("exhausted", []):
-        return None
-    if state["trials"][0]["status"] == "oom" or best.knobs.accumulation_steps:
-        return None  # memory-bound already: the batch was made to fit, not to grow
-    if accelerator and rec is None:
-        return None
-    current = best.batch_size
-    if not current:
-        return None
-    points = [(t["batch_size"], t["peak_memory_bytes"]) for t in state["trials"]
-              if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
-    # The batch size a trial asked for: one that ran out of memory in its first step measured none.
-    failed = [t["knobs"]["batch_size"] for t in state["trials"]
-              if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
-    failed_above = min((b for b in failed if b > current), default=None)
-    size = next_batch_size(current, points, state["trials"][0].get("capacity_bytes"), options.memory_safety,
-                           failed_above)
-    if size is None:
-        return None
-    # On the CPU a larger batch is a measured experiment, ranked after what the trace points to.
-    gain = rec.predicted_gain if rec is not None else 0.02
-    return Proposal("larger-batch", f"batch {current}→{size}", f"batch-{size}",
-                    dataclasses.replace(best.knobs, batch_size=size), gain)
-
-
-# --- the session --------------------------------------------------------------------------------------
-
-def trial_row(index: int, result: TrialResult, proposal: Proposal | None, state: dict[str, Any]) -> dict:
-    """The session.json row of one trial (decision filled in by the caller)."""
-    record = json.loads((result.path / TRIAL_FILE).read_text())
-    reference = reference_row(state)
-    base_sps = reference["samples_per_s"] if reference else result.samples_per_s
-    return {
-        "index": index,
-        "name": result.name,
-        "folder": os.path.relpath(result.path, state["_dir"]),
-        "change": "baseline" if proposal is None else proposal.change,
-        "recommendation": None if proposal is None else proposal.recommendation,
-        "knobs": result.knobs.to_dict(),
-        "status": result.status,
-        "message": result.message,
-        "decision": None,
-        "reason": "",
-        "batch_size": result.batch_size,
-        "median_step_s": result.median_step_s,
-        "samples_per_s": result.samples_per_s,
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "peak_memory_source": result.peak_memory_source,
-        "capacity_bytes": capacity_bytes(record, state["options"].get("memory_limit")),
-        "loss": result.loss,
-        "speedup": (result.samples_per_s / base_sps) if result.samples_per_s and base_sps else None,
-        "gain": None,
-        "predicted_gain": None if proposal is None else proposal.predicted_gain,
-        "noise": None,
-    }
-
-
-def save(state: dict[str, Any]) -> None:
-    """Rewrite session.json atomically."""
-    state["updated_at"] = time.time()
-    doc = {k: v for k, v in state.items() if not k.startswith("_")}
-    write_json_atomic(Path(state["_dir"]) / SESSION_FILE, doc)
+def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[Path] = ()) -> Measurement:
+    """A trial's steady-state measurement, pooled with earlier runs of the same settings."""
+    folders = [result.path, *extra, *(out / f for f in state["pooled"].get(result.name, []))]
+    return measure(trial_record(folder).get("steps", []) for folder in folders)
 
 
 def _diagnose(result: TrialResult):
@@ -374,50 +71,20 @@ def lint_script(script: Path) -> list[dict] | None:
         return None
 
 
-def new_state(target: str, out: Path, options: SessionOptions, command: str, *, script: bool = True,
-              ) -> dict[str, Any]:
-    """A fresh session record; `script=False` when the target names no script file (the notebook API)."""
-    path = str(parse_target(target)[0]) if script else None
-    return {
-        "schema": SCHEMA, "target": target, "script": path, "command": command,
-        "lint": lint_script(Path(path)) if path else None,
-        "options": options.to_dict(), "status": "running", "started_at": time.time(), "updated_at": time.time(),
-        "device": None, "user_values": {}, "baseline": None, "best": None, "final_knobs": None, "speedup": None,
-        "trials": [], "recommendations": [], "notes": [], "patch": None, "exhausted": [], "pooled": {},
-        "memory_cap": None,
-        "_dir": str(out),
-    }
-
-
-def load_state(out: Path) -> dict[str, Any]:
-    """A session record to resume; trial folders it does not list (the trial in flight) are removed."""
-    path = out / SESSION_FILE
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AdvisorError(f"{path}: no session to resume here") from None
-    except ValueError as exc:
-        raise AdvisorError(f"{path}: not valid JSON ({exc})") from None
-    if state.get("schema") != SCHEMA:
-        raise AdvisorError(f"{path}: not an {SCHEMA} document")
-    state["_dir"] = str(out)
-    state.setdefault("pooled", {})
-    listed = {t["name"] for t in state["trials"]}
-    for folder in sorted((out / "trials").glob("*")):
-        if folder.is_dir() and folder.name not in listed:
-            shutil.rmtree(folder)  # the trial that was running when the session stopped
-    return state
-
+# --- the session ------------------------------------------------------------------------------------
 
 def run_session(target: str, out: Path, options: SessionOptions, *, command: str = "", resume: bool = False,
                 log: Callable[[str], None] = print, runner: TrialRunner | None = None,
-                script: bool = True) -> dict[str, Any]:
-    """Run (or resume) the sequence until nothing is left to gain or the budget is spent; return the record.
+                script: bool = True, space: SearchSpace | None = None,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run (or resume) the session until a full round over the knobs keeps nothing or the budget is
+    spent; return the record.
 
     Trials run in subprocesses unless `runner` runs them some other way (the notebook API runs them in
-    its own process); everything else — decisions, persistence, outputs — is the same. `script=False`:
-    the target only names a step function (e.g. "<notebook>:train_step"), so there is no script to
-    check or patch.
+    its own process; a replay serves recorded ones; a runner whose `remeasure` is False cannot measure
+    a setting twice). `script=False`: the target only names a step (e.g. "<notebook>:train_step"), so
+    there is no script to check or patch. `space`: the values the search may give each knob (those a
+    recorded surface holds); `extra`: fields added to a new session record.
     """
     out = Path(out).resolve()
     if resume:
@@ -427,12 +94,16 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     else:
         if (out / SESSION_FILE).exists():
             raise AdvisorError(f"{out}: already holds a session; use --resume {out} or another --out")
-        state = new_state(target, out, options, command, script=script)
+        path = str(parse_target(target)[0]) if script else None
+        state = new_state(target, path, out, options, command, lint_script(Path(path)) if path else None)
+        state.update(extra or {})
     (out / "trials").mkdir(parents=True, exist_ok=True)
     save(state)
+    log(options.budget_text())
     started = time.monotonic()
     try:
-        _sequence(runner or subprocess_runner(target, out, options), out, options, state, started, log)
+        _sequence(runner or subprocess_runner(target, out, options), out, options, state, started, log,
+                  space or SearchSpace())
     except KeyboardInterrupt:
         state["status"] = "interrupted"
         save(state)
@@ -441,39 +112,32 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     return state
 
 
-TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
-
-
-def prefetched_batches(knobs: Knobs) -> int:
-    """Batches that new DataLoader workers queue up before the first step: while the step eats them the
-    loader looks free, so that many more steps are left out of the measurement."""
-    return (knobs.num_workers or 0) * (knobs.prefetch_factor or 2)
-
-
 def subprocess_runner(target: str, out: Path, options: SessionOptions) -> TrialRunner:
     """Trials of `script.py:func` in fresh subprocesses (the CLI's way), in `out/trials/<name>`."""
     def run(name: str, knobs: Knobs) -> TrialResult:
-        return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
-                         wait=options.wait + prefetched_batches(knobs),
+        return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
                          warmup=options.warmup, device=options.device, script_args=options.script_args,
-                         timeout_s=options.timeout_s, memory_limit=options.memory_limit)
+                         timeout_s=options.timeout_s, memory_limit=options.memory_limit, windows=options.windows,
+                         window_s=options.window_s)
 
     return run
 
 
-def reference_row(state: dict[str, Any]) -> dict | None:
-    """The trial speed-ups are measured against: the baseline, or the first configuration that fitted."""
-    return next((t for t in state["trials"] if t["decision"] in ("baseline", "kept") and t["samples_per_s"]), None)
+def _run(run: TrialRunner, state: dict[str, Any], index: int, proposal: Proposal | None, slug: str,
+         log: Callable[[str], None]) -> tuple[TrialResult, dict[str, Any], Measurement]:
+    """Run one trial; return it, its record and its own measurement."""
+    result = run(f"{index:02d}-{slug}", Knobs() if proposal is None else proposal.knobs)
+    record = trial_record(result.path)
+    return result, record, measure([record.get("steps", [])])
 
 
-def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> TrialResult:
+def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> None:
     log("trial 00: baseline")
-    baseline = run("00-baseline", Knobs())
-    record = json.loads((baseline.path / TRIAL_FILE).read_text())
+    baseline, record, measurement = _run(run, state, 0, None, "baseline", log)
     state["device"] = record.get("device_facts")
     state["memory_cap"] = record.get("memory_cap")
     state["user_values"] = record.get("user_values") or {}
-    row = trial_row(0, baseline, None, state)
+    row = trial_row(0, baseline, record, None, state, measurement)
     row["decision"] = "baseline" if baseline.ok else "failed"
     row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
     row["speedup"] = 1.0 if baseline.ok else None
@@ -482,8 +146,17 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     state["final_knobs"] = Knobs().to_dict()
     if baseline.status == "oom":
         state["notes"].append(out_of_memory_note(record))
+    log(f"  {_figures(row)}")
     save(state)
-    return baseline
+
+
+def _figures(row: dict[str, Any]) -> str:
+    """A trial's samples/s with its interval, for the log."""
+    if not row.get("samples_per_s"):
+        return f"{row['status']}: {row.get('message') or ''}".strip()
+    interval = row.get("interval")
+    spread = f" (95%: {interval[0]:.1f}–{interval[1]:.1f})" if interval else ""
+    return f"{row['samples_per_s']:.1f} samples/s{spread}"
 
 
 def out_of_memory_note(record: dict[str, Any]) -> str:
@@ -503,28 +176,6 @@ def out_of_memory_note(record: dict[str, Any]) -> str:
             "smaller batch.")
 
 
-def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
-    """Configurations to try after the baseline ran out of memory, closest to the user's first."""
-    facts = state.get("device") or {}
-    batch = (state.get("user_values") or {}).get("batch_size")
-    if facts.get("type") == "cuda":
-        dtype = "bf16" if (facts.get("gpu") or {}).get("bf16_supported") else "fp16"
-    else:  # CPU autocast is bf16 only, and only worth it where the CPU computes bf16
-        dtype = "bf16" if ((facts.get("cpu") or {}).get("bf16_instructions")) else None
-    plan = []
-    if dtype:
-        plan.append(Proposal("oom-amp", f"AMP {dtype}", f"amp-{dtype}", Knobs(amp=dtype), 0.0))
-    for k in (2, 4, 8):
-        if batch and batch % k == 0:
-            plan.append(Proposal("oom-accumulation", f"micro-batches {batch // k}×{k}", f"accumulate-{k}",
-                                 Knobs(accumulation_steps=k), 0.0))
-    for f in (2, 4, 8):
-        if batch and batch // f >= 1:
-            plan.append(Proposal("oom-smaller-batch", f"batch {batch}→{batch // f} (smaller effective batch)",
-                                 f"batch-{batch // f}", Knobs(batch_size=batch // f), 0.0))
-    return plan
-
-
 def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> None:
     """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped)."""
     tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
@@ -533,8 +184,8 @@ def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[st
             continue
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
-        result = run(f"{index:02d}-{proposal.slug}", proposal.knobs)
-        row = trial_row(index, result, proposal, state)
+        result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
+        row = trial_row(index, result, record, proposal, state, measurement)
         if result.ok:
             row.update(decision="kept", reason="fits in memory", speedup=1.0)
             state["best"] = result.name
@@ -553,8 +204,18 @@ def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[st
             return
 
 
+def _bound_of(out: Path, state: dict[str, Any], best: TrialResult):
+    """Diagnosis, measurement and bound of the best trial; the bound is kept in the record."""
+    diagnosis = _diagnose(best)
+    measurement = measured(out, state, best)
+    bound = trial_bound(best.status, diagnosis, measurement)
+    state["bound"] = {"name": bound.name, "label": bound.label, "evidence": list(bound.evidence)}
+    state["recommendations"] = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
+    return diagnosis, measurement, bound
+
+
 def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[str, Any], started: float,
-              log: Callable[[str], None]) -> None:
+              log: Callable[[str], None], space: SearchSpace) -> None:
     if not state["trials"]:
         _baseline(run, state, log)
     if reference_row(state) is None and state["trials"][0]["status"] == "oom":
@@ -569,12 +230,14 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         what = "no configuration fits in memory" if first.status == "oom" else f"baseline trial {first.status}"
         raise TrialFailed(f"{what}: {first.message} (trial folder {first.path})")
     reference_losses = recorded_losses(out / reference["folder"])
-    best = load_trial(out / next(t for t in state["trials"] if t["name"] == state["best"])["folder"])
+    best = load_trial(out / best_row(state)["folder"])
+    remeasure = getattr(run, "remeasure", True)
     while True:
-        diagnosis = _diagnose(best)
-        state["recommendations"] = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
-        proposals = propose(diagnosis, best, state, options)
+        diagnosis, best_measure, bound = _bound_of(out, state, best)
+        proposals = propose(diagnosis, bound, best, state, options, space)
         if not proposals:
+            state["notes"].append("stopped: a full round over the knobs kept nothing more"
+                                  if len(state["trials"]) > 1 else "stopped: nothing to try")
             break
         if len(state["trials"]) >= options.max_trials:
             if options.max_trials > 1:  # one trial is a diagnosis-only run, not a budget that ran out
@@ -586,49 +249,64 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             break
         proposal = proposals[0]
         index = len(state["trials"])
-        log(f"trial {index:02d}: {proposal.change} (predicted {100 * proposal.predicted_gain:.0f}% of step time)")
-        result = run(f"{index:02d}-{proposal.slug}", proposal.knobs)
-        best_extra = [out / f for f in state["pooled"].get(best.name, [])]
-        keep, reason, gain, noise = decide(best, result, reference_losses, options.min_gain, best_extra=best_extra)
-        row = trial_row(index, result, proposal, state)
-        inconclusive = (not keep and result.ok and options.min_gain < gain <= noise
-                        and len(state["trials"]) + 2 <= options.max_trials)
-        row.update(decision="kept" if keep else ("failed" if not result.ok else "reverted"), gain=gain, noise=noise,
-                   reason=f"inconclusive, measured again: {reason}" if inconclusive else reason)
+        why = (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
+               else f"a round over the knobs; the bound is {bound.label}")
+        log(f"trial {index:02d}: {proposal.change} ({why}; predicted {100 * proposal.predicted_gain:.0f}% of step time)")
+        result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
+        losses = recorded_losses(result.path)
+        decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
+                           addresses_bound=proposal.helps_now) if result.ok else None)
+        row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
+        again = (decision is not None and decision.inconclusive and remeasure
+                 and len(state["trials"]) + 2 <= options.max_trials)
+        _decide_row(row, result, decision, again)
         state["trials"].append(row)
-        log(f"  {row['decision']}: {row['reason']}")
-        if inconclusive:
-            # A gain the step-to-step spread could hide: run the same settings once more and decide on
-            # both runs' steps together (twice the samples, about 1/√2 of the noise).
+        log(f"  {_figures(row)}: {row['decision']}, {row['reason']}")
+        if again:
+            # A gain the noise could hide: run the same settings once more and decide on both runs'
+            # windows together (twice the windows, about 1/√2 of the noise).
             save(state)
             first = result
             index = len(state["trials"])
             log(f"trial {index:02d}: {proposal.change}, again")
-            result = run(f"{index:02d}-{proposal.slug}-again", proposal.knobs)
-            keep, reason, gain, noise = decide(best, result, reference_losses, options.min_gain,
-                                               best_extra=best_extra, candidate_extra=[first.path])
-            row = trial_row(index, result, proposal, state)
-            row.update(change=f"{proposal.change} (again)", gain=gain, noise=noise, reason=reason + " (both runs)",
-                       decision="kept" if keep else ("failed" if not result.ok else "reverted"))
+            result, record, _ = _run(run, state, index, proposal, f"{proposal.slug}-again", log)
+            measurement = measured(out, state, result, [first.path])
+            losses = recorded_losses(result.path) + recorded_losses(first.path)
+            decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
+                               addresses_bound=proposal.helps_now) if result.ok else None)
+            row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
+            _decide_row(row, result, decision, False)
+            row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)")
             state["trials"].append(row)
-            log(f"  {row['decision']}: {row['reason']}")
-            if keep:
+            log(f"  {_figures(row)}: {row['decision']}, {row['reason']}")
+            if decision is not None and decision.keep:
                 state["pooled"][result.name] = [os.path.relpath(first.path, out)]
-        if keep:
+        if decision is not None and decision.keep:
             best = result
             state["best"] = result.name
             state["final_knobs"] = result.knobs.to_dict()
-        elif not (proposal.recommendation == "larger-batch" and result.status == "oom"):
-            # A change that did not help is not tried again; growing workers or the batch stops here.
-            state["exhausted"].append(proposal.recommendation)
         save(state)
-    best_row = next(t for t in state["trials"] if t["name"] == state["best"])
-    base_sps = reference["samples_per_s"]
-    state["speedup"] = best_row["samples_per_s"] / base_sps if base_sps and best_row["samples_per_s"] else None
+    _bound_of(out, state, best)
+    best_sps, base_sps = best_row(state)["samples_per_s"], reference["samples_per_s"]
+    state["speedup"] = best_sps / base_sps if base_sps and best_sps else None
     state["notes"].extend(batch_notes(state, options))
     state["status"] = "done"
     save(state)
     finish_outputs(out, state)
+
+
+def _own_bound(result: TrialResult, measurement: Measurement):
+    """A trial's own bound (what bound it, once measured), for its row."""
+    return trial_bound(result.status, _diagnose(result) if result.ok else None, measurement)
+
+
+def _decide_row(row: dict[str, Any], result: TrialResult, decision, inconclusive: bool) -> None:
+    """Fill in a row's decision from the trial's status and the keep/revert decision."""
+    if decision is None:
+        row.update(decision="failed", reason=f"trial {result.status}: {result.message}")
+        return
+    row.update(decision="kept" if decision.keep else "reverted", gain=decision.gain, noise=decision.noise,
+               reason=f"inconclusive, measured again: {decision.reason}" if inconclusive else decision.reason)
 
 
 def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
@@ -658,7 +336,10 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     final = Knobs.from_dict(state["final_knobs"] or {})
     from advisor.patch import write_patch
 
-    if final.requested() and not state.get("script"):
+    if final.requested() and state.get("replay"):
+        state["notes"].append("no suggested.patch: the trials were replayed from a recorded surface; "
+                              "make the final settings below in the recorded script")
+    elif final.requested() and not state.get("script"):
         state["notes"].append("no suggested.patch: the step did not come from a script file; "
                               "make the final settings below in your code")
     elif final.requested():
@@ -682,8 +363,17 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
 
 def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `advisor profile` that steer the sequence (the trial's own options come from trial.py)."""
-    parser.add_argument("--max-trials", type=int, default=8, help="trials in all, baseline included (default 8)")
+    defaults = SessionOptions()
+    parser.add_argument("--max-trials", type=int, default=defaults.max_trials,
+                        help=f"trials in all, baseline included (default {defaults.max_trials})")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
+    parser.add_argument("--windows", type=int, default=defaults.windows,
+                        help=f"steady-state windows measured after the profiled steps (default {defaults.windows}; "
+                             "0: decide on the profiled steps)")
+    parser.add_argument("--window", type=float, default=defaults.window_s, dest="window_s",
+                        help=f"seconds each window lasts at least (default {defaults.window_s:g})")
+    parser.add_argument("--replay", metavar="SURFACE_DIR",
+                        help="run the session on a recorded response surface (trial folders) instead of a script")
     parser.add_argument("--keep-effective-batch", action="store_true",
                         help="never change the batch size (the effective batch stays as written)")
     parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
@@ -696,16 +386,20 @@ def ladder_table(state: dict[str, Any]):
     t = Table(title="Ladder (one row per trial)", title_justify="left")
     t.add_column("#", justify="right")
     t.add_column("change")
-    for col in ("batch", "peak MiB", "step ms", "samples/s", "speed-up"):
+    for col in ("batch", "peak MiB", "step ms", "samples/s", "±95%", "speed-up"):
         t.add_column(col, justify="right")
+    t.add_column("bound")
     t.add_column("decision")
     for row in state["trials"]:
         mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
         step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
         sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
+        interval = row.get("interval")
+        spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
+                  if interval and row.get("samples_per_s") else "-")
         speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
-        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, speed,
-                  row["decision"] or "-")
+        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, spread,
+                  speed, row.get("bound") or "-", row["decision"] or "-")
     return t
 
 
@@ -730,6 +424,14 @@ def print_session(state: dict[str, Any], out: Path) -> None:
             console.print(Text(f"{name}: {out / name}"))
 
 
+def _replayed(out: Path) -> str | None:
+    """The surface a session folder was replayed from, if it was."""
+    try:
+        return json.loads((out / SESSION_FILE).read_text()).get("replay")
+    except (OSError, ValueError, AttributeError):
+        return None  # load_state says what is wrong with the folder
+
+
 def profile_command(args: argparse.Namespace) -> int:
     """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
     memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
@@ -737,20 +439,34 @@ def profile_command(args: argparse.Namespace) -> int:
                              script_args=tuple(args.script_args), timeout_s=args.timeout,
                              memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
                              time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
+    if args.windows < 0 or not args.window_s > 0:
+        raise AdvisorError(f"--windows must be >= 0 and --window > 0 (got {args.windows} and {args.window_s})")
+    options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s)
+    runner, space, extra, replay = None, None, {}, args.replay
     if args.resume:
         out = Path(args.resume)
         target = ""
+        replay = _replayed(out)
+    elif replay:
+        out = Path(args.out) if args.out else Path("runs") / f"replay-{Path(replay).name}"
+        target, extra = f"{Path(replay).resolve()}:replay", {"replay": str(Path(replay).resolve())}
     else:
         if not args.target:
-            raise AdvisorError("profile: give script.py:train_step (or --resume DIR)")
+            raise AdvisorError("profile: give script.py:train_step (or --replay SURFACE_DIR, or --resume DIR)")
         script, _ = parse_target(args.target)
         out = Path(args.out) if args.out else default_out_dir(script)
         target = args.target
+    if replay:
+        from advisor.replay import ReplayRunner, load_surface, surface_space
+
+        points = load_surface(replay)
+        runner, space = ReplayRunner(points, out.resolve()), surface_space(points)
     words = sys.argv[sys.argv.index("profile") + 1:] if "profile" in sys.argv else []
     command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
     # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
     state = run_session(target, out, options, command=command, resume=bool(args.resume),
-                        log=lambda m: print(m, flush=True))
+                        log=lambda m: print(m, flush=True), runner=runner, script=not replay, space=space,
+                        extra=extra)
     out = Path(state["_dir"])
     baseline = load_trial(out / state["trials"][0]["folder"])
     if args.no_apply:

@@ -20,7 +20,10 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
     dataloaders     [{user, effective, outcomes}] for every DataLoader the script built
     accumulation    null, or when the accumulation_steps knob ran: {steps: k, micro_steps,
                     optimizer_steps, optimizer_steps_deferred, zero_grads, zero_grads_skipped}
-    schedule        {wait, warmup, active}: steps skipped, warmed up, recorded by the profiler
+    schedule        {wait, warmup, active, queue_depth, settle, windows, window_s, min_window_steps,
+                     windows_measured}: steps skipped (wait includes queue_depth: workers × prefetch_factor
+                     batches queued before the first step), warmed up, profiled; then settle steps and
+                     measurement windows of at least window_s seconds and min_window_steps steps
     profiled        false for a timing-only trial (no profiler, no trace)
     memory_limit    the --memory-limit in bytes, or null
     memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how}; on a CUDA
@@ -35,18 +38,26 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
     device_facts    {type: "cpu"|"cuda", torch, python, platform,
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
-    steps           [{index, wall_s, call_s, recorded, batch_size, batch_size_source, loss, rss_bytes,
+    steps           [{index, wall_s, call_s, recorded, phase, window?, batch_size, batch_size_source, loss, rss_bytes,
                       vms_bytes, data_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
                       profiler_allocated_bytes?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
                     of this call (the user's data loading plus the call); call_s is the call alone;
+                    phase: "wait" (skipped: the first --wait steps and the batches the workers queued
+                    before the first step), "warmup", "profiled" (recorded: in the trace), "settle"
+                    (the queue refilled while the trace was written), "window" (measured, in window k);
                     profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
                     end of the step: live bytes of the CPU allocator counted from the profiler's start
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes, peak_data_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
                      accumulation_steps, micro_batch_size, effective_batch_size}
-                    samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps; with
+                    steady: the measurement windows (`advisor.search.measurement.Measurement`):
+                      {samples_per_s, relative_se, interval: [low, high] (95%), windows: [samples/s of
+                      each], steps, seconds, source, wait_share (share of the time outside the step:
+                      the loop waiting for data)}, or null for a trial measured without windows
+                    samples_per_s = steady.samples_per_s where windows were measured, else
+                    profiled_samples_per_s = sum of batch sizes / sum of wall_s over the recorded steps; with
                     gradient accumulation each step is one micro-step, so batch_size = micro_batch_size
                     and effective_batch_size = micro_batch_size × accumulation_steps (1 when off)
                     memory_growth_per_step_bytes: memory_growth.bytes_per_step, or null
@@ -101,6 +112,7 @@ from typing import Any, Sequence
 from advisor.errors import AdvisorError
 from advisor.harness import RESULT_FILE, STEPS_FILE, TargetNotFound, locate_target, write_json_atomic
 from advisor.knobs import DATALOADER_KNOBS, Knobs
+from advisor.search.measurement import measure
 
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"
@@ -219,6 +231,11 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], profiler_pea
     }
     if batches and len(batches) == len(recorded) and sum(walls) > 0:
         summary["samples_per_s"] = sum(batches) / sum(walls)
+    summary["profiled_samples_per_s"] = summary["samples_per_s"]
+    steady = measure([steps])
+    summary["steady"] = steady.to_dict() if steady.source == "windows" else None
+    if summary["steady"] is not None:  # the steady state, where it was measured, is the trial's figure
+        summary["samples_per_s"] = steady.samples_per_s
     if isinstance(summary["batch_size"], float) and summary["batch_size"].is_integer():
         summary["batch_size"] = int(summary["batch_size"])
     summary["memory_breakdown"] = harness.get("memory_breakdown")
@@ -419,6 +436,8 @@ def run_trial(
     profile: bool = True,
     python: str | None = None,
     env: dict[str, str] | None = None,
+    windows: int = 0,
+    window_s: float = 1.0,
 ) -> TrialResult:
     """Run `script.py:target` once in a fresh subprocess with `knobs`; write and return its results.
 
@@ -430,6 +449,8 @@ def run_trial(
     script, func = parse_target(target)
     if steps < 1 or wait < 0 or warmup < 0:
         raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
+    if windows < 0 or (windows and not window_s > 0):
+        raise AdvisorError(f"--windows must be >= 0 and --window > 0 (got {windows} windows of {window_s} s)")
     if device not in ("auto", "cpu", "cuda"):
         raise AdvisorError(f"--device: expected auto, cpu or cuda, not {device!r}")
     out = Path(out_dir).resolve()
@@ -452,7 +473,7 @@ def run_trial(
         "user_values": None,
         "dataloaders": [],
         "accumulation": None,
-        "schedule": {"wait": wait, "warmup": warmup, "active": steps},
+        "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
         "profiled": profile,
         "memory_limit": memory_limit,
         "memory_cap": None,
@@ -487,6 +508,7 @@ def run_trial(
         "device": device,
         "memory_limit": memory_limit,
         "profile": profile,
+        "measure": {"windows": windows, "window_s": window_s},
     }
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
@@ -580,6 +602,7 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
     profiler_peak = add_profiler_memory(record["steps"], traces)
     record["summary"] = summarize(record["steps"], harness, profiler_peak)
     ended = time.time()
+    record["schedule"].update(harness.get("schedule") or {})
     record["times"].update(harness.get("times", {}))
     record["times"].update(ended_at=ended, duration_s=ended - started)
     write_json_atomic(out / TRIAL_FILE, record)

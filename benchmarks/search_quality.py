@@ -29,8 +29,8 @@ from advisor.trial import run_trial  # noqa: E402
 
 EXAMPLE = os.environ.get("SEARCH_EXAMPLE", "char_transformer")
 TARGET = f"{ROOT / 'examples' / (EXAMPLE + '.py')}:train_step"
-# Steps recorded per trial: the loader-bound example swings from step to step and needs more of them.
-STEPS = {"image_classifier": 10}.get(EXAMPLE, 5)
+STEPS = 5
+WINDOWS, WINDOW_S = 3, 1.0  # every trial, grid and session alike, measures its steady state the same way
 REMEASURE = 5
 
 
@@ -49,7 +49,8 @@ def knobs_of(values: dict) -> Knobs:
 
 def measure(knobs: Knobs, folder: Path, name: str) -> float:
     """Samples/s of one real trial (0 if it failed)."""
-    result = run_trial(TARGET, knobs, folder / name, name=name, steps=STEPS, profile=True)
+    result = run_trial(TARGET, knobs, folder / name, name=name, steps=STEPS, profile=True, device="cpu",
+                       windows=WINDOWS, window_s=WINDOW_S)
     return (result.samples_per_s or 0.0) if result.ok else 0.0
 
 
@@ -65,7 +66,8 @@ def main() -> int:
             grid.append((sps, point))
             print(f"  grid {i + 1:2d}/{len(points)} {point}: {sps:.1f} samples/s", flush=True)
         grid_best_sps, grid_best = max(grid, key=lambda g: g[0])
-        state = run_session(TARGET, tmp / "session", SessionOptions(steps=STEPS, max_trials=budget),
+        options = SessionOptions(steps=STEPS, max_trials=budget, device="cpu", windows=WINDOWS, window_s=WINDOW_S)
+        state = run_session(TARGET, tmp / "session", options,
                             log=lambda m: print("  advisor " + m, flush=True))
         best_row = next(t for t in state["trials"] if t["name"] == state["best"])
         advisor_knobs = Knobs.from_dict(best_row["knobs"])

@@ -82,10 +82,12 @@ def test_profile_rebuilds_the_loader_and_autocasts_the_step(tmp_path):
 
     knobs = Knobs(amp="bf16", batch_size=8, num_workers=2)
     trial = advisor.profile(step, loader, steps=2, wait=1, warmup=1, knobs=knobs, out=tmp_path / "trial",
-                            device="cpu")
+                            device="cpu", windows=0)
     assert isinstance(trial, Trial) and trial.ok, trial.message
     assert trial.knob_outcomes == {"amp": "applied", "batch_size": "applied", "num_workers": "applied"}
-    assert len(seen) == 4 and all(s["batch"] == 8 for s in seen) and trial.batch_size == 8
+    # Two workers queue 2 × 2 batches before the first step: skipped before the profiled steps.
+    assert trial.record["schedule"]["queue_depth"] == 4
+    assert len(seen) == 4 + 4 and all(s["batch"] == 8 for s in seen) and trial.batch_size == 8
     assert all(s["autocast"] and s["dtype"] == torch.bfloat16 and s["logits"] == torch.bfloat16 for s in seen)
     assert {s["worker"] for s in seen} <= {0, 1}  # the user's collate_fn ran, in the two worker processes
     record = trial.record
@@ -95,8 +97,8 @@ def test_profile_rebuilds_the_loader_and_autocasts_the_step(tmp_path):
     assert loader.batch_size == 4 and loader.num_workers == 0  # the user's own loader is left as it was
     # The folder is a trial like a subprocess trial's: trial.json, a trace, steps, and a diagnosis.
     assert record["schema"] == "advisor.trial/1" and record["trace_files"] and record["in_process"]
-    assert [s["recorded"] for s in record["steps"]] == [False, False, True, True]
-    assert len(trial.steps) == 4
+    assert [s["recorded"] for s in record["steps"]] == [False] * 6 + [True, True]
+    assert len(trial.steps) == 8
     assert trial.diagnosis is not None and len(trial.diagnosis.steps) == 2
     assert "Step-time breakdown" in trial._repr_html_()
     assert advisor.analyze(tmp_path / "trial").step_time_us == trial.diagnosis.step_time_us
@@ -134,7 +136,7 @@ def test_profile_raises_the_steps_own_error_after_recording_it(tmp_path):
         raise ValueError("shapes do not match")
 
     with pytest.raises(ValueError, match="shapes do not match"):
-        advisor.profile(step, loader, steps=1, wait=0, warmup=1, out=tmp_path / "t", device="cpu")
+        advisor.profile(step, loader, steps=1, wait=0, warmup=1, out=tmp_path / "t", device="cpu", windows=0)
     record = json.loads((tmp_path / "t" / "trial.json").read_text())
     assert record["status"] == "error" and "ValueError in step 0: shapes do not match" in record["message"]
 
@@ -161,6 +163,7 @@ def oom_session(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("api") / "session"
     session = advisor.tune(step, loader, steps=3, wait=1, warmup=1, max_trials=5, device="cpu", out=out,
+                           windows=2, window_s=0.2,
                            log=None)
     return session, held, released
 

@@ -32,7 +32,8 @@ SESSION_FIELDS = ("target", "script", "command", "options", "status", "device", 
                   "final_knobs", "trials", "recommendations", "notes", "patch", "speedup", "memory_cap")
 ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
               "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
-              "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "noise")
+              "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "noise", "interval", "tried_under",
+              "helps_now", "bound")
 
 
 def templates_dir() -> Path:
@@ -57,7 +58,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain,
+    env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain, spread=spread,
                        basename=lambda p: Path(str(p)).name)
     return env
 
@@ -72,6 +73,15 @@ def pct(x: float | None) -> str:
 def ms(x: float | None) -> str:
     """Milliseconds with two decimals."""
     return "n/a" if x is None else f"{x:.2f} ms"
+
+
+def spread(row: dict) -> str:
+    """A trial's samples/s interval as ' ±12%' (half its 95% interval), or '' when it has none."""
+    interval, sps = row.get("interval"), row.get("samples_per_s")
+    if (not isinstance(interval, (list, tuple)) or len(interval) != 2 or not isinstance(sps, (int, float))
+            or not all(isinstance(v, (int, float)) for v in interval) or not sps > 0):
+        return ""
+    return f" ±{50 * (interval[1] - interval[0]) / sps:.0f}%"
 
 
 def seconds_ms(x: float | None) -> str:

@@ -1,0 +1,125 @@
+"""Replay: a session whose trials are served from a recorded response surface instead of being run.
+
+A surface is a folder of trial folders (any names), each a real `trial.json` and its trace, recorded at
+many knob settings of the same step (`benchmarks/record_surface.py` records one; `../shared/surfaces/`
+holds one recorded on an H100). Given knobs, the runner serves the recorded trial whose settings they
+give (the knobs over the user's own values: AMP, batch size, workers, pinned memory, non_blocking
+copies, accumulation; worker persistence and prefetch depth are not told apart), copied into the
+session's own folder under the session's trial name. With it the search is tested on real GPU
+measurements without a GPU.
+
+A surface holds one measurement of each setting: the runner cannot measure a setting again
+(`remeasure` is False), so an inconclusive gain is decided on the one recording. The search draws its
+candidate values (worker counts, batch sizes, AMP dtypes, pinned copies) from those the surface holds
+(`surface_space`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.harness import write_json_atomic
+from advisor.knobs import Knobs
+from advisor.search.strategy import SearchSpace
+from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
+
+SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps")
+
+
+@dataclass(frozen=True)
+class SurfacePoint:
+    """One recorded trial of a surface and the settings it ran with."""
+
+    folder: Path
+    settings: tuple
+    user_values: dict
+
+
+def settings_of(knobs: dict[str, Any], user_values: dict[str, Any]) -> tuple:
+    """What a trial ran with: each setting the knobs change, over the user's values (defaults where unset)."""
+    defaults = {"amp": None, "batch_size": None, "num_workers": 0, "pin_memory": False, "non_blocking": False,
+                "accumulation_steps": 1}
+    values = []
+    for name in SETTINGS:
+        value = knobs.get(name)
+        if value is None:
+            value = user_values.get(name)
+        values.append(defaults[name] if value is None else value)
+    return tuple(values)
+
+
+def load_surface(folder: Path | str) -> list[SurfacePoint]:
+    """Every recorded trial under a surface folder; one-line errors for a folder that holds none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AdvisorError(f"{folder}: no such folder (expected a surface: a folder of trial folders)")
+    points = []
+    for path in sorted(folder.glob(f"*/{TRIAL_FILE}")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise AdvisorError(f"{path}: cannot read the recorded trial: {exc}") from None
+        if not isinstance(record, dict) or record.get("schema") != TRIAL_SCHEMA:
+            raise AdvisorError(f"{path}: not an {TRIAL_SCHEMA} document")
+        user = record.get("user_values") or {}
+        points.append(SurfacePoint(path.parent, settings_of(record.get("knobs") or {}, user), user))
+    if not points:
+        raise AdvisorError(f"{folder}: holds no recorded trials (no */{TRIAL_FILE})")
+    return points
+
+
+def surface_space(points: list[SurfacePoint]) -> SearchSpace:
+    """The values the search may try: those the surface holds."""
+    column = {name: {p.settings[i] for p in points} for i, name in enumerate(SETTINGS)}
+    return SearchSpace(
+        workers=tuple(sorted(w for w in column["num_workers"] if isinstance(w, int))),
+        batch_sizes=tuple(sorted(b for b in column["batch_size"] if isinstance(b, int))),
+        amp=tuple(sorted(a for a in column["amp"] if a)),
+        pinned_copies=any(p.settings[3] and p.settings[4] for p in points),
+    )
+
+
+class ReplayRunner:
+    """Serves recorded trials for the session's knobs, into `out/trials/<name>`."""
+
+    remeasure = False  # one recording per setting: measuring it again would count the same steps twice
+
+    def __init__(self, points: list[SurfacePoint], out: Path):
+        self.points = points
+        self.out = Path(out)
+        # The baseline's user values: every point of a surface was recorded from the same step.
+        self.user_values = points[0].user_values
+        self.by_settings = {p.settings: p for p in points}
+
+    def __call__(self, name: str, knobs: Knobs) -> TrialResult:
+        folder = self.out / "trials" / name
+        if folder.exists():
+            raise AdvisorError(f"{folder}: already holds a trial; choose another folder")
+        wanted = settings_of(knobs.to_dict(), self.user_values)
+        point = self.by_settings.get(wanted)
+        if point is None:
+            return self._not_recorded(folder, name, knobs, wanted)
+        shutil.copytree(point.folder, folder)
+        record = json.loads((folder / TRIAL_FILE).read_text())
+        record.update(name=name, knobs=knobs.to_dict(), replayed_from=str(point.folder))
+        write_json_atomic(folder / TRIAL_FILE, record)
+        return load_trial(folder)
+
+    def _not_recorded(self, folder: Path, name: str, knobs: Knobs, wanted: tuple) -> TrialResult:
+        """A trial the surface cannot serve: recorded as an error, so the session goes on without it."""
+        folder.mkdir(parents=True)
+        text = ", ".join(f"{k}={v}" for k, v in zip(SETTINGS, wanted))
+        now = time.time()
+        record = {"schema": TRIAL_SCHEMA, "name": name, "target": "replay", "script": None, "script_args": [],
+                  "device": None, "knobs": knobs.to_dict(), "knob_outcomes": {}, "user_values": self.user_values,
+                  "dataloaders": [], "status": "error", "message": f"the surface holds no trial with {text}",
+                  "device_facts": None, "steps": [], "summary": None, "trace_files": [],
+                  "times": {"started_at": now, "ended_at": now, "duration_s": 0.0}}
+        write_json_atomic(folder / TRIAL_FILE, record)
+        return load_trial(folder)

@@ -1,0 +1,144 @@
+"""Steady-state samples/s of a trial, and how far chance alone could move it.
+
+A trial measures its step in *windows* after the profiled steps (the harness's measurement phase): each
+window lasts at least `window_s` seconds and spans at least one cycle of the DataLoader's workers, so a
+prefetch queue that fills and drains is averaged inside each window rather than mistaken for a change.
+Samples/s is all samples over all time (a ratio estimator over the windows); its noise comes from the
+spread between windows, never from single steps.
+
+Trials recorded without windows (older records, recorded surfaces) are measured on their profiled
+steps, in blocks of consecutive steps: blocks of two where steps alternate (a queue filling and
+draining: negative lag-1 autocorrelation), single steps otherwise. Pure functions over step records.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+BLOCK_STEPS = 2
+Z95 = 1.96
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Samples/s of one or more runs of the same settings, with its relative standard error."""
+
+    samples_per_s: float | None
+    relative_se: float | None  # standard error of samples_per_s / samples_per_s; None with one window
+    windows: tuple[float, ...]  # samples/s of each window (or block of steps)
+    steps: int
+    seconds: float
+    source: str  # "windows" | "blocks" | "steps"
+    wait_share: float | None  # share of the measured time the loop spent outside the step (loading data)
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """About 95% of the time the true samples/s lies in here."""
+        if self.samples_per_s is None or self.relative_se is None:
+            return None
+        half = Z95 * self.relative_se * self.samples_per_s
+        return max(0.0, self.samples_per_s - half), self.samples_per_s + half
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (trial.json `summary.steady`)."""
+        return {"samples_per_s": self.samples_per_s, "relative_se": self.relative_se,
+                "interval": list(self.interval) if self.interval else None, "windows": list(self.windows),
+                "steps": self.steps, "seconds": self.seconds, "source": self.source, "wait_share": self.wait_share}
+
+
+def _usable(step: dict[str, Any]) -> bool:
+    wall, batch = step.get("wall_s"), step.get("batch_size")
+    return (isinstance(wall, (int, float)) and math.isfinite(wall) and wall > 0
+            and isinstance(batch, (int, float)) and math.isfinite(batch) and batch > 0)
+
+
+def window_groups(steps: list[dict[str, Any]]) -> tuple[list[list[dict]], str]:
+    """The steps grouped as the trial measured them: its windows, else blocks of its profiled steps."""
+    windows: dict[int, list[dict]] = {}
+    for step in steps:
+        if isinstance(step.get("window"), int) and _usable(step):
+            windows.setdefault(step["window"], []).append(step)
+    if windows:
+        return [windows[k] for k in sorted(windows)], "windows"
+    recorded = [s for s in steps if s.get("recorded") and _usable(s)]
+    alternating = lag1_autocorrelation([s["wall_s"] for s in recorded]) < -0.3
+    size = BLOCK_STEPS if alternating and len(recorded) >= 2 * BLOCK_STEPS else 1
+    blocks = [recorded[i:i + size] for i in range(0, len(recorded), size)]
+    if len(blocks) > 1 and len(blocks[-1]) < size:
+        blocks[-2] = blocks[-2] + blocks.pop()  # a lone last step joins the block before it
+    return blocks, "blocks" if size > 1 else "steps"
+
+
+def lag1_autocorrelation(values: list[float]) -> float:
+    """Correlation of each value with the next: about 0 for independent steps, negative when they alternate."""
+    if len(values) < 3:
+        return 0.0
+    mean = statistics.fmean(values)
+    dev = [v - mean for v in values]
+    var = sum(d * d for d in dev)
+    return sum(a * b for a, b in zip(dev, dev[1:])) / var if var else 0.0
+
+
+def ratio_relative_se(groups: list[tuple[float, float]]) -> float | None:
+    """Relative standard error of R = Σ samples / Σ seconds over groups (samples, seconds).
+
+    The ratio estimator's linearised variance: residuals e_i = samples_i − R·seconds_i, var(R) ≈
+    Σ e_i² / (n (n − 1) · mean(seconds)²). Windows of unequal length are weighted by their length.
+    """
+    n = len(groups)
+    if n < 2:
+        return None
+    samples = sum(s for s, _ in groups)
+    seconds = sum(t for _, t in groups)
+    if seconds <= 0 or samples <= 0:
+        return None
+    rate = samples / seconds
+    residual = sum((s - rate * t) ** 2 for s, t in groups)
+    variance = residual / (n * (n - 1) * (seconds / n) ** 2)
+    return math.sqrt(variance) / rate
+
+
+def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
+    """The pooled measurement of one or more runs (each a trial's step records) of the same settings."""
+    groups: list[tuple[float, float]] = []
+    rates, sources = [], set()
+    steps = 0
+    waited = walls = 0.0
+    for run in runs:
+        cut, source = window_groups(run)
+        sources.add(source)
+        for group in cut:
+            samples = sum(s["batch_size"] for s in group)
+            seconds = sum(s["wall_s"] for s in group)
+            groups.append((samples, seconds))
+            rates.append(samples / seconds)
+            steps += len(group)
+            for s in group:
+                call = s.get("call_s")
+                if isinstance(call, (int, float)) and math.isfinite(call):
+                    waited += max(0.0, s["wall_s"] - call)
+                    walls += s["wall_s"]
+    samples = sum(s for s, _ in groups)
+    seconds = sum(t for _, t in groups)
+    source = "windows" if sources == {"windows"} else ("blocks" if "blocks" in sources else "steps")
+    return Measurement(
+        samples_per_s=samples / seconds if seconds > 0 else None,
+        relative_se=ratio_relative_se(groups),
+        windows=tuple(rates),
+        steps=steps,
+        seconds=seconds,
+        source=source,
+        wait_share=waited / walls if walls > 0 else None,
+    )
+
+
+def noise(a: Measurement, b: Measurement) -> float:
+    """Relative change between the two that chance alone could produce (about 95%): twice the standard
+    error of the difference. A measurement without a noise estimate (one window) counts as noisy as
+    the other; two such are compared without one (0)."""
+    se_a = a.relative_se if a.relative_se is not None else b.relative_se
+    se_b = b.relative_se if b.relative_se is not None else a.relative_se
+    return 2 * math.hypot(se_a or 0.0, se_b or 0.0)

@@ -1,0 +1,179 @@
+"""The session record, `session.json`: what the search knows, rewritten atomically after every trial.
+
+session.json (schema "advisor.session/1"):
+
+    {"schema", "target", "script", "command", "options": {SessionOptions}, "status": "running"|"done"|
+     "interrupted"|"failed", "started_at", "updated_at", "device": {device facts of the baseline},
+     "user_values": {DataLoader originals}, "memory_cap": {what --memory-limit capped, as in trial.json} | null,
+     "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
+     "bound": {"name", "label", "evidence"} of the best trial after the last trial,
+     "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
+                 ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s",
+                 "samples_per_s", "interval" ([low, high], about 95%), "measured" ("windows"|"blocks"|"steps"),
+                 "peak_memory_bytes", "peak_memory_source", "capacity_bytes", "loss", "speedup", "gain",
+                 "predicted_gain", "noise", "tried_under" (the best trial's bound when this was tried),
+                 "helps_now" (whether the change addresses that bound), "bound" (this trial's own bound)}],
+     "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null,
+     "lint": [advisor lint findings on the script] | null,
+     "pooled": {trial name: [folders of earlier runs of the same settings, measured together with it]}}
+
+`replay` (the surface folder) is present for sessions replayed from a recorded surface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.harness import write_json_atomic
+
+SCHEMA = "advisor.session/1"
+SESSION_FILE = "session.json"
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a session runs its trials and when it stops. The defaults are sized for a GPU, where a trial
+    takes seconds: 16 trials, each 5 profiled steps and 5 one-second steady-state windows."""
+
+    steps: int = 5
+    wait: int = 2
+    warmup: int = 1
+    device: str = "auto"
+    script_args: tuple[str, ...] = ()
+    timeout_s: float = 600.0
+    memory_limit: int | None = None
+    max_trials: int = 16
+    time_budget_s: float | None = None
+    keep_effective_batch: bool = False
+    min_gain: float = 0.03
+    memory_safety: float = 0.85
+    windows: int = 5
+    window_s: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        d = dataclasses.asdict(self)
+        d["script_args"] = list(self.script_args)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SessionOptions":
+        """Back from JSON, ignoring unknown keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["script_args"] = tuple(values.get("script_args") or ())
+        return cls(**values)
+
+    def budget_text(self) -> str:
+        """The budget in words, printed when a session starts."""
+        time_part = f" or {self.time_budget_s:g} s" if self.time_budget_s is not None else ""
+        measure = (f"{self.steps} profiled steps and {self.windows} steady-state windows of {self.window_s:g} s"
+                   if self.windows else f"{self.steps} profiled steps")
+        return (f"budget: at most {self.max_trials} trials{time_part}, each {measure}; the session ends "
+                "sooner when a full round over the knobs keeps nothing")
+
+
+def new_state(target: str, script: str | None, out: Path, options: SessionOptions, command: str,
+              lint: list[dict] | None) -> dict[str, Any]:
+    """A fresh session record."""
+    now = time.time()
+    return {
+        "schema": SCHEMA, "target": target, "script": script, "command": command, "lint": lint,
+        "options": options.to_dict(), "status": "running", "started_at": now, "updated_at": now,
+        "device": None, "user_values": {}, "memory_cap": None, "baseline": None, "best": None,
+        "final_knobs": None, "speedup": None, "bound": None, "trials": [], "recommendations": [], "notes": [],
+        "patch": None, "pooled": {}, "_dir": str(out),
+    }
+
+
+def save(state: dict[str, Any]) -> None:
+    """Rewrite session.json atomically."""
+    state["updated_at"] = time.time()
+    doc = {k: v for k, v in state.items() if not k.startswith("_")}
+    write_json_atomic(Path(state["_dir"]) / SESSION_FILE, doc)
+
+
+def load_state(out: Path) -> dict[str, Any]:
+    """A session record to resume; trial folders it does not list (the trial in flight) are removed."""
+    path = out / SESSION_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AdvisorError(f"{path}: no session to resume here") from None
+    except ValueError as exc:
+        raise AdvisorError(f"{path}: not valid JSON ({exc})") from None
+    if state.get("schema") != SCHEMA:
+        raise AdvisorError(f"{path}: not an {SCHEMA} document")
+    state["_dir"] = str(out)
+    state.setdefault("pooled", {})
+    listed = {t["name"] for t in state["trials"]}
+    for folder in sorted((out / "trials").glob("*")):
+        if folder.is_dir() and folder.name not in listed:
+            shutil.rmtree(folder)  # the trial that was running when the session stopped
+    return state
+
+
+def reference_row(state: dict[str, Any]) -> dict | None:
+    """The trial speed-ups are measured against: the baseline, or the first configuration that fitted."""
+    return next((t for t in state["trials"] if t["decision"] in ("baseline", "kept") and t["samples_per_s"]), None)
+
+
+def best_row(state: dict[str, Any]) -> dict:
+    """The row of the best trial so far."""
+    return next(t for t in state["trials"] if t["name"] == state["best"])
+
+
+def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | None:
+    """The memory a trial's batch must fit in: GPU memory or RAM, or the --memory-limit cap if smaller."""
+    facts = trial.get("device_facts") or {}
+    if facts.get("type") == "cuda":
+        total = (facts.get("gpu") or {}).get("total_memory_bytes")
+    else:
+        total = (facts.get("cpu") or {}).get("ram_bytes")
+    if memory_limit:  # the cap applies to the memory the step uses, on either device
+        return min(memory_limit, total) if total else memory_limit
+    return total
+
+
+def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, state: dict[str, Any],
+              measurement: Any, bound: Any = None) -> dict[str, Any]:
+    """The session.json row of one trial (decision filled in by the caller)."""
+    reference = reference_row(state)
+    sps = measurement.samples_per_s if measurement is not None and measurement.samples_per_s else result.samples_per_s
+    base_sps = reference["samples_per_s"] if reference else sps
+    return {
+        "index": index,
+        "name": result.name,
+        "folder": os.path.relpath(result.path, state["_dir"]),
+        "change": "baseline" if proposal is None else proposal.change,
+        "recommendation": None if proposal is None else proposal.recommendation,
+        "knobs": result.knobs.to_dict(),
+        "status": result.status,
+        "message": result.message,
+        "decision": None,
+        "reason": "",
+        "batch_size": result.batch_size,
+        "median_step_s": result.median_step_s,
+        "samples_per_s": sps,
+        "interval": list(measurement.interval) if measurement is not None and measurement.interval else None,
+        "measured": measurement.source if measurement is not None else None,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "peak_memory_source": result.peak_memory_source,
+        "capacity_bytes": capacity_bytes(record, state["options"].get("memory_limit")),
+        "loss": result.loss,
+        "speedup": (sps / base_sps) if sps and base_sps else None,
+        "gain": None,
+        "predicted_gain": None if proposal is None else proposal.predicted_gain,
+        "noise": None,
+        "tried_under": state["bound"]["name"] if proposal is not None and state.get("bound") else None,
+        "helps_now": None if proposal is None else proposal.helps_now,
+        "bound": None if bound is None else bound.name,
+    }

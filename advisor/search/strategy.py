@@ -1,0 +1,304 @@
+"""Which change to try next, and whether a tried change is kept: the search follows the bound.
+
+What a change is worth depends on what bounds the step when it is tried: more DataLoader workers help
+only while the loader binds, pinned non_blocking copies only once the copies do, AMP only once the
+device computes. So each proposal names the bound it addresses, and those that address the best
+trial's bound are tried first:
+
+    input    → more workers (the ladder 2, 4, 8, … up to the cores), measuring each size: a size that
+               did not help does not stop the ladder while the loader still binds
+    copy     → pin_memory and non_blocking, as one change (on an accelerator)
+    host     → a larger batch (fewer, larger kernels per sample)
+    compute  → AMP (bf16 where the device computes it, else fp16 with a GradScaler)
+    memory   → the out-of-memory recovery plan (`recovery_plan`)
+
+Changes for other bounds follow, so that a full round over the knobs is tried before the session
+ends. No setting is measured twice (except to settle an inconclusive gain); a change reverted while one
+bound held is tried again only once the bound has moved (and the base it would be applied to has
+changed with it). Candidate values come from a `SearchSpace`: free for live trials, or those a
+recorded surface holds. Pure functions over the session record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from advisor.knobs import Knobs
+from advisor.search.bounds import Bound
+from advisor.search.measurement import Measurement, noise
+
+LOSS_TOLERANCE = 0.25  # a kept change may move the loss by at most this share of the baseline's
+ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured experiment, tried last
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate next trial: the change, the knobs it gives, why, and the bound it addresses."""
+
+    recommendation: str
+    change: str
+    slug: str
+    knobs: Knobs
+    predicted_gain: float
+    bound: str | None = None
+    helps_now: bool = True
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The values the search may give each knob: None = free (live trials), else those a surface holds."""
+
+    workers: tuple[int, ...] | None = None
+    batch_sizes: tuple[int, ...] | None = None
+    amp: tuple[str, ...] | None = None
+    pinned_copies: bool = True  # whether pin_memory + non_blocking can be tried at all
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Keep or revert a candidate, and the measured figures behind it."""
+
+    keep: bool
+    reason: str
+    gain: float
+    noise: float
+    inconclusive: bool = False  # a gain worth keeping but within the noise: worth measuring again
+
+
+def knobs_key(knobs: dict[str, Any] | Knobs) -> str:
+    """A canonical text of a knob setting (trials with equal keys measured the same thing)."""
+    data = knobs.to_dict() if isinstance(knobs, Knobs) else dict(knobs)
+    return json.dumps(data, sort_keys=True)
+
+
+def effective(knobs: Knobs, user_values: dict[str, Any], name: str) -> Any:
+    """The value a knob has in a trial: the override, else what the user wrote."""
+    value = getattr(knobs, name)
+    return user_values.get(name) if value is None else value
+
+
+def worker_ladder(cores: int) -> tuple[int, ...]:
+    """Worker counts to try: 2, 4, 8, … below the cap, then the cap; the cap leaves two cores to the
+    training process on machines with more than four."""
+    cap = cores if cores <= 4 else cores - 2
+    ladder, w = [], 2
+    while w < cap:
+        ladder.append(w)
+        w *= 2
+    return tuple(ladder + [cap]) if cap >= 2 else ()
+
+
+# --- keep or revert ------------------------------------------------------------------------------------
+
+def decide(best: Measurement, candidate: Measurement, candidate_losses: list[float],
+           reference_losses: list[float], min_gain: float, *, addresses_bound: bool = False) -> Decision:
+    """Keep a candidate only beyond the measured noise (and `min_gain`) with a finite, close loss.
+
+    The noise is two standard errors of the difference (about 95%). A change that addresses the bound
+    the best trial measured is expected to help, so one standard error of evidence is enough for it
+    (about 84% one-sided); a change tried in a round over the knobs needs two.
+    """
+    if not candidate.samples_per_s or not best.samples_per_s:
+        return Decision(False, "no samples/s measured (batch size unknown)", 0.0, 0.0)
+    gain = candidate.samples_per_s / best.samples_per_s - 1
+    spread = noise(best, candidate)
+    threshold = max(min_gain, spread / 2 if addresses_bound else spread)
+    if candidate_losses and not all(math.isfinite(x) for x in candidate_losses):
+        return Decision(False, "loss is not finite", gain, spread)
+    if candidate_losses and reference_losses:
+        base, cand = statistics.median(reference_losses), statistics.median(candidate_losses)
+        allowed = max(LOSS_TOLERANCE * abs(base), max(reference_losses) - min(reference_losses))
+        if abs(cand - base) > allowed:
+            return Decision(False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, spread)
+    if gain < -threshold:
+        return Decision(False, f"{100 * gain:+.1f}% samples/s: slower (noise {100 * threshold:.1f}%)", gain, spread)
+    if gain <= threshold:
+        return Decision(False, f"{100 * gain:+.1f}% samples/s is within the noise ({100 * threshold:.1f}%)",
+                        gain, spread, inconclusive=gain > min_gain)
+    evidence = ", one standard error: the change addresses the bound" if addresses_bound and threshold < spread else ""
+    return Decision(True, f"{100 * gain:+.1f}% samples/s (noise {100 * spread:.1f}%{evidence})", gain, spread)
+
+
+# --- what to try next ------------------------------------------------------------------------------------
+
+def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], options: Any,
+            space: SearchSpace) -> list[Proposal]:
+    """Candidate trials from the best trial: those that address its bound first, then the rest (a full
+    round over the knobs), each by predicted gain; never a setting already measured."""
+    recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
+    facts = state.get("device") or {}
+    accelerator = facts.get("type") == "cuda"
+    cores = (facts.get("cpu") or {}).get("logical_cores") or 1
+    found = [
+        workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores),
+        copies_proposal(recs, bound, best.knobs, space, accelerator),
+        amp_proposal(recs.get("amp"), best.knobs, space, facts),
+        batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
+    ]
+    tried = {knobs_key(t["knobs"]) for t in state["trials"]}
+    out = []
+    for p in found:
+        if p is None or knobs_key(p.knobs) in tried:
+            continue
+        if p.recommendation != "more-workers" and reverted_under(state, p.recommendation, bound.name):
+            continue  # it did not help while this bound held; it is tried again once the bound moves
+        out.append(dataclasses.replace(p, helps_now=bound.name is not None and p.bound == bound.name))
+    return sorted(out, key=lambda p: (not p.helps_now, -p.predicted_gain))
+
+
+def reverted_under(state: dict[str, Any], recommendation: str, bound: str | None) -> bool:
+    """Whether a change of this kind was tried and not kept while the same bound held."""
+    return any(t.get("recommendation") == recommendation and t.get("decision") in ("reverted", "failed")
+               and t.get("status") != "oom" and t.get("tried_under") == bound for t in state["trials"])
+
+
+def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any], space: SearchSpace,
+                     cores: int) -> Proposal | None:
+    """More DataLoader workers while the loader binds: the next size up the ladder, past the sizes that
+    were tried from this setting under this bound and did not help."""
+    if rec is None and bound.name != "input":
+        return None
+    user = state["user_values"]
+    current = effective(knobs, user, "num_workers") or 0
+    base = {k: v for k, v in knobs.to_dict().items() if k not in ("num_workers", "persistent_workers")}
+    past = [t["knobs"].get("num_workers") or 0 for t in state["trials"]
+            if t.get("recommendation") == "more-workers" and t.get("tried_under") == bound.name
+            and {k: v for k, v in t["knobs"].items() if k not in ("num_workers", "persistent_workers")} == base]
+    floor = max([current, *past])
+    ladder = space.workers if space.workers is not None else worker_ladder(cores)
+    target = next((w for w in sorted(ladder) if w > floor), None)
+    if target is None:
+        return None
+    gain = rec.predicted_gain if rec is not None else 0.5
+    return Proposal("more-workers", f"workers {current}→{target}", f"workers-{target}",
+                    dataclasses.replace(knobs, num_workers=target, persistent_workers=True), gain, "input")
+
+
+def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: SearchSpace,
+                    accelerator: bool) -> Proposal | None:
+    """Pinned host memory and non_blocking copies, as one change: either alone does little."""
+    if not accelerator or not space.pinned_copies or (knobs.pin_memory and knobs.non_blocking):
+        return None
+    found = [recs[i] for i in ("pin-memory", "non-blocking") if i in recs]
+    gain = sum(r.predicted_gain for r in found) if found else (0.05 if bound.name == "copy" else ROUND_GAIN)
+    return Proposal("pin-memory", "pin_memory + non_blocking copies", "pinned-copies",
+                    dataclasses.replace(knobs, pin_memory=True, non_blocking=True), gain, "copy")
+
+
+def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, Any]) -> Proposal | None:
+    """Autocast to the dtype the rules chose for this device (they check it computes it natively); on a
+    GPU with Tensor Cores also without their advice, as part of a round over the knobs."""
+    if knobs.amp is not None:
+        return None
+    if rec is not None:
+        dtype, gain = rec.knobs.get("amp", "bf16"), rec.predicted_gain
+    else:
+        gpu = (facts.get("gpu") or {}) if facts.get("type") == "cuda" else {}
+        major = int(str(gpu.get("compute_capability") or "0").split(".")[0] or 0)
+        if major < 7:
+            return None
+        dtype, gain = ("bf16" if gpu.get("bf16_supported") else "fp16"), ROUND_GAIN
+    if space.amp is not None and dtype not in space.amp:
+        return None
+    return Proposal("amp", f"AMP {dtype}", f"amp-{dtype}", dataclasses.replace(knobs, amp=dtype), gain, "compute")
+
+
+def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
+    """Peak memory against batch size, from the trials run so far.
+
+    With two or more batch sizes, a least-squares line; with one, memory proportional to the batch,
+    which over-estimates (the fixed part scales too) and so errs on the safe side.
+    """
+    sizes = sorted({b for b, _ in points})
+    if len(sizes) >= 2:
+        n = len(points)
+        mx = sum(b for b, _ in points) / n
+        my = sum(m for _, m in points) / n
+        sxx = sum((b - mx) ** 2 for b, _ in points)
+        slope = max(sum((b - mx) * (m - my) for b, m in points) / sxx, 0.0)
+        return lambda b: my + slope * (b - mx)
+    b0, m0 = points[0]
+    return lambda b: m0 * b / b0
+
+
+def next_batch_size(current: int, points: list[tuple[int, float]], capacity: float | None, safety: float,
+                    failed: int | None, sizes: tuple[int, ...] | None = None) -> int | None:
+    """The next batch size to try: double (or the next size `sizes` holds), capped by the memory model;
+    bisect below a size that failed."""
+    if failed is not None:
+        size = (current + failed) // 2
+        if sizes is not None:
+            size = max((s for s in sizes if current < s < failed), default=0)
+        return size if size > current * 1.1 else None
+    if sizes is not None:
+        larger = [s for s in sorted(sizes) if s > current]
+        if not larger:
+            return None
+        size = larger[0]
+        if capacity and points and fit_memory(points)(size) > safety * capacity:
+            return None
+        return size
+    size = current * 2
+    if capacity and points:
+        predict = fit_memory(points)
+        limit = safety * capacity
+        while size > current and predict(size) > limit:
+            size = current + (size - current) // 2
+        if size <= current * 1.1:
+            return None
+    return size
+
+
+def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], options: Any,
+                   space: SearchSpace) -> Proposal | None:
+    """A larger batch, while the memory model says it fits: advised for a launch-bound step, else a
+    measured experiment in the round over the knobs."""
+    if options.keep_effective_batch:
+        return None
+    if state["trials"][0]["status"] == "oom" or best.knobs.accumulation_steps:
+        return None  # memory-bound already: the batch was made to fit, not to grow
+    current = best.batch_size
+    if not current:
+        return None
+    points = [(t["batch_size"], t["peak_memory_bytes"]) for t in state["trials"]
+              if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
+    # The batch size a trial asked for: one that ran out of memory in its first step measured none.
+    failed = [t["knobs"]["batch_size"] for t in state["trials"]
+              if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
+    failed_above = min((b for b in failed if b > current), default=None)
+    size = next_batch_size(current, points, state["trials"][0].get("capacity_bytes"), options.memory_safety,
+                           failed_above, space.batch_sizes)
+    if size is None:
+        return None
+    gain = rec.predicted_gain if rec is not None else (0.1 if bound.name == "host" else ROUND_GAIN)
+    return Proposal("larger-batch", f"batch {current}→{size}", f"batch-{size}",
+                    dataclasses.replace(best.knobs, batch_size=size), gain, "host")
+
+
+# --- out of memory --------------------------------------------------------------------------------------
+
+def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
+    """Configurations to try after the baseline ran out of memory, closest to the user's first."""
+    facts = state.get("device") or {}
+    batch = (state.get("user_values") or {}).get("batch_size")
+    if facts.get("type") == "cuda":
+        dtype = "bf16" if (facts.get("gpu") or {}).get("bf16_supported") else "fp16"
+    else:  # CPU autocast is bf16 only, and only worth it where the CPU computes bf16
+        dtype = "bf16" if ((facts.get("cpu") or {}).get("bf16_instructions")) else None
+    plan = []
+    if dtype:
+        plan.append(Proposal("oom-amp", f"AMP {dtype}", f"amp-{dtype}", Knobs(amp=dtype), 0.0, "memory"))
+    for k in (2, 4, 8):
+        if batch and batch % k == 0:
+            plan.append(Proposal("oom-accumulation", f"micro-batches {batch // k}×{k}", f"accumulate-{k}",
+                                 Knobs(accumulation_steps=k), 0.0, "memory"))
+    for f in (2, 4, 8):
+        if batch and batch // f >= 1:
+            plan.append(Proposal("oom-smaller-batch", f"batch {batch}→{batch // f} (smaller effective batch)",
+                                 f"batch-{batch // f}", Knobs(batch_size=batch // f), 0.0, "memory"))
+    return plan

@@ -1,0 +1,281 @@
+"""The search: steady-state measurement and its noise, the bound of a trial, the strategy that follows
+it, and whole sessions replayed on a response surface recorded on a real H100."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from trial_helpers import trial_record, write_script
+
+from advisor.knobs import Knobs
+from advisor.replay import ReplayRunner, load_surface, settings_of, surface_space
+from advisor.rules import Recommendation
+from advisor.search.bounds import trial_bound
+from advisor.search.measurement import measure, noise
+from advisor.search.state import SessionOptions
+from advisor.search.strategy import Proposal, SearchSpace, decide, fit_memory, next_batch_size, propose, \
+    worker_ladder
+from advisor.session import run_session
+from advisor.trial import TrialResult, run_trial
+from conftest import ROOT, SAMPLE_RUNS
+
+SURFACE = ROOT.parent / "shared" / "surfaces" / "h100-image-classifier"
+
+
+def steps_of(walls, batch=32, window_size=None, call=None):
+    """Step records with these wall times: in windows of `window_size` steps, or profiled (no windows)."""
+    steps = []
+    for i, wall in enumerate(walls):
+        step = {"index": i, "wall_s": wall, "call_s": wall if call is None else call, "batch_size": batch,
+                "recorded": window_size is None}
+        if window_size:
+            step["window"] = i // window_size
+        steps.append(step)
+    return steps
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurement
+
+
+def test_windows_carry_the_noise_and_more_windows_shrink_it():
+    steady = measure([steps_of([0.1] * 12, window_size=4)])
+    assert steady.source == "windows" and len(steady.windows) == 3
+    assert steady.samples_per_s == pytest.approx(320.0) and steady.relative_se == pytest.approx(0.0)
+    # A queue that fills and drains: single steps swing tenfold, windows that span its cycle do not.
+    swinging = [0.02, 0.18] * 6
+    windows = measure([steps_of(swinging, window_size=4)])
+    assert windows.relative_se < 0.01 and windows.samples_per_s == pytest.approx(12 * 32 / 1.2)
+    jumpy = measure([steps_of([0.05, 0.15, 0.1, 0.2, 0.08, 0.12], window_size=1)])
+    longer = measure([steps_of([0.05, 0.15, 0.1, 0.2, 0.08, 0.12] * 4, window_size=1)])
+    assert longer.relative_se < jumpy.relative_se
+    lo, hi = jumpy.interval
+    assert lo < jumpy.samples_per_s < hi
+
+
+def test_runs_of_the_same_settings_pool_their_windows():
+    one = measure([steps_of([0.1, 0.12, 0.09, 0.11], window_size=1)])
+    two = measure([steps_of([0.1, 0.12, 0.09, 0.11], window_size=1)] * 2)
+    assert two.samples_per_s == pytest.approx(one.samples_per_s) and len(two.windows) == 2 * len(one.windows)
+    assert two.relative_se < one.relative_se
+
+
+def test_recordings_without_windows_fall_back_to_blocks_of_steps():
+    alternating = measure([steps_of([0.02, 0.2, 0.03, 0.19, 0.02, 0.21])])
+    assert alternating.source == "blocks" and len(alternating.windows) == 3
+    assert max(alternating.windows) / min(alternating.windows) < 1.1  # pairs even out the swing
+    assert alternating.samples_per_s == pytest.approx(6 * 32 / 0.67)
+    independent = measure([steps_of([0.10, 0.11, 0.12, 0.11, 0.10])])
+    assert independent.source == "steps" and len(independent.windows) == 5
+
+
+def test_wait_share_is_the_time_outside_the_step():
+    waiting = measure([steps_of([0.2] * 6, window_size=2, call=0.05)])
+    assert waiting.wait_share == pytest.approx(0.75)
+
+
+def test_decisions_follow_the_noise_and_the_loss():
+    base = measure([steps_of([0.1, 0.11, 0.09, 0.1, 0.1, 0.11], window_size=2)])
+    same = decide(base, base, [], [], 0.03)
+    assert not same.keep and same.gain == pytest.approx(0.0) and "within the noise" in same.reason
+    faster = measure([steps_of([0.05, 0.055, 0.045, 0.05, 0.05, 0.055], window_size=2)])
+    assert decide(base, faster, [1.0], [1.0], 0.03).keep
+    assert not decide(base, faster, [float("nan")], [1.0], 0.03).keep
+    assert "loss moved" in decide(base, faster, [5.0], [1.0, 1.05], 0.03).reason
+    # A gain within two standard errors but beyond one: kept only for a change that addresses the bound.
+    noisy = measure([steps_of([0.1, 0.2, 0.1, 0.2, 0.15, 0.1], window_size=1)])
+    gain_over_noise = 0.75 * noise(noisy, noisy)  # between one and two standard errors
+    candidate = measure([steps_of([w / (1 + gain_over_noise) for w in [0.1, 0.2, 0.1, 0.2, 0.15, 0.1]],
+                                  window_size=1)])
+    plain = decide(noisy, candidate, [], [], 0.03)
+    assert not plain.keep and plain.inconclusive
+    assert decide(noisy, candidate, [], [], 0.03, addresses_bound=True).keep
+
+
+def test_memory_model_and_batch_search():
+    predict = fit_memory([(32, 4e9)])
+    assert predict(64) == pytest.approx(8e9)  # one point: proportional to the batch (safe side)
+    predict = fit_memory([(32, 4e9), (64, 6e9)])
+    assert predict(128) == pytest.approx(10e9)  # two points: a line with a fixed part
+    assert next_batch_size(64, [(32, 4e9), (64, 6e9)], 16e9, 0.85, None) == 128
+    size = next_batch_size(128, [(32, 4e9), (64, 6e9), (128, 10e9)], 16e9, 0.85, None)
+    assert size is not None and predict(size) <= 0.85 * 16e9 and size > 128
+    assert next_batch_size(128, [(128, 10e9)], None, 0.85, 256) == 192  # bisect below an OOM
+    assert next_batch_size(128, [(128, 10e9)], None, 0.85, 136) is None
+    # A surface offers only the sizes it recorded.
+    assert next_batch_size(32, [], None, 0.85, None, sizes=(32, 64, 128)) == 64
+    assert next_batch_size(128, [], None, 0.85, None, sizes=(32, 64, 128)) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# Bound and strategy
+
+
+class Traced:
+    """What the strategy reads of a diagnosis: its bound and recommendations (real Recommendation values)."""
+
+    def __init__(self, bound=None, recommendations=()):
+        self.bound, self.bound_evidence, self.recommendations = bound, ("from the trace",), tuple(recommendations)
+
+
+def rec(id_, gain, knobs=None, bound=None):
+    return Recommendation(id=id_, title=id_, knobs=knobs or {}, predicted_gain=gain, evidence=(), code_change="",
+                          **({"bound": bound} if bound and "bound" in Recommendation.__dataclass_fields__ else {}))
+
+
+def test_the_steady_state_decides_an_input_bound():
+    waiting = measure([steps_of([0.2] * 6, window_size=2, call=0.05)])
+    assert trial_bound("ok", Traced("compute"), waiting).name == "input"  # the windows saw the loop wait
+    busy = measure([steps_of([0.2] * 6, window_size=2)])
+    assert trial_bound("ok", Traced("compute"), busy).name == "compute"
+    assert trial_bound("ok", Traced("input"), busy).name is None  # the queue hid nothing: unclear
+    assert trial_bound("oom", None, None).name == "memory"
+
+
+def gpu_state(trials=(), cores=16):
+    return {"device": {"type": "cuda", "cpu": {"logical_cores": cores},
+                       "gpu": {"compute_capability": "9.0", "bf16_supported": True}},
+            "user_values": {"batch_size": 32, "num_workers": 0, "pin_memory": False},
+            "trials": [{"status": "ok", "knobs": Knobs().to_dict(), "batch_size": 32, "peak_memory_bytes": 1e9,
+                        "capacity_bytes": 80e9, "decision": "baseline", "recommendation": None},
+                       *trials]}
+
+
+def best_trial(knobs=Knobs(), batch=32):
+    return TrialResult(name="best", status="ok", message="", path=Path("."), knobs=knobs, knob_outcomes={},
+                       batch_size=batch)
+
+
+def tried(knobs, recommendation, decision, bound, status="ok"):
+    return {"status": status, "knobs": knobs.to_dict(), "batch_size": 32, "peak_memory_bytes": 1e9,
+            "decision": decision, "recommendation": recommendation, "tried_under": bound}
+
+
+def test_worker_ladder_leaves_cores_to_the_training_process():
+    assert worker_ladder(16) == (2, 4, 8, 14)
+    assert worker_ladder(2) == (2,) and worker_ladder(4) == (2, 4) and worker_ladder(1) == ()
+
+
+def test_the_bound_orders_the_round_and_workers_climb_past_a_size_that_did_not_help():
+    from advisor.search.bounds import Bound
+
+    options = SessionOptions()
+    recs = [rec("more-workers", 0.9), rec("amp", 0.3, {"amp": "bf16"}), rec("pin-memory", 0.12)]
+    proposals = propose(Traced("input", recs), Bound("input"), best_trial(), gpu_state(), options, SearchSpace())
+    assert proposals[0].recommendation == "more-workers" and proposals[0].knobs.num_workers == 2
+    assert proposals[0].helps_now and not any(p.helps_now for p in proposals[1:])
+    pinned = next(p for p in proposals if p.recommendation == "pin-memory")
+    assert pinned.knobs.pin_memory and pinned.knobs.non_blocking  # one change: either alone does little
+    # 2 → 4 did not help while the loader still binds: the ladder goes on to 8 from the best (2).
+    two = Knobs(num_workers=2, persistent_workers=True)
+    state = gpu_state([tried(Knobs(num_workers=4, persistent_workers=True), "more-workers", "reverted", "input")])
+    proposals = propose(Traced("input", recs), Bound("input"), best_trial(two), state, options, SearchSpace())
+    assert proposals[0].knobs.num_workers == 8
+
+
+def test_a_change_reverted_under_one_bound_is_tried_again_once_the_bound_moves():
+    from advisor.search.bounds import Bound
+
+    options = SessionOptions()
+    recs = [rec("amp", 0.3, {"amp": "bf16"})]
+    state = gpu_state([tried(Knobs(amp="bf16"), "amp", "reverted", "input")])
+    still = propose(Traced("input", recs), Bound("input"), best_trial(Knobs(num_workers=8)), state, options,
+                    SearchSpace())
+    assert "amp" not in [p.recommendation for p in still]
+    moved = propose(Traced("compute", recs), Bound("compute"), best_trial(Knobs(num_workers=8)), state, options,
+                    SearchSpace())
+    assert moved[0].recommendation == "amp" and moved[0].helps_now
+
+
+# --------------------------------------------------------------------------------------------------
+# Steady-state windows in a real trial
+
+
+def test_a_trial_measures_windows_after_its_profiled_steps(tmp_path):
+    script = write_script(tmp_path, """
+        import time
+        import torch
+        from torch.utils.data import DataLoader
+
+        def train_step(x):
+            time.sleep(0.01)
+            return x.float().mean()
+
+        if __name__ == "__main__":
+            for epoch in range(100):
+                for x in DataLoader(list(range(64)), batch_size=4, num_workers=2, persistent_workers=True):
+                    train_step(x)
+    """)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu",
+                       windows=3, window_s=0.1)
+    assert result.ok, result.message
+    record = trial_record(result.path)
+    schedule = record["schedule"]
+    # Two workers queue 2 × 2 batches before the first step: skipped before profiling, and again after it.
+    assert schedule["queue_depth"] == 4 and schedule["settle"] == 4 and schedule["windows_measured"] == 3
+    phases = [s["phase"] for s in record["steps"]]
+    assert phases[:8] == ["wait"] * 5 + ["warmup"] + ["profiled"] * 2
+    assert phases[8:12] == ["settle"] * 4 and set(phases[12:]) == {"window"}
+    windows = [s for s in record["steps"] if s["phase"] == "window"]
+    for k in range(3):
+        mine = [s for s in windows if s["window"] == k]
+        assert len(mine) >= 2 and sum(s["wall_s"] for s in mine) >= 0.1
+    steady = record["summary"]["steady"]
+    assert steady["source"] == "windows" and len(steady["windows"]) == 3
+    assert record["summary"]["samples_per_s"] == steady["samples_per_s"]
+    lo, hi = steady["interval"]
+    assert lo <= steady["samples_per_s"] <= hi
+
+
+# --------------------------------------------------------------------------------------------------
+# Replay
+
+
+def surface_points():
+    if not SURFACE.is_dir():
+        pytest.skip(f"{SURFACE} is absent: the recorded surfaces live in ../shared/surfaces beside the checkout")
+    return load_surface(SURFACE)
+
+
+def test_surface_settings_and_space():
+    points = surface_points()
+    assert len(points) == 52
+    space = surface_space(points)
+    assert space.workers == (0, 2, 4, 8, 14) and space.batch_sizes == (32, 64, 128) and space.amp == ("bf16",)
+    assert space.pinned_copies
+    user = points[0].user_values
+    assert settings_of({}, user) == (None, 32, 0, False, False, 1)
+    assert settings_of(Knobs(num_workers=8, persistent_workers=True).to_dict(), user) == (None, 32, 8, False, False, 1)
+
+
+def test_replay_finds_the_region_of_the_best_with_a_third_of_the_points(tmp_path):
+    points = surface_points()
+    best_recorded = max(trial_record(p.folder)["summary"]["samples_per_s"] for p in points)
+    out = tmp_path / "replay"
+    lines = []
+    state = run_session(f"{SURFACE}:replay", out, SessionOptions(max_trials=len(points) // 3), log=lines.append,
+                        runner=ReplayRunner(points, out), script=False, space=surface_space(points),
+                        extra={"replay": str(SURFACE)})
+    assert state["status"] == "done" and lines[0].startswith("budget:")
+    best = next(t for t in state["trials"] if t["name"] == state["best"])
+    found = trial_record(out / best["folder"])["summary"]["samples_per_s"]
+    assert found >= 0.8 * best_recorded, [(t["change"], round(t["samples_per_s"] or 0), t["decision"])
+                                          for t in state["trials"]]
+    assert len(state["trials"]) <= len(points) // 3
+    # The loader binds at no workers: the first change grows them, and workers keep growing while it binds.
+    assert state["trials"][1]["recommendation"] == "more-workers"
+    assert best["knobs"]["num_workers"] >= 8
+    assert (out / "report.html").is_file() and not (out / "suggested.patch").exists()
+
+
+def test_replay_of_a_setting_the_surface_lacks_is_a_failed_trial(tmp_path):
+    points = surface_points()
+    runner = ReplayRunner(points, tmp_path)
+    missing = runner("01-bf16-b128-w8", Knobs(amp="bf16", batch_size=128, num_workers=8))
+    assert missing.status == "error" and "holds no trial with" in missing.message
+    served = runner("02-w8", Knobs(num_workers=8, persistent_workers=True))
+    assert served.ok and trial_record(served.path)["name"] == "02-w8"
+    assert served.samples_per_s == trial_record(SURFACE / "fp32-b32-w8-pageable")["summary"]["samples_per_s"]
