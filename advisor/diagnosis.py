@@ -562,7 +562,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     missing = []
     if note.startswith("no ProfilerStep"):
         missing.append("ProfilerStep# spans (the whole trace is one step)")
-    if platform == "gpu" and not trace.devices:
+    if platform == "gpu" and not any(d.described for d in trace.devices):
         missing.append("deviceProperties (device name, memory capacity and compute capability unknown)")
     if platform == "gpu" and not any(m.peak_allocated is not None for m in memory if m.device != "cpu"):
         missing.append("[memory] events with 'Total Allocated' (profile_memory=True): peak memory and headroom "
