@@ -4,6 +4,7 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
 
     {"schema": "advisor.analysis/1", "path": str,
      "traces": [TRACE, ...],            # one per trace file, in path order
+     "skipped": [{"path", "reason"}],   # .json files in the folder that are not torch.profiler traces
      "summary": {"traces": int, "mean_step_ms": float, "slowest": str, "recommendations": [id, ...],
                  "bounds": {source: bound | null}}}
 
@@ -55,7 +56,7 @@ import msgspec
 
 from advisor.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose
 from advisor.rules import recommend
-from advisor.errors import TraceError
+from advisor.errors import NotATrace, TraceError
 from advisor.trace import collector_paused, load_trace, trace_files
 
 SCHEMA = "advisor.analysis/1"
@@ -95,9 +96,25 @@ def analyze_file(path: Path | str, steps: str | None = None) -> Diagnosis:
     return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis))
 
 
-def analyze_path(path: Path | str, steps: str | None = None) -> list[Diagnosis]:
-    """Diagnoses for a trace file or every trace file under a folder."""
-    return [analyze_file(p, steps) for p in trace_files(Path(path))]
+def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None) -> list[Diagnosis]:
+    """Diagnoses for a trace file or every trace file under a folder.
+
+    In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
+    skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
+    """
+    path = Path(path)
+    out = []
+    for p in trace_files(path):
+        try:
+            out.append(analyze_file(p, steps))
+        except NotATrace as exc:
+            if path.is_file():
+                raise
+            if skipped is not None:
+                skipped.append((str(p), exc.problem))
+    if not out:
+        raise TraceError(path, "folder holds no torch.profiler trace (its .json files are something else)")
+    return out
 
 
 def _ms(us: float | None) -> float | None:
@@ -156,8 +173,8 @@ def diagnosis_to_dict(d: Diagnosis) -> dict:
     }
 
 
-def analysis_document(path: Path | str, diagnoses: list[Diagnosis]) -> dict:
-    """The whole `advisor.analysis/1` document for a path."""
+def analysis_document(path: Path | str, diagnoses: list[Diagnosis], skipped: list | tuple = ()) -> dict:
+    """The whole `advisor.analysis/1` document for a path (`skipped`: (path, reason) of non-trace files)."""
     recs = []
     for d in diagnoses:
         recs.extend(r.id for r in d.recommendations if r.id not in recs)
@@ -166,6 +183,7 @@ def analysis_document(path: Path | str, diagnoses: list[Diagnosis]) -> dict:
         "schema": SCHEMA,
         "path": str(path),
         "traces": [diagnosis_to_dict(d) for d in diagnoses],
+        "skipped": [{"path": p, "reason": reason} for p, reason in skipped],
         "summary": {
             "traces": len(diagnoses),
             "mean_step_ms": sum(d.step_time_us for d in diagnoses) / len(diagnoses) / 1000.0,
@@ -178,11 +196,12 @@ def analysis_document(path: Path | str, diagnoses: list[Diagnosis]) -> dict:
 
 def analyze_command(args) -> int:
     """`advisor analyze PATH [--json] [--steps ...]`."""
-    diagnoses = analyze_path(args.path, args.steps)
+    skipped: list = []
+    diagnoses = analyze_path(args.path, args.steps, skipped)
     if args.json:
-        sys.stdout.buffer.write(msgspec.json.encode(analysis_document(args.path, diagnoses)) + b"\n")
+        sys.stdout.buffer.write(msgspec.json.encode(analysis_document(args.path, diagnoses, skipped)) + b"\n")
         return 0
     from advisor.terminal import print_analysis
 
-    print_analysis(diagnoses)
+    print_analysis(diagnoses, skipped=skipped)
     return 0

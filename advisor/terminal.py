@@ -42,6 +42,16 @@ def bound_line(d: Diagnosis) -> str:
     return f"Bound: {BOUNDS[d.bound]} — {reason}" if reason else f"Bound: {BOUNDS[d.bound]}"
 
 
+def rank_line(d: Diagnosis) -> str | None:
+    """'Rank 3 of 8 (nccl)' when the trace has distributedInfo, else None."""
+    info = d.distributed or {}
+    if info.get("rank") is None:
+        return None
+    world = f" of {info['world_size']}" if info.get("world_size") is not None else ""
+    backend = f" ({info['backend']})" if info.get("backend") else ""
+    return f"Rank {info['rank']}{world}{backend}"
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -161,6 +171,9 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
     """One trace's section."""
     console.rule(Text(trace_label(d)))
     console.print(Text(f"Device: {device_line(d)}"))
+    rank = rank_line(d)
+    if rank:
+        console.print(Text(rank))
     if d.trial:
         summary = d.trial.get("summary") or {}
         sps = summary.get("samples_per_s")
@@ -184,9 +197,11 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
         console.print(Text(f"Not in this trace: {m}", style="dim"))
 
 
-def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None) -> None:
-    """All sections, plus a summary table when there are several traces."""
+def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, skipped: list | tuple = ()) -> None:
+    """All sections, plus a summary table when there are several traces; files skipped as not traces."""
     console = console or Console()
+    for path, reason in skipped:
+        console.print(Text(f"Skipped {path}: {reason}", style="yellow"))
     for d in diagnoses:
         print_diagnosis(d, console)
     if len(diagnoses) > 1:

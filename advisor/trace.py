@@ -24,7 +24,7 @@ from typing import Union
 
 import msgspec
 
-from advisor.errors import TraceError
+from advisor.errors import NotATrace, TraceError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -310,12 +310,12 @@ def decode(path: Path, raw: bytes) -> TraceDocument:
     try:
         doc = _DECODER.decode(raw)
     except msgspec.ValidationError as exc:
-        raise TraceError(path, f"not a torch.profiler trace: {exc}") from None
+        raise NotATrace(path, f"not a torch.profiler trace: {exc}") from None
     except msgspec.DecodeError as exc:
         text = str(exc)
         if "truncated" in text:
             raise TraceError(path, "truncated JSON (the file ends in the middle of the document)") from None
-        raise TraceError(path, f"not valid JSON ({text})") from None
+        raise NotATrace(path, f"not valid JSON ({text})") from None
     if isinstance(doc, list):  # Chrome's "JSON Array Format": a bare list of events
         doc = TraceDocument(traceEvents=doc)
     return doc

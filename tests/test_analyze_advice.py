@@ -7,10 +7,11 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 
 import pytest
 
-from advisor.commands import analyze_file
+from advisor.commands import analyze_file, analyze_path, diagnosis_to_dict
 from advisor.diagnosis import BOUNDS
 from advisor.trace import load_trace
 from conftest import SAMPLE_RUNS, SHARED_TRACES, gpu_trace, run_advisor
@@ -521,3 +522,44 @@ def test_sample_run_with_workers_ran_dry_in_its_trial():
     assert max(waits) > 5 * sorted(waits)[len(waits) // 2]
     assert d.loader_steady_share is not None and d.loader_steady_share > d.dataloader_share
     assert d.bound == "input" and d.recommendations[0].id == "more-workers"
+
+
+# --- 9. folders with other .json files; rank and world size -------------------------------------------
+
+def test_folder_with_other_json_files_skips_them_and_says_so(tmp_path):
+    shutil.copy(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz"), tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"lr": 0.1, "epochs": 3}))
+    (tmp_path / "notes.json").write_text("not json at all")
+    proc = run_advisor("analyze", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "Skipped" in text and "config.json" in text and "notes.json" in text
+    doc = json.loads(run_advisor("analyze", "--json", str(tmp_path)).stdout)
+    assert [t["source"].split("/")[-1] for t in doc["traces"]] == ["mi250-rocm-minitoy.pt.trace.json.gz"]
+    assert sorted(s["path"].split("/")[-1] for s in doc["skipped"]) == ["config.json", "notes.json"]
+    assert len(analyze_path(tmp_path)) == 1
+    out = tmp_path / "report" / "r.html"
+    proc = run_advisor("report", str(tmp_path), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "Skipped <code>config.json</code>" in out.read_text()
+
+
+def test_folder_of_only_other_json_is_an_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"lr": 0.1}))
+    proc = run_advisor("analyze", str(tmp_path))
+    assert proc.returncode == 2 and "no torch.profiler trace" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_file_that_is_not_a_trace_is_still_an_error_when_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"lr": 0.1}))
+    proc = run_advisor("analyze", str(tmp_path / "config.json"))
+    assert proc.returncode == 2 and "not a torch.profiler trace" in proc.stderr
+
+
+def test_text_shows_rank_and_world_size():
+    text = " ".join(run_advisor("analyze", str(gpu_trace("a100-rank3-of-8.pt.trace.json.gz"))).stdout.split())
+    assert "Rank 3 of 8 (nccl)" in text
+    built = diagnosis_to_dict(analyze_file(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz")))
+    assert built["distributed"] is None
+    assert "Rank" not in run_advisor("analyze", str(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz"))).stdout

@@ -19,10 +19,10 @@ import jinja2
 
 from advisor.commands import analyze_file, diagnosis_to_dict
 from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, NotATrace
 from advisor.report import charts
 from advisor.report.hotspots import Hotspot, hotspots
-from advisor.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, role_labels, trace_label
+from advisor.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, trace_label
 from advisor.trace import load_trace, trace_files
 
 SESSION_SCHEMA = "advisor.session/"
@@ -106,6 +106,7 @@ class TraceView:
     file: str
     device: str
     bound: str  # 'Bound: input pipeline (DataLoader) — 97% of the step waiting on the DataLoader'
+    rank: str | None  # 'Rank 3 of 8 (nccl)'
     diagnosis: Diagnosis
     figures: dict  # diagnosis_to_dict(diagnosis)
     figure_rows: tuple[tuple[str, str], ...]
@@ -173,7 +174,7 @@ def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | N
     if d.trial:
         short = f"{Path(str(d.trial.get('script') or '?')).stem}/{d.trial.get('name') or '?'}"
     return TraceView(label=trace_label(d), short=short, file=Path(d.source).name, device=device_line(d),
-                     bound=bound_line(d), diagnosis=d,
+                     bound=bound_line(d), rank=rank_line(d), diagnosis=d,
                      figures=f, figure_rows=figure_rows(d, f), breakdown_rows=breakdown,
                      kernels=found["kernels"], operators=found["operators"], memory_timeline=memory_timeline(d))
 
@@ -202,7 +203,16 @@ def breakdown_chart(views: list[tuple[str, TraceView | None]]) -> str:
 def render_trace_report(path: Path) -> str:
     """The report of a recorded trace file or a folder of traces: each one's diagnosis and advice."""
     path = Path(path)
-    views = [trace_view(p) for p in trace_files(path)]
+    views, skipped = [], []
+    for p in trace_files(path):
+        try:
+            views.append(trace_view(p))
+        except NotATrace as exc:  # a folder's other .json files: skipped, and the page says so
+            if path.is_file():
+                raise
+            skipped.append((p.name, exc.problem))
+    if not views:
+        raise AdvisorError(f"{path}: folder holds no torch.profiler trace (its .json files are something else)")
     memory_rows = [(v.short, m) for v in views for m in v.figures["memory"]
                    if m["device"] != "cpu" and m["peak_allocated"] is not None]
     memory_chart = None
@@ -213,7 +223,7 @@ def render_trace_report(path: Path) -> str:
                                            max(capacities) if len(capacities) == 1 else None,
                                            ["profiler [memory] events, peak Total Allocated"])
     return environment().get_template("traces.html.j2").render(
-        title=f"advisor report: {path.name}", path=str(path), views=views,
+        title=f"advisor report: {path.name}", path=str(path), views=views, skipped=skipped,
         breakdown_chart=breakdown_chart([(v.short, v) for v in views]), memory_chart=memory_chart,
         command=f"advisor report {path}",
     )
