@@ -13,6 +13,8 @@ import pytest
 
 from advisor.commands import analyze_file, analyze_path, diagnosis_to_dict
 from advisor.diagnosis import BOUNDS
+from advisor.report.html import trace_view
+from advisor.report.tensorboard import trial_text
 from advisor.trace import load_trace
 from conftest import SAMPLE_RUNS, SHARED_TRACES, gpu_trace, run_advisor
 from trace_builder import H100, V100, TraceBuilder
@@ -92,6 +94,8 @@ def test_terminal_and_report_show_the_bound(tmp_path):
     assert proc.returncode == 0, proc.stderr
     html = (tmp_path / "r.html").read_text()
     assert re.search(r"Bound: input pipeline \(DataLoader\) — 9\d% of the step waiting on the DataLoader", html)
+    tensorboard_text = trial_text({"name": "00-baseline"}, trace_view(path))
+    assert re.search(r"Bound: input pipeline \(DataLoader\) — 9\d% of the step", tensorboard_text)
 
 
 def test_text_and_report_say_what_helps_only_later(tmp_path):
