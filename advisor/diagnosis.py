@@ -825,9 +825,10 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
     """The key of BOUNDS that bounds the step, with one-line reasons, or (None, reasons) when the figures
     cannot say.
 
-    - None when the trace is degenerate (`degenerate`): no bound can be read from it.
-    - "memory" when the trial ran out of memory, device headroom is under MEMORY_NEARLY_GONE, or memory
-      grows every step (a leak): memory decides whether the run goes on at all.
+    - "memory" when the trial ran out of memory, ran micro-batches to fit, device headroom is under
+      MEMORY_NEARLY_GONE, or memory grows every step (a leak): memory decides whether the run goes on at
+      all, whatever the trace shows.
+    - None when the trace is degenerate (`degenerate`): no other bound can be read from it.
     - CPU-only traces: "input" when the DataLoader holds at least CPU_INPUT_BOUND of the step, else
       "compute" (the CPU computing the step is all that is left).
     - Accelerators, from `bound_time` (each moment once: compute > communication > copy > input > host):
@@ -838,10 +839,10 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
       operators and Python with the device idle: launch overhead) or "communication" (collectives not
       overlapped with compute).
     """
-    if problem is not None:
-        return None, (problem,)
     if memory is not None:
         return "memory", (memory,)
+    if problem is not None:
+        return None, (problem,)
     input_share = shares.get("input", 0.0)
     loader_line = (loader.message,) if loader is not None and loader.code == "loader-queue" else ()
     waiting = f"{100 * input_share:.0f}% of the step waiting on the DataLoader"
@@ -987,6 +988,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     problem = degenerate(trace, steps)
     if problem is not None:
         missing.append("steps that describe training: " + problem)
+        extra["degenerate"] = problem
     bound, evidence = find_bound(platform, bound_shares, problem, memory_pressure(trial, memory), loader)
     return Diagnosis(
         source=trace.path,

@@ -479,10 +479,11 @@ def recommend(d: Diagnosis) -> tuple[Recommendation, ...]:
     """All recommendations the diagnosis supports: those that help now first, then those that help once
     the current bound is fixed, each group by predicted gain (memory advice, gain 0, keeps rule order).
 
-    A degenerate trace (bound None) gets no speed advice: its figures cannot carry any.
+    A degenerate trace (`Diagnosis.extra["degenerate"]`, bound None unless memory binds) gets no speed
+    advice: its figures cannot carry any.
     """
     found = [r for rule in MEMORY_RULES if (r := rule(d)) is not None]
-    if d.bound is not None:
+    if d.bound is not None and not d.extra.get("degenerate"):
         found += [r for rule in RULES if (r := rule(d)) is not None]
     out = []
     for r in found:

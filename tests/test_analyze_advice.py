@@ -435,6 +435,18 @@ def test_degenerate_traces_get_figures_but_no_advice(tmp_path, build, says):
     assert "Bound: cannot say" in text and says in text and "Use a larger batch" not in text
 
 
+def test_memory_binds_a_trial_that_ran_out_of_memory_even_when_its_trace_says_little(tmp_path):
+    folder = tmp_path / "oom"
+    folder.mkdir()
+    path = start_up_trace(folder)
+    (folder / "trial.json").write_text(json.dumps({"schema": "advisor.trial/1", "name": "00-baseline",
+                                                   "status": "oom", "knobs": {}, "steps": []}))
+    d = analyze_file(path)
+    assert d.bound == "memory" and d.bound_evidence == ("the trial ran out of memory",)
+    assert any("start-up calls" in m for m in d.missing)
+    assert d.recommendations == (), "no speed advice from a trace that cannot carry it"
+
+
 # --- 8. a short window can hide a loader limit --------------------------------------------------------
 
 def queued_loader_run(tmp_path, walls_ms, calls_ms, recorded, workers=4, prefetch=2):
