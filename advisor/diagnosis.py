@@ -820,6 +820,11 @@ def loader_queue(trial: dict | None, trace: Trace, steps: list[Step], dataloader
     return None, None
 
 
+def _share(x: float) -> str:
+    """A share of the step as evidence reads it: '97%', or '0.4%' below ten percent."""
+    return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.1f}%"
+
+
 def find_bound(platform: str, shares: dict[str, float], problem: str | None, memory: str | None,
                loader: Finding | None) -> tuple[str | None, tuple[str, ...]]:
     """The key of BOUNDS that bounds the step, with one-line reasons, or (None, reasons) when the figures
@@ -845,27 +850,27 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
         return None, (problem,)
     input_share = shares.get("input", 0.0)
     loader_line = (loader.message,) if loader is not None and loader.code == "loader-queue" else ()
-    waiting = f"{100 * input_share:.0f}% of the step waiting on the DataLoader"
+    waiting = f"{_share(input_share)} of the step waiting on the DataLoader"
     if platform == "cpu":
         if input_share >= CPU_INPUT_BOUND:
             return "input", (waiting,) + loader_line
-        return "compute", (f"the CPU computes the step; the DataLoader holds {100 * input_share:.1f}% of it",)
+        return "compute", (f"the CPU computes the step; the DataLoader holds {_share(input_share)} of it",)
     device = "GPU" if platform == "gpu" else platform.upper()
     compute = shares.get("compute", 0.0)
-    busy = f"kernels keep the {device} busy {100 * compute:.0f}% of the step"
+    busy = f"kernels keep the {device} busy {_share(compute)} of the step"
     if compute >= COMPUTE_BOUND:
         return "compute", (busy,)
     reasons = {
         "input": waiting,
-        "copy": f"{100 * shares.get('copy', 0.0):.0f}% of the step in host-to-device copies and the host's waits "
+        "copy": f"{_share(shares.get('copy', 0.0))} of the step in host-to-device copies and the host's waits "
                 "on them, with no kernel running",
-        "host": f"{100 * shares.get('host', 0.0):.0f}% of the step on the host (runtime calls, CPU operators, "
+        "host": f"{_share(shares.get('host', 0.0))} of the step on the host (runtime calls, CPU operators, "
                 f"Python) with the {device} idle",
-        "communication": f"{100 * shares.get('communication', 0.0):.0f}% of the step in communication not "
+        "communication": f"{_share(shares.get('communication', 0.0))} of the step in communication not "
                          "overlapped with compute",
     }
     bound = max(reasons, key=lambda b: shares.get(b, 0.0))
-    idle = f"kernels keep the {device} busy only {100 * compute:.0f}% of the step"
+    idle = f"kernels keep the {device} busy only {_share(compute)} of the step"
     return bound, (reasons[bound], idle) + (loader_line if bound == "input" else ())
 
 
