@@ -4,25 +4,46 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
 
     {"schema": "advisor.analysis/1", "path": str,
      "traces": [TRACE, ...],            # one per trace file, in path order
-     "summary": {"traces": int, "mean_step_ms": float, "slowest": str, "recommendations": [id, ...]}}
+     "skipped": [{"path", "reason"}],   # .json files in the folder that are not torch.profiler traces
+     "summary": {"traces": int, "mean_step_ms": float, "slowest": str, "recommendations": [id, ...],
+                 "bounds": {source: bound | null}}}
 
-    TRACE = {"source": str, "platform": "gpu"|"cpu",
-             "device": {"name", "vendor", "compute_capability", "total_memory"} | null,
+    TRACE = {"source": str, "platform": "gpu"|"cpu"|<accelerator, e.g. "mtia">,
+             "device": {"name", "vendor", "compute_capability", "total_memory", "described"} | null,
              "steps": {"count", "names", "mean_ms", "median_ms", "note"},
+             "bound": one of "input", "copy", "host", "compute", "communication", "memory" | null,
+             "bound_label": str | null, "bound_evidence": [str], "bound_shares": {bound: share of step},
              "breakdown_ms": {role: ms per step}, "breakdown_share": {role: share of step},
-             "dataloader_share", "dataloader_wait_share", "gpu_utilization", "utilization_by_device",
-             "tensor_core_share", "eligible_share", "eligible_op_share", "kernel_ms",
+             "dataloader_share", "dataloader_wait_share", "loader_steady_share",
+             "gpu_utilization", "utilization_by_device",
+             "tensor_core_share", "eligible_share", "eligible_op_share", "layout_share", "kernel_ms",
              "copies": {"pageable_ms", "pinned_ms", "unknown_ms", "count", "bytes", "synchronous",
-                        "sync_wait_ms", "overlap_with_kernels", "share"},
+                        "sync_wait_ms", "pageable_wait_ms", "host_wait_ms", "exposed_ms",
+                        "overlap_with_kernels", "share"},
+             "host": {"launches_per_step", "kernels_per_step", "graph_launches_per_step",
+                      "optimizer": {"name", "us_per_step", "implementation"} | null} | null,
              "memory": [{"device", "peak_allocated", "peak_reserved", "capacity", "headroom", "growth"}],
-             "missing": [str], "distributed": {...} | null,
+             "findings": [{"code", "message", "value"}], "missing": [str], "distributed": {...} | null,
              "trial": {"name", "status", "knobs", "user_values", "summary", "device_facts"} | null,
              "recommendations": [{"id", "title", "knobs", "predicted_gain", "evidence", "code_change",
-                                  "caveat", "details"}]}
+                                  "caveat", "details", "bound", "helps_now", "helps_once"}]}
 
 Roles are kernel, memcpy, memset, communication, runtime, dataloader, cpu_op, other. Shares are fractions
 (0..1); times are milliseconds; memory is bytes. A figure the trace cannot give is null. New fields may be
 added within version 1; renaming or removing one bumps the version.
+
+The bound (`advisor.diagnosis.find_bound`) is what holds the step back, null when the trace cannot say
+(a degenerate trace: too few events, another process's events, start-up calls; `missing` says which).
+`bound_shares` splits the step among the bounds, each moment once (compute > communication > copy >
+input > host). Each recommendation names the bound it addresses; `helps_now` is true when that is the
+trace's bound (or the bound is null), else `helps_once` names the bound to fix first, and its
+`predicted_gain` is what it should save once its own bound binds (as a share of today's step), not now.
+Copies: `sync_wait_ms` is the host's wait in synchronizes and blocking copy calls (what non_blocking
+removes), `pageable_wait_ms` its wait inside async copy calls from pageable memory (what pin_memory
+removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel running.
+`layout_share` is the share of kernel time in NCHW↔NHWC layout conversions (channels_last removes them).
+`loader_steady_share` is the DataLoader share once its workers' queue ran dry, when the profiled window
+understated it (finding "loader-queue").
 """
 
 from __future__ import annotations
@@ -33,9 +54,9 @@ from pathlib import Path
 
 import msgspec
 
-from advisor.diagnosis import ROLES, Diagnosis, diagnose
+from advisor.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose
 from advisor.rules import recommend
-from advisor.errors import TraceError
+from advisor.errors import NotATrace, TraceError
 from advisor.trace import collector_paused, load_trace, trace_files
 
 SCHEMA = "advisor.analysis/1"
@@ -75,9 +96,25 @@ def analyze_file(path: Path | str, steps: str | None = None) -> Diagnosis:
     return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis))
 
 
-def analyze_path(path: Path | str, steps: str | None = None) -> list[Diagnosis]:
-    """Diagnoses for a trace file or every trace file under a folder."""
-    return [analyze_file(p, steps) for p in trace_files(Path(path))]
+def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None) -> list[Diagnosis]:
+    """Diagnoses for a trace file or every trace file under a folder.
+
+    In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
+    skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
+    """
+    path = Path(path)
+    out = []
+    for p in trace_files(path):
+        try:
+            out.append(analyze_file(p, steps))
+        except NotATrace as exc:
+            if path.is_file():
+                raise
+            if skipped is not None:
+                skipped.append((str(p), exc.problem))
+    if not out:
+        raise TraceError(path, "folder holds no torch.profiler trace (its .json files are something else)")
+    return out
 
 
 def _ms(us: float | None) -> float | None:
@@ -93,29 +130,41 @@ def diagnosis_to_dict(d: Diagnosis) -> dict:
         "platform": d.platform,
         "device": None if dev is None else {
             "name": dev.name, "vendor": dev.vendor, "compute_capability": dev.capability_text or None,
-            "total_memory": dev.total_memory,
+            "total_memory": dev.total_memory, "described": dev.described,
         },
         "steps": {
             "count": len(d.steps), "names": [s.name for s in d.steps], "mean_ms": _ms(d.step_time_us),
             "median_ms": _ms(d.extra.get("median_step_us")), "note": d.step_note or None,
         },
+        "bound": d.bound,
+        "bound_label": BOUNDS.get(d.bound),
+        "bound_evidence": list(d.bound_evidence),
+        "bound_shares": d.bound_shares,
         "breakdown_ms": {r: _ms(d.breakdown_us[r]) for r in ROLES},
         "breakdown_share": d.breakdown_share,
         "dataloader_share": d.dataloader_share,
         "dataloader_wait_share": d.dataloader_wait_share,
+        "loader_steady_share": d.loader_steady_share,
         "gpu_utilization": d.gpu_utilization,
         "utilization_by_device": {str(k): v for k, v in d.utilization_by_device.items()},
         "tensor_core_share": d.tensor_core_share,
-        "eligible_share": d.eligible_share if d.platform == "gpu" else d.extra.get("cpu_eligible_share"),
+        "eligible_share": d.eligible_share if d.platform != "cpu" else d.extra.get("cpu_eligible_share"),
         "eligible_op_share": d.eligible_op_share,
+        "layout_share": d.layout_share,
         "kernel_ms": _ms(d.kernel_us),
         "copies": {
             "pageable_ms": _ms(c.pageable_us), "pinned_ms": _ms(c.pinned_us), "unknown_ms": _ms(c.unknown_us),
             "count": c.count, "bytes": c.bytes, "synchronous": c.synchronous, "sync_wait_ms": _ms(c.sync_wait_us),
-            "overlap_with_kernels": c.overlap_with_kernels,
+            "pageable_wait_ms": _ms(c.pageable_wait_us), "host_wait_ms": _ms(c.host_wait_us),
+            "exposed_ms": _ms(c.exposed_us), "overlap_with_kernels": c.overlap_with_kernels,
             "share": c.total_us / d.step_time_us if d.step_time_us else 0.0,
         },
+        "host": None if d.platform == "cpu" else {
+            "launches_per_step": d.extra.get("launches_per_step"), "kernels_per_step": d.extra.get("kernels_per_step"),
+            "graph_launches_per_step": d.extra.get("graph_launches_per_step"), "optimizer": d.extra.get("optimizer"),
+        },
         "memory": [dict(dataclasses.asdict(m), headroom=m.headroom) for m in d.memory],
+        "findings": [dataclasses.asdict(f) for f in d.findings],
         "missing": list(d.missing),
         "distributed": d.distributed,
         "trial": None if d.trial is None else {
@@ -124,8 +173,8 @@ def diagnosis_to_dict(d: Diagnosis) -> dict:
     }
 
 
-def analysis_document(path: Path | str, diagnoses: list[Diagnosis]) -> dict:
-    """The whole `advisor.analysis/1` document for a path."""
+def analysis_document(path: Path | str, diagnoses: list[Diagnosis], skipped: list | tuple = ()) -> dict:
+    """The whole `advisor.analysis/1` document for a path (`skipped`: (path, reason) of non-trace files)."""
     recs = []
     for d in diagnoses:
         recs.extend(r.id for r in d.recommendations if r.id not in recs)
@@ -134,22 +183,25 @@ def analysis_document(path: Path | str, diagnoses: list[Diagnosis]) -> dict:
         "schema": SCHEMA,
         "path": str(path),
         "traces": [diagnosis_to_dict(d) for d in diagnoses],
+        "skipped": [{"path": p, "reason": reason} for p, reason in skipped],
         "summary": {
             "traces": len(diagnoses),
             "mean_step_ms": sum(d.step_time_us for d in diagnoses) / len(diagnoses) / 1000.0,
             "slowest": slowest.source,
             "recommendations": recs,
+            "bounds": {d.source: d.bound for d in diagnoses},
         },
     }
 
 
 def analyze_command(args) -> int:
     """`advisor analyze PATH [--json] [--steps ...]`."""
-    diagnoses = analyze_path(args.path, args.steps)
+    skipped: list = []
+    diagnoses = analyze_path(args.path, args.steps, skipped)
     if args.json:
-        sys.stdout.buffer.write(msgspec.json.encode(analysis_document(args.path, diagnoses)) + b"\n")
+        sys.stdout.buffer.write(msgspec.json.encode(analysis_document(args.path, diagnoses, skipped)) + b"\n")
         return 0
     from advisor.terminal import print_analysis
 
-    print_analysis(diagnoses)
+    print_analysis(diagnoses, skipped=skipped)
     return 0

@@ -13,12 +13,24 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
+import numpy as np
+
 from advisor import intervals as iv
 from advisor.trace import Device, Event, Trace
 
 # Priority order of the step-time breakdown: each moment of a step is counted once, by the first role
 # active at that moment (the plugin's scheme).
 ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_op", "other")
+
+# What can bound a step, and how output names it. Recommendations address one of these (`Recommendation.bound`).
+BOUNDS = {
+    "input": "input pipeline (DataLoader)",
+    "copy": "host-to-device copies",
+    "host": "CPU/launch overhead",
+    "compute": "compute",
+    "communication": "communication",
+    "memory": "memory",
+}
 
 COLLECTIVE_OPS = frozenset(
     f"{lib}:{op}" for lib in ("nccl", "gloo") for op in ("broadcast", "reduce", "all_reduce", "all_gather",
@@ -43,6 +55,18 @@ TENSOR_CORE_PATTERNS: tuple[tuple[str, str, str], ...] = (
 )
 _TC_REGEX = {vendor: re.compile("|".join(p for _, v, p in TENSOR_CORE_PATTERNS if v == vendor))
              for vendor in ("nvidia", "amd")}
+# Names that say the math ran on the ordinary FP32 units even where a pattern above matches: cuBLAS/cuDNN
+# xmma kernels built for FFMA (`sm80_xmma_gemm_f32f32_..._ffma_...`) and cutlass SIMT kernels.
+NOT_TENSOR_CORE = re.compile(r"ffma|_simt_")
+
+# cuDNN/MIOpen layout conversions around convolutions (NCHW tensors fed to NHWC kernels): memory-bound
+# copies that AMP does not remove; channels_last does.
+LAYOUT_KERNEL = re.compile(r"nchw_?(?:2|to)_?nhwc|nhwc_?(?:2|to)_?nchw", re.IGNORECASE)
+
+# Matmul, convolution and attention kernels by name, for kernels no operator launched (CUDA graph replays,
+# compiled regions): cuBLAS/cutlass/nvjet GEMMs, cuDNN convolutions, AMD Tensile (Cijk_), attention.
+MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[sh]\d*cudnn|nvjet|^Cijk_|fmha|"
+                           r"flash_|_sdpa_|splitKreduce", re.IGNORECASE)
 
 
 @lru_cache(maxsize=None)
@@ -53,7 +77,17 @@ def _is_communication_kernel(name: str) -> bool:
 @lru_cache(maxsize=None)
 def _is_tensor_core(vendor: str, kernel_name: str) -> bool:
     regex = _TC_REGEX.get(vendor)
-    return regex is not None and regex.search(kernel_name) is not None
+    return regex is not None and regex.search(kernel_name) is not None and not NOT_TENSOR_CORE.search(kernel_name)
+
+
+@lru_cache(maxsize=None)
+def _is_layout_kernel(kernel_name: str) -> bool:
+    return LAYOUT_KERNEL.search(kernel_name) is not None
+
+
+@lru_cache(maxsize=None)
+def _is_matmul_kernel(kernel_name: str) -> bool:
+    return MATMUL_KERNEL.search(kernel_name) is not None and not _is_layout_kernel(kernel_name)
 
 
 @lru_cache(maxsize=None)
@@ -62,7 +96,10 @@ def _is_eligible_op(op_name: str) -> bool:
 
 
 def tensor_core_families(kernel_name: str) -> list[str]:
-    """Every Tensor Core / matrix core family whose pattern matches a kernel name (often more than one)."""
+    """Every Tensor Core / matrix core family whose pattern matches a kernel name (often more than one);
+    none when the name says FFMA or SIMT math."""
+    if NOT_TENSOR_CORE.search(kernel_name):
+        return []
     return [family for family, _vendor, pattern in TENSOR_CORE_PATTERNS if re.search(pattern, kernel_name)]
 
 
@@ -78,6 +115,14 @@ ELIGIBLE_OP = re.compile(
 
 DATALOADER_NAME = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$|^enumerate\(DataPipe\)#")
 SYNC_CALL = re.compile(r"(cuda|hip)(Stream|Device|Event)Synchronize$")
+# Runtime calls that set a process up (context, device queries, module loading): a step made of them is
+# the first step of a process, not a training step.
+START_UP_CALL = re.compile(r"^(cuInit|cuDevicePrimaryCtx\w*|cuCtxCreate\w*|cu(da)?DriverGetVersion|cudaRuntimeGetVersion|"
+                           r"cudaGetDeviceCount|cudaGetDeviceProperties\w*|cudaDeviceGetAttribute|cudaSetDevice|"
+                           r"cudaFree|cuModuleLoad\w*|cuLibraryLoad\w*|cudaFuncGetAttributes|cuModuleGetFunction|"
+                           r"hipInit|hipGetDeviceCount|hipGetDeviceProperties\w*|hipDeviceGetAttribute|hipSetDevice)$")
+LAUNCH_CALL = re.compile(r"LaunchKernel|^cuLaunch|GraphLaunch")
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 COMMUNICATION_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 HTOD = "HtoD"
 
@@ -106,8 +151,19 @@ class Copies:
     count: float = 0.0
     bytes: float | None = None
     synchronous: float = 0.0  # copies the host waited for, per step
-    sync_wait_us: float = 0.0  # host time blocked in those waits, per step
+    # The host's wait, per step: blocking copy calls and synchronizes right after async ones (what
+    # non_blocking=True removes, given pinned memory) ...
+    sync_wait_us: float = 0.0
+    # ... and the async copy calls from pageable memory, inside which the host stages the data itself
+    # (what pin_memory=True removes).
+    pageable_wait_us: float = 0.0
     overlap_with_kernels: float | None = None  # share of copy time that ran alongside a kernel
+    exposed_us: float = 0.0  # copies and the host's waits on them with no kernel running, per step
+
+    @property
+    def host_wait_us(self) -> float:
+        """All host time blocked by host-to-device copies per step."""
+        return self.sync_wait_us + self.pageable_wait_us
 
     @property
     def total_us(self) -> float:
@@ -168,6 +224,13 @@ class Diagnosis:
     utilization_by_device: dict[int, float]
     memory: tuple[DeviceMemory, ...]
     missing: tuple[str, ...]
+    layout_share: float | None = None  # of kernel time: cuDNN/MIOpen NCHW↔NHWC layout conversions
+    bound: str | None = None  # a key of BOUNDS; None when the figures cannot say (see `find_bound`)
+    bound_evidence: tuple[str, ...] = ()
+    bound_shares: dict[str, float] = field(default_factory=dict)  # share of the step each bound holds
+    # DataLoader share over the trial's steps once the workers' queue ran dry, when the profiled window's
+    # own share understates it (`loader_queue`); None otherwise.
+    loader_steady_share: float | None = None
     distributed: dict | None = None
     trial: dict | None = None  # the trial.json beside the trace, when it came from `advisor profile`
     findings: tuple[Finding, ...] = ()
@@ -303,24 +366,41 @@ def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
     }
 
 
-def breakdown(steps: list[Step], roles: dict[str, iv.Intervals]) -> dict[str, float]:
-    """Average microseconds per step of each role, each moment counted once by priority.
+def exclusive_time(steps: list[Step], layers: list[tuple[str, iv.Intervals]], rest: str) -> dict[str, float]:
+    """Average microseconds per step of each layer, each moment counted once, by the first layer active
+    then; `rest` gets the moments no layer covers.
 
-    The time of role k is |roles 0..k| − |roles 0..k−1| inside the steps: the same as subtracting
+    The time of layer k is |layers 0..k| − |layers 0..k−1| inside the steps: the same as subtracting
     higher-priority time first, computed with unions only.
     """
     windows = iv.from_spans((s.start, s.end) for s in steps)
     covered_before = 0.0
     cumulative = iv.EMPTY
     totals = {}
-    for role in ROLES[:-1]:
-        cumulative = iv.union(cumulative, roles[role])
+    for name, intervals in layers:
+        cumulative = iv.union(cumulative, intervals)
         covered = iv.length_within(cumulative, windows)
-        totals[role] = covered - covered_before
+        totals[name] = covered - covered_before
         covered_before = covered
-    totals["other"] = iv.length(windows) - covered_before
+    totals[rest] = iv.length(windows) - covered_before
     n = len(steps)
-    return {role: us / n for role, us in totals.items()}
+    return {name: us / n for name, us in totals.items()}
+
+
+def breakdown(steps: list[Step], roles: dict[str, iv.Intervals]) -> dict[str, float]:
+    """Average microseconds per step of each role, each moment counted once by priority (`ROLES`)."""
+    return exclusive_time(steps, [(role, roles[role]) for role in ROLES[:-1]], "other")
+
+
+def bound_time(steps: list[Step], roles: dict[str, iv.Intervals], copies: CopyEvents) -> dict[str, float]:
+    """Average microseconds per step that each bound holds, each moment counted once, by priority:
+    compute (kernels, memsets) > communication > copy (host-to-device copies and the host's waits on them)
+    > input (DataLoader) > host (the rest: runtime calls, CPU operators, Python, with the device idle)."""
+    copy = iv.union(iv.from_events(list(copies.copies)),
+                    iv.from_events(list(copies.sync_waits + copies.pageable_waits)))
+    layers = [("compute", iv.union(roles["kernel"], roles["memset"])), ("communication", roles["communication"]),
+              ("copy", copy), ("input", roles["dataloader"])]
+    return exclusive_time(steps, layers, "host")
 
 
 def gpu_utilization(trace: Trace, steps: list[Step]) -> dict[int, float]:
@@ -346,8 +426,28 @@ def _step_start(s: Step) -> float:
     return s.start
 
 
+def _in_steps_mask(events: list[Event], steps: list[Step]) -> np.ndarray:
+    """Which events start inside a step (the vectorized `_in_steps`, for long event lists)."""
+    ts = np.fromiter((e.ts for e in events), float, len(events))
+    starts = np.array([s.start for s in steps])
+    ends = np.array([s.end for s in steps])
+    i = np.searchsorted(starts, ts, side="right") - 1
+    return (i >= 0) & (ts < ends[np.clip(i, 0, None)])
+
+
+@lru_cache(maxsize=None)
+def _is_start_up_call(name: str) -> bool:
+    return START_UP_CALL.match(name) is not None
+
+
+@lru_cache(maxsize=None)
+def _is_launch_call(name: str) -> bool:
+    return LAUNCH_CALL.search(name) is not None
+
+
 def launching_ops(trace: Trace, correlations: set) -> dict:
-    """Correlation id of each runtime call in `correlations` → name of the innermost operator around it.
+    """Correlation id of each runtime call in `correlations` → name of the innermost operator around it
+    (user annotations are not operators; a call with no operator around it is left out).
 
     Matched by time on the calling thread rather than by 'External id', which some Kineto versions
     write as the correlation id (so it names no operator). Operators and runtime calls are both sorted
@@ -355,7 +455,8 @@ def launching_ops(trace: Trace, correlations: set) -> dict:
     """
     ops_by_thread = defaultdict(list)
     for op in trace.ops:
-        ops_by_thread[op.tid].append(op)
+        if op.cat != "user_annotation":  # '## forward ##', 'Optimizer.step#...': not operators
+            ops_by_thread[op.tid].append(op)
     calls_by_thread = defaultdict(list)
     for r in trace.runtime:
         if r.args is not None and r.args.correlation in correlations:
@@ -380,35 +481,58 @@ def launching_ops(trace: Trace, correlations: set) -> dict:
     return out
 
 
-def tensor_cores(trace: Trace, steps: list[Step], vendor: str) -> tuple[float, float | None, float | None, float]:
-    """(kernel µs, Tensor Core share, eligible-not-on-TC share, eligible-op share) of kernel time in steps.
+@dataclass(frozen=True)
+class KernelMix:
+    """What the step's kernels do: Tensor Core use, matmul work AMP could move, layout conversions."""
 
-    Eligible share differs from the plugin's ratio on purpose: it counts only the eligible operators'
-    kernels that did *not* use Tensor Cores (what AMP could still move); the plugin's figure (all kernels
-    of eligible ops) is `eligible_op_share`.
+    kernel_us: float = 0.0  # per step, communication kernels left out
+    tensor_core_share: float | None = None
+    eligible_share: float | None = None
+    eligible_op_share: float | None = None
+    layout_share: float | None = None
+    by_name_share: float = 0.0  # kernel time no operator launched, classified by its name
+
+
+def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
+    """Shares of the steps' kernel time: on Tensor Cores, eligible for AMP but not on them, layout work.
+
+    A kernel is matmul/convolution work when the innermost operator that launched it is (`ELIGIBLE_OP`),
+    or, where no operator launched it (a CUDA graph replay, a compiled region), when its name says so
+    (`MATMUL_KERNEL`). Layout conversions (`LAYOUT_KERNEL`) count as layout work even under a convolution:
+    AMP does not remove them. Eligible share differs from the plugin's ratio on purpose: it counts only
+    the eligible kernels that did *not* use Tensor Cores (what AMP could still move); the plugin's figure
+    (all kernels of eligible ops) is `eligible_op_share`. Without a Tensor Core table for the vendor, the
+    Tensor Core and eligible shares are unknown (None), not zero.
     """
     kernels = [k for k in trace.kernels if _in_steps(k, steps) and not _is_communication_kernel(k.name)]
     total = sum(k.dur for k in kernels)
     if not total:
-        return 0.0, None, None, None
+        return KernelMix()
     op_of = launching_ops(trace, {k.args.correlation for k in kernels if k.args is not None})
-    tc = eligible_left = eligible_all = linked = 0.0
+    tc = eligible_left = eligible_all = layout = by_name = 0.0
     for k in kernels:
         on_tc = _is_tensor_core(vendor, k.name)
         if on_tc:
             tc += k.dur
         op = op_of.get(k.correlation)
         if op is None:
-            continue
-        linked += k.dur
-        if _is_eligible_op(op):
+            by_name += k.dur
+        eligible = _is_matmul_kernel(k.name) if op is None else _is_eligible_op(op)
+        if eligible:
             eligible_all += k.dur
-            if not on_tc:
-                eligible_left += k.dur
-    share = tc / total if vendor in _TC_REGEX else None
-    if linked < 0.5 * total:  # too few kernels traced back to an operator to say what AMP could move
-        return total / len(steps), share, None, None
-    return total / len(steps), share, eligible_left / linked, eligible_all / linked
+        if _is_layout_kernel(k.name):
+            layout += k.dur
+        elif eligible and not on_tc:
+            eligible_left += k.dur
+    known = vendor in _TC_REGEX
+    return KernelMix(
+        kernel_us=total / len(steps),
+        tensor_core_share=tc / total if known else None,
+        eligible_share=eligible_left / total if known else None,
+        eligible_op_share=eligible_all / total,
+        layout_share=layout / total,
+        by_name_share=by_name / total,
+    )
 
 
 def _copy_kind(name: str) -> str | None:
@@ -421,58 +545,86 @@ def _copy_kind(name: str) -> str | None:
     return "unknown"
 
 
-def host_to_device_copies(trace: Trace, steps: list[Step], kernel_intervals: iv.Intervals) -> Copies:
-    """Host-to-device copy time by host memory kind, bytes, synchronous copies and kernel overlap."""
-    n = len(steps)
-    step_spans = [(s.start, s.end) for s in steps]
-    per_kind = defaultdict(float)
-    count = 0
-    byte_total, byte_known = 0.0, True
-    copy_spans = []
-    htod_corr = set()
+@dataclass(frozen=True)
+class CopyEvents:
+    """The steps' host-to-device copies and the runtime calls in which the host waited for them."""
+
+    copies: tuple[Event, ...] = ()  # device-side copies inside the steps
+    sync_waits: tuple[Event, ...] = ()  # blocking copy calls, synchronizes right after async copy calls
+    pageable_waits: tuple[Event, ...] = ()  # async copy calls from pageable memory (the host stages the data)
+    blocked: int = 0  # copy calls the host waited on, in all
+
+
+def copy_events(trace: Trace, steps: list[Step]) -> CopyEvents:
+    """Host-to-device copies in the steps, and where the host blocked on them.
+
+    The host blocks on a copy inside a blocking memcpy call, inside an async copy call from pageable
+    memory (the driver stages the data through a pinned buffer before the call returns: the call lasts
+    about as long as the copy), and in a synchronize that directly follows the async copy call on the same
+    thread (what `.to(device)` does without non_blocking).
+    """
+    kind_by_corr = {}
+    copies = []
     for c in trace.memcpys:
         kind = _copy_kind(c.name)
         if kind is None:
             continue
         if c.correlation is not None:
-            htod_corr.add(c.correlation)
-        if not _in_steps(c, steps):
-            continue
-        per_kind[kind] += c.dur
-        count += 1
-        copy_spans.append(c)
-        if c.args is not None and c.args.bytes is not None:
-            byte_total += c.args.bytes
-        else:
-            byte_known = False
-    # A copy is synchronous when the host blocks on it: a blocking memcpy call, or a synchronize that
-    # directly follows the async copy call on the same thread (what `.to(device)` does without non_blocking).
-    sync_count, sync_wait = 0, 0.0
+            kind_by_corr[c.correlation] = kind
+        if _in_steps(c, steps):
+            copies.append(c)
+    sync_waits, pageable_waits = [], []
+    blocked = 0
     by_thread = defaultdict(list)
     for r in trace.runtime:
         by_thread[r.tid].append(r)
     for calls in by_thread.values():
         for i, r in enumerate(calls):
-            if r.correlation not in htod_corr or not any(s0 <= r.ts < s1 for s0, s1 in step_spans):
+            kind = kind_by_corr.get(r.correlation)
+            if kind is None or not _in_steps(r, steps):
                 continue
             if "Async" not in r.name:
-                sync_count += 1
-                sync_wait += r.dur
-            elif i + 1 < len(calls) and SYNC_CALL.search(calls[i + 1].name):
-                sync_count += 1
-                sync_wait += calls[i + 1].dur
-    merged = iv.from_events(copy_spans)
+                sync_waits.append(r)
+                blocked += 1
+                continue
+            synchronized = i + 1 < len(calls) and SYNC_CALL.search(calls[i + 1].name) is not None
+            if synchronized:
+                sync_waits.append(calls[i + 1])
+            if kind == "pageable":
+                pageable_waits.append(r)
+            blocked += synchronized or kind == "pageable"
+    return CopyEvents(tuple(copies), tuple(sync_waits), tuple(pageable_waits), blocked)
+
+
+def host_to_device_copies(events: CopyEvents, steps: list[Step], kernel_intervals: iv.Intervals) -> Copies:
+    """Host-to-device copy time by host memory kind, bytes, the host's waits and kernel overlap, per step."""
+    n = len(steps)
+    per_kind = defaultdict(float)
+    byte_total, byte_known = 0.0, True
+    for c in events.copies:
+        per_kind[_copy_kind(c.name)] += c.dur
+        if c.args is not None and c.args.bytes is not None:
+            byte_total += c.args.bytes
+        else:
+            byte_known = False
+    merged = iv.from_events(list(events.copies))
     copy_time = iv.length(merged)
     overlap = iv.overlap(merged, kernel_intervals) / copy_time if copy_time else None
+    windows = iv.from_spans((s.start, s.end) for s in steps)
+    busy = iv.union(merged, iv.from_events(list(events.sync_waits + events.pageable_waits)))
+    exposed = iv.length_within(iv.union(busy, kernel_intervals), windows) - iv.length_within(kernel_intervals, windows)
+    count = len(events.copies)
     return Copies(
         pageable_us=per_kind["pageable"] / n,
         pinned_us=per_kind["pinned"] / n,
         unknown_us=per_kind["unknown"] / n,
         count=count / n,
         bytes=(byte_total / n) if count and byte_known else None,
-        synchronous=sync_count / n,
-        sync_wait_us=sync_wait / n,
+        synchronous=events.blocked / n,
+        sync_wait_us=sum(r.dur for r in events.sync_waits) / n,
+        pageable_wait_us=sum(r.dur for r in events.pageable_waits) / n,
         overlap_with_kernels=overlap,
+        exposed_us=max(exposed, 0.0) / n,
     )
 
 
@@ -532,9 +684,237 @@ def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
     return out
 
 
+# --- what bounds the step ---------------------------------------------------------------------------
+
+COMPUTE_BOUND = 0.60  # kernels busy this share of the step: compute binds; below, the largest idle cause
+CPU_INPUT_BOUND = 0.30  # CPU-only: the DataLoader share above which the input pipeline binds
+MEMORY_NEARLY_GONE = 0.05  # headroom below this share of device memory
+MIN_EVENTS_PER_STEP = 10  # a forward, backward and optimizer step record dozens
+START_UP_SHARE = 0.50
+OWN_PROCESS_SHARE = 0.50
+LEAK_BYTES_PER_STEP = 1 << 20  # growth below 1 MiB a step is allocator noise, not a leak
+LEAK_R2 = 0.9
+DRY_WAIT = 0.20  # a step that waited this share of the median step on the loader found its queue empty
+
+
+def memory_leak(trial: dict | None) -> dict | None:
+    """The trial's memory growth when it is a leak (about the same rise every step), else None."""
+    growth = ((trial or {}).get("summary") or {}).get("memory_growth") or {}
+    per_step = growth.get("bytes_per_step") or 0.0
+    median_diff = growth.get("median_difference_bytes") or 0.0
+    # A leak grows by about the same amount every step; a one-off jump (optimizer state created on the
+    # first step) has a slope but no typical step-to-step difference.
+    if per_step < LEAK_BYTES_PER_STEP or median_diff < LEAK_BYTES_PER_STEP / 2 or (growth.get("r2") or 0) < LEAK_R2:
+        return None
+    return growth
+
+
+def memory_pressure(trial: dict | None, memory: list[DeviceMemory]) -> str | None:
+    """Why memory binds (out of memory, headroom nearly gone, a leak), or None."""
+    if (trial or {}).get("status") == "oom":
+        return "the trial ran out of memory"
+    steps = ((trial or {}).get("summary") or {}).get("accumulation_steps")
+    if steps not in (None, 1):
+        return f"the batch runs as {steps} micro-batches with gradient accumulation to fit in memory"
+    for m in memory:
+        if m.device != "cpu" and m.headroom is not None and m.headroom < MEMORY_NEARLY_GONE:
+            return (f"peak memory {m.peak_allocated / 1e9:.2f} GB of {m.capacity / 1e9:.1f} GB on {m.device} "
+                    f"({100 * m.headroom:.1f}% free)")
+    leak = memory_leak(trial)
+    if leak is not None:
+        return (f"memory grows {leak['bytes_per_step'] / 2**20:.1f} MiB per step: the run ends out of memory "
+                "however much there is")
+    return None
+
+
+def degenerate(trace: Trace, steps: list[Step]) -> str | None:
+    """Why the steps cannot describe training (too few events, events of another process, start-up calls),
+    or None. A degenerate trace gets figures but no bound and no speed advice."""
+    windows = [(s.start, s.end) for s in steps]
+    host_events = trace.ops + trace.runtime
+    device_events = trace.kernels + trace.memcpys + trace.memsets
+    host_mask = _in_steps_mask(host_events, steps)
+    count = int(host_mask.sum()) + int(_in_steps_mask(device_events, steps).sum())
+    if count < MIN_EVENTS_PER_STEP * len(steps):
+        return (f"only {count} events inside {len(steps)} step(s): too few to say what a step does "
+                "(a forward, backward and optimizer step record dozens)")
+    own = {e.pid for e in trace.steps}
+    if own and {e.pid for e in host_events} - own:  # some host events come from another process
+        pids = [e.pid for e, inside in zip(host_events, host_mask) if inside]
+        mine = sum(1 for pid in pids if pid in own)
+        if mine < OWN_PROCESS_SHARE * len(pids):
+            others = sorted({str(pid) for pid in pids if pid not in own})
+            return (f"{len(pids) - mine} of the {len(pids)} host events inside the steps come from process "
+                    f"{', '.join(others[:3])}, not from the steps' process {', '.join(sorted(map(str, own)))}: "
+                    "the figures would describe another process")
+    total = sum(b - a for a, b in windows)
+    start_up = [e for e in trace.runtime if _is_start_up_call(e.name) and _in_steps(e, steps)]
+    start_up_us = iv.length_within(iv.from_events(start_up), iv.from_spans(windows))
+    if total and start_up_us >= START_UP_SHARE * total:
+        names = sorted({e.name for e in start_up})
+        return (f"{100 * start_up_us / total:.0f}% of the step is in start-up calls ({', '.join(names[:4])}): "
+                "this is a process starting, not a training step; profile steps after the first")
+    return None
+
+
+def _loader_workers(trial: dict) -> tuple[int, int]:
+    """(num_workers, prefetch_factor) the trial's first DataLoader ran with."""
+    loaders = trial.get("dataloaders") or []
+    effective = (loaders[0].get("effective") if loaders else None) or {}
+    knobs, user = trial.get("knobs") or {}, trial.get("user_values") or {}
+    workers = next((v for v in (effective.get("num_workers"), knobs.get("num_workers"), user.get("num_workers"))
+                    if v is not None), 0)
+    prefetch = next((v for v in (effective.get("prefetch_factor"), knobs.get("prefetch_factor"),
+                                 user.get("prefetch_factor")) if v is not None), 2)
+    return int(workers or 0), int(prefetch or 2)
+
+
+def loader_queue(trial: dict | None, trace: Trace, steps: list[Step], dataloader: iv.Intervals,
+                 window_share: float) -> tuple[Finding | None, float | None]:
+    """Whether the profiled window hid a loader limit behind batches the workers had queued earlier.
+
+    With worker processes, a loader that keeps up is never waited for once its queue has filled; a step
+    that waits long (≥ DRY_WAIT of the median step) found the queue empty, so the workers produce more
+    slowly than the step consumes: the loader binds, on average, even if most steps of a short window were
+    fed from the queue. Waits come from the trial record (wall − call per step, the first step left out:
+    it starts the workers) or, without one, from the trace's DataLoader time per step. The share of time
+    waiting from the first dry step on estimates the steady state; it is returned when it exceeds the
+    window's share. A trial whose steps could all have come from the queue filled at the start says so.
+    """
+    waits, walls, where = [], [], "trace"
+    workers = prefetch = 0
+    if trial and trial.get("steps"):
+        workers, prefetch = _loader_workers(trial)
+        if workers:
+            later = [s for s in trial["steps"][1:] if s.get("wall_s") is not None and s.get("call_s") is not None]
+            waits = [max(0.0, s["wall_s"] - s["call_s"]) for s in later]
+            walls = [s["wall_s"] for s in later]
+            where = "trial"
+    elif any(e.name.startswith("enumerate(DataLoader)#_MultiProcessing") for e in trace.ops):
+        waits = [iv.length(dataloader, s.start, s.end) for s in steps]
+        walls = [s.duration for s in steps]
+    if len(waits) < 2 or not sum(walls):
+        return None, None
+    threshold = DRY_WAIT * median(walls)
+    dry = [i for i, w in enumerate(waits) if w >= threshold]
+    scope = "the trial's steps after the first" if where == "trial" else "the profiled steps"
+    if dry and len(dry) < len(waits):
+        first = dry[0]
+        share = sum(waits[first:]) / sum(walls[first:])
+        if share < window_share + 0.05:
+            return None, None
+        draining = len(waits) >= 3 and waits[-3] < waits[-2] < waits[-1] and dry[-1] == len(waits) - 1
+        pattern = "the wait grows step after step: the queue is draining" if draining else (
+            f"{len(dry)} of {len(waits)} steps waited {max(waits) / 1000:.1f} ms at most, the others "
+            f"{median(waits) / 1000:.1f} ms or less")
+        return Finding("loader-queue",
+                       f"the DataLoader's queue ran dry during {scope} ({pattern}): the workers produce batches "
+                       f"more slowly than the step uses them, so the loader binds; from the first dry step on "
+                       f"the step waited {100 * share:.0f}% of the time, against {100 * window_share:.1f}% "
+                       "averaged over the profiled window", share), share
+    if where == "trial" and not dry and len(trial["steps"]) <= workers * prefetch + 1:
+        return Finding("loader-window",
+                       f"all {len(trial['steps'])} steps of the trial could have come from the {workers * prefetch} "
+                       f"batches {workers} workers queue at the start (prefetch_factor {prefetch}): the DataLoader "
+                       "share does not show whether the loader keeps up; profile more steps"), None
+    return None, None
+
+
+def _share(x: float) -> str:
+    """A share of the step as evidence reads it: '97%', or '0.4%' below ten percent."""
+    return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.1f}%"
+
+
+def find_bound(platform: str, shares: dict[str, float], problem: str | None, memory: str | None,
+               loader: Finding | None) -> tuple[str | None, tuple[str, ...]]:
+    """The key of BOUNDS that bounds the step, with one-line reasons, or (None, reasons) when the figures
+    cannot say.
+
+    - "memory" when the trial ran out of memory, ran micro-batches to fit, device headroom is under
+      MEMORY_NEARLY_GONE, or memory grows every step (a leak): memory decides whether the run goes on at
+      all, whatever the trace shows.
+    - None when the trace is degenerate (`degenerate`): no other bound can be read from it.
+    - CPU-only traces: "input" when the DataLoader holds at least CPU_INPUT_BOUND of the step, else
+      "compute" (the CPU computing the step is all that is left).
+    - Accelerators, from `bound_time` (each moment once: compute > communication > copy > input > host):
+      "compute" when kernels keep the device busy at least COMPUTE_BOUND of the step; otherwise the
+      largest reason the device idles: "input" (waiting on the DataLoader; over the trial's steps once
+      its queue ran dry, when the window hid it, see `loader_queue`), "copy" (host-to-device copies and
+      the host's waits on them, including synchronous pageable copies), "host" (runtime calls, CPU
+      operators and Python with the device idle: launch overhead) or "communication" (collectives not
+      overlapped with compute).
+    """
+    if memory is not None:
+        return "memory", (memory,)
+    if problem is not None:
+        return None, (problem,)
+    input_share = shares.get("input", 0.0)
+    loader_line = (loader.message,) if loader is not None and loader.code == "loader-queue" else ()
+    waiting = f"{_share(input_share)} of the step waiting on the DataLoader"
+    if platform == "cpu":
+        if input_share >= CPU_INPUT_BOUND:
+            return "input", (waiting,) + loader_line
+        return "compute", (f"the CPU computes the step; the DataLoader holds {_share(input_share)} of it",)
+    device = "GPU" if platform == "gpu" else platform.upper()
+    compute = shares.get("compute", 0.0)
+    busy = f"kernels keep the {device} busy {_share(compute)} of the step"
+    if compute >= COMPUTE_BOUND:
+        return "compute", (busy,)
+    reasons = {
+        "input": waiting,
+        "copy": f"{_share(shares.get('copy', 0.0))} of the step in host-to-device copies and the host's waits "
+                "on them, with no kernel running",
+        "host": f"{_share(shares.get('host', 0.0))} of the step on the host (runtime calls, CPU operators, "
+                f"Python) with the {device} idle",
+        "communication": f"{_share(shares.get('communication', 0.0))} of the step in communication not "
+                         "overlapped with compute",
+    }
+    bound = max(reasons, key=lambda b: shares.get(b, 0.0))
+    idle = f"kernels keep the {device} busy only {_share(compute)} of the step"
+    return bound, (reasons[bound], idle) + (loader_line if bound == "input" else ())
+
+
+def host_figures(trace: Trace, steps: list[Step]) -> dict:
+    """Launch and optimizer figures per step: kernel launches, kernels, CUDA graph launches, and the
+    optimizer's step (class, host time, implementation: fused, foreach or a per-parameter loop)."""
+    n = len(steps)
+    calls = [r for r in trace.runtime if _is_launch_call(r.name)]
+    launches = [r for r, inside in zip(calls, _in_steps_mask(calls, steps)) if inside]
+    out = {
+        "launches_per_step": len(launches) / n,
+        "kernels_per_step": int(_in_steps_mask(trace.kernels, steps).sum()) / n,
+        "graph_launches_per_step": sum(1 for r in launches if "Graph" in r.name) / n,
+    }
+    spans = [e for e in trace.ops if e.name.startswith("Optimizer.step#") and OPTIMIZER_STEP.match(e.name)
+             and _in_steps(e, steps)]
+    if spans:
+        starts = [op.ts for op in trace.ops]  # sorted: operators are sorted by start
+        inside = [op.name for span in spans
+                  for op in trace.ops[bisect.bisect_left(starts, span.ts):bisect.bisect_right(starts, span.end)]
+                  if op.tid == span.tid and op.end <= span.end and op is not span]
+        name = OPTIMIZER_STEP.match(spans[0].name).group(1)
+        if "Fused" in name or any("_fused_" in o for o in inside):
+            implementation = "fused"
+        elif any("_foreach_" in o for o in inside):
+            implementation = "foreach"
+        else:
+            implementation = "for-loop"
+        out["optimizer"] = {"name": name, "us_per_step": sum(e.dur for e in spans) / n,
+                            "implementation": implementation}
+    return out
+
+
 def _primary_devices(trace: Trace, utilization: dict[int, float]) -> list[Device]:
     used = trace.used_devices
     return sorted(used, key=lambda d: -utilization.get(d.index, 0.0))
+
+
+def platform_of(trace: Trace) -> str:
+    """'gpu' for device activity in the CUDA vocabulary (CUDA, ROCm), another accelerator's own name
+    ('mtia') for activity or runtime in its categories, 'cpu' when the trace shows no accelerator."""
+    if trace.gpu_vocabulary:
+        return "gpu"
+    return trace.accelerator or "cpu"
 
 
 def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None = None) -> Diagnosis:
@@ -552,33 +932,69 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     shares = breakdown(steps, roles)
     step_time = sum(s.duration for s in steps) / len(steps)
     wait = iv.length_within(roles["dataloader"], iv.from_spans((s.start, s.end) for s in steps)) / len(steps)
-    platform = "gpu" if trace.has_device_activity else "cpu"
+    platform = platform_of(trace)
     utilization = gpu_utilization(trace, steps) if trace.kernels else {}
     devices = _primary_devices(trace, utilization)
     vendor = devices[0].vendor if devices else "unknown"
-    kernel_us, tc_share, eligible, eligible_ops = tensor_cores(trace, steps, vendor)
-    copies = host_to_device_copies(trace, steps, roles["kernel"])
+    mix = kernel_mix(trace, steps, vendor)
+    copy_activity = copy_events(trace, steps)
+    copies = host_to_device_copies(copy_activity, steps, roles["kernel"])
     memory = memory_peaks(trace, trace.devices)
+    dataloader_share = shares["dataloader"] / step_time if step_time else 0.0
     missing = []
     if note.startswith("no ProfilerStep"):
         missing.append("ProfilerStep# spans (the whole trace is one step)")
-    if platform == "gpu" and not trace.devices:
-        missing.append("deviceProperties (device name, memory capacity and compute capability unknown)")
-    if platform == "gpu" and not any(m.peak_allocated is not None for m in memory if m.device != "cpu"):
+    accelerator = platform != "cpu"
+    name = "GPU" if platform == "gpu" else platform.upper()
+    if accelerator and not any(d.described for d in trace.devices):
+        known = (f"; vendor ({devices[0].vendor}) and architecture from kernel names"
+                 if devices and devices[0].vendor != platform else "")
+        missing.append(f"deviceProperties (device name, memory capacity and compute capability unknown{known})")
+    if platform == "gpu" and trace.kernels and mix.tensor_core_share is None:
+        missing.append("a known GPU vendor: Tensor Core use and matmul work AMP could move are unknown")
+    if accelerator and platform != "gpu":
+        missing.append(f"{name} kernel names that say which kernels use matrix units: their share and the "
+                       "work mixed precision could move are unknown, so no AMP advice")
+        missing.append(f"host-to-device copies named by direction and host memory ({name} copies are not): copy "
+                       "figures unknown, so no pin_memory/non_blocking advice")
+    if accelerator and not any(m.peak_allocated is not None for m in memory if m.device != "cpu"):
         missing.append("[memory] events with 'Total Allocated' (profile_memory=True): peak memory and headroom "
                        "unknown")
-    if platform == "gpu" and not trace.runtime:
+    if accelerator and not trace.runtime:
         missing.append("runtime events: steps cannot be matched to the kernels they launched")
     if not roles["dataloader"][0].size:
         missing.append("DataLoader spans (enumerate(DataLoader)#...__next__): data loading time unknown")
-    extra = {"median_step_us": median(s.duration for s in steps), "events": trace.event_count}
+    extra = {"median_step_us": median(s.duration for s in steps), "events": trace.event_count,
+             "kernels_by_name_share": mix.by_name_share}
     if platform == "cpu":
         matmul_spans = iv.from_events([op for op in trace.ops if _is_eligible_op(op.name)])
         windows = iv.from_spans((s.start, s.end) for s in steps)
         extra["cpu_eligible_share"] = iv.length_within(matmul_spans, windows) / iv.length(windows)
+    else:
+        extra.update(host_figures(trace, steps))
     main = utilization.get(devices[0].index) if devices and utilization else None
     if main is None and utilization:
         main = max(utilization.values())
+    # What bounds the step.
+    if platform == "cpu":
+        bound_shares = {"input": dataloader_share, "compute": 1.0 - dataloader_share}
+    else:
+        bound_shares = {b: us / step_time if step_time else 0.0 for b, us in
+                        bound_time(steps, roles, copy_activity).items()}
+    loader, steady = loader_queue(trial, trace, steps, roles["dataloader"], dataloader_share)
+    if steady is not None:
+        # Time the window credited elsewhere (the host, mostly) was, in steady state, spent waiting.
+        others = [b for b in bound_shares if b != "input"]
+        rest = sum(bound_shares[b] for b in others)
+        scale = (1.0 - steady) / rest if rest else 0.0
+        bound_shares = {b: steady if b == "input" else v * scale for b, v in bound_shares.items()}
+    elif loader is not None:
+        missing.append("a window long enough to see the DataLoader keep up or not: " + loader.message)
+    problem = degenerate(trace, steps)
+    if problem is not None:
+        missing.append("steps that describe training: " + problem)
+        extra["degenerate"] = problem
+    bound, evidence = find_bound(platform, bound_shares, problem, memory_pressure(trial, memory), loader)
     return Diagnosis(
         source=trace.path,
         platform=platform,
@@ -587,18 +1003,24 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         step_note=note,
         step_time_us=step_time,
         breakdown_us=shares,
-        dataloader_share=shares["dataloader"] / step_time if step_time else 0.0,
+        dataloader_share=dataloader_share,
         dataloader_wait_share=wait / step_time if step_time else 0.0,
         copies=copies,
-        kernel_us=kernel_us,
-        tensor_core_share=tc_share,
-        eligible_share=eligible,
-        eligible_op_share=eligible_ops,
+        kernel_us=mix.kernel_us,
+        tensor_core_share=mix.tensor_core_share,
+        eligible_share=mix.eligible_share,
+        eligible_op_share=mix.eligible_op_share,
         gpu_utilization=main,
         utilization_by_device=utilization,
         memory=tuple(memory),
         missing=tuple(missing),
+        layout_share=mix.layout_share,
+        bound=bound,
+        bound_evidence=evidence,
+        bound_shares=bound_shares,
+        loader_steady_share=steady,
         distributed=trace.distributed,
         trial=trial,
+        findings=(loader,) if loader is not None else (),
         extra=extra,
     )

@@ -16,3 +16,8 @@ class TraceError(AdvisorError):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+
+class NotATrace(TraceError):
+    """A file that is not a torch.profiler trace at all (not JSON, or JSON of another shape): in a folder of
+    traces it is skipped, not an error."""

@@ -1,16 +1,22 @@
 """Diagnosis → ranked Recommendations. Each rule is a pure function that returns a Recommendation or None.
 
 A rule speaks only when the trace supports it: each recommendation carries the figures that triggered it
-(its evidence) and a predicted gain, the share of step time it is expected to save, used for ranking.
-Predicted gains are deliberately rough; the optimization session measures the real effect.
+(its evidence), the bound it addresses (a key of `advisor.diagnosis.BOUNDS`) and a predicted gain, the
+share of step time it is expected to save, used for ranking. A recommendation helps now when its bound is
+the diagnosis's bound. One that addresses another bound does not claim its gain now: it helps once the
+current bound is fixed, and its predicted gain is the time it should save then, as a share of today's
+step (once the current bound's time is gone the step is shorter, so its share then is larger; how much
+shorter no trace says). Predicted gains are deliberately rough; the optimization session measures the
+real effect.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from advisor.diagnosis import Diagnosis
+from advisor.diagnosis import BOUNDS, Diagnosis, memory_leak
 
 # Thresholds, as shares of the average step unless said otherwise.
 DATALOADER_SHARE = 0.05
@@ -18,26 +24,33 @@ ELIGIBLE_SHARE = 0.20  # of kernel time (GPU) or step time (CPU)
 TENSOR_CORE_SHARE_LOW = 0.50
 PAGEABLE_COPY_SHARE = 0.005
 SYNC_WAIT_SHARE = 0.002
-PINNED_COPY_SHARE = 0.05
+COPY_SHARE = 0.05  # copies and the host's waits on them, with no kernel running
 LOW_UTILIZATION = 0.80
-VERY_LOW_UTILIZATION = 0.30
 HEADROOM = 0.30
 MEMORY_SAFETY = 0.85  # keep the predicted peak under this share of device memory
+HOST_SHARE = 0.30  # host time with the device idle, for CUDA graphs / torch.compile
+MIN_LAUNCHES = 20  # kernel launches per step worth capturing in a graph
+OPTIMIZER_SHARE = 0.05  # the optimizer step's host time
+LAYOUT_SHARE = 0.05  # of kernel time: layout conversions worth removing with channels_last
 MIN_GAIN = 0.005  # below half a percent of the step, a change is not worth the user's attention
+FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")  # torch.optim classes that take fused=True
 
 
 @dataclass(frozen=True)
 class Recommendation:
-    """One change to make, why (evidence), what it should gain, and the code that makes it."""
+    """One change to make, why (evidence), what it should gain, the bound it addresses, and the code."""
 
     id: str
     title: str
     knobs: dict  # the Knobs fields this changes, e.g. {"amp": "bf16"}; empty for code-only advice
-    predicted_gain: float  # share of step time expected to be saved
+    predicted_gain: float  # step time it saves, as a share of today's step (once its bound binds, if not now)
     evidence: tuple[str, ...]
     code_change: str
     caveat: str = ""
     details: dict = field(default_factory=dict)
+    bound: str = field(kw_only=True)  # the key of BOUNDS this addresses
+    helps_now: bool = field(default=True, kw_only=True)  # its bound is the diagnosis's (or that is unknown)
+    helps_once: str = field(default="", kw_only=True)  # when not now: the bound to fix first, as BOUNDS names it
 
 
 def _pct(x: float) -> str:
@@ -49,14 +62,24 @@ def _ms(us: float) -> str:
 
 
 def has_matrix_units(d: Diagnosis) -> tuple[bool, str]:
-    """Whether the device has Tensor Cores (NVIDIA sm_70+) or matrix cores (AMD CDNA), and which."""
+    """Whether the device has Tensor Cores (NVIDIA sm_70+) or matrix cores (AMD CDNA), and which.
+
+    A device the trace does not describe is judged by its kernel names: Tensor Core kernels that ran prove
+    the units; NVIDIA kernels built for sm_70 or newer imply them.
+    """
     dev = d.device
     if dev is None:
         return False, "unknown device"
     cap = dev.compute_capability
+    if d.tensor_core_share:
+        unit = "Tensor Core" if dev.vendor == "nvidia" else "matrix core"
+        if not dev.described:
+            return True, f"{unit} kernels ran in this trace"
     if dev.vendor == "nvidia":
         if cap is None:
             return False, "compute capability unknown"
+        if not dev.described:
+            return cap >= (7, 0), f"NVIDIA, kernels built for sm_{cap[0]}{cap[1]} or newer"
         return cap >= (7, 0), f"NVIDIA compute capability {dev.capability_text}"
     if dev.vendor == "amd":
         # gfx9 (CDNA: MI100/MI200/MI300) has matrix cores; trace compute capability 9.x means gfx9xx.
@@ -76,25 +99,30 @@ def amp_dtype(d: Diagnosis) -> str:
     dev = d.device
     if d.platform == "cpu":
         return "bf16"
-    if dev is not None and dev.vendor == "nvidia" and dev.compute_capability and dev.compute_capability < (8, 0):
-        return "fp16"
+    if dev is not None and dev.vendor == "nvidia":
+        cap = dev.compute_capability
+        if cap is None or cap < (8, 0):
+            return "fp16"  # an undescribed NVIDIA device may be Volta or Turing: fp16 works on every one
     return "bf16"
 
 
 def more_workers(d: Diagnosis) -> Recommendation | None:
     """The step waits on the DataLoader: load batches in worker processes, overlapped with compute."""
-    share = d.dataloader_share
+    share = max(d.dataloader_share, d.loader_steady_share or 0.0)
     if share < DATALOADER_SHARE:
         return None
+    evidence = [f"{_pct(d.dataloader_share)} of the step is spent in DataLoader.__next__ "
+                f"({_ms(d.breakdown_us['dataloader'])} per step) with nothing else running"]
+    evidence += [f.message for f in d.findings if f.code == "loader-queue"]
     return Recommendation(
         id="more-workers",
         title="Load data in parallel: raise DataLoader num_workers",
         knobs={"num_workers": "increase"},
         predicted_gain=0.9 * share,
-        evidence=(f"{_pct(share)} of the step is spent in DataLoader.__next__ "
-                  f"({_ms(d.breakdown_us['dataloader'])} per step) with nothing else running",),
+        evidence=tuple(evidence),
         code_change="DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True)",
         caveat="Each worker holds a copy of the Dataset; grow num_workers while it helps, up to the CPU count.",
+        bound="input",
     )
 
 
@@ -124,7 +152,10 @@ def amp(d: Diagnosis) -> Recommendation | None:
             code_change=_autocast_code("cpu", "bf16"),
             caveat="" if bf16 else "bf16 is fast only on CPUs with AMX or AVX512-BF16; measure it.",
             details={"dtype": "bf16"},
+            bound="compute",
         )
+    if d.platform != "gpu":
+        return None  # other accelerators: which kernels use matrix units is not in their names
     ok, why = has_matrix_units(d)
     if not ok or d.eligible_share is None or d.tensor_core_share is None:
         return None
@@ -132,19 +163,22 @@ def amp(d: Diagnosis) -> Recommendation | None:
         return None
     unit = "Tensor Cores" if d.device.vendor == "nvidia" else "matrix cores"
     kernel_share = d.kernel_us / d.step_time_us if d.step_time_us else 0.0
+    evidence = [f"{_pct(d.eligible_share)} of kernel time is matmul/convolution work not on {unit}",
+                f"{unit} used by {_pct(d.tensor_core_share)} of kernel time",
+                f"the device has {unit} ({why})"]
+    if d.layout_share and d.layout_share >= 0.01:
+        evidence.append(f"layout conversions ({_pct(d.layout_share)} of kernel time) are not counted: AMP does "
+                        "not remove them")
     return Recommendation(
         id="amp",
         title=f"Use automatic mixed precision ({dtype}{scaler}) to run matmuls on {unit}",
         knobs={"amp": dtype},
         predicted_gain=0.5 * d.eligible_share * min(kernel_share, 1.0),
-        evidence=(
-            f"{_pct(d.eligible_share)} of kernel time is matmul/convolution work not on {unit}",
-            f"{unit} used by {_pct(d.tensor_core_share)} of kernel time",
-            f"the device has {unit} ({why})",
-        ),
+        evidence=tuple(evidence),
         code_change=_autocast_code("cuda", dtype),  # ROCm builds use the "cuda" device type too
         caveat="Check that the loss curve matches fp32 over the first few hundred steps.",
         details={"dtype": dtype},
+        bound="compute",
     )
 
 
@@ -160,27 +194,34 @@ def _autocast_code(device_type: str, dtype: str) -> str:
 
 
 def pin_memory(d: Diagnosis) -> Recommendation | None:
-    """Copies from pageable host memory are slow and synchronous: pin the loader's batches."""
+    """Copies from pageable host memory are slow and block the host: pin the loader's batches."""
     c = d.copies
-    share = c.pageable_us / d.step_time_us if d.step_time_us else 0.0
-    if share < PAGEABLE_COPY_SHARE:
+    if d.platform != "gpu" or not d.step_time_us:
         return None
+    cost = max(c.pageable_us, c.pageable_wait_us) / d.step_time_us
+    if cost < PAGEABLE_COPY_SHARE:
+        return None
+    evidence = [f"{c.count:.0f} host-to-device copies per step, from pageable memory: {_ms(c.pageable_us)} on "
+                f"the device"]
+    if c.pageable_wait_us:
+        evidence.append(f"the host is blocked {_ms(c.pageable_wait_us)} per step inside those copy calls, staging "
+                        "the data itself")
     return Recommendation(
         id="pin-memory",
         title="Pin host memory: DataLoader(pin_memory=True)",
         knobs={"pin_memory": True},
-        predicted_gain=0.5 * share + (c.sync_wait_us / d.step_time_us),
-        evidence=(f"{c.count:.0f} host-to-device copies per step from pageable memory take "
-                  f"{_ms(c.pageable_us)} ({_pct(share)} of the step)",)
-        + ((f"{c.synchronous:.0f} of them block the host",) if c.synchronous else ()),
+        # Pinned copies run at the link's full speed (about twice pageable) and let the host go on.
+        predicted_gain=0.5 * cost,
+        evidence=tuple(evidence),
         code_change="DataLoader(dataset, ..., pin_memory=True)\nx = x.to(device, non_blocking=True)",
+        bound="copy",
     )
 
 
 def non_blocking(d: Diagnosis) -> Recommendation | None:
     """The host waits for each copy to finish: let copies run asynchronously."""
     c = d.copies
-    if not c.synchronous or not d.step_time_us:
+    if d.platform != "gpu" or not c.synchronous or not d.step_time_us:
         return None
     wait = c.sync_wait_us / d.step_time_us
     if wait < SYNC_WAIT_SHARE:
@@ -191,21 +232,28 @@ def non_blocking(d: Diagnosis) -> Recommendation | None:
         knobs={"non_blocking": True},
         predicted_gain=wait,
         evidence=(f"{c.synchronous:.0f} synchronous host-to-device copies per step; the host waits "
-                  f"{_ms(c.sync_wait_us)} per step for them",),
+                  f"{_ms(c.sync_wait_us)} per step in synchronizes and blocking copies",),
         code_change="x = x.to(device, non_blocking=True)\ny = y.to(device, non_blocking=True)",
         caveat="Overlaps only with pinned host memory (pin_memory=True).",
+        bound="copy",
     )
 
 
 def larger_batch(d: Diagnosis) -> Recommendation | None:
-    """The accelerator idles and memory is left over: more samples per step amortize fixed costs."""
-    if d.platform != "gpu" or d.gpu_utilization is None or d.gpu_utilization >= LOW_UTILIZATION:
+    """The accelerator idles: more samples per step amortize the fixed costs of launching the step.
+
+    With memory figures, low utilization and headroom carry it (headroom limits how much larger). Without
+    them, a launch-bound step (host time with the device idle ≥ HOST_SHARE) still carries it, with the
+    caveat to grow the batch step by step and watch memory.
+    """
+    if d.platform == "cpu" or d.gpu_utilization is None or d.gpu_utilization >= LOW_UTILIZATION:
         return None
     if d.dataloader_share >= 0.2:
         return None  # a bigger batch only makes a loading-bound step wait longer
     util = d.gpu_utilization
+    device = "GPU" if d.platform == "gpu" else d.platform.upper()
     mem = next((m for m in d.memory if m.device != "cpu" and m.headroom is not None), None)
-    evidence = [f"GPU busy {_pct(util)} of the step"]
+    evidence = [f"{device} busy {_pct(util)} of the step"]
     details = {}
     if mem is not None:
         if mem.headroom < HEADROOM:
@@ -216,9 +264,12 @@ def larger_batch(d: Diagnosis) -> Recommendation | None:
         details = {"max_factor": factor, "headroom": mem.headroom}
         caveat = ("Scale the learning rate with the batch (linear rule, with warm-up) or keep the effective "
                   f"batch with gradient accumulation. Memory allows about ×{factor}.")
-    elif util < VERY_LOW_UTILIZATION:
+    elif d.bound_shares.get("host", 0.0) >= HOST_SHARE:
+        evidence.append(f"{_pct(d.bound_shares['host'])} of the step on the host with the {device} idle: fixed "
+                        "launch costs a larger batch spreads over more samples")
         evidence.append("the trace has no memory totals: grow the batch step by step and watch memory")
-        caveat = "Memory use is not in the trace (profile_memory=True records it)."
+        caveat = ("Memory use is not in the trace (profile_memory=True records it). Scale the learning rate "
+                  "with the batch, or keep the effective batch with gradient accumulation.")
     else:
         return None
     return Recommendation(
@@ -230,43 +281,122 @@ def larger_batch(d: Diagnosis) -> Recommendation | None:
         code_change="DataLoader(dataset, batch_size=2 * batch_size, ...)",
         caveat=caveat,
         details=details,
+        bound="host",
+    )
+
+
+def cuda_graphs(d: Diagnosis) -> Recommendation | None:
+    """Launch-bound: the host spends the step launching many short kernels while the GPU idles; capture
+    the step in a CUDA graph (one launch) and fuse kernels with torch.compile."""
+    if d.platform != "gpu" or not d.step_time_us:
+        return None
+    host = d.bound_shares.get("host", 0.0)
+    launches = d.extra.get("launches_per_step", 0.0)
+    kernels = d.extra.get("kernels_per_step", 0.0)
+    if host < HOST_SHARE or launches < MIN_LAUNCHES or d.extra.get("graph_launches_per_step"):
+        return None
+    mean_kernel = d.kernel_us / kernels if kernels else 0.0
+    return Recommendation(
+        id="cuda-graphs",
+        title="Launch fewer, larger kernels: torch.compile (CUDA graphs and fused kernels)",
+        knobs={},
+        predicted_gain=0.5 * host,
+        evidence=(f"{_pct(host)} of the step on the host (runtime calls, CPU operators, Python) with the GPU idle",
+                  f"{launches:.0f} kernel launches per step, {mean_kernel:.0f} µs per kernel on average"),
+        code_change=('model = torch.compile(model, mode="reduce-overhead")  # CUDA graphs + fused kernels\n'
+                     "# or capture the step by hand: torch.cuda.graphs (static shapes and buffers)"),
+        caveat="CUDA graphs need the same shapes every step (drop_last=True); the first steps compile.",
+        bound="host",
+    )
+
+
+def fused_optimizer(d: Diagnosis) -> Recommendation | None:
+    """The optimizer step launches kernels per parameter (or per op over lists): one fused kernel does it."""
+    opt = d.extra.get("optimizer")
+    if d.platform != "gpu" or not opt or opt["implementation"] == "fused" or not d.step_time_us:
+        return None
+    share = opt["us_per_step"] / d.step_time_us
+    if share < OPTIMIZER_SHARE:
+        return None
+    name = opt["name"]
+    if name in FUSED_OPTIMIZERS:
+        change, option = "fused", "fused=True"
+    elif opt["implementation"] == "for-loop":
+        change, option = "foreach", "foreach=True"
+    else:
+        return None
+    # A per-parameter loop launches kernels per tensor; foreach launches a few per op over tensor lists.
+    factor = 0.6 if opt["implementation"] == "for-loop" else 0.3
+    return Recommendation(
+        id="fused-optimizer",
+        title=f"Use the {change} {name} optimizer ({option})",
+        knobs={},
+        predicted_gain=factor * share,
+        evidence=(f"{name}.step takes {_ms(opt['us_per_step'])} per step ({_pct(share)} of the step), running "
+                  f"its {opt['implementation']} implementation",),
+        code_change=f"optimizer = torch.optim.{name}(model.parameters(), lr=..., {option})",
+        bound="host",
     )
 
 
 def fewer_copy_bytes(d: Diagnosis) -> Recommendation | None:
-    """Pinned copies still take a large share: send fewer bytes (uint8 images, smaller dtypes)."""
+    """Copies take a large share of the step: send fewer bytes (uint8 or half on the host) and convert and
+    normalize on the device."""
     c = d.copies
-    share = c.pinned_us / d.step_time_us if d.step_time_us else 0.0
-    if share < PINNED_COPY_SHARE:
+    if d.platform != "gpu" or not d.step_time_us:
         return None
-    hidden = c.overlap_with_kernels or 0.0
-    per_step = f", {c.bytes / 1e6:.1f} MB per step" if c.bytes else ""
+    share = c.exposed_us / d.step_time_us
+    if share < COPY_SHARE:
+        return None
+    per_step = f"{c.bytes / 1e6:.1f} MB per step" if c.bytes else "bytes not recorded"
     return Recommendation(
         id="fewer-copy-bytes",
-        title="Copy fewer bytes to the device",
+        title="Copy fewer bytes to the device: uint8 (or half) on the host, convert on the device",
         knobs={},
-        predicted_gain=0.75 * share * (1 - hidden),
-        evidence=(f"pinned host-to-device copies take {_pct(share)} of the step{per_step}",
-                  f"{_pct(hidden)} of copy time overlaps kernels"),
-        code_change=("# send uint8 images and normalize on the device\n"
-                     "x = x.to(device, non_blocking=True).float().div_(255)"),
+        # float32 → uint8 sends a quarter of the bytes.
+        predicted_gain=0.75 * share,
+        evidence=(f"host-to-device copies and the host's waits on them take {_pct(share)} of the step with no "
+                  f"kernel running ({_ms(c.exposed_us)})",
+                  f"{c.count:.0f} copies, {per_step}; the host waits {_ms(c.host_wait_us)} per step"),
+        code_change=("# in the Dataset: keep the decoded image as uint8, no float conversion or normalization\n"
+                     "pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8)).permute(2, 0, 1)\n"
+                     "# in the step: copy 1 byte per value, then convert and normalize on the device\n"
+                     "x = x.to(device, non_blocking=True).float().div_(255)\n"
+                     "x = (x - mean) / std  # mean, std: tensors created once on the device\n"
+                     "# values that are not 8-bit: x.half() on the host, x.float() on the device"),
+        caveat="Random augmentations that need floats can run on the device after the copy.",
+        bound="copy",
     )
 
 
-LEAK_BYTES_PER_STEP = 1 << 20  # growth below 1 MiB a step is allocator noise, not a leak
-LEAK_R2 = 0.9
+def channels_last(d: Diagnosis) -> Recommendation | None:
+    """cuDNN converts NCHW tensors to NHWC around convolutions: keep model and input channels_last."""
+    if d.platform != "gpu" or not d.layout_share or d.layout_share < LAYOUT_SHARE or not d.step_time_us:
+        return None
+    layout_us = d.layout_share * d.kernel_us
+    return Recommendation(
+        id="channels-last",
+        title="Use channels_last memory format for the model and its input",
+        knobs={},
+        predicted_gain=0.8 * layout_us / d.step_time_us,
+        evidence=(f"{_pct(d.layout_share)} of kernel time converts layouts (nchwToNhwc/nhwcToNchw) around "
+                  f"convolutions, {_ms(layout_us)} per step; AMP does not remove it",),
+        code_change=("model = model.to(memory_format=torch.channels_last)\n"
+                     "x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)"),
+        caveat="Helps convolutions (most with AMP); measure it, some layers prefer NCHW.",
+        bound="compute",
+    )
+
+
 MEMORY_TIGHT = 0.70  # peak above this share of capacity: memory, not speed, is what binds
 
 
 def memory_growth_advice(trial: dict | None, lint: list[dict] | None = None) -> Recommendation | None:
     """Memory that grows step after step: a tensor (usually the loss) kept across steps with its graph."""
-    growth = ((trial or {}).get("summary") or {}).get("memory_growth") or {}
-    per_step = growth.get("bytes_per_step") or 0.0
-    median_diff = growth.get("median_difference_bytes") or 0.0
-    # A leak grows by about the same amount every step; a one-off jump (optimizer state created on the
-    # first step) has a slope but no typical step-to-step difference.
-    if per_step < LEAK_BYTES_PER_STEP or median_diff < LEAK_BYTES_PER_STEP / 2 or (growth.get("r2") or 0) < LEAK_R2:
+    growth = memory_leak(trial)
+    if growth is None:
         return None
+    per_step = growth["bytes_per_step"]
     evidence = [f"memory grows {per_step / 2**20:.1f} MiB per step over {growth.get('steps')} steps "
                 f"(R² {growth.get('r2', 0):.2f}, from {growth.get('source')})"]
     suspects = [f for f in (lint or []) if f.get("rule") == "loss-accumulation"]
@@ -282,6 +412,7 @@ def memory_growth_advice(trial: dict | None, lint: list[dict] | None = None) -> 
         code_change=code,
         caveat="Until fixed, a long run ends in an out-of-memory error however much memory there is.",
         details={"bytes_per_step": per_step},
+        bound="memory",
     )
 
 
@@ -318,6 +449,7 @@ def activation_checkpointing_advice(trial: dict | None, capacity: float | None =
         caveat=f"Frees about {100 * share:.0f}% of activation memory for roughly one more forward pass of "
                "those blocks per step (about 30% more compute).",
         details={"module": name, "share": share},
+        bound="memory",
     )
 
 
@@ -338,12 +470,26 @@ def activation_checkpointing(d: Diagnosis) -> Recommendation | None:
     return activation_checkpointing_advice(d.trial, capacity)
 
 
-RULES = (more_workers, amp, pin_memory, non_blocking, larger_batch, fewer_copy_bytes)
-MEMORY_RULES = (memory_growth, activation_checkpointing)  # correctness and fit, not speed: listed first
+RULES = (more_workers, amp, pin_memory, non_blocking, larger_batch, cuda_graphs, fused_optimizer, fewer_copy_bytes,
+         channels_last)
+MEMORY_RULES = (memory_growth, activation_checkpointing)  # whether the run fits at all; no speed gain
 
 
 def recommend(d: Diagnosis) -> tuple[Recommendation, ...]:
-    """All recommendations the diagnosis supports, best predicted gain first."""
-    memory = [r for rule in MEMORY_RULES if (r := rule(d)) is not None]
-    found = [r for rule in RULES if (r := rule(d)) is not None and r.predicted_gain >= MIN_GAIN]
-    return tuple(memory) + tuple(sorted(found, key=lambda r: -r.predicted_gain))
+    """All recommendations the diagnosis supports: those that help now first, then those that help once
+    the current bound is fixed, each group by predicted gain (memory advice, gain 0, keeps rule order).
+
+    A degenerate trace (`Diagnosis.extra["degenerate"]`, bound None unless memory binds) gets no speed
+    advice: its figures cannot carry any.
+    """
+    found = [r for rule in MEMORY_RULES if (r := rule(d)) is not None]
+    if d.bound is not None and not d.extra.get("degenerate"):
+        found += [r for rule in RULES if (r := rule(d)) is not None]
+    out = []
+    for r in found:
+        if d.bound is None or r.bound == d.bound:
+            out.append(r)
+        else:
+            out.append(dataclasses.replace(r, helps_now=False, helps_once=BOUNDS[d.bound]))
+    out = [r for r in out if r.bound == "memory" or r.predicted_gain >= MIN_GAIN]
+    return tuple(sorted(out, key=lambda r: (not r.helps_now, -r.predicted_gain)))

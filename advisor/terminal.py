@@ -8,12 +8,48 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from advisor.diagnosis import ROLES, Diagnosis
+from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
 
 ROLE_LABELS = {
     "kernel": "GPU kernels", "memcpy": "memory copies", "memset": "memset", "communication": "communication",
     "runtime": "CUDA/HIP runtime", "dataloader": "DataLoader", "cpu_op": "CPU operators", "other": "other",
 }
+RUNTIME_BY_VENDOR = {"nvidia": "CUDA runtime", "amd": "HIP runtime"}
+
+
+def role_labels(d: Diagnosis) -> dict[str, str]:
+    """Breakdown role names for this trace: the runtime and kernels named after its accelerator."""
+    labels = dict(ROLE_LABELS)
+    if d.platform == "gpu":
+        vendor = d.device.vendor if d.device is not None else "unknown"
+        labels["runtime"] = RUNTIME_BY_VENDOR.get(vendor, ROLE_LABELS["runtime"])
+    elif d.platform != "cpu":
+        labels["runtime"] = f"{d.platform.upper()} runtime"
+        labels["kernel"] = f"{d.platform.upper()} kernels"
+    return labels
+
+
+def accelerator_name(d: Diagnosis) -> str:
+    """'GPU', or the accelerator's own name ('MTIA')."""
+    return "GPU" if d.platform in ("gpu", "cpu") else d.platform.upper()
+
+
+def bound_line(d: Diagnosis) -> str:
+    """'Bound: input pipeline (DataLoader) — 97% of the step waiting on the DataLoader'."""
+    reason = d.bound_evidence[0] if d.bound_evidence else ""
+    if d.bound is None:
+        return f"Bound: cannot say — {reason}" if reason else "Bound: cannot say"
+    return f"Bound: {BOUNDS[d.bound]} — {reason}" if reason else f"Bound: {BOUNDS[d.bound]}"
+
+
+def rank_line(d: Diagnosis) -> str | None:
+    """'Rank 3 of 8 (nccl)' when the trace has distributedInfo, else None."""
+    info = d.distributed or {}
+    if info.get("rank") is None:
+        return None
+    world = f" of {info['world_size']}" if info.get("world_size") is not None else ""
+    backend = f" ({info['backend']})" if info.get("backend") else ""
+    return f"Rank {info['rank']}{world}{backend}"
 
 
 def _pct(x: float | None) -> str:
@@ -28,7 +64,13 @@ def device_line(d: Diagnosis) -> str:
     """'Tesla V100 (nvidia, sm 7.0, 34.1 GB)' or 'CPU only'."""
     dev = d.device
     if dev is None:
-        return "CPU only" if d.platform == "cpu" else "accelerator not described in the trace"
+        return "CPU only" if d.platform == "cpu" else f"{accelerator_name(d)}, not described in the trace"
+    if not dev.described:
+        if d.platform != "gpu":
+            return f"{accelerator_name(d)} accelerator (not described in the trace; from its event categories)"
+        arch = f", kernels built for sm_{dev.capability_text.replace('.', '')} or newer" if dev.capability_text else ""
+        vendor = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}.get(dev.vendor, dev.vendor)
+        return f"{vendor} GPU (not described in the trace; from its kernel and runtime names{arch})"
     parts = [dev.vendor]
     if dev.capability_text:
         parts.append(f"compute {dev.capability_text}")
@@ -43,18 +85,27 @@ def figures_table(d: Diagnosis) -> Table:
     t.add_column("figure")
     t.add_column("value", justify="right")
     t.add_row("DataLoader share of step", _pct(d.dataloader_share))
+    if d.loader_steady_share is not None:
+        t.add_row("DataLoader share once its queue ran dry", _pct(d.loader_steady_share))
     if d.platform == "gpu":
         t.add_row("GPU utilization", _pct(d.gpu_utilization))
         unit = "Matrix core" if d.device is not None and d.device.vendor == "amd" else "Tensor Core"
         t.add_row(f"{unit} share of kernel time", _pct(d.tensor_core_share))
         t.add_row("Eligible matmul/conv time not on them", _pct(d.eligible_share))
+        if d.layout_share:
+            t.add_row("Layout conversions (NCHW↔NHWC) of kernel time", _pct(d.layout_share))
         c = d.copies
         share = c.total_us / d.step_time_us if d.step_time_us else 0
         kinds = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in
                           (("pageable", c.pageable_us), ("pinned", c.pinned_us), ("host", c.unknown_us)) if v)
-        t.add_row("Host-to-device copies per step", f"{c.count:.0f} ({kinds or 'none'}; {_pct(share)})")
+        size = f", {c.bytes / 1e6:.1f} MB" if c.bytes else ""
+        t.add_row("Host-to-device copies per step", f"{c.count:.0f} ({kinds or 'none'}{size}; {_pct(share)})")
         if c.synchronous:
-            t.add_row("Synchronous copies per step", f"{c.synchronous:.0f} (host waits {c.sync_wait_us / 1000:.2f} ms)")
+            t.add_row("Host blocked on copies per step",
+                      f"{c.host_wait_us / 1000:.2f} ms over {c.synchronous:.0f} copies (pageable staging "
+                      f"{c.pageable_wait_us / 1000:.2f} ms, synchronizes {c.sync_wait_us / 1000:.2f} ms)")
+    elif d.platform != "cpu":
+        t.add_row(f"{accelerator_name(d)} utilization", _pct(d.gpu_utilization))
     else:
         t.add_row("Matmul/conv operators share of step", _pct(d.extra.get("cpu_eligible_share")))
     for m in d.memory:
@@ -73,15 +124,20 @@ def breakdown_table(d: Diagnosis) -> Table:
     t.add_column("ms / step", justify="right")
     t.add_column("share", justify="right")
     shares = d.breakdown_share
+    labels = role_labels(d)
     for role in ROLES:
         if d.breakdown_us[role] > 0:
-            t.add_row(ROLE_LABELS[role], f"{d.breakdown_us[role] / 1000:.2f}", _pct(shares[role]))
+            t.add_row(labels[role], f"{d.breakdown_us[role] / 1000:.2f}", _pct(shares[role]))
     return t
 
 
 def print_recommendations(d: Diagnosis, console: Console) -> None:
     """Ranked recommendations, each with its evidence, as an indented list (reads well at 80 columns)."""
     if not d.recommendations:
+        if d.bound is None:
+            console.print(Text("No recommendation: the figures of this trace cannot carry any (see below).",
+                               style="yellow"))
+            return
         console.print(Text("No recommendation: nothing in this trace points to a change worth making.",
                            style="green"))
         return
@@ -93,6 +149,8 @@ def print_recommendations(d: Diagnosis, console: Console) -> None:
             line.append(f"  (~{100 * r.predicted_gain:.1f}% of step time)", style="cyan")
         else:
             line.append("  (memory)", style="magenta")
+        if not r.helps_now:
+            line.append(f"  helps once {r.helps_once} is fixed", style="yellow")
         console.print(line)
         for e in r.evidence:
             console.print(Text(f"    - {e}"))
@@ -113,6 +171,9 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
     """One trace's section."""
     console.rule(Text(trace_label(d)))
     console.print(Text(f"Device: {device_line(d)}"))
+    rank = rank_line(d)
+    if rank:
+        console.print(Text(rank))
     if d.trial:
         summary = d.trial.get("summary") or {}
         sps = summary.get("samples_per_s")
@@ -124,24 +185,31 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
                        f" (median {d.extra['median_step_us'] / 1000:.2f} ms)"))
     if d.step_note:
         console.print(Text(f"  {d.step_note}", style="yellow"))
+    console.print(Text(bound_line(d), style="bold" if d.bound else "yellow"))
+    for reason in d.bound_evidence[1:]:
+        console.print(Text(f"  {reason}"))
     console.print(breakdown_table(d))
     console.print(figures_table(d))
+    for f in d.findings:
+        console.print(Text(f"Finding: {f.message}", style="yellow"))
     print_recommendations(d, console)
     for m in d.missing:
         console.print(Text(f"Not in this trace: {m}", style="dim"))
 
 
-def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None) -> None:
-    """All sections, plus a summary table when there are several traces."""
+def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, skipped: list | tuple = ()) -> None:
+    """All sections, plus a summary table when there are several traces; files skipped as not traces."""
     console = console or Console()
+    for path, reason in skipped:
+        console.print(Text(f"Skipped {path}: {reason}", style="yellow"))
     for d in diagnoses:
         print_diagnosis(d, console)
     if len(diagnoses) > 1:
         t = Table(title="Summary", title_justify="left")
-        for col in ("trace", "steps", "mean step", "GPU util", "DataLoader", "top recommendation"):
+        for col in ("trace", "steps", "mean step", "bound", "GPU util", "DataLoader", "top recommendation"):
             t.add_column(col)
         for d in diagnoses:
             top = d.recommendations[0].id if d.recommendations else "none"
             t.add_row(Text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
-                      _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
+                      d.bound or "n/a", _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
         console.print(t)

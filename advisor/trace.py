@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import re
 import threading
 import zlib
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from typing import Union
 
 import msgspec
 
-from advisor.errors import TraceError
+from advisor.errors import NotATrace, TraceError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -103,6 +104,7 @@ _DECODER = msgspec.json.Decoder(Union[TraceDocument, list[Event]])
 
 # Both category vocabularies (and other accelerators' runtimes) mapped onto one set of kinds.
 KIND_BY_CATEGORY = {
+    "mtia_ccp_events": "kernel",  # Meta MTIA: work run by the accelerator's command processors
     "cpu_op": "op",
     "operator": "op",
     "user_annotation": "annotation",
@@ -121,14 +123,35 @@ KIND_BY_CATEGORY = {
 }
 
 
+# Categories of device activity in the CUDA vocabulary, which ROCm and XPU traces share.
+CUDA_DEVICE_CATEGORIES = frozenset({"kernel", "memcpy", "gpu_memcpy", "memset", "gpu_memset"})
+CUDA_RUNTIME_CATEGORIES = frozenset({"runtime", "cuda_runtime", "cuda_driver"})
+_OWN_DEVICE_SUFFIXES = {"_kernel": "kernel", "_memcpy": "memcpy", "_memset": "memset"}
+
+
 @lru_cache(maxsize=None)
 def kind_of(category: str) -> str | None:
     """The analysis kind of a trace category, or None for categories the analysis ignores."""
     c = category.lower()
     kind = KIND_BY_CATEGORY.get(c)
     if kind is None and (c.endswith("_runtime") or c.endswith("_driver")):
-        kind = "runtime"  # hip/xpu/privateuse1 runtimes use the same role as CUDA's
+        kind = "runtime"  # hip/xpu/mtia/privateuse1 runtimes play the role CUDA's does
+    if kind is None:
+        # Accelerators with their own vocabulary (mlu_memcpy, gcu_kernel, ...) name device activity so.
+        kind = next((k for suffix, k in _OWN_DEVICE_SUFFIXES.items() if c.endswith(suffix)), None)
     return kind
+
+
+@lru_cache(maxsize=None)
+def accelerator_of(category: str) -> str | None:
+    """The accelerator a device-activity or runtime category belongs to: 'cuda' for the CUDA vocabulary
+    (CUDA and ROCm traces), else the category's prefix ('mtia' for mtia_ccp_events), None for host ones."""
+    c = category.lower()
+    if c in CUDA_DEVICE_CATEGORIES or c in CUDA_RUNTIME_CATEGORIES:
+        return "cuda"
+    if kind_of(c) in ("kernel", "memcpy", "memset", "runtime") and "_" in c:
+        return c.split("_", 1)[0]
+    return None
 
 
 @dataclass(frozen=True)
@@ -137,9 +160,10 @@ class Device:
 
     index: int
     name: str
-    vendor: str  # "nvidia" | "amd" | "intel" | "unknown"
+    vendor: str  # "nvidia" | "amd" | "intel" | another accelerator's name ("mtia") | "unknown"
     total_memory: int | None
-    compute_capability: tuple[int, int] | None
+    compute_capability: tuple[int, int] | None  # with described=False: the lowest the kernel names allow
+    described: bool = True  # False: not in deviceProperties, recognised from the trace's events
 
     @property
     def capability_text(self) -> str:
@@ -171,7 +195,11 @@ class Trace:
     memcpys: list[Event] = field(default_factory=list)
     memsets: list[Event] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
-    devices: list[Device] = field(default_factory=list)  # all devices the file describes
+    devices: list[Device] = field(default_factory=list)  # all devices the file describes (or its events show)
+    # The accelerator the device activity ran on: "cuda" for the CUDA vocabulary (CUDA and ROCm), else the
+    # prefix of the accelerator's own categories ("mtia"); None when the trace shows no accelerator.
+    accelerator: str | None = None
+    gpu_vocabulary: bool = False  # device activity in the CUDA vocabulary's categories (a GPU)
     distributed: dict | None = None
     origin_us: float = 0.0
     time_unit: str = "us"
@@ -282,12 +310,12 @@ def decode(path: Path, raw: bytes) -> TraceDocument:
     try:
         doc = _DECODER.decode(raw)
     except msgspec.ValidationError as exc:
-        raise TraceError(path, f"not a torch.profiler trace: {exc}") from None
+        raise NotATrace(path, f"not a torch.profiler trace: {exc}") from None
     except msgspec.DecodeError as exc:
         text = str(exc)
         if "truncated" in text:
             raise TraceError(path, "truncated JSON (the file ends in the middle of the document)") from None
-        raise TraceError(path, f"not valid JSON ({text})") from None
+        raise NotATrace(path, f"not valid JSON ({text})") from None
     if isinstance(doc, list):  # Chrome's "JSON Array Format": a bare list of events
         doc = TraceDocument(traceEvents=doc)
     return doc
@@ -328,6 +356,49 @@ def _devices(doc: TraceDocument, runtime_names: set[str], kernel_kinds: set[str]
         total = int(p.totalGlobalMem) if p.totalGlobalMem else None
         devices.append(Device(index=index, name=name, vendor=vendor, total_memory=total, compute_capability=cap))
     return devices
+
+
+# Kernel names say which vendor's libraries built them, and for NVIDIA the architecture they were compiled
+# for (a kernel built for sm_X runs on X or newer, so the device is at least the newest X seen).
+NVIDIA_KERNEL = re.compile(r"^(?:void )?(?:volta|turing|ampere|hopper|sm_?\d{2,3}a?)_|cutlass|cudnn|cublas|nvjet|xmma")
+AMD_KERNEL = re.compile(r"^Cijk_|rocblas|miopen|hipblaslt|_MI\d+x\d+x\d+", re.IGNORECASE)
+NVIDIA_ARCHITECTURES = (("volta_", (7, 0)), ("turing_", (7, 5)), ("ampere_", (8, 0)), ("hopper_", (9, 0)))
+SM_IN_NAME = re.compile(r"(?:^|[^a-z0-9])sm_?(\d{2,3})a?(?![0-9])|cutlass_(\d{2,3})_")
+
+
+def vendor_from_names(runtime_names: set[str], kernel_names: set[str]) -> str:
+    """'nvidia', 'amd' or 'unknown', from runtime call names (hip*, cuda*) and kernel names."""
+    if any(n.startswith("hip") for n in runtime_names) or any(AMD_KERNEL.search(n) for n in kernel_names):
+        return "amd"
+    if any(n.startswith("cu") for n in runtime_names) or any(NVIDIA_KERNEL.search(n) for n in kernel_names):
+        return "nvidia"
+    return "unknown"
+
+
+def capability_from_names(kernel_names: set[str]) -> tuple[int, int] | None:
+    """The lowest NVIDIA compute capability the kernel names allow (volta_ → 7.0, sm90_ → 9.0), or None."""
+    found = []
+    for name in kernel_names:
+        found += [cap for prefix, cap in NVIDIA_ARCHITECTURES if name.startswith(prefix)]
+        for m in SM_IN_NAME.finditer(name):
+            digits = m.group(1) or m.group(2)  # "80" → 8.0, "100" → 10.0
+            found.append((int(digits[:-1]), int(digits[-1])))
+    return max(found, default=None)
+
+
+def _devices_from_events(trace: Trace, kernel_names: set[str]) -> list[Device]:
+    """Devices the events show when the file describes none: vendor and architecture from names."""
+    if not trace.has_device_activity:
+        return []
+    if trace.accelerator not in (None, "cuda"):
+        vendor, cap = trace.accelerator, None
+    else:
+        vendor = vendor_from_names({e.name for e in trace.runtime}, kernel_names)
+        cap = capability_from_names(kernel_names) if vendor == "nvidia" else None
+        if vendor == "unknown":
+            return []
+    return [Device(index=i, name="", vendor=vendor, total_memory=None, compute_capability=cap, described=False)
+            for i in (trace.used_device_ids or [0])]
 
 
 def _as_int(value, default: int) -> int:
@@ -394,8 +465,30 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     trace.ops.sort(key=_start_outer_first)
     runtime_names = {e.name for e in trace.runtime}
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
+    trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
     trace.devices = _devices(doc, runtime_names, kernel_kinds)
+    if not trace.devices:
+        trace.devices = _devices_from_events(trace, {e.name for e in trace.kernels})
     return trace
+
+
+def _accelerator(bucket_of_category: dict) -> tuple[str | None, bool]:
+    """(accelerator, device activity in the CUDA vocabulary) from the categories of the kept events.
+
+    An accelerator's own categories name it (mtia_ccp_events, xpu_runtime); the CUDA vocabulary, which
+    ROCm shares, is 'cuda'. Runtime calls alone name an accelerator only when they are not CUDA's: a
+    CPU run may still call cudaGetDeviceCount.
+    """
+    device, runtime = set(), set()
+    for category, bucket in bucket_of_category.items():
+        if bucket is None:
+            continue
+        kind = kind_of(category)
+        (runtime if kind == "runtime" else device if kind in ("kernel", "memcpy", "memset") else set()).add(
+            accelerator_of(category))
+    gpu_vocabulary = "cuda" in device
+    own = sorted(a for a in device | runtime if a not in (None, "cuda"))
+    return (own[0] if own else "cuda" if gpu_vocabulary else None), gpu_vocabulary
 
 
 def _start(e: Event) -> float:

@@ -36,6 +36,12 @@ EXPECTED_ADVICE = {
     "a100-rank3-of-8.pt.trace.json.gz": (set(), {"pin-memory"}),
     "v100-memory-events.pt.trace.json.gz": ({"larger-batch", "amp"}, set()),
     "mi250-rocm-minitoy.pt.trace.json.gz": (set(), {"amp"}),
+    # This repository's examples on an H100: the char transformer is launch-bound (GPU busy ~20%), its
+    # bf16 run already uses Tensor Cores; the image classifier waits on its DataLoader ~98% of the step.
+    "h100-char-transformer-fp32.pt.trace.json.gz": ({"larger-batch", "cuda-graphs", "fused-optimizer", "amp"},
+                                                    {"pin-memory", "channels-last"}),
+    "h100-char-transformer-bf16.pt.trace.json.gz": ({"larger-batch", "cuda-graphs"}, {"amp"}),
+    "h100-image-classifier-workers0.pt.trace.json.gz": ({"more-workers"}, {"larger-batch", "channels-last"}),
 }
 
 
@@ -73,8 +79,9 @@ def test_expected_advice(diagnoses, name):
     must, must_not = EXPECTED_ADVICE[name]
     assert must <= set(ids), ids
     assert not (must_not & set(ids)), ids
-    gains = [r.predicted_gain for r in d.recommendations]
-    assert gains == sorted(gains, reverse=True)
+    # What helps now first, then what helps once the current bound is fixed; each by predicted gain.
+    order = [(not r.helps_now, -r.predicted_gain) for r in d.recommendations]
+    assert order == sorted(order)
     for r in d.recommendations:
         assert r.evidence and r.code_change
 

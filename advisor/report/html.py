@@ -18,11 +18,11 @@ from pathlib import Path
 import jinja2
 
 from advisor.commands import analyze_file, diagnosis_to_dict
-from advisor.diagnosis import ROLES, Diagnosis
-from advisor.errors import AdvisorError
+from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.errors import AdvisorError, NotATrace
 from advisor.report import charts
 from advisor.report.hotspots import Hotspot, hotspots
-from advisor.terminal import ROLE_LABELS, device_line, trace_label
+from advisor.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, trace_label
 from advisor.trace import load_trace, trace_files
 
 SESSION_SCHEMA = "advisor.session/"
@@ -60,6 +60,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain, spread=spread,
                        basename=lambda p: Path(str(p)).name)
+    env.globals["BOUNDS"] = BOUNDS
     return env
 
 
@@ -114,6 +115,8 @@ class TraceView:
     short: str  # for charts and the verdict: 'image_classifier/00-baseline' or the file name
     file: str
     device: str
+    bound: str  # 'Bound: input pipeline (DataLoader) — 97% of the step waiting on the DataLoader'
+    rank: str | None  # 'Rank 3 of 8 (nccl)'
     diagnosis: Diagnosis
     figures: dict  # diagnosis_to_dict(diagnosis)
     figure_rows: tuple[tuple[str, str], ...]
@@ -128,16 +131,24 @@ def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
     rows = [("Steps", f"{f['steps']['count']}, mean {ms(f['steps']['mean_ms'])}, "
                       f"median {ms(f['steps']['median_ms'])}"),
             ("DataLoader share of step", pct(f["dataloader_share"]))]
+    if f.get("loader_steady_share") is not None:
+        rows.append(("DataLoader share once its queue ran dry", pct(f["loader_steady_share"])))
     if d.platform == "gpu":
         unit = "Matrix core" if d.device is not None and d.device.vendor == "amd" else "Tensor Core"
         c = f["copies"]
+        size = f", {c['bytes'] / 1e6:.1f} MB" if c["bytes"] else ""
         rows += [("GPU utilization", pct(f["gpu_utilization"])),
                  (f"{unit} share of kernel time", pct(f["tensor_core_share"])),
                  ("Eligible matmul/conv time not on them", pct(f["eligible_share"])),
+                 ("Layout conversions (NCHW↔NHWC) of kernel time", pct(f["layout_share"])),
                  ("Host-to-device copies per step",
                   f"{c['count']:.0f}: pageable {ms(c['pageable_ms'])}, pinned {ms(c['pinned_ms'])}, "
-                  f"unspecified {ms(c['unknown_ms'])} ({pct(c['share'])} of the step)"),
-                 ("Synchronous copies per step", f"{c['synchronous']:.0f} (host waits {ms(c['sync_wait_ms'])})")]
+                  f"unspecified {ms(c['unknown_ms'])}{size} ({pct(c['share'])} of the step)"),
+                 ("Host blocked on copies per step",
+                  f"{ms(c['host_wait_ms'])} over {c['synchronous']:.0f} copies (pageable staging "
+                  f"{ms(c['pageable_wait_ms'])}, synchronizes {ms(c['sync_wait_ms'])})")]
+    elif d.platform != "cpu":
+        rows.append((f"{accelerator_name(d)} utilization", pct(f["gpu_utilization"])))
     else:
         rows.append(("Matmul/conv operators share of step", pct(f["eligible_share"])))
     for m in f["memory"]:
@@ -166,12 +177,14 @@ def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | N
     f = diagnosis_to_dict(d)
     found = hotspots(load_trace(path), len(d.steps), d.step_time_us)
     shares = d.breakdown_share
-    breakdown = tuple((ROLE_LABELS[r], ms(d.breakdown_us[r] / 1000), pct(shares[r]))
+    labels = role_labels(d)
+    breakdown = tuple((labels[r], ms(d.breakdown_us[r] / 1000), pct(shares[r]))
                       for r in ROLES if d.breakdown_us[r] > 0)
     short = Path(d.source).name
     if d.trial:
         short = f"{Path(str(d.trial.get('script') or '?')).stem}/{d.trial.get('name') or '?'}"
-    return TraceView(label=trace_label(d), short=short, file=Path(d.source).name, device=device_line(d), diagnosis=d,
+    return TraceView(label=trace_label(d), short=short, file=Path(d.source).name, device=device_line(d),
+                     bound=bound_line(d), rank=rank_line(d), diagnosis=d,
                      figures=f, figure_rows=figure_rows(d, f), breakdown_rows=breakdown,
                      kernels=found["kernels"], operators=found["operators"], memory_timeline=memory_timeline(d))
 
@@ -200,7 +213,16 @@ def breakdown_chart(views: list[tuple[str, TraceView | None]]) -> str:
 def render_trace_report(path: Path) -> str:
     """The report of a recorded trace file or a folder of traces: each one's diagnosis and advice."""
     path = Path(path)
-    views = [trace_view(p) for p in trace_files(path)]
+    views, skipped = [], []
+    for p in trace_files(path):
+        try:
+            views.append(trace_view(p))
+        except NotATrace as exc:  # a folder's other .json files: skipped, and the page says so
+            if path.is_file():
+                raise
+            skipped.append((p.name, exc.problem))
+    if not views:
+        raise AdvisorError(f"{path}: folder holds no torch.profiler trace (its .json files are something else)")
     memory_rows = [(v.short, m) for v in views for m in v.figures["memory"]
                    if m["device"] != "cpu" and m["peak_allocated"] is not None]
     memory_chart = None
@@ -211,7 +233,7 @@ def render_trace_report(path: Path) -> str:
                                            max(capacities) if len(capacities) == 1 else None,
                                            ["profiler [memory] events, peak Total Allocated"])
     return environment().get_template("traces.html.j2").render(
-        title=f"advisor report: {path.name}", path=str(path), views=views,
+        title=f"advisor report: {path.name}", path=str(path), views=views, skipped=skipped,
         breakdown_chart=breakdown_chart([(v.short, v) for v in views]), memory_chart=memory_chart,
         command=f"advisor report {path}",
     )
@@ -297,6 +319,7 @@ def verdict(session: dict, rows: list[dict], baseline: TraceView | None) -> dict
         held_back, held_back_evidence = "unknown: the baseline trial has no trace", ""
     kept = [r for r in rows if r.get("decision") == "kept"]
     return {"held_back": held_back, "held_back_evidence": held_back_evidence,
+            "bound": baseline.bound if baseline is not None else None,
             "changes": [r["change"] or r["name"] for r in kept], "speedup": session.get("speedup"),
             "best": session.get("best"), "status": session["status"] or "unknown"}
 

@@ -19,7 +19,7 @@ from advisor.commands import diagnosis_to_dict
 from advisor.diagnosis import ROLES, Diagnosis
 from advisor.report.html import (environment, figure_rows, ms, pct, templates_dir, trace_view, trial_traces,
                                  verdict)
-from advisor.terminal import ROLE_LABELS
+from advisor.terminal import bound_line, role_labels
 
 SCOPE = "advisor-nb"
 
@@ -85,10 +85,11 @@ def diagnosis_view(d: Diagnosis):
     if view.diagnosis.steps != d.steps:  # the Diagnosis looked at chosen steps: show its own figures
         f = diagnosis_to_dict(d)
         shares = d.breakdown_share
-        breakdown = tuple((ROLE_LABELS[r], ms(d.breakdown_us[r] / 1000), pct(shares[r]))
+        labels = role_labels(d)
+        breakdown = tuple((labels[r], ms(d.breakdown_us[r] / 1000), pct(shares[r]))
                           for r in ROLES if d.breakdown_us[r] > 0)
         view = dataclasses.replace(view, diagnosis=d, figures=f, figure_rows=figure_rows(d, f),
-                                   breakdown_rows=breakdown)
+                                   breakdown_rows=breakdown, bound=bound_line(d))
     return view
 
 

@@ -23,6 +23,7 @@ def trial_text(row: dict, view) -> str:
     if view is not None:
         d = view.diagnosis
         lines.append(f"- device: {view.device}")
+        lines.append(f"- {view.bound}")
         lines.append("- step-time breakdown: " + ", ".join(
             f"{label} {share}" for label, _per_step, share in view.breakdown_rows))
         for label, value in view.figure_rows:
@@ -30,7 +31,8 @@ def trial_text(row: dict, view) -> str:
         if d.recommendations:
             lines += ["", "Recommendations, best first:"]
             for i, r in enumerate(d.recommendations, 1):
-                lines.append(f"{i}. {r.title} (~{100 * r.predicted_gain:.1f}% of step time): "
+                when = "" if r.helps_now else f", helps once {r.helps_once} is fixed"
+                lines.append(f"{i}. {r.title} (~{100 * r.predicted_gain:.1f}% of step time{when}): "
                              + "; ".join(r.evidence))
     return "\n".join(lines)
 
