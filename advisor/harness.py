@@ -934,7 +934,6 @@ def stop_children() -> None:
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     """Run the user's script under the config; return the harness result (written by `main`)."""
-    out_dir = Path(config["out_dir"])
     script = os.path.abspath(config["script"])
     target = config["target"]
     result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
