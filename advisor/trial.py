@@ -9,15 +9,26 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
 
     schema          "advisor.trial/1"
     name            trial name, e.g. "00-baseline"
-    target          "train_step" or "Class.method"
+    target          "train_step" or "Class.method", or null: no step function (each optimizer step ends a step)
+    step            "pkg.module:name" or "path/module.py:name" when the step is defined in a module the script
+                    imports, else null
     script          absolute path of the user's script
     script_args     list of arguments passed to the script
     device          requested device: "auto" | "cpu" | "cuda"
     knobs           every Knobs field (null = the user's value)
     knob_outcomes   {knob: "applied" | "not applicable: <why>"} for each requested knob
-    user_values     the user's own DataLoader values (batch_size, num_workers, pin_memory,
-                    persistent_workers, prefetch_factor) of the first DataLoader built, or null
-    dataloaders     [{user, effective, outcomes}] for every DataLoader the script built
+    user_values     the user's own values of the knobs, or null: the DataLoader values (batch_size, num_workers,
+                    pin_memory, persistent_workers, prefetch_factor) of the training loader (the first
+                    loader built when no step took a batch from one) and torch's intra-op `threads`
+    dataloaders     [{user, effective, outcomes, site, ordinal, fetches, steps, training}] for every DataLoader
+                    the script built: site is "file.py:LINE" of the DataLoader(...) call in the user's code,
+                    ordinal counts the loaders built there before, fetches the batches it handed out, steps
+                    the steps whose last batch came from it; the training loader fed the most steps
+    training_loader {site, ordinal, index} of the training loader, or null (no step took a batch from a
+                    DataLoader: steps/s is measured instead of samples/s)
+    model_dtypes    bytes of the model's parameters by dtype after the first step ({"float32": n}), or null
+    sites           where the user's code does what a patch changes: {backward: {file, line, function}} (the
+                    first backward() of a scalar, and the function that holds it)
     accumulation    null, or when the accumulation_steps knob ran: {steps: k, micro_steps,
                     optimizer_steps, optimizer_steps_deferred, zero_grads, zero_grads_skipped}
     schedule        {wait, warmup, active, queue_depth, settle, windows, window_s, min_window_steps,
@@ -38,11 +49,15 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
     device_facts    {type: "cpu"|"cuda", torch, python, platform,
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
-    steps           [{index, wall_s, call_s, recorded, phase, window?, batch_size, batch_size_source, loss, rss_bytes,
+    steps           [{index, wall_s, call_s, data_s, loader, recorded, phase, window?, batch_size, batch_size_source,
+                      loss, rss_bytes,
                       vms_bytes, data_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
                       profiler_allocated_bytes?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
-                    of this call (the user's data loading plus the call); call_s is the call alone;
+                    of this call (the user's data loading plus the call); call_s is the call alone (with
+                    no step function: wall_s less data_s); data_s is the time spent in DataLoader
+                    __next__ since the previous step; loader indexes `dataloaders` (the loader whose batch
+                    came last); loss is the returned loss, else the last scalar backward() ran from;
                     phase: "wait" (skipped: the first --wait steps and the batches the workers queued
                     before the first step), "warmup", "profiled" (recorded: in the trace), "settle"
                     (the queue refilled while the trace was written), "window" (measured, in window k);
@@ -110,7 +125,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.harness import RESULT_FILE, STEPS_FILE, TargetNotFound, locate_target, write_json_atomic
+from advisor.driver import STEPS_FILE
+from advisor.harness import RESULT_FILE, TargetNotFound, locate_target, write_json_atomic
 from advisor.knobs import DATALOADER_KNOBS, Knobs
 from advisor.search.measurement import measure
 
@@ -187,20 +203,59 @@ def load_trial(path: str | os.PathLike) -> TrialResult:
     return TrialResult.from_record(record, folder)
 
 
-def parse_target(target: str) -> tuple[Path, str]:
-    """`script.py:train_step` or `script.py:Class.method` -> (script path, name); one-line errors."""
-    script, sep, name = target.rpartition(":")
-    if not sep or not script or not name:
-        raise AdvisorError(f"{target}: expected script.py:function or script.py:Class.method")
-    parts = name.split(".")
-    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-        raise AdvisorError(f"{target}: {name!r} is not a function name or Class.method")
+def parse_target(target: str) -> tuple[Path, str | None]:
+    """`script.py`, `script.py:train_step` or `script.py:Class.method` -> (script path, name or None:
+    no target, the steps are found where the optimizer steps); one-line errors."""
+    script, sep, name = target.rpartition(":") if not target.endswith(".py") else ("", "", "")
+    if not sep:
+        script, name = target, None
+    elif not script or not name:
+        raise AdvisorError(f"{target}: expected script.py, script.py:function or script.py:Class.method")
+    if name is not None:
+        check_name(target, name)
     path = Path(script)
     if not path.is_file():
         raise AdvisorError(f"{script}: no such file")
     if path.suffix != ".py":
         raise AdvisorError(f"{script}: not a Python script (.py)")
     return path.resolve(), name
+
+
+def check_name(text: str, name: str) -> None:
+    """A function name or Class.method; a one-line error otherwise."""
+    parts = name.split(".")
+    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+        raise AdvisorError(f"{text}: {name!r} is not a function name or Class.method")
+
+
+def parse_step(step: str, script: Path) -> tuple[dict[str, str | None], Path, str]:
+    """`--step pkg.module:Class.method` or `--step path/to/module.py:Class.method` (a step defined in a module
+    the script imports) -> (where the harness finds the module, its file, the name); one-line errors."""
+    where, sep, name = step.rpartition(":")
+    if not sep or not where or not name:
+        raise AdvisorError(f"--step {step}: expected pkg.module:function or path/to/module.py:Class.method")
+    check_name(f"--step {step}", name)
+    if where.endswith(".py"):
+        path = Path(where) if Path(where).is_absolute() or Path(where).is_file() else script.parent / where
+        if not path.is_file():
+            raise AdvisorError(f"--step {step}: {where}: no such file")
+        return {"module": None, "file": str(path.resolve())}, path.resolve(), name
+    if not all(part.isidentifier() for part in where.split(".")):
+        raise AdvisorError(f"--step {step}: {where!r} is not a module name or a .py file")
+    found = module_file(where, script.parent)
+    if found is None:
+        raise AdvisorError(f"--step {step}: module {where} is not found beside {script.name} "
+                           "(it is looked for from the script's folder, as the script imports it)")
+    return {"module": where, "file": None}, found, name
+
+
+def module_file(module: str, folder: Path) -> Path | None:
+    """The .py file of a module as a script in `folder` would import it (a package's __init__ or a file)."""
+    base = folder.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -438,8 +493,15 @@ def run_trial(
     env: dict[str, str] | None = None,
     windows: int = 0,
     window_s: float = 1.0,
+    step: str | None = None,
+    loader: dict[str, Any] | None = None,
 ) -> TrialResult:
-    """Run `script.py:target` once in a fresh subprocess with `knobs`; write and return its results.
+    """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
+
+    No target: the script runs unchanged and each optimizer step ends a step. `step`: the step is a
+    function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
+    `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
+    DataLoader knobs go to that loader only.
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -447,6 +509,11 @@ def run_trial(
     """
     knobs = knobs or Knobs()  # None: the user's own settings
     script, func = parse_target(target)
+    step_module, defined_in = None, script
+    if step is not None:
+        if func is not None:
+            raise AdvisorError(f"{target}: give the step either after the script (script.py:name) or with --step")
+        step_module, defined_in, func = parse_step(step, script)
     if steps < 1 or wait < 0 or warmup < 0:
         raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
     if windows < 0 or (windows and not window_s > 0):
@@ -465,6 +532,7 @@ def run_trial(
         "schema": SCHEMA,
         "name": name or out.name,
         "target": func,
+        "step": step,
         "script": str(script),
         "script_args": list(script_args),
         "device": device,
@@ -472,6 +540,7 @@ def run_trial(
         "knob_outcomes": {},
         "user_values": None,
         "dataloaders": [],
+        "training_loader": None,
         "accumulation": None,
         "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
         "profiled": profile,
@@ -488,17 +557,22 @@ def run_trial(
         "times": {"started_at": started},
     }
     try:
-        source = script.read_text()
-        locate_target(ast.parse(source, filename=str(script)), func)
+        tree = ast.parse(script.read_text(), filename=str(script))
+        if defined_in != script:
+            tree = ast.parse(defined_in.read_text(), filename=str(defined_in))
+        if func is not None:
+            locate_target(tree, func)
     except SyntaxError as exc:
-        raise AdvisorError(f"{script}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
+        raise AdvisorError(f"{exc.filename}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
     except TargetNotFound as exc:
-        record.update(status="target-not-found", message=f"{script.name}: {exc}")
+        record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
         return _finish(record, out, started)
 
     config = {
         "script": str(script),
         "target": func,
+        "step_module": step_module,
+        "loader": loader,
         "script_args": list(script_args),
         "knobs": knobs.to_dict(),
         "out_dir": str(out),
@@ -574,6 +648,15 @@ def _sigterm_as_interrupt():
     return signal.signal(signal.SIGTERM, handler)
 
 
+def user_values(dataloaders: list[dict[str, Any]], threads: int | None) -> dict[str, Any] | None:
+    """The user's own values of the knobs: the training loader's (else the first loader's) and torch's threads."""
+    loader = next((d for d in dataloaders if d.get("training")), dataloaders[0] if dataloaders else None)
+    values = {k: loader["user"].get(k) for k in DATALOADER_KNOBS} if loader is not None else {}
+    if threads is not None:
+        values["threads"] = threads
+    return values or None
+
+
 def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
     """Merge the harness's files into the record, write trial.json, return the result."""
     harness: dict[str, Any] = {}
@@ -593,9 +676,11 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
     record["memory_cap"] = harness.get("memory_cap")
     record["knob_outcomes"] = harness.get("outcomes", {})
     record["dataloaders"] = harness.get("dataloaders", [])
+    record["training_loader"] = harness.get("training_loader")
+    record["sites"] = harness.get("sites") or {}
+    record["model_dtypes"] = harness.get("model_dtypes")
     record["accumulation"] = harness.get("accumulation")
-    if record["dataloaders"]:
-        record["user_values"] = {k: record["dataloaders"][0]["user"].get(k) for k in DATALOADER_KNOBS}
+    record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"))
     record["steps"] = read_steps(out / STEPS_FILE)
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]
@@ -617,7 +702,12 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `advisor profile`."""
-    parser.add_argument("target", nargs="?", help="script.py:train_step or script.py:Class.method")
+    parser.add_argument("target", nargs="?",
+                        help="script.py (the steps are found where its optimizer steps), or script.py:train_step "
+                             "or script.py:Class.method (each call one step)")
+    parser.add_argument("--step", metavar="MODULE:NAME",
+                        help="the step function, defined in a module the script imports: pkg.module:Class.method "
+                             "or path/to/module.py:function")
     parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
     parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
@@ -628,7 +718,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
                         "the process's writable memory on the CPU")
     parser.set_defaults(script_args=[])
-    parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py:step -- --lr 0.1"
+    parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py -- --lr 0.1"
     # argparse cannot take options after the target and still hand the rest after `--` to a
     # positional, so the script's arguments are split off before argparse sees them.
     original = parser.parse_known_args

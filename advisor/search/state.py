@@ -4,7 +4,9 @@ session.json (schema "advisor.session/1"):
 
     {"schema", "target", "script", "command", "options": {SessionOptions}, "status": "running"|"done"|
      "interrupted"|"failed", "started_at", "updated_at", "device": {device facts of the baseline},
-     "user_values": {DataLoader originals}, "memory_cap": {what --memory-limit capped, as in trial.json} | null,
+     "user_values": {the user's own knob values}, "memory_cap": {what --memory-limit capped, as in trial.json} | null,
+     "training_loader": {site, ordinal, index} of the loader that feeds the steps (from the baseline) | null,
+     "unit": "samples/s" | "steps/s" (no step knew its batch size; "samples_per_s" fields then hold steps/s),
      "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
      "bound": {"name", "label", "evidence"} of the best trial after the last trial,
      "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
@@ -57,6 +59,7 @@ class SessionOptions:
     memory_safety: float = 0.85
     windows: int = 5
     window_s: float = 1.0
+    step: str | None = None  # the step, when a module the script imports defines it (pkg.module:name)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -89,7 +92,8 @@ def new_state(target: str, script: str | None, out: Path, options: SessionOption
         "schema": SCHEMA, "target": target, "script": script, "command": command, "lint": lint,
         "options": options.to_dict(), "status": "running", "started_at": now, "updated_at": now,
         "device": None, "user_values": {}, "memory_cap": None, "baseline": None, "best": None,
-        "final_knobs": None, "speedup": None, "bound": None, "trials": [], "recommendations": [], "notes": [],
+        "final_knobs": None, "speedup": None, "bound": None, "unit": "samples/s", "training_loader": None,
+        "trials": [], "recommendations": [], "notes": [],
         "patch": None, "pooled": {}, "_dir": str(out),
     }
 
