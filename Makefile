@@ -16,7 +16,7 @@ test:
 	$(PY) -m pytest -q
 
 demo:
-	$(VENV)/bin/advisor profile examples/image_classifier.py:train_step --out runs/demo
+	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --out runs/demo
 
 bench:
 	$(PY) benchmarks/run.py
