@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import gc
 import importlib.machinery
 import importlib.util
 import json
@@ -319,8 +318,9 @@ def main(argv: list[str]) -> int:
     config = json.loads(argv[0])
     out_dir = Path(config["out_dir"])
     result = run(config)
-    gc.collect()  # drops the finished script's DataLoader iterators, whose workers then exit
     write_json_atomic(out_dir / RESULT_FILE, result)
+    # Workers are ended directly: letting the collector shut down a loader whose worker failed waits
+    # seconds for each worker to join.
     stop_children()
     sys.stdout.flush()
     sys.stderr.flush()
