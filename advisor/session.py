@@ -109,9 +109,10 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
         save(state)
         log(f"interrupted: resume with  advisor profile --resume {out}")
         raise
-    except AdvisorError as exc:  # the session ends with its record and a report that say what went wrong
+    except Exception as exc:  # the session ends with its record and a report that say what went wrong
         state["status"] = "failed"
-        state["notes"].append(f"failed: {exc}")
+        state["notes"].append(f"failed: {exc}" if isinstance(exc, AdvisorError) else
+                              f"failed: {type(exc).__name__}: {exc}")
         try:
             finish_outputs(out, state)
         except Exception as problem:  # the record is saved; a report that cannot be made must not hide why
