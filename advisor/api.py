@@ -275,7 +275,8 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     from advisor.driver import StepDriver, TrialComplete
     from advisor.facts import SetupProblem, device_facts, resolve_device
     from advisor.activations import is_out_of_memory
-    from advisor.harness import RESULT_FILE, user_traceback, write_json_atomic
+    from advisor.harness import RESULT_FILE, user_traceback
+    from advisor.records import write_json_atomic
     from advisor.trial import _finish
 
     knobs = knobs or Knobs()

@@ -20,7 +20,6 @@ was before its frames unwind (`record_failure_memory`), and a finished trial rec
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +29,7 @@ from advisor.activations import ActivationRecorder, is_out_of_memory, memory_bre
 from advisor.facts import peak_rss_bytes
 from advisor.knobs import Knobs, StepInterposition
 from advisor.loaders import LoaderRecord, LoaderTracker, leading_dimension
+from advisor.records import dumps
 
 STEPS_FILE = "steps.jsonl"
 
@@ -316,7 +316,7 @@ class StepDriver:
             step["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
             step["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
             step["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
-        self.steps_file.write(json.dumps(step) + "\n")
+        self.steps_file.write(dumps(step) + "\n")
 
     # --- how it ended --------------------------------------------------------------------------------
 

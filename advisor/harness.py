@@ -33,6 +33,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -47,6 +48,7 @@ from advisor.knobs import APPLIED, Knobs
 from advisor.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
     training_loader
 from advisor.loop import LoopInterposition, capture_losses
+from advisor.records import write_json_atomic
 
 WRAP_NAME = "__advisor_wrap__"
 RESULT_FILE = "harness.json"
@@ -149,16 +151,6 @@ def user_traceback(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # Entry point
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file and a rename: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def stop_children() -> None:
@@ -313,9 +305,25 @@ def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[
     return {"status": status, "message": text, "error_type": type(exc).__name__, "traceback": user_traceback(exc)}
 
 
+def die_with_parent(parent: int | None) -> None:
+    """On Linux, ask the kernel to end this trial (SIGKILL) when the advisor that started it dies: a killed
+    session must not leave a trial running unsupervised (its workers follow: they watch their parent)."""
+    if not parent:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     """`harness CONFIG_JSON`: run one trial and write `harness.json` into its folder."""
     config = json.loads(argv[0])
+    die_with_parent(config.get("parent"))
     out_dir = Path(config["out_dir"])
     result = run(config)
     write_json_atomic(out_dir / RESULT_FILE, result)

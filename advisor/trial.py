@@ -111,27 +111,32 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import gzip
 import json
+import math
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
 from advisor.driver import STEPS_FILE
-from advisor.harness import RESULT_FILE, TargetNotFound, locate_target, write_json_atomic
+from advisor.harness import RESULT_FILE, TargetNotFound, locate_target
+from advisor.records import number, write_json_atomic
 from advisor.knobs import DATALOADER_KNOBS, Knobs
 from advisor.search.measurement import measure
 
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"
+TRIAL_MARKER = ".advisor-trial"  # in every folder a trial made
 LOG_FILE = "output.log"
 STATUSES = ("running", "ok", "error", "oom", "timeout", "interrupted", "target-not-found")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -268,7 +273,7 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], profiler_pea
     recorded = [s for s in steps if s.get("recorded")]
     walls = [s["wall_s"] for s in recorded]
     batches = [s["batch_size"] for s in recorded if s.get("batch_size")]
-    losses = [s["loss"] for s in recorded if s.get("loss") is not None]
+    losses = [x for x in (number(s, "loss") for s in recorded) if x is not None]
     memory = harness.get("memory") or {}
     summary: dict[str, Any] = {
         "steps_recorded": len(recorded),
@@ -436,34 +441,56 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def _kill_group(pgid: int) -> None:
-    """End the trial: its process group and any descendant that left it (e.g. with setsid).
+TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
 
-    SIGTERM first, a moment to exit, then SIGKILL to whatever is left.
-    """
+
+def trial_processes(pgid: int, token: str | None = None) -> list[Any]:
+    """The live processes of a trial: its process group, the descendants of its first process, and any
+    process whose environment carries the trial's token (a daemon that double-forked out of both). With
+    a token, only processes that carry it: a recycled process id is never taken for the trial's."""
     import psutil
 
+    found: dict[int, Any] = {}
+    for pid in group_members(pgid):
+        found[pid] = None
     try:
-        strays = psutil.Process(pgid).children(recursive=True)  # the group leader is the trial process
+        for child in psutil.Process(pgid).children(recursive=True):
+            found[child.pid] = child
     except psutil.Error:
-        strays = []
-    strays = [p for p in strays if p.pid not in group_members(pgid)]
-    if not group_members(pgid) and not strays:
+        pass
+    for proc in psutil.process_iter() if token else ():
+        found.setdefault(proc.pid, proc)
+    processes = []
+    for pid, proc in found.items():
+        try:
+            proc = proc or psutil.Process(pid)
+            if pid == os.getpid() or not _alive(proc):
+                continue
+            if token and proc.environ().get(TRIAL_TOKEN) != token:
+                continue
+            processes.append(proc)
+        except psutil.Error:
+            continue
+    return processes
+
+
+def end_trial_processes(pgid: int, token: str | None = None) -> None:
+    """End a trial: SIGTERM to all its processes (`trial_processes`), a moment to exit, then SIGKILL."""
+    import psutil
+
+    processes = trial_processes(pgid, token)
+    if not processes:
         return
     for send in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, send)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for stray in strays:
+        for proc in processes:
             try:
-                stray.send_signal(send)
+                proc.send_signal(send)
             except psutil.Error:
                 pass
-        if send == signal.SIGTERM:
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and (group_members(pgid) or any(_alive(p) for p in strays)):
-                time.sleep(0.05)
+        # A moment to exit on SIGTERM; after SIGKILL, until the kernel has ended them.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_alive(p) for p in processes):
+            time.sleep(0.05)
 
 
 def _alive(process: Any) -> bool:
@@ -495,13 +522,15 @@ def run_trial(
     window_s: float = 1.0,
     step: str | None = None,
     loader: dict[str, Any] | None = None,
+    on_start: Callable[[int, str], None] | None = None,
 ) -> TrialResult:
     """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
 
     No target: the script runs unchanged and each optimizer step ends a step. `step`: the step is a
     function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
     `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
-    DataLoader knobs go to that loader only.
+    DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
+    (the session records both, to end a trial its killed predecessor left behind).
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -516,8 +545,10 @@ def run_trial(
         step_module, defined_in, func = parse_step(step, script)
     if steps < 1 or wait < 0 or warmup < 0:
         raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
-    if windows < 0 or (windows and not window_s > 0):
+    if windows < 0 or (windows and not (math.isfinite(window_s) and window_s > 0)):
         raise AdvisorError(f"--windows must be >= 0 and --window > 0 (got {windows} windows of {window_s} s)")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise AdvisorError(f"--timeout must be a positive number of seconds, not {timeout_s}")
     if device not in ("auto", "cpu", "cuda"):
         raise AdvisorError(f"--device: expected auto, cpu or cuda, not {device!r}")
     out = Path(out_dir).resolve()
@@ -525,6 +556,7 @@ def run_trial(
         raise AdvisorError(f"{out}: already holds a trial; choose another folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        (out / TRIAL_MARKER).touch()  # this folder is a trial's: --resume may remove it, never a folder without
     except OSError as exc:
         raise AdvisorError(f"{out}: cannot create the trial folder: {exc.strerror}") from None
     started = time.time()
@@ -554,6 +586,7 @@ def run_trial(
         "trace_files": [],
         "log_file": LOG_FILE,
         "pid": None,
+        "token": uuid.uuid4().hex,
         "times": {"started_at": started},
     }
     try:
@@ -583,12 +616,14 @@ def run_trial(
         "memory_limit": memory_limit,
         "profile": profile,
         "measure": {"windows": windows, "window_s": window_s},
+        "parent": os.getpid(),
     }
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
     child_env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
         child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
+    child_env[TRIAL_TOKEN] = record["token"]
     write_json_atomic(out / TRIAL_FILE, record)
     proc = None
     previous_sigterm = _sigterm_as_interrupt()
@@ -605,24 +640,28 @@ def run_trial(
             )
         record["pid"] = proc.pid
         write_json_atomic(out / TRIAL_FILE, record)
+        if on_start is not None:
+            on_start(proc.pid, record["token"])
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            end_trial_processes(proc.pid, record["token"])
             proc.wait()
             record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
     except KeyboardInterrupt:
-        if proc is not None:
-            _kill_group(proc.pid)
-            proc.wait()
-        record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
-        _finish(record, out, started)
+        with _interrupts_held():  # a second Ctrl-C must not leave the record at "running"
+            if proc is not None:
+                end_trial_processes(proc.pid, record["token"])
+                proc.wait()
+            record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
+            _finish(record, out, started)
         raise
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
         if proc is not None:
-            _kill_group(proc.pid)  # workers the harness could not reach, or a script that double-forked
+            # Workers the harness could not reach, a script that double-forked out of the group.
+            end_trial_processes(proc.pid, record["token"])
     if record["status"] == "running" and not (out / RESULT_FILE).exists():
         code = proc.returncode
         if code == -signal.SIGKILL:
@@ -633,6 +672,22 @@ def run_trial(
             why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             record.update(status="error", message=f"the trial process {why}; see {out / LOG_FILE}")
     return _finish(record, out, started)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Ctrl-C (and SIGTERM) are ignored while a trial's record is finished (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _sigterm_as_interrupt():
@@ -743,7 +798,7 @@ def parse_size(text: str) -> int:
     number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
     try:
         value = int(float(number) * units[unit])
-    except ValueError:
+    except (ValueError, OverflowError):  # "lots", "inf", "nan"
         raise AdvisorError(f"--memory-limit: cannot read {text!r} as a size like 4G or 800M") from None
     if value <= 0:
         raise AdvisorError(f"--memory-limit: must be positive, not {text!r}")

@@ -111,7 +111,7 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
     threshold = max(min_gain, spread / 2 if addresses_bound else spread)
     if candidate_losses and not all(math.isfinite(x) for x in candidate_losses):
         return Decision(False, "loss is not finite", gain, spread)
-    if candidate_losses and reference_losses:
+    if candidate_losses and reference_losses and all(math.isfinite(x) for x in reference_losses):
         base, cand = statistics.median(reference_losses), statistics.median(candidate_losses)
         allowed = max(LOSS_TOLERANCE * abs(base), max(reference_losses) - min(reference_losses))
         if abs(cand - base) > allowed:
