@@ -10,7 +10,7 @@ Same implementation as the CLI, run in the notebook's own process instead of a s
   non_blocking). DataLoader knobs reach the loader by rebuilding it from the given one with changed
   arguments (`plan_loader_arguments` decides which; dataset, sampler, collate_fn and the rest are kept).
   The trial folder holds the same trial.json and trace as a subprocess trial's.
-- `tune(train_step, loader)` is `advisor.session.run_session` with a runner that calls the in-process
+- `tune(train_step, loader)` is `advisor.search.session.run_session` with a runner that calls the in-process
   trial: the same proposals, keep/revert decisions, session.json, report and TensorBoard runs.
 
 In-process means a trial cannot be isolated as a subprocess can: an out-of-memory error is caught,
@@ -23,12 +23,8 @@ Torch and pandas are imported when used: `import advisor` stays cheap.
 from __future__ import annotations
 
 import dataclasses
-import gc
-import inspect
 import json
 import os
-import time
-import traceback
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -37,10 +33,10 @@ from typing import Any, Callable, Iterable
 from advisor import diagnosis as _diagnosis
 from advisor.commands import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
-from advisor.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
-from advisor.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
+from advisor.trials.inprocess import run_trial_in_process, step_source
+from advisor.trials.knobs import Knobs
 from advisor.trace import trace_files
-from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
+from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 
 SESSION_FILE = "session.json"
 
@@ -156,224 +152,6 @@ def _new_folder(base: Path) -> Path:
 
 def _notebook_folder() -> Path:
     return _new_folder(Path("runs") / f"notebook-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-
-
-def step_source(train_step: Callable) -> tuple[str, str]:
-    """(where, name) of the step: its .py file or "<notebook>", and its qualified name."""
-    name = getattr(train_step, "__qualname__", None) or type(train_step).__name__
-    code = getattr(inspect.unwrap(train_step), "__code__", None)
-    filename = code.co_filename if code is not None else ""
-    # IPython compiles cells to names like /tmp/ipykernel_123/456.py that do not exist on disk.
-    if filename.endswith(".py") and os.path.isfile(filename) and "ipykernel_" not in filename:
-        return os.path.abspath(filename), name
-    session_name = os.environ.get("JPY_SESSION_NAME")  # the notebook's path, set by recent Jupyter servers
-    return (os.path.basename(session_name) if session_name else "<notebook>"), name
-
-
-# --- the loader ---------------------------------------------------------------------------------
-
-def loader_user_values(loader) -> dict[str, Any]:
-    """The DataLoader values a knob can change, as the given loader has them (plus a custom batch_sampler)."""
-    values = {k: getattr(loader, k, None) for k in DATALOADER_KNOBS}
-    # With a batch_size the DataLoader made its batch_sampler itself; only a user's own one matters.
-    values["batch_sampler"] = loader.batch_sampler if loader.batch_size is None else None
-    return values
-
-
-def rebuild_arguments(loader, effective: dict[str, Any]) -> dict[str, Any]:
-    """Every DataLoader argument of `loader` as it was built, with the effective knob values."""
-    from torch.utils.data import DataLoader, IterableDataset
-
-    names = [n for n in inspect.signature(DataLoader.__init__).parameters if n not in ("self", "shuffle")]
-    args = {n: getattr(loader, n) for n in names if hasattr(loader, n)}
-    args.update(effective)
-    iterable = isinstance(loader.dataset, IterableDataset)
-    if loader.batch_size is not None:  # batches from batch_size + sampler (+ drop_last): rebuild the same way
-        args["batch_sampler"] = None
-        args["sampler"] = None if iterable else loader.sampler
-    elif loader.batch_sampler is not None:  # the user's batch_sampler: DataLoader takes it alone
-        args.update(batch_size=1, sampler=None, drop_last=False)
-    else:  # no batching
-        args.update(batch_size=None, sampler=None if iterable else loader.sampler)
-    if not args.get("num_workers"):
-        args["multiprocessing_context"] = None  # DataLoader accepts a context only with worker processes
-    return args
-
-
-def apply_loader_knobs(loader: Iterable, knobs: Knobs, *, accelerator: bool,
-                       ) -> tuple[Iterable, list[LoaderRecord], dict[str, str]]:
-    """The loader to iterate (rebuilt when a DataLoader knob changes it), its record, and knob outcomes."""
-    from torch.utils.data import DataLoader
-
-    requested = [k for k in DATALOADER_KNOBS if getattr(knobs, k) is not None]
-    if not isinstance(loader, DataLoader):
-        return loader, [], {k: not_applicable("the loader is not a torch DataLoader") for k in requested}
-    user = loader_user_values(loader)
-    effective, outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
-    own = {k: user[k] for k in DATALOADER_KNOBS}
-    if effective != own and type(loader).__init__ is not DataLoader.__init__:
-        why = not_applicable(f"{type(loader).__name__} has its own __init__: it cannot be rebuilt")
-        effective, outcomes = own, {k: why for k in requested}
-    record = LoaderRecord(user=own, effective=effective, outcomes=outcomes)
-    if effective == own:
-        return loader, [record], dataloader_outcomes(knobs, [record])
-    rebuilt = type(loader)(**rebuild_arguments(loader, effective))
-    return rebuilt, [record], dataloader_outcomes(knobs, [record])
-
-
-# --- peak memory of one in-process trial ----------------------------------------------------------
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (Linux VmHWM), so the trial measures its own peak."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_since_reset() -> int | None:
-    """VmHWM from /proc/self/status, in bytes."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def release_memory() -> None:
-    """Give back what a failed trial held: garbage, and cached CUDA blocks."""
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
-def _shutdown_workers(iterator: Any) -> None:
-    # A multi-process iterator stops its workers when collected; persistent workers live on with the
-    # loader, so stop them now rather than leave processes behind.
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()
-
-
-# --- one trial in this process --------------------------------------------------------------------
-
-def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | None, out_dir: Path, *,
-                         name: str | None = None, steps: int = 5, wait: int = 2, warmup: int = 1,
-                         device: str = "auto", windows: int = 0, window_s: float = 1.0,
-                         ) -> tuple[TrialResult, BaseException | None]:
-    """Run `train_step(batch)` over the loader as one trial; write trial.json and the trace to `out_dir`.
-
-    Returns the result and, for status "error", the step's exception (the caller decides whether to
-    raise it). An out-of-memory error is recorded as "oom" and its memory released; Ctrl-C is recorded
-    as "interrupted" and re-raised.
-    """
-    from advisor.driver import StepDriver, TrialComplete
-    from advisor.facts import SetupProblem, device_facts, resolve_device
-    from advisor.activations import is_out_of_memory
-    from advisor.harness import RESULT_FILE, user_traceback
-    from advisor.records import write_json_atomic
-    from advisor.trial import _finish
-
-    knobs = knobs or Knobs()
-    if steps < 1 or wait < 0 or warmup < 0:
-        raise AdvisorError(f"steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
-    if device not in ("auto", "cpu", "cuda"):
-        raise AdvisorError(f"device: expected auto, cpu or cuda, not {device!r}")
-    try:
-        device_type = resolve_device(device)
-    except SetupProblem as exc:
-        raise AdvisorError(str(exc).replace("--device", "device=")) from None
-    out = Path(out_dir).resolve()
-    if (out / TRIAL_FILE).exists():
-        raise AdvisorError(f"{out}: already holds a trial; choose another folder")
-    out.mkdir(parents=True, exist_ok=True)
-    where, func = step_source(train_step)
-    started = time.time()
-    record: dict[str, Any] = {
-        "schema": TRIAL_SCHEMA, "name": name or out.name, "target": func, "script": where, "script_args": [],
-        "device": device, "knobs": knobs.to_dict(), "knob_outcomes": {}, "user_values": None, "dataloaders": [],
-        "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
-        "profiled": True, "memory_limit": None,
-        "status": "running", "message": "", "device_facts": None, "steps": [], "summary": None,
-        "trace_files": [], "log_file": None, "pid": os.getpid(), "in_process": True,
-        "times": {"started_at": started},
-    }
-    write_json_atomic(out / TRIAL_FILE, record)
-    result: dict[str, Any] = {"status": "error", "message": "", "device": device_facts(device_type)}
-    config = {"out_dir": str(out), "wait": wait, "warmup": warmup, "active": steps, "knobs": knobs.to_dict(),
-              "measure": {"windows": windows, "window_s": window_s}}
-    batches, records, loader_outcomes = loader, [], {}
-    driver = iterator = batch = failure = None
-    interrupted = False
-    measured_peak = reset_peak_rss()
-    import torch
-
-    threads = torch.get_num_threads()  # the threads knob must not outlive the trial in the notebook
-    try:
-        batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
-        driver = StepDriver(config, device_type, records)
-        result["steps_expected"] = driver.total
-        step = driver.wrap(train_step, func)
-        while True:
-            iterator = iter(batches)
-            produced = False
-            for batch in iterator:
-                produced = True
-                step(batch)
-            if not produced:  # an empty loader, or a one-shot iterable that is used up
-                ended = driver.script_ended("the loader", func)
-                if ended["status"] == "ok":
-                    result.update(ended)
-                else:
-                    result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the trial "
-                                         f"needs {driver.total} (wait {driver.wait} + warmup {warmup} + record {steps})")
-                break
-    except TrialComplete:
-        result.update(status="ok", message=driver.completed_message())
-    except BaseException as exc:  # the step's error, an out-of-memory error, Ctrl-C, or a loader that cannot be built
-        at = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
-        first = (str(exc).strip().splitlines() or [""])[0]
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        oom = not interrupted and is_out_of_memory(exc)
-        status = "interrupted" if interrupted else "oom" if oom else "error"
-        result.update(status=status, message=f"{type(exc).__name__}{at}: {first}" if first else
-                      f"{type(exc).__name__}{at}", error_type=type(exc).__name__, traceback=user_traceback(exc))
-        if oom:
-            traceback.clear_frames(exc.__traceback__)  # the frames hold the tensors that did not fit
-        else:
-            failure = exc
-    finally:
-        batch = None
-        if driver is not None:
-            result["outcomes"] = {**loader_outcomes, **driver.close(result)}
-        if batches is not loader or not getattr(loader, "persistent_workers", False):
-            _shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
-        iterator = batches = None
-        peak = peak_rss_since_reset() if measured_peak else None
-        if peak is not None and "memory" in result:
-            result["memory"]["peak_rss_bytes"] = peak
-        result["dataloaders"] = [r.to_dict(training=True) for r in records]
-        if knobs.threads:
-            result.setdefault("outcomes", {})["threads"] = APPLIED
-        torch.set_num_threads(threads)
-        if result["status"] == "oom":
-            release_memory()
-    write_json_atomic(out / RESULT_FILE, result)
-    trial = _finish(record, out, started)
-    if peak is not None and trial.peak_memory_source and "ru_maxrss" in trial.peak_memory_source:
-        # The process is the notebook's: its lifetime peak says nothing about this trial.
-        done = json.loads((out / TRIAL_FILE).read_text())
-        done["summary"]["peak_memory_source"] = "process peak RSS during the trial (VmHWM, reset at its start)"
-        write_json_atomic(out / TRIAL_FILE, done)
-        trial = TrialResult.from_record(done, out)
-    if interrupted:
-        raise KeyboardInterrupt
-    return trial, failure
 
 
 def profile(train_step: Callable, loader: Iterable, *, steps: int = 5, knobs: Knobs | dict | None = None,
@@ -505,7 +283,8 @@ def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: 
          log: Callable[[str], None] | None = print) -> Session:
     """Run the optimization session on `train_step(batch)` over the loader, in this process: the same
     search as `advisor profile` (follow the bound, measure each trial's steady state)."""
-    from advisor.session import SessionOptions, run_session
+    from advisor.search.session import run_session
+    from advisor.search.state import SessionOptions
 
     options = SessionOptions(steps=steps, wait=wait, warmup=warmup, device=device, max_trials=max_trials,
                              keep_effective_batch=keep_effective_batch, time_budget_s=time_budget_s,

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
+import shlex
 import sys
+from pathlib import Path
+from typing import Any
 
 from advisor.errors import AdvisorError
 
@@ -23,14 +29,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze.add_argument("--json", action="store_true", help="print the versioned JSON document instead")
     analyze.add_argument("--steps", help="which ProfilerStep numbers to use, e.g. 3-5 or 2,4")
 
-    profile = sub.add_parser("profile", help="run script.py:train_step under the profiler, apply fixes")
-    if command in (None, "profile"):
-        from advisor import trial  # light: the harness that imports torch runs in the subprocess only
-
-        from advisor import session
-
-        trial.add_profile_arguments(profile)
-        session.add_session_arguments(profile)
+    profile = sub.add_parser("profile", help="run a training script under the profiler, apply what helps")
+    add_profile_arguments(profile)
 
     lint = sub.add_parser("lint", help="static check of a training script for memory and speed mistakes")
     if command in (None, "lint"):
@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return analyze_command(args)
         if args.command == "profile":
-            from advisor import session
-
-            return session.profile_command(args)
+            return profile_command(args)
         if args.command == "lint":
             from advisor import lint as lint_module
 
@@ -86,6 +84,204 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+
+# --- advisor profile ------------------------------------------------------------------------------
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `advisor profile`."""
+    parser.add_argument("target", nargs="?",
+                        help="script.py (the steps are found where its optimizer steps), or script.py:train_step "
+                             "or script.py:Class.method (each call one step)")
+    parser.add_argument("--step", metavar="MODULE:NAME",
+                        help="the step function, defined in a module the script imports: pkg.module:Class.method "
+                             "or path/to/module.py:function")
+    parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
+    parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--out", help="output folder (default runs/<script>-<timestamp>)")
+    parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")
+    parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
+                        "the process's writable memory on the CPU")
+    add_session_arguments(parser)
+    parser.set_defaults(script_args=[])
+    parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py -- --lr 0.1"
+    # argparse cannot take options after the target and still hand the rest after `--` to a
+    # positional, so the script's arguments are split off before argparse sees them.
+    original = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        script_args = []
+        if "--" in args:
+            split = args.index("--")
+            args, script_args = args[:split], args[split + 1 :]
+        namespace, extras = original(args, namespace)
+        namespace.script_args = script_args
+        return namespace, extras
+
+    parser.parse_known_args = parse_known_args
+
+
+def parse_size(text: str) -> int:
+    """`4G`, `800M`, `1.5GiB` or plain bytes -> bytes; one-line error otherwise."""
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
+    try:
+        value = int(float(number) * units[unit])
+    except (ValueError, OverflowError):  # "lots", "inf", "nan"
+        raise AdvisorError(f"--memory-limit: cannot read {text!r} as a size like 4G or 800M") from None
+    if value <= 0:
+        raise AdvisorError(f"--memory-limit: must be positive, not {text!r}")
+    return value
+
+
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `advisor profile` that steer the session."""
+    from advisor.search.state import SessionOptions
+
+    defaults = SessionOptions()
+    parser.add_argument("--max-trials", type=int, default=defaults.max_trials,
+                        help=f"trials in all, baseline included (default {defaults.max_trials})")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
+    parser.add_argument("--windows", type=int, default=defaults.windows,
+                        help=f"steady-state windows measured after the profiled steps (default {defaults.windows}; "
+                             "0: decide on the profiled steps)")
+    parser.add_argument("--window", type=float, default=defaults.window_s, dest="window_s",
+                        help=f"seconds each window lasts at least (default {defaults.window_s:g})")
+    parser.add_argument("--replay", metavar="SURFACE_DIR",
+                        help="run the session on a recorded response surface (trial folders) instead of a script")
+    parser.add_argument("--keep-effective-batch", action="store_true",
+                        help="never change the batch size (the effective batch stays as written)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
+
+
+def ladder_table(state: dict[str, Any]):
+    """The ladder as a rich table: one row per trial."""
+    from rich.table import Table
+
+    t = Table(title="Ladder (one row per trial)", title_justify="left")
+    t.add_column("#", justify="right")
+    t.add_column("change")
+    for col in ("batch", "peak MiB", "step ms", "samples/s", "±95%", "speed-up"):
+        t.add_column(col, justify="right")
+    t.add_column("bound")
+    t.add_column("decision")
+    for row in state["trials"]:
+        mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
+        step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
+        sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
+        interval = row.get("interval")
+        spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
+                  if interval and row.get("samples_per_s") else "-")
+        speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
+        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, spread,
+                  speed, row.get("bound") or "-", row["decision"] or "-")
+    return t
+
+
+def print_session(state: dict[str, Any], out: Path) -> None:
+    """Ladder, final settings, outputs."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console()
+    console.print(ladder_table(state))
+    final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
+    from advisor.search.state import reference_row
+
+    reference = reference_row(state)
+    against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
+        f"{reference['name']}, the first configuration that fitted")
+    speed = f"×{state['speedup']:.2f} samples/s over {against}" if state.get("speedup") else "no speed-up"
+    console.print(Text(f"Best: {state['best']} ({speed}); settings: "
+                       + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
+    for note in state["notes"]:
+        console.print(Text(f"note: {note}", style="dim"))
+    for name in ("suggested.patch", "report.html"):
+        if (out / name).exists():
+            console.print(Text(f"{name}: {out / name}"))
+
+
+def replayed_from(out: Path) -> str | None:
+    """The surface a session folder was replayed from, if it was."""
+    from advisor.search.state import SESSION_FILE
+
+    try:
+        return json.loads((out / SESSION_FILE).read_text()).get("replay")
+    except (OSError, ValueError, AttributeError):
+        return None  # load_state says what is wrong with the folder
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The numbers of `advisor profile`, checked before anything runs: one line naming the bad one."""
+    whole = {"--steps": (args.steps, 1), "--wait": (args.wait, 0), "--warmup": (args.warmup, 0),
+             "--max-trials": (args.max_trials, 1), "--windows": (args.windows, 0)}
+    for flag, (value, least) in whole.items():
+        if value < least:
+            raise AdvisorError(f"{flag}: must be at least {least}, not {value}")
+    seconds = {"--timeout": args.timeout, "--window": args.window_s, "--time-budget": args.time_budget}
+    for flag, value in seconds.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise AdvisorError(f"{flag}: must be a positive number of seconds, not {value}")
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
+    # The session's modules are torch-free but not small: imported for this command only.
+    from advisor.search.session import diagnose_trial, run_session
+    from advisor.search.state import SessionOptions
+    from advisor.trials.record import load_trial
+    from advisor.trials.runner import default_out_dir
+    from advisor.trials.targets import parse_target
+
+    check_arguments(args)
+    memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
+    options = SessionOptions(steps=args.steps, wait=args.wait, warmup=args.warmup, device=args.device,
+                             script_args=tuple(args.script_args), timeout_s=args.timeout, step=args.step,
+                             memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
+                             time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
+    options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s)
+    runner, space, extra, replay = None, None, {}, args.replay
+    if args.resume:
+        out = Path(args.resume)
+        target = ""
+        replay = replayed_from(out)
+    elif replay:
+        out = Path(args.out) if args.out else Path("runs") / f"replay-{Path(replay).name}"
+        target, extra = f"{Path(replay).resolve()}:replay", {"replay": str(Path(replay).resolve())}
+    else:
+        if not args.target:
+            raise AdvisorError("profile: give script.py (or script.py:train_step, or --replay SURFACE_DIR, or "
+                               "--resume DIR)")
+        script, _ = parse_target(args.target)
+        out = Path(args.out) if args.out else default_out_dir(script)
+        target = args.target
+    if replay:
+        from advisor.trials.replay import ReplayRunner, load_surface, surface_space
+
+        points = load_surface(replay)
+        runner, space = ReplayRunner(points, out.resolve()), surface_space(points)
+    words = sys.argv[sys.argv.index("profile") + 1:] if "profile" in sys.argv else []
+    command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
+    # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
+    state = run_session(target, out, options, command=command, resume=bool(args.resume),
+                        log=lambda m: print(m, flush=True), runner=runner, script=not replay, space=space,
+                        extra=extra)
+    out = Path(state["_dir"])
+    baseline = load_trial(out / state["trials"][0]["folder"])
+    if args.no_apply:
+        from advisor.terminal import print_analysis
+
+        diagnosis = diagnose_trial(baseline)
+        if diagnosis is not None:
+            print_analysis([diagnosis])
+    print_session(state, out)
+    return 0
 
 
 if __name__ == "__main__":

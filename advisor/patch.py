@@ -63,7 +63,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from advisor.errors import AdvisorError
-from advisor.knobs import DATALOADER_KNOBS, Knobs
+from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
 from advisor.settings import Elsewhere, search_files, set_definitions
 
 PATCH_NAME = "suggested.patch"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from advisor.knobs import Knobs  # noqa: E402
-from advisor.trial import run_trial  # noqa: E402
+from advisor.trials.knobs import Knobs  # noqa: E402
+from advisor.trials.runner import run_trial  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TARGETS = ["image_classifier.py:train_step", "char_transformer.py:train_step"]

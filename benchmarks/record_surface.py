@@ -22,8 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from advisor.knobs import Knobs  # noqa: E402
-from advisor.trial import TRIAL_FILE, run_trial  # noqa: E402
+from advisor.trials.knobs import Knobs  # noqa: E402
+from advisor.trials.record import TRIAL_FILE
+from advisor.trials.runner import run_trial  # noqa: E402
 
 
 def point_name(amp: str, batch: int, workers: int, copies: str) -> str:
@@ -76,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {figure} ({time.monotonic() - started:.1f} s)", flush=True)
     if args.no_session:
         return 0
-    from advisor.replay import ReplayRunner, load_surface, surface_space
-    from advisor.session import SessionOptions, run_session
+    from advisor.trials.replay import ReplayRunner, load_surface, surface_space
+    from advisor.search.session import run_session
+    from advisor.search.state import SessionOptions
 
     points = load_surface(out)
     session = out.with_name(out.name + "-replayed")

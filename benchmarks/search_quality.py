@@ -23,9 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.knobs import Knobs  # noqa: E402
-from advisor.session import SessionOptions, run_session  # noqa: E402
-from advisor.trial import run_trial  # noqa: E402
+from advisor.trials.knobs import Knobs  # noqa: E402
+from advisor.search.session import run_session  # noqa: E402
+from advisor.search.state import SessionOptions
+from advisor.trials.runner import run_trial  # noqa: E402
 
 EXAMPLE = os.environ.get("SEARCH_EXAMPLE", "char_transformer")
 TARGET = f"{ROOT / 'examples' / (EXAMPLE + '.py')}:train_step"

@@ -16,8 +16,9 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from torch.utils.data import default_collate
 
 import advisor
-from advisor.api import Diagnosis, Session, Trial, apply_loader_knobs
-from advisor.knobs import Knobs
+from advisor.api import Diagnosis, Session, Trial
+from advisor.trials.inprocess import apply_loader_knobs
+from advisor.trials.knobs import Knobs
 from conftest import ROOT, SAMPLE_RUNS
 
 sys.path.insert(0, str(ROOT / "examples"))

@@ -9,8 +9,8 @@ import pytest
 import torch
 from trial_helpers import trial_record, write_script
 
-from advisor.knobs import APPLIED, Knobs
-from advisor.trial import group_members, run_trial
+from advisor.trials.knobs import APPLIED, Knobs
+from advisor.trials.runner import group_members, run_trial
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

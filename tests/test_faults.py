@@ -5,7 +5,6 @@ arguments. Each ends with a clear error or a finished record and report; nothing
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,10 +16,10 @@ import pytest
 from trial_helpers import trial_record, write_script
 
 from advisor import cli
-from advisor.knobs import Knobs
+from advisor.trials.knobs import Knobs
 from advisor.search.state import SessionOptions
-from advisor.session import run_session
-from advisor.trial import TRIAL_TOKEN, run_trial
+from advisor.search.session import run_session
+from advisor.trials.runner import TRIAL_TOKEN, run_trial
 from conftest import ROOT, run_advisor
 
 pytestmark = pytest.mark.slow

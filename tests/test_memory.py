@@ -12,10 +12,13 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from trial_helpers import EXAMPLES, trial_record, write_script
 
-from advisor.activations import ActivationRecorder
-from advisor.knobs import APPLIED, GradientInterposition, Knobs, StepInterposition
-from advisor.loaders import plan_loader_arguments
-from advisor.trial import group_members, memory_growth, run_trial
+from advisor.trials.activations import ActivationRecorder
+from advisor.trials.knobs import APPLIED, Knobs
+from advisor.trials.interposition import StepInterposition
+from advisor.trials.gradients import GradientInterposition
+from advisor.trials.loaders import plan_loader_arguments
+from advisor.trials.record import memory_growth
+from advisor.trials.runner import group_members, run_trial
 
 K = 4
 

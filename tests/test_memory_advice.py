@@ -8,10 +8,12 @@ import json
 import pytest
 
 from advisor.commands import analyze_file
-from advisor.knobs import Knobs
+from advisor.trials.knobs import Knobs
 from advisor.rules import activation_checkpointing_advice, memory_growth_advice
-from advisor.session import SessionOptions, run_session
-from advisor.trial import parse_size, run_trial
+from advisor.search.session import run_session
+from advisor.search.state import SessionOptions
+from advisor.cli import parse_size
+from advisor.trials.runner import run_trial
 from conftest import ROOT, SAMPLE_RUNS
 
 HUNGRY = ROOT / "examples" / "memory_hungry.py"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.knobs import Knobs
+from advisor.trials.knobs import Knobs
 from advisor.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
 
 ROOT = Path(__file__).resolve().parents[1]

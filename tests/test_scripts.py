@@ -16,10 +16,10 @@ import pytest
 from trial_helpers import trial_record, write_script
 
 from advisor.commands import analyze_file
-from advisor.knobs import APPLIED, Knobs
+from advisor.trials.knobs import APPLIED, Knobs
 from advisor.patch import PATCH_NAME, write_patch
-from advisor.session import step_function
-from advisor.trial import run_trial
+from advisor.search.outputs import step_function
+from advisor.trials.runner import run_trial
 from conftest import ROOT, run_advisor
 
 pytestmark = pytest.mark.slow

@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 from trial_helpers import trial_record, write_script
 
-from advisor.knobs import Knobs
-from advisor.replay import ReplayRunner, load_surface, settings_of, surface_space
+from advisor.trials.knobs import Knobs
+from advisor.trials.replay import ReplayRunner, load_surface, settings_of, surface_space
 from advisor.rules import Recommendation
 from advisor.search.bounds import trial_bound
 from advisor.search.measurement import measure, noise
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, decide, fit_memory, next_batch_size, propose, worker_ladder
-from advisor.session import run_session
-from advisor.trial import TrialResult, run_trial
+from advisor.search.session import run_session
+from advisor.trials.record import TrialResult
+from advisor.trials.runner import run_trial
 from conftest import ROOT
 
 SURFACE = ROOT.parent / "shared" / "surfaces" / "h100-image-classifier"

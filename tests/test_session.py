@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from advisor.knobs import Knobs
-from advisor.session import SESSION_FILE, SessionOptions, run_session
-from advisor.trial import run_trial
+from advisor.trials.knobs import Knobs
+from advisor.search.session import run_session
+from advisor.search.state import SESSION_FILE, SessionOptions
+from advisor.trials.runner import run_trial
 from conftest import ROOT
 from session_checks import assert_decisions_follow_measurements
 

@@ -14,8 +14,9 @@ import pytest
 from trial_helpers import EXAMPLES, REPO, median_trace_step, profiler_step_durations, trial_record, write_script
 
 from advisor import cli
-from advisor.knobs import APPLIED, Knobs
-from advisor.trial import SCHEMA, group_members, load_trial, run_trial
+from advisor.trials.knobs import APPLIED, Knobs
+from advisor.trials.record import SCHEMA, load_trial
+from advisor.trials.runner import group_members, run_trial
 
 pytestmark = pytest.mark.slow
 

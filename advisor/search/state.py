@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.records import write_json_atomic
-from advisor.trial import TRIAL_MARKER
+from advisor.trials.storage import write_json_atomic
+from advisor.trials.record import TRIAL_MARKER
 
 SCHEMA = "advisor.session/1"
 SESSION_FILE = "session.json"

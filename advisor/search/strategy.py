@@ -29,7 +29,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from advisor.knobs import Knobs
+from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.measurement import Measurement, noise
 

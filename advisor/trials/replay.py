@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.records import write_json_atomic
-from advisor.knobs import Knobs
+from advisor.trials.storage import write_json_atomic
+from advisor.trials.knobs import Knobs
 from advisor.search.strategy import SearchSpace
-from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
+from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 
 SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps")
 

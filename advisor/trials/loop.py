@@ -23,8 +23,9 @@ import contextlib
 import weakref
 from typing import Any, Callable
 
-from advisor.knobs import APPLIED, Knobs, amp_outcome, non_blocking_cuda, non_blocking_outcome, non_blocking_to, \
-    not_applicable, patched_attribute
+from advisor.trials.knobs import APPLIED, Knobs, not_applicable
+from advisor.trials.interposition import amp_outcome, non_blocking_cuda, non_blocking_outcome, non_blocking_to
+from advisor.trials.gradients import patched_attribute
 
 
 class LoopInterposition:
@@ -120,7 +121,7 @@ def capture_losses(seen: Callable[[Any], None], sites: dict[str, Any]) -> Callab
     first called it (file, function, line: where a suggested patch puts autocast); returns an undo."""
     import torch
 
-    from advisor.loaders import user_frame
+    from advisor.trials.loaders import user_frame
 
     original = torch.Tensor.backward
 

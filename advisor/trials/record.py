@@ -1,9 +1,8 @@
-"""One trial: the user's script run in a fresh subprocess with a set of `Knobs`, its step profiled.
+"""A trial's record, `trial.json`: what it ran with, what each step measured, and the figures of both.
 
-The parent side, torch-free at import. `run_trial` starts `advisor.harness` in a new process group,
-waits (time limit, Ctrl-C), ends the whole group (DataLoader workers included), and writes `trial.json`.
-`add_profile_arguments` declares the trial's options of `advisor profile`; the command itself is the
-session's (`advisor.session.profile_command`), which runs trials through `run_trial`.
+Written by the runner that ran the trial (`advisor.trials.runner` in a subprocess,
+`advisor.trials.inprocess` in the notebook's process) and read by the search, the report and the
+analysis. Torch-free.
 
 trial.json (schema "advisor.trial/1"), written atomically at the start (status "running") and at the end:
 
@@ -109,44 +108,27 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
 
 from __future__ import annotations
 
-import argparse
-import ast
-import contextlib
 import gzip
 import json
-import math
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
-import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.driver import STEPS_FILE
-from advisor.harness import RESULT_FILE, TargetNotFound, locate_target
-from advisor.records import number, write_json_atomic
-from advisor.knobs import DATALOADER_KNOBS, Knobs
 from advisor.search.measurement import measure
+from advisor.trials.driver import STEPS_FILE
+from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
+from advisor.trials.storage import number, write_json_atomic
 
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"
 TRIAL_MARKER = ".advisor-trial"  # in every folder a trial made
 LOG_FILE = "output.log"
+RESULT_FILE = "harness.json"  # what the harness leaves for the runner to merge
 STATUSES = ("running", "ok", "error", "oom", "timeout", "interrupted", "target-not-found")
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-_HARNESS_ENTRY = "import sys; from advisor.harness import main; main(sys.argv[1:])"
-
-
-class TrialFailed(AdvisorError):
-    """A trial that did not finish: the CLI prints one line (after the user's traceback, if any)."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -206,65 +188,6 @@ def load_trial(path: str | os.PathLike) -> TrialResult:
     if record.get("schema") != SCHEMA:
         raise AdvisorError(f"{folder / TRIAL_FILE}: not an {SCHEMA} document")
     return TrialResult.from_record(record, folder)
-
-
-def parse_target(target: str) -> tuple[Path, str | None]:
-    """`script.py`, `script.py:train_step` or `script.py:Class.method` -> (script path, name or None:
-    no target, the steps are found where the optimizer steps); one-line errors."""
-    script, sep, name = target.rpartition(":") if not target.endswith(".py") else ("", "", "")
-    if not sep:
-        script, name = target, None
-    elif not script or not name:
-        raise AdvisorError(f"{target}: expected script.py, script.py:function or script.py:Class.method")
-    if name is not None:
-        check_name(target, name)
-    path = Path(script)
-    if not path.is_file():
-        raise AdvisorError(f"{script}: no such file")
-    if path.suffix != ".py":
-        raise AdvisorError(f"{script}: not a Python script (.py)")
-    return path.resolve(), name
-
-
-def check_name(text: str, name: str) -> None:
-    """A function name or Class.method; a one-line error otherwise."""
-    parts = name.split(".")
-    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-        raise AdvisorError(f"{text}: {name!r} is not a function name or Class.method")
-
-
-def parse_step(step: str, script: Path) -> tuple[dict[str, str | None], Path, str]:
-    """`--step pkg.module:Class.method` or `--step path/to/module.py:Class.method` (a step defined in a module
-    the script imports) -> (where the harness finds the module, its file, the name); one-line errors."""
-    where, sep, name = step.rpartition(":")
-    if not sep or not where or not name:
-        raise AdvisorError(f"--step {step}: expected pkg.module:function or path/to/module.py:Class.method")
-    check_name(f"--step {step}", name)
-    if where.endswith(".py"):
-        path = Path(where) if Path(where).is_absolute() or Path(where).is_file() else script.parent / where
-        if not path.is_file():
-            raise AdvisorError(f"--step {step}: {where}: no such file")
-        return {"module": None, "file": str(path.resolve())}, path.resolve(), name
-    if not all(part.isidentifier() for part in where.split(".")):
-        raise AdvisorError(f"--step {step}: {where!r} is not a module name or a .py file")
-    found = module_file(where, script.parent)
-    if found is None:
-        raise AdvisorError(f"--step {step}: module {where} is not found beside {script.name} "
-                           "(it is looked for from the script's folder, as the script imports it)")
-    return {"module": where, "file": None}, found, name
-
-
-def module_file(module: str, folder: Path) -> Path | None:
-    """The .py file of a module as a script in `folder` would import it (a package's __init__ or a file)."""
-    base = folder.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate.resolve()
-    return None
-
-
-# --------------------------------------------------------------------------------------------------
-# Summary figures (pure)
 
 
 def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], profiler_peak: int | None = None) -> dict[str, Any]:
@@ -423,286 +346,6 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
     return steps
 
 
-# --------------------------------------------------------------------------------------------------
-# Running a trial
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in a process group: what a finished trial must not leave behind."""
-    import psutil
-
-    members = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
-TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
-
-
-def trial_processes(pgid: int, token: str | None = None) -> list[Any]:
-    """The live processes of a trial: its process group, the descendants of its first process, and any
-    process whose environment carries the trial's token (a daemon that double-forked out of both). With
-    a token, only processes that carry it: a recycled process id is never taken for the trial's."""
-    import psutil
-
-    found: dict[int, Any] = {}
-    for pid in group_members(pgid):
-        found[pid] = None
-    try:
-        for child in psutil.Process(pgid).children(recursive=True):
-            found[child.pid] = child
-    except psutil.Error:
-        pass
-    for proc in psutil.process_iter() if token else ():
-        found.setdefault(proc.pid, proc)
-    processes = []
-    for pid, proc in found.items():
-        try:
-            proc = proc or psutil.Process(pid)
-            if pid == os.getpid() or not _alive(proc):
-                continue
-            if token and proc.environ().get(TRIAL_TOKEN) != token:
-                continue
-            processes.append(proc)
-        except psutil.Error:
-            continue
-    return processes
-
-
-def end_trial_processes(pgid: int, token: str | None = None) -> None:
-    """End a trial: SIGTERM to all its processes (`trial_processes`), a moment to exit, then SIGKILL."""
-    import psutil
-
-    processes = trial_processes(pgid, token)
-    if not processes:
-        return
-    for send in (signal.SIGTERM, signal.SIGKILL):
-        for proc in processes:
-            try:
-                proc.send_signal(send)
-            except psutil.Error:
-                pass
-        # A moment to exit on SIGTERM; after SIGKILL, until the kernel has ended them.
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(_alive(p) for p in processes):
-            time.sleep(0.05)
-
-
-def _alive(process: Any) -> bool:
-    import psutil
-
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def run_trial(
-    target: str,
-    knobs: Knobs | None,
-    out_dir: str | os.PathLike,
-    *,
-    name: str | None = None,
-    steps: int = 5,
-    wait: int = 2,
-    warmup: int = 1,
-    device: str = "auto",
-    script_args: Sequence[str] = (),
-    timeout_s: float = 600.0,
-    memory_limit: int | None = None,
-    profile: bool = True,
-    python: str | None = None,
-    env: dict[str, str] | None = None,
-    windows: int = 0,
-    window_s: float = 1.0,
-    step: str | None = None,
-    loader: dict[str, Any] | None = None,
-    on_start: Callable[[int, str], None] | None = None,
-) -> TrialResult:
-    """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
-
-    No target: the script runs unchanged and each optimizer step ends a step. `step`: the step is a
-    function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
-    `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
-    DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
-    (the session records both, to end a trial its killed predecessor left behind).
-
-    A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
-    bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
-    KeyboardInterrupt once the trial's processes are gone.
-    """
-    knobs = knobs or Knobs()  # None: the user's own settings
-    script, func = parse_target(target)
-    step_module, defined_in = None, script
-    if step is not None:
-        if func is not None:
-            raise AdvisorError(f"{target}: give the step either after the script (script.py:name) or with --step")
-        step_module, defined_in, func = parse_step(step, script)
-    if steps < 1 or wait < 0 or warmup < 0:
-        raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
-    if windows < 0 or (windows and not (math.isfinite(window_s) and window_s > 0)):
-        raise AdvisorError(f"--windows must be >= 0 and --window > 0 (got {windows} windows of {window_s} s)")
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise AdvisorError(f"--timeout must be a positive number of seconds, not {timeout_s}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise AdvisorError(f"--device: expected auto, cpu or cuda, not {device!r}")
-    out = Path(out_dir).resolve()
-    if (out / TRIAL_FILE).exists():
-        raise AdvisorError(f"{out}: already holds a trial; choose another folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / TRIAL_MARKER).touch()  # this folder is a trial's: --resume may remove it, never a folder without
-    except OSError as exc:
-        raise AdvisorError(f"{out}: cannot create the trial folder: {exc.strerror}") from None
-    started = time.time()
-    record: dict[str, Any] = {
-        "schema": SCHEMA,
-        "name": name or out.name,
-        "target": func,
-        "step": step,
-        "script": str(script),
-        "script_args": list(script_args),
-        "device": device,
-        "knobs": knobs.to_dict(),
-        "knob_outcomes": {},
-        "user_values": None,
-        "dataloaders": [],
-        "training_loader": None,
-        "accumulation": None,
-        "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
-        "profiled": profile,
-        "memory_limit": memory_limit,
-        "memory_cap": None,
-        "status": "running",
-        "message": "",
-        "device_facts": None,
-        "steps": [],
-        "summary": None,
-        "trace_files": [],
-        "log_file": LOG_FILE,
-        "pid": None,
-        "token": uuid.uuid4().hex,
-        "times": {"started_at": started},
-    }
-    try:
-        tree = ast.parse(script.read_text(), filename=str(script))
-        if defined_in != script:
-            tree = ast.parse(defined_in.read_text(), filename=str(defined_in))
-        if func is not None:
-            locate_target(tree, func)
-    except SyntaxError as exc:
-        raise AdvisorError(f"{exc.filename}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
-    except TargetNotFound as exc:
-        record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
-        return _finish(record, out, started)
-
-    config = {
-        "script": str(script),
-        "target": func,
-        "step_module": step_module,
-        "loader": loader,
-        "script_args": list(script_args),
-        "knobs": knobs.to_dict(),
-        "out_dir": str(out),
-        "wait": wait,
-        "warmup": warmup,
-        "active": steps,
-        "device": device,
-        "memory_limit": memory_limit,
-        "profile": profile,
-        "measure": {"windows": windows, "window_s": window_s},
-        "parent": os.getpid(),
-    }
-    child_env = dict(os.environ if env is None else env)
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
-    child_env["PYTHONUNBUFFERED"] = "1"
-    if device == "cpu":
-        child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
-    child_env[TRIAL_TOKEN] = record["token"]
-    write_json_atomic(out / TRIAL_FILE, record)
-    proc = None
-    previous_sigterm = _sigterm_as_interrupt()
-    try:
-        with open(out / LOG_FILE, "wb") as log:
-            proc = subprocess.Popen(
-                [python or sys.executable, "-c", _HARNESS_ENTRY, json.dumps(config)],
-                cwd=script.parent,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env,
-                start_new_session=True,  # its own process group: one killpg ends it and its workers
-            )
-        record["pid"] = proc.pid
-        write_json_atomic(out / TRIAL_FILE, record)
-        if on_start is not None:
-            on_start(proc.pid, record["token"])
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            end_trial_processes(proc.pid, record["token"])
-            proc.wait()
-            record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
-    except KeyboardInterrupt:
-        with _interrupts_held():  # a second Ctrl-C must not leave the record at "running"
-            if proc is not None:
-                end_trial_processes(proc.pid, record["token"])
-                proc.wait()
-            record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
-            _finish(record, out, started)
-        raise
-    finally:
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
-        if proc is not None:
-            # Workers the harness could not reach, a script that double-forked out of the group.
-            end_trial_processes(proc.pid, record["token"])
-    if record["status"] == "running" and not (out / RESULT_FILE).exists():
-        code = proc.returncode
-        if code == -signal.SIGKILL:
-            # Nobody here sent it: on Linux that is almost always the kernel's out-of-memory killer.
-            record.update(status="oom", message="the trial process was killed (SIGKILL), most likely by the "
-                          f"kernel's out-of-memory killer; see {out / LOG_FILE}")
-        else:
-            why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-            record.update(status="error", message=f"the trial process {why}; see {out / LOG_FILE}")
-    return _finish(record, out, started)
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """Ctrl-C (and SIGTERM) are ignored while a trial's record is finished (main thread only)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _sigterm_as_interrupt():
-    """While a trial runs, SIGTERM to the advisor is handled like Ctrl-C (main thread only)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, handler)
-
-
 def user_values(dataloaders: list[dict[str, Any]], threads: int | None) -> dict[str, Any] | None:
     """The user's own values of the knobs: the training loader's (else the first loader's) and torch's threads."""
     loader = next((d for d in dataloaders if d.get("training")), dataloaders[0] if dataloaders else None)
@@ -712,8 +355,9 @@ def user_values(dataloaders: list[dict[str, Any]], threads: int | None) -> dict[
     return values or None
 
 
-def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
-    """Merge the harness's files into the record, write trial.json, return the result."""
+def complete_record(record: dict[str, Any], out: Path, started: float) -> TrialResult:
+    """Merge the harness's files (steps.jsonl, harness.json, the trace) into the trial record, write
+    trial.json, return the result."""
     harness: dict[str, Any] = {}
     harness_file = out / RESULT_FILE
     if harness_file.exists():
@@ -749,73 +393,3 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
     for leftover in (harness_file, out / STEPS_FILE):
         leftover.unlink(missing_ok=True)
     return TrialResult.from_record(record, out)
-
-
-# --------------------------------------------------------------------------------------------------
-# `advisor profile`: the trial's options
-
-
-def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of `advisor profile`."""
-    parser.add_argument("target", nargs="?",
-                        help="script.py (the steps are found where its optimizer steps), or script.py:train_step "
-                             "or script.py:Class.method (each call one step)")
-    parser.add_argument("--step", metavar="MODULE:NAME",
-                        help="the step function, defined in a module the script imports: pkg.module:Class.method "
-                             "or path/to/module.py:function")
-    parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
-    parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
-    parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--out", help="output folder (default runs/<script>-<timestamp>)")
-    parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")
-    parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
-                        "the process's writable memory on the CPU")
-    parser.set_defaults(script_args=[])
-    parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py -- --lr 0.1"
-    # argparse cannot take options after the target and still hand the rest after `--` to a
-    # positional, so the script's arguments are split off before argparse sees them.
-    original = parser.parse_known_args
-
-    def parse_known_args(args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
-        script_args = []
-        if "--" in args:
-            split = args.index("--")
-            args, script_args = args[:split], args[split + 1 :]
-        namespace, extras = original(args, namespace)
-        namespace.script_args = script_args
-        return namespace, extras
-
-    parser.parse_known_args = parse_known_args
-
-
-def parse_size(text: str) -> int:
-    """`4G`, `800M`, `1.5GiB` or plain bytes -> bytes; one-line error otherwise."""
-    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
-    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
-    try:
-        value = int(float(number) * units[unit])
-    except (ValueError, OverflowError):  # "lots", "inf", "nan"
-        raise AdvisorError(f"--memory-limit: cannot read {text!r} as a size like 4G or 800M") from None
-    if value <= 0:
-        raise AdvisorError(f"--memory-limit: must be positive, not {text!r}")
-    return value
-
-
-def default_out_dir(script: Path) -> Path:
-    """`runs/<script-stem>-<timestamp>` in the current folder."""
-    return Path("runs") / f"{script.stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-__all__ = [
-    "SCHEMA",
-    "TrialFailed",
-    "TrialResult",
-    "add_profile_arguments",
-    "load_trial",
-    "parse_target",
-    "run_trial",
-]

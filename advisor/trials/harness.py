@@ -1,11 +1,11 @@
 """What runs inside a trial's subprocess: the user's script as `__main__`, its steps timed, profiled, measured.
 
-The parent (`advisor.trial`) starts `python -c "...harness.main(...)" CONFIG_JSON` in a new process
+The parent (`advisor.trials.runner`) starts `python -c "...harness.main(...)" CONFIG_JSON` in a new process
 group. Here we:
 
-1. cap memory if asked (`memory_limit`, `advisor.facts.cap_memory`): device memory on a CUDA device,
+1. cap memory if asked (`memory_limit`, `advisor.trials.facts.cap_memory`): device memory on a CUDA device,
    the process's writable memory (RLIMIT_DATA) on the CPU;
-2. interpose on DataLoaders (`advisor.loaders`): the knobs where the training loader is built, the
+2. interpose on DataLoaders (`advisor.trials.loaders`): the knobs where the training loader is built, the
    user's own values recorded, every batch timed and attributed to its loader;
 3. find the steps, one of three ways:
    - a step function in the script (`script.py:train_step` or `Class.method`): the script is compiled
@@ -14,8 +14,8 @@ group. Here we:
      step, run under the step knobs (autocast, GradScaler, gradient accumulation, non_blocking);
    - a step function in a module the script imports (`--step pkg.module:Class.method` or
      `--step path/to/module.py:Class.method`): the same rewrite, applied when that module is imported;
-   - no target: the script runs unchanged and each optimizer step ends a step (`advisor.loop`);
-4. run the script as `__main__` in its own folder; the step driver (`advisor.driver`) times each step
+   - no target: the script runs unchanged and each optimizer step ends a step (`advisor.trials.loop`);
+4. run the script as `__main__` in its own folder; the step driver (`advisor.trials.driver`) times each step
    (synchronizing an accelerator), profiles a few, measures the steady state in windows after them,
    and raises `TrialComplete` (a BaseException, so `except Exception` in the user's loop does not
    swallow it) once the trial is measured; DataLoader workers are stopped and the process exits.
@@ -27,7 +27,6 @@ per step in `steps.jsonl` as it ends, and `harness.json` at the end. The parent 
 
 from __future__ import annotations
 
-import ast
 import builtins
 import importlib.machinery
 import importlib.util
@@ -41,92 +40,18 @@ import types
 from pathlib import Path
 from typing import Any
 
-from advisor.activations import is_out_of_memory
-from advisor.driver import StepDriver, TargetInWorker, TrialComplete
-from advisor.facts import SetupProblem, cap_memory, device_facts, resolve_device
-from advisor.knobs import APPLIED, Knobs
-from advisor.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
+from advisor.trials.activations import is_out_of_memory
+from advisor.trials.driver import StepDriver, TargetInWorker, TrialComplete
+from advisor.trials.facts import SetupProblem, cap_memory, device_facts, resolve_device
+from advisor.trials.knobs import APPLIED, Knobs
+from advisor.trials.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
     training_loader
-from advisor.loop import LoopInterposition, capture_losses
-from advisor.records import write_json_atomic
+from advisor.trials.loop import LoopInterposition, capture_losses
+from advisor.trials.record import RESULT_FILE
+from advisor.trials.storage import write_json_atomic
+from advisor.trials.targets import TargetNotFound, rewrite_script
 
-WRAP_NAME = "__advisor_wrap__"
-RESULT_FILE = "harness.json"
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-class TargetNotFound(Exception):
-    """The script has no definition of the target function or method."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Finding and wrapping the target (torch-free: the parent checks the target before starting a trial)
-
-
-def _bodies(tree: ast.AST):
-    """Every statement list in the tree, with the node that owns it."""
-    for node in ast.walk(tree):
-        for field in ("body", "orelse", "finalbody"):
-            body = getattr(node, field, None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-                yield node, body
-        for handler in getattr(node, "handlers", []) or []:
-            yield handler, handler.body
-
-
-def locate_target(tree: ast.Module, target: str) -> list[tuple[list[ast.stmt], int]]:
-    """Where the target is defined: (statement list, index) of each definition; raises TargetNotFound.
-
-    `name` is a function defined anywhere except directly in a class; `Class.method` is a method in
-    the body of a class of that name.
-    """
-    parts = target.split(".")
-    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-        raise TargetNotFound(f"{target!r} is not a function name or Class.method")
-    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
-    found = []
-    if len(parts) == 1:
-        for owner, body in _bodies(tree):
-            if isinstance(owner, ast.ClassDef):
-                continue
-            found += [(body, i) for i, s in enumerate(body) if isinstance(s, funcs) and s.name == target]
-    else:
-        cls_name, method = parts
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and node.name == cls_name:
-                found += [(node.body, i) for i, s in enumerate(node.body) if isinstance(s, funcs) and s.name == method]
-    if not found:
-        raise TargetNotFound(_not_found_message(tree, target))
-    return found
-
-
-def _not_found_message(tree: ast.Module, target: str) -> str:
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef):
-            names += [f"{node.name}.{s.name}" for s in node.body if isinstance(s, ast.FunctionDef)]
-    methods = {n.split(".")[1] for n in names}
-    names += sorted(
-        {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name not in methods}
-    )
-    available = ", ".join(names[:12]) or "none"
-    return f"no function {target!r} is defined (functions found: {available})"
-
-
-def rewrite_script(source: str, filename: str, target: str) -> types.CodeType:
-    """Compile the script with `name = __advisor_wrap__(name, 'target')` after each target definition."""
-    tree = ast.parse(source, filename=filename)
-    sites = locate_target(tree, target)
-    # Insert from the end of each body so earlier indexes stay valid.
-    for body, index in sorted(sites, key=lambda site: (id(site[0]), -site[1])):
-        definition = body[index]
-        name = definition.name
-        wrap = ast.parse(f"{name} = {WRAP_NAME}({name}, {target!r})").body[0]
-        for node in ast.walk(wrap):
-            node.lineno = node.end_lineno = definition.end_lineno or definition.lineno
-            node.col_offset = node.end_col_offset = 0
-        body.insert(index + 1, wrap)
-    return compile(tree, filename, "exec", dont_inherit=True)
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the advisor package: our frames
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The optimization session: baseline → diagnose → apply what addresses the bound → measure → keep or revert → …
 
-Each trial is a real, profiled run of the user's unchanged script (advisor.trial), or of a notebook's
+Each trial is a real, profiled run of the user's unchanged script (advisor.trials.runner), or of a notebook's
 step in its own process (advisor.api), or a recorded trial served from a response surface
-(advisor.replay): a runner turns (name, knobs) into a finished trial; everything else is the same.
+(advisor.trials.replay): a runner turns (name, knobs) into a finished trial; everything else is the same.
 What to try and whether it helped is the search's (advisor.search: measurement, bounds, strategy,
 state); this module runs the loop, persists it after every trial (session.json, atomically, so a
 session killed at any moment resumes with `--resume DIR`, losing at most the trial in flight) and
@@ -11,27 +11,26 @@ writes the outputs. Torch-free: trials run elsewhere.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from advisor.errors import AdvisorError
-from advisor.knobs import Knobs
-from advisor.records import number
+from advisor.trials.knobs import Knobs
+from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
 from advisor.search.measurement import Measurement, measure
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, lock_session, new_state, \
     reference_row, save, trial_row
+from advisor.search.outputs import batch_notes, finish_outputs
 from advisor.search.strategy import Proposal, SearchSpace, decide, propose, recovery_plan
-from advisor.trial import TRIAL_FILE, TrialFailed, TrialResult, default_out_dir, end_trial_processes, load_trial, \
-    parse_size, parse_step, parse_target, run_trial, trial_processes
+from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
+from advisor.trials.runner import TrialFailed, end_trial_processes, run_trial, trial_processes
+from advisor.trials.targets import parse_target
 
 TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
 
@@ -56,7 +55,7 @@ def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[
     return measure(trial_record(folder).get("steps", []) for folder in folders)
 
 
-def _diagnose(result: TrialResult):
+def diagnose_trial(result: TrialResult):
     """The diagnosis (with recommendations) of a trial's trace; None when it has no trace."""
     from advisor.commands import analyze_file
 
@@ -265,7 +264,7 @@ def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[st
 
 def _bound_of(out: Path, state: dict[str, Any], best: TrialResult):
     """Diagnosis, measurement and bound of the best trial; the bound is kept in the record."""
-    diagnosis = _diagnose(best)
+    diagnosis = diagnose_trial(best)
     measurement = measured(out, state, best)
     bound = trial_bound(best.status, diagnosis, measurement)
     state["bound"] = {"name": bound.name, "label": bound.label, "evidence": list(bound.evidence)}
@@ -354,7 +353,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
 
 def _own_bound(result: TrialResult, measurement: Measurement):
     """A trial's own bound (what bound it, once measured), for its row."""
-    return trial_bound(result.status, _diagnose(result) if result.ok else None, measurement)
+    return trial_bound(result.status, diagnose_trial(result) if result.ok else None, measurement)
 
 
 def _decide_row(row: dict[str, Any], result: TrialResult, decision, inconclusive: bool) -> None:
@@ -364,207 +363,3 @@ def _decide_row(row: dict[str, Any], result: TrialResult, decision, inconclusive
         return
     row.update(decision="kept" if decision.keep else "reverted", gain=decision.gain, noise=decision.noise,
                reason=f"inconclusive, measured again: {decision.reason}" if inconclusive else decision.reason)
-
-
-def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
-    """What a changed batch size means for training, in words."""
-    user = state["user_values"].get("batch_size")
-    final = (state["final_knobs"] or {}).get("batch_size")
-    if not user or not final or final == user:
-        if options.keep_effective_batch:
-            return ["--keep-effective-batch: the batch size was left as written"]
-        return []
-    factor = final / user
-    return [f"The batch grew from {user} to {final} (×{factor:g}): scale the learning rate by about ×{factor:g} "
-            "(linear scaling rule, with a few hundred warm-up steps) and check convergence; or run with "
-            "--keep-effective-batch to leave the batch as it is."]
-
-
-def repository_root(script: Path) -> Path:
-    """The git work tree holding the script (so `git apply` works from its top), else the script's folder."""
-    for folder in script.resolve().parents:
-        if (folder / ".git").exists():
-            return folder
-    return script.resolve().parent
-
-
-def step_function(state: dict[str, Any], script: Path) -> tuple[str | None, Path | None]:
-    """The function the step runs in and its file, for the patch: the target; or a step in an imported
-    module (--step); or, with no target, the function that called backward (a plain function or method;
-    None for a loop at module level or in a nested function)."""
-    _, func = parse_target(state["target"])
-    step = (state.get("options") or {}).get("step")
-    if step:
-        _, file, name = parse_step(step, script)
-        return name, file
-    if func is not None:
-        return func, None
-    site = (state.get("sites") or {}).get("backward") or {}
-    name, file = site.get("function"), site.get("file")
-    if not name or not file or "<" in name or len(name.split(".")) > 2 or not Path(file).is_file():
-        return None, None
-    return name, Path(file)
-
-
-def finish_outputs(out: Path, state: dict[str, Any]) -> None:
-    """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
-    final = Knobs.from_dict(state["final_knobs"] or {})
-    from advisor.patch import write_patch
-
-    if final.requested() and state.get("replay"):
-        state["notes"].append("no suggested.patch: the trials were replayed from a recorded surface; "
-                              "make the final settings below in the recorded script")
-    elif final.requested() and not state.get("script"):
-        state["notes"].append("no suggested.patch: the step did not come from a script file; "
-                              "make the final settings below in your code")
-    elif final.requested():
-        script = Path(state["script"])
-        try:
-            func, step_file = step_function(state, script)
-            written, notes = write_patch(script, func, final, state["user_values"], out,
-                                         root=repository_root(script), accumulation_steps=final.accumulation_steps,
-                                         loader_site=(state.get("training_loader") or {}).get("site"),
-                                         step_file=step_file)
-            state["notes"].extend(notes)
-        except AdvisorError as exc:  # the settings stand; only the code change could not be written
-            state["notes"].append(f"no suggested.patch: {exc}")
-            written = None
-        state["patch"] = None if written is None else os.path.relpath(written, out)
-    save(state)  # the report reads session.json: it must already name the patch
-    from advisor.report import write_report, write_tensorboard
-
-    write_report(out, out / "report.html")
-    write_tensorboard(out)
-
-
-# --- the command ---------------------------------------------------------------------------------------
-
-def add_session_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `advisor profile` that steer the sequence (the trial's own options come from trial.py)."""
-    defaults = SessionOptions()
-    parser.add_argument("--max-trials", type=int, default=defaults.max_trials,
-                        help=f"trials in all, baseline included (default {defaults.max_trials})")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
-    parser.add_argument("--windows", type=int, default=defaults.windows,
-                        help=f"steady-state windows measured after the profiled steps (default {defaults.windows}; "
-                             "0: decide on the profiled steps)")
-    parser.add_argument("--window", type=float, default=defaults.window_s, dest="window_s",
-                        help=f"seconds each window lasts at least (default {defaults.window_s:g})")
-    parser.add_argument("--replay", metavar="SURFACE_DIR",
-                        help="run the session on a recorded response surface (trial folders) instead of a script")
-    parser.add_argument("--keep-effective-batch", action="store_true",
-                        help="never change the batch size (the effective batch stays as written)")
-    parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
-
-
-def ladder_table(state: dict[str, Any]):
-    """The ladder as a rich table: one row per trial."""
-    from rich.table import Table
-
-    t = Table(title="Ladder (one row per trial)", title_justify="left")
-    t.add_column("#", justify="right")
-    t.add_column("change")
-    for col in ("batch", "peak MiB", "step ms", "samples/s", "±95%", "speed-up"):
-        t.add_column(col, justify="right")
-    t.add_column("bound")
-    t.add_column("decision")
-    for row in state["trials"]:
-        mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
-        step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
-        sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
-        interval = row.get("interval")
-        spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
-                  if interval and row.get("samples_per_s") else "-")
-        speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
-        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, spread,
-                  speed, row.get("bound") or "-", row["decision"] or "-")
-    return t
-
-
-def print_session(state: dict[str, Any], out: Path) -> None:
-    """Ladder, final settings, outputs."""
-    from rich.console import Console
-    from rich.text import Text
-
-    console = Console()
-    console.print(ladder_table(state))
-    final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
-    reference = reference_row(state)
-    against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
-        f"{reference['name']}, the first configuration that fitted")
-    speed = f"×{state['speedup']:.2f} samples/s over {against}" if state.get("speedup") else "no speed-up"
-    console.print(Text(f"Best: {state['best']} ({speed}); settings: "
-                       + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
-    for note in state["notes"]:
-        console.print(Text(f"note: {note}", style="dim"))
-    for name in ("suggested.patch", "report.html"):
-        if (out / name).exists():
-            console.print(Text(f"{name}: {out / name}"))
-
-
-def _replayed(out: Path) -> str | None:
-    """The surface a session folder was replayed from, if it was."""
-    try:
-        return json.loads((out / SESSION_FILE).read_text()).get("replay")
-    except (OSError, ValueError, AttributeError):
-        return None  # load_state says what is wrong with the folder
-
-
-def check_arguments(args: argparse.Namespace) -> None:
-    """The numbers of `advisor profile`, checked before anything runs: one line naming the bad one."""
-    whole = {"--steps": (args.steps, 1), "--wait": (args.wait, 0), "--warmup": (args.warmup, 0),
-             "--max-trials": (args.max_trials, 1), "--windows": (args.windows, 0)}
-    for flag, (value, least) in whole.items():
-        if value < least:
-            raise AdvisorError(f"{flag}: must be at least {least}, not {value}")
-    seconds = {"--timeout": args.timeout, "--window": args.window_s, "--time-budget": args.time_budget}
-    for flag, value in seconds.items():
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise AdvisorError(f"{flag}: must be a positive number of seconds, not {value}")
-
-
-def profile_command(args: argparse.Namespace) -> int:
-    """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
-    check_arguments(args)
-    memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
-    options = SessionOptions(steps=args.steps, wait=args.wait, warmup=args.warmup, device=args.device,
-                             script_args=tuple(args.script_args), timeout_s=args.timeout, step=args.step,
-                             memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
-                             time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
-    options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s)
-    runner, space, extra, replay = None, None, {}, args.replay
-    if args.resume:
-        out = Path(args.resume)
-        target = ""
-        replay = _replayed(out)
-    elif replay:
-        out = Path(args.out) if args.out else Path("runs") / f"replay-{Path(replay).name}"
-        target, extra = f"{Path(replay).resolve()}:replay", {"replay": str(Path(replay).resolve())}
-    else:
-        if not args.target:
-            raise AdvisorError("profile: give script.py (or script.py:train_step, or --replay SURFACE_DIR, or "
-                               "--resume DIR)")
-        script, _ = parse_target(args.target)
-        out = Path(args.out) if args.out else default_out_dir(script)
-        target = args.target
-    if replay:
-        from advisor.replay import ReplayRunner, load_surface, surface_space
-
-        points = load_surface(replay)
-        runner, space = ReplayRunner(points, out.resolve()), surface_space(points)
-    words = sys.argv[sys.argv.index("profile") + 1:] if "profile" in sys.argv else []
-    command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
-    # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
-    state = run_session(target, out, options, command=command, resume=bool(args.resume),
-                        log=lambda m: print(m, flush=True), runner=runner, script=not replay, space=space,
-                        extra=extra)
-    out = Path(state["_dir"])
-    baseline = load_trial(out / state["trials"][0]["folder"])
-    if args.no_apply:
-        from advisor.terminal import print_analysis
-
-        diagnosis = _diagnose(baseline)
-        if diagnosis is not None:
-            print_analysis([diagnosis])
-    print_session(state, out)
-    return 0

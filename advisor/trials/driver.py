@@ -1,9 +1,9 @@
 """The step driver: what turns a training script's steps into a trial's timed, profiled, measured steps.
 
 A step ends either when a call of the target returns (a step function, wrapped where it is defined) or,
-with no target, when the training loop's optimizer steps (`advisor.loop`). Either way `end_step`
+with no target, when the training loop's optimizer steps (`advisor.trials.loop`). Either way `end_step`
 times it from the end of the previous one (the user's data loading included), attributes the batches
-fetched meanwhile (`advisor.loaders.LoaderTracker`: the loader that fed it, its batch size and the
+fetched meanwhile (`advisor.trials.loaders.LoaderTracker`: the loader that fed it, its batch size and the
 time it waited for them), calls `prof.step()` (so the trace's `ProfilerStep#N` span is step N) and
 appends its record to `steps.jsonl`, flushed, so a killed trial keeps its finished steps.
 
@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.activations import ActivationRecorder, is_out_of_memory, memory_breakdown, parameter_dtypes, \
+from advisor.trials.activations import ActivationRecorder, is_out_of_memory, memory_breakdown, parameter_dtypes, \
     proc_status_bytes
-from advisor.facts import peak_rss_bytes
-from advisor.knobs import Knobs, StepInterposition
-from advisor.loaders import LoaderRecord, LoaderTracker, leading_dimension
-from advisor.records import dumps
+from advisor.trials.facts import peak_rss_bytes
+from advisor.trials.knobs import Knobs
+from advisor.trials.interposition import StepInterposition
+from advisor.trials.loaders import LoaderRecord, LoaderTracker, leading_dimension
+from advisor.trials.storage import dumps
 
 STEPS_FILE = "steps.jsonl"
 

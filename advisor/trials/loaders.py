@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from advisor.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
+from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
-_OUR_DIR = os.path.dirname(os.path.abspath(__file__))
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the advisor package
 
 
 @dataclass

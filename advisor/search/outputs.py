@@ -1,0 +1,84 @@
+"""What a session leaves besides its record: notes on a changed batch, `suggested.patch` (the kept
+settings written where the script sets them), `report.html` and the TensorBoard runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.search.state import SessionOptions, save
+from advisor.trials.knobs import Knobs
+from advisor.trials.targets import parse_step, parse_target
+
+
+def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
+    """What a changed batch size means for training, in words."""
+    user = state["user_values"].get("batch_size")
+    final = (state["final_knobs"] or {}).get("batch_size")
+    if not user or not final or final == user:
+        if options.keep_effective_batch:
+            return ["--keep-effective-batch: the batch size was left as written"]
+        return []
+    factor = final / user
+    return [f"The batch grew from {user} to {final} (×{factor:g}): scale the learning rate by about ×{factor:g} "
+            "(linear scaling rule, with a few hundred warm-up steps) and check convergence; or run with "
+            "--keep-effective-batch to leave the batch as it is."]
+
+
+def repository_root(script: Path) -> Path:
+    """The git work tree holding the script (so `git apply` works from its top), else the script's folder."""
+    for folder in script.resolve().parents:
+        if (folder / ".git").exists():
+            return folder
+    return script.resolve().parent
+
+
+def step_function(state: dict[str, Any], script: Path) -> tuple[str | None, Path | None]:
+    """The function the step runs in and its file, for the patch: the target; or a step in an imported
+    module (--step); or, with no target, the function that called backward (a plain function or method;
+    None for a loop at module level or in a nested function)."""
+    _, func = parse_target(state["target"])
+    step = (state.get("options") or {}).get("step")
+    if step:
+        _, file, name = parse_step(step, script)
+        return name, file
+    if func is not None:
+        return func, None
+    site = (state.get("sites") or {}).get("backward") or {}
+    name, file = site.get("function"), site.get("file")
+    if not name or not file or "<" in name or len(name.split(".")) > 2 or not Path(file).is_file():
+        return None, None
+    return name, Path(file)
+
+
+def finish_outputs(out: Path, state: dict[str, Any]) -> None:
+    """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
+    final = Knobs.from_dict(state["final_knobs"] or {})
+    from advisor.patch import write_patch
+
+    if final.requested() and state.get("replay"):
+        state["notes"].append("no suggested.patch: the trials were replayed from a recorded surface; "
+                              "make the final settings below in the recorded script")
+    elif final.requested() and not state.get("script"):
+        state["notes"].append("no suggested.patch: the step did not come from a script file; "
+                              "make the final settings below in your code")
+    elif final.requested():
+        script = Path(state["script"])
+        try:
+            func, step_file = step_function(state, script)
+            written, notes = write_patch(script, func, final, state["user_values"], out,
+                                         root=repository_root(script), accumulation_steps=final.accumulation_steps,
+                                         loader_site=(state.get("training_loader") or {}).get("site"),
+                                         step_file=step_file)
+            state["notes"].extend(notes)
+        except AdvisorError as exc:  # the settings stand; only the code change could not be written
+            state["notes"].append(f"no suggested.patch: {exc}")
+            written = None
+        state["patch"] = None if written is None else os.path.relpath(written, out)
+    save(state)  # the report reads session.json: it must already name the patch
+    from advisor.report import write_report, write_tensorboard
+
+    write_report(out, out / "report.html")
+    write_tensorboard(out)

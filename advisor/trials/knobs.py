@@ -1,0 +1,96 @@
+"""`Knobs`: the settings a trial can change. A value of the parent side: the CLI, the session and the
+notebook build and record them without torch.
+
+How each reaches the user's code, inside the trial only (by interposition: the script is not edited):
+
+- DataLoader knobs (`batch_size`, `num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`):
+  where the training loader is built (`advisor.trials.loaders`).
+- `amp`, `non_blocking`: around each call of the step (`advisor.trials.interposition`), or, with no step
+  function, around each outermost module call and for the whole run (`advisor.trials.loop`).
+- `accumulation_steps` and fp16 loss scaling: `advisor.trials.gradients`.
+- `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.driver`), over a value the
+  script set itself; DataLoader workers run one thread each as torch makes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+AMP_CHOICES = (None, "bf16", "fp16")
+DATALOADER_KNOBS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+APPLIED = "applied"
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Settings for one trial; `None` everywhere means "leave the user's value"."""
+
+    amp: str | None = None
+    batch_size: int | None = None
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    non_blocking: bool | None = None
+    accumulation_steps: int | None = None
+    threads: int | None = None  # torch intra-op threads of the training process (torch.set_num_threads)
+
+    def __post_init__(self) -> None:
+        problem = knobs_problem(self)
+        if problem:
+            raise ValueError(problem)
+
+    def requested(self) -> dict[str, Any]:
+        """The knobs this trial changes (those not None)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, JSON-ready."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Knobs":
+        """Inverse of `to_dict`; unknown keys are an error naming the key."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown knob {unknown[0]!r} (known: {', '.join(sorted(names))})")
+        return cls(**data)
+
+    def label(self) -> str:
+        """A short name for folders and output, e.g. `amp-bf16+num_workers-2`, or `baseline`."""
+        parts = []
+        for key, value in self.requested().items():
+            if key == "amp":
+                parts.append(f"amp-{value}")
+            elif isinstance(value, bool):
+                parts.append(key.replace("_", "-") if value else f"no-{key.replace('_', '-')}")
+            else:
+                parts.append(f"{key.replace('_', '-')}-{value}")
+        return "+".join(parts) or "baseline"
+
+
+def knobs_problem(knobs: Knobs) -> str | None:
+    """Why these values are invalid (one line), or None."""
+    if knobs.amp not in AMP_CHOICES:
+        return f"amp must be one of bf16, fp16 or None, not {knobs.amp!r}"
+    for name in ("batch_size", "prefetch_factor", "accumulation_steps", "threads"):
+        value = getattr(knobs, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            return f"{name} must be a positive integer, not {value!r}"
+    if knobs.num_workers is not None and (
+        not isinstance(knobs.num_workers, int) or isinstance(knobs.num_workers, bool) or knobs.num_workers < 0
+    ):
+        return f"num_workers must be an integer >= 0, not {knobs.num_workers!r}"
+    for name in ("pin_memory", "persistent_workers", "non_blocking"):
+        value = getattr(knobs, name)
+        if value is not None and not isinstance(value, bool):
+            return f"{name} must be true or false, not {value!r}"
+    return None
+
+
+def not_applicable(why: str) -> str:
+    """The outcome text for a knob that could not be applied."""
+    return f"not applicable: {why}"

@@ -1,0 +1,326 @@
+"""One trial in a fresh subprocess: `run_trial` starts `advisor.trials.harness` in a new process group
+with the script, the step and the knobs, waits (time limit, Ctrl-C), ends every process of the trial
+(DataLoader workers and daemons included), and completes its record (`advisor.trials.record`).
+
+The parent side, torch-free at import. Every process a trial starts carries its token in its
+environment (`ADVISOR_TRIAL`), so that one that left the process group is still found and ended.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from advisor.errors import AdvisorError
+from advisor.trials.knobs import Knobs
+from advisor.trials.record import LOG_FILE, RESULT_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
+    complete_record
+from advisor.trials.storage import write_json_atomic
+from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
+_HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
+
+
+class TrialFailed(AdvisorError):
+    """A trial that did not finish: the CLI prints one line (after the user's traceback, if any)."""
+
+    exit_code = 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Running a trial
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in a process group: what a finished trial must not leave behind."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
+
+
+def trial_processes(pgid: int, token: str | None = None) -> list[Any]:
+    """The live processes of a trial: its process group, the descendants of its first process, and any
+    process whose environment carries the trial's token (a daemon that double-forked out of both). With
+    a token, only processes that carry it: a recycled process id is never taken for the trial's."""
+    import psutil
+
+    found: dict[int, Any] = {}
+    for pid in group_members(pgid):
+        found[pid] = None
+    try:
+        for child in psutil.Process(pgid).children(recursive=True):
+            found[child.pid] = child
+    except psutil.Error:
+        pass
+    for proc in psutil.process_iter() if token else ():
+        found.setdefault(proc.pid, proc)
+    processes = []
+    for pid, proc in found.items():
+        try:
+            proc = proc or psutil.Process(pid)
+            if pid == os.getpid() or not _alive(proc):
+                continue
+            if token and proc.environ().get(TRIAL_TOKEN) != token:
+                continue
+            processes.append(proc)
+        except psutil.Error:
+            continue
+    return processes
+
+
+def end_trial_processes(pgid: int, token: str | None = None) -> None:
+    """End a trial: SIGTERM to all its processes (`trial_processes`), a moment to exit, then SIGKILL."""
+    import psutil
+
+    processes = trial_processes(pgid, token)
+    if not processes:
+        return
+    for send in (signal.SIGTERM, signal.SIGKILL):
+        for proc in processes:
+            try:
+                proc.send_signal(send)
+            except psutil.Error:
+                pass
+        # A moment to exit on SIGTERM; after SIGKILL, until the kernel has ended them.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_alive(p) for p in processes):
+            time.sleep(0.05)
+
+
+def _alive(process: Any) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def run_trial(
+    target: str,
+    knobs: Knobs | None,
+    out_dir: str | os.PathLike,
+    *,
+    name: str | None = None,
+    steps: int = 5,
+    wait: int = 2,
+    warmup: int = 1,
+    device: str = "auto",
+    script_args: Sequence[str] = (),
+    timeout_s: float = 600.0,
+    memory_limit: int | None = None,
+    profile: bool = True,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+    windows: int = 0,
+    window_s: float = 1.0,
+    step: str | None = None,
+    loader: dict[str, Any] | None = None,
+    on_start: Callable[[int, str], None] | None = None,
+) -> TrialResult:
+    """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
+
+    No target: the script runs unchanged and each optimizer step ends a step. `step`: the step is a
+    function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
+    `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
+    DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
+    (the session records both, to end a trial its killed predecessor left behind).
+
+    A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
+    bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
+    KeyboardInterrupt once the trial's processes are gone.
+    """
+    knobs = knobs or Knobs()  # None: the user's own settings
+    script, func = parse_target(target)
+    step_module, defined_in = None, script
+    if step is not None:
+        if func is not None:
+            raise AdvisorError(f"{target}: give the step either after the script (script.py:name) or with --step")
+        step_module, defined_in, func = parse_step(step, script)
+    if steps < 1 or wait < 0 or warmup < 0:
+        raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
+    if windows < 0 or (windows and not (math.isfinite(window_s) and window_s > 0)):
+        raise AdvisorError(f"--windows must be >= 0 and --window > 0 (got {windows} windows of {window_s} s)")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise AdvisorError(f"--timeout must be a positive number of seconds, not {timeout_s}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise AdvisorError(f"--device: expected auto, cpu or cuda, not {device!r}")
+    out = Path(out_dir).resolve()
+    if (out / TRIAL_FILE).exists():
+        raise AdvisorError(f"{out}: already holds a trial; choose another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / TRIAL_MARKER).touch()  # this folder is a trial's: --resume may remove it, never a folder without
+    except OSError as exc:
+        raise AdvisorError(f"{out}: cannot create the trial folder: {exc.strerror}") from None
+    started = time.time()
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": name or out.name,
+        "target": func,
+        "step": step,
+        "script": str(script),
+        "script_args": list(script_args),
+        "device": device,
+        "knobs": knobs.to_dict(),
+        "knob_outcomes": {},
+        "user_values": None,
+        "dataloaders": [],
+        "training_loader": None,
+        "accumulation": None,
+        "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
+        "profiled": profile,
+        "memory_limit": memory_limit,
+        "memory_cap": None,
+        "status": "running",
+        "message": "",
+        "device_facts": None,
+        "steps": [],
+        "summary": None,
+        "trace_files": [],
+        "log_file": LOG_FILE,
+        "pid": None,
+        "token": uuid.uuid4().hex,
+        "times": {"started_at": started},
+    }
+    try:
+        tree = ast.parse(script.read_text(), filename=str(script))
+        if defined_in != script:
+            tree = ast.parse(defined_in.read_text(), filename=str(defined_in))
+        if func is not None:
+            locate_target(tree, func)
+    except SyntaxError as exc:
+        raise AdvisorError(f"{exc.filename}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
+    except TargetNotFound as exc:
+        record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
+        return complete_record(record, out, started)
+
+    config = {
+        "script": str(script),
+        "target": func,
+        "step_module": step_module,
+        "loader": loader,
+        "script_args": list(script_args),
+        "knobs": knobs.to_dict(),
+        "out_dir": str(out),
+        "wait": wait,
+        "warmup": warmup,
+        "active": steps,
+        "device": device,
+        "memory_limit": memory_limit,
+        "profile": profile,
+        "measure": {"windows": windows, "window_s": window_s},
+        "parent": os.getpid(),
+    }
+    child_env = dict(os.environ if env is None else env)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
+    child_env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
+    child_env[TRIAL_TOKEN] = record["token"]
+    write_json_atomic(out / TRIAL_FILE, record)
+    proc = None
+    previous_sigterm = _sigterm_as_interrupt()
+    try:
+        with open(out / LOG_FILE, "wb") as log:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-c", _HARNESS_ENTRY, json.dumps(config)],
+                cwd=script.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                start_new_session=True,  # its own process group: one killpg ends it and its workers
+            )
+        record["pid"] = proc.pid
+        write_json_atomic(out / TRIAL_FILE, record)
+        if on_start is not None:
+            on_start(proc.pid, record["token"])
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            end_trial_processes(proc.pid, record["token"])
+            proc.wait()
+            record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
+    except KeyboardInterrupt:
+        with _interrupts_held():  # a second Ctrl-C must not leave the record at "running"
+            if proc is not None:
+                end_trial_processes(proc.pid, record["token"])
+                proc.wait()
+            record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
+            complete_record(record, out, started)
+        raise
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        if proc is not None:
+            # Workers the harness could not reach, a script that double-forked out of the group.
+            end_trial_processes(proc.pid, record["token"])
+    if record["status"] == "running" and not (out / RESULT_FILE).exists():
+        code = proc.returncode
+        if code == -signal.SIGKILL:
+            # Nobody here sent it: on Linux that is almost always the kernel's out-of-memory killer.
+            record.update(status="oom", message="the trial process was killed (SIGKILL), most likely by the "
+                          f"kernel's out-of-memory killer; see {out / LOG_FILE}")
+        else:
+            why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            record.update(status="error", message=f"the trial process {why}; see {out / LOG_FILE}")
+    return complete_record(record, out, started)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Ctrl-C (and SIGTERM) are ignored while a trial's record is finished (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _sigterm_as_interrupt():
+    """While a trial runs, SIGTERM to the advisor is handled like Ctrl-C (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def default_out_dir(script: Path) -> Path:
+    """`runs/<script-stem>-<timestamp>` in the current folder."""
+    return Path("runs") / f"{script.stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
