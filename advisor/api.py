@@ -39,6 +39,7 @@ from advisor.commands import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
 from advisor.knobs import DATALOADER_KNOBS, Knobs, LoaderRecord, dataloader_outcomes, not_applicable, \
     plan_loader_arguments
+from advisor.files import inside, regular_traces_in
 from advisor.trace import trace_files
 from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 
@@ -136,7 +137,7 @@ class Trial(TrialResult):
     @cached_property
     def diagnosis(self) -> Diagnosis | None:
         """The Diagnosis of the trial's trace (None when the trial wrote none, e.g. it failed early)."""
-        traces = sorted(self.path.glob("*.pt.trace.json*"))
+        traces = regular_traces_in(self.path)
         return analyze(traces[0]) if traces else None
 
     def _repr_html_(self) -> str:
@@ -449,7 +450,10 @@ class Session:
         if row is None:
             names = ", ".join(t["name"] for t in self.state["trials"])
             raise AdvisorError(f"no trial {name!r} in {self.path} (trials: {names})")
-        return Trial.load(self.path / row["folder"])
+        folder = inside(self.path, row.get("folder"))
+        if folder is None:  # session.json names its own trial folders only
+            raise AdvisorError(f"trial {name!r}: its folder {row.get('folder')!r} is not inside {self.path}")
+        return Trial.load(folder)
 
     @property
     def baseline(self) -> Trial:
