@@ -105,12 +105,15 @@ def lint_findings(script: Path) -> list[dict] | None:
         return None
 
 
-def analyze_file(path: Path | str, steps: str | None = None) -> Diagnosis:
-    """Load one trace, diagnose it and attach its ranked recommendations."""
+def analyze_file(path: Path | str, steps: str | None = None, lint_script: bool = True) -> Diagnosis:
+    """Load one trace, diagnose it and attach its ranked recommendations.
+
+    `lint_script`: lint the script the trial.json beside the trace names (a regular .py file only); the
+    report passes False, as it opens nothing outside the session folder it reads."""
     trial, problems = read_trial_record(Path(path))
     with collector_paused():
         diagnosis = diagnose(load_trace(path), steps, trial)
-    if trial and trial.get("script"):
+    if lint_script and trial and trial.get("script"):
         diagnosis.extra["lint"] = lint_findings(Path(trial["script"]))
     missing = diagnosis.missing
     if problems:
