@@ -12,6 +12,7 @@ that store nanoseconds are converted here, once.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import stat
@@ -416,12 +417,12 @@ def _event_of_error(raw: bytes, message: str) -> str:
     index = int(found.group(1))
     name = None
     if len(raw) <= 64 * 2**20:
-        try:
-            doc = msgspec.json.decode(raw)
+        try:  # the standard library's reader: it also reads numbers msgspec calls out of range
+            doc = json.loads(raw)
             events = doc.get("traceEvents") if isinstance(doc, dict) else doc
             event = events[index] if isinstance(events, list) and index < len(events) else None
             name = event.get("name") if isinstance(event, dict) else None
-        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             pass
     return f"event {index} ({name!r}): " if isinstance(name, str) else f"event {index}: "
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -54,7 +55,7 @@ def report_command(args: argparse.Namespace) -> int:
     target = Path(args.path)
     if not target.exists():
         raise AdvisorError(f"{target}: no such file or folder")
-    is_session = target.is_dir() and (target / "session.json").is_file()
+    is_session = target.is_dir() and os.path.lexists(target / "session.json")
     out = Path(args.out) if args.out else (target / "report.html" if is_session else Path("report.html"))
     if args.tensorboard and not is_session:
         raise AdvisorError(f"{target}: --tensorboard needs a session folder (one with session.json)")

@@ -19,7 +19,7 @@ import jinja2
 from advisor import files
 from advisor.commands import analyze_file, diagnosis_to_dict
 from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
-from advisor.errors import AdvisorError, NotATrace
+from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.shapes import SESSION, TRIAL, conform_record, read_record
 from advisor.report import charts
@@ -390,7 +390,12 @@ def render_session_report(session_dir: Path) -> str:
     for row in rows:
         traces, problems = checked_trial_traces(session_dir, row)
         unread += problems
-        views[row["name"]] = trace_view(traces[0]) if traces else None
+        views[row["name"]] = None
+        if traces:
+            try:
+                views[row["name"]] = trace_view(traces[0])
+            except TraceError as exc:  # one broken trace leaves its trial without a diagnosis, not the page
+                unread.append(f"trial {row['name']}: {exc}")
     labels = [r["name"] for r in rows]
     baseline = views.get(session.get("baseline") or (labels[0] if labels else ""))
     # The patch the session names; else the folder's suggested.patch (written before session.json names it).
@@ -437,7 +442,7 @@ def memory_cap_text(cap: object) -> str:
 def write_report(target: Path, out: Path) -> Path:
     """Write the report of a session folder (if it has session.json) or of trace(s) to `out`, atomically."""
     target, out = Path(target), Path(out)
-    is_session = target.is_dir() and (target / "session.json").is_file()
+    is_session = target.is_dir() and os.path.lexists(target / "session.json")
     text = render_session_report(target) if is_session else render_trace_report(target)
     out.parent.mkdir(parents=True, exist_ok=True)
     # A reader (a browser, the session rewriting its report) never sees half a page.
