@@ -40,6 +40,7 @@ from advisor.errors import AdvisorError
 from advisor.knobs import DATALOADER_KNOBS, Knobs, LoaderRecord, dataloader_outcomes, not_applicable, \
     plan_loader_arguments
 from advisor.files import inside, regular_traces_in
+from advisor.shapes import read_record
 from advisor.trace import trace_files
 from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 
@@ -124,8 +125,8 @@ class Trial(TrialResult):
 
     @property
     def record(self) -> dict[str, Any]:
-        """The trial.json document."""
-        return json.loads((self.path / TRIAL_FILE).read_text())
+        """The trial.json document (a regular file only: a FIFO is refused, not waited on)."""
+        return read_record(self.path / TRIAL_FILE, "advisor.trial/")
 
     @property
     def steps(self):
@@ -395,13 +396,9 @@ class Session:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).resolve()
-        file = self.path / SESSION_FILE
-        try:
-            self.state: dict[str, Any] = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            raise AdvisorError(f"{file}: cannot read the session: {exc}") from None
-        if not str(self.state.get("schema", "")).startswith("advisor.session/"):
-            raise AdvisorError(f"{file}: not an advisor session record")
+        # A regular file only (a FIFO is refused, not waited on); NaN as older versions wrote it is read.
+        self.state: dict[str, Any] = read_record(self.path / SESSION_FILE, "advisor.session/",
+                                                 "an advisor session record")
 
     def __repr__(self) -> str:
         speedup = self.state.get("speedup")

@@ -51,6 +51,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 def report_command(args: argparse.Namespace) -> int:
     """`advisor report PATH [-o OUT] [--tensorboard]`."""
     from advisor.errors import AdvisorError
+    from advisor.escape import for_terminal
 
     target = Path(args.path)
     if not target.exists():
@@ -60,8 +61,8 @@ def report_command(args: argparse.Namespace) -> int:
     if args.tensorboard and not is_session:
         raise AdvisorError(f"{target}: --tensorboard needs a session folder (one with session.json)")
     written = write_report(target, out)
-    print(f"report: {written}")
+    print(f"report: {for_terminal(written)}")  # a name that is not UTF-8 (or holds escapes) shown escaped
     if args.tensorboard:
         runs = write_tensorboard(target)
-        print(f"tensorboard: {len(runs)} run(s); view with: tensorboard --logdir {target / 'trials'}")
+        print(f"tensorboard: {len(runs)} run(s); view with: tensorboard --logdir {for_terminal(target / 'trials')}")
     return 0
