@@ -45,6 +45,10 @@ removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel
 `layout_share` is the share of kernel time in NCHW↔NHWC layout conversions (channels_last removes them).
 `loader_steady_share` is the DataLoader share once its workers' queue ran dry, when the profiled window
 understated it (finding "loader-queue").
+`skipped_events` counts events the loader left out as odd but legal (ProfilerStep spans of zero length, or
+overlapping the step before), each reason also a finding "skipped-events". What the loader refuses is in
+`advisor/trace.py` (`_check_times`, `_check_sizes`); a trial.json's fields of the wrong type are named in
+`missing`. File names that are not UTF-8 appear with their bytes escaped (`\\xff`).
 """
 
 from __future__ import annotations
