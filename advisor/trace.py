@@ -12,7 +12,6 @@ that store nanoseconds are converted here, once.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 import stat
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Union
 
 import msgspec
-import numpy as np
 
 from advisor.errors import NotATrace, TraceError
 from advisor.files import NotARegularFile, describe_os_error, is_regular, read_regular
@@ -417,7 +415,9 @@ def _event_of_error(raw: bytes, message: str) -> str:
     index = int(found.group(1))
     name = None
     if len(raw) <= 64 * 2**20:
-        try:  # the standard library's reader: it also reads numbers msgspec calls out of range
+        import json  # the standard library's reader: it also reads numbers msgspec calls out of range
+
+        try:
             doc = json.loads(raw)
             events = doc.get("traceEvents") if isinstance(doc, dict) else doc
             event = events[index] if isinstance(events, list) and index < len(events) else None
@@ -526,8 +526,10 @@ MAX_SPAN_US = 7 * 24 * 3600 * 1e6
 MAX_BYTES = 2**60
 
 
-def _floats(events: list[Event], name: str) -> np.ndarray:
+def _floats(events: list[Event], name: str):
     """One time field of the events as a float array: None → NaN, an integer too large for a float → inf."""
+    import numpy as np
+
     try:
         return np.fromiter(map(attrgetter(name), events), float, len(events))
     except (TypeError, OverflowError):  # a missing time, or a huge integer: the slow way, value by value
@@ -535,8 +537,10 @@ def _floats(events: list[Event], name: str) -> np.ndarray:
         return np.array([v if v is None or abs(v) < 1e308 else float("inf") for v in values], dtype=float)
 
 
-def _low_median(values: np.ndarray) -> float:
+def _low_median(values) -> float:
     """The lower median: one of the values themselves, so that of two times the later one is the outlier."""
+    import numpy as np
+
     if values.size == 0:
         return 0.0
     k = (values.size - 1) // 2
@@ -554,6 +558,10 @@ def _check_times(path: Path | str, events: list[Event], timed: list[Event], memo
                  scale: float) -> None:
     """TraceError naming the first event (in file order) whose times the analysis cannot use: no 'ts' or
     'dur', a negative duration, one longer than MAX_SPAN_US, a time further than that from the rest."""
+    # numpy is imported here, not with the module: the CLI imports this module to start reading the file on
+    # a thread, and numpy's import runs meanwhile only if it comes after.
+    import numpy as np
+
     with np.errstate(invalid="ignore", over="ignore"):
         ts = np.concatenate([_floats(timed, "ts"), _floats(memory_events, "ts")]) * scale
         dur = np.concatenate([_floats(timed, "dur"), np.zeros(len(memory_events))]) * scale
