@@ -23,7 +23,7 @@ fuzz:
 		--hypothesis-show-statistics
 
 demo:
-	$(VENV)/bin/advisor profile examples/image_classifier.py:train_step --out runs/demo
+	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --out runs/demo
 
 bench:
 	$(PY) benchmarks/run.py

@@ -37,9 +37,9 @@ from typing import Any, Callable, Iterable
 from advisor import diagnosis as _diagnosis
 from advisor.commands import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
-from advisor.knobs import DATALOADER_KNOBS, Knobs, LoaderRecord, dataloader_outcomes, not_applicable, \
-    plan_loader_arguments
 from advisor.files import inside, regular_traces_in
+from advisor.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
+from advisor.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
 from advisor.shapes import read_record
 from advisor.trace import trace_files
 from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
@@ -274,8 +274,11 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     raise it). An out-of-memory error is recorded as "oom" and its memory released; Ctrl-C is recorded
     as "interrupted" and re-raised.
     """
-    from advisor.harness import (RESULT_FILE, SetupProblem, StepDriver, TrialComplete, device_facts,
-                                 is_out_of_memory, resolve_device, user_traceback, write_json_atomic)
+    from advisor.driver import StepDriver, TrialComplete
+    from advisor.facts import SetupProblem, device_facts, resolve_device
+    from advisor.activations import is_out_of_memory
+    from advisor.harness import RESULT_FILE, user_traceback
+    from advisor.records import write_json_atomic
     from advisor.trial import _finish
 
     knobs = knobs or Knobs()
@@ -310,6 +313,9 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     driver = iterator = batch = failure = None
     interrupted = False
     measured_peak = reset_peak_rss()
+    import torch
+
+    threads = torch.get_num_threads()  # the threads knob must not outlive the trial in the notebook
     try:
         batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
         driver = StepDriver(config, device_type, records)
@@ -353,7 +359,10 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
         peak = peak_rss_since_reset() if measured_peak else None
         if peak is not None and "memory" in result:
             result["memory"]["peak_rss_bytes"] = peak
-        result["dataloaders"] = [{"user": r.user, "effective": r.effective, "outcomes": r.outcomes} for r in records]
+        result["dataloaders"] = [r.to_dict(training=True) for r in records]
+        if knobs.threads:
+            result.setdefault("outcomes", {})["threads"] = APPLIED
+        torch.set_num_threads(threads)
         if result["status"] == "oom":
             release_memory()
     write_json_atomic(out / RESULT_FILE, result)

@@ -7,9 +7,10 @@ import torch lazily.
 How each knob is applied (inside the trial only):
 
 - DataLoader knobs (`batch_size`, `num_workers`, `pin_memory`, `persistent_workers`,
-  `prefetch_factor`): `torch.utils.data.DataLoader.__init__` is wrapped; the user's arguments are bound
-  to the signature, the values the user wrote (or the defaults they relied on) are recorded, the
-  requested ones are overridden, and the original `__init__` runs with the result.
+  `prefetch_factor`): where the training loader is built (`advisor.loaders`).
+- `threads`: `torch.set_num_threads(n)` in the training process before the script runs (and again at
+  the first step, over a value the script set itself); DataLoader workers run one thread each as
+  torch makes them.
 - `amp`: the step runs inside `torch.autocast(device_type, dtype)` for each device type the step computes
   on (where the live modules' parameters are, found at the first call; else where its tensor
   arguments are), not the trial's `--device`: a model kept on the CPU of a GPU machine is autocast on
@@ -45,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -66,6 +66,7 @@ class Knobs:
     prefetch_factor: int | None = None
     non_blocking: bool | None = None
     accumulation_steps: int | None = None
+    threads: int | None = None  # torch intra-op threads of the training process (torch.set_num_threads)
 
     def __post_init__(self) -> None:
         problem = knobs_problem(self)
@@ -106,7 +107,7 @@ def knobs_problem(knobs: Knobs) -> str | None:
     """Why these values are invalid (one line), or None."""
     if knobs.amp not in AMP_CHOICES:
         return f"amp must be one of bf16, fp16 or None, not {knobs.amp!r}"
-    for name in ("batch_size", "prefetch_factor", "accumulation_steps"):
+    for name in ("batch_size", "prefetch_factor", "accumulation_steps", "threads"):
         value = getattr(knobs, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             return f"{name} must be a positive integer, not {value!r}"
@@ -124,136 +125,6 @@ def knobs_problem(knobs: Knobs) -> str | None:
 def not_applicable(why: str) -> str:
     """The outcome text for a knob that could not be applied."""
     return f"not applicable: {why}"
-
-
-# --------------------------------------------------------------------------------------------------
-# DataLoader construction
-
-
-@dataclass
-class LoaderRecord:
-    """One DataLoader the script built: what the user wrote and what it was built with."""
-
-    user: dict[str, Any]
-    effective: dict[str, Any]
-    outcomes: dict[str, str]
-
-
-def plan_loader_arguments(
-    user: dict[str, Any], knobs: Knobs, *, accelerator: bool
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Pure: the DataLoader arguments to build with, and each requested knob's outcome.
-
-    `user` holds the bound values of batch_size, batch_sampler, num_workers, pin_memory,
-    persistent_workers and prefetch_factor. Overrides that DataLoader would reject (prefetch_factor or
-    persistent_workers without workers, batch_size with a batch_sampler) are skipped with a reason.
-    """
-    effective = {k: user.get(k) for k in DATALOADER_KNOBS}
-    outcomes: dict[str, str] = {}
-    if knobs.batch_size is not None:
-        if user.get("batch_sampler") is not None:
-            outcomes["batch_size"] = not_applicable("the DataLoader uses a batch_sampler")
-        elif user.get("batch_size") is None:
-            outcomes["batch_size"] = not_applicable("the DataLoader does not batch (batch_size=None)")
-        else:
-            effective["batch_size"] = knobs.batch_size
-            outcomes["batch_size"] = APPLIED
-    k = knobs.accumulation_steps
-    if k is not None and k > 1:
-        batch = effective["batch_size"]  # the user's, or the batch_size knob's: the effective batch
-        if user.get("batch_sampler") is not None:
-            outcomes["accumulation_steps"] = not_applicable("the DataLoader uses a batch_sampler")
-        elif batch is None:
-            outcomes["accumulation_steps"] = not_applicable("the DataLoader does not batch (batch_size=None)")
-        elif batch % k:
-            outcomes["accumulation_steps"] = not_applicable(f"batch {batch} is not a multiple of {k}")
-        else:
-            effective["batch_size"] = batch // k  # the micro-batch
-            outcomes["accumulation_steps"] = APPLIED
-    if knobs.num_workers is not None:
-        effective["num_workers"] = knobs.num_workers
-        outcomes["num_workers"] = APPLIED
-    workers = effective["num_workers"] or 0
-    if workers == 0:
-        # DataLoader raises for these without worker processes; the user's own values were valid for
-        # their worker count, so fewer workers means dropping them.
-        effective["persistent_workers"] = False
-        effective["prefetch_factor"] = None
-    if knobs.persistent_workers is not None:
-        if workers == 0 and knobs.persistent_workers:
-            outcomes["persistent_workers"] = not_applicable("the DataLoader has no worker processes")
-        else:
-            effective["persistent_workers"] = knobs.persistent_workers
-            outcomes["persistent_workers"] = APPLIED
-    if knobs.prefetch_factor is not None:
-        if workers == 0:
-            outcomes["prefetch_factor"] = not_applicable("the DataLoader has no worker processes")
-        else:
-            effective["prefetch_factor"] = knobs.prefetch_factor
-            outcomes["prefetch_factor"] = APPLIED
-    if knobs.pin_memory is not None:
-        if not accelerator:
-            outcomes["pin_memory"] = not_applicable("no accelerator: batches stay in host memory")
-        else:
-            effective["pin_memory"] = knobs.pin_memory
-            outcomes["pin_memory"] = APPLIED
-    return effective, outcomes
-
-
-def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[LoaderRecord]) -> Callable[[], None]:
-    """Wrap `DataLoader.__init__` so every loader the script builds gets the knobs; returns an undo."""
-    import torch.utils.data
-
-    cls = torch.utils.data.DataLoader
-    original = cls.__init__
-    signature = inspect.signature(original)
-
-    def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces __init__
-        if getattr(self, "_advisor_building", False):  # a subclass calling super().__init__ again
-            return original(self, *args, **kwargs)
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        values = bound.arguments
-        user = {k: values.get(k) for k in (*DATALOADER_KNOBS, "batch_sampler")}
-        effective, outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
-        for key in DATALOADER_KNOBS:
-            values[key] = effective[key]
-        records.append(
-            LoaderRecord(user={k: user[k] for k in DATALOADER_KNOBS}, effective=effective, outcomes=outcomes)
-        )
-        self._advisor_building = True
-        try:
-            return original(*bound.args, **bound.kwargs)
-        finally:
-            self._advisor_building = False
-
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    __init__.__signature__ = signature  # type: ignore[attr-defined]
-    cls.__init__ = __init__
-
-    def undo() -> None:
-        cls.__init__ = original
-
-    return undo
-
-
-def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, str]:
-    """Per requested DataLoader knob: its outcome over all loaders the script built."""
-    outcomes = {}
-    for key in (*DATALOADER_KNOBS, "accumulation_steps"):
-        if getattr(knobs, key) is None:
-            continue
-        if key == "accumulation_steps" and knobs.accumulation_steps == 1:
-            outcomes[key] = APPLIED  # one micro-step per cycle: nothing to change
-            continue
-        seen = [r.outcomes[key] for r in records if key in r.outcomes]
-        if not records:
-            outcomes[key] = not_applicable("the script built no DataLoader before the steps ended")
-        elif APPLIED in seen:
-            outcomes[key] = APPLIED
-        else:
-            outcomes[key] = seen[0]
-    return outcomes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,10 +317,12 @@ class GradientInterposition:
         def backward(tensor, *args, **kwargs):
             if tensor.dim() == 0 and tensor.requires_grad and tensor.is_floating_point():
                 users_scaled = getattr(tensor, "_advisor_scaled", False)
+                loss = tensor
                 if k:
                     tensor = tensor / k
                 if scaling.scaler is not None and not users_scaled:
                     tensor = scaling.scaler.scale(tensor)
+                tensor._advisor_loss_of = loss  # the loss as the user computed it (advisor.loop.capture_losses)
             scaling._backward_seen = True
             return original_backward(tensor, *args, **kwargs)
 
@@ -560,7 +433,7 @@ class StepInterposition:
     itself, as the tests do, and accumulation always runs.
     """
 
-    def __init__(self, knobs: Knobs, device_type: str, loader_records: list[LoaderRecord] | None = None):
+    def __init__(self, knobs: Knobs, device_type: str, loader_records: list | None = None):
         self.knobs = knobs
         self.device_type = device_type
         self.loader_records = loader_records

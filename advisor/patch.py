@@ -64,6 +64,7 @@ from libcst.metadata import PositionProvider
 
 from advisor.errors import AdvisorError
 from advisor.knobs import DATALOADER_KNOBS, Knobs
+from advisor.settings import Elsewhere, search_files, set_definitions
 
 PATCH_NAME = "suggested.patch"
 DATALOADER_NAMES = ("DataLoader",)
@@ -86,33 +87,106 @@ TIGHT_EQUAL = cst.AssignEqual(whitespace_before=NO_SPACE, whitespace_after=NO_SP
 # Public API
 
 
-def suggest_patch(script: Path, target: str, knobs: Knobs, user_values: dict | None, *,
-                  root: Path | None = None, accumulation_steps: int | None = None) -> str:
-    """The unified diff (`a/<rel>`, `b/<rel>` headers) that applies `knobs` to the script; '' if none."""
-    script = Path(script)
-    root = Path(root) if root is not None else script.resolve().parent
-    try:
-        rel = script.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        raise AdvisorError(f"{script}: cannot patch: the script is not inside {root}") from None
-    before, _ = read_source(script)
-    after = patched_source(before, target, knobs, user_values or {}, accumulation_steps=accumulation_steps,
-                           filename=str(script))
-    return unified_diff(before, after, rel)
+@dataclass
+class Patch:
+    """A suggested change: the unified diff over one or more files of the repository, and notes on what
+    it leaves to the user (a flag to pass, a change it could not write)."""
+
+    diff: str
+    notes: list[str] = field(default_factory=list)
 
 
-def write_patch(script: Path, target: str, knobs: Knobs, user_values: dict | None, folder: Path, *,
-                root: Path | None = None, accumulation_steps: int | None = None) -> Path | None:
-    """Write `folder/suggested.patch` and return its path, or None when nothing changes."""
-    diff = suggest_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps)
-    path = Path(folder) / PATCH_NAME
-    if not diff:
+def site_of(site: str | None) -> tuple[Path, int] | None:
+    """`/path/file.py:LINE` -> (path, line)."""
+    if not site or ":" not in site:
         return None
+    path, _, line = site.rpartition(":")
+    return (Path(path), int(line)) if line.isdigit() and Path(path).is_file() else None
+
+
+def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
+               root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
+               step_file: Path | None = None) -> Patch:
+    """The change that applies `knobs` where the script sets them.
+
+    `target`: the step function in `step_file` (default: the script) that autocast, non_blocking and
+    gradient accumulation are written into (None: none of those). `loader_site`: where the training
+    loader is built (`file.py:LINE`; default: every DataLoader call of the script); its values are
+    changed where they are set — in its call, a constant, a flag's default, a config in another module.
+    The threads knob is `torch.set_num_threads(N)` after the script's imports.
+    """
+    script = Path(script).resolve()
+    root = Path(root).resolve() if root is not None else script.parent
+    user_values = user_values or {}
+    sources: dict[Path, str] = {}
+    encodings: dict[Path, str] = {}
+
+    def module_of(path: Path) -> cst.Module:
+        if path not in sources:
+            sources[path], encodings[path] = read_source(path)
+        return parse_source(sources[path], str(path))
+
+    edited: dict[Path, cst.Module] = {}
+    notes: list[str] = []
+    found = site_of(loader_site)
+    loader_file, line = (found[0].resolve(), found[1]) if found else (script, None)
+    elsewhere = Elsewhere(search_files(script, loader_file, root), loader_file)
+    module = module_of(loader_file)
+    edited[loader_file] = rewrite_dataloaders(module, ScriptFacts.collect(module), knobs, user_values, line=line,
+                                              elsewhere=elsewhere)
+    notes += elsewhere.notes
+    for path in {d.file for d, _ in elsewhere.changes}:
+        base = edited.get(path) or module_of(path)
+        edited[path] = set_definitions(base, [(d, v) for d, v in elsewhere.changes if d.file == path])
+    step_path = Path(step_file).resolve() if step_file is not None else script
+    if target is not None and (knobs.amp or knobs.non_blocking or (accumulation_steps or 1) > 1):
+        base = edited.get(step_path) or module_of(step_path)
+        edited[step_path] = rewrite_step(base, target, knobs, accumulation_steps, str(step_path))
+    elif knobs.amp or knobs.non_blocking:
+        notes.append("autocast and non_blocking copies are not written: the function that runs the step is not "
+                     "known; put the forward under torch.autocast and pass non_blocking=True to .to(device)")
+    if knobs.threads and knobs.threads != user_values.get("threads"):
+        base = edited.get(script) or module_of(script)
+        edited[script] = add_threads(base, knobs.threads)
+    diffs = []
+    for path, after in sorted(edited.items()):
+        if path not in sources:
+            continue
+        try:
+            rel = path.relative_to(root).as_posix()
+        except ValueError:
+            raise AdvisorError(f"{path}: cannot patch: the file is not inside {root}") from None
+        text = after.code
+        try:
+            compile(text, str(path), "exec", dont_inherit=True)
+        except SyntaxError as exc:  # a bug here, never the user's: their file parsed
+            raise AdvisorError(f"{path}: cannot patch: the patched source does not compile ({exc.msg})") from None
+        diffs.append(unified_diff(sources[path], text, rel))
+    return Patch("".join(diffs), notes)
+
+
+def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
+                  root: Path | None = None, accumulation_steps: int | None = None,
+                  loader_site: str | None = None, step_file: Path | None = None) -> str:
+    """The unified diff (`a/<rel>`, `b/<rel>` headers per file) that applies `knobs`; '' if none."""
+    return plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
+                      loader_site=loader_site, step_file=step_file).diff
+
+
+def write_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, folder: Path, *,
+                root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
+                step_file: Path | None = None) -> tuple[Path | None, list[str]]:
+    """Write `folder/suggested.patch`; return its path (None when nothing changes) and the patch's notes."""
+    patch = plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
+                       loader_site=loader_site, step_file=step_file)
+    if not patch.diff:
+        return None, patch.notes
+    path = Path(folder) / PATCH_NAME
     _, encoding = read_source(Path(script))
     # The script's own encoding, untranslated newlines: the diff's context lines must match its bytes.
     with open(path, "w", encoding=encoding, newline="") as handle:
-        handle.write(diff)
-    return path
+        handle.write(patch.diff)
+    return path, patch.notes
 
 
 def read_source(script: Path) -> tuple[str, str]:
@@ -143,20 +217,23 @@ def split_lines(text: str) -> list[str]:
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def patched_source(source: str, target: str, knobs: Knobs, user_values: dict, *,
-                   accumulation_steps: int | None = None, filename: str = "<script>") -> str:
-    """The script's source with the knobs written in; raises AdvisorError if that cannot be done."""
+def parse_source(source: str, filename: str) -> cst.Module:
+    """The syntax tree of a file to patch; a one-line error when it does not parse."""
     try:
-        module = cst.parse_module(source)
+        return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise AdvisorError(f"{filename}: cannot patch: the script does not parse (line {exc.raw_line})") from None
+
+
+def rewrite_step(module: cst.Module, target: str, knobs: Knobs, accumulation_steps: int | None,
+                 filename: str) -> cst.Module:
+    """The module with autocast, the GradScaler, non_blocking copies and gradient accumulation written
+    into the step function `target`."""
     if accumulation_steps is not None and (not isinstance(accumulation_steps, int) or accumulation_steps < 1):
         raise AdvisorError(f"{filename}: cannot patch: accumulation_steps must be a positive integer")
     facts = ScriptFacts.collect(module)
     if not facts.target_exists(target):
         raise AdvisorError(f"{filename}: cannot patch: {facts.not_found_message(target)}")
-
-    module = rewrite_dataloaders(module, facts, knobs, user_values)
     accumulation = accumulation_steps if accumulation_steps and accumulation_steps > 1 else None
     step = StepPlan(
         amp=knobs.amp, non_blocking=bool(knobs.non_blocking), accumulation=accumulation,
@@ -164,8 +241,29 @@ def patched_source(source: str, target: str, knobs: Knobs, user_values: dict, *,
     )
     transformer = TargetRewrite(target, step, facts)
     module = module.visit(transformer)
-    module = add_module_statements(module, facts, step, transformer)
+    return add_module_statements(module, facts, step, transformer)
 
+
+def add_threads(module: cst.Module, threads: int) -> cst.Module:
+    """`torch.set_num_threads(N)` right after the imports (with `import torch` if the script has none)."""
+    facts = ScriptFacts.collect(module)
+    body = list(module.body)
+    index = _after_imports(body)
+    lines = [] if facts.torch_bound else [cst.parse_statement("import torch")]
+    lines.append(cst.parse_statement(f"torch.set_num_threads({int(threads)})  # torch's intra-op threads"))
+    return module.with_changes(body=[*body[:index], *lines, *body[index:]])
+
+
+def patched_source(source: str, target: str, knobs: Knobs, user_values: dict, *,
+                   accumulation_steps: int | None = None, filename: str = "<script>") -> str:
+    """The script's source with the knobs written in (every DataLoader call, the step `target`); raises
+    AdvisorError if that cannot be done."""
+    module = parse_source(source, filename)
+    facts = ScriptFacts.collect(module)
+    if not facts.target_exists(target):
+        raise AdvisorError(f"{filename}: cannot patch: {facts.not_found_message(target)}")
+    module = rewrite_dataloaders(module, facts, knobs, user_values)
+    module = rewrite_step(module, target, knobs, accumulation_steps, filename)
     after = module.code
     try:
         compile(after, filename, "exec", dont_inherit=True)
@@ -417,12 +515,14 @@ def is_dataloader_call(call: cst.Call) -> bool:
     return name.rsplit(".", 1)[-1] in DATALOADER_NAMES
 
 
-def rewrite_dataloaders(module: cst.Module, facts: ScriptFacts, knobs: Knobs, user_values: dict) -> cst.Module:
-    """Write the DataLoader knobs into every DataLoader call (or where its named values are defined)."""
+def rewrite_dataloaders(module: cst.Module, facts: ScriptFacts, knobs: Knobs, user_values: dict, *,
+                        line: int | None = None, elsewhere: "Elsewhere | None" = None) -> cst.Module:
+    """Write the DataLoader knobs into the DataLoader call at `line` (every DataLoader call when None), or
+    where its named values are defined (in this file, or via `elsewhere` in another of the repository)."""
     changes = loader_changes(knobs, user_values)
     if not changes:
         return module
-    rewrite = _LoaderRewrite(facts, changes, user_values)
+    rewrite = _LoaderRewrite(facts, changes, user_values, line=line, elsewhere=elsewhere)
     module = cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(rewrite)
     if rewrite.constant_changes:
         module = module.with_changes(body=[_set_constants(s, rewrite.constant_changes) for s in module.body])
@@ -470,11 +570,14 @@ class _LoaderRewrite(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, facts: ScriptFacts, changes: dict[str, Any], user_values: dict):
+    def __init__(self, facts: ScriptFacts, changes: dict[str, Any], user_values: dict, *, line: int | None = None,
+                 elsewhere: "Elsewhere | None" = None):
         super().__init__()
         self.facts = facts
         self.changes = changes
         self.user_values = user_values
+        self.line = line
+        self.elsewhere = elsewhere
         self.constant_changes: dict[str, Any] = {}
         self.argparse_changes: dict[str, Any] = {}
         self.comment_frames: list[list[str]] = []  # per enclosing statement: "advisor: was ..." notes
@@ -496,6 +599,10 @@ class _LoaderRewrite(cst.CSTTransformer):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if not is_dataloader_call(updated_node):
             return updated_node
+        if self.line is not None:  # only the training loader: the call that spans the line that built it
+            span = self.get_metadata(PositionProvider, original_node)
+            if not span.start.line <= self.line <= span.end.line:
+                return updated_node
         call = self._knobs_into(updated_node)
         # Added arguments are wrapped onto continuation lines aligned after the opening parenthesis.
         opening = self.get_metadata(PositionProvider, original_node.func).end
@@ -586,6 +693,17 @@ class _LoaderRewrite(cst.CSTTransformer):
             ok, current = self.facts.argparse_default(arg.value.attr.value)
             if ok and (user is _NOT_LITERAL or current == user):
                 self.argparse_changes[arg.value.attr.value] = value
+                return call
+            if ok and self.elsewhere is not None:
+                # A flag whose default is not what ran: the command line set it. Writing a literal over
+                # it would silently disable the flag; the command is what to change.
+                flag = arg.value.attr.value
+                self.elsewhere.notes.append(f"{name} comes from the command line (--{flag} {user!r} overrode its "
+                                            f"default): run with --{flag} {value!r}")
+                return call
+        if self.elsewhere is not None and isinstance(arg.value, (cst.Attribute, cst.Name)) and user is not _NOT_LITERAL:
+            key = arg.value.attr.value if isinstance(arg.value, cst.Attribute) else arg.value.value
+            if self.elsewhere.set(key, user, value, parameters=isinstance(arg.value, cst.Name)):
                 return call
         self.comment_frames[-1].append(f"was {name}={self.facts.module.code_for_node(arg.value)}")
         return _replace_arg(call, arg, literal_node(value))

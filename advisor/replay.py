@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.harness import write_json_atomic
+from advisor.records import write_json_atomic
 from advisor.knobs import Knobs
 from advisor.search.strategy import SearchSpace
 from advisor.trial import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial

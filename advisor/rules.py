@@ -127,10 +127,21 @@ def more_workers(d: Diagnosis) -> Recommendation | None:
     )
 
 
+def mostly_float64(d: Diagnosis) -> bool:
+    """Whether most of the model's parameters (as the trial saw them) are float64."""
+    dtypes = (d.trial or {}).get("model_dtypes")
+    if not isinstance(dtypes, dict) or not dtypes:
+        return False
+    counts = {k: v for k, v in dtypes.items() if isinstance(v, (int, float))}
+    return bool(counts) and max(counts, key=counts.get) == "float64"
+
+
 def amp(d: Diagnosis) -> Recommendation | None:
     """Matmuls and convolutions run in fp32: autocast them to bf16/fp16 to use Tensor/matrix cores."""
     if ((d.trial or {}).get("knobs") or {}).get("amp"):
         return None  # the trial already ran under autocast
+    if mostly_float64(d):
+        return None  # autocast leaves float64 alone: the model would have to be made float32 first
     dtype = amp_dtype(d)
     scaler = " with a GradScaler" if dtype == "fp16" else ""
     if d.platform == "cpu":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shlex
 import sys
@@ -23,13 +24,14 @@ from typing import Any, Callable
 
 from advisor.errors import AdvisorError
 from advisor.knobs import Knobs
+from advisor.records import number
 from advisor.search.bounds import trial_bound
 from advisor.search.measurement import Measurement, measure
-from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, new_state, reference_row, \
-    save, trial_row
+from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, lock_session, new_state, \
+    reference_row, save, trial_row
 from advisor.search.strategy import Proposal, SearchSpace, decide, propose, recovery_plan
-from advisor.trial import TRIAL_FILE, TrialFailed, TrialResult, default_out_dir, load_trial, parse_size, \
-    parse_target, run_trial
+from advisor.trial import TRIAL_FILE, TrialFailed, TrialResult, default_out_dir, end_trial_processes, load_trial, \
+    parse_size, parse_step, parse_target, run_trial, trial_processes
 
 TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
 
@@ -44,7 +46,8 @@ def trial_record(folder: Path) -> dict[str, Any]:
 def recorded_losses(folder: Path | str) -> list[float]:
     """Losses returned by the profiled steps of a trial."""
     record = trial_record(Path(folder))
-    return [s["loss"] for s in record.get("steps", []) if s.get("recorded") and s.get("loss") is not None]
+    losses = (number(s, "loss") for s in record.get("steps", []) if isinstance(s, dict) and s.get("recorded"))
+    return [x for x in losses if x is not None]
 
 
 def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[Path] = ()) -> Measurement:
@@ -87,8 +90,19 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     recorded surface holds); `extra`: fields added to a new session record.
     """
     out = Path(out).resolve()
+    lock = lock_session(out)  # one session at a time per folder, for as long as this one runs
+    try:
+        return _run_locked(target, out, options, command, resume, log, runner, script, space, extra)
+    finally:
+        os.close(lock)
+
+
+def _run_locked(target: str, out: Path, options: SessionOptions, command: str, resume: bool,
+                log: Callable[[str], None], runner: TrialRunner | None, script: bool, space: SearchSpace | None,
+                extra: dict[str, Any] | None) -> dict[str, Any]:
     if resume:
         state = load_state(out)
+        end_left_behind(state, log)
         target, options = state["target"], SessionOptions.from_dict(state["options"])
         state["status"] = "running"
     else:
@@ -102,25 +116,57 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     log(options.budget_text())
     started = time.monotonic()
     try:
-        _sequence(runner or subprocess_runner(target, out, options), out, options, state, started, log,
+        _sequence(runner or subprocess_runner(target, out, options, state), out, options, state, started, log,
                   space or SearchSpace())
     except KeyboardInterrupt:
         state["status"] = "interrupted"
         save(state)
         log(f"interrupted: resume with  advisor profile --resume {out}")
         raise
+    except Exception as exc:  # the session ends with its record and a report that say what went wrong
+        state["status"] = "failed"
+        state["notes"].append(f"failed: {exc}" if isinstance(exc, AdvisorError) else
+                              f"failed: {type(exc).__name__}: {exc}")
+        try:
+            finish_outputs(out, state)
+        except Exception as problem:  # the record is saved; a report that cannot be made must not hide why
+            log(f"no report: {type(problem).__name__}: {problem}")
+            save(state)
+        raise
     return state
 
 
-def subprocess_runner(target: str, out: Path, options: SessionOptions) -> TrialRunner:
-    """Trials of `script.py:func` in fresh subprocesses (the CLI's way), in `out/trials/<name>`."""
+def subprocess_runner(target: str, out: Path, options: SessionOptions, state: dict[str, Any]) -> TrialRunner:
+    """Trials of the script in fresh subprocesses (the CLI's way), in `out/trials/<name>`; the DataLoader
+    knobs go to the training loader the baseline found. The trial in flight is in the record (its
+    process and token), so that `--resume` after a kill can end what it left behind."""
+    def started(name: str) -> Callable[[int, str], None]:
+        def record(pid: int, token: str) -> None:
+            state["running_trial"] = {"name": name, "pid": pid, "token": token}
+            save(state)
+        return record
+
     def run(name: str, knobs: Knobs) -> TrialResult:
-        return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
-                         warmup=options.warmup, device=options.device, script_args=options.script_args,
-                         timeout_s=options.timeout_s, memory_limit=options.memory_limit, windows=options.windows,
-                         window_s=options.window_s)
+        try:
+            return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
+                             wait=options.wait, warmup=options.warmup, device=options.device,
+                             script_args=options.script_args, timeout_s=options.timeout_s,
+                             memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
+                             step=options.step, loader=state.get("training_loader"), on_start=started(name))
+        finally:
+            state["running_trial"] = None
 
     return run
+
+
+def end_left_behind(state: dict[str, Any], log: Callable[[str], None]) -> None:
+    """End the processes of the trial a killed session left running (only those that carry its token)."""
+    running = state.get("running_trial")
+    if isinstance(running, dict) and isinstance(running.get("pid"), int) and isinstance(running.get("token"), str):
+        if trial_processes(running["pid"], running["token"]):
+            log(f"ending the processes of trial {running.get('name')}, left running when the session stopped")
+            end_trial_processes(running["pid"], running["token"])
+    state["running_trial"] = None
 
 
 def _run(run: TrialRunner, state: dict[str, Any], index: int, proposal: Proposal | None, slug: str,
@@ -137,6 +183,12 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     state["device"] = record.get("device_facts")
     state["memory_cap"] = record.get("memory_cap")
     state["user_values"] = record.get("user_values") or {}
+    state["training_loader"] = record.get("training_loader")
+    state["sites"] = record.get("sites") or {}
+    state["unit"] = measurement.unit
+    if baseline.ok and measurement.unit == "steps/s":
+        state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "
+                              "steps/s, and the batch-size and DataLoader knobs do not apply")
     row = trial_row(0, baseline, record, None, state, measurement)
     row["decision"] = "baseline" if baseline.ok else "failed"
     row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
@@ -146,6 +198,13 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     state["final_knobs"] = Knobs().to_dict()
     if baseline.status == "oom":
         state["notes"].append(out_of_memory_note(record))
+    losses = recorded_losses(baseline.path)
+    if baseline.ok and losses and not all(math.isfinite(x) for x in losses):
+        state["notes"].append("the baseline's loss is not finite: changes are checked for a finite loss only, "
+                              "not for one close to the baseline's")
+    if baseline.ok and not losses:
+        state["notes"].append("the step returned no loss and ran no backward() of a scalar: each change's loss "
+                              "check (finite, within 25% of the baseline's) is skipped")
     log(f"  {_figures(row)}")
     save(state)
 
@@ -222,8 +281,6 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         _recover_from_oom(run, state, log)
     reference = reference_row(state)
     if reference is None:
-        state["status"] = "failed"
-        save(state)
         first = load_trial(out / state["trials"][0]["folder"])
         if first.traceback and first.status != "oom":
             log(first.traceback.rstrip())
@@ -331,6 +388,24 @@ def repository_root(script: Path) -> Path:
     return script.resolve().parent
 
 
+def step_function(state: dict[str, Any], script: Path) -> tuple[str | None, Path | None]:
+    """The function the step runs in and its file, for the patch: the target; or a step in an imported
+    module (--step); or, with no target, the function that called backward (a plain function or method;
+    None for a loop at module level or in a nested function)."""
+    _, func = parse_target(state["target"])
+    step = (state.get("options") or {}).get("step")
+    if step:
+        _, file, name = parse_step(step, script)
+        return name, file
+    if func is not None:
+        return func, None
+    site = (state.get("sites") or {}).get("backward") or {}
+    name, file = site.get("function"), site.get("file")
+    if not name or not file or "<" in name or len(name.split(".")) > 2 or not Path(file).is_file():
+        return None, None
+    return name, Path(file)
+
+
 def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
     final = Knobs.from_dict(state["final_knobs"] or {})
@@ -343,11 +418,14 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
         state["notes"].append("no suggested.patch: the step did not come from a script file; "
                               "make the final settings below in your code")
     elif final.requested():
-        _, func = parse_target(state["target"])
         script = Path(state["script"])
         try:
-            written = write_patch(script, func, final, state["user_values"], out, root=repository_root(script),
-                                  accumulation_steps=final.accumulation_steps)
+            func, step_file = step_function(state, script)
+            written, notes = write_patch(script, func, final, state["user_values"], out,
+                                         root=repository_root(script), accumulation_steps=final.accumulation_steps,
+                                         loader_site=(state.get("training_loader") or {}).get("site"),
+                                         step_file=step_file)
+            state["notes"].extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")
             written = None
@@ -432,15 +510,27 @@ def _replayed(out: Path) -> str | None:
         return None  # load_state says what is wrong with the folder
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The numbers of `advisor profile`, checked before anything runs: one line naming the bad one."""
+    whole = {"--steps": (args.steps, 1), "--wait": (args.wait, 0), "--warmup": (args.warmup, 0),
+             "--max-trials": (args.max_trials, 1), "--windows": (args.windows, 0)}
+    for flag, (value, least) in whole.items():
+        if value < least:
+            raise AdvisorError(f"{flag}: must be at least {least}, not {value}")
+    seconds = {"--timeout": args.timeout, "--window": args.window_s, "--time-budget": args.time_budget}
+    for flag, value in seconds.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise AdvisorError(f"{flag}: must be a positive number of seconds, not {value}")
+
+
 def profile_command(args: argparse.Namespace) -> int:
     """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
+    check_arguments(args)
     memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
     options = SessionOptions(steps=args.steps, wait=args.wait, warmup=args.warmup, device=args.device,
-                             script_args=tuple(args.script_args), timeout_s=args.timeout,
+                             script_args=tuple(args.script_args), timeout_s=args.timeout, step=args.step,
                              memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
                              time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
-    if args.windows < 0 or not args.window_s > 0:
-        raise AdvisorError(f"--windows must be >= 0 and --window > 0 (got {args.windows} and {args.window_s})")
     options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s)
     runner, space, extra, replay = None, None, {}, args.replay
     if args.resume:
@@ -452,7 +542,8 @@ def profile_command(args: argparse.Namespace) -> int:
         target, extra = f"{Path(replay).resolve()}:replay", {"replay": str(Path(replay).resolve())}
     else:
         if not args.target:
-            raise AdvisorError("profile: give script.py:train_step (or --replay SURFACE_DIR, or --resume DIR)")
+            raise AdvisorError("profile: give script.py (or script.py:train_step, or --replay SURFACE_DIR, or "
+                               "--resume DIR)")
         script, _ = parse_target(args.target)
         out = Path(args.out) if args.out else default_out_dir(script)
         target = args.target

@@ -9,15 +9,26 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
 
     schema          "advisor.trial/1"
     name            trial name, e.g. "00-baseline"
-    target          "train_step" or "Class.method"
+    target          "train_step" or "Class.method", or null: no step function (each optimizer step ends a step)
+    step            "pkg.module:name" or "path/module.py:name" when the step is defined in a module the script
+                    imports, else null
     script          absolute path of the user's script
     script_args     list of arguments passed to the script
     device          requested device: "auto" | "cpu" | "cuda"
     knobs           every Knobs field (null = the user's value)
     knob_outcomes   {knob: "applied" | "not applicable: <why>"} for each requested knob
-    user_values     the user's own DataLoader values (batch_size, num_workers, pin_memory,
-                    persistent_workers, prefetch_factor) of the first DataLoader built, or null
-    dataloaders     [{user, effective, outcomes}] for every DataLoader the script built
+    user_values     the user's own values of the knobs, or null: the DataLoader values (batch_size, num_workers,
+                    pin_memory, persistent_workers, prefetch_factor) of the training loader (the first
+                    loader built when no step took a batch from one) and torch's intra-op `threads`
+    dataloaders     [{user, effective, outcomes, site, ordinal, fetches, steps, training}] for every DataLoader
+                    the script built: site is "file.py:LINE" of the DataLoader(...) call in the user's code,
+                    ordinal counts the loaders built there before, fetches the batches it handed out, steps
+                    the steps whose last batch came from it; the training loader fed the most steps
+    training_loader {site, ordinal, index} of the training loader, or null (no step took a batch from a
+                    DataLoader: steps/s is measured instead of samples/s)
+    model_dtypes    bytes of the model's parameters by dtype after the first step ({"float32": n}), or null
+    sites           where the user's code does what a patch changes: {backward: {file, line, function}} (the
+                    first backward() of a scalar, and the function that holds it)
     accumulation    null, or when the accumulation_steps knob ran: {steps: k, micro_steps,
                     optimizer_steps, optimizer_steps_deferred, zero_grads, zero_grads_skipped}
     schedule        {wait, warmup, active, queue_depth, settle, windows, window_s, min_window_steps,
@@ -38,11 +49,15 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
     device_facts    {type: "cpu"|"cuda", torch, python, platform,
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
-    steps           [{index, wall_s, call_s, recorded, phase, window?, batch_size, batch_size_source, loss, rss_bytes,
+    steps           [{index, wall_s, call_s, data_s, loader, recorded, phase, window?, batch_size, batch_size_source,
+                      loss, rss_bytes,
                       vms_bytes, data_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
                       profiler_allocated_bytes?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
-                    of this call (the user's data loading plus the call); call_s is the call alone;
+                    of this call (the user's data loading plus the call); call_s is the call alone (with
+                    no step function: wall_s less data_s); data_s is the time spent in DataLoader
+                    __next__ since the previous step; loader indexes `dataloaders` (the loader whose batch
+                    came last); loss is the returned loss, else the last scalar backward() ran from;
                     phase: "wait" (skipped: the first --wait steps and the batches the workers queued
                     before the first step), "warmup", "profiled" (recorded: in the trace), "settle"
                     (the queue refilled while the trace was written), "window" (measured, in window k);
@@ -96,26 +111,32 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import gzip
 import json
+import math
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.harness import RESULT_FILE, STEPS_FILE, TargetNotFound, locate_target, write_json_atomic
+from advisor.driver import STEPS_FILE
+from advisor.harness import RESULT_FILE, TargetNotFound, locate_target
+from advisor.records import number, write_json_atomic
 from advisor.knobs import DATALOADER_KNOBS, Knobs
 from advisor.search.measurement import measure
 
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"
+TRIAL_MARKER = ".advisor-trial"  # in every folder a trial made
 LOG_FILE = "output.log"
 STATUSES = ("running", "ok", "error", "oom", "timeout", "interrupted", "target-not-found")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -187,20 +208,59 @@ def load_trial(path: str | os.PathLike) -> TrialResult:
     return TrialResult.from_record(record, folder)
 
 
-def parse_target(target: str) -> tuple[Path, str]:
-    """`script.py:train_step` or `script.py:Class.method` -> (script path, name); one-line errors."""
-    script, sep, name = target.rpartition(":")
-    if not sep or not script or not name:
-        raise AdvisorError(f"{target}: expected script.py:function or script.py:Class.method")
-    parts = name.split(".")
-    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-        raise AdvisorError(f"{target}: {name!r} is not a function name or Class.method")
+def parse_target(target: str) -> tuple[Path, str | None]:
+    """`script.py`, `script.py:train_step` or `script.py:Class.method` -> (script path, name or None:
+    no target, the steps are found where the optimizer steps); one-line errors."""
+    script, sep, name = target.rpartition(":") if not target.endswith(".py") else ("", "", "")
+    if not sep:
+        script, name = target, None
+    elif not script or not name:
+        raise AdvisorError(f"{target}: expected script.py, script.py:function or script.py:Class.method")
+    if name is not None:
+        check_name(target, name)
     path = Path(script)
     if not path.is_file():
         raise AdvisorError(f"{script}: no such file")
     if path.suffix != ".py":
         raise AdvisorError(f"{script}: not a Python script (.py)")
     return path.resolve(), name
+
+
+def check_name(text: str, name: str) -> None:
+    """A function name or Class.method; a one-line error otherwise."""
+    parts = name.split(".")
+    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+        raise AdvisorError(f"{text}: {name!r} is not a function name or Class.method")
+
+
+def parse_step(step: str, script: Path) -> tuple[dict[str, str | None], Path, str]:
+    """`--step pkg.module:Class.method` or `--step path/to/module.py:Class.method` (a step defined in a module
+    the script imports) -> (where the harness finds the module, its file, the name); one-line errors."""
+    where, sep, name = step.rpartition(":")
+    if not sep or not where or not name:
+        raise AdvisorError(f"--step {step}: expected pkg.module:function or path/to/module.py:Class.method")
+    check_name(f"--step {step}", name)
+    if where.endswith(".py"):
+        path = Path(where) if Path(where).is_absolute() or Path(where).is_file() else script.parent / where
+        if not path.is_file():
+            raise AdvisorError(f"--step {step}: {where}: no such file")
+        return {"module": None, "file": str(path.resolve())}, path.resolve(), name
+    if not all(part.isidentifier() for part in where.split(".")):
+        raise AdvisorError(f"--step {step}: {where!r} is not a module name or a .py file")
+    found = module_file(where, script.parent)
+    if found is None:
+        raise AdvisorError(f"--step {step}: module {where} is not found beside {script.name} "
+                           "(it is looked for from the script's folder, as the script imports it)")
+    return {"module": where, "file": None}, found, name
+
+
+def module_file(module: str, folder: Path) -> Path | None:
+    """The .py file of a module as a script in `folder` would import it (a package's __init__ or a file)."""
+    base = folder.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,7 +273,7 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], profiler_pea
     recorded = [s for s in steps if s.get("recorded")]
     walls = [s["wall_s"] for s in recorded]
     batches = [s["batch_size"] for s in recorded if s.get("batch_size")]
-    losses = [s["loss"] for s in recorded if s.get("loss") is not None]
+    losses = [x for x in (number(s, "loss") for s in recorded) if x is not None]
     memory = harness.get("memory") or {}
     summary: dict[str, Any] = {
         "steps_recorded": len(recorded),
@@ -381,34 +441,56 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def _kill_group(pgid: int) -> None:
-    """End the trial: its process group and any descendant that left it (e.g. with setsid).
+TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
 
-    SIGTERM first, a moment to exit, then SIGKILL to whatever is left.
-    """
+
+def trial_processes(pgid: int, token: str | None = None) -> list[Any]:
+    """The live processes of a trial: its process group, the descendants of its first process, and any
+    process whose environment carries the trial's token (a daemon that double-forked out of both). With
+    a token, only processes that carry it: a recycled process id is never taken for the trial's."""
     import psutil
 
+    found: dict[int, Any] = {}
+    for pid in group_members(pgid):
+        found[pid] = None
     try:
-        strays = psutil.Process(pgid).children(recursive=True)  # the group leader is the trial process
+        for child in psutil.Process(pgid).children(recursive=True):
+            found[child.pid] = child
     except psutil.Error:
-        strays = []
-    strays = [p for p in strays if p.pid not in group_members(pgid)]
-    if not group_members(pgid) and not strays:
+        pass
+    for proc in psutil.process_iter() if token else ():
+        found.setdefault(proc.pid, proc)
+    processes = []
+    for pid, proc in found.items():
+        try:
+            proc = proc or psutil.Process(pid)
+            if pid == os.getpid() or not _alive(proc):
+                continue
+            if token and proc.environ().get(TRIAL_TOKEN) != token:
+                continue
+            processes.append(proc)
+        except psutil.Error:
+            continue
+    return processes
+
+
+def end_trial_processes(pgid: int, token: str | None = None) -> None:
+    """End a trial: SIGTERM to all its processes (`trial_processes`), a moment to exit, then SIGKILL."""
+    import psutil
+
+    processes = trial_processes(pgid, token)
+    if not processes:
         return
     for send in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, send)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for stray in strays:
+        for proc in processes:
             try:
-                stray.send_signal(send)
+                proc.send_signal(send)
             except psutil.Error:
                 pass
-        if send == signal.SIGTERM:
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and (group_members(pgid) or any(_alive(p) for p in strays)):
-                time.sleep(0.05)
+        # A moment to exit on SIGTERM; after SIGKILL, until the kernel has ended them.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_alive(p) for p in processes):
+            time.sleep(0.05)
 
 
 def _alive(process: Any) -> bool:
@@ -438,8 +520,17 @@ def run_trial(
     env: dict[str, str] | None = None,
     windows: int = 0,
     window_s: float = 1.0,
+    step: str | None = None,
+    loader: dict[str, Any] | None = None,
+    on_start: Callable[[int, str], None] | None = None,
 ) -> TrialResult:
-    """Run `script.py:target` once in a fresh subprocess with `knobs`; write and return its results.
+    """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
+
+    No target: the script runs unchanged and each optimizer step ends a step. `step`: the step is a
+    function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
+    `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
+    DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
+    (the session records both, to end a trial its killed predecessor left behind).
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -447,10 +538,17 @@ def run_trial(
     """
     knobs = knobs or Knobs()  # None: the user's own settings
     script, func = parse_target(target)
+    step_module, defined_in = None, script
+    if step is not None:
+        if func is not None:
+            raise AdvisorError(f"{target}: give the step either after the script (script.py:name) or with --step")
+        step_module, defined_in, func = parse_step(step, script)
     if steps < 1 or wait < 0 or warmup < 0:
         raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
-    if windows < 0 or (windows and not window_s > 0):
+    if windows < 0 or (windows and not (math.isfinite(window_s) and window_s > 0)):
         raise AdvisorError(f"--windows must be >= 0 and --window > 0 (got {windows} windows of {window_s} s)")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise AdvisorError(f"--timeout must be a positive number of seconds, not {timeout_s}")
     if device not in ("auto", "cpu", "cuda"):
         raise AdvisorError(f"--device: expected auto, cpu or cuda, not {device!r}")
     out = Path(out_dir).resolve()
@@ -458,6 +556,7 @@ def run_trial(
         raise AdvisorError(f"{out}: already holds a trial; choose another folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        (out / TRIAL_MARKER).touch()  # this folder is a trial's: --resume may remove it, never a folder without
     except OSError as exc:
         raise AdvisorError(f"{out}: cannot create the trial folder: {exc.strerror}") from None
     started = time.time()
@@ -465,6 +564,7 @@ def run_trial(
         "schema": SCHEMA,
         "name": name or out.name,
         "target": func,
+        "step": step,
         "script": str(script),
         "script_args": list(script_args),
         "device": device,
@@ -472,6 +572,7 @@ def run_trial(
         "knob_outcomes": {},
         "user_values": None,
         "dataloaders": [],
+        "training_loader": None,
         "accumulation": None,
         "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
         "profiled": profile,
@@ -485,20 +586,26 @@ def run_trial(
         "trace_files": [],
         "log_file": LOG_FILE,
         "pid": None,
+        "token": uuid.uuid4().hex,
         "times": {"started_at": started},
     }
     try:
-        source = script.read_text()
-        locate_target(ast.parse(source, filename=str(script)), func)
+        tree = ast.parse(script.read_text(), filename=str(script))
+        if defined_in != script:
+            tree = ast.parse(defined_in.read_text(), filename=str(defined_in))
+        if func is not None:
+            locate_target(tree, func)
     except SyntaxError as exc:
-        raise AdvisorError(f"{script}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
+        raise AdvisorError(f"{exc.filename}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
     except TargetNotFound as exc:
-        record.update(status="target-not-found", message=f"{script.name}: {exc}")
+        record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
         return _finish(record, out, started)
 
     config = {
         "script": str(script),
         "target": func,
+        "step_module": step_module,
+        "loader": loader,
         "script_args": list(script_args),
         "knobs": knobs.to_dict(),
         "out_dir": str(out),
@@ -509,12 +616,14 @@ def run_trial(
         "memory_limit": memory_limit,
         "profile": profile,
         "measure": {"windows": windows, "window_s": window_s},
+        "parent": os.getpid(),
     }
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
     child_env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
         child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
+    child_env[TRIAL_TOKEN] = record["token"]
     write_json_atomic(out / TRIAL_FILE, record)
     proc = None
     previous_sigterm = _sigterm_as_interrupt()
@@ -531,24 +640,28 @@ def run_trial(
             )
         record["pid"] = proc.pid
         write_json_atomic(out / TRIAL_FILE, record)
+        if on_start is not None:
+            on_start(proc.pid, record["token"])
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            end_trial_processes(proc.pid, record["token"])
             proc.wait()
             record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
     except KeyboardInterrupt:
-        if proc is not None:
-            _kill_group(proc.pid)
-            proc.wait()
-        record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
-        _finish(record, out, started)
+        with _interrupts_held():  # a second Ctrl-C must not leave the record at "running"
+            if proc is not None:
+                end_trial_processes(proc.pid, record["token"])
+                proc.wait()
+            record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
+            _finish(record, out, started)
         raise
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
         if proc is not None:
-            _kill_group(proc.pid)  # workers the harness could not reach, or a script that double-forked
+            # Workers the harness could not reach, a script that double-forked out of the group.
+            end_trial_processes(proc.pid, record["token"])
     if record["status"] == "running" and not (out / RESULT_FILE).exists():
         code = proc.returncode
         if code == -signal.SIGKILL:
@@ -559,6 +672,22 @@ def run_trial(
             why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             record.update(status="error", message=f"the trial process {why}; see {out / LOG_FILE}")
     return _finish(record, out, started)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Ctrl-C (and SIGTERM) are ignored while a trial's record is finished (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _sigterm_as_interrupt():
@@ -572,6 +701,15 @@ def _sigterm_as_interrupt():
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, handler)
+
+
+def user_values(dataloaders: list[dict[str, Any]], threads: int | None) -> dict[str, Any] | None:
+    """The user's own values of the knobs: the training loader's (else the first loader's) and torch's threads."""
+    loader = next((d for d in dataloaders if d.get("training")), dataloaders[0] if dataloaders else None)
+    values = {k: loader["user"].get(k) for k in DATALOADER_KNOBS} if loader is not None else {}
+    if threads is not None:
+        values["threads"] = threads
+    return values or None
 
 
 def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
@@ -593,9 +731,11 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
     record["memory_cap"] = harness.get("memory_cap")
     record["knob_outcomes"] = harness.get("outcomes", {})
     record["dataloaders"] = harness.get("dataloaders", [])
+    record["training_loader"] = harness.get("training_loader")
+    record["sites"] = harness.get("sites") or {}
+    record["model_dtypes"] = harness.get("model_dtypes")
     record["accumulation"] = harness.get("accumulation")
-    if record["dataloaders"]:
-        record["user_values"] = {k: record["dataloaders"][0]["user"].get(k) for k in DATALOADER_KNOBS}
+    record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"))
     record["steps"] = read_steps(out / STEPS_FILE)
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]
@@ -617,7 +757,12 @@ def _finish(record: dict[str, Any], out: Path, started: float) -> TrialResult:
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `advisor profile`."""
-    parser.add_argument("target", nargs="?", help="script.py:train_step or script.py:Class.method")
+    parser.add_argument("target", nargs="?",
+                        help="script.py (the steps are found where its optimizer steps), or script.py:train_step "
+                             "or script.py:Class.method (each call one step)")
+    parser.add_argument("--step", metavar="MODULE:NAME",
+                        help="the step function, defined in a module the script imports: pkg.module:Class.method "
+                             "or path/to/module.py:function")
     parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
     parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
@@ -628,7 +773,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
                         "the process's writable memory on the CPU")
     parser.set_defaults(script_args=[])
-    parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py:step -- --lr 0.1"
+    parser.epilog = "Arguments after -- are passed to the script: advisor profile train.py -- --lr 0.1"
     # argparse cannot take options after the target and still hand the rest after `--` to a
     # positional, so the script's arguments are split off before argparse sees them.
     original = parser.parse_known_args
@@ -653,7 +798,7 @@ def parse_size(text: str) -> int:
     number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
     try:
         value = int(float(number) * units[unit])
-    except ValueError:
+    except (ValueError, OverflowError):  # "lots", "inf", "nan"
         raise AdvisorError(f"--memory-limit: cannot read {text!r} as a size like 4G or 800M") from None
     if value <= 0:
         raise AdvisorError(f"--memory-limit: must be positive, not {text!r}")

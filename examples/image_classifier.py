@@ -54,20 +54,18 @@ def draw_image(rng: random.Random, label: int) -> Image.Image:
 
 
 def ensure_dataset(root: Path = DATA_DIR, count: int = 384) -> list[tuple[Path, int]]:
-    """Generate the image files once (same seed, same files); return (path, label) pairs."""
+    """Generate the image files once (each from its own seed: the same files every time); return
+    (path, label) pairs."""
     root.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
     items = []
     for i in range(count):
         label = i % len(CLASSES)
         path = root / f"{i:04d}-{CLASSES[label]}.{'png' if i % 2 else 'jpg'}"
         if not path.exists():
-            image = draw_image(rng, label)
+            image = draw_image(random.Random(i), label)
             tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
             image.save(tmp, quality=95) if path.suffix == ".jpg" else image.save(tmp)
             tmp.replace(path)  # a run stopped mid-write never leaves a truncated image
-        else:
-            draw_image(rng, label)  # keep the generator in step so later images stay the same
         items.append((path, label))
     return items
 

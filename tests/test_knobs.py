@@ -14,11 +14,10 @@ from advisor.knobs import (
     GradScaling,
     Knobs,
     StepInterposition,
-    install_dataloader_knobs,
     non_blocking_cuda,
     non_blocking_to,
-    plan_loader_arguments,
 )
+from advisor.loaders import install_dataloader_knobs, plan_loader_arguments
 
 USER = {
     "batch_size": 16,

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from trial_helpers import EXAMPLES, trial_record, write_script
 
-from advisor.harness import ActivationRecorder
-from advisor.knobs import APPLIED, GradientInterposition, Knobs, StepInterposition, plan_loader_arguments
+from advisor.activations import ActivationRecorder
+from advisor.knobs import APPLIED, GradientInterposition, Knobs, StepInterposition
+from advisor.loaders import plan_loader_arguments
 from advisor.trial import group_members, memory_growth, run_trial
 
 K = 4

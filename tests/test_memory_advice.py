@@ -22,7 +22,8 @@ LEAKY = ROOT / "examples" / "leaky_loss.py"
 def test_out_of_memory_baseline_ends_in_a_configuration_that_fits(tmp_path):
     # 0.9 GiB of writable memory: the user's batch runs out, bf16 alone still does, and so do
     # micro-batches of 8 (2 × 8); micro-batches of 4 (4 × 4) fit.
-    options = SessionOptions(steps=3, max_trials=5, memory_limit=parse_size("0.9G"), device="cpu", windows=0)
+    options = SessionOptions(steps=1, wait=1, warmup=0, max_trials=4, memory_limit=parse_size("0.9G"), device="cpu",
+                             windows=0)
     out = tmp_path / "session"
     state = run_session(f"{HUNGRY}:train_step", out, options, command="test", log=lambda m: None)
     trials = state["trials"]

@@ -192,9 +192,10 @@ def test_write_patch(tmp_path):
     script = copy_example(tmp_path, "image_classifier.py")
     out = tmp_path / "run"
     out.mkdir()
-    written = write_patch(script, "train_step", Knobs(num_workers=2), USER_VALUES, out)
+    written, notes = write_patch(script, "train_step", Knobs(num_workers=2), USER_VALUES, out)
     assert written == out / PATCH_NAME and "+    parser.add_argument(\"--num-workers\"" in written.read_text()
-    assert write_patch(script, "train_step", Knobs(num_workers=0), USER_VALUES, out / "x") is None
+    assert notes == []
+    assert write_patch(script, "train_step", Knobs(num_workers=0), USER_VALUES, out / "x") == (None, [])
 
 
 @pytest.mark.slow

@@ -3,8 +3,6 @@ it, and whole sessions replayed on a response surface recorded on a real H100.""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,11 +14,10 @@ from advisor.rules import Recommendation
 from advisor.search.bounds import trial_bound
 from advisor.search.measurement import measure, noise
 from advisor.search.state import SessionOptions
-from advisor.search.strategy import Proposal, SearchSpace, decide, fit_memory, next_batch_size, propose, \
-    worker_ladder
+from advisor.search.strategy import SearchSpace, decide, fit_memory, next_batch_size, propose, worker_ladder
 from advisor.session import run_session
 from advisor.trial import TrialResult, run_trial
-from conftest import ROOT, SAMPLE_RUNS
+from conftest import ROOT
 
 SURFACE = ROOT.parent / "shared" / "surfaces" / "h100-image-classifier"
 
@@ -121,9 +118,12 @@ class Traced:
         self.bound, self.bound_evidence, self.recommendations = bound, ("from the trace",), tuple(recommendations)
 
 
-def rec(id_, gain, knobs=None, bound=None):
+BOUND_OF = {"more-workers": "input", "amp": "compute", "pin-memory": "copy", "larger-batch": "host"}
+
+
+def rec(id_, gain, knobs=None):
     return Recommendation(id=id_, title=id_, knobs=knobs or {}, predicted_gain=gain, evidence=(), code_change="",
-                          **({"bound": bound} if bound and "bound" in Recommendation.__dataclass_fields__ else {}))
+                          bound=BOUND_OF[id_])
 
 
 def test_the_steady_state_decides_an_input_bound():

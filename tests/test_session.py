@@ -16,8 +16,8 @@ import pytest
 
 from advisor.knobs import Knobs
 from advisor.session import SESSION_FILE, SessionOptions, run_session
-from advisor.trial import load_trial, run_trial
-from conftest import ROOT, SAMPLE_RUNS
+from advisor.trial import run_trial
+from conftest import ROOT
 from session_checks import assert_decisions_follow_measurements
 
 IMAGE = ROOT / "examples" / "image_classifier.py"
@@ -32,13 +32,13 @@ def copy_trial(src: Path, dst: Path) -> Path:
 @pytest.mark.slow
 def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     out = tmp_path / "session"
-    options = SessionOptions(steps=5, max_trials=5, device="cpu", windows=3, window_s=0.5)
+    options = SessionOptions(steps=3, max_trials=3, device="cpu", windows=3, window_s=0.4)
     state = run_session(f"{IMAGE}:train_step", out, options, command="test", log=lambda m: None)
     assert state["status"] == "done"
     saved = json.loads((out / SESSION_FILE).read_text())
     assert saved["trials"] == state["trials"]
     names = [t["name"] for t in saved["trials"]]
-    assert names[0] == "00-baseline" and len(names) <= 5
+    assert names[0] == "00-baseline" and len(names) <= 3
     for t in saved["trials"]:
         assert (out / t["folder"] / "trial.json").exists()
         assert t["decision"] in ("baseline", "kept", "reverted", "failed")
@@ -50,7 +50,10 @@ def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     # The script's static findings travel with the session into its report.
     assert "dataloader-num-workers" in {f["rule"] for f in saved["lint"]}
     assert 'id="lint"' in (out / "report.html").read_text()
-    check_patch_reproduces_settings(out, saved, tmp_path / "repo")
+    if saved["final_knobs"] and any(v is not None for v in saved["final_knobs"].values()):
+        check_patch_reproduces_settings(out, saved, tmp_path / "repo")
+    else:  # nothing measured better on this machine: nothing to change
+        assert saved["patch"] is None and not (out / "suggested.patch").exists()
 
 
 def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
@@ -77,7 +80,7 @@ def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
 @pytest.mark.slow
 def test_session_on_the_char_transformer_decides_on_what_it_measured(tmp_path):
     out = tmp_path / "session"
-    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=3, max_trials=3, device="cpu", windows=2, window_s=0.5), command="test",
+    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=3, max_trials=2, device="cpu", windows=2, window_s=0.4), command="test",
                         log=lambda m: None)
     assert state["status"] == "done"
     # Compute-bound: the trace's top recommendation is bf16 autocast where the CPU computes bf16 natively;
@@ -95,7 +98,7 @@ def test_session_on_the_char_transformer_decides_on_what_it_measured(tmp_path):
 def test_session_killed_and_resumed_keeps_its_trials(tmp_path):
     out = tmp_path / "session"
     cmd = [sys.executable, "-m", "advisor.cli", "profile", f"{IMAGE}:train_step", "--out", str(out),
-           "--steps", "3", "--max-trials", "4", "--device", "cpu", "--windows", "2", "--window", "0.3"]
+           "--steps", "2", "--max-trials", "3", "--device", "cpu", "--windows", "2", "--window", "0.3"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     # Kill the whole process group (advisor, trial, DataLoader workers) once the second trial is running.

@@ -33,6 +33,7 @@ class Measurement:
     seconds: float
     source: str  # "windows" | "blocks" | "steps"
     wait_share: float | None  # share of the measured time the loop spent outside the step (loading data)
+    unit: str = "samples/s"  # "steps/s" where no step knew its batch size (no DataLoader, no batch argument)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -46,13 +47,21 @@ class Measurement:
         """JSON form (trial.json `summary.steady`)."""
         return {"samples_per_s": self.samples_per_s, "relative_se": self.relative_se,
                 "interval": list(self.interval) if self.interval else None, "windows": list(self.windows),
-                "steps": self.steps, "seconds": self.seconds, "source": self.source, "wait_share": self.wait_share}
+                "steps": self.steps, "seconds": self.seconds, "source": self.source, "wait_share": self.wait_share,
+                "unit": self.unit}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _usable(step: dict[str, Any]) -> bool:
-    wall, batch = step.get("wall_s"), step.get("batch_size")
-    return (isinstance(wall, (int, float)) and math.isfinite(wall) and wall > 0
-            and isinstance(batch, (int, float)) and math.isfinite(batch) and batch > 0)
+    return _number(step.get("wall_s")) and _number(step.get("batch_size"))
+
+
+def per_step(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Steps that know no batch size count one each: their rate is steps/s."""
+    return [dict(s, batch_size=1) for s in steps if isinstance(s, dict) and _number(s.get("wall_s"))]
 
 
 def window_groups(steps: list[dict[str, Any]]) -> tuple[list[list[dict]], str]:
@@ -102,7 +111,12 @@ def ratio_relative_se(groups: list[tuple[float, float]]) -> float | None:
 
 
 def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
-    """The pooled measurement of one or more runs (each a trial's step records) of the same settings."""
+    """The pooled measurement of one or more runs (each a trial's step records) of the same settings, in
+    samples/s; in steps/s where no step of any run knew its batch size."""
+    runs = [list(run) for run in runs]
+    unit = "samples/s"
+    if not any(_usable(s) for run in runs for s in run if isinstance(s, dict)):
+        runs, unit = [per_step(run) for run in runs], "steps/s"
     groups: list[tuple[float, float]] = []
     rates, sources = [], set()
     steps = 0
@@ -117,6 +131,8 @@ def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
             rates.append(samples / seconds)
             steps += len(group)
             for s in group:
+                # Waiting for data: the time outside the step's call (with no step function, the
+                # harness makes that the time in the DataLoader's __next__).
                 call = s.get("call_s")
                 if isinstance(call, (int, float)) and math.isfinite(call):
                     waited += max(0.0, s["wall_s"] - call)
@@ -132,6 +148,7 @@ def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
         seconds=seconds,
         source=source,
         wait_share=waited / walls if walls > 0 else None,
+        unit=unit,
     )
 
 

@@ -4,7 +4,9 @@ session.json (schema "advisor.session/1"):
 
     {"schema", "target", "script", "command", "options": {SessionOptions}, "status": "running"|"done"|
      "interrupted"|"failed", "started_at", "updated_at", "device": {device facts of the baseline},
-     "user_values": {DataLoader originals}, "memory_cap": {what --memory-limit capped, as in trial.json} | null,
+     "user_values": {the user's own knob values}, "memory_cap": {what --memory-limit capped, as in trial.json} | null,
+     "training_loader": {site, ordinal, index} of the loader that feeds the steps (from the baseline) | null,
+     "unit": "samples/s" | "steps/s" (no step knew its batch size; "samples_per_s" fields then hold steps/s),
      "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
      "bound": {"name", "label", "evidence"} of the best trial after the last trial,
      "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
@@ -15,7 +17,8 @@ session.json (schema "advisor.session/1"):
                  "helps_now" (whether the change addresses that bound), "bound" (this trial's own bound)}],
      "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null,
      "lint": [advisor lint findings on the script] | null,
-     "pooled": {trial name: [folders of earlier runs of the same settings, measured together with it]}}
+     "pooled": {trial name: [folders of earlier runs of the same settings, measured together with it]},
+     "running_trial": {"name", "pid", "token"} of the trial in flight (a killed session's --resume ends it) | null}
 
 `replay` (the surface folder) is present for sessions replayed from a recorded surface.
 """
@@ -23,6 +26,7 @@ session.json (schema "advisor.session/1"):
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -32,10 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.harness import write_json_atomic
+from advisor.records import write_json_atomic
+from advisor.trial import TRIAL_MARKER
 
 SCHEMA = "advisor.session/1"
 SESSION_FILE = "session.json"
+LOCK_FILE = ".advisor.lock"
+SET_ASIDE = ".set-aside"  # where --resume moves what it finds in trials/ and did not make
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class SessionOptions:
     memory_safety: float = 0.85
     windows: int = 5
     window_s: float = 1.0
+    step: str | None = None  # the step, when a module the script imports defines it (pkg.module:name)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -89,8 +97,9 @@ def new_state(target: str, script: str | None, out: Path, options: SessionOption
         "schema": SCHEMA, "target": target, "script": script, "command": command, "lint": lint,
         "options": options.to_dict(), "status": "running", "started_at": now, "updated_at": now,
         "device": None, "user_values": {}, "memory_cap": None, "baseline": None, "best": None,
-        "final_knobs": None, "speedup": None, "bound": None, "trials": [], "recommendations": [], "notes": [],
-        "patch": None, "pooled": {}, "_dir": str(out),
+        "final_knobs": None, "speedup": None, "bound": None, "unit": "samples/s", "training_loader": None,
+        "trials": [], "recommendations": [], "notes": [],
+        "patch": None, "pooled": {}, "running_trial": None, "_dir": str(out),
     }
 
 
@@ -101,24 +110,65 @@ def save(state: dict[str, Any]) -> None:
     write_json_atomic(Path(state["_dir"]) / SESSION_FILE, doc)
 
 
+def lock_session(out: Path) -> int:
+    """Take the folder's lock for the session's life (an OS lock: it goes with the process, however it
+    ends); a one-line error when another session holds it. Returns the descriptor to keep open."""
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise AdvisorError(f"{out / LOCK_FILE}: cannot open the session's lock: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise AdvisorError(f"{out}: a session is running there (process {holder}); wait for it to end, "
+                           "or use another --out") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
 def load_state(out: Path) -> dict[str, Any]:
-    """A session record to resume; trial folders it does not list (the trial in flight) are removed."""
+    """A session record to resume. Trial folders it does not list are the trial in flight when it stopped
+    (removed, when a trial made them) or something else (moved aside into trials/.set-aside, never
+    deleted); a trials/ that is a symbolic link is refused, untouched."""
     path = out / SESSION_FILE
     try:
         state = json.loads(path.read_text())
     except FileNotFoundError:
         raise AdvisorError(f"{path}: no session to resume here") from None
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise AdvisorError(f"{path}: not valid JSON ({exc})") from None
-    if state.get("schema") != SCHEMA:
+    if not isinstance(state, dict) or state.get("schema") != SCHEMA or not isinstance(state.get("trials"), list):
         raise AdvisorError(f"{path}: not an {SCHEMA} document")
     state["_dir"] = str(out)
     state.setdefault("pooled", {})
-    listed = {t["name"] for t in state["trials"]}
-    for folder in sorted((out / "trials").glob("*")):
-        if folder.is_dir() and folder.name not in listed:
-            shutil.rmtree(folder)  # the trial that was running when the session stopped
+    trials = out / "trials"
+    if trials.is_symlink():
+        raise AdvisorError(f"{trials}: is a symbolic link, not the session's own folder; nothing was touched")
+    listed = {t.get("name") for t in state["trials"] if isinstance(t, dict)}
+    for entry in sorted(trials.iterdir()) if trials.is_dir() else ():
+        if entry.name in listed or entry.name == SET_ASIDE:
+            continue
+        marker = entry / TRIAL_MARKER
+        if entry.is_dir() and not entry.is_symlink() and marker.is_file() and not marker.is_symlink():
+            shutil.rmtree(entry)  # a trial's own folder: the one in flight when the session stopped
+        else:
+            aside = trials / SET_ASIDE
+            aside.mkdir(exist_ok=True)
+            entry.rename(_free(aside / entry.name))  # a link is moved, not followed
     return state
+
+
+def _free(path: Path) -> Path:
+    """`path`, or `path.2`, `path.3`, ... if it exists."""
+    candidate, n = path, 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
 
 
 def reference_row(state: dict[str, Any]) -> dict | None:

@@ -6,7 +6,8 @@ device computes. So each proposal names the bound it addresses, and those that a
 trial's bound are tried first:
 
     input    → more workers (the ladder 2, 4, 8, … up to the cores), measuring each size: a size that
-               did not help does not stop the ladder while the loader still binds
+               did not help does not stop the ladder while the loader still binds; on the CPU, fewer
+               torch threads beside the workers (threads + workers within the cores)
     copy     → pin_memory and non_blocking, as one change (on an accelerator)
     host     → a larger batch (fewer, larger kernels per sample)
     compute  → AMP (bf16 where the device computes it, else fp16 with a GradScaler)
@@ -110,7 +111,7 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
     threshold = max(min_gain, spread / 2 if addresses_bound else spread)
     if candidate_losses and not all(math.isfinite(x) for x in candidate_losses):
         return Decision(False, "loss is not finite", gain, spread)
-    if candidate_losses and reference_losses:
+    if candidate_losses and reference_losses and all(math.isfinite(x) for x in reference_losses):
         base, cand = statistics.median(reference_losses), statistics.median(candidate_losses)
         allowed = max(LOSS_TOLERANCE * abs(base), max(reference_losses) - min(reference_losses))
         if abs(cand - base) > allowed:
@@ -135,9 +136,10 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     accelerator = facts.get("type") == "cuda"
     cores = (facts.get("cpu") or {}).get("logical_cores") or 1
     found = [
-        workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores),
+        workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores, accelerator),
         copies_proposal(recs, bound, best.knobs, space, accelerator),
         amp_proposal(recs.get("amp"), best.knobs, space, facts),
+        threads_proposal(best.knobs, state, cores, accelerator),
         batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
@@ -158,9 +160,11 @@ def reverted_under(state: dict[str, Any], recommendation: str, bound: str | None
 
 
 def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any], space: SearchSpace,
-                     cores: int) -> Proposal | None:
+                     cores: int, accelerator: bool = False) -> Proposal | None:
     """More DataLoader workers while the loader binds: the next size up the ladder, past the sizes that
-    were tried from this setting under this bound and did not help."""
+    were tried from this setting under this bound and did not help. On the CPU the step's torch threads
+    make room for them (threads + workers within the cores): workers and threads fighting over the
+    cores is slower than either alone."""
     if rec is None and bound.name != "input":
         return None
     user = state["user_values"]
@@ -175,8 +179,13 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     if target is None:
         return None
     gain = rec.predicted_gain if rec is not None else 0.5
-    return Proposal("more-workers", f"workers {current}→{target}", f"workers-{target}",
-                    dataclasses.replace(knobs, num_workers=target, persistent_workers=True), gain, "input")
+    changed = dataclasses.replace(knobs, num_workers=target, persistent_workers=True)
+    threads = knobs.threads or state["user_values"].get("threads")
+    change = f"workers {current}→{target}"
+    if not accelerator and threads and threads + target > cores:
+        changed = dataclasses.replace(changed, threads=max(1, cores - target))
+        change += f", threads {threads}→{changed.threads}"
+    return Proposal("more-workers", change, f"workers-{target}", changed, gain, "input")
 
 
 def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: SearchSpace,
@@ -188,6 +197,21 @@ def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: Sea
     gain = sum(r.predicted_gain for r in found) if found else (0.05 if bound.name == "copy" else ROUND_GAIN)
     return Proposal("pin-memory", "pin_memory + non_blocking copies", "pinned-copies",
                     dataclasses.replace(knobs, pin_memory=True, non_blocking=True), gain, "copy")
+
+
+def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerator: bool) -> Proposal | None:
+    """On the CPU, with DataLoader workers: fewer torch threads for the step, so that it and the workers
+    do not fight over the cores (threads + workers within the cores)."""
+    user = state["user_values"]
+    workers = effective(knobs, user, "num_workers") or 0
+    current = knobs.threads or user.get("threads")
+    if accelerator or workers < 1 or not current:
+        return None
+    target = max(1, cores - workers)
+    if current <= target:
+        return None
+    return Proposal("fewer-threads", f"threads {current}→{target} beside {workers} workers", f"threads-{target}",
+                    dataclasses.replace(knobs, threads=target), 0.1, "input")
 
 
 def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, Any]) -> Proposal | None:

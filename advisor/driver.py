@@ -1,0 +1,387 @@
+"""The step driver: what turns a training script's steps into a trial's timed, profiled, measured steps.
+
+A step ends either when a call of the target returns (a step function, wrapped where it is defined) or,
+with no target, when the training loop's optimizer steps (`advisor.loop`). Either way `end_step`
+times it from the end of the previous one (the user's data loading included), attributes the batches
+fetched meanwhile (`advisor.loaders.LoaderTracker`: the loader that fed it, its batch size and the
+time it waited for them), calls `prof.step()` (so the trace's `ProfilerStep#N` span is step N) and
+appends its record to `steps.jsonl`, flushed, so a killed trial keeps its finished steps.
+
+Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
+the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled
+while the trace was written) and measurement `window`s of at least `window_s` seconds and one cycle of
+the workers each. After the last window `TrialComplete` (a BaseException, so the user's `except
+Exception` does not swallow it) ends the script.
+
+Memory: the first step runs under an `ActivationRecorder`; an out-of-memory error records where memory
+was before its frames unwind (`record_failure_memory`), and a finished trial records the same at its end.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.activations import ActivationRecorder, is_out_of_memory, memory_breakdown, parameter_dtypes, \
+    proc_status_bytes
+from advisor.facts import peak_rss_bytes
+from advisor.knobs import Knobs, StepInterposition
+from advisor.loaders import LoaderRecord, LoaderTracker, leading_dimension
+from advisor.records import dumps
+
+STEPS_FILE = "steps.jsonl"
+
+
+class TrialComplete(BaseException):
+    """Raised out of the step once the trial has measured what it needs; ends the user's script."""
+
+
+class TargetInWorker(Exception):
+    """The target runs while the DataLoader makes a batch (in `__getitem__` or `collate_fn`): not a step."""
+
+
+def loss_value(result: Any) -> float | None:
+    """A scalar loss from what the step returned: a number, a one-element tensor, or the first one
+    in a tuple/list or under the key `loss`."""
+    import torch
+
+    if isinstance(result, dict):
+        result = result.get("loss")
+    elif isinstance(result, (tuple, list)) and result:
+        result = result[0]
+    if isinstance(result, torch.Tensor) and result.numel() == 1:
+        return float(result.detach().float().item())
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return float(result)
+    return None
+
+
+class StepDriver:
+    """Times, profiles, measures and records each step; ends the script once the trial is measured."""
+
+    def __init__(self, config: dict[str, Any], device_type: str, loader_records: list[LoaderRecord],
+                 tracker: LoaderTracker | None = None):
+        import psutil
+
+        self.out_dir = Path(config["out_dir"])
+        self.loop = bool(config.get("loop"))  # no step function: steps end where the optimizer steps
+        self.wait, self.warmup, self.active = config["wait"], config["warmup"], config["active"]
+        if self.loop:
+            self.wait = max(self.wait, 1)  # the first step of a loop holds the script's own set-up
+        self.total = self.wait + self.warmup + self.active  # the profiled part, measurement aside
+        measure = config.get("measure") or {}
+        self.windows = int(measure.get("windows") or 0)
+        self.window_s = float(measure.get("window_s") or 0.0)
+        self.queue_depth = 0  # batches the loader's workers queue before the first step
+        self.settle = 0
+        self.window, self.window_steps, self.window_wall = 0, 0, 0.0
+        self.min_window_steps = 2
+        self.done = False
+        self.use_profiler = config.get("profile", True)
+        self.device_type = device_type
+        self.knobs = Knobs.from_dict(config["knobs"])
+        self.interposition = StepInterposition(self.knobs, device_type, loader_records)
+        self.loader_records = loader_records
+        self.tracker = tracker or LoaderTracker()
+        self.process = psutil.Process()
+        self.index = 0
+        self.depth = 0
+        self.started = False
+        self.failed_step: int | None = None
+        self.prof = None
+        self.period_start = time.perf_counter()
+        self.times: dict[str, float] = {}
+        self.user_threads: int | None = None  # torch's intra-op threads as the script left them
+        self.model_dtypes: dict[str, int] | None = None  # parameter bytes by dtype, after the first step
+        self.last_loss: Any = None  # the last scalar a backward ran from (the loss, when the step returns none)
+        self.recorder: ActivationRecorder | None = None
+        self.activations: dict[str, Any] | None = None
+        self.failure_memory: dict[str, Any] | None = None
+        self.end_memory: dict[str, Any] | None = None
+        self.steps_file = open(self.out_dir / STEPS_FILE, "a", buffering=1)
+
+    # --- a step function ---------------------------------------------------------------------------
+
+    def wrap(self, fn: Any, target: str) -> Any:
+        """What `__advisor_wrap__` does to each definition of the target."""
+        if isinstance(fn, (staticmethod, classmethod)):
+            return type(fn)(self.wrap(fn.__func__, target))
+        if not callable(fn):
+            return fn
+
+        @functools.wraps(fn)
+        def step(*args, **kwargs):
+            if self.depth:  # a recursive or nested call is part of the current step
+                return fn(*args, **kwargs)
+            self._refuse_inside_loader(target)
+            self.depth += 1
+            try:
+                return self.run_step(fn, args, kwargs)
+            except TrialComplete:
+                raise
+            except BaseException as exc:
+                self.failed_step = self.index  # the message says which step failed
+                if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    self.record_failure_memory(exc)  # while the traceback still holds the step's tensors
+                raise
+            finally:
+                self.depth -= 1
+
+        return step
+
+    def _refuse_inside_loader(self, target: str) -> None:
+        import torch.utils.data
+
+        if self.tracker.fetching or torch.utils.data.get_worker_info() is not None:
+            raise TargetInWorker(
+                f"{target} runs while the DataLoader makes a batch (in a Dataset's __getitem__ or a collate_fn, "
+                "in its worker processes): it is not a training step. Name the function that runs one "
+                "optimization step, or give no target and the steps are found where the optimizer steps")
+
+    def run_step(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """One call of the target as one step: the knobs around the call, then `end_step`."""
+        if self.done:
+            raise TrialComplete()
+        if not self.started:
+            self.begin()
+        entered = time.perf_counter()
+        if self.index == self.wait + self.warmup and self.device_type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        complete = False
+        if self.recorder is not None:
+            self.recorder.__enter__()
+        try:
+            with self.interposition.step(args, kwargs):
+                result = fn(*args, **kwargs)
+            complete = True
+        finally:
+            self._close_recorder(complete)  # up to the failure, if the step failed
+        loss = loss_value(result)
+        batch = leading_dimension(list(args) + list(kwargs.values()))
+        self.end_step(entered, batch, "step arguments" if batch is not None else None, loss)
+        return result
+
+    # --- both ways ---------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Before the first step: the activation recorder, and (for a step function, whose loader exists
+        by now) the schedule and the profiler."""
+        self.started = True
+        self.times["first_step_at"] = time.time()
+        self.recorder = ActivationRecorder()
+        self._schedule_and_profile()
+
+    def begin_loop(self) -> None:
+        """Before a loop script runs: its first step starts now (its set-up included); activations are
+        recorded from here to the end of the first step."""
+        self.started = True
+        self.times["first_step_at"] = time.time()
+        self.recorder = ActivationRecorder()
+        self.recorder.__enter__()
+        self.period_start = time.perf_counter()
+
+    def _close_recorder(self, complete: bool) -> None:
+        if self.recorder is None:
+            return
+        self.recorder.__exit__(None, None, None)
+        self.activations = self.recorder.safe_summary(self.index, complete=complete)
+        self.recorder = None
+
+    def _schedule_and_profile(self) -> None:
+        """Skip the batches the workers queued before the first step (they make the loader look free),
+        and again after profiling (the queue refills while the trace is written); start the profiler."""
+        import torch
+
+        fed = self.tracker.last or (self.loader_records[-1] if self.loader_records else None)
+        workers = (fed.effective.get("num_workers") or 0) if fed is not None else 0
+        self.queue_depth = workers * (fed.effective.get("prefetch_factor") or 2) if workers > 0 else 0
+        self.wait += self.queue_depth
+        self.total += self.queue_depth
+        self.settle = self.queue_depth if self.windows else 0
+        self.min_window_steps = max(2, workers)
+        self.user_threads = torch.get_num_threads()
+        if self.knobs.threads:
+            torch.set_num_threads(self.knobs.threads)  # over what the script may have set itself
+        if not self.use_profiler:
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device_type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.out_dir), worker_name="trial",
+                                                                    use_gzip=True),
+            record_shapes=True,
+            profile_memory=True,
+        )
+        # A loop's profiler starts after its first step: number its spans from there, so that the trace's
+        # ProfilerStep#N is step N in either way of running.
+        self.prof.step_num = self.index
+        self.prof.current_action = self.prof.schedule(self.index)
+        self.prof.start()
+
+    def schedule(self) -> dict[str, Any]:
+        """The steps each phase took."""
+        return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "queue_depth": self.queue_depth,
+                "settle": self.settle, "windows": self.windows, "window_s": self.window_s,
+                "min_window_steps": self.min_window_steps, "windows_measured": self.window}
+
+    def phase(self, index: int) -> str:
+        """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
+        if index < self.wait:
+            return "wait"
+        if index < self.wait + self.warmup:
+            return "warmup"
+        if index < self.total:
+            return "profiled"
+        return "settle" if index < self.total + self.settle else "window"
+
+    def end_step(self, entered: float | None, batch: int | None, batch_source: str | None, loss: float | None) -> None:
+        """A step ended: time it, attribute its batches, record it, move the schedule on; raise
+        `TrialComplete` once the trial is measured. `entered`: when the step function was called (None
+        for a loop, whose steps have no call)."""
+        import torch
+
+        if self.device_type == "cuda":
+            torch.cuda.synchronize()
+        ended = time.perf_counter()
+        wall = ended - self.period_start
+        waited, fed, fetched = self.tracker.step_ended()
+        call = ended - entered if entered is not None else max(0.0, wall - waited)
+        if batch is None and fetched is not None:
+            batch, batch_source = fetched, "DataLoader"
+        if loss is None and self.last_loss is not None:
+            loss = loss_value(self.last_loss)
+        self.last_loss = None
+        if self.loop and self.index == 0:
+            self._close_recorder(complete=True)
+            self._schedule_and_profile()
+        elif self.prof is not None:
+            self.prof.step()  # ends span ProfilerStep#index; a trace is exported after the last one
+        if self.index == 0:
+            try:
+                self.model_dtypes = parameter_dtypes()
+            except Exception:  # a figure we could not take must not fail the step
+                self.model_dtypes = None
+        phase = self.phase(self.index)
+        self.record(wall, call, waited, fed, batch, batch_source, loss, phase)
+        self.index += 1
+        if self.index == self.total:
+            self.finish()  # the profiler's part is over; measurement (if any) runs without it
+            self.done = not self.windows
+        if phase == "window":
+            self.window_steps += 1
+            self.window_wall += wall
+            if self.window_wall >= self.window_s and self.window_steps >= self.min_window_steps:
+                self.window, self.window_steps, self.window_wall = self.window + 1, 0, 0.0
+                self.done = self.window >= self.windows
+        self.period_start = time.perf_counter()
+        if self.done:
+            try:
+                self.end_memory = memory_breakdown("end", self.device_type, self.activations)
+            except Exception as exc:  # a figure we could not take must not fail a finished trial
+                self.end_memory = {"when": "end", "unavailable": f"{type(exc).__name__}: {exc}"}
+            self.finish()
+            raise TrialComplete()
+
+    def record(self, wall: float, call: float, waited: float, fed: LoaderRecord | None, batch: int | None,
+               batch_source: str | None, loss: float | None, phase: str) -> None:
+        """Append the step's JSON line (flushed, so a killed trial keeps its finished steps)."""
+        memory = self.process.memory_info()
+        step = {
+            "index": self.index,
+            "wall_s": wall,
+            "call_s": call,
+            "data_s": waited,  # time in the DataLoader's __next__ since the previous step
+            "loader": self.loader_records.index(fed) if fed in self.loader_records else None,
+            "recorded": phase == "profiled",
+            "phase": phase,
+            "batch_size": batch,
+            "batch_size_source": batch_source if batch is not None else None,
+            "loss": loss,
+            "rss_bytes": memory.rss,
+            "vms_bytes": memory.vms,
+            "data_bytes": getattr(memory, "data", None),  # what a CPU memory_limit (RLIMIT_DATA) counts
+        }
+        if phase == "window":
+            step["window"] = self.window
+        if self.device_type == "cuda":
+            import torch
+
+            step["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
+            step["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            step["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        self.steps_file.write(dumps(step) + "\n")
+
+    # --- how it ended --------------------------------------------------------------------------------
+
+    def completed_message(self) -> str:
+        """What a trial whose steps all ran says it measured."""
+        text = f"{self.active} steps profiled"
+        if self.windows:
+            text += f", then {self.window} window(s) of at least {self.window_s:g} s measured"
+        return text
+
+    def script_ended(self, script: str, target: str | None) -> dict[str, str]:
+        """Status and message when the script returned on its own: ok once the profiled steps ran (with the
+        windows it got), an error before."""
+        if self.index >= self.total:
+            return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
+                                               f"{self.window} of {self.windows} measurement window(s)"}
+        what = f"call(s) of {target}" if target else "optimizer step(s)"
+        return {"status": "error",
+                "message": f"{script} finished after {self.index} {what}; the trial needs "
+                           f"{self.total} (wait {self.wait} + warmup {self.warmup} + record {self.active})"}
+
+    def record_failure_memory(self, exc: BaseException) -> None:
+        """On an out-of-memory error in a step: where memory was at the failure."""
+        try:
+            if is_out_of_memory(exc):
+                self.failure_memory = memory_breakdown("at failure", self.device_type, self.activations)
+        except Exception as problem:  # little memory left, or a torch without these counters
+            self.failure_memory = {"when": "at failure", "unavailable": f"{type(problem).__name__}: {problem}"}
+
+    def finish(self) -> None:
+        """Stop the profiler (the trace is already written by then)."""
+        self.times["last_step_at"] = time.time()
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+
+    def close(self, result: dict[str, Any]) -> dict[str, str]:
+        """Stop the profiler and write what the steps measured into a trial result; returns the step
+        interposition's knob outcomes (those decided while the steps ran and after them)."""
+        self._close_recorder(complete=False)
+        try:
+            self.finish()
+        except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
+            result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
+        self.steps_file.close()
+        result["memory"] = self.memory()
+        result["schedule"] = self.schedule()
+        result["user_threads"] = self.user_threads
+        result["model_dtypes"] = self.model_dtypes
+        result.setdefault("times", {}).update(self.times)
+        return {**self.interposition.outcomes, **self.interposition.outcomes_after_steps()}
+
+    def memory(self) -> dict[str, Any]:
+        """Peak memory as the process and the allocator saw it."""
+        memory: dict[str, Any] = {"peak_rss_bytes": peak_rss_bytes()}
+        if "peak_vms_bytes" in (status := proc_status_bytes()):
+            memory["peak_vms_bytes"] = status["peak_vms_bytes"]
+        if self.device_type == "cuda":
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            memory.update(
+                cuda_max_allocated_bytes=torch.cuda.max_memory_allocated(),
+                cuda_max_reserved_bytes=torch.cuda.max_memory_reserved(),
+                cuda_free_bytes_at_end=free,
+                cuda_total_bytes=total,
+            )
+        return memory

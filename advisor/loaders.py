@@ -1,0 +1,284 @@
+"""DataLoaders in a trial: the knobs applied where the training loader is built, and the batches it hands out.
+
+Inside the trial only (torch is imported lazily). `torch.utils.data.DataLoader.__init__` is wrapped: the
+user's arguments are bound to the signature, the values the user wrote (or the defaults they relied on)
+are recorded with the place in the user's code that built the loader (its *site*, `file.py:LINE`), and
+the requested DataLoader knobs (`batch_size`, `num_workers`, `pin_memory`, `persistent_workers`,
+`prefetch_factor`, and the micro-batches of `accumulation_steps`) override them — on the training loader
+only, once it is known: a script that also builds an evaluation loader keeps that one as written.
+
+Which loader trains is measured, not guessed: every batch a loader hands out (`__next__` of its
+iterator) is timed and attributed to it (`LoaderTracker`), and the loader whose batch came last before
+each step is the one that feeds the steps. The baseline trial finds it; later trials are told its site.
+The time spent fetching batches between two steps is the time the step waited for data.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from advisor.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
+
+_TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class LoaderRecord:
+    """One DataLoader the script built: what the user wrote, what it was built with, where, and its use."""
+
+    user: dict[str, Any]
+    effective: dict[str, Any]
+    outcomes: dict[str, str]
+    site: str | None = None  # "file.py:LINE" of the DataLoader(...) call in the user's code
+    ordinal: int = 0  # loaders built at the same site before this one
+    fetches: int = 0  # batches it handed out
+    steps: int = 0  # steps whose last batch came from it: the training loader feeds the most
+
+    def to_dict(self, training: bool = False) -> dict[str, Any]:
+        """JSON form (trial.json `dataloaders`)."""
+        return {"user": self.user, "effective": self.effective, "outcomes": self.outcomes, "site": self.site,
+                "ordinal": self.ordinal, "fetches": self.fetches, "steps": self.steps, "training": training}
+
+
+def plan_loader_arguments(
+    user: dict[str, Any], knobs: Knobs, *, accelerator: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Pure: the DataLoader arguments to build with, and each requested knob's outcome.
+
+    `user` holds the bound values of batch_size, batch_sampler, num_workers, pin_memory,
+    persistent_workers and prefetch_factor. Overrides that DataLoader would reject (prefetch_factor or
+    persistent_workers without workers, batch_size with a batch_sampler) are skipped with a reason.
+    """
+    effective = {k: user.get(k) for k in DATALOADER_KNOBS}
+    outcomes: dict[str, str] = {}
+    if knobs.batch_size is not None:
+        if user.get("batch_sampler") is not None:
+            outcomes["batch_size"] = not_applicable("the DataLoader uses a batch_sampler")
+        elif user.get("batch_size") is None:
+            outcomes["batch_size"] = not_applicable("the DataLoader does not batch (batch_size=None)")
+        else:
+            effective["batch_size"] = knobs.batch_size
+            outcomes["batch_size"] = APPLIED
+    k = knobs.accumulation_steps
+    if k is not None and k > 1:
+        batch = effective["batch_size"]  # the user's, or the batch_size knob's: the effective batch
+        if user.get("batch_sampler") is not None:
+            outcomes["accumulation_steps"] = not_applicable("the DataLoader uses a batch_sampler")
+        elif batch is None:
+            outcomes["accumulation_steps"] = not_applicable("the DataLoader does not batch (batch_size=None)")
+        elif batch % k:
+            outcomes["accumulation_steps"] = not_applicable(f"batch {batch} is not a multiple of {k}")
+        else:
+            effective["batch_size"] = batch // k  # the micro-batch
+            outcomes["accumulation_steps"] = APPLIED
+    if knobs.num_workers is not None:
+        effective["num_workers"] = knobs.num_workers
+        outcomes["num_workers"] = APPLIED
+    workers = effective["num_workers"] or 0
+    if workers == 0:
+        # DataLoader raises for these without worker processes; the user's own values were valid for
+        # their worker count, so fewer workers means dropping them.
+        effective["persistent_workers"] = False
+        effective["prefetch_factor"] = None
+    if knobs.persistent_workers is not None:
+        if workers == 0 and knobs.persistent_workers:
+            outcomes["persistent_workers"] = not_applicable("the DataLoader has no worker processes")
+        else:
+            effective["persistent_workers"] = knobs.persistent_workers
+            outcomes["persistent_workers"] = APPLIED
+    if knobs.prefetch_factor is not None:
+        if workers == 0:
+            outcomes["prefetch_factor"] = not_applicable("the DataLoader has no worker processes")
+        else:
+            effective["prefetch_factor"] = knobs.prefetch_factor
+            outcomes["prefetch_factor"] = APPLIED
+    if knobs.pin_memory is not None:
+        if not accelerator:
+            outcomes["pin_memory"] = not_applicable("no accelerator: batches stay in host memory")
+        else:
+            effective["pin_memory"] = knobs.pin_memory
+            outcomes["pin_memory"] = APPLIED
+    return effective, outcomes
+
+
+def user_frame() -> Any:
+    """The innermost frame on the stack that is the user's code (not torch's, not ours), or None."""
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith((_TORCH_DIR, _OUR_DIR)) and not frame.f_code.co_filename.startswith("<"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def user_site() -> str | None:
+    """`file.py:LINE` of the innermost frame on the stack that is the user's code."""
+    frame = user_frame()
+    return None if frame is None else f"{os.path.abspath(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def is_training_site(record: LoaderRecord, training: dict[str, Any] | None) -> bool:
+    """Whether the knobs go to this loader: the training loader once known, every loader before."""
+    if not training:
+        return True
+    return record.site == training.get("site") and record.ordinal == training.get("ordinal", 0)
+
+
+def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[LoaderRecord],
+                             training: dict[str, Any] | None = None) -> Callable[[], None]:
+    """Wrap `DataLoader.__init__` so the training loader (`training`: its site and ordinal; every loader
+    when None) gets the knobs and every loader is recorded; returns an undo."""
+    import torch.utils.data
+
+    cls = torch.utils.data.DataLoader
+    original = cls.__init__
+    signature = inspect.signature(original)
+
+    def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces __init__
+        if getattr(self, "_advisor_building", False):  # a subclass calling super().__init__ again
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        user = {k: values.get(k) for k in (*DATALOADER_KNOBS, "batch_sampler")}
+        site = user_site()
+        record = LoaderRecord(user={k: user[k] for k in DATALOADER_KNOBS}, effective={}, outcomes={}, site=site,
+                              ordinal=sum(r.site == site for r in records))
+        if is_training_site(record, training):
+            record.effective, record.outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
+        else:
+            record.effective = dict(record.user)
+            record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
+                               if k in (*DATALOADER_KNOBS, "accumulation_steps")}
+        for key in DATALOADER_KNOBS:
+            values[key] = record.effective[key]
+        records.append(record)
+        self._advisor_record = record
+        self._advisor_building = True
+        try:
+            return original(*bound.args, **bound.kwargs)
+        finally:
+            self._advisor_building = False
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__.__signature__ = signature  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+    def undo() -> None:
+        cls.__init__ = original
+
+    return undo
+
+
+def leading_dimension(value: Any, depth: int = 0) -> int | None:
+    """The leading dimension of the first tensor in a batch (looking two levels into lists, tuples, dicts)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() > 0 else None
+    if depth < 2 and isinstance(value, (list, tuple)):
+        items = value
+    elif depth < 2 and isinstance(value, dict):
+        items = value.values()
+    else:
+        return None
+    for item in items:
+        found = leading_dimension(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+@dataclass
+class LoaderTracker:
+    """Times every batch a DataLoader hands out and remembers which loader's came last."""
+
+    fetch_s: float = 0.0  # time spent fetching since the last step ended
+    last: LoaderRecord | None = None  # the loader whose batch came last
+    fetching: bool = False  # inside a loader's __next__ (a target called now is not a step)
+    samples: dict = field(default_factory=dict)  # samples each loader handed out since the last step
+
+    def install(self) -> Callable[[], None]:
+        """Time `__next__` of every DataLoader iterator, attributed to its loader; returns an undo."""
+        from torch.utils.data import DataLoader
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        original_iter, original_next = DataLoader.__iter__, _BaseDataLoaderIter.__next__
+        tracker = self
+
+        def __iter__(loader):  # noqa: N807
+            iterator = original_iter(loader)
+            iterator._advisor_record = getattr(loader, "_advisor_record", None)
+            return iterator
+
+        def __next__(iterator):  # noqa: N807
+            started = time.perf_counter()
+            tracker.fetching = True
+            try:
+                batch = original_next(iterator)
+            finally:
+                tracker.fetching = False
+                tracker.fetch_s += time.perf_counter() - started
+            record = getattr(iterator, "_advisor_record", None)
+            if record is not None:
+                record.fetches += 1
+                tracker.last = record
+                size = leading_dimension(batch)
+                if size is not None:
+                    tracker.samples[id(record)] = tracker.samples.get(id(record), 0) + size
+            return batch
+
+        DataLoader.__iter__, _BaseDataLoaderIter.__next__ = __iter__, __next__
+
+        def undo() -> None:
+            DataLoader.__iter__, _BaseDataLoaderIter.__next__ = original_iter, original_next
+
+        return undo
+
+    def step_ended(self) -> tuple[float, LoaderRecord | None, int | None]:
+        """At the end of a step: the time it waited for batches, the loader that fed it, and the samples
+        that loader handed out for it (several batches where the loop accumulates gradients itself)."""
+        waited, self.fetch_s = self.fetch_s, 0.0
+        samples = self.samples.get(id(self.last)) if self.last is not None else None
+        self.samples = {}
+        if self.last is not None:
+            self.last.steps += 1
+        return waited, self.last, samples
+
+
+def training_loader(records: list[LoaderRecord]) -> LoaderRecord | None:
+    """The loader that fed most steps (None when no step took a batch from a DataLoader)."""
+    fed = [r for r in records if r.steps]
+    return max(fed, key=lambda r: r.steps) if fed else None
+
+
+def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, str]:
+    """Per requested DataLoader knob: its outcome over all loaders the script built."""
+    outcomes = {}
+    for key in (*DATALOADER_KNOBS, "accumulation_steps"):
+        if getattr(knobs, key) is None:
+            continue
+        if key == "accumulation_steps" and knobs.accumulation_steps == 1:
+            outcomes[key] = APPLIED  # one micro-step per cycle: nothing to change
+            continue
+        seen = [r.outcomes[key] for r in records if key in r.outcomes]
+        if not records:
+            outcomes[key] = not_applicable("the script built no DataLoader before the steps ended")
+        elif APPLIED in seen:
+            outcomes[key] = APPLIED
+        else:
+            outcomes[key] = seen[0]
+    return outcomes
+
+

@@ -1,0 +1,143 @@
+"""A training loop with no step function: its steps end where its optimizer steps, and the knobs reach the
+whole run.
+
+Most scripts have their loop inline, in a per-epoch function, or in a `Trainer.run` of an imported module.
+With no target, the trial runs the script unchanged and:
+
+- every `optimizer.step()` (torch's global optimizer post-hook: any optimizer, also when an LR
+  scheduler wrapped it, also `step(closure)`) or `GradScaler.step(optimizer)` ends a step; where the
+  loop steps several optimizers, the first to step is the clock;
+- `amp` (bf16) autocasts the forward of each outermost module call (global module forward hooks), on
+  the device types of that module's parameters; backward runs outside autocast, as the AMP docs
+  advise. fp16 needs a GradScaler around a step and gradient accumulation needs the step's bounds:
+  both are "not applicable" here (name a step function for them);
+- `non_blocking` makes every host-to-accelerator `.to()`/`.cuda()` of the run non-blocking;
+- the loss of a step is the last scalar that `backward()` ran from (`capture_losses`, in both ways).
+
+Inside the trial only (torch imported lazily).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Callable
+
+from advisor.knobs import APPLIED, Knobs, amp_outcome, non_blocking_cuda, non_blocking_outcome, non_blocking_to, \
+    not_applicable, patched_attribute
+
+
+class LoopInterposition:
+    """The knobs of a loop trial, applied to the whole run, and the optimizer as the clock of its steps."""
+
+    def __init__(self, knobs: Knobs, device_type: str, step_ended: Callable[[], None]):
+        self.knobs = knobs
+        self.device_type = device_type
+        self.step_ended = step_ended
+        self.outcomes: dict[str, str] = {}
+        if knobs.amp == "fp16":
+            self.outcomes["amp"] = not_applicable("fp16 needs a GradScaler around a step function: name the step "
+                                                  "(script.py:train_step), or use bf16")
+        elif knobs.amp is not None:
+            self.outcomes["amp"] = amp_outcome(knobs, device_type)
+        if (knobs.accumulation_steps or 1) > 1:
+            self.outcomes["accumulation_steps"] = not_applicable(
+                "gradient accumulation needs the bounds of a step: name the step function (script.py:train_step)")
+        non_blocking = non_blocking_outcome(knobs, device_type)
+        if non_blocking is not None:
+            self.outcomes["non_blocking"] = non_blocking
+        self.autocast = knobs.amp == "bf16" and self.outcomes.get("amp") == APPLIED
+        self.clock: Any = None  # a weak reference to the optimizer whose steps end steps
+        self.in_scaler = 0
+        self.depth = 0
+        self.contexts: list[Any] = []
+        self.autocast_types: dict[int, list[str]] = {}  # per module: the device types autocast covers
+
+    def install(self) -> Callable[[], None]:
+        """Interpose for the rest of the process; returns an undo."""
+        import torch
+        from torch.nn.modules import module as module_hooks
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        stack = contextlib.ExitStack()
+        stack.callback(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
+        original_scaler_step = torch.amp.GradScaler.step
+        interposition = self
+
+        def scaler_step(scaler, optimizer, *args, **kwargs):
+            interposition.in_scaler += 1
+            try:
+                result = original_scaler_step(scaler, optimizer, *args, **kwargs)
+            finally:
+                interposition.in_scaler -= 1
+            interposition._stepped(optimizer)  # also when the scaler skipped the step (inf gradients)
+            return result
+
+        stack.enter_context(patched_attribute(torch.amp.GradScaler, "step", scaler_step))
+        if self.autocast:
+            stack.callback(module_hooks.register_module_forward_pre_hook(self._forward_starts).remove)
+            stack.callback(module_hooks.register_module_forward_hook(self._forward_ends, always_call=True).remove)
+        if self.outcomes.get("non_blocking") == APPLIED and self.knobs.non_blocking:
+            stack.enter_context(patched_attribute(torch.Tensor, "to", non_blocking_to(torch.Tensor.to)))
+            stack.enter_context(patched_attribute(torch.Tensor, "cuda", non_blocking_cuda(torch.Tensor.cuda)))
+        return stack.close
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.in_scaler:  # inside GradScaler.step the scaler's own return ends the step
+            self._stepped(optimizer)
+
+    def _stepped(self, optimizer: Any) -> None:
+        if self.clock is None:
+            self.clock = weakref.ref(optimizer)
+        if self.clock() is optimizer:
+            self.step_ended()
+
+    def _forward_starts(self, module: Any, args: Any) -> None:
+        import torch
+
+        self.depth += 1
+        if self.depth > 1:
+            return
+        key = id(module)
+        if key not in self.autocast_types:
+            types = sorted({p.device.type for p in module.parameters()} - {"meta"}) or [self.device_type]
+            self.autocast_types[key] = [t for t in types if amp_outcome(self.knobs, t) == APPLIED]
+        for device_type in self.autocast_types[key]:
+            context = torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+            context.__enter__()
+            self.contexts.append(context)
+
+    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0:
+            while self.contexts:
+                self.contexts.pop().__exit__(None, None, None)
+
+
+def capture_losses(seen: Callable[[Any], None], sites: dict[str, Any]) -> Callable[[], None]:
+    """Hand every scalar that `backward()` runs from to `seen` (the step's loss, when the step returns none;
+    the unscaled one where advisor scaled it), and record in `sites["backward"]` where the user's code
+    first called it (file, function, line: where a suggested patch puts autocast); returns an undo."""
+    import torch
+
+    from advisor.loaders import user_frame
+
+    original = torch.Tensor.backward
+
+    def backward(tensor, *args, **kwargs):
+        if tensor.dim() == 0 and tensor.is_floating_point():
+            seen(getattr(tensor, "_advisor_loss_of", tensor).detach())
+            if "backward" not in sites:
+                frame = user_frame()
+                if frame is not None:
+                    code = frame.f_code
+                    sites["backward"] = {"file": code.co_filename, "line": frame.f_lineno,
+                                         "function": getattr(code, "co_qualname", code.co_name)}
+        return original(tensor, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+
+    def undo() -> None:
+        torch.Tensor.backward = original
+
+    return undo

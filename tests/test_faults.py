@@ -1,0 +1,238 @@
+"""Faults a hostile but fair user meets with sessions: non-finite losses, folders that are not what
+session.json says, kills and restarts, two runs at once, Ctrl-C twice, daemons that outlive a trial, bad
+arguments. Each ends with a clear error or a finished record and report; nothing outside is touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from trial_helpers import trial_record, write_script
+
+from advisor import cli
+from advisor.knobs import Knobs
+from advisor.search.state import SessionOptions
+from advisor.session import run_session
+from advisor.trial import TRIAL_TOKEN, run_trial
+from conftest import ROOT, run_advisor
+
+pytestmark = pytest.mark.slow
+
+TINY = """
+    import sys, time
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train_step(x):
+        time.sleep(SLEEP)
+        loss = model(x).pow(2).mean()
+        if NAN_ABOVE is not None and x.shape[0] > NAN_ABOVE:
+            loss = loss * float("nan")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if __name__ == "__main__":
+        for epoch in range(10_000):
+            for x in DataLoader(torch.randn(256, 8), batch_size=8):
+                train_step(x)
+"""
+
+
+def tiny(folder: Path, nan_above: int | None = None, sleep: float = 0.0) -> Path:
+    return write_script(folder, TINY.replace("NAN_ABOVE", repr(nan_above)).replace("SLEEP", repr(sleep)))
+
+
+def strict_json(path: Path) -> dict:
+    """The record, read by a reader that refuses NaN and Infinity (as msgspec and other languages do)."""
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+QUICK = SessionOptions(steps=2, wait=1, warmup=0, device="cpu", windows=1, window_s=0.1, max_trials=5)
+
+
+def test_a_nan_loss_baseline_ends_with_a_report(tmp_path):
+    out = tmp_path / "session"
+    state = run_session(f"{tiny(tmp_path, nan_above=0)}:train_step", out, QUICK, log=lambda m: None)
+    assert state["status"] == "done" and state["trials"][0]["decision"] == "baseline"
+    saved = strict_json(out / "session.json")
+    assert saved["trials"][0]["loss"] is None and saved["trials"][0]["non_finite"]["loss"] == "nan"
+    assert any("not finite" in note for note in saved["notes"])
+    record = strict_json(out / "trials" / "00-baseline" / "trial.json")
+    assert all(s["non_finite"]["loss"] == "nan" for s in record["steps"])
+    assert (out / "report.html").is_file()
+    assert run_advisor("report", str(out), "-o", str(tmp_path / "again.html")).returncode == 0
+    assert run_advisor("analyze", str(out / "trials" / "00-baseline")).returncode == 0
+
+
+def test_a_nan_loss_in_a_later_trial_is_reverted_and_the_session_reports(tmp_path):
+    out = tmp_path / "session"
+    state = run_session(f"{tiny(tmp_path, nan_above=8)}:train_step", out, QUICK, log=lambda m: None)
+    assert state["status"] == "done" and (out / "report.html").is_file()
+    strict_json(out / "session.json")
+    larger = [t for t in state["trials"] if (t.get("batch_size") or 0) > 8]
+    assert larger, [(t["change"], t["decision"]) for t in state["trials"]]  # the round tried a larger batch
+    assert all(t["decision"] == "reverted" and "not finite" in t["reason"] for t in larger)
+
+
+def one_trial_session(tmp_path: Path) -> Path:
+    out = tmp_path / "session"
+    options = SessionOptions(steps=1, wait=1, warmup=0, device="cpu", windows=0, max_trials=1)
+    run_session(f"{tiny(tmp_path)}:train_step", out, options, log=lambda m: None)
+    return out
+
+
+def test_resume_moves_aside_what_it_did_not_make_and_leaves_a_linked_trials_alone(tmp_path):
+    out = one_trial_session(tmp_path)
+    stranger = out / "trials" / "notes-of-mine"
+    stranger.mkdir()
+    (stranger / "keep.txt").write_text("mine")
+    done = run_advisor("profile", "--resume", str(out), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (out / "trials" / ".set-aside" / "notes-of-mine" / "keep.txt").read_text() == "mine"
+    # trials/ as a link to a folder outside: refused, and nothing there is touched.
+    outside = tmp_path / "outside"
+    (outside / "precious").mkdir(parents=True)
+    (out / "trials").rename(tmp_path / "moved-trials")
+    (out / "trials").symlink_to(outside)
+    done = run_advisor("profile", "--resume", str(out), timeout=120)
+    assert done.returncode == 2 and "symbolic link" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in outside.iterdir()) == ["precious"]
+
+
+def wait_for_steps(folder: Path, deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not (folder / "steps.jsonl").exists() or not (folder / "steps.jsonl").read_text().strip():
+        assert time.monotonic() < deadline, f"no step in {folder}"
+        time.sleep(0.1)
+
+
+def test_sigkill_of_the_advisor_mid_trial_then_resume_leaves_nothing_behind(tmp_path, trial_startup_s):
+    script = tiny(tmp_path, sleep=0.1)
+    out = tmp_path / "session"
+    advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step", "--out",
+                                str(out), "--device", "cpu", "--steps", "30", "--windows", "0", "--max-trials", "1"],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_steps(out / "trials" / "00-baseline", 10 + 4 * trial_startup_s)
+    running = json.loads((out / "session.json").read_text())["running_trial"]
+    assert running["name"] == "00-baseline"
+    advisor.kill()  # the advisor alone: its trial must not run on unsupervised
+    advisor.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and trial_left(running["token"]):
+        time.sleep(0.2)
+    assert not trial_left(running["token"]), "the trial outlived the advisor that started it"
+    done = run_advisor("profile", "--resume", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = json.loads((out / "session.json").read_text())
+    assert state["status"] == "done" and state["running_trial"] is None
+    assert not trial_left(running["token"])
+
+
+def trial_left(token: str) -> list[int]:
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(TRIAL_TOKEN) == token:
+                left.append(proc.pid)
+        except psutil.Error:
+            continue
+    return left
+
+
+def test_two_sessions_in_one_folder_at_once_one_refuses(tmp_path):
+    script = tiny(tmp_path, sleep=0.05)
+    out = tmp_path / "session"
+    command = [sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step", "--out", str(out), "--device",
+               "cpu", "--no-apply", "--windows", "0"]
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = [(p.wait(timeout=300), p.communicate()) for p in (first, second)]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, (_, err) in results if code == 2)
+    assert "a session is running there" in refused and len(refused.strip().splitlines()) == 1
+    assert json.loads((out / "session.json").read_text())["status"] == "done"
+
+
+def test_ctrl_c_twice_still_finishes_the_trial_record(tmp_path, trial_startup_s):
+    script = tiny(tmp_path, sleep=0.2)
+    out = tmp_path / "session"
+    advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step", "--out",
+                                str(out), "--device", "cpu", "--steps", "50"], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    folder = out / "trials" / "00-baseline"
+    wait_for_steps(folder, 10 + 4 * trial_startup_s)
+    advisor.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    advisor.send_signal(signal.SIGINT)
+    advisor.wait(timeout=60)
+    assert advisor.returncode == 130
+    assert trial_record(folder)["status"] == "interrupted"
+    assert json.loads((out / "session.json").read_text())["status"] == "interrupted"
+
+
+def test_a_daemon_that_ignores_sigterm_does_not_outlive_its_trial(tmp_path):
+    script = write_script(tmp_path, """
+        import os, signal, time
+
+        def train_step(x):
+            if x == 2 and os.fork() == 0:  # a daemon: fork, new session, fork again, ignore SIGTERM
+                os.setsid()
+                if os.fork() == 0:
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    open("daemon.pid", "w").write(str(os.getpid()))
+                    time.sleep(120)
+                os._exit(0)
+            return 0.0
+
+        if __name__ == "__main__":
+            for x in range(100):
+                train_step(x)
+                time.sleep(0.05)
+    """)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=4, device="cpu")
+    assert result.ok, result.message
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "daemon.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemon = int((tmp_path / "daemon.pid").read_text())
+    assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_syntax_error_ends_the_session_as_failed(tmp_path, capsys):
+    script = write_script(tmp_path, "def train_step(x:\n    return x\n")
+    out = tmp_path / "session"
+    assert cli.main(["profile", f"{script}:train_step", "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot parse the script" in err and len(err.splitlines()) == 1
+    state = json.loads((out / "session.json").read_text())
+    assert state["status"] == "failed" and (out / "report.html").is_file()
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--timeout", "nan"], "--timeout: must be a positive number of seconds"),
+    (["--memory-limit", "inf"], "--memory-limit: cannot read 'inf'"),
+    (["--window", "-1"], "--window: must be a positive number of seconds"),
+    (["--max-trials", "0"], "--max-trials: must be at least 1"),
+])
+def test_bad_numbers_are_one_line_errors(tmp_path, capsys, flags, problem):
+    script = tiny(tmp_path)
+    assert cli.main(["profile", str(script), "--out", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert problem in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
