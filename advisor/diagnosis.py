@@ -181,7 +181,7 @@ class DeviceMemory:
     capacity: float | None
     growth: float | None = None  # peak rise of allocations during the trace, when no totals are recorded
     # Allocated bytes over time (ms from the trace start), at most TIMELINE_POINTS points keeping each
-    # bucket's maximum so that peaks survive; cumulative allocations when the trace records no totals.
+    # bucket's maximum so that peaks survive; net allocations from their lowest point when the trace records no totals.
     timeline_ms: tuple[float, ...] = ()
     timeline_bytes: tuple[float, ...] = ()
 
@@ -685,13 +685,17 @@ def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
         if allocated:
             series = [(m.ts, m.total_allocated) for m in samples if m.total_allocated is not None]
         else:
-            running = peak = 0.0
+            # Net allocations since the trace began. Frees of memory allocated before it make the sum dip
+            # below zero: the growth is the largest rise above the lowest point so far, and the timeline
+            # counts from the lowest point, so neither is ever negative.
+            running = lowest = growth = 0.0
             series = []
             for m in samples:
                 running += m.bytes
-                peak = max(peak, running)
+                lowest = min(lowest, running)
+                growth = max(growth, running - lowest)
                 series.append((m.ts, running))
-            growth = peak
+            series = [(t, v - lowest) for t, v in series]
         t0 = samples[0].ts
         times, values = downsample_max([(t - t0) / 1000 for t, _ in series], [v for _, v in series])
         out.append(DeviceMemory(

@@ -70,6 +70,8 @@ def conform(value, shape, where: str = "", problems: list[str] | None = None):
     fit are left out). Returns `_DROP` when the value itself does not fit (the caller leaves it out).
     """
     problems = [] if problems is None else problems
+    if value is None:  # absent, whatever the shape: readers take null as "not recorded"
+        return None
     if isinstance(shape, dict):
         if not isinstance(value, dict):
             problems.append(f"{where or 'the record'}: {_kind(value)} where an object goes")
@@ -86,8 +88,6 @@ def conform(value, shape, where: str = "", problems: list[str] | None = None):
             return _DROP
         out = [conform(item, shape[0], f"{where}[{i}]", problems) for i, item in enumerate(value)]
         return [item for item in out if item is not _DROP]
-    if value is None:
-        return None
     if shape == ANY:
         if isinstance(value, (dict, list)):
             return conform(value, {} if isinstance(value, dict) else [ANY], where, problems)

@@ -242,8 +242,19 @@ def shift_event(draw, doc):
         events[i]["ts"] += draw(st.sampled_from([-1e12, -1e6, -1, 1e6, 1e9, 1e12, 1e15, 1e18]))
 
 
+def strip_memory_totals(draw, doc):
+    """[memory] events without 'Total Allocated'/'Total Reserved': memory figures from net allocations."""
+    for e in _events(doc):
+        if isinstance(e, dict) and e.get("name") == "[memory]" and isinstance(e.get("args"), dict):
+            e["args"].pop("Total Allocated", None)
+            e["args"].pop("Total Reserved", None)
+            size = e["args"].get("Bytes")
+            if draw(st.integers(0, 3)) == 0 and isinstance(size, (int, float)) and not isinstance(size, bool):
+                e["args"]["Bytes"] = -abs(size)  # a free before the allocations
+
+
 MUTATIONS = [set_field, delete_field, set_arg, set_arg, set_device, set_top, drop_events, duplicate_event,
-             zero_durations, shift_event]
+             zero_durations, shift_event, strip_memory_totals]
 
 
 def _serialize(draw, doc) -> bytes:

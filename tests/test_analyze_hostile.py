@@ -113,6 +113,10 @@ ANALYSED = {
     # a peak above the capacity printed a negative headroom; a peak of 0 divided by zero in larger-batch
     "memory-above-capacity": document(*GPU_STEP, {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5, "args": {
         "Device Type": 1, "Device Id": 0, "Total Allocated": 1e15, "Total Reserved": 1e15}}, deviceProperties=V100_PROPS),
+    # memory freed before any allocation, without totals: the net allocations went negative
+    "frees-before-allocations": document(op(ts=0, dur=100), *[
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 10 + i, "args": {"Device Type": 1, "Bytes": b}}
+        for i, b in enumerate([-100, 50, -30])]),
     # device activity whose pid says nothing about the device
     "kernel-pid-null": document(op(ts=0, dur=40), {"ph": "X", "cat": "kernel", "name": "k", "pid": None, "tid": 7,
                                                    "ts": 10, "dur": 20}),

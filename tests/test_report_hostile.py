@@ -61,6 +61,32 @@ def edit_trial(session_dir: Path, name: str, **fields) -> None:
     path.write_text(json.dumps(record))
 
 
+def test_recorded_sessions_have_nothing_unread():
+    """The shapes match what advisor writes: the recorded sessions in sample_runs/ render with nothing left out."""
+    from advisor.report.html import checked_trial_traces, load_session
+    from conftest import SAMPLE_RUNS
+
+    sessions = sorted(p.parent for p in SAMPLE_RUNS.glob("*/session.json"))
+    assert sessions
+    for folder in sessions:
+        session = load_session(folder)
+        assert session["unread"] == [], folder
+        for row in session["trials"]:
+            traces, problems = checked_trial_traces(folder, row)
+            assert len(traces) == 1 and problems == [], (folder, row["name"])
+
+
+def test_fields_recorded_as_null_are_not_problems(tmp_path):
+    """null is how a record says "not recorded" (and how strict records write NaN): never said as unread."""
+    session_dir = build_session(tmp_path / "s", ONE_TRIAL)
+    session = json.loads((session_dir / "session.json").read_text())
+    for key in ("memory_cap", "device", "options", "final_knobs", "trials", "notes", "lint", "speedup", "patch"):
+        session[key] = None
+    (session_dir / "session.json").write_text(json.dumps(session))
+    html = render_session_report(session_dir)
+    assert 'id="unread"' not in html
+
+
 @pytest.mark.parametrize("listed", ["../../../elsewhere/secret-trial/secret.pt.trace.json.gz", "ABSOLUTE",
                                     "/etc/passwd", "/proc/self/environ", "../../../../../../../../etc/passwd"])
 def test_trace_files_outside_the_session_are_never_opened(tmp_path, listed):
