@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install test demo bench clean
+.PHONY: install test fuzz demo bench clean
 
 # torch==2.13.0 first: the CPU build on this machine's disk. A bare `torch` requirement could pull a
 # multi-GB CUDA build; with 2.13.0 present the package's range is already satisfied.
@@ -14,6 +14,13 @@ install:
 
 test:
 	$(PY) -m pytest -q
+
+# The property-based tests of tests/test_analyze_fuzz.py (mutated traces, trial.json and session.json through
+# `advisor analyze` and `advisor report`) with many more examples than `make test` runs (100 per property).
+FUZZ_EXAMPLES ?= 4000
+fuzz:
+	ADVISOR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_analyze_fuzz.py \
+		--hypothesis-show-statistics
 
 demo:
 	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --out runs/demo

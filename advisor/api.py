@@ -23,7 +23,6 @@ Torch and pandas are imported when used: `import advisor` stays cheap.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from datetime import datetime
 from functools import cached_property
@@ -33,6 +32,8 @@ from typing import Any, Callable, Iterable
 from advisor import diagnosis as _diagnosis
 from advisor.commands import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
+from advisor.files import inside, regular_traces_in
+from advisor.shapes import read_record
 from advisor.trials.inprocess import run_trial_in_process, step_source
 from advisor.trials.knobs import Knobs
 from advisor.trace import trace_files
@@ -119,8 +120,8 @@ class Trial(TrialResult):
 
     @property
     def record(self) -> dict[str, Any]:
-        """The trial.json document."""
-        return json.loads((self.path / TRIAL_FILE).read_text())
+        """The trial.json document (a regular file only: a FIFO is refused, not waited on)."""
+        return read_record(self.path / TRIAL_FILE, "advisor.trial/")
 
     @property
     def steps(self):
@@ -132,7 +133,7 @@ class Trial(TrialResult):
     @cached_property
     def diagnosis(self) -> Diagnosis | None:
         """The Diagnosis of the trial's trace (None when the trial wrote none, e.g. it failed early)."""
-        traces = sorted(self.path.glob("*.pt.trace.json*"))
+        traces = regular_traces_in(self.path)
         return analyze(traces[0]) if traces else None
 
     def _repr_html_(self) -> str:
@@ -181,13 +182,9 @@ class Session:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).resolve()
-        file = self.path / SESSION_FILE
-        try:
-            self.state: dict[str, Any] = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            raise AdvisorError(f"{file}: cannot read the session: {exc}") from None
-        if not str(self.state.get("schema", "")).startswith("advisor.session/"):
-            raise AdvisorError(f"{file}: not an advisor session record")
+        # A regular file only (a FIFO is refused, not waited on); NaN as older versions wrote it is read.
+        self.state: dict[str, Any] = read_record(self.path / SESSION_FILE, "advisor.session/",
+                                                 "an advisor session record")
 
     def __repr__(self) -> str:
         speedup = self.state.get("speedup")
@@ -236,7 +233,10 @@ class Session:
         if row is None:
             names = ", ".join(t["name"] for t in self.state["trials"])
             raise AdvisorError(f"no trial {name!r} in {self.path} (trials: {names})")
-        return Trial.load(self.path / row["folder"])
+        folder = inside(self.path, row.get("folder"))
+        if folder is None:  # session.json names its own trial folders only
+            raise AdvisorError(f"trial {name!r}: its folder {row.get('folder')!r} is not inside {self.path}")
+        return Trial.load(folder)
 
     @property
     def baseline(self) -> Trial:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.escape import for_terminal
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -77,8 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     except AdvisorError as exc:
         if args.debug:
             raise
-        print(f"advisor: error: {exc}", file=sys.stderr)
+        print(f"advisor: error: {for_terminal(exc)}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        # A file the command was given, or found, that the system refuses (a folder that cannot be searched):
+        # one line naming it. An OSError without a file name is a bug, and keeps its traceback.
+        if args.debug or exc.filename is None:
+            raise
+        from advisor.files import describe_os_error
+
+        print(f"advisor: error: {for_terminal(exc.filename)}: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("advisor: interrupted", file=sys.stderr)
         return 130

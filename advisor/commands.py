@@ -24,6 +24,7 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
                       "optimizer": {"name", "us_per_step", "implementation"} | null} | null,
              "memory": [{"device", "peak_allocated", "peak_reserved", "capacity", "headroom", "growth"}],
              "findings": [{"code", "message", "value"}], "missing": [str], "distributed": {...} | null,
+             "skipped_events": [{"reason", "count"}],
              "trial": {"name", "status", "knobs", "user_values", "summary", "device_facts"} | null,
              "recommendations": [{"id", "title", "knobs", "predicted_gain", "evidence", "code_change",
                                   "caveat", "details", "bound", "helps_now", "helps_once"}]}
@@ -44,56 +45,85 @@ removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel
 `layout_share` is the share of kernel time in NCHW↔NHWC layout conversions (channels_last removes them).
 `loader_steady_share` is the DataLoader share once its workers' queue ran dry, when the profiled window
 understated it (finding "loader-queue").
+`skipped_events` counts events the loader left out as odd but legal (ProfilerStep spans of zero length, or
+overlapping the step before), each reason also a finding "skipped-events". What the loader refuses is in
+`advisor/trace.py` (`_check_times`, `_check_sizes`); a trial.json's fields of the wrong type are named in
+`missing`. File names that are not UTF-8 appear with their bytes escaped (`\\xff`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
 import msgspec
 
-from advisor.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose
+from advisor.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose, parse_steps
 from advisor.rules import recommend
 from advisor.errors import NotATrace, TraceError
+from advisor.escape import strings_without_surrogates
+from advisor.files import is_regular
+from advisor.shapes import TRIAL, conform_record, read_record
 from advisor.trace import collector_paused, load_trace, trace_files
 
 SCHEMA = "advisor.analysis/1"
 
 
-def read_trial(trace_path: Path) -> dict | None:
-    """The trial.json that `advisor profile` wrote beside a trace, if there is one."""
+def read_trial_record(trace_path: Path) -> tuple[dict | None, list[str]]:
+    """The trial.json that `advisor profile` wrote beside a trace, if there is one, and what in it could not
+    be used.
+
+    The record is untrusted: fields the analysis reads that have the wrong type (text for a number, a list
+    for an object, NaN) are ignored, not fatal, and named in the problems (`advisor.shapes.TRIAL`). One that
+    is not a regular file (a FIFO, a device) is not opened, and the problems say so; a regular file that
+    is not a trial record at all (not JSON, no 'advisor.trial/' schema) is a RecordError.
+    """
     path = Path(trace_path).parent / "trial.json"
-    if not path.is_file():
-        return None
-    try:
-        trial = msgspec.json.decode(path.read_bytes())
-    except msgspec.DecodeError as exc:
-        raise TraceError(path, f"not valid JSON ({exc})") from None
-    if not isinstance(trial, dict) or not str(trial.get("schema", "")).startswith("advisor.trial/"):
-        raise TraceError(path, "not an advisor trial record (no 'schema': 'advisor.trial/...')")
-    return trial
+    if not os.path.lexists(path):
+        return None, []
+    if not is_regular(path):
+        return None, ["it is not a regular file (a FIFO, device, folder or broken link), so it was not read"]
+    record = read_record(path, "advisor.trial/")
+    trial, problems = conform_record(record, TRIAL)
+    return trial, problems
+
+
+def read_trial(trace_path: Path) -> dict | None:
+    """The trial.json beside a trace, if there is one, with wrongly typed fields left out (see
+    `read_trial_record`)."""
+    return read_trial_record(trace_path)[0]
 
 
 def lint_findings(script: Path) -> list[dict] | None:
-    """Static findings on a trial's script (they can name the line behind a leak); None if unreadable."""
+    """Static findings on a trial's script (they can name the line behind a leak); None if it is not a
+    regular .py file or cannot be linted (the path comes from trial.json: nothing else is opened)."""
     from advisor.lint import LintError, lint_file
 
+    if not script.name.endswith(".py") or not is_regular(script):
+        return None
     try:
         return [f.to_dict() for f in lint_file(script)]
     except LintError:
         return None
 
 
-def analyze_file(path: Path | str, steps: str | None = None) -> Diagnosis:
-    """Load one trace, diagnose it and attach its ranked recommendations."""
-    trial = read_trial(Path(path))
+def analyze_file(path: Path | str, steps: str | None = None, lint_script: bool = True) -> Diagnosis:
+    """Load one trace, diagnose it and attach its ranked recommendations.
+
+    `lint_script`: lint the script the trial.json beside the trace names (a regular .py file only); the
+    report passes False, as it opens nothing outside the session folder it reads."""
+    trial, problems = read_trial_record(Path(path))
     with collector_paused():
         diagnosis = diagnose(load_trace(path), steps, trial)
-    if trial and trial.get("script"):
+    if lint_script and trial and trial.get("script"):
         diagnosis.extra["lint"] = lint_findings(Path(trial["script"]))
-    return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis))
+    missing = diagnosis.missing
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        missing += (f"a trial.json the analysis can use in full (what was left out: {shown})",)
+    return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis), missing=missing)
 
 
 def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None) -> list[Diagnosis]:
@@ -103,12 +133,14 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
     skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
     """
     path = Path(path)
+    if steps:
+        parse_steps(steps)  # a malformed --steps fails before any trace is read
     out = []
     for p in trace_files(path):
         try:
             out.append(analyze_file(p, steps))
         except NotATrace as exc:
-            if path.is_file():
+            if p == path:  # the trace named itself, not one found in a folder
                 raise
             if skipped is not None:
                 skipped.append((str(p), exc.problem))
@@ -165,6 +197,7 @@ def diagnosis_to_dict(d: Diagnosis) -> dict:
         },
         "memory": [dict(dataclasses.asdict(m), headroom=m.headroom) for m in d.memory],
         "findings": [dataclasses.asdict(f) for f in d.findings],
+        "skipped_events": [{"reason": reason, "count": count} for reason, count in d.skipped_events],
         "missing": list(d.missing),
         "distributed": d.distributed,
         "trial": None if d.trial is None else {
@@ -194,12 +227,20 @@ def analysis_document(path: Path | str, diagnoses: list[Diagnosis], skipped: lis
     }
 
 
+def encode_json(document: dict) -> bytes:
+    """The document as JSON; file names that are not UTF-8 (lone surrogates) shown as \\xff escapes."""
+    try:
+        return msgspec.json.encode(document)
+    except UnicodeEncodeError:
+        return msgspec.json.encode(strings_without_surrogates(document))
+
+
 def analyze_command(args) -> int:
     """`advisor analyze PATH [--json] [--steps ...]`."""
     skipped: list = []
     diagnoses = analyze_path(args.path, args.steps, skipped)
     if args.json:
-        sys.stdout.buffer.write(msgspec.json.encode(analysis_document(args.path, diagnoses, skipped)) + b"\n")
+        sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
         return 0
     from advisor.terminal import print_analysis
 

@@ -181,14 +181,15 @@ class DeviceMemory:
     capacity: float | None
     growth: float | None = None  # peak rise of allocations during the trace, when no totals are recorded
     # Allocated bytes over time (ms from the trace start), at most TIMELINE_POINTS points keeping each
-    # bucket's maximum so that peaks survive; cumulative allocations when the trace records no totals.
+    # bucket's maximum so that peaks survive; net allocations from their lowest point when the trace records no totals.
     timeline_ms: tuple[float, ...] = ()
     timeline_bytes: tuple[float, ...] = ()
 
     @property
     def headroom(self) -> float | None:
-        """1 − peak allocated / capacity (allocated, not reserved: the caching allocator can release)."""
-        if self.peak_allocated is None or not self.capacity:
+        """1 − peak allocated / capacity (allocated, not reserved: the caching allocator can release); None
+        when either is unknown, or the peak exceeds the capacity (one of them is wrong)."""
+        if self.peak_allocated is None or not self.capacity or self.peak_allocated > self.capacity:
             return None
         return 1.0 - self.peak_allocated / self.capacity
 
@@ -236,6 +237,8 @@ class Diagnosis:
     findings: tuple[Finding, ...] = ()
     recommendations: tuple = ()  # filled by advisor.rules.recommend, kept here for the report and API
     extra: dict = field(default_factory=dict)
+    # Odd but legal events the loader left out (zero-length steps, ...): (reason, count), also as findings.
+    skipped_events: tuple[tuple[str, int], ...] = ()
 
     @property
     def breakdown_share(self) -> dict[str, float]:
@@ -263,7 +266,7 @@ def host_steps(trace: Trace) -> tuple[list[Step], str]:
     """ProfilerStep spans; with none, the whole host timeline as one step (and a note saying so)."""
     if trace.steps:
         return [Step(e.name, e.ts, e.end) for e in trace.steps], ""
-    spans = trace.ops or trace.runtime or trace.kernels or trace.memcpys
+    spans = trace.ops or trace.runtime or trace.kernels or trace.memcpys or trace.memsets
     start = min(e.ts for e in spans)
     end = max(e.end for e in spans)
     return [Step("whole trace", start, end)], "no ProfilerStep# spans: the whole trace is one step"
@@ -325,19 +328,38 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
     return out, note
 
 
+STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
+
+
+def parse_steps(wanted: str) -> tuple[tuple[int, int], ...]:
+    """'3-5', '2,4', '7' → ((3, 5), (2, 2), (4, 4)), ranges kept as bounds (never expanded: '1-100000000'
+    costs nothing); AdvisorError naming the argument when it is not such a list."""
+    from advisor.errors import AdvisorError
+
+    ranges = []
+    for part in wanted.split(","):
+        part = part.strip()
+        low, dash, high = part.partition("-")
+        low, high = low.strip(), (high.strip() if dash else low.strip())
+        if not (low.isascii() and low.isdigit() and high.isascii() and high.isdigit()) or len(low + high) > 40:
+            raise AdvisorError(f"--steps {wanted!r}: expected ProfilerStep numbers such as 3-5 or 2,4 or 7")
+        if int(low) > int(high):
+            raise AdvisorError(f"--steps {wanted!r}: the range {part} runs backwards")
+        ranges.append((int(low), int(high)))
+    return tuple(ranges)
+
+
 def select_steps(steps: list[Step], wanted: str | None) -> list[Step]:
     """Keep the ProfilerStep numbers named by `wanted` ('3-5', '2,4', '7'); all when None."""
     if not wanted:
         return steps
-    numbers: set[int] = set()
-    for part in wanted.split(","):
-        part = part.strip()
-        if "-" in part:
-            a, b = part.split("-", 1)
-            numbers.update(range(int(a), int(b) + 1))
-        elif part:
-            numbers.add(int(part))
-    return [s for s in steps if s.name.startswith("ProfilerStep#") and int(s.name.split("#")[1]) in numbers]
+    ranges = parse_steps(wanted)
+    chosen = []
+    for s in steps:
+        number = STEP_NAME.fullmatch(s.name)
+        if number is not None and any(low <= int(number.group(1)) <= high for low, high in ranges):
+            chosen.append(s)
+    return chosen
 
 
 def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
@@ -663,13 +685,17 @@ def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
         if allocated:
             series = [(m.ts, m.total_allocated) for m in samples if m.total_allocated is not None]
         else:
-            running = peak = 0.0
+            # Net allocations since the trace began. Frees of memory allocated before it make the sum dip
+            # below zero: the growth is the largest rise above the lowest point so far, and the timeline
+            # counts from the lowest point, so neither is ever negative.
+            running = lowest = growth = 0.0
             series = []
             for m in samples:
                 running += m.bytes
-                peak = max(peak, running)
+                lowest = min(lowest, running)
+                growth = max(growth, running - lowest)
                 series.append((m.ts, running))
-            growth = peak
+            series = [(t, v - lowest) for t, v in series]
         t0 = samples[0].ts
         times, values = downsample_max([(t - t0) / 1000 for t, _ in series], [v for _, v in series])
         out.append(DeviceMemory(
@@ -800,6 +826,8 @@ def loader_queue(trial: dict | None, trace: Trace, steps: list[Step], dataloader
     scope = "the trial's steps after the first" if where == "trial" else "the profiled steps"
     if dry and len(dry) < len(waits):
         first = dry[0]
+        if not sum(walls[first:]):
+            return None, None
         share = sum(waits[first:]) / sum(walls[first:])
         if share < window_share + 0.05:
             return None, None
@@ -925,8 +953,8 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         if not chosen:
             from advisor.errors import AdvisorError
 
-            names = ", ".join(s.name for s in steps)
-            raise AdvisorError(f"--steps {steps_wanted}: no such steps in {trace.path} (it has {names})")
+            names = ", ".join(s.name for s in steps[:10]) + (f" and {len(steps) - 10} more" if len(steps) > 10 else "")
+            raise AdvisorError(f"{trace.path}: --steps {steps_wanted}: no such steps (it has {names})")
         steps = chosen
     roles = role_intervals(trace)
     shares = breakdown(steps, roles)
@@ -957,6 +985,10 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
                        "work mixed precision could move are unknown, so no AMP advice")
         missing.append(f"host-to-device copies named by direction and host memory ({name} copies are not): copy "
                        "figures unknown, so no pin_memory/non_blocking advice")
+    for m in memory:
+        if m.peak_allocated is not None and m.capacity and m.peak_allocated > m.capacity:
+            missing.append(f"a memory capacity above the peak: {m.device} peaked at {m.peak_allocated / 1e9:.2f} GB "
+                           f"of {m.capacity / 1e9:.2f} GB, so one of them is wrong and headroom is unknown")
     if accelerator and not any(m.peak_allocated is not None for m in memory if m.device != "cpu"):
         missing.append("[memory] events with 'Total Allocated' (profile_memory=True): peak memory and headroom "
                        "unknown")
@@ -969,7 +1001,8 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     if platform == "cpu":
         matmul_spans = iv.from_events([op for op in trace.ops if _is_eligible_op(op.name)])
         windows = iv.from_spans((s.start, s.end) for s in steps)
-        extra["cpu_eligible_share"] = iv.length_within(matmul_spans, windows) / iv.length(windows)
+        span = iv.length(windows)
+        extra["cpu_eligible_share"] = iv.length_within(matmul_spans, windows) / span if span else None
     else:
         extra.update(host_figures(trace, steps))
     main = utilization.get(devices[0].index) if devices and utilization else None
@@ -1021,6 +1054,9 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         loader_steady_share=steady,
         distributed=trace.distributed,
         trial=trial,
-        findings=(loader,) if loader is not None else (),
+        findings=((loader,) if loader is not None else ()) + tuple(
+            Finding("skipped-events", f"{count} {reason} left out of the analysis")
+            for reason, count in trace.skipped.items()),
+        skipped_events=tuple(trace.skipped.items()),
         extra=extra,
     )

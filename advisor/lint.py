@@ -26,7 +26,9 @@ import ast
 import dataclasses
 import io
 import json
+import os
 import re
+import stat
 import sys
 import tokenize
 from collections.abc import Callable, Iterator
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from advisor.errors import AdvisorError
+from advisor.escape import for_terminal
+from advisor.files import NotARegularFile, describe_os_error, read_regular
 
 if TYPE_CHECKING:  # rich is imported when findings are printed, not when they are computed
     from rich.console import Console
@@ -1316,7 +1320,14 @@ def _ignored_lines(source: str) -> dict[int, set[str] | None]:
 
 
 def lint_tree(tree: ast.Module, source: str, filename: str) -> list[LintFinding]:
-    """Run every rule on an already parsed script."""
+    """Run every rule on an already parsed script; LintError if it is too deeply nested to walk."""
+    try:
+        return _lint_tree(tree, source, filename)
+    except RecursionError:  # a tree Python could parse but not walk back recursively (a very long expression)
+        raise LintError(filename, "an expression is nested too deeply (or is too long) to check") from None
+
+
+def _lint_tree(tree: ast.Module, source: str, filename: str) -> list[LintFinding]:
     script = Script(tree, source, filename)
     ignored = _ignored_lines(source)
     findings: set[LintFinding] = set()
@@ -1352,6 +1363,8 @@ def parse_source(source: str, filename: str) -> ast.Module:
         raise LintError(where, f"syntax error: {exc.msg}") from None
     except ValueError as exc:  # null bytes, on Pythons that report them this way
         raise LintError(filename, f"not Python source: {exc}") from None
+    except (RecursionError, MemoryError):  # Python's own parser gives up on very deeply nested expressions
+        raise LintError(filename, "an expression is nested too deeply (or is too long) to check") from None
 
 
 def lint_source(source: str, filename: str = "<string>") -> list[LintFinding]:
@@ -1360,19 +1373,27 @@ def lint_source(source: str, filename: str = "<string>") -> list[LintFinding]:
 
 
 def read_source(path: str | Path) -> str:
-    """The text of a Python file, decoded as Python does (PEP 263 coding line); LintError if unreadable."""
+    """The text of a Python file, decoded as Python does (PEP 263 coding line); LintError if unreadable.
+    Only a regular file is read: a FIFO or a device is refused, not waited on."""
     path = Path(path)
-    if not path.exists():
-        raise LintError(path, "no such file")
-    if path.is_dir():
-        raise LintError(path, "is a directory, not a Python file")
     try:
-        with tokenize.open(path) as handle:
-            return handle.read()
-    except (SyntaxError, UnicodeDecodeError):
-        raise LintError(path, "cannot decode: not UTF-8 and no valid `# coding:` line") from None
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            raise LintError(path, "is a directory, not a Python file")
+        data = read_regular(path)
+    except FileNotFoundError:
+        raise LintError(path, "no such file") from None
+    except NotARegularFile:
+        raise LintError(path, "not a regular file (a FIFO, socket or device)") from None
     except OSError as exc:
-        raise LintError(path, f"cannot read: {exc.strerror or exc}") from None
+        raise LintError(path, f"cannot read: {describe_os_error(exc)}") from None
+    except ValueError as exc:  # a NUL in the name
+        raise LintError(path, f"not a usable path ({exc})") from None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        raise LintError(path, "cannot decode: not UTF-8 and no valid `# coding:` line") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as Python reads source
 
 
 def lint_file(path: str | Path) -> list[LintFinding]:
@@ -1443,7 +1464,7 @@ def print_findings(findings: list[LintFinding], file_count: int, console: Consol
     explained: set[str] = set()
     for finding in findings:
         header = Text()
-        header.append(finding.location(), style="bold")
+        header.append(for_terminal(finding.location()), style="bold")
         header.append("  ")
         header.append(finding.rule, style="bold yellow")
         header.append(f"  {finding.title}")
@@ -1452,11 +1473,12 @@ def print_findings(findings: list[LintFinding], file_count: int, console: Consol
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="cyan", no_wrap=True)
         grid.add_column()
-        grid.add_row("what", Text(finding.what))
+        # What and fix quote the script's code: a control character in a string literal is shown escaped.
+        grid.add_row("what", Text(for_terminal(finding.what)))
         if finding.rule not in explained:
             grid.add_row("why", Text(finding.why, style="dim"))
             explained.add(finding.rule)
-        grid.add_row("fix", Text(finding.fix, style="green"))
+        grid.add_row("fix", Text("\n".join(for_terminal(line) for line in finding.fix.split("\n")), style="green"))
         console.print(Padding(grid, (0, 0, 1, 4)))
     files = "file" if file_count == 1 else "files"
     if findings:

@@ -28,6 +28,7 @@ COPY_SHARE = 0.05  # copies and the host's waits on them, with no kernel running
 LOW_UTILIZATION = 0.80
 HEADROOM = 0.30
 MEMORY_SAFETY = 0.85  # keep the predicted peak under this share of device memory
+MAX_BATCH_FACTOR = 64  # what "memory allows ×N" says at most: beyond it, other limits than memory come first
 HOST_SHARE = 0.30  # host time with the device idle, for CUDA graphs / torch.compile
 MIN_LAUNCHES = 20  # kernel launches per step worth capturing in a graph
 OPTIMIZER_SHARE = 0.05  # the optimizer step's host time
@@ -269,7 +270,8 @@ def larger_batch(d: Diagnosis) -> Recommendation | None:
     if mem is not None:
         if mem.headroom < HEADROOM:
             return None
-        factor = max(1, int(MEMORY_SAFETY / (1 - mem.headroom)))
+        used = 1 - mem.headroom
+        factor = MAX_BATCH_FACTOR if used * MAX_BATCH_FACTOR <= MEMORY_SAFETY else max(1, int(MEMORY_SAFETY / used))
         evidence.append(f"peak memory {mem.peak_allocated / 1e9:.2f} GB of {mem.capacity / 1e9:.1f} GB "
                         f"({_pct(mem.headroom)} unused)")
         details = {"max_factor": factor, "headroom": mem.headroom}

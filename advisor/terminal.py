@@ -9,12 +9,23 @@ from rich.table import Table
 from rich.text import Text
 
 from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.escape import for_terminal
 
 ROLE_LABELS = {
     "kernel": "GPU kernels", "memcpy": "memory copies", "memset": "memset", "communication": "communication",
     "runtime": "CUDA/HIP runtime", "dataloader": "DataLoader", "cpu_op": "CPU operators", "other": "other",
 }
 RUNTIME_BY_VENDOR = {"nvidia": "CUDA runtime", "amd": "HIP runtime"}
+
+
+def _text(text: object, style: str | None = None) -> Text:
+    """Rich text, never markup, with control characters from trace or file names shown as escapes."""
+    return Text(for_terminal(text), style=style or "")
+
+
+def _row(table: Table, *cells: object) -> None:
+    """A table row of plain (escaped, never markup) cells."""
+    table.add_row(*(c if isinstance(c, Text) else _text(c) for c in cells))
 
 
 def role_labels(d: Diagnosis) -> dict[str, str]:
@@ -84,36 +95,36 @@ def figures_table(d: Diagnosis) -> Table:
     t = Table(title="Key figures", show_header=False, title_justify="left")
     t.add_column("figure")
     t.add_column("value", justify="right")
-    t.add_row("DataLoader share of step", _pct(d.dataloader_share))
+    _row(t, "DataLoader share of step", _pct(d.dataloader_share))
     if d.loader_steady_share is not None:
-        t.add_row("DataLoader share once its queue ran dry", _pct(d.loader_steady_share))
+        _row(t, "DataLoader share once its queue ran dry", _pct(d.loader_steady_share))
     if d.platform == "gpu":
-        t.add_row("GPU utilization", _pct(d.gpu_utilization))
+        _row(t, "GPU utilization", _pct(d.gpu_utilization))
         unit = "Matrix core" if d.device is not None and d.device.vendor == "amd" else "Tensor Core"
-        t.add_row(f"{unit} share of kernel time", _pct(d.tensor_core_share))
-        t.add_row("Eligible matmul/conv time not on them", _pct(d.eligible_share))
+        _row(t, f"{unit} share of kernel time", _pct(d.tensor_core_share))
+        _row(t, "Eligible matmul/conv time not on them", _pct(d.eligible_share))
         if d.layout_share:
-            t.add_row("Layout conversions (NCHW↔NHWC) of kernel time", _pct(d.layout_share))
+            _row(t, "Layout conversions (NCHW↔NHWC) of kernel time", _pct(d.layout_share))
         c = d.copies
         share = c.total_us / d.step_time_us if d.step_time_us else 0
         kinds = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in
                           (("pageable", c.pageable_us), ("pinned", c.pinned_us), ("host", c.unknown_us)) if v)
         size = f", {c.bytes / 1e6:.1f} MB" if c.bytes else ""
-        t.add_row("Host-to-device copies per step", f"{c.count:.0f} ({kinds or 'none'}{size}; {_pct(share)})")
+        _row(t, "Host-to-device copies per step", f"{c.count:.0f} ({kinds or 'none'}{size}; {_pct(share)})")
         if c.synchronous:
-            t.add_row("Host blocked on copies per step",
+            _row(t, "Host blocked on copies per step",
                       f"{c.host_wait_us / 1000:.2f} ms over {c.synchronous:.0f} copies (pageable staging "
                       f"{c.pageable_wait_us / 1000:.2f} ms, synchronizes {c.sync_wait_us / 1000:.2f} ms)")
     elif d.platform != "cpu":
-        t.add_row(f"{accelerator_name(d)} utilization", _pct(d.gpu_utilization))
+        _row(t, f"{accelerator_name(d)} utilization", _pct(d.gpu_utilization))
     else:
-        t.add_row("Matmul/conv operators share of step", _pct(d.extra.get("cpu_eligible_share")))
+        _row(t, "Matmul/conv operators share of step", _pct(d.extra.get("cpu_eligible_share")))
     for m in d.memory:
         if m.peak_allocated is not None:
             cap = f" of {_gb(m.capacity)}, {_pct(m.headroom)} free" if m.capacity else ""
-            t.add_row(f"Peak memory {m.device}", f"{_gb(m.peak_allocated)} allocated{cap}")
+            _row(t, f"Peak memory {m.device}", f"{_gb(m.peak_allocated)} allocated{cap}")
         elif m.growth:
-            t.add_row(f"Memory growth {m.device}", f"+{_gb(m.growth)} (no totals in trace)")
+            _row(t, f"Memory growth {m.device}", f"+{_gb(m.growth)} (no totals in trace)")
     return t
 
 
@@ -127,7 +138,7 @@ def breakdown_table(d: Diagnosis) -> Table:
     labels = role_labels(d)
     for role in ROLES:
         if d.breakdown_us[role] > 0:
-            t.add_row(labels[role], f"{d.breakdown_us[role] / 1000:.2f}", _pct(shares[role]))
+            _row(t, labels[role], f"{d.breakdown_us[role] / 1000:.2f}", _pct(shares[role]))
     return t
 
 
@@ -135,27 +146,27 @@ def print_recommendations(d: Diagnosis, console: Console) -> None:
     """Ranked recommendations, each with its evidence, as an indented list (reads well at 80 columns)."""
     if not d.recommendations:
         if d.bound is None:
-            console.print(Text("No recommendation: the figures of this trace cannot carry any (see below).",
+            console.print(_text("No recommendation: the figures of this trace cannot carry any (see below).",
                                style="yellow"))
             return
-        console.print(Text("No recommendation: nothing in this trace points to a change worth making.",
+        console.print(_text("No recommendation: nothing in this trace points to a change worth making.",
                            style="green"))
         return
-    console.print(Text("Recommendations, best first:", style="bold"))
+    console.print(_text("Recommendations, best first:", style="bold"))
     for i, r in enumerate(d.recommendations, 1):
-        line = Text(f" {i}. ")
-        line.append(r.title, style="bold")
+        line = _text(f" {i}. ")
+        line.append(for_terminal(r.title), style="bold")
         if r.predicted_gain:
             line.append(f"  (~{100 * r.predicted_gain:.1f}% of step time)", style="cyan")
         else:
             line.append("  (memory)", style="magenta")
         if not r.helps_now:
-            line.append(f"  helps once {r.helps_once} is fixed", style="yellow")
+            line.append(for_terminal(f"  helps once {r.helps_once} is fixed"), style="yellow")
         console.print(line)
         for e in r.evidence:
-            console.print(Text(f"    - {e}"))
+            console.print(_text(f"    - {e}"))
         if r.caveat:
-            console.print(Text(f"    note: {r.caveat}", style="dim"))
+            console.print(_text(f"    note: {r.caveat}", style="dim"))
 
 
 def trace_label(d: Diagnosis) -> str:
@@ -169,39 +180,39 @@ def trace_label(d: Diagnosis) -> str:
 
 def print_diagnosis(d: Diagnosis, console: Console) -> None:
     """One trace's section."""
-    console.rule(Text(trace_label(d)))
-    console.print(Text(f"Device: {device_line(d)}"))
+    console.rule(_text(trace_label(d)))
+    console.print(_text(f"Device: {device_line(d)}"))
     rank = rank_line(d)
     if rank:
-        console.print(Text(rank))
+        console.print(_text(rank))
     if d.trial:
         summary = d.trial.get("summary") or {}
         sps = summary.get("samples_per_s")
         facts = [f"status {d.trial.get('status')}", f"batch size {summary.get('batch_size')}"]
         if sps:
             facts.append(f"{sps:.1f} samples/s")
-        console.print(Text("Trial: " + ", ".join(facts)))
-    console.print(Text(f"Steps: {len(d.steps)}, mean {d.step_time_us / 1000:.2f} ms"
+        console.print(_text("Trial: " + ", ".join(facts)))
+    console.print(_text(f"Steps: {len(d.steps)}, mean {d.step_time_us / 1000:.2f} ms"
                        f" (median {d.extra['median_step_us'] / 1000:.2f} ms)"))
     if d.step_note:
-        console.print(Text(f"  {d.step_note}", style="yellow"))
-    console.print(Text(bound_line(d), style="bold" if d.bound else "yellow"))
+        console.print(_text(f"  {d.step_note}", style="yellow"))
+    console.print(_text(bound_line(d), style="bold" if d.bound else "yellow"))
     for reason in d.bound_evidence[1:]:
-        console.print(Text(f"  {reason}"))
+        console.print(_text(f"  {reason}"))
     console.print(breakdown_table(d))
     console.print(figures_table(d))
     for f in d.findings:
-        console.print(Text(f"Finding: {f.message}", style="yellow"))
+        console.print(_text(f"Finding: {f.message}", style="yellow"))
     print_recommendations(d, console)
     for m in d.missing:
-        console.print(Text(f"Not in this trace: {m}", style="dim"))
+        console.print(_text(f"Not in this trace: {m}", style="dim"))
 
 
 def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, skipped: list | tuple = ()) -> None:
     """All sections, plus a summary table when there are several traces; files skipped as not traces."""
     console = console or Console()
     for path, reason in skipped:
-        console.print(Text(f"Skipped {path}: {reason}", style="yellow"))
+        console.print(_text(f"Skipped {path}: {reason}", style="yellow"))
     for d in diagnoses:
         print_diagnosis(d, console)
     if len(diagnoses) > 1:
@@ -210,6 +221,6 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, s
             t.add_column(col)
         for d in diagnoses:
             top = d.recommendations[0].id if d.recommendations else "none"
-            t.add_row(Text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
+            _row(t, _text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
                       d.bound or "n/a", _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
         console.print(t)

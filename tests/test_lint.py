@@ -4,6 +4,7 @@ the near misses each rule must not report, and the command line (exit codes 0/1/
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -823,9 +824,18 @@ def scripts(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00garbage\n")
     empty = tmp_path / "empty_folder"
     empty.mkdir()
+    long_sum = tmp_path / "long_sum.py"  # ast.parse: RecursionError during ast construction
+    long_sum.write_text("x = " + "+".join(["a"] * 100_000) + "\n")
+    long_chain = tmp_path / "long_chain.py"
+    long_chain.write_text("x = a" + ".b" * 100_000 + "\n")
+    unary = tmp_path / "unary.py"  # ast.parse: MemoryError from the parser's own stack
+    unary.write_text("x = " + "-" * 100_000 + "1\n")
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
     return {
         "broken": broken, "clean": clean, "bad": bad, "missing": tmp_path / "missing.py",
-        "binary": binary, "empty": empty,
+        "binary": binary, "empty": empty, "long_sum": long_sum, "long_chain": long_chain, "unary": unary,
+        "fifo": fifo,
     }
 
 
@@ -852,6 +862,10 @@ def test_cli_exit_codes(scripts, capsys):
         ("bad", "syntax error"),
         ("binary", "cannot decode"),
         ("empty", "no .py files"),
+        ("long_sum", "nested too deeply (or is too long) to check"),
+        ("long_chain", "nested too deeply (or is too long) to check"),
+        ("unary", "nested too deeply (or is too long) to check"),
+        ("fifo", "not a regular file"),
     ],
 )
 def test_cli_bad_input_is_one_line(scripts, capsys, name, problem):
@@ -860,6 +874,31 @@ def test_cli_bad_input_is_one_line(scripts, capsys, name, problem):
     assert captured.out == ""  # nothing is printed before every input has been read
     assert captured.err.count("\n") == 1
     assert str(scripts[name]) in captured.err and problem in captured.err
+
+
+def test_tree_too_deep_to_walk_is_a_lint_error():
+    """A tree Python parses but a rule cannot walk back recursively (quoting a very deep expression in a
+    finding): one LintError naming the file, not a RecursionError."""
+    import ast
+
+    source = "from torch.utils.data import DataLoader\nloader = DataLoader(ds, batch_size=4)\n"
+    tree = ast.parse(source)
+    call = tree.body[1].value
+    value = ast.Constant(4)
+    for _ in range(sys.getrecursionlimit() * 2):
+        value = ast.UnaryOp(op=ast.USub(), operand=value)
+    call.keywords[0].value = value  # no source position: the finding quotes it with ast.unparse
+    with pytest.raises(LintError, match="deep.py: an expression is nested too deeply"):
+        lint.lint_tree(tree, source, "deep.py")
+
+
+def test_cli_escapes_control_characters(tmp_path, capsys):
+    evil = tmp_path / "e\x1b[2Jvil.py"
+    evil.write_text("from torch.utils.data import DataLoader\nloader = DataLoader(ds, batch_size=4)\n"
+                    "for x in loader:\n    x = x.to('cuda')\n")
+    assert run_main(["lint", str(evil)]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "e\\x1b[2Jvil.py:2:" in out
 
 
 def test_cli_json(scripts, capsys):

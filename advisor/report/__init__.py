@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -50,17 +51,18 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 def report_command(args: argparse.Namespace) -> int:
     """`advisor report PATH [-o OUT] [--tensorboard]`."""
     from advisor.errors import AdvisorError
+    from advisor.escape import for_terminal
 
     target = Path(args.path)
     if not target.exists():
         raise AdvisorError(f"{target}: no such file or folder")
-    is_session = target.is_dir() and (target / "session.json").is_file()
+    is_session = target.is_dir() and os.path.lexists(target / "session.json")
     out = Path(args.out) if args.out else (target / "report.html" if is_session else Path("report.html"))
     if args.tensorboard and not is_session:
         raise AdvisorError(f"{target}: --tensorboard needs a session folder (one with session.json)")
     written = write_report(target, out)
-    print(f"report: {written}")
+    print(f"report: {for_terminal(written)}")  # a name that is not UTF-8 (or holds escapes) shown escaped
     if args.tensorboard:
         runs = write_tensorboard(target)
-        print(f"tensorboard: {len(runs)} run(s); view with: tensorboard --logdir {target / 'trials'}")
+        print(f"tensorboard: {len(runs)} run(s); view with: tensorboard --logdir {for_terminal(target / 'trials')}")
     return 0

@@ -8,7 +8,6 @@ them. Everything taken from input is rendered with autoescape on and no `|safe` 
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -17,9 +16,12 @@ from pathlib import Path
 
 import jinja2
 
+from advisor import files
 from advisor.commands import analyze_file, diagnosis_to_dict
 from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
-from advisor.errors import AdvisorError, NotATrace
+from advisor.errors import AdvisorError, NotATrace, TraceError
+from advisor.escape import without_surrogates
+from advisor.shapes import SESSION, TRIAL, conform_record, read_record
 from advisor.report import charts
 from advisor.report.hotspots import Hotspot, hotspots
 from advisor.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, trace_label
@@ -173,7 +175,7 @@ def trace_view(path: Path) -> TraceView:
 # Keyed by the files' modification times, so a rewritten trace or trial record is diagnosed again.
 @lru_cache(maxsize=64)
 def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | None) -> TraceView:
-    d = analyze_file(path)
+    d = analyze_file(path, lint_script=False)  # the script trial.json names lies outside the session folder
     f = diagnosis_to_dict(d)
     found = hotspots(load_trace(path), len(d.steps), d.step_time_us)
     shares = d.breakdown_share
@@ -242,32 +244,44 @@ def render_trace_report(path: Path) -> str:
 # ---- sessions ----
 
 def load_session(session_dir: Path) -> dict:
-    """session.json of a session folder, checked for its schema."""
+    """session.json of a session folder, checked for its schema and conformed to what the report reads.
+
+    A hand-edited or foreign record renders what it can: fields of the wrong type (text for a number, a
+    list for an object, NaN) are dropped (`advisor.shapes.SESSION`) and named in `session["unread"]`, which
+    the page shows; `trials`, `notes`, `recommendations` and `lint` are always lists.
+    """
     path = Path(session_dir) / "session.json"
-    try:
-        session = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AdvisorError(f"{path}: no such file (not an advisor session folder)") from None
-    except (OSError, ValueError) as exc:
-        raise AdvisorError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(session, dict) or not str(session.get("schema", "")).startswith(SESSION_SCHEMA):
-        raise AdvisorError(f"{path}: not an advisor session record (no 'schema': 'advisor.session/...')")
+    if not os.path.lexists(path):
+        raise AdvisorError(f"{path}: no such file (not an advisor session folder)")
+    record = read_record(path, SESSION_SCHEMA, "an advisor session record")
+    session, problems = conform_record(record, SESSION)
     session = {k: session.get(k) for k in SESSION_FIELDS} | session
+    for key in ("trials", "notes", "recommendations", "lint"):
+        session[key] = session.get(key) or []
     rows = []
-    for i, row in enumerate(session["trials"] or []):
+    for i, row in enumerate(session["trials"]):
         row = {k: row.get(k) for k in ROW_FIELDS} | row
         row["index"] = i if row["index"] is None else row["index"]
         row["name"] = row["name"] or f"trial {row['index']}"
         rows.append(row)
     session["trials"] = rows
+    session["recommendations"] = [{**RECOMMENDATION_DEFAULTS, **{k: v for k, v in r.items() if v is not None}}
+                                  for r in session["recommendations"]]
+    session["lint"] = [{**LINT_DEFAULTS, **f} for f in session["lint"]]
+    session["unread"] = [f"session.json: {p}" for p in problems]
     return session
 
 
-def inside(session_dir: Path, relative: str) -> Path | None:
-    """`session_dir / relative` if it stays inside the session folder (a session.json names only its own files)."""
-    root = Path(session_dir).resolve()
-    path = (root / relative).resolve()
-    return path if path.is_relative_to(root) else None
+# What the recommendation and lint templates read, for entries a record leaves out.
+RECOMMENDATION_DEFAULTS = {"id": "", "title": "(untitled)", "predicted_gain": None, "bound": None, "helps_now": True,
+                           "helps_once": "", "knobs": {}, "evidence": [], "code_change": "", "caveat": ""}
+LINT_DEFAULTS = {"file": "", "line": None, "col": None, "rule": "", "title": "", "what": "", "why": "", "fix": ""}
+
+
+def inside(session_dir: Path, relative: object) -> Path | None:
+    """`session_dir / relative` if it stays inside the session folder (a session.json names only its own
+    files): resolved, links followed; None for an absolute path, `../`, or a value that is not a path."""
+    return files.inside(session_dir, relative)
 
 
 def trial_folder(session_dir: Path, row: dict) -> Path | None:
@@ -276,16 +290,58 @@ def trial_folder(session_dir: Path, row: dict) -> Path | None:
 
 
 def trial_traces(session_dir: Path, row: dict) -> list[Path]:
-    """The trace files of one trial row, as its trial.json lists them (or as found in its folder)."""
+    """The trace files of one trial row, as its trial.json lists them (or as found in its folder); only
+    regular files inside the session folder (see `checked_trial_traces` for what was left out)."""
+    return checked_trial_traces(session_dir, row)[0]
+
+
+def checked_trial_traces(session_dir: Path, row: dict) -> tuple[list[Path], list[str]]:
+    """(the trace files of one trial row, what was not read and why).
+
+    Every path comes from session.json or trial.json, so each is followed only if it resolves inside the
+    session folder (no `../`, no absolute path, no link out) and names a regular file (no FIFO, device or
+    folder); anything else is left unopened and said.
+    """
+    root = Path(session_dir).resolve()
+    name = row["name"]
     folder = trial_folder(session_dir, row)
-    if folder is None or not folder.is_dir():
-        return []
-    try:
-        listed = json.loads((folder / "trial.json").read_text()).get("trace_files") or []
-    except (OSError, ValueError):
-        listed = []
-    files = [folder / name for name in listed if (folder / name).is_file()]
-    return files or sorted(folder.glob("*.pt.trace.json*"))
+    if folder is None:
+        return [], [f"trial {name}: its folder {row.get('folder')!r} is not inside the session folder: not read"]
+    if not folder.is_dir():
+        return [], []
+    problems: list[str] = []
+    listed: list = []
+    record = folder / "trial.json"
+    if os.path.lexists(record):
+        if not files.is_regular(record):
+            problems.append(f"trial {name}: trial.json is not a regular file: not read")
+        else:
+            try:
+                trial, trial_problems = conform_record(read_record(record, "advisor.trial/"), TRIAL)
+                listed = trial.get("trace_files") or []
+                problems += [f"trial {name}: trial.json: {p}" for p in trial_problems]
+            except AdvisorError as exc:
+                problems.append(f"trial {name}: {exc}")
+    found = []
+    for entry in listed:
+        path = None if os.path.isabs(entry) else files.inside(root, str((folder / entry).relative_to(root)))
+        if path is None:
+            problems.append(f"trial {name}: trace file {entry!r} is not inside the session folder: not read")
+        elif not files.is_regular(path):
+            problems.append(f"trial {name}: trace file {entry!r} is not a regular file: not read")
+        else:
+            found.append(path)
+    if listed or found:
+        return found, problems
+    for path in sorted(folder.glob("*.pt.trace.json*")):
+        resolved = files.inside(root, str(path.relative_to(root)))
+        if resolved is None:
+            problems.append(f"trial {name}: {path.name} links outside the session folder: not read")
+        elif not files.is_regular(resolved):
+            problems.append(f"trial {name}: {path.name} is not a regular file: not read")
+        else:
+            found.append(resolved)
+    return found, problems
 
 
 def flatten(facts: dict, prefix: str = "") -> list[tuple[str, str]]:
@@ -329,16 +385,30 @@ def render_session_report(session_dir: Path) -> str:
     session_dir = Path(session_dir)
     session = load_session(session_dir)
     rows = session["trials"]
+    unread = list(session["unread"])
     views: dict[str, TraceView | None] = {}
     for row in rows:
-        files = trial_traces(session_dir, row)
-        views[row["name"]] = trace_view(files[0]) if files else None
+        traces, problems = checked_trial_traces(session_dir, row)
+        unread += problems
+        views[row["name"]] = None
+        if traces:
+            try:
+                views[row["name"]] = trace_view(traces[0])
+            except TraceError as exc:  # one broken trace leaves its trial without a diagnosis, not the page
+                unread.append(f"trial {row['name']}: {exc}")
     labels = [r["name"] for r in rows]
     baseline = views.get(session.get("baseline") or (labels[0] if labels else ""))
     # The patch the session names; else the folder's suggested.patch (written before session.json names it).
     patch_name = session["patch"] or ("suggested.patch" if (session_dir / "suggested.patch").is_file() else None)
     patch_path = inside(session_dir, patch_name) if patch_name else None
-    patch = patch_path.read_text(errors="replace") if patch_path is not None and patch_path.is_file() else None
+    patch = None
+    if patch_name and patch_path is None:
+        unread.append(f"the patch {patch_name!r} is not inside the session folder: not read")
+    elif patch_path is not None and os.path.lexists(patch_path):
+        try:
+            patch = files.read_regular(patch_path).decode("utf-8", errors="replace")
+        except OSError as exc:
+            unread.append(f"the patch {patch_name!r}: {files.describe_os_error(exc)}: not read")
     capacity = next((r.get("capacity_bytes") for r in rows if r.get("capacity_bytes")), None)
     chart = {}
     if rows:
@@ -357,7 +427,7 @@ def render_session_report(session_dir: Path) -> str:
         notes=[str(n) for n in session["notes"] or []],
         device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},
         command=session.get("command") or "", lint=session.get("lint") or [],
-        memory_cap=memory_cap_text(session.get("memory_cap")),
+        memory_cap=memory_cap_text(session.get("memory_cap")), unread=unread,
     )
 
 
@@ -372,14 +442,14 @@ def memory_cap_text(cap: object) -> str:
 def write_report(target: Path, out: Path) -> Path:
     """Write the report of a session folder (if it has session.json) or of trace(s) to `out`, atomically."""
     target, out = Path(target), Path(out)
-    is_session = target.is_dir() and (target / "session.json").is_file()
+    is_session = target.is_dir() and os.path.lexists(target / "session.json")
     text = render_session_report(target) if is_session else render_trace_report(target)
     out.parent.mkdir(parents=True, exist_ok=True)
     # A reader (a browser, the session rewriting its report) never sees half a page.
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+            f.write(without_surrogates(text))  # file names that are not UTF-8, shown as \xff
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be shared
         os.replace(tmp, out)
     except BaseException:

@@ -9,13 +9,14 @@ nothing else in the notebook. As in the report, everything taken from input is a
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 from markupsafe import Markup
 
 from advisor.commands import diagnosis_to_dict
+from advisor.files import regular_traces_in
+from advisor.shapes import TRIAL, conform_record, read_record
 from advisor.diagnosis import ROLES, Diagnosis
 from advisor.report.html import (environment, figure_rows, ms, pct, templates_dir, trace_view, trial_traces,
                                  verdict)
@@ -101,8 +102,8 @@ def render_diagnosis_html(d: Diagnosis) -> str:
 def render_trial_html(trial_dir: Path) -> str:
     """One trial folder: its headline figures and knob outcomes, then its diagnosis."""
     trial_dir = Path(trial_dir)
-    record = json.loads((trial_dir / "trial.json").read_text())
-    traces = sorted(trial_dir.glob("*.pt.trace.json*"))
+    record, _problems = conform_record(read_record(trial_dir / "trial.json", "advisor.trial/"), TRIAL)
+    traces = regular_traces_in(trial_dir)
     return _render(_TRIAL, trial=record, folder=str(trial_dir), summary=record.get("summary") or {},
                    knobs={k: v for k, v in (record.get("knobs") or {}).items() if v is not None},
                    outcomes=record.get("knob_outcomes") or {},

@@ -1,0 +1,45 @@
+"""Text from traces, records and file names, made safe to show.
+
+Kernel and operator names, trial names and file names come from input. On a terminal, a control character
+in them (an escape sequence) could move the cursor, recolour or clear the screen, so `for_terminal` shows
+each as a visible escape (`\\x1b`). A file name that is not UTF-8 reaches Python as lone surrogates, which
+no UTF-8 writer (JSON, HTML, the terminal) accepts; `without_surrogates` shows those bytes as `\\xff`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 and C1 controls (DEL included), line and paragraph separators, bidirectional overrides and isolates
+# (they reorder what is shown), and lone surrogates.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, as os.fsdecode keeps it (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def for_terminal(text: object) -> str:
+    """`str(text)` with control characters, bidirectional controls and undecodable bytes as visible escapes."""
+    text = str(text)
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def without_surrogates(text: str) -> str:
+    """`text` with lone surrogates (bytes of a file name that are not UTF-8) as visible escapes."""
+    return _SURROGATE.sub(_escape, text) if _SURROGATE.search(text) else text
+
+
+def strings_without_surrogates(value):
+    """A JSON-ready value (dicts, lists, strings, numbers) with `without_surrogates` applied to every string."""
+    if isinstance(value, str):
+        return without_surrogates(value)
+    if isinstance(value, dict):
+        return {strings_without_surrogates(k): strings_without_surrogates(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strings_without_surrogates(v) for v in value]
+    return value
