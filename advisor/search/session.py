@@ -23,7 +23,7 @@ from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
-from advisor.search.measurement import Measurement, measure
+from advisor.search.measurement import Measurement, job, measure
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, lock_session, new_state, \
     reference_row, save, trial_row
 from advisor.search.outputs import batch_notes, finish_outputs
@@ -50,9 +50,19 @@ def recorded_losses(folder: Path | str) -> list[float]:
 
 
 def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[Path] = ()) -> Measurement:
-    """A trial's steady-state measurement, pooled with earlier runs of the same settings."""
+    """A trial's steady-state measurement, pooled with earlier runs of the same settings; of the whole
+    job for a data-parallel trial (each rank's runs pooled, the ranks summed)."""
     folders = [result.path, *extra, *(out / f for f in state["pooled"].get(result.name, []))]
-    return measure(trial_record(folder).get("steps", []) for folder in folders)
+    return measure_record([trial_record(folder) for folder in folders])
+
+
+def measure_record(records: list[dict[str, Any]]) -> Measurement:
+    """The measurement of one or more records of the same settings (every rank's, when there are ranks)."""
+    ranks = [r.get("ranks") for r in records]
+    if all(isinstance(rs, list) and rs for rs in ranks):
+        width = min(len(rs) for rs in ranks)
+        return job([measure(rs[i].get("steps", []) for rs in ranks) for i in range(width)])
+    return measure(r.get("steps", []) for r in records)
 
 
 def diagnose_trial(result: TrialResult):
@@ -151,7 +161,8 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                              wait=options.wait, warmup=options.warmup, device=options.device,
                              script_args=options.script_args, timeout_s=options.timeout_s,
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
-                             step=options.step, loader=state.get("training_loader"), on_start=started(name))
+                             step=options.step, loader=state.get("training_loader"), on_start=started(name),
+                             nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args)
         finally:
             state["running_trial"] = None
 
@@ -173,7 +184,7 @@ def _run(run: TrialRunner, state: dict[str, Any], index: int, proposal: Proposal
     """Run one trial; return it, its record and its own measurement."""
     result = run(f"{index:02d}-{slug}", Knobs() if proposal is None else proposal.knobs)
     record = trial_record(result.path)
-    return result, record, measure([record.get("steps", [])])
+    return result, record, measure_record([record])
 
 
 def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> None:

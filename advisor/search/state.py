@@ -65,11 +65,14 @@ class SessionOptions:
     windows: int = 5
     window_s: float = 1.0
     step: str | None = None  # the step, when a module the script imports defines it (pkg.module:name)
+    nproc_per_node: int = 1  # > 1: data-parallel trials, ranks started by torchrun
+    torchrun_args: tuple[str, ...] = ()  # torchrun's own options (rendezvous for several nodes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         d = dataclasses.asdict(self)
         d["script_args"] = list(self.script_args)
+        d["torchrun_args"] = list(self.torchrun_args)
         return d
 
     @classmethod
@@ -78,6 +81,7 @@ class SessionOptions:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         values["script_args"] = tuple(values.get("script_args") or ())
+        values["torchrun_args"] = tuple(values.get("torchrun_args") or ())
         return cls(**values)
 
     def budget_text(self) -> str:

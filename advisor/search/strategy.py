@@ -85,13 +85,14 @@ def effective(knobs: Knobs, user_values: dict[str, Any], name: str) -> Any:
 
 def worker_ladder(cores: int) -> tuple[int, ...]:
     """Worker counts to try: 2, 4, 8, … below the cap, then the cap; the cap leaves two cores to the
-    training process on machines with more than four."""
-    cap = cores if cores <= 4 else cores - 2
+    training process on machines with more than four, and is never below 2 (a loader that waits on
+    files or sleeps gains from workers even without a core of their own: measured, like any size)."""
+    cap = max(2, cores if cores <= 4 else cores - 2)
     ladder, w = [], 2
     while w < cap:
         ladder.append(w)
         w *= 2
-    return tuple(ladder + [cap]) if cap >= 2 else ()
+    return tuple(ladder + [cap])
 
 
 # --- keep or revert ------------------------------------------------------------------------------------
@@ -134,7 +135,8 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
     facts = state.get("device") or {}
     accelerator = facts.get("type") == "cuda"
-    cores = (facts.get("cpu") or {}).get("logical_cores") or 1
+    # Each rank of a data-parallel trial on this node gets its share of the cores.
+    cores = max(1, ((facts.get("cpu") or {}).get("logical_cores") or 1) // max(1, options.nproc_per_node))
     found = [
         workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores, accelerator),
         copies_proposal(recs, bound, best.knobs, space, accelerator),
@@ -182,7 +184,7 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     changed = dataclasses.replace(knobs, num_workers=target, persistent_workers=True)
     threads = knobs.threads or state["user_values"].get("threads")
     change = f"workers {current}→{target}"
-    if not accelerator and threads and threads + target > cores:
+    if not accelerator and threads and threads + target > cores and max(1, cores - target) < threads:
         changed = dataclasses.replace(changed, threads=max(1, cores - target))
         change += f", threads {threads}→{changed.threads}"
     return Proposal("more-workers", change, f"workers-{target}", changed, gain, "input")

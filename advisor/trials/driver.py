@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from advisor.trials.activations import ActivationRecorder, is_out_of_memory, memory_breakdown, parameter_dtypes, \
     proc_status_bytes
+from advisor.trials.distributed import all_measured, rank_files
 from advisor.trials.facts import peak_rss_bytes
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition import StepInterposition
@@ -101,7 +102,9 @@ class StepDriver:
         self.activations: dict[str, Any] | None = None
         self.failure_memory: dict[str, Any] | None = None
         self.end_memory: dict[str, Any] | None = None
-        self.steps_file = open(self.out_dir / STEPS_FILE, "a", buffering=1)
+        # One set of files per rank in a data-parallel trial (advisor.trials.distributed).
+        self.files = rank_files(config.get("world_size", 1), config.get("rank", 0))
+        self.steps_file = open(self.out_dir / self.files["steps"], "a", buffering=1)
 
     # --- a step function ---------------------------------------------------------------------------
 
@@ -215,7 +218,7 @@ class StepDriver:
         self.prof = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.out_dir), worker_name="trial",
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.out_dir), worker_name=self.files["worker"],
                                                                     use_gzip=True),
             record_shapes=True,
             profile_memory=True,
@@ -280,7 +283,8 @@ class StepDriver:
             self.window_wall += wall
             if self.window_wall >= self.window_s and self.window_steps >= self.min_window_steps:
                 self.window, self.window_steps, self.window_wall = self.window + 1, 0, 0.0
-                self.done = self.window >= self.windows
+            # Every rank of a job stops at the same step, once all have measured their windows.
+            self.done = all_measured(self.window >= self.windows)
         self.period_start = time.perf_counter()
         if self.done:
             try:

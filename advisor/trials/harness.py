@@ -47,7 +47,7 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
     training_loader
 from advisor.trials.loop import LoopInterposition, capture_losses
-from advisor.trials.record import RESULT_FILE
+from advisor.trials.distributed import DDPKnobs, rank_files, rank_of
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.targets import TargetNotFound, rewrite_script
 
@@ -147,6 +147,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                                  training=config.get("loader"))
         tracker = LoaderTracker()
         tracker.install()
+        ddp = DDPKnobs(knobs)
+        ddp.install()
         driver = StepDriver(config, device_type, loader_records, tracker)
         result["steps_expected"] = driver.total
         sites: dict[str, Any] = {}
@@ -196,7 +198,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 step_outcomes = loop.outcomes
             if knobs.threads:
                 step_outcomes["threads"] = APPLIED
-            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes}
+            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes, **ddp.outcomes()}
+            result["user_ddp"] = ddp.user
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]
             result["training_loader"] = None if trains is None else {
@@ -227,7 +230,8 @@ def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[
     else:
         first = (str(exc).strip().splitlines() or [""])[0]
         text = f"{type(exc).__name__}{step}: {first}" if first else f"{type(exc).__name__}{step}"
-    return {"status": status, "message": text, "error_type": type(exc).__name__, "traceback": user_traceback(exc)}
+    return {"status": status, "message": text, "error_type": type(exc).__name__, "traceback": user_traceback(exc),
+            "failed_at": time.time()}  # in a data-parallel trial, the rank that failed first is the cause
 
 
 def die_with_parent(parent: int | None) -> None:
@@ -246,12 +250,17 @@ def die_with_parent(parent: int | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`harness CONFIG_JSON`: run one trial and write `harness.json` into its folder."""
+    """`harness CONFIG_JSON`: run one trial (or one rank of it, under torchrun) and write its result file
+    (`harness.json`, or `harness.rank{R}.json`) into the trial folder."""
     config = json.loads(argv[0])
-    die_with_parent(config.get("parent"))
+    rank, world_size = rank_of()
+    config.update(rank=rank, world_size=world_size)
+    if world_size <= 1:  # under torchrun the parent is torchrun's agent, which ends its ranks itself
+        die_with_parent(config.get("parent"))
     out_dir = Path(config["out_dir"])
     result = run(config)
-    write_json_atomic(out_dir / RESULT_FILE, result)
+    result.update(rank=rank, world_size=world_size)
+    write_json_atomic(out_dir / rank_files(world_size, rank)["result"], result)
     # Workers are ended directly: letting the collector shut down a loader whose worker failed waits
     # seconds for each worker to join.
     stop_children()
@@ -260,3 +269,6 @@ def main(argv: list[str]) -> int:
     # The user's non-daemon threads or atexit hooks must not keep a finished trial alive.
     os._exit(0)
 
+
+if __name__ == "__main__":  # each rank of a data-parallel trial, started by torchrun
+    main(sys.argv[1:])

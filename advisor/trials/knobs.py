@@ -10,6 +10,9 @@ How each reaches the user's code, inside the trial only (by interposition: the s
 - `accumulation_steps` and fp16 loss scaling: `advisor.trials.gradients`.
 - `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.driver`), over a value the
   script set itself; DataLoader workers run one thread each as torch makes them.
+- DDP knobs (`ddp_bucket_cap_mb`, `ddp_gradient_as_bucket_view`, `ddp_static_graph`,
+  `ddp_find_unused_parameters`): where DistributedDataParallel wraps the model, on every rank alike
+  (`advisor.trials.distributed`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 AMP_CHOICES = (None, "bf16", "fp16")
 DATALOADER_KNOBS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_graph", "ddp_find_unused_parameters")
 APPLIED = "applied"
 
 
@@ -36,6 +40,10 @@ class Knobs:
     non_blocking: bool | None = None
     accumulation_steps: int | None = None
     threads: int | None = None  # torch intra-op threads of the training process (torch.set_num_threads)
+    ddp_bucket_cap_mb: int | None = None  # DistributedDataParallel's own arguments, on every rank
+    ddp_gradient_as_bucket_view: bool | None = None
+    ddp_static_graph: bool | None = None
+    ddp_find_unused_parameters: bool | None = None
 
     def __post_init__(self) -> None:
         problem = knobs_problem(self)
@@ -76,7 +84,7 @@ def knobs_problem(knobs: Knobs) -> str | None:
     """Why these values are invalid (one line), or None."""
     if knobs.amp not in AMP_CHOICES:
         return f"amp must be one of bf16, fp16 or None, not {knobs.amp!r}"
-    for name in ("batch_size", "prefetch_factor", "accumulation_steps", "threads"):
+    for name in ("batch_size", "prefetch_factor", "accumulation_steps", "threads", "ddp_bucket_cap_mb"):
         value = getattr(knobs, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             return f"{name} must be a positive integer, not {value!r}"
@@ -84,7 +92,8 @@ def knobs_problem(knobs: Knobs) -> str | None:
         not isinstance(knobs.num_workers, int) or isinstance(knobs.num_workers, bool) or knobs.num_workers < 0
     ):
         return f"num_workers must be an integer >= 0, not {knobs.num_workers!r}"
-    for name in ("pin_memory", "persistent_workers", "non_blocking"):
+    for name in ("pin_memory", "persistent_workers", "non_blocking", "ddp_gradient_as_bucket_view", "ddp_static_graph",
+                 "ddp_find_unused_parameters"):
         value = getattr(knobs, name)
         if value is not None and not isinstance(value, bool):
             return f"{name} must be true or false, not {value!r}"

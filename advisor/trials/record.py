@@ -119,7 +119,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.search.measurement import measure
-from advisor.trials.driver import STEPS_FILE
+from advisor.trials.distributed import merge_ranks, rank_files
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
 from advisor.trials.storage import number, write_json_atomic
 
@@ -346,25 +346,34 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
     return steps
 
 
-def user_values(dataloaders: list[dict[str, Any]], threads: int | None) -> dict[str, Any] | None:
-    """The user's own values of the knobs: the training loader's (else the first loader's) and torch's threads."""
+def user_values(dataloaders: list[dict[str, Any]], threads: int | None,
+                ddp: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The user's own values of the knobs: the training loader's (else the first loader's), torch's threads,
+    and DistributedDataParallel's arguments where the script wraps its model in it."""
     loader = next((d for d in dataloaders if d.get("training")), dataloaders[0] if dataloaders else None)
     values = {k: loader["user"].get(k) for k in DATALOADER_KNOBS} if loader is not None else {}
     if threads is not None:
         values["threads"] = threads
+    values.update({k: v for k, v in (ddp or {}).items() if k.startswith("ddp_")})
     return values or None
 
 
-def complete_record(record: dict[str, Any], out: Path, started: float) -> TrialResult:
-    """Merge the harness's files (steps.jsonl, harness.json, the trace) into the trial record, write
-    trial.json, return the result."""
-    harness: dict[str, Any] = {}
-    harness_file = out / RESULT_FILE
-    if harness_file.exists():
-        try:
-            harness = json.loads(harness_file.read_text())
-        except ValueError:
-            harness = {}
+def read_result(path: Path) -> dict[str, Any]:
+    """A harness result file, or {} when it is missing or torn (a killed trial)."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return result if isinstance(result, dict) else {}
+
+
+def complete_record(record: dict[str, Any], out: Path, started: float, world_size: int = 1) -> TrialResult:
+    """Merge the harness's files (steps, result, traces; one set per rank of a data-parallel trial) into
+    the trial record, write trial.json, return the result.
+
+    A data-parallel trial's figures are rank 0's, its status the first failing rank's, its samples/s the
+    job's (every rank's summed), and `ranks` holds each rank's own."""
+    harness, results, rank_steps = merge_ranks(out, world_size, read_result, read_steps)
     if record["status"] == "running" and harness:
         record["status"] = harness.get("status", "error")
         record["message"] = harness.get("message", "")
@@ -379,17 +388,27 @@ def complete_record(record: dict[str, Any], out: Path, started: float) -> TrialR
     record["sites"] = harness.get("sites") or {}
     record["model_dtypes"] = harness.get("model_dtypes")
     record["accumulation"] = harness.get("accumulation")
-    record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"))
-    record["steps"] = read_steps(out / STEPS_FILE)
+    record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"), harness.get("user_ddp"))
+    record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]
-    profiler_peak = add_profiler_memory(record["steps"], traces)
+    ours = [p for p in traces if world_size <= 1 or p.name.startswith(rank_files(world_size, 0)["worker"] + ".")]
+    profiler_peak = add_profiler_memory(record["steps"], ours)
     record["summary"] = summarize(record["steps"], harness, profiler_peak)
+    if world_size > 1:
+        record["world_size"] = world_size
+        record["ranks"] = [{"rank": rank, "status": result.get("status", "error"), "message": result.get("message"),
+                            "summary": summarize(steps, result), "steps": steps}
+                           for rank, (result, steps) in enumerate(zip(results, rank_steps))]
+        rates = [r["summary"].get("samples_per_s") for r in record["ranks"]]
+        record["summary"]["rank_samples_per_s"] = record["summary"]["samples_per_s"]
+        record["summary"]["samples_per_s"] = sum(rates) if all(rates) else None
     ended = time.time()
     record["schedule"].update(harness.get("schedule") or {})
     record["times"].update(harness.get("times", {}))
     record["times"].update(ended_at=ended, duration_s=ended - started)
     write_json_atomic(out / TRIAL_FILE, record)
-    for leftover in (harness_file, out / STEPS_FILE):
-        leftover.unlink(missing_ok=True)
+    for rank in range(world_size):
+        for name in ("result", "steps"):
+            (out / rank_files(world_size, rank)[name]).unlink(missing_ok=True)
     return TrialResult.from_record(record, out)

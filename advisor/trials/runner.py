@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
+from advisor.trials.distributed import rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
-from advisor.trials.record import LOG_FILE, RESULT_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
+from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
@@ -139,6 +140,8 @@ def run_trial(
     step: str | None = None,
     loader: dict[str, Any] | None = None,
     on_start: Callable[[int, str], None] | None = None,
+    nproc_per_node: int = 1,
+    torchrun_args: Sequence[str] = (),
 ) -> TrialResult:
     """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
 
@@ -146,7 +149,9 @@ def run_trial(
     function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
     `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
     DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
-    (the session records both, to end a trial its killed predecessor left behind).
+    (the session records both, to end a trial its killed predecessor left behind). `nproc_per_node` > 1:
+    a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
+    several nodes), each profiled (`advisor.trials.distributed`).
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -215,7 +220,7 @@ def run_trial(
         raise AdvisorError(f"{exc.filename}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
     except TargetNotFound as exc:
         record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
-        return complete_record(record, out, started)
+        return complete_record(record, out, started, nproc_per_node)
 
     config = {
         "script": str(script),
@@ -241,12 +246,16 @@ def run_trial(
         child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
     child_env[TRIAL_TOKEN] = record["token"]
     write_json_atomic(out / TRIAL_FILE, record)
+    python = python or sys.executable
+    command = ([python, "-c", _HARNESS_ENTRY, json.dumps(config)] if nproc_per_node <= 1 else
+               torchrun_command(python, nproc_per_node, list(torchrun_args), json.dumps(config)))
+    record["nproc_per_node"] = nproc_per_node
     proc = None
     previous_sigterm = _sigterm_as_interrupt()
     try:
         with open(out / LOG_FILE, "wb") as log:
             proc = subprocess.Popen(
-                [python or sys.executable, "-c", _HARNESS_ENTRY, json.dumps(config)],
+                command,
                 cwd=script.parent,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -270,7 +279,7 @@ def run_trial(
                 end_trial_processes(proc.pid, record["token"])
                 proc.wait()
             record.update(status="interrupted", message="interrupted (Ctrl-C); the trial's processes were stopped")
-            complete_record(record, out, started)
+            complete_record(record, out, started, nproc_per_node)
         raise
     finally:
         if previous_sigterm is not None:
@@ -278,7 +287,7 @@ def run_trial(
         if proc is not None:
             # Workers the harness could not reach, a script that double-forked out of the group.
             end_trial_processes(proc.pid, record["token"])
-    if record["status"] == "running" and not (out / RESULT_FILE).exists():
+    if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
         code = proc.returncode
         if code == -signal.SIGKILL:
             # Nobody here sent it: on Linux that is almost always the kernel's out-of-memory killer.
@@ -287,7 +296,7 @@ def run_trial(
         else:
             why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             record.update(status="error", message=f"the trial process {why}; see {out / LOG_FILE}")
-    return complete_record(record, out, started)
+    return complete_record(record, out, started, nproc_per_node)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,132 @@
+"""A data-parallel trial: every rank of a torchrun job is profiled and measured, with the same knobs.
+
+`run_trial(..., nproc_per_node=N)` starts the harness under torchrun (torch.distributed's own launcher):
+each rank runs the script with the same config and writes its own files into the trial folder —
+`steps.rank{R}.jsonl`, `harness.rank{R}.json` and its trace `trial_rank{R}.*.pt.trace.json.gz` — which
+the runner merges into one record. Inside a rank:
+
+- DistributedDataParallel's own arguments are knobs: its `__init__` is wrapped, the user's values
+  recorded, the requested ones set (`bucket_cap_mb`, `gradient_as_bucket_view`, `static_graph`,
+  `find_unused_parameters`);
+- the ranks agree when the trial is measured (`all_measured`): each rank's windows close by time, so
+  without agreement one rank would stop while another waits for it in the next all-reduce. Once a
+  rank's windows are done it votes at the end of each step (a MIN all-reduce of one number on the
+  default process group, after the step's own collectives) and all stop at the same step.
+
+Torch is imported lazily: the parent uses `rank_files`, `rank_of` and the merge without it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.trials.knobs import APPLIED, DDP_KNOBS, Knobs, not_applicable
+
+
+def rank_of(environ: Any = os.environ) -> tuple[int, int]:
+    """(rank, world size) of this process as torchrun set them; (0, 1) outside a job."""
+    try:
+        return int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
+def rank_files(world_size: int, rank: int) -> dict[str, str]:
+    """The names of one rank's files in the trial folder (the plain names for a single process)."""
+    if world_size <= 1:
+        return {"steps": "steps.jsonl", "result": "harness.json", "worker": "trial"}
+    return {"steps": f"steps.rank{rank}.jsonl", "result": f"harness.rank{rank}.json", "worker": f"trial_rank{rank}"}
+
+
+class DDPKnobs:
+    """Wraps DistributedDataParallel.__init__: the DDP knobs set, the user's values and the outcomes kept."""
+
+    ARGUMENTS = {"ddp_bucket_cap_mb": "bucket_cap_mb", "ddp_gradient_as_bucket_view": "gradient_as_bucket_view",
+                 "ddp_static_graph": "static_graph", "ddp_find_unused_parameters": "find_unused_parameters"}
+
+    def __init__(self, knobs: Knobs):
+        self.knobs = knobs
+        self.user: dict[str, Any] = {}
+        self.wrapped = 0
+
+    def install(self) -> Callable[[], None]:
+        """Wrap the constructor; returns an undo."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        original = DistributedDataParallel.__init__
+        signature = inspect.signature(original)
+        interposition = self
+
+        def __init__(ddp, *args, **kwargs):  # noqa: N807
+            bound = signature.bind(ddp, *args, **kwargs)
+            bound.apply_defaults()
+            values = bound.arguments
+            if not interposition.wrapped:  # the first model wrapped is the one trained
+                interposition.user = {knob: values.get(name) for knob, name in interposition.ARGUMENTS.items()}
+            interposition.wrapped += 1
+            for knob, name in interposition.ARGUMENTS.items():
+                value = getattr(interposition.knobs, knob)
+                if value is not None and name in values:
+                    values[name] = value
+            return original(*bound.args, **bound.kwargs)
+
+        DistributedDataParallel.__init__ = __init__
+
+        def undo() -> None:
+            DistributedDataParallel.__init__ = original
+
+        return undo
+
+    def outcomes(self) -> dict[str, str]:
+        """Each requested DDP knob: applied, or why not."""
+        requested = [k for k in DDP_KNOBS if getattr(self.knobs, k) is not None]
+        if self.wrapped:
+            return {k: APPLIED for k in requested}
+        return {k: not_applicable("the script wraps no model in DistributedDataParallel") for k in requested}
+
+
+def all_measured(done: bool) -> bool:
+    """Whether every rank has measured what it needs (each votes its own `done`); `done` as it is outside
+    a process group. A collective: every rank calls it at the end of the same step."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return done
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    vote = torch.tensor([1.0 if done else 0.0], device=device)
+    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+    return bool(vote.item() > 0.5)
+
+
+def torchrun_command(python: str, nproc_per_node: int, torchrun_args: list[str], config: str) -> list[str]:
+    """The command that starts a trial's ranks: torchrun (standalone unless rendezvous options are given)
+    running the harness as a module on each rank."""
+    standalone = not any(a.startswith(("--rdzv", "--nnodes", "--master")) for a in torchrun_args)
+    return [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
+            *(["--standalone"] if standalone else []), *torchrun_args, "-m", "advisor.trials.harness", config]
+
+
+def merge_ranks(folder: Path, world_size: int, read_result: Callable[[Path], dict],
+                read_steps: Callable[[Path], list]) -> tuple[dict[str, Any], list[dict[str, Any]], list[list]]:
+    """The ranks' results merged into one harness result (rank 0's, with the first failure's status and
+    message), each rank's result, and each rank's steps."""
+    results, steps = [], []
+    for rank in range(world_size):
+        names = rank_files(world_size, rank)
+        results.append(read_result(folder / names["result"]))
+        steps.append(read_steps(folder / names["steps"]))
+    merged = dict(results[0]) if results and results[0] else {}
+    failed = [(rank, r) for rank, r in enumerate(results) if r and r.get("status") not in (None, "ok")]
+    if failed:
+        # The rank that failed first is the cause; the others fail after it (a peer that closed).
+        rank, result = min(failed, key=lambda item: item[1].get("failed_at") or float("inf"))
+        merged.update(status=result["status"], message=f"rank {rank}: {result.get('message', '')}",
+                      error_type=result.get("error_type"), traceback=result.get("traceback"))
+    elif any(not r for r in results):
+        missing = [rank for rank, r in enumerate(results) if not r]
+        merged.update(status="error", message=f"rank(s) {', '.join(map(str, missing))} ended without a result")
+    return merged, results, steps

@@ -1,0 +1,117 @@
+"""Data-parallel trials on the CPU: torchrun starts two gloo ranks of DistributedDataParallel, every rank is
+profiled and measured with the same knobs, DDP's own arguments are knobs, a failing or hanging rank ends
+the trial cleanly, and a session runs on the examples' DDP classifier end to end."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+from trial_helpers import trial_record, write_script
+
+from advisor.search.session import run_session
+from advisor.search.state import SessionOptions
+from advisor.trials.knobs import APPLIED, Knobs
+from advisor.trials.runner import TRIAL_TOKEN, run_trial
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+DDP_EXAMPLE = ROOT / "examples" / "ddp_classifier.py"
+
+RANKS = """
+    import json, time
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    def train_step(model, optimizer, x, step):
+        if step == FAIL_AT and dist.get_rank() == 1:
+            if FAILURE == "hang":
+                time.sleep(600)  # rank 0 waits for it in the next all-reduce
+            raise ValueError("rank one broke")
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        model = DistributedDataParallel(torch.nn.Linear(16, 16))
+        with open(f"ddp.rank{dist.get_rank()}.json", "w") as f:
+            json.dump({"view": model.gradient_as_bucket_view, "bucket": model.bucket_bytes_cap}, f)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(100_000):
+            train_step(model, optimizer, torch.randn(8, 16), step)
+"""
+
+
+def ranks_script(folder, fail_at=-1, failure="raise"):
+    return write_script(folder, RANKS.replace("FAIL_AT", str(fail_at)).replace("FAILURE", repr(failure)))
+
+
+def left_behind(token: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(TRIAL_TOKEN) == token:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path):
+    script = ranks_script(tmp_path)
+    knobs = Knobs(ddp_gradient_as_bucket_view=True, ddp_bucket_cap_mb=50)
+    trial = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu",
+                      windows=2, window_s=0.2, nproc_per_node=2)
+    assert trial.ok, trial.message
+    record = trial_record(trial.path)
+    assert record["world_size"] == 2 and [r["rank"] for r in record["ranks"]] == [0, 1]
+    # One trace per rank; the ranks stopped at the same step (they agreed when all were measured).
+    assert sorted(name.split(".")[0] for name in record["trace_files"]) == ["trial_rank0", "trial_rank1"]
+    assert len(record["ranks"][0]["steps"]) == len(record["ranks"][1]["steps"]) > 2 + 2
+    # The job's samples/s is every rank's.
+    rates = [r["summary"]["samples_per_s"] for r in record["ranks"]]
+    assert record["summary"]["samples_per_s"] == pytest.approx(sum(rates))
+    # DistributedDataParallel got the knobs on every rank, and the user's own values were kept.
+    assert record["knob_outcomes"]["ddp_gradient_as_bucket_view"] == APPLIED
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"ddp.rank{rank}.json").read_text())
+        assert seen == {"view": True, "bucket": 50 * 2**20}
+    assert record["user_values"]["ddp_gradient_as_bucket_view"] is False
+    assert not left_behind(record["token"])
+
+
+def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
+    script = ranks_script(tmp_path, fail_at=4)
+    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=2)
+    assert trial.status == "error"
+    assert trial.message.startswith("rank 1: ValueError in step 4: rank one broke"), trial.message
+    assert "rank one broke" in trial.traceback and 'in train_step' in trial.traceback
+    assert not left_behind(trial_record(trial.path)["token"])
+
+
+def test_a_rank_that_hangs_ends_at_the_time_limit_with_nothing_left(tmp_path, trial_startup_s):
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    limit = round(3 * trial_startup_s + 6)
+    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=2,
+                      timeout_s=limit)
+    assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message
+    assert not left_behind(trial_record(trial.path)["token"])
+
+
+def test_a_session_on_the_ddp_example_with_a_straggler(tmp_path):
+    out = tmp_path / "session"
+    options = SessionOptions(steps=2, wait=1, warmup=1, device="cpu", windows=2, window_s=0.3, max_trials=2,
+                             nproc_per_node=2, script_args=("--slow-rank", "1"))
+    state = run_session(str(DDP_EXAMPLE), out, options, log=lambda m: None)
+    assert state["status"] == "done" and (out / "report.html").is_file()
+    baseline = json.loads((out / state["trials"][0]["folder"] / "trial.json").read_text())
+    assert baseline["world_size"] == 2 and len(baseline["trace_files"]) == 2
+    # The job's samples/s: both ranks' (the slow loader of rank 1 holds rank 0 back as well).
+    ranks = [r["summary"]["samples_per_s"] for r in baseline["ranks"]]
+    assert baseline["summary"]["samples_per_s"] == pytest.approx(sum(ranks))
+    assert state["trials"][0]["samples_per_s"] == pytest.approx(sum(ranks), rel=0.05)
+    assert state["trials"][1]["recommendation"] == "more-workers"  # the straggler is bound by its loader
