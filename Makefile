@@ -12,8 +12,10 @@ install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 
+# Two workers, a file each at a time: most tests wait on trials that run in their own processes, and the
+# tests are written to hold on a busy machine (each worker is the other's busy neighbour).
 test:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The property-based tests of tests/test_analyze_fuzz.py (mutated traces, trial.json and session.json through
 # `advisor analyze` and `advisor report`) with many more examples than `make test` runs (100 per property).

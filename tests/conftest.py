@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Terminal output of the CLI is checked as text: a wide terminal, so that a long temporary path (longer
+# still under pytest-xdist) never wraps in the middle of what a test looks for.
+os.environ["COLUMNS"] = "250"
 SHARED_TRACES = ROOT.parent / "shared" / "traces" / "gpu"
 SAMPLE_RUNS = ROOT / "sample_runs"
 

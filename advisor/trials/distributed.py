@@ -124,7 +124,8 @@ def merge_ranks(folder: Path, world_size: int, read_result: Callable[[Path], dic
     if failed:
         # The rank that failed first is the cause; the others fail after it (a peer that closed).
         rank, result = min(failed, key=lambda item: item[1].get("failed_at") or float("inf"))
-        merged.update(status=result["status"], message=f"rank {rank}: {result.get('message', '')}",
+        message = result.get("message", "")
+        merged.update(status=result["status"], message=f"rank {rank}: {message}" if world_size > 1 else message,
                       error_type=result.get("error_type"), traceback=result.get("traceback"))
     elif any(not r for r in results):
         missing = [rank for rank, r in enumerate(results) if not r]
