@@ -95,7 +95,7 @@ def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
 
 def test_a_rank_that_hangs_ends_at_the_time_limit_with_nothing_left(tmp_path, trial_startup_s):
     script = ranks_script(tmp_path, fail_at=4, failure="hang")
-    limit = round(3 * trial_startup_s + 6)
+    limit = round(2 * trial_startup_s + 5)
     trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=2,
                       timeout_s=limit)
     assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message

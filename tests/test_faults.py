@@ -121,14 +121,20 @@ def wait_for_steps(folder: Path, deadline_s: float) -> None:
 
 
 def test_sigkill_of_the_advisor_mid_trial_then_resume_leaves_nothing_behind(tmp_path, trial_startup_s):
-    script = tiny(tmp_path, sleep=0.1)
+    script = tiny(tmp_path, sleep=0.05)
     out = tmp_path / "session"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step", "--out",
-                                str(out), "--device", "cpu", "--steps", "30", "--windows", "0", "--max-trials", "1"],
+                                str(out), "--device", "cpu", "--steps", "30", "--windows", "0", "--max-trials", "2"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_steps(out / "trials" / "00-baseline", 10 + 4 * trial_startup_s)
-    running = json.loads((out / "session.json").read_text())["running_trial"]
-    assert running["name"] == "00-baseline"
+    # Wait for the second trial's steps: the baseline is finished and recorded by then.
+    deadline = time.monotonic() + 20 + 8 * trial_startup_s
+    while True:
+        assert time.monotonic() < deadline, "the session never got to its second trial"
+        running = json.loads((out / "session.json").read_text()).get("running_trial") if (out / "session.json").exists() else None
+        if running and running["name"].startswith("01-") and (out / "trials" / running["name"] / "steps.jsonl").exists():
+            break
+        time.sleep(0.1)
+    before = json.loads((out / "session.json").read_text())
     advisor.kill()  # the advisor alone: its trial must not run on unsupervised
     advisor.wait()
     deadline = time.monotonic() + 10
@@ -137,8 +143,13 @@ def test_sigkill_of_the_advisor_mid_trial_then_resume_leaves_nothing_behind(tmp_
     assert not trial_left(running["token"]), "the trial outlived the advisor that started it"
     done = run_advisor("profile", "--resume", str(out), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    state = json.loads((out / "session.json").read_text())
-    assert state["status"] == "done" and state["running_trial"] is None
+    after = json.loads((out / "session.json").read_text())
+    assert after["status"] == "done" and after["running_trial"] is None
+    # Finished trials are kept as they were; the one in flight was run again under the same name.
+    assert after["trials"][: len(before["trials"])] == before["trials"]
+    names = [t["name"] for t in after["trials"]]
+    assert running["name"] in names and len(names) == len(set(names))
+    assert sorted(p.name for p in (out / "trials").iterdir()) == sorted(names)
     assert not trial_left(running["token"])
 
 

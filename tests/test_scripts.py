@@ -24,7 +24,7 @@ from conftest import ROOT, run_advisor
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
-QUICK = ("--device", "cpu", "--steps", "2", "--windows", "1", "--window", "0.2", "--no-apply")
+QUICK = ("--device", "cpu", "--steps", "2", "--windows", "0", "--no-apply")
 
 
 def repository(tmp_path: Path) -> Path:

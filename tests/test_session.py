@@ -4,12 +4,8 @@ parts are tested in test_search)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -33,7 +29,7 @@ def copy_trial(src: Path, dst: Path) -> Path:
 @pytest.mark.slow
 def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     out = tmp_path / "session"
-    options = SessionOptions(steps=3, max_trials=3, device="cpu", windows=3, window_s=0.4)
+    options = SessionOptions(steps=2, max_trials=3, device="cpu", windows=2, window_s=0.3)
     state = run_session(f"{IMAGE}:train_step", out, options, command="test", log=lambda m: None)
     assert state["status"] == "done"
     saved = json.loads((out / SESSION_FILE).read_text())
@@ -81,7 +77,8 @@ def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
 @pytest.mark.slow
 def test_session_on_the_char_transformer_decides_on_what_it_measured(tmp_path):
     out = tmp_path / "session"
-    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=3, max_trials=2, device="cpu", windows=2, window_s=0.4), command="test",
+    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=2, max_trials=2, device="cpu", windows=2, window_s=0.3,
+                                                             script_args=("--context", "64")), command="test",
                         log=lambda m: None)
     assert state["status"] == "done"
     # Compute-bound: the trace's top recommendation is bf16 autocast where the CPU computes bf16 natively;
@@ -93,41 +90,3 @@ def test_session_on_the_char_transformer_decides_on_what_it_measured(tmp_path):
     else:
         assert "amp" not in tried and tried, tried
     assert_decisions_follow_measurements(state)
-
-
-@pytest.mark.slow
-def test_session_killed_and_resumed_keeps_its_trials(tmp_path):
-    out = tmp_path / "session"
-    cmd = [sys.executable, "-m", "advisor.cli", "profile", f"{IMAGE}:train_step", "--out", str(out),
-           "--steps", "2", "--max-trials", "3", "--device", "cpu", "--windows", "2", "--window", "0.3"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    # Kill the whole process group (advisor, trial, DataLoader workers) once the second trial is running.
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        session = out / SESSION_FILE
-        if session.exists():
-            trials = json.loads(session.read_text())["trials"]
-            if len(trials) >= 1 and (out / "trials").exists() and len(list((out / "trials").iterdir())) >= 2:
-                break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the session never got to its second trial")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = json.loads((out / SESSION_FILE).read_text())
-    assert before["status"] == "running"
-    done = [t["name"] for t in before["trials"]]
-    in_flight = {p.name for p in (out / "trials").iterdir()} - set(done)
-    assert in_flight, "a trial was running when the session was killed"
-    resumed = subprocess.run([sys.executable, "-m", "advisor.cli", "profile", "--resume", str(out)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    after = json.loads((out / SESSION_FILE).read_text())
-    assert after["status"] == "done"
-    # Finished trials are kept exactly as they were; the one in flight was redone under the same name.
-    assert after["trials"][: len(done)] == before["trials"]
-    names = [t["name"] for t in after["trials"]]
-    assert in_flight <= set(names)
-    assert sorted(p.name for p in (out / "trials").iterdir()) == sorted(names)
-    assert len(names) == len(set(names))

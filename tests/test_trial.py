@@ -90,7 +90,7 @@ def test_image_classifier_via_cli(tmp_path, capsys):
 
 def test_char_transformer_trial(tmp_path):
     result = run_trial(f"{EXAMPLES / 'char_transformer.py'}:train_step", Knobs(), tmp_path / "t", steps=3,
-                       wait=1, device="cpu")
+                       wait=1, device="cpu", script_args=["--context", "64"])
     assert result.ok, result.message
     record = trial_record(result.path)
     check_trace_matches_trial(result.path, record)
