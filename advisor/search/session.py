@@ -23,7 +23,7 @@ from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
-from advisor.search.measurement import Measurement, measure
+from advisor.trials.measurement import Measurement, measure
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, lock_session, new_state, \
     reference_row, save, trial_row
 from advisor.search.outputs import batch_notes, finish_outputs

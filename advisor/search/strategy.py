@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
-from advisor.search.measurement import Measurement, noise
+from advisor.trials.measurement import Measurement, noise
 
 LOSS_TOLERANCE = 0.25  # a kept change may move the loss by at most this share of the baseline's
 ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured experiment, tried last
