@@ -272,7 +272,8 @@ def profile_command(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else default_out_dir(script)
         target = args.target
     if replay:
-        from advisor.trials.replay import ReplayRunner, load_surface, surface_space
+        from advisor.search.strategy import surface_space
+        from advisor.trials.replay import ReplayRunner, load_surface
 
         points = load_surface(replay)
         runner, space = ReplayRunner(points, out.resolve()), surface_space(points)
