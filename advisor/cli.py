@@ -59,11 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "analyze":
-            from advisor.trace import prefetch
+            from advisor.analysis.trace import prefetch
 
             prefetch(args.path)  # decompress while the analysis modules import
-            from advisor.commands import analyze_command
-
             return analyze_command(args)
         if args.command == "profile":
             return profile_command(args)
@@ -95,6 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"unknown command {args.command}")
     return 2
 
+
+# --- advisor analyze ------------------------------------------------------------------------------
+
+def analyze_command(args: argparse.Namespace) -> int:
+    """`advisor analyze PATH [--json] [--steps ...]`: the terminal summary, or the JSON document."""
+    from advisor.analysis.analyze import analysis_document, analyze_path, encode_json
+
+    skipped: list = []
+    diagnoses = analyze_path(args.path, args.steps, skipped)
+    if args.json:
+        sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
+        return 0
+    from advisor.terminal import print_analysis
+
+    print_analysis(diagnoses, skipped=skipped)
+    return 0
 
 
 # --- advisor profile ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.analysis.diagnosis import BOUNDS, ROLES, Diagnosis
 from advisor.escape import for_terminal
 
 ROLE_LABELS = {

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from advisor.commands import analyze_file
-from advisor.diagnosis import TENSOR_CORE_PATTERNS, _is_tensor_core, tensor_core_families
+from advisor.analysis.analyze import analyze_file
+from advisor.analysis.diagnosis import TENSOR_CORE_PATTERNS, _is_tensor_core, tensor_core_families
 from conftest import gpu_trace, run_advisor
 
 LEGACY = "legacy-format-computeProperties.json"

@@ -10,7 +10,7 @@ from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.replay import ReplayRunner, load_surface, settings_of
-from advisor.rules import Recommendation
+from advisor.analysis.rules import Recommendation
 from advisor.search.bounds import trial_bound
 from advisor.trials.measurement import measure, noise
 from advisor.search.state import SessionOptions

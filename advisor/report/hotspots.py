@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from advisor.trace import Event, Trace
+from advisor.analysis.trace import Event, Trace
 
 TOP = 8
 

@@ -1,7 +1,7 @@
 """The HTML report: session.json and Diagnoses → one self-contained page, rendered from jinja2 templates.
 
 Data flows one way: this module reads what the session wrote (session.json, trial folders, the patch) and
-the Diagnosis of each trace (`advisor.commands.analyze_file`); it formats figures, it never recomputes
+the Diagnosis of each trace (`advisor.analysis.analyze.analyze_file`); it formats figures, it never recomputes
 them. Everything taken from input is rendered with autoescape on and no `|safe` filter; charts are base64
 `data:` images, so nothing a trace or a folder name contains can become markup or script.
 """
@@ -17,15 +17,15 @@ from pathlib import Path
 import jinja2
 
 from advisor import files
-from advisor.commands import analyze_file, diagnosis_to_dict
-from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
+from advisor.analysis.diagnosis import BOUNDS, ROLES, Diagnosis
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.shapes import SESSION, TRIAL, conform_record, read_record
 from advisor.report import charts
 from advisor.report.hotspots import Hotspot, hotspots
 from advisor.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, trace_label
-from advisor.trace import load_trace, trace_files
+from advisor.analysis.trace import load_trace, trace_files
 
 SESSION_SCHEMA = "advisor.session/"
 # Every field a template reads, so that an older or partial session.json renders with "n/a" instead of

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from advisor.commands import diagnosis_to_dict
+from advisor.analysis.analyze import diagnosis_to_dict
 from advisor.files import regular_traces_in
 from advisor.shapes import TRIAL, conform_record, read_record
-from advisor.diagnosis import ROLES, Diagnosis
+from advisor.analysis.diagnosis import ROLES, Diagnosis
 from advisor.report.html import (environment, figure_rows, ms, pct, templates_dir, trace_view, trial_traces,
                                  verdict)
 from advisor.terminal import bound_line, role_labels

@@ -57,7 +57,7 @@ def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[
 
 def diagnose_trial(result: TrialResult):
     """The diagnosis (with recommendations) of a trial's trace; None when it has no trace."""
-    from advisor.commands import analyze_file
+    from advisor.analysis.analyze import analyze_file
 
     traces = sorted(result.path.glob("*.pt.trace.json*"))
     return analyze_file(traces[0]) if traces else None

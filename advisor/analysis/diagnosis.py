@@ -15,8 +15,8 @@ from statistics import median
 
 import numpy as np
 
-from advisor import intervals as iv
-from advisor.trace import Device, Event, Trace
+from advisor.analysis import intervals as iv
+from advisor.analysis.trace import Device, Event, Trace
 
 # Priority order of the step-time breakdown: each moment of a step is counted once, by the first role
 # active at that moment (the plugin's scheme).
@@ -235,7 +235,7 @@ class Diagnosis:
     distributed: dict | None = None
     trial: dict | None = None  # the trial.json beside the trace, when it came from `advisor profile`
     findings: tuple[Finding, ...] = ()
-    recommendations: tuple = ()  # filled by advisor.rules.recommend, kept here for the report and API
+    recommendations: tuple = ()  # filled by advisor.analysis.rules.recommend, kept here for the report and API
     extra: dict = field(default_factory=dict)
     # Odd but legal events the loader left out (zero-length steps, ...): (reason, count), also as findings.
     skipped_events: tuple[tuple[str, int], ...] = ()

@@ -1,4 +1,4 @@
-"""`advisor analyze`: trace file(s) → Diagnosis with recommendations → terminal summary or JSON.
+"""Trace file(s) → Diagnosis with recommendations → the `advisor.analysis/1` JSON document.
 
 The JSON document (`--json`) has the schema `advisor.analysis/1`:
 
@@ -33,7 +33,7 @@ Roles are kernel, memcpy, memset, communication, runtime, dataloader, cpu_op, ot
 (0..1); times are milliseconds; memory is bytes. A figure the trace cannot give is null. New fields may be
 added within version 1; renaming or removing one bumps the version.
 
-The bound (`advisor.diagnosis.find_bound`) is what holds the step back, null when the trace cannot say
+The bound (`advisor.analysis.diagnosis.find_bound`) is what holds the step back, null when the trace cannot say
 (a degenerate trace: too few events, another process's events, start-up calls; `missing` says which).
 `bound_shares` splits the step among the bounds, each moment once (compute > communication > copy >
 input > host). Each recommendation names the bound it addresses; `helps_now` is true when that is the
@@ -47,7 +47,7 @@ removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel
 understated it (finding "loader-queue").
 `skipped_events` counts events the loader left out as odd but legal (ProfilerStep spans of zero length, or
 overlapping the step before), each reason also a finding "skipped-events". What the loader refuses is in
-`advisor/trace.py` (`_check_times`, `_check_sizes`); a trial.json's fields of the wrong type are named in
+`advisor/analysis/trace.py` (`_check_times`, `_check_sizes`); a trial.json's fields of the wrong type are named in
 `missing`. File names that are not UTF-8 appear with their bytes escaped (`\\xff`).
 """
 
@@ -55,18 +55,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
 
 import msgspec
 
-from advisor.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose, parse_steps
-from advisor.rules import recommend
+from advisor.analysis.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose, parse_steps
+from advisor.analysis.rules import recommend
 from advisor.errors import NotATrace, TraceError
 from advisor.escape import strings_without_surrogates
 from advisor.files import is_regular
 from advisor.shapes import TRIAL, conform_record, read_record
-from advisor.trace import collector_paused, load_trace, trace_files
+from advisor.analysis.trace import collector_paused, load_trace, trace_files
 
 SCHEMA = "advisor.analysis/1"
 
@@ -233,16 +232,3 @@ def encode_json(document: dict) -> bytes:
         return msgspec.json.encode(document)
     except UnicodeEncodeError:
         return msgspec.json.encode(strings_without_surrogates(document))
-
-
-def analyze_command(args) -> int:
-    """`advisor analyze PATH [--json] [--steps ...]`."""
-    skipped: list = []
-    diagnoses = analyze_path(args.path, args.steps, skipped)
-    if args.json:
-        sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
-        return 0
-    from advisor.terminal import print_analysis
-
-    print_analysis(diagnoses, skipped=skipped)
-    return 0
