@@ -36,7 +36,7 @@ from advisor.files import inside, regular_traces_in
 from advisor.shapes import read_record
 from advisor.trials.inprocess import run_trial_in_process, step_source
 from advisor.trials.knobs import Knobs
-from advisor.analysis.trace import trace_files
+from advisor.analysis.reading import trace_files
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 
 SESSION_FILE = "session.json"

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "analyze":
-            from advisor.analysis.trace import prefetch
+            from advisor.analysis.reading import prefetch
 
             prefetch(args.path)  # decompress while the analysis modules import
             return analyze_command(args)

@@ -47,8 +47,8 @@ removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel
 understated it (finding "loader-queue").
 `skipped_events` counts events the loader left out as odd but legal (ProfilerStep spans of zero length, or
 overlapping the step before), each reason also a finding "skipped-events". What the loader refuses is in
-`advisor/analysis/trace.py` (`_check_times`, `_check_sizes`); a trial.json's fields of the wrong type are named in
-`missing`. File names that are not UTF-8 appear with their bytes escaped (`\\xff`).
+`advisor/analysis/validation.py` (`check_times`, `check_sizes`); a trial.json's fields of the wrong type are
+named in `missing`. File names that are not UTF-8 appear with their bytes escaped (`\\xff`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ from advisor.errors import NotATrace, TraceError
 from advisor.escape import strings_without_surrogates
 from advisor.files import is_regular
 from advisor.shapes import TRIAL, conform_record, read_record
-from advisor.analysis.trace import collector_paused, load_trace, trace_files
+from advisor.analysis.reading import trace_files
+from advisor.analysis.trace import collector_paused, load_trace
 
 SCHEMA = "advisor.analysis/1"
 

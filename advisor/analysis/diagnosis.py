@@ -16,7 +16,9 @@ from statistics import median
 import numpy as np
 
 from advisor.analysis import intervals as iv
-from advisor.analysis.trace import Device, Event, Trace
+from advisor.analysis.devices import Device
+from advisor.analysis.events import Event
+from advisor.analysis.trace import Trace
 
 # Priority order of the step-time breakdown: each moment of a step is counted once, by the first role
 # active at that moment (the plugin's scheme).
