@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from advisor.analysis import diagnosis as _diagnosis
+from advisor.analysis.breakdown import ROLES
 from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
 from advisor.files import inside, regular_traces_in
@@ -64,7 +65,7 @@ class Diagnosis(_diagnosis.Diagnosis):
                 ("steps", "mean", step_ms, "ms", 1.0),
                 ("steps", "median", f["steps"]["median_ms"], "ms", None)]
         rows += [("breakdown", role, f["breakdown_ms"][role], "ms", f["breakdown_share"][role]) for role in
-                 _diagnosis.ROLES]
+                 ROLES]
         for name in ("dataloader_share", "dataloader_wait_share", "gpu_utilization", "tensor_core_share",
                      "eligible_share", "eligible_op_share"):
             if isinstance(f[name], (int, float)):

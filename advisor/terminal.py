@@ -8,7 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from advisor.analysis.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.analysis.bound import BOUNDS
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.diagnosis import Diagnosis
 from advisor.escape import for_terminal
 
 ROLE_LABELS = {

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from advisor.analysis.analyze import analyze_file, analyze_path, diagnosis_to_dict
-from advisor.analysis.diagnosis import BOUNDS
+from advisor.analysis.bound import BOUNDS
 from advisor.report.html import trace_view
 from advisor.report.tensorboard import trial_text
 from advisor.analysis.trace import load_trace

@@ -33,7 +33,7 @@ Roles are kernel, memcpy, memset, communication, runtime, dataloader, cpu_op, ot
 (0..1); times are milliseconds; memory is bytes. A figure the trace cannot give is null. New fields may be
 added within version 1; renaming or removing one bumps the version.
 
-The bound (`advisor.analysis.diagnosis.find_bound`) is what holds the step back, null when the trace cannot say
+The bound (`advisor.analysis.bound.find_bound`) is what holds the step back, null when the trace cannot say
 (a degenerate trace: too few events, another process's events, start-up calls; `missing` says which).
 `bound_shares` splits the step among the bounds, each moment once (compute > communication > copy >
 input > host). Each recommendation names the bound it addresses; `helps_now` is true when that is the
@@ -59,7 +59,10 @@ from pathlib import Path
 
 import msgspec
 
-from advisor.analysis.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose, parse_steps
+from advisor.analysis.bound import BOUNDS
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.diagnosis import Diagnosis, diagnose
+from advisor.analysis.steps import parse_steps
 from advisor.analysis.rules import recommend
 from advisor.errors import NotATrace, TraceError
 from advisor.escape import strings_without_surrogates

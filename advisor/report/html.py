@@ -18,7 +18,9 @@ import jinja2
 
 from advisor import files
 from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
-from advisor.analysis.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.analysis.bound import BOUNDS
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.diagnosis import Diagnosis
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.shapes import SESSION, TRIAL, conform_record, read_record

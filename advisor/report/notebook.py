@@ -17,7 +17,8 @@ from markupsafe import Markup
 from advisor.analysis.analyze import diagnosis_to_dict
 from advisor.files import regular_traces_in
 from advisor.shapes import TRIAL, conform_record, read_record
-from advisor.analysis.diagnosis import ROLES, Diagnosis
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.diagnosis import Diagnosis
 from advisor.report.html import (environment, figure_rows, ms, pct, templates_dir, trace_view, trial_traces,
                                  verdict)
 from advisor.terminal import bound_line, role_labels

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from advisor.analysis.diagnosis import ROLES
+from advisor.analysis.breakdown import ROLES
 
 
 def trial_text(row: dict, view) -> str:

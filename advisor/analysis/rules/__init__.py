@@ -1,7 +1,7 @@
 """Diagnosis → ranked Recommendations. Each rule is a pure function that returns a Recommendation or None.
 
 A rule speaks only when the trace supports it: each recommendation carries the figures that triggered it
-(its evidence), the bound it addresses (a key of `advisor.analysis.diagnosis.BOUNDS`) and a predicted gain, the
+(its evidence), the bound it addresses (a key of `advisor.analysis.bound.BOUNDS`) and a predicted gain, the
 share of step time it is expected to save, used for ranking. A recommendation helps now when its bound is
 the diagnosis's bound. One that addresses another bound does not claim its gain now: it helps once the
 current bound is fixed, and its predicted gain is the time it should save then, as a share of today's
@@ -16,7 +16,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from advisor.analysis.diagnosis import BOUNDS, Diagnosis, memory_leak
+from advisor.analysis.bound import BOUNDS
+from advisor.analysis.diagnosis import Diagnosis
+from advisor.analysis.memory import memory_leak
 
 # Thresholds, as shares of the average step unless said otherwise.
 DATALOADER_SHARE = 0.05
