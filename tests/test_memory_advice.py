@@ -9,7 +9,7 @@ import pytest
 
 from advisor.analysis.analyze import analyze_file
 from advisor.trials.knobs import Knobs
-from advisor.analysis.rules import activation_checkpointing_advice, memory_growth_advice
+from advisor.analysis.rules.memory import activation_checkpointing_advice, memory_growth_advice
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.cli import parse_size

@@ -11,27 +11,22 @@ from advisor.analysis import intervals as iv
 from advisor.analysis.steps import Step
 from advisor.analysis.trace import Trace
 
-
 # Priority order of the step-time breakdown: each moment of a step is counted once, by the first role
 # active at that moment (the plugin's scheme).
 ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_op", "other")
-
 
 COLLECTIVE_OPS = frozenset(
     f"{lib}:{op}" for lib in ("nccl", "gloo") for op in ("broadcast", "reduce", "all_reduce", "all_gather",
                                                          "reduce_scatter")
 )
+DATALOADER_NAME = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$|^enumerate\(DataPipe\)#")
+COMMUNICATION_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 
 
 @lru_cache(maxsize=None)
 def is_communication_kernel(name: str) -> bool:
+    """NCCL/RCCL kernels: communication, not compute, in the breakdown and the kernel mix."""
     return COMMUNICATION_KERNEL.match(name) is not None
-
-
-DATALOADER_NAME = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$|^enumerate\(DataPipe\)#")
-
-
-COMMUNICATION_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 
 
 def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:

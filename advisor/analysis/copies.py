@@ -13,8 +13,6 @@ from advisor.analysis.trace import Trace
 
 
 SYNC_CALL = re.compile(r"(cuda|hip)(Stream|Device|Event)Synchronize$")
-
-
 HTOD = "HtoD"
 
 

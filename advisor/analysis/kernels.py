@@ -51,6 +51,7 @@ MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[s
 
 @lru_cache(maxsize=None)
 def is_tensor_core(vendor: str, kernel_name: str) -> bool:
+    """Whether a kernel of this vendor ran on Tensor Cores (matrix cores), by its name."""
     regex = _TC_REGEX.get(vendor)
     return regex is not None and regex.search(kernel_name) is not None and not NOT_TENSOR_CORE.search(kernel_name)
 
@@ -67,6 +68,7 @@ def _is_matmul_kernel(kernel_name: str) -> bool:
 
 @lru_cache(maxsize=None)
 def is_eligible_op(op_name: str) -> bool:
+    """Whether an operator's kernels could run on Tensor Cores under AMP (`ELIGIBLE_OP`)."""
     return ELIGIBLE_OP.match(op_name) is not None
 
 

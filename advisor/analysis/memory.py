@@ -93,8 +93,6 @@ def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
 
 
 MEMORY_NEARLY_GONE = 0.05  # headroom below this share of device memory
-
-
 LEAK_BYTES_PER_STEP = 1 << 20  # growth below 1 MiB a step is allocator noise, not a leak
 LEAK_R2 = 0.9
 

@@ -140,6 +140,7 @@ def select_steps(steps: list[Step], wanted: str | None) -> list[Step]:
 
 
 def in_steps(e: Event, steps: list[Step]) -> bool:
+    """Whether the event starts inside one of the steps."""
     # Steps are sorted and disjoint: find the last one starting at or before the event.
     i = bisect.bisect_right(steps, e.ts, key=_step_start) - 1
     return i >= 0 and e.ts < steps[i].end
