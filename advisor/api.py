@@ -34,6 +34,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
 from advisor.files import inside, regular_traces_in
+from advisor.lint import script_findings
 from advisor.shapes import read_record
 from advisor.trials.inprocess import run_trial_in_process, step_source
 from advisor.trials.knobs import Knobs
@@ -103,7 +104,7 @@ def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis:
             raise AdvisorError(f"{path}: holds {len(files)} trace files; pass one of them "
                                f"(advisor.analysis.analyze.analyze_path diagnoses them all)")
         path = files[0]
-    return Diagnosis.of(analyze_file(path, steps))
+    return Diagnosis.of(analyze_file(path, steps, linter=script_findings))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def analyze_command(args: argparse.Namespace) -> int:
     from advisor.analysis.analyze import analysis_document, analyze_path, encode_json
 
     skipped: list = []
-    diagnoses = analyze_path(args.path, args.steps, skipped)
+    diagnoses = analyze_path(args.path, args.steps, skipped, linter=lint_trial_script)
     if args.json:
         sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
         return 0
@@ -109,6 +109,13 @@ def analyze_command(args: argparse.Namespace) -> int:
 
     print_analysis(diagnoses, skipped=skipped)
     return 0
+
+
+def lint_trial_script(script: Path) -> list[dict] | None:
+    """`advisor lint` findings on the script a trial names; the linter is imported only when one does."""
+    from advisor.lint import script_findings
+
+    return script_findings(script)
 
 
 # --- advisor profile ------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from advisor.errors import AdvisorError
 from advisor.escape import for_terminal
-from advisor.files import NotARegularFile, describe_os_error, read_regular
+from advisor.files import NotARegularFile, describe_os_error, is_regular, read_regular
 
 if TYPE_CHECKING:  # rich is imported when findings are printed, not when they are computed
     from rich.console import Console
@@ -1399,6 +1399,18 @@ def read_source(path: str | Path) -> str:
 def lint_file(path: str | Path) -> list[LintFinding]:
     """Lint one Python file; raises LintError if it is missing, unreadable or not valid Python."""
     return lint_source(read_source(path), str(path))
+
+
+def script_findings(script: Path) -> list[dict] | None:
+    """Findings on the script a trial names, as JSON-ready dicts (they can name the line behind a leak);
+    None if it is not a regular .py file or cannot be linted (the path comes from trial.json: nothing else
+    is opened)."""
+    if not script.name.endswith(".py") or not is_regular(script):
+        return None
+    try:
+        return [f.to_dict() for f in lint_file(script)]
+    except LintError:
+        return None
 
 
 SKIPPED_FOLDERS = {"venv", "site-packages", "__pycache__", "node_modules", "build", "dist"}

@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 
@@ -99,29 +100,21 @@ def read_trial(trace_path: Path) -> dict | None:
     return read_trial_record(trace_path)[0]
 
 
-def lint_findings(script: Path) -> list[dict] | None:
-    """Static findings on a trial's script (they can name the line behind a leak); None if it is not a
-    regular .py file or cannot be linted (the path comes from trial.json: nothing else is opened)."""
-    from advisor.lint import LintError, lint_file
-
-    if not script.name.endswith(".py") or not is_regular(script):
-        return None
-    try:
-        return [f.to_dict() for f in lint_file(script)]
-    except LintError:
-        return None
+# Static findings on the script a trial.json names (they can name the line behind a leak), or None. The
+# linter is the caller's (`advisor.code.lint.script_findings`): the analysis imports no other stage.
+Linter = Callable[[Path], list[dict] | None]
 
 
-def analyze_file(path: Path | str, steps: str | None = None, lint_script: bool = True) -> Diagnosis:
+def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | None = None) -> Diagnosis:
     """Load one trace, diagnose it and attach its ranked recommendations.
 
-    `lint_script`: lint the script the trial.json beside the trace names (a regular .py file only); the
-    report passes False, as it opens nothing outside the session folder it reads."""
+    `linter`: lints the script the trial.json beside the trace names (the CLI, the notebook API and the
+    session pass one; the report none, as it opens nothing outside the session folder it reads)."""
     trial, problems = read_trial_record(Path(path))
     with collector_paused():
         diagnosis = diagnose(load_trace(path), steps, trial)
-    if lint_script and trial and trial.get("script"):
-        diagnosis.extra["lint"] = lint_findings(Path(trial["script"]))
+    if linter is not None and trial and trial.get("script"):
+        diagnosis.extra["lint"] = linter(Path(trial["script"]))
     missing = diagnosis.missing
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
@@ -129,8 +122,9 @@ def analyze_file(path: Path | str, steps: str | None = None, lint_script: bool =
     return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis), missing=missing)
 
 
-def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None) -> list[Diagnosis]:
-    """Diagnoses for a trace file or every trace file under a folder.
+def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None,
+                 linter: Linter | None = None) -> list[Diagnosis]:
+    """Diagnoses for a trace file or every trace file under a folder (`linter`: see `analyze_file`).
 
     In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
     skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
@@ -141,7 +135,7 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
     out = []
     for p in trace_files(path):
         try:
-            out.append(analyze_file(p, steps))
+            out.append(analyze_file(p, steps, linter))
         except NotATrace as exc:
             if p == path:  # the trace named itself, not one found in a folder
                 raise

@@ -58,9 +58,10 @@ def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[
 def diagnose_trial(result: TrialResult):
     """The diagnosis (with recommendations) of a trial's trace; None when it has no trace."""
     from advisor.analysis.analyze import analyze_file
+    from advisor.lint import script_findings
 
     traces = sorted(result.path.glob("*.pt.trace.json*"))
-    return analyze_file(traces[0]) if traces else None
+    return analyze_file(traces[0], linter=script_findings) if traces else None
 
 
 def lint_script(script: Path) -> list[dict] | None:
