@@ -26,7 +26,7 @@ from advisor.escape import without_surrogates
 from advisor.shapes import SESSION, TRIAL, conform_record, read_record
 from advisor.report import charts
 from advisor.report.hotspots import Hotspot, hotspots
-from advisor.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, trace_label
+from advisor.report.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, trace_label
 from advisor.analysis.reading import trace_files
 from advisor.analysis.trace import load_trace
 

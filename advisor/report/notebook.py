@@ -21,7 +21,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.report.html import (environment, figure_rows, ms, pct, templates_dir, trace_view, trial_traces,
                                  verdict)
-from advisor.terminal import bound_line, role_labels
+from advisor.report.terminal import bound_line, role_labels
 
 SCOPE = "advisor-nb"
 
