@@ -34,7 +34,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
 from advisor.files import inside, regular_traces_in
-from advisor.lint import script_findings
+from advisor.code.lint import script_findings
 from advisor.shapes import read_record
 from advisor.trials.inprocess import run_trial_in_process, step_source
 from advisor.trials.knobs import Knobs

@@ -34,7 +34,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     lint = sub.add_parser("lint", help="static check of a training script for memory and speed mistakes")
     if command in (None, "lint"):
-        from advisor import lint as lint_module
+        from advisor.code import lint as lint_module
 
         lint_module.add_lint_arguments(lint)
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "profile":
             return profile_command(args)
         if args.command == "lint":
-            from advisor import lint as lint_module
+            from advisor.code import lint as lint_module
 
             return lint_module.lint_command(args)
         if args.command == "report":
@@ -112,7 +112,7 @@ def analyze_command(args: argparse.Namespace) -> int:
 
 def lint_trial_script(script: Path) -> list[dict] | None:
     """`advisor lint` findings on the script a trial names; the linter is imported only when one does."""
-    from advisor.lint import script_findings
+    from advisor.code.lint import script_findings
 
     return script_findings(script)
 

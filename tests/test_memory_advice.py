@@ -8,7 +8,7 @@ import json
 import pytest
 
 from advisor.analysis.analyze import analyze_file
-from advisor.lint import script_findings
+from advisor.code.lint import script_findings
 from advisor.trials.knobs import Knobs
 from advisor.analysis.rules.memory import activation_checkpointing_advice, memory_growth_advice
 from advisor.search.session import run_session

@@ -58,7 +58,7 @@ def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[
 def diagnose_trial(result: TrialResult):
     """The diagnosis (with recommendations) of a trial's trace; None when it has no trace."""
     from advisor.analysis.analyze import analyze_file
-    from advisor.lint import script_findings
+    from advisor.code.lint import script_findings
 
     traces = sorted(result.path.glob("*.pt.trace.json*"))
     return analyze_file(traces[0], linter=script_findings) if traces else None
@@ -66,7 +66,7 @@ def diagnose_trial(result: TrialResult):
 
 def lint_script(script: Path) -> list[dict] | None:
     """`advisor lint` findings on the script, for the report; None when it cannot be checked."""
-    from advisor.lint import LintError, lint_file
+    from advisor.code.lint import LintError, lint_file
 
     try:
         return [f.to_dict() for f in lint_file(script)]

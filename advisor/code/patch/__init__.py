@@ -64,7 +64,7 @@ from libcst.metadata import PositionProvider
 
 from advisor.errors import AdvisorError
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
-from advisor.settings import Elsewhere, search_files, set_definitions
+from advisor.code.settings import Elsewhere, search_files, set_definitions
 
 PATCH_NAME = "suggested.patch"
 DATALOADER_NAMES = ("DataLoader",)
