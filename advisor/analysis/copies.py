@@ -11,7 +11,6 @@ from advisor.analysis.events import Event
 from advisor.analysis.steps import Step, in_steps
 from advisor.analysis.trace import Trace
 
-
 SYNC_CALL = re.compile(r"(cuda|hip)(Stream|Device|Event)Synchronize$")
 HTOD = "HtoD"
 

@@ -9,7 +9,6 @@ from functools import lru_cache
 from advisor.analysis.steps import Step, in_steps, in_steps_mask
 from advisor.analysis.trace import Trace
 
-
 LAUNCH_CALL = re.compile(r"LaunchKernel|^cuLaunch|GraphLaunch")
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 

@@ -10,7 +10,6 @@ from advisor import files
 from advisor.errors import AdvisorError
 from advisor.shapes import SESSION, TRIAL, conform_record, read_record
 
-
 SESSION_SCHEMA = "advisor.session/"
 # Every field a template reads, so that an older or partial session.json renders with "n/a" instead of
 # failing (the templates run with StrictUndefined to catch their own mistakes).

@@ -16,7 +16,6 @@ from advisor.code.lint.rules import RULES
 from advisor.code.lint.script import Script
 from advisor.files import NotARegularFile, describe_os_error, is_regular, read_regular
 
-
 _IGNORE = re.compile(r"#\s*advisor:\s*ignore(?:\[([^\]]*)\])?")
 
 
