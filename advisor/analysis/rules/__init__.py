@@ -11,7 +11,8 @@ real effect.
 
 Rules live in one module per family: `loader` (DataLoader workers), `precision` (AMP, channels_last),
 `copies` (pinned memory, non_blocking, fewer bytes), `launch` (batch size, CUDA graphs, fused optimizer),
-`memory` (growth, activation checkpointing); each is listed in `RULES` (or `MEMORY_RULES`).
+`memory` (growth, activation checkpointing); each is listed in `RULES` (or `MEMORY_RULES`). Their
+thresholds are shares of the average step unless said otherwise.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ from __future__ import annotations
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 
-# Thresholds, as shares of the average step unless said otherwise.
 DATALOADER_SHARE = 0.05
 
 

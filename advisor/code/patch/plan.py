@@ -22,10 +22,6 @@ from advisor.trials.knobs import Knobs
 PATCH_NAME = "suggested.patch"
 
 
-# --------------------------------------------------------------------------------------------------
-# Public API
-
-
 @dataclass
 class Patch:
     """A suggested change: the unified diff over one or more files of the repository, and notes on what
