@@ -2,7 +2,7 @@
 
 Same implementation as the CLI, run in the notebook's own process instead of a subprocess:
 
-- `analyze(path)` is `advisor.commands.analyze_file`, returning a `Diagnosis` that also converts to a
+- `analyze(path)` is `advisor.analysis.analyze.analyze_file`, returning a `Diagnosis` that also converts to a
   pandas DataFrame and displays itself as the HTML report does.
 - `profile(train_step, loader)` runs one trial in-process: `train_step(batch)` is called once per batch
   of the loader and driven by the harness's `StepDriver` (profiler schedule, timing, memory, step
@@ -29,14 +29,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from advisor import diagnosis as _diagnosis
-from advisor.commands import analyze_file, diagnosis_to_dict
+from advisor.analysis import diagnosis as _diagnosis
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
 from advisor.errors import AdvisorError
 from advisor.files import inside, regular_traces_in
+from advisor.code.lint import script_findings
 from advisor.shapes import read_record
 from advisor.trials.inprocess import run_trial_in_process, step_source
 from advisor.trials.knobs import Knobs
-from advisor.trace import trace_files
+from advisor.analysis.reading import trace_files
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 
 SESSION_FILE = "session.json"
@@ -64,7 +66,7 @@ class Diagnosis(_diagnosis.Diagnosis):
                 ("steps", "mean", step_ms, "ms", 1.0),
                 ("steps", "median", f["steps"]["median_ms"], "ms", None)]
         rows += [("breakdown", role, f["breakdown_ms"][role], "ms", f["breakdown_share"][role]) for role in
-                 _diagnosis.ROLES]
+                 ROLES]
         for name in ("dataloader_share", "dataloader_wait_share", "gpu_utilization", "tensor_core_share",
                      "eligible_share", "eligible_op_share"):
             if isinstance(f[name], (int, float)):
@@ -100,9 +102,9 @@ def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis:
         files = trace_files(path)
         if len(files) != 1:
             raise AdvisorError(f"{path}: holds {len(files)} trace files; pass one of them "
-                               f"(advisor.commands.analyze_path diagnoses them all)")
+                               f"(advisor.analysis.analyze.analyze_path diagnoses them all)")
         path = files[0]
-    return Diagnosis.of(analyze_file(path, steps))
+    return Diagnosis.of(analyze_file(path, steps, linter=script_findings))
 
 
 # --------------------------------------------------------------------------------------------------

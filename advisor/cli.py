@@ -9,7 +9,6 @@ import math
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.escape import for_terminal
@@ -35,7 +34,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     lint = sub.add_parser("lint", help="static check of a training script for memory and speed mistakes")
     if command in (None, "lint"):
-        from advisor import lint as lint_module
+        from advisor.code import lint as lint_module
 
         lint_module.add_lint_arguments(lint)
 
@@ -59,16 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "analyze":
-            from advisor.trace import prefetch
+            from advisor.analysis.reading import prefetch
 
             prefetch(args.path)  # decompress while the analysis modules import
-            from advisor.commands import analyze_command
-
             return analyze_command(args)
         if args.command == "profile":
             return profile_command(args)
         if args.command == "lint":
-            from advisor import lint as lint_module
+            from advisor.code import lint as lint_module
 
             return lint_module.lint_command(args)
         if args.command == "report":
@@ -95,6 +92,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"unknown command {args.command}")
     return 2
 
+
+# --- advisor analyze ------------------------------------------------------------------------------
+
+def analyze_command(args: argparse.Namespace) -> int:
+    """`advisor analyze PATH [--json] [--steps ...]`: the terminal summary, or the JSON document."""
+    from advisor.analysis.analyze import analysis_document, analyze_path, encode_json
+
+    skipped: list = []
+    diagnoses = analyze_path(args.path, args.steps, skipped, linter=lint_trial_script)
+    if args.json:
+        sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
+        return 0
+    from advisor.report.terminal import print_analysis
+
+    print_analysis(diagnoses, skipped=skipped)
+    return 0
+
+
+def lint_trial_script(script: Path) -> list[dict] | None:
+    """`advisor lint` findings on the script a trial names; the linter is imported only when one does."""
+    from advisor.code.lint import script_findings
+
+    return script_findings(script)
 
 
 # --- advisor profile ------------------------------------------------------------------------------
@@ -175,53 +195,6 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
 
 
-def ladder_table(state: dict[str, Any]):
-    """The ladder as a rich table: one row per trial."""
-    from rich.table import Table
-
-    t = Table(title="Ladder (one row per trial)", title_justify="left")
-    t.add_column("#", justify="right")
-    t.add_column("change")
-    for col in ("batch", "peak MiB", "step ms", "samples/s", "±95%", "speed-up"):
-        t.add_column(col, justify="right")
-    t.add_column("bound")
-    t.add_column("decision")
-    for row in state["trials"]:
-        mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
-        step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
-        sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
-        interval = row.get("interval")
-        spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
-                  if interval and row.get("samples_per_s") else "-")
-        speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
-        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, spread,
-                  speed, row.get("bound") or "-", row["decision"] or "-")
-    return t
-
-
-def print_session(state: dict[str, Any], out: Path) -> None:
-    """Ladder, final settings, outputs."""
-    from rich.console import Console
-    from rich.text import Text
-
-    console = Console()
-    console.print(ladder_table(state))
-    final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
-    from advisor.search.state import reference_row
-
-    reference = reference_row(state)
-    against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
-        f"{reference['name']}, the first configuration that fitted")
-    speed = f"×{state['speedup']:.2f} samples/s over {against}" if state.get("speedup") else "no speed-up"
-    console.print(Text(f"Best: {state['best']} ({speed}); settings: "
-                       + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
-    for note in state["notes"]:
-        console.print(Text(f"note: {note}", style="dim"))
-    for name in ("suggested.patch", "report.html"):
-        if (out / name).exists():
-            console.print(Text(f"{name}: {out / name}"))
-
-
 def replayed_from(out: Path) -> str | None:
     """The surface a session folder was replayed from, if it was."""
     from advisor.search.state import SESSION_FILE
@@ -249,8 +222,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 def profile_command(args: argparse.Namespace) -> int:
     """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
     # The session's modules are torch-free but not small: imported for this command only.
+    from advisor.report.terminal import print_session
     from advisor.search.session import diagnose_trial, run_session
-    from advisor.search.state import SessionOptions
+    from advisor.search.state import SessionOptions, reference_row
     from advisor.trials.record import load_trial
     from advisor.trials.runner import default_out_dir
     from advisor.trials.targets import parse_target
@@ -279,7 +253,8 @@ def profile_command(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else default_out_dir(script)
         target = args.target
     if replay:
-        from advisor.trials.replay import ReplayRunner, load_surface, surface_space
+        from advisor.search.strategy import surface_space
+        from advisor.trials.replay import ReplayRunner, load_surface
 
         points = load_surface(replay)
         runner, space = ReplayRunner(points, out.resolve()), surface_space(points)
@@ -292,12 +267,12 @@ def profile_command(args: argparse.Namespace) -> int:
     out = Path(state["_dir"])
     baseline = load_trial(out / state["trials"][0]["folder"])
     if args.no_apply:
-        from advisor.terminal import print_analysis
+        from advisor.report.terminal import print_analysis
 
         diagnosis = diagnose_trial(baseline)
         if diagnosis is not None:
             print_analysis([diagnosis])
-    print_session(state, out)
+    print_session(state, out, reference_row(state))
     return 0
 
 

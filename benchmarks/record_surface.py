@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {figure} ({time.monotonic() - started:.1f} s)", flush=True)
     if args.no_session:
         return 0
-    from advisor.trials.replay import ReplayRunner, load_surface, surface_space
+    from advisor.search.strategy import surface_space
+    from advisor.trials.replay import ReplayRunner, load_surface
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
 

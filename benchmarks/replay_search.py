@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.trials.replay import ReplayRunner, load_surface, surface_space  # noqa: E402
+from advisor.trials.replay import ReplayRunner, load_surface  # noqa: E402
+from advisor.search.strategy import surface_space  # noqa: E402
 from advisor.search.session import run_session  # noqa: E402
 from advisor.search.state import SessionOptions
 

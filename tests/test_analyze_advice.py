@@ -11,11 +11,11 @@ import shutil
 
 import pytest
 
-from advisor.commands import analyze_file, analyze_path, diagnosis_to_dict
-from advisor.diagnosis import BOUNDS
-from advisor.report.html import trace_view
+from advisor.analysis.analyze import analyze_file, analyze_path, diagnosis_to_dict
+from advisor.analysis.bound import BOUNDS
+from advisor.report.views import trace_view
 from advisor.report.tensorboard import trial_text
-from advisor.trace import load_trace
+from advisor.analysis.trace import load_trace
 from conftest import SAMPLE_RUNS, SHARED_TRACES, gpu_trace, run_advisor
 from trace_builder import H100, V100, TraceBuilder
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from advisor.commands import analyze_file, analyze_path
+from advisor.analysis.analyze import analyze_file, analyze_path
 from conftest import SAMPLE_RUNS, run_advisor
 
 RUNS = sorted(SAMPLE_RUNS.glob("*/trials/*/trial.json"))

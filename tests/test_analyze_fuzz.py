@@ -364,7 +364,7 @@ def check_run(path: Path, rc: int, out: str, err: str, json_output: bool, names:
 
 def check_diagnoses(path: Path, steps: str | None = None) -> None:
     """The in-process figures (before JSON turns NaN into null) are finite, not negative, not absurd."""
-    from advisor.commands import analysis_document, analyze_path
+    from advisor.analysis.analyze import analysis_document, analyze_path
     from advisor.errors import AdvisorError
 
     try:

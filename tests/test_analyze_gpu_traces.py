@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from advisor.commands import analyze_file
+from advisor.analysis.analyze import analyze_file
 from conftest import gpu_trace, run_advisor
 
 # What torch-tb-profiler 0.4.3 computes on each file (../shared/traces/README.md): average step in ms,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from advisor.cli import main
-from advisor.commands import analyze_file
+from advisor.analysis.analyze import analyze_file
 from conftest import SAMPLE_RUNS, run_advisor
 from trace_builder import H100, TraceBuilder
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from advisor.commands import analyze_file
-from advisor.diagnosis import TENSOR_CORE_PATTERNS, _is_tensor_core, tensor_core_families
+from advisor.analysis.analyze import analyze_file
+from advisor.analysis.kernels import TENSOR_CORE_PATTERNS, is_tensor_core, tensor_core_families
 from conftest import gpu_trace, run_advisor
 
 LEGACY = "legacy-format-computeProperties.json"
@@ -209,13 +209,13 @@ def test_tensor_core_family(family):
     name = TENSOR_CORE_KERNELS[family]
     assert family in tensor_core_families(name)
     vendor = "amd" if family.startswith("amd") else "nvidia"
-    assert _is_tensor_core(vendor, name)
+    assert is_tensor_core(vendor, name)
 
 
 @pytest.mark.parametrize("name", NOT_TENSOR_CORE)
 def test_not_tensor_core(name):
     assert tensor_core_families(name) == []
-    assert not _is_tensor_core("nvidia", name) and not _is_tensor_core("amd", name)
+    assert not is_tensor_core("nvidia", name) and not is_tensor_core("amd", name)
 
 
 def test_pattern_table_is_plain_regex():

@@ -16,6 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from torch.utils.data import default_collate
 
 import advisor
+from advisor.analysis.breakdown import ROLES
 from advisor.api import Diagnosis, Session, Trial
 from advisor.trials.inprocess import apply_loader_knobs
 from advisor.trials.knobs import Knobs
@@ -58,7 +59,7 @@ def test_analyze_returns_a_diagnosis_with_a_frame_and_the_report_look():
     frame = d.to_frame()
     assert list(frame.columns) == ["section", "figure", "value", "unit", "share_of_step"]
     breakdown = frame[frame.section == "breakdown"].set_index("figure")
-    assert set(breakdown.index) == set(advisor.api._diagnosis.ROLES)
+    assert set(breakdown.index) == set(ROLES)
     assert breakdown.share_of_step.sum() == pytest.approx(1.0, abs=1e-6)
     assert breakdown.loc["dataloader", "value"] == pytest.approx(d.breakdown_us["dataloader"] / 1000)
     html = d._repr_html_()

@@ -68,7 +68,7 @@ def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path):
     assert result.knob_outcomes == {"amp": APPLIED, "pin_memory": APPLIED, "non_blocking": APPLIED}
     observed = json.loads((tmp_path / "observed.json").read_text())
     assert observed["matmul_dtype"] in ("torch.bfloat16", "torch.float16")
-    from advisor.commands import analyze_file
+    from advisor.analysis.analyze import analyze_file
 
     diagnosis = analyze_file(sorted(result.path.glob("*.pt.trace.json*"))[0])
     assert diagnosis.platform == "gpu" and diagnosis.copies.pinned_us > 0 and diagnosis.copies.pageable_us == 0

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from advisor import lint
+from advisor.code import lint
 from advisor.errors import AdvisorError
-from advisor.lint import RULES, LintError, LintFinding, lint_file, lint_source
+from advisor.code.lint import RULES, LintError, LintFinding, lint_file, lint_source
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).resolve().parent / "lint_cases"
@@ -953,7 +953,7 @@ def test_console_script_exit_codes(scripts):
 def test_lint_does_not_import_torch(scripts):
     """The check is static: it never runs the script or needs torch."""
     code = (
-        "import sys\nfrom advisor.lint import lint_file\n"
+        "import sys\nfrom advisor.code.lint import lint_file\n"
         f"lint_file({str(scripts['broken'])!r})\nassert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from advisor.commands import analyze_file
+from advisor.analysis.analyze import analyze_file
+from advisor.code.lint import script_findings
 from advisor.trials.knobs import Knobs
-from advisor.rules import activation_checkpointing_advice, memory_growth_advice
+from advisor.analysis.rules.memory import activation_checkpointing_advice, memory_growth_advice
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.cli import parse_size
@@ -67,7 +68,7 @@ def test_leaking_step_is_reported_with_its_growth_and_line(tmp_path):
     result = run_trial(f"{LEAKY}:train_step", Knobs(), tmp_path / "leak", name="leak", steps=4, device="cpu")
     assert result.ok, result.message
     (trace,) = sorted(result.path.glob("*.pt.trace.json.gz"))
-    d = analyze_file(trace)
+    d = analyze_file(trace, linter=script_findings)
     leak = next(r for r in d.recommendations if r.id == "memory-growth")
     assert d.recommendations[0] is leak  # a leak comes before any speed advice
     assert leak.details["bytes_per_step"] > 4 * 2**20

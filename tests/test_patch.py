@@ -17,7 +17,7 @@ import pytest
 
 from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
-from advisor.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
+from advisor.code.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -375,7 +375,7 @@ def test_trace_report_shows_the_memory_timeline(tmp_path):
 
 
 def test_session_report_lists_the_scripts_lint_findings(tmp_path):
-    from advisor.lint import lint_source
+    from advisor.code.lint import lint_source
 
     from advisor.report import write_report
     from report_helpers import build_session

@@ -63,7 +63,7 @@ def edit_trial(session_dir: Path, name: str, **fields) -> None:
 
 def test_recorded_sessions_have_nothing_unread():
     """The shapes match what advisor writes: the recorded sessions in sample_runs/ render with nothing left out."""
-    from advisor.report.html import checked_trial_traces, load_session
+    from advisor.report.session_folder import checked_trial_traces, load_session
     from conftest import SAMPLE_RUNS
 
     sessions = sorted(p.parent for p in SAMPLE_RUNS.glob("*/session.json"))

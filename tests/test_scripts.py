@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from trial_helpers import trial_record, write_script
 
-from advisor.commands import analyze_file
+from advisor.analysis.analyze import analyze_file
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.patch import PATCH_NAME, write_patch
+from advisor.code.patch import PATCH_NAME, write_patch
 from advisor.search.outputs import step_function
 from advisor.trials.runner import run_trial
 from conftest import ROOT, run_advisor

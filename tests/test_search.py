@@ -9,12 +9,13 @@ import pytest
 from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.replay import ReplayRunner, load_surface, settings_of, surface_space
-from advisor.rules import Recommendation
+from advisor.trials.replay import ReplayRunner, load_surface, settings_of
+from advisor.analysis.rules import Recommendation
 from advisor.search.bounds import trial_bound
-from advisor.search.measurement import measure, noise
+from advisor.trials.measurement import measure, noise
 from advisor.search.state import SessionOptions
-from advisor.search.strategy import SearchSpace, decide, fit_memory, next_batch_size, propose, worker_ladder
+from advisor.search.strategy import SearchSpace, decide, fit_memory, next_batch_size, propose, surface_space, \
+    worker_ladder
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.runner import run_trial

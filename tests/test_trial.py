@@ -109,7 +109,7 @@ def test_char_transformer_trial(tmp_path):
     assert 2 * breakdown["parameters"] <= breakdown["optimizer_state"] < 2 * breakdown["parameters"] + 2**12
     assert breakdown["gradients"] == breakdown["parameters"]
     # `advisor analyze` reads the trial folder and its step figure agrees with the trial's own timing.
-    from advisor.commands import analyze_path, diagnosis_to_dict
+    from advisor.analysis.analyze import analyze_path, diagnosis_to_dict
 
     (diagnosis,) = analyze_path(result.path)
     analyzed = diagnosis_to_dict(diagnosis)

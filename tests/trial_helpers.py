@@ -1,4 +1,4 @@
-"""Helpers for the trial tests: tiny scripts in tmp_path, and reading traces without advisor.trace."""
+"""Helpers for the trial tests: tiny scripts in tmp_path, and reading traces without advisor.analysis.trace."""
 
 from __future__ import annotations
 

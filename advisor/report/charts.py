@@ -27,7 +27,7 @@ RC = {
     "axes.spines.right": False,
 }
 
-# One colour per breakdown role (same order as advisor.diagnosis.ROLES) and per trial decision.
+# One colour per breakdown role (same order as advisor.analysis.breakdown.ROLES) and per trial decision.
 ROLE_COLORS = {
     "kernel": "#4c78a8", "memcpy": "#f58518", "memset": "#e45756", "communication": "#72b7b2",
     "runtime": "#54a24b", "dataloader": "#eeca3b", "cpu_op": "#b279a2", "other": "#bab0ac",

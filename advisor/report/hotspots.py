@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from advisor.trace import Event, Trace
+from advisor.analysis.events import Event
+from advisor.analysis.trace import Trace
 
 TOP = 8
 

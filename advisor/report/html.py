@@ -1,8 +1,8 @@
 """The HTML report: session.json and Diagnoses → one self-contained page, rendered from jinja2 templates.
 
-Data flows one way: this module reads what the session wrote (session.json, trial folders, the patch) and
-the Diagnosis of each trace (`advisor.commands.analyze_file`); it formats figures, it never recomputes
-them. Everything taken from input is rendered with autoescape on and no `|safe` filter; charts are base64
+Data flows one way: the report reads what the session wrote (session.json, trial folders, the patch:
+`session_folder`) and the Diagnosis of each trace (`advisor.analysis.analyze.analyze_file`, shown as a
+`views.TraceView`); it formats figures (`formatting`), it never recomputes them. Everything taken from input is rendered with autoescape on and no `|safe` filter; charts are base64
 `data:` images, so nothing a trace or a folder name contains can become markup or script.
 """
 
@@ -10,32 +10,21 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
 from advisor import files
-from advisor.commands import analyze_file, diagnosis_to_dict
-from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.analysis.bound import BOUNDS
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.reading import trace_files
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
-from advisor.shapes import SESSION, TRIAL, conform_record, read_record
 from advisor.report import charts
-from advisor.report.hotspots import Hotspot, hotspots
-from advisor.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, trace_label
-from advisor.trace import load_trace, trace_files
-
-SESSION_SCHEMA = "advisor.session/"
-# Every field a template reads, so that an older or partial session.json renders with "n/a" instead of
-# failing (the templates run with StrictUndefined to catch their own mistakes).
-SESSION_FIELDS = ("target", "script", "command", "options", "status", "device", "user_values", "baseline", "best",
-                  "final_knobs", "trials", "recommendations", "notes", "patch", "speedup", "memory_cap")
-ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
-              "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
-              "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "noise", "interval", "tried_under",
-              "helps_now", "bound")
+from advisor.report.formatting import flatten, gain, gb, memory_cap_text, ms, num, pct, seconds_ms, spread
+from advisor.report.session_folder import checked_trial_traces, inside, load_session
+from advisor.report.terminal import ROLE_LABELS
+from advisor.report.views import TraceView, breakdown_chart, trace_view
 
 
 def templates_dir() -> Path:
@@ -64,150 +53,6 @@ def environment() -> jinja2.Environment:
                        basename=lambda p: Path(str(p)).name)
     env.globals["BOUNDS"] = BOUNDS
     return env
-
-
-# ---- figure formatting (text only; the numbers come from session.json and Diagnosis) ----
-
-def pct(x: float | None) -> str:
-    """0.123 → '12.3%'."""
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def ms(x: float | None) -> str:
-    """Milliseconds with two decimals."""
-    return "n/a" if x is None else f"{x:.2f} ms"
-
-
-def spread(row: dict) -> str:
-    """A trial's samples/s interval as ' ±12%' (half its 95% interval), or '' when it has none."""
-    interval, sps = row.get("interval"), row.get("samples_per_s")
-    if (not isinstance(interval, (list, tuple)) or len(interval) != 2 or not isinstance(sps, (int, float))
-            or not all(isinstance(v, (int, float)) for v in interval) or not sps > 0):
-        return ""
-    return f" ±{50 * (interval[1] - interval[0]) / sps:.0f}%"
-
-
-def seconds_ms(x: float | None) -> str:
-    """Seconds shown as milliseconds."""
-    return "n/a" if x is None else f"{1000 * x:.1f} ms"
-
-
-def gb(x: float | None) -> str:
-    """Bytes as GB."""
-    return "n/a" if x is None else f"{x / 1e9:.2f} GB"
-
-
-def num(x: float | None, digits: int = 1) -> str:
-    """A plain number, or n/a."""
-    return "n/a" if x is None else f"{x:,.{digits}f}"
-
-
-def gain(x: float | None) -> str:
-    """A share of step time saved, signed: '+12.0%'."""
-    return "n/a" if x is None else f"{100 * x:+.1f}%"
-
-
-# ---- one trace: its diagnosis, formatted ----
-
-@dataclass(frozen=True)
-class TraceView:
-    """What the templates show of one trace: its Diagnosis, JSON form, hotspots and formatted figures."""
-
-    label: str
-    short: str  # for charts and the verdict: 'image_classifier/00-baseline' or the file name
-    file: str
-    device: str
-    bound: str  # 'Bound: input pipeline (DataLoader) — 97% of the step waiting on the DataLoader'
-    rank: str | None  # 'Rank 3 of 8 (nccl)'
-    diagnosis: Diagnosis
-    figures: dict  # diagnosis_to_dict(diagnosis)
-    figure_rows: tuple[tuple[str, str], ...]
-    breakdown_rows: tuple[tuple[str, str, str], ...]
-    kernels: tuple[Hotspot, ...]
-    operators: tuple[Hotspot, ...]
-    memory_timeline: str | None  # chart data URI, when the trace has [memory] events
-
-
-def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
-    """Key figures as (label, value) rows, in the order the terminal shows them."""
-    rows = [("Steps", f"{f['steps']['count']}, mean {ms(f['steps']['mean_ms'])}, "
-                      f"median {ms(f['steps']['median_ms'])}"),
-            ("DataLoader share of step", pct(f["dataloader_share"]))]
-    if f.get("loader_steady_share") is not None:
-        rows.append(("DataLoader share once its queue ran dry", pct(f["loader_steady_share"])))
-    if d.platform == "gpu":
-        unit = "Matrix core" if d.device is not None and d.device.vendor == "amd" else "Tensor Core"
-        c = f["copies"]
-        size = f", {c['bytes'] / 1e6:.1f} MB" if c["bytes"] else ""
-        rows += [("GPU utilization", pct(f["gpu_utilization"])),
-                 (f"{unit} share of kernel time", pct(f["tensor_core_share"])),
-                 ("Eligible matmul/conv time not on them", pct(f["eligible_share"])),
-                 ("Layout conversions (NCHW↔NHWC) of kernel time", pct(f["layout_share"])),
-                 ("Host-to-device copies per step",
-                  f"{c['count']:.0f}: pageable {ms(c['pageable_ms'])}, pinned {ms(c['pinned_ms'])}, "
-                  f"unspecified {ms(c['unknown_ms'])}{size} ({pct(c['share'])} of the step)"),
-                 ("Host blocked on copies per step",
-                  f"{ms(c['host_wait_ms'])} over {c['synchronous']:.0f} copies (pageable staging "
-                  f"{ms(c['pageable_wait_ms'])}, synchronizes {ms(c['sync_wait_ms'])})")]
-    elif d.platform != "cpu":
-        rows.append((f"{accelerator_name(d)} utilization", pct(f["gpu_utilization"])))
-    else:
-        rows.append(("Matmul/conv operators share of step", pct(f["eligible_share"])))
-    for m in f["memory"]:
-        if m["peak_allocated"] is not None:
-            cap = f" of {gb(m['capacity'])}, {pct(m['headroom'])} free" if m["capacity"] else ""
-            rows.append((f"Peak memory {m['device']}", f"{gb(m['peak_allocated'])} allocated{cap}"))
-        elif m["growth"]:
-            rows.append((f"Memory growth {m['device']}", f"+{gb(m['growth'])} (no totals in the trace)"))
-    return tuple(rows)
-
-
-def trace_view(path: Path) -> TraceView:
-    """Diagnose one trace file (with its trial record, if any) and format it for the templates."""
-    path = Path(path).resolve()
-    stat = path.stat()
-    trial = path.parent / "trial.json"
-    trial_stamp = trial.stat().st_mtime_ns if trial.is_file() else None
-    return _trace_view(path, stat.st_mtime_ns, stat.st_size, trial_stamp)
-
-
-# A session writes its HTML report and then its TensorBoard runs from the same traces: diagnose each once.
-# Keyed by the files' modification times, so a rewritten trace or trial record is diagnosed again.
-@lru_cache(maxsize=64)
-def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | None) -> TraceView:
-    d = analyze_file(path, lint_script=False)  # the script trial.json names lies outside the session folder
-    f = diagnosis_to_dict(d)
-    found = hotspots(load_trace(path), len(d.steps), d.step_time_us)
-    shares = d.breakdown_share
-    labels = role_labels(d)
-    breakdown = tuple((labels[r], ms(d.breakdown_us[r] / 1000), pct(shares[r]))
-                      for r in ROLES if d.breakdown_us[r] > 0)
-    short = Path(d.source).name
-    if d.trial:
-        short = f"{Path(str(d.trial.get('script') or '?')).stem}/{d.trial.get('name') or '?'}"
-    return TraceView(label=trace_label(d), short=short, file=Path(d.source).name, device=device_line(d),
-                     bound=bound_line(d), rank=rank_line(d), diagnosis=d,
-                     figures=f, figure_rows=figure_rows(d, f), breakdown_rows=breakdown,
-                     kernels=found["kernels"], operators=found["operators"], memory_timeline=memory_timeline(d))
-
-
-def memory_timeline(d: Diagnosis) -> str | None:
-    """The memory timeline chart of a trace: accelerators when it has them, else the CPU."""
-    with_data = [m for m in d.memory if len(m.timeline_ms) > 1]
-    shown = [m for m in with_data if m.device != "cpu"] or with_data
-    if not shown:
-        return None
-    capacities = {m.capacity for m in shown if m.capacity}
-    return charts.memory_timeline_chart([(m.device, m.timeline_ms, m.timeline_bytes) for m in shown],
-                                        max(capacities) if len(capacities) == 1 else None,
-                                        cumulative=all(m.peak_allocated is None for m in shown))
-
-
-def breakdown_chart(views: list[tuple[str, TraceView | None]]) -> str:
-    """The stacked step-time breakdown of several traces (or trials), one bar each."""
-    labels = [label if v is not None else f"{label} (no trace)" for label, v in views]
-    data = [{} if v is None else {r: v.diagnosis.breakdown_us[r] / 1000 for r in ROLES} for _, v in views]
-    return charts.breakdown_chart(labels, data, ROLES, ROLE_LABELS)
 
 
 # ---- recorded traces ----
@@ -242,123 +87,6 @@ def render_trace_report(path: Path) -> str:
 
 
 # ---- sessions ----
-
-def load_session(session_dir: Path) -> dict:
-    """session.json of a session folder, checked for its schema and conformed to what the report reads.
-
-    A hand-edited or foreign record renders what it can: fields of the wrong type (text for a number, a
-    list for an object, NaN) are dropped (`advisor.shapes.SESSION`) and named in `session["unread"]`, which
-    the page shows; `trials`, `notes`, `recommendations` and `lint` are always lists.
-    """
-    path = Path(session_dir) / "session.json"
-    if not os.path.lexists(path):
-        raise AdvisorError(f"{path}: no such file (not an advisor session folder)")
-    record = read_record(path, SESSION_SCHEMA, "an advisor session record")
-    session, problems = conform_record(record, SESSION)
-    session = {k: session.get(k) for k in SESSION_FIELDS} | session
-    for key in ("trials", "notes", "recommendations", "lint"):
-        session[key] = session.get(key) or []
-    rows = []
-    for i, row in enumerate(session["trials"]):
-        row = {k: row.get(k) for k in ROW_FIELDS} | row
-        row["index"] = i if row["index"] is None else row["index"]
-        row["name"] = row["name"] or f"trial {row['index']}"
-        rows.append(row)
-    session["trials"] = rows
-    session["recommendations"] = [{**RECOMMENDATION_DEFAULTS, **{k: v for k, v in r.items() if v is not None}}
-                                  for r in session["recommendations"]]
-    session["lint"] = [{**LINT_DEFAULTS, **f} for f in session["lint"]]
-    session["unread"] = [f"session.json: {p}" for p in problems]
-    return session
-
-
-# What the recommendation and lint templates read, for entries a record leaves out.
-RECOMMENDATION_DEFAULTS = {"id": "", "title": "(untitled)", "predicted_gain": None, "bound": None, "helps_now": True,
-                           "helps_once": "", "knobs": {}, "evidence": [], "code_change": "", "caveat": ""}
-LINT_DEFAULTS = {"file": "", "line": None, "col": None, "rule": "", "title": "", "what": "", "why": "", "fix": ""}
-
-
-def inside(session_dir: Path, relative: object) -> Path | None:
-    """`session_dir / relative` if it stays inside the session folder (a session.json names only its own
-    files): resolved, links followed; None for an absolute path, `../`, or a value that is not a path."""
-    return files.inside(session_dir, relative)
-
-
-def trial_folder(session_dir: Path, row: dict) -> Path | None:
-    """The folder of one trial row, inside the session folder."""
-    return inside(session_dir, row.get("folder") or f"trials/{row['name']}")
-
-
-def trial_traces(session_dir: Path, row: dict) -> list[Path]:
-    """The trace files of one trial row, as its trial.json lists them (or as found in its folder); only
-    regular files inside the session folder (see `checked_trial_traces` for what was left out)."""
-    return checked_trial_traces(session_dir, row)[0]
-
-
-def checked_trial_traces(session_dir: Path, row: dict) -> tuple[list[Path], list[str]]:
-    """(the trace files of one trial row, what was not read and why).
-
-    Every path comes from session.json or trial.json, so each is followed only if it resolves inside the
-    session folder (no `../`, no absolute path, no link out) and names a regular file (no FIFO, device or
-    folder); anything else is left unopened and said.
-    """
-    root = Path(session_dir).resolve()
-    name = row["name"]
-    folder = trial_folder(session_dir, row)
-    if folder is None:
-        return [], [f"trial {name}: its folder {row.get('folder')!r} is not inside the session folder: not read"]
-    if not folder.is_dir():
-        return [], []
-    problems: list[str] = []
-    listed: list = []
-    record = folder / "trial.json"
-    if os.path.lexists(record):
-        if not files.is_regular(record):
-            problems.append(f"trial {name}: trial.json is not a regular file: not read")
-        else:
-            try:
-                trial, trial_problems = conform_record(read_record(record, "advisor.trial/"), TRIAL)
-                listed = trial.get("trace_files") or []
-                problems += [f"trial {name}: trial.json: {p}" for p in trial_problems]
-            except AdvisorError as exc:
-                problems.append(f"trial {name}: {exc}")
-    found = []
-    for entry in listed:
-        path = None if os.path.isabs(entry) else files.inside(root, str((folder / entry).relative_to(root)))
-        if path is None:
-            problems.append(f"trial {name}: trace file {entry!r} is not inside the session folder: not read")
-        elif not files.is_regular(path):
-            problems.append(f"trial {name}: trace file {entry!r} is not a regular file: not read")
-        else:
-            found.append(path)
-    if listed or found:
-        return found, problems
-    for path in sorted(folder.glob("*.pt.trace.json*")):
-        resolved = files.inside(root, str(path.relative_to(root)))
-        if resolved is None:
-            problems.append(f"trial {name}: {path.name} links outside the session folder: not read")
-        elif not files.is_regular(resolved):
-            problems.append(f"trial {name}: {path.name} is not a regular file: not read")
-        else:
-            found.append(resolved)
-    return found, problems
-
-
-def flatten(facts: dict, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested device facts as ('cpu.model', 'Intel ...') rows."""
-    rows = []
-    for key, value in facts.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            rows += flatten(value, name + ".")
-        elif isinstance(value, (list, tuple)):
-            rows.append((name, ", ".join(str(v) for v in value)))
-        elif isinstance(value, float) or (isinstance(value, int) and key.endswith(("bytes", "memory", "mem"))):
-            rows.append((name, gb(value) if key.endswith(("bytes", "memory", "mem")) else f"{value:g}"))
-        else:
-            rows.append((name, "n/a" if value is None else str(value)))
-    return rows
-
 
 def verdict(session: dict, rows: list[dict], baseline: TraceView | None) -> dict:
     """The top of the page: what held the step back, what was changed, the speed-up."""
@@ -429,14 +157,6 @@ def render_session_report(session_dir: Path) -> str:
         command=session.get("command") or "", lint=session.get("lint") or [],
         memory_cap=memory_cap_text(session.get("memory_cap")), unread=unread,
     )
-
-
-def memory_cap_text(cap: object) -> str:
-    """What --memory-limit capped, in words ('' when nothing was capped or the record is not readable)."""
-    if not isinstance(cap, dict) or not isinstance(cap.get("bytes"), (int, float)):
-        return ""
-    return (f"{cap['bytes'] / 2**30:.2f} GiB of {cap.get('what') or 'memory'} on {cap.get('device') or '?'} "
-            f"({cap.get('how') or '?'})")
 
 
 def write_report(target: Path, out: Path) -> Path:

@@ -1,7 +1,7 @@
 """Notebook display: a Diagnosis, a Trial or a Session as HTML with the report's look, in one output cell.
 
 The markup comes from the report's own templates and partials (`_diagnosis.html.j2`,
-`_recommendation.html.j2`) and figure formatting (`advisor.report.html`); the page stylesheet of
+`_recommendation.html.j2`) and figure formatting (`advisor.report.formatting`); the page stylesheet of
 `base.html.j2` is reused with every selector scoped under one class, so a displayed result restyles
 nothing else in the notebook. As in the report, everything taken from input is autoescaped.
 """
@@ -14,13 +14,16 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from advisor.commands import diagnosis_to_dict
+from advisor.analysis.analyze import diagnosis_to_dict
 from advisor.files import regular_traces_in
 from advisor.shapes import TRIAL, conform_record, read_record
-from advisor.diagnosis import ROLES, Diagnosis
-from advisor.report.html import (environment, figure_rows, ms, pct, templates_dir, trace_view, trial_traces,
-                                 verdict)
-from advisor.terminal import bound_line, role_labels
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.diagnosis import Diagnosis
+from advisor.report.formatting import ms, pct
+from advisor.report.html import environment, templates_dir, verdict
+from advisor.report.session_folder import trial_traces
+from advisor.report.views import figure_rows, trace_view
+from advisor.report.terminal import bound_line, role_labels
 
 SCOPE = "advisor-nb"
 
@@ -112,7 +115,7 @@ def render_trial_html(trial_dir: Path) -> str:
 
 def render_session_html(session_dir: Path) -> str:
     """A session's verdict and all its trials, compactly (the full page is `write_report`)."""
-    from advisor.report.html import load_session
+    from advisor.report.session_folder import load_session
 
     session_dir = Path(session_dir)
     session = load_session(session_dir)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from advisor.diagnosis import ROLES
+from advisor.analysis.breakdown import ROLES
 
 
 def trial_text(row: dict, view) -> str:
@@ -41,7 +41,8 @@ def write_tensorboard(session_dir: Path) -> list[Path]:
     """Write one TensorBoard run per trial of a session; re-running replaces the earlier event files."""
     from torch.utils.tensorboard import SummaryWriter  # torch only here: the rest of the report is torch-free
 
-    from advisor.report.html import load_session, trace_view, trial_folder, trial_traces
+    from advisor.report.session_folder import load_session, trial_folder, trial_traces
+    from advisor.report.views import trace_view
 
     session_dir = Path(session_dir)
     session = load_session(session_dir)

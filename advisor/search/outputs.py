@@ -56,7 +56,7 @@ def step_function(state: dict[str, Any], script: Path) -> tuple[str | None, Path
 def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
     final = Knobs.from_dict(state["final_knobs"] or {})
-    from advisor.patch import write_patch
+    from advisor.code.patch import write_patch
 
     if final.requested() and state.get("replay"):
         state["notes"].append("no suggested.patch: the trials were replayed from a recorded surface; "

@@ -23,7 +23,7 @@ from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
-from advisor.search.measurement import Measurement, job, measure
+from advisor.trials.measurement import Measurement, job, measure
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, lock_session, new_state, \
     reference_row, save, trial_row
 from advisor.search.outputs import batch_notes, finish_outputs
@@ -67,15 +67,16 @@ def measure_record(records: list[dict[str, Any]]) -> Measurement:
 
 def diagnose_trial(result: TrialResult):
     """The diagnosis (with recommendations) of a trial's trace; None when it has no trace."""
-    from advisor.commands import analyze_file
+    from advisor.analysis.analyze import analyze_file
+    from advisor.code.lint import script_findings
 
     traces = sorted(result.path.glob("*.pt.trace.json*"))
-    return analyze_file(traces[0]) if traces else None
+    return analyze_file(traces[0], linter=script_findings) if traces else None
 
 
 def lint_script(script: Path) -> list[dict] | None:
     """`advisor lint` findings on the script, for the report; None when it cannot be checked."""
-    from advisor.lint import LintError, lint_file
+    from advisor.code.lint import LintError, lint_file
 
     try:
         return [f.to_dict() for f in lint_file(script)]

@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
-from advisor.search.measurement import Measurement, noise
+from advisor.trials.measurement import Measurement, noise
+from advisor.trials.replay import SETTINGS, SurfacePoint
 
 LOSS_TOLERANCE = 0.25  # a kept change may move the loss by at most this share of the baseline's
 ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured experiment, tried last
@@ -58,6 +59,17 @@ class SearchSpace:
     batch_sizes: tuple[int, ...] | None = None
     amp: tuple[str, ...] | None = None
     pinned_copies: bool = True  # whether pin_memory + non_blocking can be tried at all
+
+
+def surface_space(points: list[SurfacePoint]) -> SearchSpace:
+    """The values the search may try on a recorded surface (`advisor.trials.replay`): those it holds."""
+    column = {name: {p.settings[i] for p in points} for i, name in enumerate(SETTINGS)}
+    return SearchSpace(
+        workers=tuple(sorted(w for w in column["num_workers"] if isinstance(w, int))),
+        batch_sizes=tuple(sorted(b for b in column["batch_size"] if isinstance(b, int))),
+        amp=tuple(sorted(a for a in column["amp"] if a)),
+        pinned_copies=any(p.settings[3] and p.settings[4] for p in points),
+    )
 
 
 @dataclass(frozen=True)

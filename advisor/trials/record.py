@@ -66,7 +66,7 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes, peak_data_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
                      accumulation_steps, micro_batch_size, effective_batch_size}
-                    steady: the measurement windows (`advisor.search.measurement.Measurement`):
+                    steady: the measurement windows (`advisor.trials.measurement.Measurement`):
                       {samples_per_s, relative_se, interval: [low, high] (95%), windows: [samples/s of
                       each], steps, seconds, source, wait_share (share of the time outside the step:
                       the loop waiting for data)}, or null for a trial measured without windows
@@ -118,7 +118,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.search.measurement import measure
+from advisor.trials.measurement import measure
 from advisor.trials.distributed import merge_ranks, rank_files
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
 from advisor.trials.storage import number, write_json_atomic

@@ -11,7 +11,7 @@ measurements without a GPU.
 A surface holds one measurement of each setting: the runner cannot measure a setting again
 (`remeasure` is False), so an inconclusive gain is decided on the one recording. The search draws its
 candidate values (worker counts, batch sizes, AMP dtypes, pinned copies) from those the surface holds
-(`surface_space`).
+(`advisor.search.strategy.surface_space`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.knobs import Knobs
-from advisor.search.strategy import SearchSpace
 from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 
 SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps")
@@ -72,17 +71,6 @@ def load_surface(folder: Path | str) -> list[SurfacePoint]:
     if not points:
         raise AdvisorError(f"{folder}: holds no recorded trials (no */{TRIAL_FILE})")
     return points
-
-
-def surface_space(points: list[SurfacePoint]) -> SearchSpace:
-    """The values the search may try: those the surface holds."""
-    column = {name: {p.settings[i] for p in points} for i, name in enumerate(SETTINGS)}
-    return SearchSpace(
-        workers=tuple(sorted(w for w in column["num_workers"] if isinstance(w, int))),
-        batch_sizes=tuple(sorted(b for b in column["batch_size"] if isinstance(b, int))),
-        amp=tuple(sorted(a for a in column["amp"] if a)),
-        pinned_copies=any(p.settings[3] and p.settings[4] for p in points),
-    )
 
 
 class ReplayRunner:

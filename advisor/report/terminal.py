@@ -1,14 +1,17 @@
-"""Terminal rendering of diagnoses with rich: short, readable, figures first, then what to do."""
+"""Terminal rendering with rich: a diagnosis (figures first, then what to do) and a session's ladder."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from advisor.diagnosis import BOUNDS, ROLES, Diagnosis
+from advisor.analysis.bound import BOUNDS
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.diagnosis import Diagnosis
 from advisor.escape import for_terminal
 
 ROLE_LABELS = {
@@ -224,3 +227,44 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, s
             _row(t, _text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
                       d.bound or "n/a", _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
         console.print(t)
+
+
+# --- a session: the ladder of trials, the final settings -------------------------------------------
+
+def ladder_table(state: dict[str, Any]):
+    """The ladder as a rich table: one row per trial."""
+    t = Table(title="Ladder (one row per trial)", title_justify="left")
+    t.add_column("#", justify="right")
+    t.add_column("change")
+    for col in ("batch", "peak MiB", "step ms", "samples/s", "±95%", "speed-up"):
+        t.add_column(col, justify="right")
+    t.add_column("bound")
+    t.add_column("decision")
+    for row in state["trials"]:
+        mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
+        step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
+        sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
+        interval = row.get("interval")
+        spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
+                  if interval and row.get("samples_per_s") else "-")
+        speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
+        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, spread,
+                  speed, row.get("bound") or "-", row["decision"] or "-")
+    return t
+
+
+def print_session(state: dict[str, Any], out: Path, reference: dict | None) -> None:
+    """Ladder, final settings, outputs (`reference`: the trial row speed-ups are measured against)."""
+    console = Console()
+    console.print(ladder_table(state))
+    final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
+    against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
+        f"{reference['name']}, the first configuration that fitted")
+    speed = f"×{state['speedup']:.2f} samples/s over {against}" if state.get("speedup") else "no speed-up"
+    console.print(Text(f"Best: {state['best']} ({speed}); settings: "
+                       + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
+    for note in state["notes"]:
+        console.print(Text(f"note: {note}", style="dim"))
+    for name in ("suggested.patch", "report.html"):
+        if (out / name).exists():
+            console.print(Text(f"{name}: {out / name}"))

@@ -1,4 +1,4 @@
-"""`advisor analyze`: trace file(s) → Diagnosis with recommendations → terminal summary or JSON.
+"""Trace file(s) → Diagnosis with recommendations → the `advisor.analysis/1` JSON document.
 
 The JSON document (`--json`) has the schema `advisor.analysis/1`:
 
@@ -33,7 +33,7 @@ Roles are kernel, memcpy, memset, communication, runtime, dataloader, cpu_op, ot
 (0..1); times are milliseconds; memory is bytes. A figure the trace cannot give is null. New fields may be
 added within version 1; renaming or removing one bumps the version.
 
-The bound (`advisor.diagnosis.find_bound`) is what holds the step back, null when the trace cannot say
+The bound (`advisor.analysis.bound.find_bound`) is what holds the step back, null when the trace cannot say
 (a degenerate trace: too few events, another process's events, start-up calls; `missing` says which).
 `bound_shares` splits the step among the bounds, each moment once (compute > communication > copy >
 input > host). Each recommendation names the bound it addresses; `helps_now` is true when that is the
@@ -47,26 +47,30 @@ removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel
 understated it (finding "loader-queue").
 `skipped_events` counts events the loader left out as odd but legal (ProfilerStep spans of zero length, or
 overlapping the step before), each reason also a finding "skipped-events". What the loader refuses is in
-`advisor/trace.py` (`_check_times`, `_check_sizes`); a trial.json's fields of the wrong type are named in
-`missing`. File names that are not UTF-8 appear with their bytes escaped (`\\xff`).
+`advisor/analysis/validation.py` (`check_times`, `check_sizes`); a trial.json's fields of the wrong type are
+named in `missing`. File names that are not UTF-8 appear with their bytes escaped (`\\xff`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 
-from advisor.diagnosis import BOUNDS, ROLES, Diagnosis, diagnose, parse_steps
-from advisor.rules import recommend
+from advisor.analysis.bound import BOUNDS
+from advisor.analysis.breakdown import ROLES
+from advisor.analysis.diagnosis import Diagnosis, diagnose
+from advisor.analysis.steps import parse_steps
+from advisor.analysis.rules import recommend
 from advisor.errors import NotATrace, TraceError
 from advisor.escape import strings_without_surrogates
 from advisor.files import is_regular
 from advisor.shapes import TRIAL, conform_record, read_record
-from advisor.trace import collector_paused, load_trace, trace_files
+from advisor.analysis.reading import trace_files
+from advisor.analysis.trace import collector_paused, load_trace
 
 SCHEMA = "advisor.analysis/1"
 
@@ -96,29 +100,21 @@ def read_trial(trace_path: Path) -> dict | None:
     return read_trial_record(trace_path)[0]
 
 
-def lint_findings(script: Path) -> list[dict] | None:
-    """Static findings on a trial's script (they can name the line behind a leak); None if it is not a
-    regular .py file or cannot be linted (the path comes from trial.json: nothing else is opened)."""
-    from advisor.lint import LintError, lint_file
-
-    if not script.name.endswith(".py") or not is_regular(script):
-        return None
-    try:
-        return [f.to_dict() for f in lint_file(script)]
-    except LintError:
-        return None
+# Static findings on the script a trial.json names (they can name the line behind a leak), or None. The
+# linter is the caller's (`advisor.code.lint.script_findings`): the analysis imports no other stage.
+Linter = Callable[[Path], list[dict] | None]
 
 
-def analyze_file(path: Path | str, steps: str | None = None, lint_script: bool = True) -> Diagnosis:
+def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | None = None) -> Diagnosis:
     """Load one trace, diagnose it and attach its ranked recommendations.
 
-    `lint_script`: lint the script the trial.json beside the trace names (a regular .py file only); the
-    report passes False, as it opens nothing outside the session folder it reads."""
+    `linter`: lints the script the trial.json beside the trace names (the CLI, the notebook API and the
+    session pass one; the report none, as it opens nothing outside the session folder it reads)."""
     trial, problems = read_trial_record(Path(path))
     with collector_paused():
         diagnosis = diagnose(load_trace(path), steps, trial)
-    if lint_script and trial and trial.get("script"):
-        diagnosis.extra["lint"] = lint_findings(Path(trial["script"]))
+    if linter is not None and trial and trial.get("script"):
+        diagnosis.extra["lint"] = linter(Path(trial["script"]))
     missing = diagnosis.missing
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
@@ -126,8 +122,9 @@ def analyze_file(path: Path | str, steps: str | None = None, lint_script: bool =
     return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis), missing=missing)
 
 
-def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None) -> list[Diagnosis]:
-    """Diagnoses for a trace file or every trace file under a folder.
+def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None,
+                 linter: Linter | None = None) -> list[Diagnosis]:
+    """Diagnoses for a trace file or every trace file under a folder (`linter`: see `analyze_file`).
 
     In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
     skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
@@ -138,7 +135,7 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
     out = []
     for p in trace_files(path):
         try:
-            out.append(analyze_file(p, steps))
+            out.append(analyze_file(p, steps, linter))
         except NotATrace as exc:
             if p == path:  # the trace named itself, not one found in a folder
                 raise
@@ -233,16 +230,3 @@ def encode_json(document: dict) -> bytes:
         return msgspec.json.encode(document)
     except UnicodeEncodeError:
         return msgspec.json.encode(strings_without_surrogates(document))
-
-
-def analyze_command(args) -> int:
-    """`advisor analyze PATH [--json] [--steps ...]`."""
-    skipped: list = []
-    diagnoses = analyze_path(args.path, args.steps, skipped)
-    if args.json:
-        sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
-        return 0
-    from advisor.terminal import print_analysis
-
-    print_analysis(diagnoses, skipped=skipped)
-    return 0

@@ -1,0 +1,94 @@
+"""The step-time breakdown: each moment of a step counted once, by the first role active then (the
+TensorBoard plugin's priority scheme), and how busy kernels keep each device."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from functools import lru_cache
+
+from advisor.analysis import intervals as iv
+from advisor.analysis.steps import Step
+from advisor.analysis.trace import Trace
+
+# Priority order of the step-time breakdown: each moment of a step is counted once, by the first role
+# active at that moment (the plugin's scheme).
+ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_op", "other")
+
+COLLECTIVE_OPS = frozenset(
+    f"{lib}:{op}" for lib in ("nccl", "gloo") for op in ("broadcast", "reduce", "all_reduce", "all_gather",
+                                                         "reduce_scatter")
+)
+DATALOADER_NAME = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$|^enumerate\(DataPipe\)#")
+COMMUNICATION_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
+
+
+@lru_cache(maxsize=None)
+def is_communication_kernel(name: str) -> bool:
+    """NCCL/RCCL kernels: communication, not compute, in the breakdown and the kernel mix."""
+    return COMMUNICATION_KERNEL.match(name) is not None
+
+
+def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
+    """Merged time intervals of each breakdown role over the whole trace."""
+    collective_ids = {e.external_id for e in trace.ops if e.name in COLLECTIVE_OPS}
+    kernel, comm = [], []
+    for k in trace.kernels:
+        is_comm = is_communication_kernel(k.name) or (collective_ids and k.external_id in collective_ids)
+        (comm if is_comm else kernel).append(k)
+    dataloader, cpu_op = [], []
+    for op in trace.ops:
+        if op.name.startswith("enumerate(Data") and DATALOADER_NAME.match(op.name):
+            dataloader.append(op)
+        elif op.name in COLLECTIVE_OPS:
+            comm.append(op)
+        else:
+            cpu_op.append(op)
+    return {
+        "kernel": iv.from_events(kernel),
+        "memcpy": iv.from_events(trace.memcpys),
+        "memset": iv.from_events(trace.memsets),
+        "communication": iv.from_events(comm),
+        "runtime": iv.from_events(trace.runtime),
+        "dataloader": iv.from_events(dataloader),
+        "cpu_op": iv.from_events(cpu_op),
+    }
+
+
+def exclusive_time(steps: list[Step], layers: list[tuple[str, iv.Intervals]], rest: str) -> dict[str, float]:
+    """Average microseconds per step of each layer, each moment counted once, by the first layer active
+    then; `rest` gets the moments no layer covers.
+
+    The time of layer k is |layers 0..k| − |layers 0..k−1| inside the steps: the same as subtracting
+    higher-priority time first, computed with unions only.
+    """
+    windows = iv.from_spans((s.start, s.end) for s in steps)
+    covered_before = 0.0
+    cumulative = iv.EMPTY
+    totals = {}
+    for name, intervals in layers:
+        cumulative = iv.union(cumulative, intervals)
+        covered = iv.length_within(cumulative, windows)
+        totals[name] = covered - covered_before
+        covered_before = covered
+    totals[rest] = iv.length(windows) - covered_before
+    n = len(steps)
+    return {name: us / n for name, us in totals.items()}
+
+
+def breakdown(steps: list[Step], roles: dict[str, iv.Intervals]) -> dict[str, float]:
+    """Average microseconds per step of each role, each moment counted once by priority (`ROLES`)."""
+    return exclusive_time(steps, [(role, roles[role]) for role in ROLES[:-1]], "other")
+
+
+def gpu_utilization(trace: Trace, steps: list[Step]) -> dict[int, float]:
+    """Per device: union of kernel intervals within the steps / the steps' span (the plugin's definition)."""
+    start, end = steps[0].start, steps[-1].end
+    if end <= start:
+        return {}
+    per_device = defaultdict(list)
+    for k in trace.kernels:
+        d = k.args.device if k.args is not None and k.args.device is not None else k.pid
+        per_device[d].append(k)
+    return {d: iv.length(iv.from_events(kernels), start, end) / (end - start)
+            for d, kernels in per_device.items() if isinstance(d, int)}

@@ -1,0 +1,196 @@
+"""The events of a Kineto trace file, decoded with msgspec, and the kinds the analysis sorts them into.
+
+Decoding is typed: only the fields the analysis needs are materialized, which is what makes a 54 MB
+trace load faster and in less memory than `json.load`. Both category vocabularies (old: `Operator`,
+`Kernel`, `Runtime`, `Memcpy`, `Memset`; new: `cpu_op`, `kernel`, `cuda_runtime`, `gpu_memcpy`, ...) and
+other accelerators' own categories map onto one set of kinds (`kind_of`).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Union
+
+import msgspec
+
+from advisor.errors import NotATrace, TraceError
+
+class Args(msgspec.Struct):
+    """The event arguments the analysis reads; everything else in `args` is skipped while decoding."""
+
+    external_id: Union[int, str, None] = msgspec.field(name="External id", default=None)
+    external_id_old: Union[int, str, None] = msgspec.field(name="external id", default=None)
+    correlation: Union[int, str, None] = None
+    device: Union[int, str, None] = None
+    bytes: Union[int, float, None] = None
+    kind: Union[str, None] = None
+    device_type: Union[int, str, None] = msgspec.field(name="Device Type", default=None)
+    device_id: Union[int, str, None] = msgspec.field(name="Device Id", default=None)
+    alloc_bytes: Union[int, float, None] = msgspec.field(name="Bytes", default=None)
+    total_allocated: Union[int, float, None] = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: Union[int, float, None] = msgspec.field(name="Total Reserved", default=None)
+
+
+class Event(msgspec.Struct):
+    """One Chrome-trace event, as decoded. `ts`/`dur` are rewritten to relative microseconds on load."""
+
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    ts: Union[int, float, None] = None
+    dur: Union[int, float, None] = None
+    pid: Union[int, str, None] = None
+    tid: Union[int, str, None] = None
+    args: Union[Args, None] = None
+
+    @property
+    def end(self) -> float:
+        """End time in microseconds."""
+        return self.ts + self.dur
+
+    @property
+    def external_id(self):
+        """The id that links an operator, its runtime calls and its device activity."""
+        a = self.args
+        if a is None:
+            return None
+        return a.external_id if a.external_id is not None else a.external_id_old
+
+    @property
+    def correlation(self):
+        """The id that links a runtime call to the device activity it launched."""
+        return None if self.args is None else self.args.correlation
+
+
+class DeviceProperties(msgspec.Struct):
+    """An accelerator as described in `deviceProperties` (or legacy `computeProperties`)."""
+
+    id: Union[int, str, None] = None
+    name: str = ""
+    totalGlobalMem: Union[int, float, None] = None
+    computeMajor: Union[int, None] = None
+    computeMinor: Union[int, None] = None
+    major: Union[int, None] = None  # legacy `computeProperties`
+    minor: Union[int, None] = None
+    numSms: Union[int, None] = None
+
+
+class TraceDocument(msgspec.Struct):
+    """The top level of a Kineto trace file."""
+
+    traceEvents: list[Event]
+    deviceProperties: Union[list[DeviceProperties], None] = None
+    computeProperties: Union[list[DeviceProperties], None] = None
+    distributedInfo: Union[dict, None] = None
+    displayTimeUnit: Union[str, None] = None
+    traceTimeUnit: Union[str, None] = None
+
+
+_DECODER = msgspec.json.Decoder(Union[TraceDocument, list[Event]])
+
+# Both category vocabularies (and other accelerators' runtimes) mapped onto one set of kinds.
+KIND_BY_CATEGORY = {
+    "mtia_ccp_events": "kernel",  # Meta MTIA: work run by the accelerator's command processors
+    "cpu_op": "op",
+    "operator": "op",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+    "python": "op",
+    "python_function": "python_function",
+    "kernel": "kernel",
+    "memcpy": "memcpy",
+    "gpu_memcpy": "memcpy",
+    "memset": "memset",
+    "gpu_memset": "memset",
+    "runtime": "runtime",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "trace": "trace",
+}
+
+
+# Categories of device activity in the CUDA vocabulary, which ROCm and XPU traces share.
+CUDA_DEVICE_CATEGORIES = frozenset({"kernel", "memcpy", "gpu_memcpy", "memset", "gpu_memset"})
+CUDA_RUNTIME_CATEGORIES = frozenset({"runtime", "cuda_runtime", "cuda_driver"})
+_OWN_DEVICE_SUFFIXES = {"_kernel": "kernel", "_memcpy": "memcpy", "_memset": "memset"}
+
+
+@lru_cache(maxsize=None)
+def kind_of(category: str) -> str | None:
+    """The analysis kind of a trace category, or None for categories the analysis ignores."""
+    c = category.lower()
+    kind = KIND_BY_CATEGORY.get(c)
+    if kind is None and (c.endswith("_runtime") or c.endswith("_driver")):
+        kind = "runtime"  # hip/xpu/mtia/privateuse1 runtimes play the role CUDA's does
+    if kind is None:
+        # Accelerators with their own vocabulary (mlu_memcpy, gcu_kernel, ...) name device activity so.
+        kind = next((k for suffix, k in _OWN_DEVICE_SUFFIXES.items() if c.endswith(suffix)), None)
+    return kind
+
+
+@lru_cache(maxsize=None)
+def accelerator_of(category: str) -> str | None:
+    """The accelerator a device-activity or runtime category belongs to: 'cuda' for the CUDA vocabulary
+    (CUDA and ROCm traces), else the category's prefix ('mtia' for mtia_ccp_events), None for host ones."""
+    c = category.lower()
+    if c in CUDA_DEVICE_CATEGORIES or c in CUDA_RUNTIME_CATEGORIES:
+        return "cuda"
+    if kind_of(c) in ("kernel", "memcpy", "memset", "runtime") and "_" in c:
+        return c.split("_", 1)[0]
+    return None
+
+
+def decode(path: Path, raw: bytes) -> TraceDocument:
+    """Decode JSON bytes into a TraceDocument, naming the problem (and the event) when the shape is wrong."""
+    try:
+        doc = _DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise NotATrace(path, f"not a torch.profiler trace: {_event_of_error(raw, str(exc))}{exc}") from None
+    except msgspec.DecodeError as exc:
+        text = str(exc)
+        if "truncated" in text:
+            raise TraceError(path, "truncated JSON (the file ends in the middle of the document)") from None
+        raise NotATrace(path, f"not valid JSON ({text})") from None
+    except UnicodeDecodeError:
+        raise NotATrace(path, f"not valid JSON ({_not_utf8(raw)})") from None
+    except RecursionError:
+        raise NotATrace(path, "not valid JSON for this reader (arrays or objects nested too deeply)") from None
+    if isinstance(doc, list):  # Chrome's "JSON Array Format": a bare list of events
+        doc = TraceDocument(traceEvents=doc)
+    return doc
+
+
+def _not_utf8(raw: bytes) -> str:
+    """'not UTF-8 text: byte 0xff at offset 57' (msgspec's own offsets count from the string, not the file)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+    return "not UTF-8 text"
+
+
+_EVENT_IN_PATH = re.compile(r"`\$(?:\.traceEvents)?\[(\d+)\]")
+
+
+def _event_of_error(raw: bytes, message: str) -> str:
+    """'event 12 ('aten::mm'): ' for a validation error inside an event, so the user can find it; '' otherwise.
+
+    Only on the error path, and only for files small enough to decode a second time without types."""
+    found = _EVENT_IN_PATH.search(message)
+    if found is None:
+        return ""
+    index = int(found.group(1))
+    name = None
+    if len(raw) <= 64 * 2**20:
+        import json  # the standard library's reader: it also reads numbers msgspec calls out of range
+
+        try:
+            doc = json.loads(raw)
+            events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+            event = events[index] if isinstance(events, list) and index < len(events) else None
+            name = event.get("name") if isinstance(event, dict) else None
+        except (ValueError, RecursionError):
+            pass
+    return f"event {index} ({name!r}): " if isinstance(name, str) else f"event {index}: "

@@ -1,0 +1,181 @@
+"""What the step's kernels do: Tensor Core (matrix core) use, matmul work AMP could move, layout conversions.
+
+The Tensor Core patterns are one table (`TENSOR_CORE_PATTERNS`), one family per row, Volta to Hopper and
+AMD CDNA, each family with its own test.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import lru_cache
+
+from advisor.analysis.breakdown import is_communication_kernel
+from advisor.analysis.events import Event
+from advisor.analysis.steps import Step, in_steps
+from advisor.analysis.trace import Trace
+
+
+# Tensor Core (NVIDIA) and matrix core (AMD) kernel name patterns, one table, one family per row.
+# A kernel counts as Tensor Core when any family's pattern matches its name.
+TENSOR_CORE_PATTERNS: tuple[tuple[str, str, str], ...] = (
+    # (family, vendor, regex)
+    ("volta-hmma", "nvidia", r"h884|s884|i884|hmma|884gemm|884cudnn"),
+    ("turing-ampere-mma", "nvidia", r"h1688|s1688|c1688|i8816|16816|1688gemm|bf16816|tf32"),
+    ("xmma", "nvidia", r"xmma"),
+    ("cutlass-tensorop", "nvidia", r"tensorop"),
+    ("hopper-wgmma", "nvidia", r"wgmma|gmma_|_gmma"),
+    ("nvjet", "nvidia", r"nvjet"),
+    ("sm80-sm90-gemm", "nvidia", r"\bsm_?(?:75|80|86|87|89|90|100|120)a?_\w*(?:gemm|conv|fprop|dgrad|wgrad)"),
+    ("flash-attention", "nvidia", r"flash_fwd|flash_bwd|flash::|pytorch_flash|fmha_|_fmha|flash_attn"),
+    ("cudnn-tensor-core-conv", "nvidia", r"dgrad_1x1_stride_2x2|first_layer_wgrad_kernel|conv1x1|conv2d_c1_k1|"
+                                         r"direct_group"),
+    ("amd-mfma", "amd", r"_MI\d+x\d+x\d+|mfma|xdlops|_xdl_"),
+)
+_TC_REGEX = {vendor: re.compile("|".join(p for _, v, p in TENSOR_CORE_PATTERNS if v == vendor))
+             for vendor in ("nvidia", "amd")}
+# Names that say the math ran on the ordinary FP32 units even where a pattern above matches: cuBLAS/cuDNN
+# xmma kernels built for FFMA (`sm80_xmma_gemm_f32f32_..._ffma_...`) and cutlass SIMT kernels.
+NOT_TENSOR_CORE = re.compile(r"ffma|_simt_")
+
+# cuDNN/MIOpen layout conversions around convolutions (NCHW tensors fed to NHWC kernels): memory-bound
+# copies that AMP does not remove; channels_last does.
+LAYOUT_KERNEL = re.compile(r"nchw_?(?:2|to)_?nhwc|nhwc_?(?:2|to)_?nchw", re.IGNORECASE)
+
+# Matmul, convolution and attention kernels by name, for kernels no operator launched (CUDA graph replays,
+# compiled regions): cuBLAS/cutlass/nvjet GEMMs, cuDNN convolutions, AMD Tensile (Cijk_), attention.
+MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[sh]\d*cudnn|nvjet|^Cijk_|fmha|"
+                           r"flash_|_sdpa_|splitKreduce", re.IGNORECASE)
+
+
+@lru_cache(maxsize=None)
+def is_tensor_core(vendor: str, kernel_name: str) -> bool:
+    """Whether a kernel of this vendor ran on Tensor Cores (matrix cores), by its name."""
+    regex = _TC_REGEX.get(vendor)
+    return regex is not None and regex.search(kernel_name) is not None and not NOT_TENSOR_CORE.search(kernel_name)
+
+
+@lru_cache(maxsize=None)
+def _is_layout_kernel(kernel_name: str) -> bool:
+    return LAYOUT_KERNEL.search(kernel_name) is not None
+
+
+@lru_cache(maxsize=None)
+def _is_matmul_kernel(kernel_name: str) -> bool:
+    return MATMUL_KERNEL.search(kernel_name) is not None and not _is_layout_kernel(kernel_name)
+
+
+@lru_cache(maxsize=None)
+def is_eligible_op(op_name: str) -> bool:
+    """Whether an operator's kernels could run on Tensor Cores under AMP (`ELIGIBLE_OP`)."""
+    return ELIGIBLE_OP.match(op_name) is not None
+
+
+def tensor_core_families(kernel_name: str) -> list[str]:
+    """Every Tensor Core / matrix core family whose pattern matches a kernel name (often more than one);
+    none when the name says FFMA or SIMT math."""
+    if NOT_TENSOR_CORE.search(kernel_name):
+        return []
+    return [family for family, _vendor, pattern in TENSOR_CORE_PATTERNS if re.search(pattern, kernel_name)]
+
+
+# Operators whose kernels could run on Tensor Cores under AMP (autocast's lower-precision list), and their
+# backward. The innermost operator that launched a kernel is the one matched.
+ELIGIBLE_OP = re.compile(
+    r"^(aten::(_?convolution\w*|conv\d?d|conv_tbc|conv_transpose\dd|cudnn_convolution\w*|miopen_convolution\w*|"
+    r"mkldnn_convolution|_?mm|addmm_?|addmv|addr|matmul|mv|linear|addbmm|baddbmm|bmm|chain_matmul|"
+    r"linalg_multi_dot|prelu|_thnn_fused_\w+_cell|\w+_cell|_scaled_dot_product\w*|_flash_attention\w*|"
+    r"_efficient_attention\w*|scaled_dot_product_attention)"
+    r"|\w*(Convolution|Mm|Bmm|Addmm|Addbmm|Baddbmm|Mv|Addmv|Linear|Matmul)\w*Backward\d*)$"
+)
+
+
+def launching_ops(trace: Trace, correlations: set) -> dict:
+    """Correlation id of each runtime call in `correlations` → name of the innermost operator around it
+    (user annotations are not operators; a call with no operator around it is left out).
+
+    Matched by time on the calling thread rather than by 'External id', which some Kineto versions
+    write as the correlation id (so it names no operator). Operators and runtime calls are both sorted
+    by start already (enclosing operators first), so one merge pass per thread with a stack suffices.
+    """
+    ops_by_thread = defaultdict(list)
+    for op in trace.ops:
+        if op.cat != "user_annotation":  # '## forward ##', 'Optimizer.step#...': not operators
+            ops_by_thread[op.tid].append(op)
+    calls_by_thread = defaultdict(list)
+    for r in trace.runtime:
+        if r.args is not None and r.args.correlation in correlations:
+            calls_by_thread[r.tid].append(r)
+    out = {}
+    for tid, calls in calls_by_thread.items():
+        ops = ops_by_thread.get(tid, ())
+        stack: list[Event] = []  # enclosing operators, innermost last
+        i, n = 0, len(ops)
+        for r in calls:
+            start = r.ts
+            while i < n and ops[i].ts <= start:
+                op = ops[i]
+                while stack and stack[-1].ts + stack[-1].dur <= op.ts:
+                    stack.pop()
+                stack.append(op)
+                i += 1
+            while stack and stack[-1].ts + stack[-1].dur <= start:
+                stack.pop()
+            if stack:
+                out[r.args.correlation] = stack[-1].name
+    return out
+
+
+@dataclass(frozen=True)
+class KernelMix:
+    """What the step's kernels do: Tensor Core use, matmul work AMP could move, layout conversions."""
+
+    kernel_us: float = 0.0  # per step, communication kernels left out
+    tensor_core_share: float | None = None
+    eligible_share: float | None = None
+    eligible_op_share: float | None = None
+    layout_share: float | None = None
+    by_name_share: float = 0.0  # kernel time no operator launched, classified by its name
+
+
+def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
+    """Shares of the steps' kernel time: on Tensor Cores, eligible for AMP but not on them, layout work.
+
+    A kernel is matmul/convolution work when the innermost operator that launched it is (`ELIGIBLE_OP`),
+    or, where no operator launched it (a CUDA graph replay, a compiled region), when its name says so
+    (`MATMUL_KERNEL`). Layout conversions (`LAYOUT_KERNEL`) count as layout work even under a convolution:
+    AMP does not remove them. Eligible share differs from the plugin's ratio on purpose: it counts only
+    the eligible kernels that did *not* use Tensor Cores (what AMP could still move); the plugin's figure
+    (all kernels of eligible ops) is `eligible_op_share`. Without a Tensor Core table for the vendor, the
+    Tensor Core and eligible shares are unknown (None), not zero.
+    """
+    kernels = [k for k in trace.kernels if in_steps(k, steps) and not is_communication_kernel(k.name)]
+    total = sum(k.dur for k in kernels)
+    if not total:
+        return KernelMix()
+    op_of = launching_ops(trace, {k.args.correlation for k in kernels if k.args is not None})
+    tc = eligible_left = eligible_all = layout = by_name = 0.0
+    for k in kernels:
+        on_tc = is_tensor_core(vendor, k.name)
+        if on_tc:
+            tc += k.dur
+        op = op_of.get(k.correlation)
+        if op is None:
+            by_name += k.dur
+        eligible = _is_matmul_kernel(k.name) if op is None else is_eligible_op(op)
+        if eligible:
+            eligible_all += k.dur
+        if _is_layout_kernel(k.name):
+            layout += k.dur
+        elif eligible and not on_tc:
+            eligible_left += k.dur
+    known = vendor in _TC_REGEX
+    return KernelMix(
+        kernel_us=total / len(steps),
+        tensor_core_share=tc / total if known else None,
+        eligible_share=eligible_left / total if known else None,
+        eligible_op_share=eligible_all / total,
+        layout_share=layout / total,
+        by_name_share=by_name / total,
+    )

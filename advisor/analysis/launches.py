@@ -1,0 +1,48 @@
+"""The host's side of the step: kernel launches, CUDA graph launches and the optimizer's step."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from functools import lru_cache
+
+from advisor.analysis.steps import Step, in_steps, in_steps_mask
+from advisor.analysis.trace import Trace
+
+LAUNCH_CALL = re.compile(r"LaunchKernel|^cuLaunch|GraphLaunch")
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+
+
+@lru_cache(maxsize=None)
+def _is_launch_call(name: str) -> bool:
+    return LAUNCH_CALL.search(name) is not None
+
+
+def host_figures(trace: Trace, steps: list[Step]) -> dict:
+    """Launch and optimizer figures per step: kernel launches, kernels, CUDA graph launches, and the
+    optimizer's step (class, host time, implementation: fused, foreach or a per-parameter loop)."""
+    n = len(steps)
+    calls = [r for r in trace.runtime if _is_launch_call(r.name)]
+    launches = [r for r, inside in zip(calls, in_steps_mask(calls, steps)) if inside]
+    out = {
+        "launches_per_step": len(launches) / n,
+        "kernels_per_step": int(in_steps_mask(trace.kernels, steps).sum()) / n,
+        "graph_launches_per_step": sum(1 for r in launches if "Graph" in r.name) / n,
+    }
+    spans = [e for e in trace.ops if e.name.startswith("Optimizer.step#") and OPTIMIZER_STEP.match(e.name)
+             and in_steps(e, steps)]
+    if spans:
+        starts = [op.ts for op in trace.ops]  # sorted: operators are sorted by start
+        inside = [op.name for span in spans
+                  for op in trace.ops[bisect.bisect_left(starts, span.ts):bisect.bisect_right(starts, span.end)]
+                  if op.tid == span.tid and op.end <= span.end and op is not span]
+        name = OPTIMIZER_STEP.match(spans[0].name).group(1)
+        if "Fused" in name or any("_fused_" in o for o in inside):
+            implementation = "fused"
+        elif any("_foreach_" in o for o in inside):
+            implementation = "foreach"
+        else:
+            implementation = "for-loop"
+        out["optimizer"] = {"name": name, "us_per_step": sum(e.dur for e in spans) / n,
+                            "implementation": implementation}
+    return out

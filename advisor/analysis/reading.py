@@ -1,0 +1,160 @@
+"""Reading trace files: which files a path names, their bytes, gunzipped within a bound.
+
+Only regular files are opened (a FIFO in a folder of traces is refused, not waited on), and a `.json.gz`
+may inflate to a bounded size only (`inflated_limit`): a gzip bomb is refused after inflating the bound,
+not read whole. Nothing here decodes JSON: `prefetch` starts reading on a thread while the CLI imports
+the rest of the analysis, so this module imports nothing else (the standard library, and advisor's
+errors and files).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import zlib
+from pathlib import Path
+
+from advisor.errors import TraceError
+from advisor.files import NotARegularFile, describe_os_error, is_regular, read_regular
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files a path names: the file itself, or every trace file under a folder."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise TraceError(path, describe_os_error(exc)) from None
+    except ValueError as exc:  # a NUL in the name
+        raise TraceError(path, f"not a usable path ({exc})") from None
+    if stat.S_ISREG(mode):
+        return [path]
+    if not stat.S_ISDIR(mode):
+        raise TraceError(path, "not a regular file or a folder (a FIFO, socket or device)")
+    found = sorted(p for p in path.rglob("*") if p.name.endswith(TRACE_SUFFIXES)
+                   and p.name not in ("trial.json", "session.json") and _listed_file(p))
+    if not found:
+        raise TraceError(path, "folder contains no .json or .json.gz trace files")
+    return found
+
+
+def _listed_file(path: Path) -> bool:
+    """A regular file found in a folder; one that cannot be looked at is kept, so that reading it says why."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+
+
+_prefetched: dict[Path, tuple[threading.Thread, list]] = {}
+
+
+def prefetch(path: Path) -> None:
+    """Start reading (and gunzipping) a trace file on a background thread.
+
+    zlib releases the GIL, so the CLI can import the analysis modules meanwhile; `read_bytes` picks the
+    result up (or re-raises its error).
+    """
+    path = Path(path)
+    if not is_regular(path):
+        return
+    box: list = []
+
+    def work():
+        try:
+            box.append(_read_bytes(path))
+        except BaseException as exc:  # handed to the reader on the main thread
+            box.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    _prefetched[path] = (thread, box)
+
+
+def read_bytes(path: Path) -> bytes:
+    """The JSON text of a trace file, gunzipped if needed, with clear errors for broken files."""
+    pending = _prefetched.pop(Path(path), None)
+    if pending is None:
+        return _read_bytes(path)
+    thread, box = pending
+    thread.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+# How far a .json.gz may inflate: at most MAX_INFLATION times its own size (real traces inflate 10 to 31
+# times), and any file at least INFLATED_FLOOR bytes. A gzip bomb (2 MB inflating to 2 GiB) is refused
+# after inflating the bound, not read whole. ADVISOR_MAX_TRACE_BYTES (a byte count) replaces the bound.
+MAX_INFLATION = 100
+INFLATED_FLOOR = 256 * 2**20
+MAX_TRACE_BYTES_ENV = "ADVISOR_MAX_TRACE_BYTES"
+
+
+def inflated_limit(path: Path, compressed_size: int) -> int:
+    """The most bytes a gzipped trace of `compressed_size` bytes may inflate to (see MAX_INFLATION)."""
+    given = os.environ.get(MAX_TRACE_BYTES_ENV)
+    if given:
+        try:
+            limit = int(given)
+        except ValueError:
+            limit = -1
+        if limit <= 0:
+            raise TraceError(path, f"{MAX_TRACE_BYTES_ENV}={given!r} is not a positive number of bytes")
+        return limit
+    return max(INFLATED_FLOOR, MAX_INFLATION * compressed_size)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = read_regular(path)
+    except OSError as exc:
+        problem = describe_os_error(exc)
+        if not isinstance(exc, (NotARegularFile, FileNotFoundError)):
+            problem = f"cannot read: {problem}"
+        raise TraceError(path, problem) from None
+    except ValueError as exc:
+        raise TraceError(path, f"not a usable path ({exc})") from None
+    if not raw:
+        raise TraceError(path, "empty file")
+    if raw[:2] == b"\x1f\x8b":
+        raw = inflate(path, raw, inflated_limit(path, len(raw)))
+        if not raw:
+            raise TraceError(path, "empty file (gzip of nothing)")
+    elif path.name.endswith(".gz"):
+        raise TraceError(path, "not gzip data, although the name ends in .gz")
+    return raw
+
+
+def inflate(path: Path, raw: bytes, limit: int) -> bytes:
+    """Gunzip `raw` (one or more gzip members), refusing as soon as the output would pass `limit` bytes."""
+    parts: list[bytes] = []
+    total = 0
+    data = raw
+    while True:
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            part = inflater.decompress(data, limit + 1 - total)  # stops after limit + 1 bytes
+        except zlib.error as exc:
+            raise TraceError(path, f"corrupt gzip data ({exc})") from None
+        total += len(part)
+        if total > limit:
+            bound = (f"{MAX_TRACE_BYTES_ENV} allows {limit:,}" if os.environ.get(MAX_TRACE_BYTES_ENV) else
+                     f"the bound is {MAX_INFLATION}× the file's size or {INFLATED_FLOOR // 2**20} MiB, whichever is "
+                     f"larger; {MAX_TRACE_BYTES_ENV} sets another")
+            raise TraceError(path, f"refused to inflate: the gzip data of {len(raw):,} bytes inflates to more than "
+                                   f"{limit:,} bytes ({bound})")
+        parts.append(part)
+        if not inflater.eof:
+            raise TraceError(path, "truncated gzip data (the file ends before the gzip stream does)")
+        data = inflater.unused_data
+        if not data.strip(b"\0"):  # the end, or the zero padding some tools leave after the stream
+            break
+        if data[:2] != b"\x1f\x8b":
+            raise TraceError(path, "corrupt gzip data (bytes after the end of the gzip stream)")
+    return parts[0] if len(parts) == 1 else b"".join(parts)

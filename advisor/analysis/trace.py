@@ -1,0 +1,217 @@
+"""Load torch.profiler (Kineto) Chrome traces into a `Trace`, without importing torch.
+
+Reads `.json` and `.json.gz` files (`reading`), decodes their events (`events`), refuses what cannot be
+real (`validation`) and finds the devices (`devices`); this module sorts the events into a `Trace`.
+
+All times in a `Trace` are microseconds relative to the earliest event (`origin_us`), as floats; traces
+that store nanoseconds are converted here, once.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from advisor.analysis.devices import Device, described_devices, devices_from_events
+from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
+from advisor.analysis.reading import read_bytes
+from advisor.analysis.validation import check_sizes, check_times, usable_steps
+from advisor.errors import NotATrace, TraceError
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One `[memory]` instant event: an allocation (bytes > 0) or a free (bytes < 0)."""
+
+    ts: float
+    device_type: int  # 0 = CPU, 1 = CUDA (Kineto's c10::DeviceType)
+    device_id: int
+    bytes: float
+    total_allocated: float | None
+    total_reserved: float | None
+
+
+@dataclass
+class Trace:
+    """A parsed trace: host spans, device activity and memory events, in relative microseconds."""
+
+    path: str
+    steps: list[Event] = field(default_factory=list)  # ProfilerStep#N spans, sorted by start
+    ops: list[Event] = field(default_factory=list)  # CPU ops, user annotations, python ops
+    runtime: list[Event] = field(default_factory=list)
+    kernels: list[Event] = field(default_factory=list)
+    memcpys: list[Event] = field(default_factory=list)
+    memsets: list[Event] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    devices: list[Device] = field(default_factory=list)  # all devices the file describes (or its events show)
+    # The accelerator the device activity ran on: "cuda" for the CUDA vocabulary (CUDA and ROCm), else the
+    # prefix of the accelerator's own categories ("mtia"); None when the trace shows no accelerator.
+    accelerator: str | None = None
+    gpu_vocabulary: bool = False  # device activity in the CUDA vocabulary's categories (a GPU)
+    distributed: dict | None = None
+    origin_us: float = 0.0
+    time_unit: str = "us"
+    event_count: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # odd but legal events left out: reason → count
+
+    @property
+    def has_device_activity(self) -> bool:
+        """True when the trace recorded kernels, copies or memsets on an accelerator."""
+        return bool(self.kernels or self.memcpys or self.memsets)
+
+    @property
+    def used_device_ids(self) -> list[int]:
+        """The accelerator ids that ran kernels or copies, from the events themselves."""
+        ids = set()
+        for e in self.kernels + self.memcpys + self.memsets:
+            d = e.args.device if e.args is not None else None
+            if d is None:
+                d = e.pid
+            if isinstance(d, int):
+                ids.add(d)
+        return sorted(ids)
+
+    @property
+    def used_devices(self) -> list[Device]:
+        """Devices that ran something; all described devices when the events do not say."""
+        ids = set(self.used_device_ids)
+        used = [d for d in self.devices if d.index in ids]
+        return used or ([] if ids or not self.has_device_activity else self.devices[:1])
+
+
+def _time_scale(doc: TraceDocument, events: list[Event]) -> tuple[float, str]:
+    """Microseconds per trace time unit. Chrome traces use microseconds; some writers use nanoseconds."""
+    unit = (doc.traceTimeUnit or "").lower()
+    if unit == "ns":
+        return 0.001, "ns"
+    # Wall-clock timestamps in ns are > 1e17 (2001 onwards); in microseconds they stay below 1e17
+    # until the year 5138. Relative ns timestamps cannot be told apart and are taken as microseconds.
+    for e in events[:1000]:
+        if e.ts is not None and e.ts > 1e17:
+            return 0.001, "ns"
+    return 1.0, "us"
+
+
+def _as_int(value, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
+    """Sort a decoded document into a Trace: kinds, relative microseconds, devices, memory samples."""
+    events = doc.traceEvents
+    scale, unit = _time_scale(doc, events)
+    trace = Trace(path=str(path), distributed=doc.distributedInfo, time_unit=unit, event_count=len(events))
+    buckets = {"op": trace.ops, "annotation": trace.ops, "runtime": trace.runtime, "kernel": trace.kernels,
+               "memcpy": trace.memcpys, "memset": trace.memsets}
+    bucket_of_category: dict = {}  # category -> list to append to, or None to skip; filled as met
+    steps = trace.steps
+    memory_events = []
+    for e in events:
+        ph = e.ph
+        if ph == "X":
+            cat = e.cat
+            bucket = bucket_of_category.get(cat, False)
+            if bucket is False:
+                bucket = bucket_of_category[cat] = buckets.get(kind_of(cat))
+            if bucket is None:
+                continue
+            if bucket is trace.ops and e.name.startswith("ProfilerStep#"):
+                bucket = steps
+            bucket.append(e)
+        elif ph == "i" and e.name == "[memory]":
+            memory_events.append(e)
+    timed = steps + trace.ops + trace.runtime + trace.kernels + trace.memcpys + trace.memsets
+    if not timed:
+        raise NotATrace(path, f"no events the analysis can use: none of its {len(events)} events is a complete "
+                              "('ph': 'X') event of a known category (operators, runtime calls, kernels, copies)")
+    # Checked once over the kept events, vectorized, not inside the loop above.
+    check_times(path, events, timed, memory_events, scale)
+    check_sizes(path, events, memory_events, trace.memcpys)
+    origin = 0
+    if scale != 1.0:
+        # Integer nanoseconds since the epoch do not fit a float exactly: subtract the (integer) origin
+        # first, exactly, then scale. Microsecond timestamps fit a float as they are.
+        origin = min(e.ts for e in timed + memory_events)
+        for e in timed:
+            e.ts = (e.ts - origin) * scale
+            e.dur = e.dur * scale
+    trace.origin_us = origin * scale
+    for e in memory_events:
+        a = e.args or Args()
+        trace.memory.append(MemorySample(
+            ts=(e.ts - origin) * scale,
+            device_type=_as_int(a.device_type, 0),
+            device_id=_as_int(a.device_id, -1),
+            bytes=float(a.alloc_bytes or 0),
+            total_allocated=None if a.total_allocated is None else float(a.total_allocated),
+            total_reserved=None if a.total_reserved is None else float(a.total_reserved),
+        ))
+    for group in (trace.steps, trace.runtime, trace.kernels, trace.memcpys, trace.memsets):
+        group.sort(key=_start)
+    trace.ops.sort(key=_start_outer_first)
+    trace.steps[:] = usable_steps(trace.steps, trace.skipped)
+    runtime_names = {e.name for e in trace.runtime}
+    kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
+    trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
+    trace.devices = described_devices(path, doc, runtime_names, kernel_kinds)
+    if not trace.devices:
+        trace.devices = devices_from_events(trace, {e.name for e in trace.kernels})
+    return trace
+
+
+def _accelerator(bucket_of_category: dict) -> tuple[str | None, bool]:
+    """(accelerator, device activity in the CUDA vocabulary) from the categories of the kept events.
+
+    An accelerator's own categories name it (mtia_ccp_events, xpu_runtime); the CUDA vocabulary, which
+    ROCm shares, is 'cuda'. Runtime calls alone name an accelerator only when they are not CUDA's: a
+    CPU run may still call cudaGetDeviceCount.
+    """
+    device, runtime = set(), set()
+    for category, bucket in bucket_of_category.items():
+        if bucket is None:
+            continue
+        kind = kind_of(category)
+        (runtime if kind == "runtime" else device if kind in ("kernel", "memcpy", "memset") else set()).add(
+            accelerator_of(category))
+    gpu_vocabulary = "cuda" in device
+    own = sorted(a for a in device | runtime if a not in (None, "cuda"))
+    return (own[0] if own else "cuda" if gpu_vocabulary else None), gpu_vocabulary
+
+
+def _start(e: Event) -> float:
+    return e.ts
+
+
+def _start_outer_first(e: Event) -> tuple[float, float]:
+    # An operator and its first child can start at the same time: the enclosing (longer) one first.
+    return (e.ts, -e.dur)
+
+
+def load_trace(path: Path | str) -> Trace:
+    """Read one trace file (.json or .json.gz) into a Trace; raise TraceError naming the problem."""
+    path = Path(path)
+    raw = read_bytes(path)
+    with collector_paused():
+        doc = decode(path, raw)
+        del raw
+        if not doc.traceEvents:
+            raise TraceError(path, "trace has no events ('traceEvents' is empty)")
+        return build_trace(path, doc)
+
+
+@contextmanager
+def collector_paused():
+    """Pause the cyclic garbage collector: a trace is hundreds of thousands of small acyclic objects,
+    which the collector would only rescan again and again while they are created and analysed."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

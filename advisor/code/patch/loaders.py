@@ -1,0 +1,295 @@
+"""The DataLoader knobs written where their values are set: in the call, a module constant, an argparse
+default, or (through `advisor.code.settings`) a config in another file of the repository."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from advisor.code.patch.facts import NOT_LITERAL, ScriptFacts, argparse_dest
+from advisor.code.patch.syntax import double_star, dotted, drop_keywords, keyword_arg, literal_node, literal_value, \
+    put_keyword, replace_arg
+from advisor.code.settings import Elsewhere
+from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
+
+DATALOADER_NAMES = ("DataLoader",)
+# Positions in DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+# pin_memory, ...); prefetch_factor and persistent_workers are keyword-only.
+DATALOADER_POSITIONS = {"batch_size": 1, "batch_sampler": 4, "num_workers": 5, "pin_memory": 7}
+MAX_LINE = 100  # where added DataLoader arguments wrap onto a new line
+
+
+def loader_changes(knobs: Knobs, user_values: dict) -> dict[str, Any]:
+    """The DataLoader arguments to write: each knob that is set and differs from the user's value."""
+    changes = {}
+    for name in DATALOADER_KNOBS:
+        value = getattr(knobs, name)
+        if value is None or (name in user_values and user_values[name] == value):
+            continue
+        changes[name] = value
+    return changes
+
+
+def is_dataloader_call(call: cst.Call) -> bool:
+    """`DataLoader(...)`, `data.DataLoader(...)`, `torch.utils.data.DataLoader(...)`."""
+    name = dotted(call.func) or ""
+    return name.rsplit(".", 1)[-1] in DATALOADER_NAMES
+
+
+def rewrite_dataloaders(module: cst.Module, facts: ScriptFacts, knobs: Knobs, user_values: dict, *,
+                        line: int | None = None, elsewhere: "Elsewhere | None" = None) -> cst.Module:
+    """Write the DataLoader knobs into the DataLoader call at `line` (every DataLoader call when None), or
+    where its named values are defined (in this file, or via `elsewhere` in another of the repository)."""
+    changes = loader_changes(knobs, user_values)
+    if not changes:
+        return module
+    rewrite = _LoaderRewrite(facts, changes, user_values, line=line, elsewhere=elsewhere)
+    module = cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(rewrite)
+    if rewrite.constant_changes:
+        module = module.with_changes(body=[_set_constants(s, rewrite.constant_changes) for s in module.body])
+    if rewrite.argparse_changes:
+        module = module.visit(_ArgparseRewrite(rewrite.argparse_changes))
+    return module
+
+
+def _set_constants(statement: cst.BaseStatement, changes: dict[str, Any]) -> cst.BaseStatement:
+    """A module-level `NAME = literal` line with the new literal, when NAME is to change."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return statement
+    body = []
+    for small in statement.body:
+        if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                and small.targets[0].target.value in changes):
+            small = small.with_changes(value=literal_node(changes[small.targets[0].target.value]))
+        elif (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None
+              and small.target.value in changes):
+            small = small.with_changes(value=literal_node(changes[small.target.value]))
+        body.append(small)
+    return statement.with_changes(body=body)
+
+
+class _ArgparseRewrite(cst.CSTTransformer):
+    """`add_argument(..., default=<old>)` → the new default, for the dests that change."""
+
+    def __init__(self, changes: dict[str, Any]):
+        super().__init__()
+        self.changes = changes
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if not (isinstance(updated_node.func, cst.Attribute) and updated_node.func.attr.value == "add_argument"):
+            return updated_node
+        dest = argparse_dest(updated_node)
+        if dest not in self.changes:
+            return updated_node
+        args = [a.with_changes(value=literal_node(self.changes[dest]))
+                if a.keyword is not None and a.keyword.value == "default" else a for a in updated_node.args]
+        return updated_node.with_changes(args=args)
+
+
+class _LoaderRewrite(cst.CSTTransformer):
+    """Sets the DataLoader knobs in each DataLoader call; plans constant and argparse changes."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, facts: ScriptFacts, changes: dict[str, Any], user_values: dict, *, line: int | None = None,
+                 elsewhere: "Elsewhere | None" = None):
+        super().__init__()
+        self.facts = facts
+        self.changes = changes
+        self.user_values = user_values
+        self.line = line
+        self.elsewhere = elsewhere
+        self.constant_changes: dict[str, Any] = {}
+        self.argparse_changes: dict[str, Any] = {}
+        self.comment_frames: list[list[str]] = []  # per enclosing statement: "advisor: was ..." notes
+
+    # The fallback comment goes at the end of the statement that holds the call.
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self.comment_frames.append([])
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        result = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            notes = self.comment_frames.pop()
+            if notes:
+                result = _with_trailing_comment(result, "advisor: " + "; ".join(notes))
+        return result
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if not is_dataloader_call(updated_node):
+            return updated_node
+        if self.line is not None:  # only the training loader: the call that spans the line that built it
+            span = self.get_metadata(PositionProvider, original_node)
+            if not span.start.line <= self.line <= span.end.line:
+                return updated_node
+        call = self._knobs_into(updated_node)
+        # Added arguments are wrapped onto continuation lines aligned after the opening parenthesis.
+        opening = self.get_metadata(PositionProvider, original_node.func).end
+        start = self.get_metadata(PositionProvider, original_node).start.column
+        return _wrap_added(call, updated_node, self.facts.module, paren_column=opening.column, start_column=start)
+
+    def _knobs_into(self, call: cst.Call) -> cst.Call:
+        """The call with the knobs' values (planning constant and argparse changes on the way)."""
+        sampler = _find_arg(call, "batch_sampler")
+        if "batch_size" in self.changes and (sampler is None or literal_value(sampler.value) == (True, None)):
+            call = self._set(call, "batch_size", self.changes["batch_size"])
+        if "num_workers" in self.changes:
+            call = self._set(call, "num_workers", self.changes["num_workers"])
+        workers_node = self._workers(call)
+        workers = self._static_value(workers_node)  # None: known only at run time
+        if "pin_memory" in self.changes:
+            call = self._set(call, "pin_memory", self.changes["pin_memory"])
+        if workers == 0:
+            # DataLoader rejects these without worker processes (the user's values were valid for
+            # their own worker count, so fewer workers means dropping them; False / None may stay).
+            harmless = {"persistent_workers": (True, False), "prefetch_factor": (True, None)}
+            return drop_keywords(call, [a.keyword.value for a in call.args if a.keyword is not None
+                                         and a.keyword.value in harmless
+                                         and literal_value(a.value) != harmless[a.keyword.value]])
+        if "persistent_workers" in self.changes:
+            value = self.changes["persistent_workers"]
+            if value and workers is None:
+                call = put_keyword(call, "persistent_workers", _workers_check(workers_node))
+            else:
+                call = self._set(call, "persistent_workers", value)
+        if "prefetch_factor" in self.changes:
+            value = self.changes["prefetch_factor"]
+            if workers is None:
+                expr = cst.IfExp(test=_workers_check(workers_node), body=literal_node(value),
+                                 orelse=cst.Name("None"))
+                call = put_keyword(call, "prefetch_factor", expr)
+            else:
+                call = self._set(call, "prefetch_factor", value)
+        return call
+
+    def _workers(self, call: cst.Call) -> cst.BaseExpression:
+        """The expression that gives the call's worker count."""
+        found = _find_arg(call, "num_workers")
+        if found is not None:
+            return found.value
+        mapping = double_star(call)
+        if mapping is None:
+            return cst.Integer("0")
+        if "num_workers" in self.changes:
+            return literal_node(self.changes["num_workers"])
+        # `DataLoader(..., **options)`: the count is in the user's mapping, or the default 0.
+        options = mapping.value
+        if isinstance(options, cst.Dict) and options.elements and isinstance(options.elements[0], cst.StarredDictElement):
+            options = options.elements[0].value  # already merged into `{**options, ...}` above
+        return cst.parse_expression('x.get("num_workers", 0)').with_changes(
+            func=cst.Attribute(value=options, attr=cst.Name("get")))
+
+    def _static_value(self, node: cst.BaseExpression) -> Any:
+        """The value an argument has whatever the command line: a literal or a module constant."""
+        ok, value = literal_value(node)
+        if ok:
+            return value
+        if isinstance(node, cst.Name):
+            if node.value in self.constant_changes:
+                return self.constant_changes[node.value]
+            ok, value = self.facts.constant(node.value)
+            if ok:
+                return value
+        return None
+
+    def _set(self, call: cst.Call, name: str, value: Any) -> cst.Call:
+        """Give the DataLoader argument `name` the value: in place, at its definition, or added."""
+        arg = _find_arg(call, name)
+        if arg is None:
+            return put_keyword(call, name, literal_node(value))
+        ok, current = literal_value(arg.value)
+        if ok:
+            if current == value and type(current) is type(value):
+                return call
+            return replace_arg(call, arg, literal_node(value))
+        user = self.user_values.get(name, NOT_LITERAL)
+        if isinstance(arg.value, cst.Name):
+            ok, current = self.facts.constant(arg.value.value)
+            if ok and (user is NOT_LITERAL or current == user):
+                self.constant_changes[arg.value.value] = value
+                return call
+        if isinstance(arg.value, cst.Attribute) and isinstance(arg.value.value, cst.Name):
+            ok, current = self.facts.argparse_default(arg.value.attr.value)
+            if ok and (user is NOT_LITERAL or current == user):
+                self.argparse_changes[arg.value.attr.value] = value
+                return call
+            if ok and self.elsewhere is not None:
+                # A flag whose default is not what ran: the command line set it. Writing a literal over
+                # it would silently disable the flag; the command is what to change.
+                flag = arg.value.attr.value
+                self.elsewhere.notes.append(f"{name} comes from the command line (--{flag} {user!r} overrode its "
+                                            f"default): run with --{flag} {value!r}")
+                return call
+        if self.elsewhere is not None and isinstance(arg.value, (cst.Attribute, cst.Name)) and user is not NOT_LITERAL:
+            key = arg.value.attr.value if isinstance(arg.value, cst.Attribute) else arg.value.value
+            if self.elsewhere.set(key, user, value, parameters=isinstance(arg.value, cst.Name)):
+                return call
+        self.comment_frames[-1].append(f"was {name}={self.facts.module.code_for_node(arg.value)}")
+        return replace_arg(call, arg, literal_node(value))
+
+
+def _wrap_added(call: cst.Call, before: cst.Call, module: cst.Module, *, paren_column: int,
+                start_column: int) -> cst.Call:
+    """Break the line before each added argument that would take it past MAX_LINE characters."""
+    had = {a.keyword.value for a in before.args if a.keyword is not None}
+    args = list(call.args)
+    first_new = len(args)
+    while first_new > 0 and args[first_new - 1].keyword is not None and args[first_new - 1].keyword.value not in had:
+        first_new -= 1
+    if first_new == len(args) or first_new == 0 or isinstance(before.args[-1].comma, cst.Comma):
+        return call  # nothing added, no argument to follow, or one-per-line style already
+    head = module.code_for_node(call.with_changes(args=args[:first_new]))[:-1]  # without ")"
+    lines = head.split("\n")
+    width = len(lines[-1]) + (start_column if len(lines) == 1 else 0)
+    indent = paren_column + 1
+    for i in range(first_new, len(args)):
+        text = module.code_for_node(args[i].with_changes(comma=cst.MaybeSentinel.DEFAULT))
+        if width + 2 + len(text) + 1 > MAX_LINE:  # ", " before it, ")" or "," after it
+            space: cst.BaseParenthesizableWhitespace = cst.ParenthesizedWhitespace(
+                indent=False, last_line=cst.SimpleWhitespace(" " * indent))
+            width = indent + len(text)
+        else:
+            space = cst.SimpleWhitespace(" ")
+            width += 2 + len(text)
+        args[i - 1] = args[i - 1].with_changes(comma=cst.Comma(whitespace_after=space))
+    return call.with_changes(args=args)
+
+
+def _find_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    """The argument for DataLoader parameter `name`: by keyword, or at its position."""
+    found = keyword_arg(call, name)
+    position = DATALOADER_POSITIONS.get(name)
+    if found is not None or position is None:
+        return found
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in positional):
+        return None  # *args: positions unknown
+    return positional[position] if len(positional) > position else None
+
+
+def _workers_check(workers: cst.BaseExpression) -> cst.BaseExpression:
+    """`<workers> > 0`, for arguments that are only valid with worker processes."""
+    if not isinstance(workers, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not workers.lpar:
+        workers = workers.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])  # keep precedence
+    return cst.Comparison(left=workers, comparisons=[cst.ComparisonTarget(cst.GreaterThan(), cst.Integer("0"))])
+
+
+def _with_trailing_comment(statement: Any, text: str) -> Any:
+    """The statement with `# text` at the end of its (first) line, after any comment already there."""
+    def extend(trailing: cst.TrailingWhitespace) -> cst.TrailingWhitespace:
+        if trailing.comment is not None:
+            return trailing.with_changes(comment=cst.Comment(f"{trailing.comment.value}  # {text}"))
+        return trailing.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(f"# {text}"))
+
+    if isinstance(statement, cst.SimpleStatementLine):
+        return statement.with_changes(trailing_whitespace=extend(statement.trailing_whitespace))
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        return statement.with_changes(body=body.with_changes(header=extend(body.header)))
+    if isinstance(body, cst.SimpleStatementSuite):
+        return statement.with_changes(body=body.with_changes(trailing_whitespace=extend(body.trailing_whitespace)))
+    return statement

@@ -1,0 +1,207 @@
+"""The multi-file plan: which files the knobs are written into, each rewritten and compiled, then diffed
+against the original into one patch that `patch -p1` or `git apply` applies."""
+
+from __future__ import annotations
+
+import difflib
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from advisor.code.patch.facts import ScriptFacts
+from advisor.code.patch.loaders import rewrite_dataloaders
+from advisor.code.patch.step import TargetRewrite, add_module_statements
+from advisor.code.patch.step_body import StepPlan
+from advisor.code.patch.syntax import after_imports
+from advisor.code.settings import Elsewhere, search_files, set_definitions
+from advisor.errors import AdvisorError
+from advisor.trials.knobs import Knobs
+
+PATCH_NAME = "suggested.patch"
+
+
+@dataclass
+class Patch:
+    """A suggested change: the unified diff over one or more files of the repository, and notes on what
+    it leaves to the user (a flag to pass, a change it could not write)."""
+
+    diff: str
+    notes: list[str] = field(default_factory=list)
+
+
+def site_of(site: str | None) -> tuple[Path, int] | None:
+    """`/path/file.py:LINE` -> (path, line)."""
+    if not site or ":" not in site:
+        return None
+    path, _, line = site.rpartition(":")
+    return (Path(path), int(line)) if line.isdigit() and Path(path).is_file() else None
+
+
+def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
+               root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
+               step_file: Path | None = None) -> Patch:
+    """The change that applies `knobs` where the script sets them.
+
+    `target`: the step function in `step_file` (default: the script) that autocast, non_blocking and
+    gradient accumulation are written into (None: none of those). `loader_site`: where the training
+    loader is built (`file.py:LINE`; default: every DataLoader call of the script); its values are
+    changed where they are set — in its call, a constant, a flag's default, a config in another module.
+    The threads knob is `torch.set_num_threads(N)` after the script's imports.
+    """
+    script = Path(script).resolve()
+    root = Path(root).resolve() if root is not None else script.parent
+    user_values = user_values or {}
+    sources: dict[Path, str] = {}
+    encodings: dict[Path, str] = {}
+
+    def module_of(path: Path) -> cst.Module:
+        if path not in sources:
+            sources[path], encodings[path] = read_source(path)
+        return parse_source(sources[path], str(path))
+
+    edited: dict[Path, cst.Module] = {}
+    notes: list[str] = []
+    found = site_of(loader_site)
+    loader_file, line = (found[0].resolve(), found[1]) if found else (script, None)
+    elsewhere = Elsewhere(search_files(script, loader_file, root), loader_file)
+    module = module_of(loader_file)
+    edited[loader_file] = rewrite_dataloaders(module, ScriptFacts.collect(module), knobs, user_values, line=line,
+                                              elsewhere=elsewhere)
+    notes += elsewhere.notes
+    for path in {d.file for d, _ in elsewhere.changes}:
+        base = edited.get(path) or module_of(path)
+        edited[path] = set_definitions(base, [(d, v) for d, v in elsewhere.changes if d.file == path])
+    step_path = Path(step_file).resolve() if step_file is not None else script
+    if target is not None and (knobs.amp or knobs.non_blocking or (accumulation_steps or 1) > 1):
+        base = edited.get(step_path) or module_of(step_path)
+        edited[step_path] = rewrite_step(base, target, knobs, accumulation_steps, str(step_path))
+    elif knobs.amp or knobs.non_blocking:
+        notes.append("autocast and non_blocking copies are not written: the function that runs the step is not "
+                     "known; put the forward under torch.autocast and pass non_blocking=True to .to(device)")
+    if knobs.threads and knobs.threads != user_values.get("threads"):
+        base = edited.get(script) or module_of(script)
+        edited[script] = add_threads(base, knobs.threads)
+    diffs = []
+    for path, after in sorted(edited.items()):
+        if path not in sources:
+            continue
+        try:
+            rel = path.relative_to(root).as_posix()
+        except ValueError:
+            raise AdvisorError(f"{path}: cannot patch: the file is not inside {root}") from None
+        text = after.code
+        try:
+            compile(text, str(path), "exec", dont_inherit=True)
+        except SyntaxError as exc:  # a bug here, never the user's: their file parsed
+            raise AdvisorError(f"{path}: cannot patch: the patched source does not compile ({exc.msg})") from None
+        diffs.append(unified_diff(sources[path], text, rel))
+    return Patch("".join(diffs), notes)
+
+
+def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
+                  root: Path | None = None, accumulation_steps: int | None = None,
+                  loader_site: str | None = None, step_file: Path | None = None) -> str:
+    """The unified diff (`a/<rel>`, `b/<rel>` headers per file) that applies `knobs`; '' if none."""
+    return plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
+                      loader_site=loader_site, step_file=step_file).diff
+
+
+def write_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, folder: Path, *,
+                root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
+                step_file: Path | None = None) -> tuple[Path | None, list[str]]:
+    """Write `folder/suggested.patch`; return its path (None when nothing changes) and the patch's notes."""
+    patch = plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
+                       loader_site=loader_site, step_file=step_file)
+    if not patch.diff:
+        return None, patch.notes
+    path = Path(folder) / PATCH_NAME
+    _, encoding = read_source(Path(script))
+    # The script's own encoding, untranslated newlines: the diff's context lines must match its bytes.
+    with open(path, "w", encoding=encoding, newline="") as handle:
+        handle.write(patch.diff)
+    return path, patch.notes
+
+
+def read_source(script: Path) -> tuple[str, str]:
+    """The script's text exactly as on disk (newlines untranslated) and its encoding."""
+    try:
+        with open(script, "rb") as handle:
+            encoding, _ = tokenize.detect_encoding(handle.readline)
+        return script.read_bytes().decode(encoding), encoding
+    except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+        raise AdvisorError(f"{script}: cannot patch: {exc}") from None
+
+
+def unified_diff(before: str, after: str, rel: str) -> str:
+    """`diff -u` of two texts, headers `a/<rel>` and `b/<rel>`; '' when they are equal."""
+    if before == after:
+        return ""
+    out = []
+    for line in difflib.unified_diff(split_lines(before), split_lines(after), f"a/{rel}", f"b/{rel}"):
+        if not line.endswith("\n"):  # a last line without a newline needs patch's marker
+            line += "\n\\ No newline at end of file\n"
+        out.append(line)
+    return "".join(out)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their endings, split on "\\n" only (str.splitlines also splits on form feeds)."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def parse_source(source: str, filename: str) -> cst.Module:
+    """The syntax tree of a file to patch; a one-line error when it does not parse."""
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise AdvisorError(f"{filename}: cannot patch: the script does not parse (line {exc.raw_line})") from None
+
+
+def rewrite_step(module: cst.Module, target: str, knobs: Knobs, accumulation_steps: int | None,
+                 filename: str) -> cst.Module:
+    """The module with autocast, the GradScaler, non_blocking copies and gradient accumulation written
+    into the step function `target`."""
+    if accumulation_steps is not None and (not isinstance(accumulation_steps, int) or accumulation_steps < 1):
+        raise AdvisorError(f"{filename}: cannot patch: accumulation_steps must be a positive integer")
+    facts = ScriptFacts.collect(module)
+    if not facts.target_exists(target):
+        raise AdvisorError(f"{filename}: cannot patch: {facts.not_found_message(target)}")
+    accumulation = accumulation_steps if accumulation_steps and accumulation_steps > 1 else None
+    step = StepPlan(
+        amp=knobs.amp, non_blocking=bool(knobs.non_blocking), accumulation=accumulation,
+        scaler_name=facts.free_name("scaler", "grad_scaler", "advisor_scaler"),
+    )
+    transformer = TargetRewrite(target, step, facts)
+    module = module.visit(transformer)
+    return add_module_statements(module, facts, step, transformer)
+
+
+def add_threads(module: cst.Module, threads: int) -> cst.Module:
+    """`torch.set_num_threads(N)` right after the imports (with `import torch` if the script has none)."""
+    facts = ScriptFacts.collect(module)
+    body = list(module.body)
+    index = after_imports(body)
+    lines = [] if facts.torch_bound else [cst.parse_statement("import torch")]
+    lines.append(cst.parse_statement(f"torch.set_num_threads({int(threads)})  # torch's intra-op threads"))
+    return module.with_changes(body=[*body[:index], *lines, *body[index:]])
+
+
+def patched_source(source: str, target: str, knobs: Knobs, user_values: dict, *,
+                   accumulation_steps: int | None = None, filename: str = "<script>") -> str:
+    """The script's source with the knobs written in (every DataLoader call, the step `target`); raises
+    AdvisorError if that cannot be done."""
+    module = parse_source(source, filename)
+    facts = ScriptFacts.collect(module)
+    if not facts.target_exists(target):
+        raise AdvisorError(f"{filename}: cannot patch: {facts.not_found_message(target)}")
+    module = rewrite_dataloaders(module, facts, knobs, user_values)
+    module = rewrite_step(module, target, knobs, accumulation_steps, filename)
+    after = module.code
+    try:
+        compile(after, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:  # a bug here, never the user's: their script parsed
+        raise AdvisorError(f"{filename}: cannot patch: the patched source does not compile ({exc.msg})") from None
+    return after

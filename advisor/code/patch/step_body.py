@@ -1,0 +1,157 @@
+"""Inside the step function's body: non_blocking copies, GradScaler calls, accumulation guards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+
+from advisor.code.patch.facts import ScriptFacts
+from advisor.code.patch.syntax import dotted, keyword_arg, method_call, put_keyword, statement_call
+
+ACCUMULATION_CONSTANT = "ACCUMULATION_STEPS"
+ACCUMULATION_COUNTER = "accumulation_micro_step"
+
+
+@dataclass
+class StepPlan:
+    """What to change inside the target."""
+
+    amp: str | None
+    non_blocking: bool
+    accumulation: int | None
+    scaler_name: str
+
+    @property
+    def fp16(self) -> bool:
+        """fp16 autocast, which needs a GradScaler."""
+        return self.amp == "fp16"
+
+
+DTYPE_NAMES = {
+    "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8", "int16",
+    "short", "int32", "int", "int64", "long", "bool", "complex64", "cfloat", "complex128", "cdouble",
+    "float8_e4m3fn", "float8_e5m2",
+}
+
+
+def is_optimizer(name: str | None, facts: ScriptFacts) -> bool:
+    """A receiver that is an optimizer: assigned from torch.optim, annotated, or named like one."""
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1].lower()
+    return name in facts.optimizers or "optim" in last or last == "opt"
+
+
+def _is_scheduler(name: str | None, facts: ScriptFacts) -> bool:
+    """A receiver that is a learning-rate scheduler: assigned from lr_scheduler, or named like one."""
+    if name is None:
+        return False
+    return name in facts.schedulers or "sched" in name.rsplit(".", 1)[-1].lower()
+
+
+class StepBodyRewrite(cst.CSTTransformer):
+    """Inside one target body: non_blocking copies, GradScaler calls, accumulation guards."""
+
+    def __init__(self, plan: StepPlan, facts: ScriptFacts, params: dict[str, str]):
+        super().__init__()
+        self.plan = plan
+        self.facts = facts
+        self.module_params = {n for n, a in params.items() if a.split(".")[-1] == "Module"}
+        self.seen_backward = False
+        self.optimizer_steps_total = 0
+        self.optimizer_steps_seen = 0
+        self.use_scaler = False
+        self.used_scaler = False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        func = updated_node.func
+        if not isinstance(func, cst.Attribute):
+            return updated_node
+        method = func.attr.value
+        if method == "backward":
+            return self._backward(updated_node)
+        if self.plan.non_blocking and method in ("to", "cuda") and self._copies_to_device(updated_node):
+            return put_keyword(updated_node, "non_blocking", cst.Name("True"))
+        return updated_node
+
+    def _backward(self, call: cst.Call) -> cst.BaseExpression:
+        """`x.backward()` → `(x / ACCUMULATION_STEPS).backward()` and/or `scaler.scale(x).backward()`."""
+        self.seen_backward = True
+        func = call.func
+        assert isinstance(func, cst.Attribute)
+        receiver = func.value
+        if isinstance(receiver, cst.Call) and method_call(receiver, "scale") is not None:
+            return call  # already scaled by the user's own GradScaler
+        if dotted(receiver) in ("torch.autograd", "autograd"):
+            return call  # torch.autograd.backward(tensors): a function, not a tensor method
+        if self.plan.accumulation:
+            receiver = cst.BinaryOperation(
+                left=receiver, operator=cst.Divide(), right=cst.Name(ACCUMULATION_CONSTANT),
+                lpar=[] if self.use_scaler else [cst.LeftParen()],
+                rpar=[] if self.use_scaler else [cst.RightParen()],
+            )
+        if self.use_scaler:
+            receiver = cst.parse_expression(f"{self.plan.scaler_name}.scale(x)").with_changes(
+                args=[cst.Arg(value=receiver)])
+            self.used_scaler = True
+        return call.with_changes(func=func.with_changes(value=receiver))
+
+    def _copies_to_device(self, call: cst.Call) -> bool:
+        """A `.to(<device>)` / `.cuda()` on a tensor that has no non_blocking yet."""
+        func = call.func
+        assert isinstance(func, cst.Attribute)
+        receiver = dotted(func.value)
+        if receiver is not None:
+            last = receiver.rsplit(".", 1)[-1].lower()
+            if receiver in self.module_params or last == "self" or any(w in last for w in ("model", "net", "module")):
+                return False
+        if keyword_arg(call, "non_blocking") is not None or any(a.star for a in call.args):
+            return False
+        positional = [a.value for a in call.args if a.keyword is None]
+        if func.attr.value == "cuda":
+            return len(positional) < 2
+        if any(isinstance(v, cst.Name) and v.value in ("True", "False") for v in positional):
+            return False  # non_blocking passed by position
+        if not positional:
+            return keyword_arg(call, "device") is not None
+        first = dotted(positional[0]) or ""
+        if first.startswith("torch.") and first.split(".", 1)[1] in DTYPE_NAMES:
+            return False  # dtype-only conversion: no copy to a device
+        return "dtype" not in first.rsplit(".", 1)[-1].lower()
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
+                                  updated_node: cst.SimpleStatementLine) -> Any:
+        call = statement_call(updated_node)
+        if call is None:
+            return updated_node
+        plan = self.plan
+        optimizer = method_call(call, "step")
+        if not call.args and is_optimizer(optimizer, self.facts):
+            self.optimizer_steps_seen += 1
+            lines: list[cst.BaseStatement] = [updated_node]
+            if self.use_scaler:
+                lines = [updated_node.with_changes(body=[cst.Expr(cst.parse_expression(
+                    f"{plan.scaler_name}.step({optimizer})"))])]
+                if self.optimizer_steps_seen == self.optimizer_steps_total:
+                    lines.append(cst.parse_statement(f"{plan.scaler_name}.update()"))
+            return self._guard(lines, "last_micro_step") if plan.accumulation else _flatten(lines)
+        if plan.accumulation and method_call(call, "zero_grad") is not None:
+            # Before the backward it clears the previous cycle's gradients; after it, this one's.
+            return self._guard([updated_node], "last_micro_step" if self.seen_backward else "first_micro_step")
+        if plan.accumulation and not call.args and _is_scheduler(method_call(call, "step"), self.facts):
+            return self._guard([updated_node], "last_micro_step")
+        return updated_node
+
+    def _guard(self, lines: list[cst.BaseStatement], flag: str) -> cst.If:
+        """`if <flag>:` around the lines; comments above the first line stay above the `if`."""
+        first = lines[0]
+        return cst.If(test=cst.Name(flag),
+                      body=cst.IndentedBlock(body=[first.with_changes(leading_lines=[]), *lines[1:]]),
+                      leading_lines=first.leading_lines)
+
+
+def _flatten(lines: list[cst.BaseStatement]) -> Any:
+    """One statement, or several in place of one (what a transformer's leave_ may return)."""
+    return lines[0] if len(lines) == 1 else cst.FlattenSentinel(lines)

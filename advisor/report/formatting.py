@@ -1,0 +1,66 @@
+"""Figures as the report shows them: text only, the numbers come from session.json and each Diagnosis."""
+
+from __future__ import annotations
+
+
+def pct(x: float | None) -> str:
+    """0.123 → '12.3%'."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def ms(x: float | None) -> str:
+    """Milliseconds with two decimals."""
+    return "n/a" if x is None else f"{x:.2f} ms"
+
+
+def spread(row: dict) -> str:
+    """A trial's samples/s interval as ' ±12%' (half its 95% interval), or '' when it has none."""
+    interval, sps = row.get("interval"), row.get("samples_per_s")
+    if (not isinstance(interval, (list, tuple)) or len(interval) != 2 or not isinstance(sps, (int, float))
+            or not all(isinstance(v, (int, float)) for v in interval) or not sps > 0):
+        return ""
+    return f" ±{50 * (interval[1] - interval[0]) / sps:.0f}%"
+
+
+def seconds_ms(x: float | None) -> str:
+    """Seconds shown as milliseconds."""
+    return "n/a" if x is None else f"{1000 * x:.1f} ms"
+
+
+def gb(x: float | None) -> str:
+    """Bytes as GB."""
+    return "n/a" if x is None else f"{x / 1e9:.2f} GB"
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    """A plain number, or n/a."""
+    return "n/a" if x is None else f"{x:,.{digits}f}"
+
+
+def gain(x: float | None) -> str:
+    """A share of step time saved, signed: '+12.0%'."""
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+def flatten(facts: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested device facts as ('cpu.model', 'Intel ...') rows."""
+    rows = []
+    for key, value in facts.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            rows += flatten(value, name + ".")
+        elif isinstance(value, (list, tuple)):
+            rows.append((name, ", ".join(str(v) for v in value)))
+        elif isinstance(value, float) or (isinstance(value, int) and key.endswith(("bytes", "memory", "mem"))):
+            rows.append((name, gb(value) if key.endswith(("bytes", "memory", "mem")) else f"{value:g}"))
+        else:
+            rows.append((name, "n/a" if value is None else str(value)))
+    return rows
+
+
+def memory_cap_text(cap: object) -> str:
+    """What --memory-limit capped, in words ('' when nothing was capped or the record is not readable)."""
+    if not isinstance(cap, dict) or not isinstance(cap.get("bytes"), (int, float)):
+        return ""
+    return (f"{cap['bytes'] / 2**30:.2f} GiB of {cap.get('what') or 'memory'} on {cap.get('device') or '?'} "
+            f"({cap.get('how') or '?'})")
