@@ -7,7 +7,7 @@ and quick.
 
 __version__ = "0.1.0"
 
-_API = ("analyze", "profile", "tune", "Session", "Trial", "Diagnosis")
+_API = ("analyze", "profile", "tune", "Session", "Trial", "Diagnosis", "Job")
 
 
 def __getattr__(name: str):

@@ -3,7 +3,8 @@
 Same implementation as the CLI, run in the notebook's own process instead of a subprocess:
 
 - `analyze(path)` is `advisor.analysis.analyze.analyze_file`, returning a `Diagnosis` that also converts to a
-  pandas DataFrame and displays itself as the HTML report does.
+  pandas DataFrame and displays itself as the HTML report does; on a folder of per-rank traces, a `Job`:
+  the ranks side by side (`to_frame()`), each rank's own frame (`frames()`), the straggler and verdict.
 - `profile(train_step, loader)` runs one trial in-process: `train_step(batch)` is called once per batch
   of the loader and driven by the harness's `StepDriver` (profiler schedule, timing, memory, step
   records, `ProfilerStep#N` spans), under the step knobs (`StepInterposition`: autocast, GradScaler,
@@ -30,8 +31,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from advisor.analysis import diagnosis as _diagnosis
+from advisor.analysis import job as _job
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
+from advisor.analysis.job import jobs_of
 from advisor.errors import AdvisorError
 from advisor.files import inside, regular_traces_in
 from advisor.code.lint import script_findings
@@ -95,14 +98,69 @@ class Diagnosis(_diagnosis.Diagnosis):
         return render_diagnosis_html(self)
 
 
-def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis:
-    """Diagnose a recorded trace file (or a folder holding one trace, such as a trial folder)."""
+class Job:
+    """A data-parallel job's ranks (`advisor.analysis.job.Job`), with pandas forms and the report's look."""
+
+    def __init__(self, job: _job.Job):
+        self.job = job
+        self.ranks = [Diagnosis.of(d) for d in job.ranks]  # by rank, each with its own to_frame()
+        self.straggler = job.straggler
+        self.bound = job.bound
+        self.verdict = job.verdict
+        self.recommendations = job.recommendations
+
+    def __repr__(self) -> str:
+        return f"<advisor.Job {len(self.ranks)} of {self.job.world_size} ranks: {self.verdict}>"
+
+    def rank(self, number: int) -> Diagnosis:
+        """One rank's Diagnosis."""
+        for d in self.ranks:
+            if _job.rank_of(d) == number:
+                return d
+        raise AdvisorError(f"{self.job.source}: no trace of rank {number} (ranks {list(self.job.rank_numbers)})")
+
+    def to_frame(self):
+        """The ranks side by side, one row each: step, own time, exposed and overlapped communication,
+        collectives, the breakdown by role (ms per step), the bound, and which rank is the straggler."""
+        import pandas as pd
+
+        straggler = self.straggler.rank if self.straggler else None
+        rows = []
+        for d in self.ranks:
+            c = d.communication
+            rows.append({
+                "rank": _job.rank_of(d), "step_ms": d.step_time_us / 1000, "own_ms": _job.own_us(d) / 1000,
+                "exposed_communication_ms": _job.exposed_us(d) / 1000,
+                "overlapped_communication_ms": c.overlapped_us / 1000 if c else 0.0,
+                "collectives_per_step": c.count if c else 0.0, "collective_bytes_per_step": c.bytes if c else None,
+                **{f"{role}_ms": d.breakdown_us[role] / 1000 for role in ROLES},
+                "bound": d.bound, "straggler": _job.rank_of(d) == straggler, "trace": d.source})
+        return pd.DataFrame(rows).set_index("rank")
+
+    def frames(self) -> dict[int, Any]:
+        """Each rank's own figures frame (`Diagnosis.to_frame`), by rank."""
+        return {_job.rank_of(d): d.to_frame() for d in self.ranks}
+
+    def _repr_html_(self) -> str:
+        from advisor.report.notebook import render_job_html
+
+        return render_job_html(self.job)
+
+
+def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis | Job:
+    """Diagnose a recorded trace file, or a folder holding one trace (such as a trial folder); a folder of
+    per-rank traces of one data-parallel job gives a `Job` (its ranks side by side)."""
     path = Path(path)
     if path.is_dir():
         files = trace_files(path)
+        if len(files) > 1:
+            diagnoses = [analyze_file(f, steps, linter=script_findings) for f in files]
+            jobs = jobs_of(diagnoses)
+            if len(jobs) == 1 and len(jobs[0].ranks) == len(diagnoses):
+                return Job(jobs[0])
         if len(files) != 1:
-            raise AdvisorError(f"{path}: holds {len(files)} trace files; pass one of them "
-                               f"(advisor.analysis.analyze.analyze_path diagnoses them all)")
+            raise AdvisorError(f"{path}: holds {len(files)} trace files that are not the ranks of one data-parallel "
+                               f"job; pass one of them (advisor.analysis.analyze.analyze_path diagnoses them all)")
         path = files[0]
     return Diagnosis.of(analyze_file(path, steps, linter=script_findings))
 

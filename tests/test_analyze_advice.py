@@ -26,7 +26,8 @@ IMAGES = "h100-image-classifier-workers0.pt.trace.json.gz"
 # The bound each recommendation addresses (the contract the session relies on).
 BOUND_OF = {"more-workers": "input", "pin-memory": "copy", "non-blocking": "copy", "fewer-copy-bytes": "copy",
             "larger-batch": "host", "cuda-graphs": "host", "fused-optimizer": "host", "amp": "compute",
-            "channels-last": "compute", "memory-growth": "memory", "activation-checkpointing": "memory"}
+            "channels-last": "compute", "memory-growth": "memory", "activation-checkpointing": "memory",
+            "ddp-buckets": "communication", "no-sync-accumulation": "communication"}
 
 
 def ids(d) -> list[str]:

@@ -12,9 +12,19 @@ from conftest import SAMPLE_RUNS, run_advisor
 RUNS = sorted(SAMPLE_RUNS.glob("*/trials/*/trial.json"))
 
 
+def _traces_of(trial_json):
+    """The trial's traces: one, or one per rank of a data-parallel trial (by rank)."""
+    return sorted(trial_json.parent.glob("*.pt.trace.json.gz"))
+
+
 def _trace_of(trial_json):
-    (trace,) = sorted(trial_json.parent.glob("*.pt.trace.json.gz"))
+    (trace,) = _traces_of(trial_json)
     return trace
+
+
+def _summaries(trial: dict) -> list[dict]:
+    """The trial's summary per trace: each rank's own in a data-parallel trial."""
+    return [r["summary"] for r in trial["ranks"]] if trial.get("ranks") else [trial["summary"]]
 
 
 def test_sample_runs_exist():
@@ -27,14 +37,17 @@ def test_sample_runs_exist():
 @pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: f"{p.parts[-4]}-{p.parts[-2]}")
 def test_cpu_trace_matches_its_trial(trial_json):
     trial = json.loads(trial_json.read_text())
-    d = analyze_file(_trace_of(trial_json))
-    assert d.platform == "cpu" and d.device is None and d.gpu_utilization is None
-    assert d.trial["name"] == trial["name"]
-    assert len(d.steps) == trial["summary"]["steps_recorded"]
-    # The trace's steps and the trial's own wall-clock timing describe the same steps.
-    assert d.extra["median_step_us"] / 1e6 == pytest.approx(trial["summary"]["median_step_s"], rel=0.10)
-    assert sum(d.breakdown_share.values()) == pytest.approx(1.0, abs=1e-6)
-    assert d.breakdown_us["kernel"] == 0 and d.copies.count == 0
+    traces, summaries = _traces_of(trial_json), _summaries(trial)
+    assert len(traces) == len(summaries)
+    for trace, summary in zip(traces, summaries):
+        d = analyze_file(trace)
+        assert d.platform == "cpu" and d.device is None and d.gpu_utilization is None
+        assert d.trial["name"] == trial["name"]
+        assert len(d.steps) == summary["steps_recorded"]
+        # The trace's steps and the trial's own wall-clock timing describe the same steps.
+        assert d.extra["median_step_us"] / 1e6 == pytest.approx(summary["median_step_s"], rel=0.10)
+        assert sum(d.breakdown_share.values()) == pytest.approx(1.0, abs=1e-6)
+        assert d.breakdown_us["kernel"] == 0 and d.copies.count == 0
 
 
 def test_image_classifier_is_dataloader_bound():
@@ -50,8 +63,8 @@ def test_trials_run_under_autocast_are_not_told_to_use_it():
     for trial_json in RUNS:
         trial = json.loads(trial_json.read_text())
         if trial["knobs"].get("amp"):
-            d = analyze_file(_trace_of(trial_json))
-            assert "amp" not in [r.id for r in d.recommendations]
+            for trace in _traces_of(trial_json):
+                assert "amp" not in [r.id for r in analyze_file(trace).recommendations]
 
 
 def test_char_transformer_is_matmul_bound_and_gets_bf16():
@@ -68,14 +81,16 @@ def test_sample_runs_folder_cli():
     assert proc.returncode == 0, proc.stderr
     assert "image_classifier.py, trial 00-baseline" in proc.stdout
     assert "char_transformer.py, trial 00-baseline" in proc.stdout
-    assert len(analyze_path(SAMPLE_RUNS)) == len(RUNS)
+    assert len(analyze_path(SAMPLE_RUNS)) == sum(len(_traces_of(run)) for run in RUNS)
 
 
 @pytest.mark.parametrize("trial_json", RUNS, ids=lambda p: f"{p.parts[-4]}-{p.parts[-2]}")
 def test_cpu_trace_json_document(trial_json):
     proc = run_advisor("analyze", "--json", str(trial_json.parent))
     assert proc.returncode == 0, proc.stderr
-    (t,) = json.loads(proc.stdout)["traces"]
-    assert t["platform"] == "cpu" and t["device"] is None and t["gpu_utilization"] is None
-    assert t["eligible_op_share"] is None and 0 <= t["eligible_share"] <= 1
+    traces = json.loads(proc.stdout)["traces"]
+    assert len(traces) == len(_traces_of(trial_json))
+    for t in traces:
+        assert t["platform"] == "cpu" and t["device"] is None and t["gpu_utilization"] is None
+        assert t["eligible_op_share"] is None and 0 <= t["eligible_share"] <= 1
     assert t["trial"]["name"] == trial_json.parent.name

@@ -10,6 +10,8 @@ import psutil
 import pytest
 from trial_helpers import trial_record, write_script
 
+from advisor.analysis.analyze import analyze_path
+from advisor.analysis.job import jobs_of
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.trials.knobs import APPLIED, Knobs
@@ -115,3 +117,17 @@ def test_a_session_on_the_ddp_example_with_a_straggler(tmp_path):
     assert baseline["summary"]["samples_per_s"] == pytest.approx(sum(ranks))
     assert state["trials"][0]["samples_per_s"] == pytest.approx(sum(ranks), rel=0.05)
     assert state["trials"][1]["recommendation"] == "more-workers"  # the straggler is bound by its loader
+    # The session followed the job, not rank 0 (which alone waits in collectives): the bound is rank 1's loader.
+    assert state["trials"][1]["tried_under"] == "input"
+    report = (out / "report.html").read_text()
+    assert 'class="straggler-row"' in report and "Job: rank 1 is the straggler" in report
+
+
+def test_a_straggler_made_on_rank_zero_is_found_and_named(tmp_path):
+    trial = run_trial(f"{DDP_EXAMPLE}:train_step", Knobs(), tmp_path / "t", steps=3, wait=1, warmup=1, device="cpu",
+                      nproc_per_node=2, script_args=["--slow-rank", "0"])
+    assert trial.ok, trial.message
+    (job,) = jobs_of(analyze_path(trial.path))
+    assert job.rank_numbers == (0, 1) and job.backend == "gloo"
+    assert job.straggler is not None and job.straggler.rank == 0 and job.straggler.bound == "input"
+    assert job.ranks[1].communication.exposed_us > job.ranks[0].communication.exposed_us

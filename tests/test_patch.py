@@ -18,6 +18,7 @@ import pytest
 from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.code.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
+from advisor.code.patch.plan import plan_patch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -640,3 +641,20 @@ def test_accumulation_in_a_loop_target(tmp_path):
                 if last_micro_step:
                     optimizer.step()
     ''') in after
+
+
+def test_ddp_arguments_are_written_into_the_distributed_data_parallel_call(tmp_path):
+    script = copy_example(tmp_path, "ddp_classifier.py")
+    user = {"ddp_bucket_cap_mb": 25, "ddp_gradient_as_bucket_view": False, "ddp_find_unused_parameters": False}
+    diff = suggest_patch(script, "train_step", Knobs(ddp_bucket_cap_mb=10, ddp_gradient_as_bucket_view=True,
+                                                     ddp_find_unused_parameters=False), user)
+    assert "+    model = DistributedDataParallel(model, bucket_cap_mb=10, gradient_as_bucket_view=True)" in diff
+    assert "find_unused_parameters" not in diff  # the script's own value already
+    check_applies(tmp_path, diff)
+    apply(tmp_path, diff)
+    compile(script.read_text(), "ddp_classifier.py", "exec")
+    # A script that wraps no model says where the arguments go instead.
+    (tmp_path / "plain").mkdir()
+    plain = copy_example(tmp_path / "plain", "image_classifier.py")
+    patch = plan_patch(plain, "train_step", Knobs(ddp_static_graph=True), USER_VALUES)
+    assert patch.diff == "" and any("static_graph=True" in n for n in patch.notes)

@@ -5,6 +5,7 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
     {"schema": "advisor.analysis/1", "path": str,
      "traces": [TRACE, ...],            # one per trace file, in path order
      "skipped": [{"path", "reason"}],   # .json files in the folder that are not torch.profiler traces
+     "jobs": [JOB, ...],                # data-parallel jobs: traces with distributedInfo, by folder
      "summary": {"traces": int, "mean_step_ms": float, "slowest": str, "recommendations": [id, ...],
                  "bounds": {source: bound | null}}}
 
@@ -24,10 +25,23 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
                       "optimizer": {"name", "us_per_step", "implementation"} | null} | null,
              "memory": [{"device", "peak_allocated", "peak_reserved", "capacity", "headroom", "growth"}],
              "findings": [{"code", "message", "value"}], "missing": [str], "distributed": {...} | null,
+             "communication": {"backend", "rank", "world_size", "total_ms", "exposed_ms", "overlapped_ms",
+                               "exposed_share", "collectives_per_step", "bytes_per_step",
+                               "collectives": [{"name", "count", "bytes", "largest"}]} | null,
              "skipped_events": [{"reason", "count"}],
              "trial": {"name", "status", "knobs", "user_values", "summary", "device_facts"} | null,
              "recommendations": [{"id", "title", "knobs", "predicted_gain", "evidence", "code_change",
                                   "caveat", "details", "bound", "helps_now", "helps_once"}]}
+
+    JOB = {"source": folder, "backend", "world_size",
+           "ranks": [{"rank", "trace", "step_ms", "own_ms", "exposed_communication_ms", "bound", "breakdown_ms"}],
+           "missing_ranks": [int],      # ranks of the world whose traces are not in the folder
+           "straggler": {"rank", "excess_ms", "share", "bound", "excess_by_role_ms", "others_wait_ms"} | null,
+           "bound", "verdict": str, "recommendations": [...]}
+
+A rank's own time is its step less its exposed communication (the time it only waited in collectives);
+the straggler is the rank whose own time exceeds the others' median by 15% of the step or more
+(`advisor.analysis.job`), and the job's bound is where its extra time goes.
 
 Roles are kernel, memcpy, memset, communication, runtime, dataloader, cpu_op, other. Shares are fractions
 (0..1); times are milliseconds; memory is bytes. A figure the trace cannot give is null. New fields may be
@@ -63,6 +77,7 @@ import msgspec
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis, diagnose
+from advisor.analysis.job import Job, exposed_us, jobs_of, own_us, rank_of
 from advisor.analysis.steps import parse_steps
 from advisor.analysis.rules import recommend
 from advisor.errors import NotATrace, TraceError
@@ -197,9 +212,41 @@ def diagnosis_to_dict(d: Diagnosis) -> dict:
         "skipped_events": [{"reason": reason, "count": count} for reason, count in d.skipped_events],
         "missing": list(d.missing),
         "distributed": d.distributed,
+        "communication": communication_to_dict(d.communication, d.step_time_us),
         "trial": None if d.trial is None else {
             k: d.trial.get(k) for k in ("name", "status", "knobs", "user_values", "summary", "device_facts")},
         "recommendations": [dataclasses.asdict(r) for r in d.recommendations],
+    }
+
+
+def communication_to_dict(c, step_us: float) -> dict | None:
+    """The JSON form of a rank's communication figures (schema in this module's docstring)."""
+    if c is None:
+        return None
+    return {
+        "backend": c.backend, "rank": c.rank, "world_size": c.world_size,
+        "total_ms": _ms(c.total_us), "exposed_ms": _ms(c.exposed_us), "overlapped_ms": _ms(c.overlapped_us),
+        "exposed_share": c.exposed_us / step_us if step_us else None,
+        "collectives_per_step": c.count, "bytes_per_step": c.bytes,
+        "collectives": [dataclasses.asdict(k) for k in c.collectives],
+    }
+
+
+def job_to_dict(job: Job) -> dict:
+    """The JSON form of a data-parallel job (schema in this module's docstring)."""
+    s = job.straggler
+    return {
+        "source": job.source, "backend": job.backend, "world_size": job.world_size,
+        "ranks": [{"rank": rank_of(d), "trace": d.source, "step_ms": _ms(d.step_time_us), "own_ms": _ms(own_us(d)),
+                   "exposed_communication_ms": _ms(exposed_us(d)), "bound": d.bound,
+                   "breakdown_ms": {r: _ms(d.breakdown_us[r]) for r in ROLES}} for d in job.ranks],
+        "missing_ranks": list(job.missing_ranks),
+        "straggler": None if s is None else {
+            "rank": s.rank, "excess_ms": _ms(s.excess_us), "share": s.share, "bound": s.bound,
+            "excess_by_role_ms": {r: _ms(v) for r, v in s.excess_by_role_us.items()},
+            "others_wait_ms": _ms(s.others_wait_us)},
+        "bound": job.bound, "verdict": job.verdict,
+        "recommendations": [dataclasses.asdict(r) for r in job.recommendations],
     }
 
 
@@ -213,6 +260,7 @@ def analysis_document(path: Path | str, diagnoses: list[Diagnosis], skipped: lis
         "schema": SCHEMA,
         "path": str(path),
         "traces": [diagnosis_to_dict(d) for d in diagnoses],
+        "jobs": [job_to_dict(j) for j in jobs_of(diagnoses)],
         "skipped": [{"path": p, "reason": reason} for p, reason in skipped],
         "summary": {
             "traces": len(diagnoses),

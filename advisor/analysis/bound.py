@@ -29,6 +29,7 @@ BOUNDS = {
 
 COMPUTE_BOUND = 0.60  # kernels busy this share of the step: compute binds; below, the largest idle cause
 CPU_INPUT_BOUND = 0.30  # CPU-only: the DataLoader share above which the input pipeline binds
+CPU_COMMUNICATION_BOUND = 0.30  # CPU-only: the share of exposed communication above which it binds
 MIN_EVENTS_PER_STEP = 10  # a forward, backward and optimizer step record dozens
 START_UP_SHARE = 0.50
 OWN_PROCESS_SHARE = 0.50
@@ -167,8 +168,9 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
       MEMORY_NEARLY_GONE, or memory grows every step (a leak): memory decides whether the run goes on at
       all, whatever the trace shows.
     - None when the trace is degenerate (`degenerate`): no other bound can be read from it.
-    - CPU-only traces: "input" when the DataLoader holds at least CPU_INPUT_BOUND of the step, else
-      "compute" (the CPU computing the step is all that is left).
+    - CPU-only traces: "input" when the DataLoader holds at least CPU_INPUT_BOUND of the step,
+      "communication" when the rank waits in collectives with nothing computing at least
+      CPU_COMMUNICATION_BOUND of it, else "compute" (the CPU computing the step is all that is left).
     - Accelerators, from `bound_time` (each moment once: compute > communication > copy > input > host):
       "compute" when kernels keep the device busy at least COMPUTE_BOUND of the step; otherwise the
       largest reason the device idles: "input" (waiting on the DataLoader; over the trial's steps once
@@ -185,8 +187,12 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
     loader_line = (loader.message,) if loader is not None and loader.code == "loader-queue" else ()
     waiting = f"{_share(input_share)} of the step waiting on the DataLoader"
     if platform == "cpu":
-        if input_share >= CPU_INPUT_BOUND:
+        exposed = shares.get("communication", 0.0)
+        if input_share >= CPU_INPUT_BOUND and input_share >= exposed:
             return "input", (waiting,) + loader_line
+        if exposed >= CPU_COMMUNICATION_BOUND:
+            return "communication", (f"{_share(exposed)} of the step waiting in collectives with nothing "
+                                     "computing (communication not overlapped with compute)",)
         return "compute", (f"the CPU computes the step; the DataLoader holds {_share(input_share)} of it",)
     device = "GPU" if platform == "gpu" else platform.upper()
     compute = shares.get("compute", 0.0)

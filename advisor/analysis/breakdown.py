@@ -15,12 +15,16 @@ from advisor.analysis.trace import Trace
 # active at that moment (the plugin's scheme).
 ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_op", "other")
 
-COLLECTIVE_OPS = frozenset(
-    f"{lib}:{op}" for lib in ("nccl", "gloo") for op in ("broadcast", "reduce", "all_reduce", "all_gather",
-                                                         "reduce_scatter")
-)
+# Collective annotations the process-group backends record (nccl:all_reduce, gloo:broadcast, ...).
+COLLECTIVE_NAME = re.compile(r"^(nccl|gloo|ucc|mpi|xccl|hccl):(\w+)$")
 DATALOADER_NAME = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$|^enumerate\(DataPipe\)#")
 COMMUNICATION_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
+
+
+@lru_cache(maxsize=None)
+def is_collective(name: str) -> bool:
+    """A process group's collective annotation (nccl:all_reduce, gloo:all_reduce, ...)."""
+    return COLLECTIVE_NAME.match(name) is not None
 
 
 @lru_cache(maxsize=None)
@@ -31,7 +35,7 @@ def is_communication_kernel(name: str) -> bool:
 
 def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
     """Merged time intervals of each breakdown role over the whole trace."""
-    collective_ids = {e.external_id for e in trace.ops if e.name in COLLECTIVE_OPS}
+    collective_ids = {e.external_id for e in trace.ops if is_collective(e.name)}
     kernel, comm = [], []
     for k in trace.kernels:
         is_comm = is_communication_kernel(k.name) or (collective_ids and k.external_id in collective_ids)
@@ -40,7 +44,7 @@ def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
     for op in trace.ops:
         if op.name.startswith("enumerate(Data") and DATALOADER_NAME.match(op.name):
             dataloader.append(op)
-        elif op.name in COLLECTIVE_OPS:
+        elif is_collective(op.name):
             comm.append(op)
         else:
             cpu_op.append(op)

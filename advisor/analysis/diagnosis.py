@@ -15,6 +15,7 @@ from statistics import median
 from advisor.analysis import intervals as iv
 from advisor.analysis.bound import bound_time, degenerate, find_bound, loader_queue
 from advisor.analysis.breakdown import breakdown, gpu_utilization, role_intervals
+from advisor.analysis.communication import Communication, communication
 from advisor.analysis.copies import Copies, copy_events, host_to_device_copies
 from advisor.analysis.devices import Device
 from advisor.analysis.findings import Finding
@@ -22,6 +23,7 @@ from advisor.analysis.kernels import is_eligible_op, kernel_mix
 from advisor.analysis.launches import host_figures
 from advisor.analysis.memory import DeviceMemory, memory_peaks, memory_pressure
 from advisor.analysis.steps import Step, find_steps, select_steps
+from advisor.analysis.timeline import step_timelines
 from advisor.analysis.trace import Trace
 from advisor.errors import AdvisorError
 
@@ -55,7 +57,8 @@ class Diagnosis:
     # DataLoader share over the trial's steps once the workers' queue ran dry, when the profiled window's
     # own share understates it (`loader_queue`); None otherwise.
     loader_steady_share: float | None = None
-    distributed: dict | None = None
+    distributed: dict | None = None  # the trace's distributedInfo (backend, rank, world_size), as recorded
+    communication: Communication | None = None  # collectives and their time, when the trace shows any
     trial: dict | None = None  # the trial.json beside the trace, when it came from `advisor profile`
     findings: tuple[Finding, ...] = ()
     recommendations: tuple = ()  # filled by advisor.analysis.rules.recommend, kept here for the report and API
@@ -150,8 +153,14 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     if main is None and utilization:
         main = max(utilization.values())
     # What bounds the step.
+    comm = communication(trace, steps, roles, platform)
+    if comm is not None:  # a rank of a data-parallel job: its step is drawn beside the other ranks'
+        extra["step_timelines"] = step_timelines(steps, roles)
     if platform == "cpu":
-        bound_shares = {"input": dataloader_share, "compute": 1.0 - dataloader_share}
+        # Exposed communication (the rank waits in a collective) excludes DataLoader time: the two add up.
+        exposed = comm.exposed_us / step_time if comm is not None and step_time else 0.0
+        bound_shares = {"input": dataloader_share, "communication": exposed,
+                        "compute": max(0.0, 1.0 - dataloader_share - exposed)}
     else:
         bound_shares = {b: us / step_time if step_time else 0.0 for b, us in
                         bound_time(steps, roles, copy_activity).items()}
@@ -194,6 +203,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         bound_shares=bound_shares,
         loader_steady_share=steady,
         distributed=trace.distributed,
+        communication=comm,
         trial=trial,
         findings=((loader,) if loader is not None else ()) + tuple(
             Finding("skipped-events", f"{count} {reason} left out of the analysis")

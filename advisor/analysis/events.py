@@ -31,6 +31,10 @@ class Args(msgspec.Struct):
     alloc_bytes: Union[int, float, None] = msgspec.field(name="Bytes", default=None)
     total_allocated: Union[int, float, None] = msgspec.field(name="Total Allocated", default=None)
     total_reserved: Union[int, float, None] = msgspec.field(name="Total Reserved", default=None)
+    # Shapes and dtypes of an operator's inputs: kept undecoded (Raw), read only for collectives' sizes,
+    # so that the thousands of other operators that carry them cost no lists.
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
 
 
 class Event(msgspec.Struct):

@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: render to files only, before pyplot is imported anywhere
 
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -67,7 +68,8 @@ def breakdown_chart(labels: list[str], breakdown_ms: list[dict[str, float]], rol
         ax.set_yticks(y, labels)
         ax.invert_yaxis()  # first trial on top, as in the tables
         ax.set_xlabel("ms per profiled step")
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        if ax.get_legend_handles_labels()[0]:  # no trial with a trace: nothing to name
+            ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
         return svg_data_uri(fig)
 
 
@@ -127,4 +129,31 @@ def memory_timeline_chart(series: list[tuple[str, tuple[float, ...], tuple[float
         ax.set_ylim(bottom=0)
         if len(series) > 1:
             ax.legend(frameon=False)
+        return svg_data_uri(fig)
+
+
+def rank_timeline_chart(labels: list[str], segments: list[list], highlight: int | None,
+                        role_labels: dict[str, str]) -> str:
+    """One step per rank, side by side in time: each bar a rank, each segment [role, start_us, end_us] the
+    role holding that moment; the bar at index `highlight` (the straggler) is outlined."""
+    with plt.rc_context(RC):
+        fig, ax = _figure(len(labels))
+        shown = set()
+        for y, rank_segments in enumerate(segments):
+            by_role: dict[str, list[tuple[float, float]]] = {}
+            for role, start, end in rank_segments:
+                by_role.setdefault(role, []).append((start / 1000, (end - start) / 1000))
+            for role, spans in by_role.items():
+                ax.broken_barh(spans, (y - 0.3, 0.6), color=ROLE_COLORS.get(role, "#999999"),
+                               label=None if role in shown else role_labels.get(role, role))
+                shown.add(role)
+            if y == highlight:
+                end = max((e for _, _, e in rank_segments), default=0.0) / 1000
+                ax.add_patch(matplotlib.patches.Rectangle((0, y - 0.4), end, 0.8, fill=False, edgecolor="#e45756",
+                                                          linewidth=1.5))
+        ax.set_yticks(list(range(len(labels))), labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("ms from the start of the step")
+        if shown:
+            ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
         return svg_data_uri(fig)

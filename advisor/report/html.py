@@ -23,6 +23,7 @@ from advisor.escape import without_surrogates
 from advisor.report import charts
 from advisor.report.formatting import flatten, gain, gb, memory_cap_text, ms, num, pct, seconds_ms, spread
 from advisor.report.session_folder import checked_trial_traces, inside, load_session
+from advisor.report.job_view import JobView, job_views
 from advisor.report.terminal import ROLE_LABELS
 from advisor.report.views import TraceView, breakdown_chart, trace_view
 
@@ -82,16 +83,18 @@ def render_trace_report(path: Path) -> str:
     return environment().get_template("traces.html.j2").render(
         title=f"advisor report: {path.name}", path=str(path), views=views, skipped=skipped,
         breakdown_chart=breakdown_chart([(v.short, v) for v in views]), memory_chart=memory_chart,
-        command=f"advisor report {path}",
+        jobs=job_views([v.diagnosis for v in views]), command=f"advisor report {path}",
     )
 
 
 # ---- sessions ----
 
-def verdict(session: dict, rows: list[dict], baseline: TraceView | None) -> dict:
-    """The top of the page: what held the step back, what was changed, the speed-up."""
-    if baseline is not None and baseline.diagnosis.recommendations:
-        top = baseline.diagnosis.recommendations[0]
+def verdict(session: dict, rows: list[dict], baseline: TraceView | None, job: JobView | None = None) -> dict:
+    """The top of the page: what held the step back, what was changed, the speed-up (for a data-parallel
+    baseline, the job's verdict and advice, not one rank's)."""
+    advice = job.recommendations if job is not None else (baseline.diagnosis.recommendations if baseline else ())
+    if advice:
+        top = advice[0]
         held_back = top.title
         held_back_evidence = top.evidence[0] if top.evidence else ""
     elif baseline is not None:
@@ -102,8 +105,10 @@ def verdict(session: dict, rows: list[dict], baseline: TraceView | None) -> dict
     else:
         held_back, held_back_evidence = "unknown: the baseline trial has no trace", ""
     kept = [r for r in rows if r.get("decision") == "kept"]
-    return {"held_back": held_back, "held_back_evidence": held_back_evidence,
-            "bound": baseline.bound if baseline is not None else None,
+    bound = baseline.bound if baseline is not None else None
+    if job is not None:
+        bound = f"Job: {job.verdict}"
+    return {"held_back": held_back, "held_back_evidence": held_back_evidence, "bound": bound,
             "changes": [r["change"] or r["name"] for r in kept], "speedup": session.get("speedup"),
             "best": session.get("best"), "status": session["status"] or "unknown"}
 
@@ -115,17 +120,24 @@ def render_session_report(session_dir: Path) -> str:
     rows = session["trials"]
     unread = list(session["unread"])
     views: dict[str, TraceView | None] = {}
+    jobs: dict[str, JobView | None] = {}  # a data-parallel trial's ranks side by side
     for row in rows:
         traces, problems = checked_trial_traces(session_dir, row)
         unread += problems
-        views[row["name"]] = None
-        if traces:
-            try:
-                views[row["name"]] = trace_view(traces[0])
-            except TraceError as exc:  # one broken trace leaves its trial without a diagnosis, not the page
-                unread.append(f"trial {row['name']}: {exc}")
+        views[row["name"]] = jobs[row["name"]] = None
+        try:
+            ranks = [trace_view(t) for t in traces]
+        except TraceError as exc:  # one broken trace leaves its trial without a diagnosis, not the page
+            unread.append(f"trial {row['name']}: {exc}")
+            continue
+        found = job_views([v.diagnosis for v in ranks]) if len(ranks) > 1 else []
+        jobs[row["name"]] = found[0] if found else None
+        # The trial's view: the rank the job turns on (its straggler), else the first trace.
+        representative = found[0].job.representative.source if found else None
+        views[row["name"]] = next((v for v in ranks if v.diagnosis.source == representative), ranks[0] if ranks else None)
     labels = [r["name"] for r in rows]
-    baseline = views.get(session.get("baseline") or (labels[0] if labels else ""))
+    baseline_name = session.get("baseline") or (labels[0] if labels else "")
+    baseline = views.get(baseline_name)
     # The patch the session names; else the folder's suggested.patch (written before session.json names it).
     patch_name = session["patch"] or ("suggested.patch" if (session_dir / "suggested.patch").is_file() else None)
     patch_path = inside(session_dir, patch_name) if patch_name else None
@@ -150,7 +162,7 @@ def render_session_report(session_dir: Path) -> str:
     return environment().get_template("session.html.j2").render(
         title=f"advisor report: {session['target'] or session_dir.name}",
         session=session, rows=rows, ladder=[r for r in rows if r.get("decision") in ("baseline", "kept")],
-        views=views, verdict=verdict(session, rows, baseline), chart=chart, capacity=capacity,
+        views=views, jobs=jobs, verdict=verdict(session, rows, baseline, jobs.get(baseline_name)), chart=chart, capacity=capacity,
         recommendations=session.get("recommendations") or [], patch=patch, patch_name=patch_name,
         notes=[str(n) for n in session["notes"] or []],
         device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},

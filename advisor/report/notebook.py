@@ -19,8 +19,10 @@ from advisor.files import regular_traces_in
 from advisor.shapes import TRIAL, conform_record, read_record
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
+from advisor.analysis.job import Job
 from advisor.report.formatting import ms, pct
 from advisor.report.html import environment, templates_dir, verdict
+from advisor.report.job_view import job_view
 from advisor.report.session_folder import trial_traces
 from advisor.report.views import figure_rows, trace_view
 from advisor.report.terminal import bound_line, role_labels
@@ -34,6 +36,8 @@ _TRIAL = "notebook_trial.html.j2"
 
 # The verdict and the ladder of session.html.j2, without the rest of the page.
 _SESSION = "notebook_session.html.j2"
+
+_JOB = "notebook_job.html.j2"  # a data-parallel job's ranks side by side (the report's _job partial)
 
 
 # ---- the report's stylesheet, scoped to one output cell ----
@@ -100,6 +104,11 @@ def diagnosis_view(d: Diagnosis):
 def render_diagnosis_html(d: Diagnosis) -> str:
     """One Diagnosis as the report shows it: figures, breakdown, hotspots and recommendations."""
     return _render(_DIAGNOSIS, view=diagnosis_view(d))
+
+
+def render_job_html(job: Job) -> str:
+    """A data-parallel job as the report shows it: ranks side by side, the straggler, the job's advice."""
+    return _render(_JOB, job=job_view(job))
 
 
 def render_trial_html(trial_dir: Path) -> str:

@@ -12,6 +12,7 @@ from rich.text import Text
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
+from advisor.analysis.job import Job, exposed_us, jobs_of, own_us, rank_of
 from advisor.escape import for_terminal
 
 ROLE_LABELS = {
@@ -145,8 +146,9 @@ def breakdown_table(d: Diagnosis) -> Table:
     return t
 
 
-def print_recommendations(d: Diagnosis, console: Console) -> None:
-    """Ranked recommendations, each with its evidence, as an indented list (reads well at 80 columns)."""
+def print_recommendations(d: Diagnosis | Job, console: Console) -> None:
+    """Ranked recommendations (a trace's or a job's), each with its evidence, as an indented list (reads
+    well at 80 columns)."""
     if not d.recommendations:
         if d.bound is None:
             console.print(_text("No recommendation: the figures of this trace cannot carry any (see below).",
@@ -211,8 +213,36 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
         console.print(_text(f"Not in this trace: {m}", style="dim"))
 
 
+def ranks_table(job: Job) -> Table:
+    """The ranks side by side: step, own time, waiting in collectives, DataLoader, compute, bound."""
+    t = Table(title=f"Ranks side by side ({job.backend or 'unknown backend'}, world size {job.world_size})",
+              title_justify="left")
+    for col in ("rank", "step ms", "own ms", "waits in collectives ms", "DataLoader ms", "compute ms", "bound"):
+        t.add_column(col, justify="left" if col in ("rank", "bound") else "right")
+    straggler = job.straggler.rank if job.straggler else None
+    for d in job.ranks:
+        b = d.breakdown_us
+        compute = b["kernel"] + b["memset"] if d.platform != "cpu" else b["cpu_op"]
+        rank = rank_of(d)
+        _row(t, f"{rank}" + ("  ← straggler" if rank == straggler else ""), f"{d.step_time_us / 1000:.2f}",
+             f"{own_us(d) / 1000:.2f}", f"{exposed_us(d) / 1000:.2f}", f"{b['dataloader'] / 1000:.2f}",
+             f"{compute / 1000:.2f}", d.bound or "n/a")
+    return t
+
+
+def print_job(job: Job, console: Console) -> None:
+    """A data-parallel job: its ranks side by side, the straggler, the verdict and the job's advice."""
+    console.rule(_text(f"Data-parallel job: {job.source}"))
+    console.print(ranks_table(job))
+    if job.missing_ranks:
+        console.print(_text(f"Ranks without a trace here: {', '.join(map(str, job.missing_ranks))}", style="dim"))
+    console.print(_text(f"Job: {job.verdict}", style="bold"))
+    print_recommendations(job, console)
+
+
 def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, skipped: list | tuple = ()) -> None:
-    """All sections, plus a summary table when there are several traces; files skipped as not traces."""
+    """All sections, plus a summary table when there are several traces, and each data-parallel job's ranks
+    side by side; files skipped as not traces."""
     console = console or Console()
     for path, reason in skipped:
         console.print(_text(f"Skipped {path}: {reason}", style="yellow"))
@@ -227,6 +257,8 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, s
             _row(t, _text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
                       d.bound or "n/a", _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
         console.print(t)
+    for job in jobs_of(diagnoses):
+        print_job(job, console)
 
 
 # --- a session: the ladder of trials, the final settings -------------------------------------------

@@ -94,6 +94,8 @@ def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | N
     short = Path(d.source).name
     if d.trial:
         short = f"{Path(str(d.trial.get('script') or '?')).stem}/{d.trial.get('name') or '?'}"
+    if (d.distributed or {}).get("world_size") not in (None, 1) and (d.distributed or {}).get("rank") is not None:
+        short += f" rank {d.distributed['rank']}"
     return TraceView(label=trace_label(d), short=short, file=Path(d.source).name, device=device_line(d),
                      bound=bound_line(d), rank=rank_line(d), diagnosis=d,
                      figures=f, figure_rows=figure_rows(d, f), breakdown_rows=breakdown,

@@ -11,6 +11,7 @@ trial's bound are tried first:
     copy     → pin_memory and non_blocking, as one change (on an accelerator)
     host     → a larger batch (fewer, larger kernels per sample)
     compute  → AMP (bf16 where the device computes it, else fp16 with a GradScaler)
+    communication → DistributedDataParallel's arguments (bucket size, bucket views), with several ranks
     memory   → the out-of-memory recovery plan (`recovery_plan`)
 
 Changes for other bounds follow, so that a full round over the knobs is tried before the session
@@ -155,6 +156,7 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         amp_proposal(recs.get("amp"), best.knobs, space, facts),
         threads_proposal(best.knobs, state, cores, accelerator),
         batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
+        ddp_proposal(recs.get("ddp-buckets"), bound, best.knobs, options),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
     out = []
@@ -244,6 +246,23 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
     if space.amp is not None and dtype not in space.amp:
         return None
     return Proposal("amp", f"AMP {dtype}", f"amp-{dtype}", dataclasses.replace(knobs, amp=dtype), gain, "compute")
+
+
+def ddp_proposal(rec: Any, bound: Bound, knobs: Knobs, options: Any) -> Proposal | None:
+    """DistributedDataParallel's own arguments, in a data-parallel session: those the rules chose for
+    exposed all-reduce (bucket size, bucket views, no search for unused parameters), else bucket views
+    alone as part of a round over the knobs."""
+    if getattr(options, "nproc_per_node", 1) <= 1:
+        return None
+    wanted = dict(rec.knobs) if rec is not None else {"ddp_gradient_as_bucket_view": True}
+    changed = dataclasses.replace(knobs, **wanted)
+    if changed == knobs:
+        return None
+    gain = rec.predicted_gain if rec is not None else (0.05 if bound.name == "communication" else ROUND_GAIN)
+    change = "DDP " + ", ".join(f"{k.removeprefix('ddp_')}={v}" for k, v in wanted.items())
+    slug = "-".join(k.removeprefix("ddp_").replace("_", "-") + ("" if v is True else f"-{v}".lower())
+                    for k, v in wanted.items())
+    return Proposal("ddp-buckets", change, f"ddp-{slug}", changed, gain, "communication")
 
 
 def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:

@@ -11,7 +11,8 @@ real effect.
 
 Rules live in one module per family: `loader` (DataLoader workers), `precision` (AMP, channels_last),
 `copies` (pinned memory, non_blocking, fewer bytes), `launch` (batch size, CUDA graphs, fused optimizer),
-`memory` (growth, activation checkpointing); each is listed in `RULES` (or `MEMORY_RULES`). Their
+`memory` (growth, activation checkpointing), `distributed` (DDP buckets, no_sync accumulation); the
+job-wide rules for several ranks (a straggler) are in `advisor.analysis.job`; each is listed in `RULES` (or `MEMORY_RULES`). Their
 thresholds are shares of the average step unless said otherwise.
 """
 
@@ -22,6 +23,7 @@ import dataclasses
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.copies import fewer_copy_bytes, non_blocking, pin_memory
+from advisor.analysis.rules.distributed import ddp_buckets, no_sync_accumulation
 from advisor.analysis.rules.launch import cuda_graphs, fused_optimizer, larger_batch
 from advisor.analysis.rules.loader import more_workers
 from advisor.analysis.rules.memory import activation_checkpointing, memory_growth
@@ -34,7 +36,7 @@ MIN_GAIN = 0.005  # below half a percent of the step, a change is not worth the 
 
 # One module per recommendation family (loader, precision, copies, launch, memory); a rule is listed here.
 RULES = (more_workers, amp, pin_memory, non_blocking, larger_batch, cuda_graphs, fused_optimizer, fewer_copy_bytes,
-         channels_last)
+         channels_last, ddp_buckets, no_sync_accumulation)
 MEMORY_RULES = (memory_growth, activation_checkpointing)  # whether the run fits at all; no speed gain
 
 

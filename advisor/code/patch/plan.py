@@ -10,6 +10,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import rewrite_dataloaders
 from advisor.code.patch.step import TargetRewrite, add_module_statements
@@ -80,6 +81,9 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     elif knobs.amp or knobs.non_blocking:
         notes.append("autocast and non_blocking copies are not written: the function that runs the step is not "
                      "known; put the forward under torch.autocast and pass non_blocking=True to .to(device)")
+    if ddp_changes(knobs, user_values):
+        edited[script], ddp_notes = rewrite_ddp(edited.get(script) or module_of(script), knobs, user_values)
+        notes += ddp_notes
     if knobs.threads and knobs.threads != user_values.get("threads"):
         base = edited.get(script) or module_of(script)
         edited[script] = add_threads(base, knobs.threads)
