@@ -20,6 +20,7 @@ from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose
 from advisor.trials.record import load_trial
 from conftest import SAMPLE_RUNS, gpu_trace, run_advisor
+from trace_builder import TraceBuilder
 
 DDP_RUN = SAMPLE_RUNS / "ddp_classifier"
 STRAGGLER = DDP_RUN / "trials" / "00-baseline"  # rank 1's Dataset sleeps 2 ms per item
@@ -137,3 +138,42 @@ def test_the_search_follows_the_job_not_one_rank():
     single = dataclasses.replace(options, nproc_per_node=1)
     assert not [p for p in propose(a100, Bound("communication"), best, state, single, SearchSpace())
                 if p.recommendation == "ddp-buckets"]
+
+
+def gpu_rank(folder, rank: int, compute_ms: float, step_ms: float = 100.0):
+    """A built H100 rank of a 2-rank NCCL job: per step, `compute_ms` of kernels, then the gradient
+    all-reduce until the step ends (a rank that computes less waits longer in it)."""
+    b = TraceBuilder(distributed={"backend": "nccl", "rank": rank, "world_size": 2})
+    us = 1000.0
+    for n in range(4):
+        t0 = n * step_ms * us
+        b.step(n + 1, t0, step_ms * us)
+        for k in range(12):  # twelve kernels filling the compute part
+            width = compute_ms * us / 12
+            b.launch("sm90_xmma_gemm_bf16bf16_bf16f32", t0 + k * 10, 5, t0 + k * width, width)
+        call = b.op("nccl:all_reduce", t0 + 200, 50, cat="user_annotation")
+        call["args"].update({"Input Dims": [[25_000_000]], "Input type": ["float"]})
+        b.launch("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 210, 5, t0 + compute_ms * us,
+                 (step_ms - compute_ms) * us)
+    return b.write(folder / f"rank{rank}.pt.trace.json.gz")
+
+
+def test_a_rank_that_computes_more_is_an_imbalance_and_balanced_ranks_are_bound_by_communication(tmp_path):
+    unbalanced = tmp_path / "unbalanced"
+    unbalanced.mkdir()
+    gpu_rank(unbalanced, 0, compute_ms=50)
+    gpu_rank(unbalanced, 1, compute_ms=90)
+    (job,) = jobs_of(analyze_path(unbalanced))
+    assert job.straggler.rank == 1 and job.straggler.bound == "compute" and job.bound == "compute"
+    assert job.straggler.excess_us == pytest.approx(40_000, rel=0.01)
+    assert job.recommendations[0].id == "rank-imbalance"
+    balanced = tmp_path / "balanced"
+    balanced.mkdir()
+    gpu_rank(balanced, 0, compute_ms=60)
+    gpu_rank(balanced, 1, compute_ms=60)
+    (job,) = jobs_of(analyze_path(balanced))
+    assert job.straggler is None and job.bound == "communication" and "balanced" in job.verdict
+    c = job.ranks[0].communication
+    assert c.exposed_us == pytest.approx(40_000, rel=0.01) and c.collectives[0].bytes == 100_000_000
+    advice = {r.id: r for r in job.recommendations}
+    assert advice["ddp-buckets"].helps_now and advice["no-sync-accumulation"].helps_now
