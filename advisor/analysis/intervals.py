@@ -71,3 +71,31 @@ def overlap(a: Intervals, b: Intervals) -> float:
     if a[0].size == 0 or b[0].size == 0:
         return 0.0
     return max(0.0, length(a) + length(b) - length(union(a, b)))
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """a ∩ b: every overlapping pair, found with two binary searches per interval of `a`."""
+    (a_starts, a_ends), (b_starts, b_ends) = a, b
+    if a_starts.size == 0 or b_starts.size == 0:
+        return EMPTY
+    first = np.searchsorted(b_ends, a_starts, side="right")  # the first of b ending after each a starts
+    last = np.searchsorted(b_starts, a_ends, side="left")  # past the last of b starting before it ends
+    counts = np.maximum(last - first, 0)
+    total = int(counts.sum())
+    if total == 0:
+        return EMPTY
+    ai = np.repeat(np.arange(a_starts.size), counts)
+    offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    bi = np.repeat(first, counts) + offsets
+    starts = np.maximum(a_starts[ai], b_starts[bi])
+    ends = np.minimum(a_ends[ai], b_ends[bi])
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
+def difference(a: Intervals, b: Intervals, lo: float, hi: float) -> Intervals:
+    """a ∖ b within [lo, hi]."""
+    b_starts, b_ends = b
+    gaps = (np.concatenate([[lo], b_ends]), np.concatenate([b_starts, [hi]]))
+    keep = gaps[1] > gaps[0]
+    return intersect(a, (gaps[0][keep], gaps[1][keep]))
