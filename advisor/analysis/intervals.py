@@ -96,6 +96,7 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
 def difference(a: Intervals, b: Intervals, lo: float, hi: float) -> Intervals:
     """a ∖ b within [lo, hi]."""
     b_starts, b_ends = b
-    gaps = (np.concatenate([[lo], b_ends]), np.concatenate([b_starts, [hi]]))
-    keep = gaps[1] > gaps[0]
-    return intersect(a, (gaps[0][keep], gaps[1][keep]))
+    gap_starts = np.maximum(np.concatenate([[lo], b_ends]), lo)
+    gap_ends = np.minimum(np.concatenate([b_starts, [hi]]), hi)
+    keep = gap_ends > gap_starts
+    return intersect(a, (gap_starts[keep], gap_ends[keep]))
