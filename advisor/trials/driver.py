@@ -7,11 +7,9 @@ fetched meanwhile (`advisor.trials.loaders.LoaderTracker`: the loader that fed i
 time it waited for them), calls `prof.step()` (so the trace's `ProfilerStep#N` span is step N) and
 appends its record to `steps.jsonl`, flushed, so a killed trial keeps its finished steps.
 
-Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
-the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled
-while the trace was written) and measurement `window`s of at least `window_s` seconds and one cycle of
-the workers each. After the last window `TrialComplete` (a BaseException, so the user's `except
-Exception` does not swallow it) ends the script.
+The phases of the steps (wait, warmup, profiled, settle, measurement windows) are the driver's
+`StepSchedule` (`advisor.trials.schedule`). After the last window `TrialComplete` (a BaseException, so the
+user's `except Exception` does not swallow it) ends the script.
 
 Memory: the first step runs under an `ActivationRecorder`; an out-of-memory error records where memory
 was before its frames unwind (`record_failure_memory`), and a finished trial records the same at its end.
@@ -31,6 +29,7 @@ from advisor.trials.facts import peak_rss_bytes
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition import StepInterposition
 from advisor.trials.loaders import LoaderRecord, LoaderTracker, leading_dimension
+from advisor.trials.schedule import StepSchedule
 from advisor.trials.storage import dumps
 
 STEPS_FILE = "steps.jsonl"
@@ -69,17 +68,7 @@ class StepDriver:
 
         self.out_dir = Path(config["out_dir"])
         self.loop = bool(config.get("loop"))  # no step function: steps end where the optimizer steps
-        self.wait, self.warmup, self.active = config["wait"], config["warmup"], config["active"]
-        if self.loop:
-            self.wait = max(self.wait, 1)  # the first step of a loop holds the script's own set-up
-        self.total = self.wait + self.warmup + self.active  # the profiled part, measurement aside
-        measure = config.get("measure") or {}
-        self.windows = int(measure.get("windows") or 0)
-        self.window_s = float(measure.get("window_s") or 0.0)
-        self.queue_depth = 0  # batches the loader's workers queue before the first step
-        self.settle = 0
-        self.window, self.window_steps, self.window_wall = 0, 0, 0.0
-        self.min_window_steps = 2
+        self.schedule = StepSchedule.from_config(config)
         self.done = False
         self.use_profiler = config.get("profile", True)
         self.device_type = device_type
@@ -151,7 +140,7 @@ class StepDriver:
         if not self.started:
             self.begin()
         entered = time.perf_counter()
-        if self.index == self.wait + self.warmup and self.device_type == "cuda":
+        if self.schedule.first_profiled(self.index) and self.device_type == "cuda":
             import torch
 
             torch.cuda.reset_peak_memory_stats()
@@ -196,17 +185,12 @@ class StepDriver:
         self.recorder = None
 
     def _schedule_and_profile(self) -> None:
-        """Skip the batches the workers queued before the first step (they make the loader look free),
-        and again after profiling (the queue refills while the trace is written); start the profiler."""
+        """Size the schedule to the workers of the loader that feeds the steps; start the profiler."""
         import torch
 
         fed = self.tracker.last or (self.loader_records[-1] if self.loader_records else None)
-        workers = (fed.effective.get("num_workers") or 0) if fed is not None else 0
-        self.queue_depth = workers * (fed.effective.get("prefetch_factor") or 2) if workers > 0 else 0
-        self.wait += self.queue_depth
-        self.total += self.queue_depth
-        self.settle = self.queue_depth if self.windows else 0
-        self.min_window_steps = max(2, workers)
+        effective = fed.effective if fed is not None else {}
+        self.schedule.add_queue(effective.get("num_workers") or 0, effective.get("prefetch_factor"))
         self.user_threads = torch.get_num_threads()
         if self.knobs.threads:
             torch.set_num_threads(self.knobs.threads)  # over what the script may have set itself
@@ -217,7 +201,8 @@ class StepDriver:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.prof = torch.profiler.profile(
             activities=activities,
-            schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            schedule=torch.profiler.schedule(wait=self.schedule.wait, warmup=self.schedule.warmup,
+                                             active=self.schedule.active, repeat=1),
             on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.out_dir), worker_name=self.files["worker"],
                                                                     use_gzip=True),
             record_shapes=True,
@@ -228,22 +213,6 @@ class StepDriver:
         self.prof.step_num = self.index
         self.prof.current_action = self.prof.schedule(self.index)
         self.prof.start()
-
-    def schedule(self) -> dict[str, Any]:
-        """The steps each phase took."""
-        return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "queue_depth": self.queue_depth,
-                "settle": self.settle, "windows": self.windows, "window_s": self.window_s,
-                "min_window_steps": self.min_window_steps, "windows_measured": self.window}
-
-    def phase(self, index: int) -> str:
-        """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
-        if index < self.wait:
-            return "wait"
-        if index < self.wait + self.warmup:
-            return "warmup"
-        if index < self.total:
-            return "profiled"
-        return "settle" if index < self.total + self.settle else "window"
 
     def end_step(self, entered: float | None, batch: int | None, batch_source: str | None, loss: float | None) -> None:
         """A step ended: time it, attribute its batches, record it, move the schedule on; raise
@@ -272,19 +241,16 @@ class StepDriver:
                 self.model_dtypes = parameter_dtypes()
             except Exception:  # a figure we could not take must not fail the step
                 self.model_dtypes = None
-        phase = self.phase(self.index)
+        phase = self.schedule.phase(self.index)
         self.record(wall, call, waited, fed, batch, batch_source, loss, phase)
         self.index += 1
-        if self.index == self.total:
+        if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
-            self.done = not self.windows
+            self.done = not self.schedule.windows
         if phase == "window":
-            self.window_steps += 1
-            self.window_wall += wall
-            if self.window_wall >= self.window_s and self.window_steps >= self.min_window_steps:
-                self.window, self.window_steps, self.window_wall = self.window + 1, 0, 0.0
+            self.schedule.count_window_step(wall)
             # Every rank of a job stops at the same step, once all have measured their windows.
-            self.done = all_measured(self.window >= self.windows)
+            self.done = all_measured(self.schedule.measured())
         self.period_start = time.perf_counter()
         if self.done:
             try:
@@ -314,7 +280,7 @@ class StepDriver:
             "data_bytes": getattr(memory, "data", None),  # what a CPU memory_limit (RLIMIT_DATA) counts
         }
         if phase == "window":
-            step["window"] = self.window
+            step["window"] = self.schedule.window
         if self.device_type == "cuda":
             import torch
 
@@ -324,24 +290,6 @@ class StepDriver:
         self.steps_file.write(dumps(step) + "\n")
 
     # --- how it ended --------------------------------------------------------------------------------
-
-    def completed_message(self) -> str:
-        """What a trial whose steps all ran says it measured."""
-        text = f"{self.active} steps profiled"
-        if self.windows:
-            text += f", then {self.window} window(s) of at least {self.window_s:g} s measured"
-        return text
-
-    def script_ended(self, script: str, target: str | None) -> dict[str, str]:
-        """Status and message when the script returned on its own: ok once the profiled steps ran (with the
-        windows it got), an error before."""
-        if self.index >= self.total:
-            return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
-                                               f"{self.window} of {self.windows} measurement window(s)"}
-        what = f"call(s) of {target}" if target else "optimizer step(s)"
-        return {"status": "error",
-                "message": f"{script} finished after {self.index} {what}; the trial needs "
-                           f"{self.total} (wait {self.wait} + warmup {self.warmup} + record {self.active})"}
 
     def record_failure_memory(self, exc: BaseException) -> None:
         """On an out-of-memory error in a step: where memory was at the failure."""
@@ -368,7 +316,7 @@ class StepDriver:
             result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
         self.steps_file.close()
         result["memory"] = self.memory()
-        result["schedule"] = self.schedule()
+        result["schedule"] = self.schedule.to_dict()
         result["user_threads"] = self.user_threads
         result["model_dtypes"] = self.model_dtypes
         result.setdefault("times", {}).update(self.times)

@@ -150,7 +150,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         ddp = DDPKnobs(knobs)
         ddp.install()
         driver = StepDriver(config, device_type, loader_records, tracker)
-        result["steps_expected"] = driver.total
+        result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
         result["sites"] = sites
         capture_losses(lambda loss: setattr(driver, "last_loss", loss), sites)
@@ -182,9 +182,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             if exc.code not in (None, 0):
                 raise
         driver.finish()
-        result.update(driver.script_ended(os.path.basename(script), target))
+        result.update(driver.schedule.script_ended(driver.index, os.path.basename(script), target))
     except TrialComplete:
-        result.update(status="ok", message=driver.completed_message())
+        result.update(status="ok", message=driver.schedule.completed_message())
     except TargetNotFound as exc:
         result.update(status="target-not-found", message=str(exc))
     except SetupProblem as exc:
