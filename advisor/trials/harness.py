@@ -175,7 +175,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         os.chdir(os.path.dirname(script))
         result["times"] = {"setup_s": time.time() - started}
         if loop is not None:
-            driver.begin_loop()
+            driver.begin()
         try:
             exec(code, module.__dict__)
         except SystemExit as exc:
@@ -205,8 +205,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["training_loader"] = None if trains is None else {
                 "site": trains.site, "ordinal": trains.ordinal, "index": loader_records.index(trains)}
             result["accumulation"] = driver.interposition.accumulation_record() if loop is None else None
-            result["memory_breakdown"] = driver.failure_memory or driver.end_memory
-            result["activations"] = driver.activations
+            result["memory_breakdown"] = driver.memory.breakdown()
+            result["activations"] = driver.memory.activations
     result.setdefault("times", {})["harness_s"] = time.time() - started
     return result
 
@@ -218,8 +218,8 @@ def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[
         oom = is_out_of_memory(exc)
     except Exception:
         oom = isinstance(exc, MemoryError)
-    if oom and driver is not None and driver.failure_memory is None:
-        driver.record_failure_memory(exc)  # out of memory outside a step (e.g. loading data)
+    if oom and driver is not None and driver.memory.at_failure is None:
+        driver.memory.record_failure(exc)  # out of memory outside a step (e.g. loading data)
     status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "oom" if oom else "error"
     if isinstance(exc, SystemExit):
         text = f"{script} exited with code {exc.code}"
