@@ -7,14 +7,13 @@ fetched meanwhile (`advisor.trials.loaders.LoaderTracker`: the loader that fed i
 time it waited for them), calls `prof.step()` (so the trace's `ProfilerStep#N` span is step N) and
 appends its record to `steps.jsonl`, flushed, so a killed trial keeps its finished steps.
 
-Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
-the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled
-while the trace was written) and measurement `window`s of at least `window_s` seconds and one cycle of
-the workers each. After the last window `TrialComplete` (a BaseException, so the user's `except
-Exception` does not swallow it) ends the script.
+The phases of the steps (wait, warmup, profiled, settle, measurement windows) are the driver's
+`StepSchedule` (`advisor.trials.schedule`). After the last window `TrialComplete` (a BaseException, so the
+user's `except Exception` does not swallow it) ends the script.
 
-Memory: the first step runs under an `ActivationRecorder`; an out-of-memory error records where memory
-was before its frames unwind (`record_failure_memory`), and a finished trial records the same at its end.
+Memory: the driver's `StepMemory` (`advisor.trials.step_memory`) records the first step's activations,
+where memory was at an out-of-memory error (before its frames unwind) or at the end of a finished trial,
+and the figures of each step.
 """
 
 from __future__ import annotations
@@ -24,13 +23,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.trials.activations import ActivationRecorder, is_out_of_memory, memory_breakdown, parameter_dtypes, \
-    proc_status_bytes
 from advisor.trials.distributed import all_measured, rank_files
-from advisor.trials.facts import peak_rss_bytes
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition import StepInterposition
 from advisor.trials.loaders import LoaderRecord, LoaderTracker, leading_dimension
+from advisor.trials.schedule import StepSchedule
+from advisor.trials.step_memory import StepMemory
 from advisor.trials.storage import dumps
 
 STEPS_FILE = "steps.jsonl"
@@ -60,26 +58,49 @@ def loss_value(result: Any) -> float | None:
     return None
 
 
+def refuse_inside_loader(tracker: LoaderTracker, target: str) -> None:
+    """Raise `TargetInWorker` when the target is called while a DataLoader makes a batch."""
+    import torch.utils.data
+
+    if tracker.fetching or torch.utils.data.get_worker_info() is not None:
+        raise TargetInWorker(
+            f"{target} runs while the DataLoader makes a batch (in a Dataset's __getitem__ or a collate_fn, "
+            "in its worker processes): it is not a training step. Name the function that runs one "
+            "optimization step, or give no target and the steps are found where the optimizer steps")
+
+
+def start_profiler(schedule: StepSchedule, index: int, device_type: str, out_dir: Path, worker: str) -> Any:
+    """A started torch.profiler over the schedule's wait, warmup and profiled steps, the next step's index
+    `index`; it writes its trace (gzipped, named after `worker`) into `out_dir`."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device_type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=schedule.wait, warmup=schedule.warmup, active=schedule.active,
+                                         repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(out_dir), worker_name=worker, use_gzip=True),
+        record_shapes=True,
+        profile_memory=True,
+    )
+    # A loop's profiler starts after its first step: number its spans from there, so that the trace's
+    # ProfilerStep#N is step N in either way of running.
+    prof.step_num = index
+    prof.current_action = prof.schedule(index)
+    prof.start()
+    return prof
+
+
 class StepDriver:
     """Times, profiles, measures and records each step; ends the script once the trial is measured."""
 
     def __init__(self, config: dict[str, Any], device_type: str, loader_records: list[LoaderRecord],
                  tracker: LoaderTracker | None = None):
-        import psutil
-
         self.out_dir = Path(config["out_dir"])
         self.loop = bool(config.get("loop"))  # no step function: steps end where the optimizer steps
-        self.wait, self.warmup, self.active = config["wait"], config["warmup"], config["active"]
-        if self.loop:
-            self.wait = max(self.wait, 1)  # the first step of a loop holds the script's own set-up
-        self.total = self.wait + self.warmup + self.active  # the profiled part, measurement aside
-        measure = config.get("measure") or {}
-        self.windows = int(measure.get("windows") or 0)
-        self.window_s = float(measure.get("window_s") or 0.0)
-        self.queue_depth = 0  # batches the loader's workers queue before the first step
-        self.settle = 0
-        self.window, self.window_steps, self.window_wall = 0, 0, 0.0
-        self.min_window_steps = 2
+        self.schedule = StepSchedule.from_config(config)
         self.done = False
         self.use_profiler = config.get("profile", True)
         self.device_type = device_type
@@ -87,7 +108,6 @@ class StepDriver:
         self.interposition = StepInterposition(self.knobs, device_type, loader_records)
         self.loader_records = loader_records
         self.tracker = tracker or LoaderTracker()
-        self.process = psutil.Process()
         self.index = 0
         self.depth = 0
         self.started = False
@@ -96,12 +116,8 @@ class StepDriver:
         self.period_start = time.perf_counter()
         self.times: dict[str, float] = {}
         self.user_threads: int | None = None  # torch's intra-op threads as the script left them
-        self.model_dtypes: dict[str, int] | None = None  # parameter bytes by dtype, after the first step
         self.last_loss: Any = None  # the last scalar a backward ran from (the loss, when the step returns none)
-        self.recorder: ActivationRecorder | None = None
-        self.activations: dict[str, Any] | None = None
-        self.failure_memory: dict[str, Any] | None = None
-        self.end_memory: dict[str, Any] | None = None
+        self.memory = StepMemory(device_type)
         # One set of files per rank in a data-parallel trial (advisor.trials.distributed).
         self.files = rank_files(config.get("world_size", 1), config.get("rank", 0))
         self.steps_file = open(self.out_dir / self.files["steps"], "a", buffering=1)
@@ -119,7 +135,7 @@ class StepDriver:
         def step(*args, **kwargs):
             if self.depth:  # a recursive or nested call is part of the current step
                 return fn(*args, **kwargs)
-            self._refuse_inside_loader(target)
+            refuse_inside_loader(self.tracker, target)
             self.depth += 1
             try:
                 return self.run_step(fn, args, kwargs)
@@ -128,21 +144,12 @@ class StepDriver:
             except BaseException as exc:
                 self.failed_step = self.index  # the message says which step failed
                 if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    self.record_failure_memory(exc)  # while the traceback still holds the step's tensors
+                    self.memory.record_failure(exc)  # while the traceback still holds the step's tensors
                 raise
             finally:
                 self.depth -= 1
 
         return step
-
-    def _refuse_inside_loader(self, target: str) -> None:
-        import torch.utils.data
-
-        if self.tracker.fetching or torch.utils.data.get_worker_info() is not None:
-            raise TargetInWorker(
-                f"{target} runs while the DataLoader makes a batch (in a Dataset's __getitem__ or a collate_fn, "
-                "in its worker processes): it is not a training step. Name the function that runs one "
-                "optimization step, or give no target and the steps are found where the optimizer steps")
 
     def run_step(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the target as one step: the knobs around the call, then `end_step`."""
@@ -151,19 +158,14 @@ class StepDriver:
         if not self.started:
             self.begin()
         entered = time.perf_counter()
-        if self.index == self.wait + self.warmup and self.device_type == "cuda":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats()
+        self.memory.step_entered(self.schedule.first_profiled(self.index))
         complete = False
-        if self.recorder is not None:
-            self.recorder.__enter__()
         try:
             with self.interposition.step(args, kwargs):
                 result = fn(*args, **kwargs)
             complete = True
         finally:
-            self._close_recorder(complete)  # up to the failure, if the step failed
+            self.memory.stop_recording(self.index, complete)  # up to the failure, if the step failed
         loss = loss_value(result)
         batch = leading_dimension(list(args) + list(kwargs.values()))
         self.end_step(entered, batch, "step arguments" if batch is not None else None, loss)
@@ -172,78 +174,29 @@ class StepDriver:
     # --- both ways ---------------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Before the first step: the activation recorder, and (for a step function, whose loader exists
-        by now) the schedule and the profiler."""
+        """Before the first step: a step function's loader exists by now, so the schedule and the profiler
+        start; a loop's first step starts here (before the script runs, its set-up included), and they
+        start after it. The first step's activations are recorded either way."""
         self.started = True
         self.times["first_step_at"] = time.time()
-        self.recorder = ActivationRecorder()
-        self._schedule_and_profile()
-
-    def begin_loop(self) -> None:
-        """Before a loop script runs: its first step starts now (its set-up included); activations are
-        recorded from here to the end of the first step."""
-        self.started = True
-        self.times["first_step_at"] = time.time()
-        self.recorder = ActivationRecorder()
-        self.recorder.__enter__()
-        self.period_start = time.perf_counter()
-
-    def _close_recorder(self, complete: bool) -> None:
-        if self.recorder is None:
-            return
-        self.recorder.__exit__(None, None, None)
-        self.activations = self.recorder.safe_summary(self.index, complete=complete)
-        self.recorder = None
+        self.memory.watch_first_step(started=self.loop)
+        if self.loop:
+            self.period_start = time.perf_counter()
+        else:
+            self._schedule_and_profile()
 
     def _schedule_and_profile(self) -> None:
-        """Skip the batches the workers queued before the first step (they make the loader look free),
-        and again after profiling (the queue refills while the trace is written); start the profiler."""
+        """Size the schedule to the workers of the loader that feeds the steps; start the profiler."""
         import torch
 
         fed = self.tracker.last or (self.loader_records[-1] if self.loader_records else None)
-        workers = (fed.effective.get("num_workers") or 0) if fed is not None else 0
-        self.queue_depth = workers * (fed.effective.get("prefetch_factor") or 2) if workers > 0 else 0
-        self.wait += self.queue_depth
-        self.total += self.queue_depth
-        self.settle = self.queue_depth if self.windows else 0
-        self.min_window_steps = max(2, workers)
+        effective = fed.effective if fed is not None else {}
+        self.schedule.add_queue(effective.get("num_workers") or 0, effective.get("prefetch_factor"))
         self.user_threads = torch.get_num_threads()
         if self.knobs.threads:
             torch.set_num_threads(self.knobs.threads)  # over what the script may have set itself
-        if not self.use_profiler:
-            return
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.device_type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.prof = torch.profiler.profile(
-            activities=activities,
-            schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.out_dir), worker_name=self.files["worker"],
-                                                                    use_gzip=True),
-            record_shapes=True,
-            profile_memory=True,
-        )
-        # A loop's profiler starts after its first step: number its spans from there, so that the trace's
-        # ProfilerStep#N is step N in either way of running.
-        self.prof.step_num = self.index
-        self.prof.current_action = self.prof.schedule(self.index)
-        self.prof.start()
-
-    def schedule(self) -> dict[str, Any]:
-        """The steps each phase took."""
-        return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "queue_depth": self.queue_depth,
-                "settle": self.settle, "windows": self.windows, "window_s": self.window_s,
-                "min_window_steps": self.min_window_steps, "windows_measured": self.window}
-
-    def phase(self, index: int) -> str:
-        """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
-        if index < self.wait:
-            return "wait"
-        if index < self.wait + self.warmup:
-            return "warmup"
-        if index < self.total:
-            return "profiled"
-        return "settle" if index < self.total + self.settle else "window"
+        if self.use_profiler:
+            self.prof = start_profiler(self.schedule, self.index, self.device_type, self.out_dir, self.files["worker"])
 
     def end_step(self, entered: float | None, batch: int | None, batch_source: str | None, loss: float | None) -> None:
         """A step ended: time it, attribute its batches, record it, move the schedule on; raise
@@ -263,41 +216,31 @@ class StepDriver:
             loss = loss_value(self.last_loss)
         self.last_loss = None
         if self.loop and self.index == 0:
-            self._close_recorder(complete=True)
+            self.memory.stop_recording(self.index, complete=True)
             self._schedule_and_profile()
         elif self.prof is not None:
             self.prof.step()  # ends span ProfilerStep#index; a trace is exported after the last one
         if self.index == 0:
-            try:
-                self.model_dtypes = parameter_dtypes()
-            except Exception:  # a figure we could not take must not fail the step
-                self.model_dtypes = None
-        phase = self.phase(self.index)
+            self.memory.take_model_dtypes()
+        phase = self.schedule.phase(self.index)
         self.record(wall, call, waited, fed, batch, batch_source, loss, phase)
         self.index += 1
-        if self.index == self.total:
+        if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
-            self.done = not self.windows
+            self.done = not self.schedule.windows
         if phase == "window":
-            self.window_steps += 1
-            self.window_wall += wall
-            if self.window_wall >= self.window_s and self.window_steps >= self.min_window_steps:
-                self.window, self.window_steps, self.window_wall = self.window + 1, 0, 0.0
+            self.schedule.count_window_step(wall)
             # Every rank of a job stops at the same step, once all have measured their windows.
-            self.done = all_measured(self.window >= self.windows)
+            self.done = all_measured(self.schedule.measured())
         self.period_start = time.perf_counter()
         if self.done:
-            try:
-                self.end_memory = memory_breakdown("end", self.device_type, self.activations)
-            except Exception as exc:  # a figure we could not take must not fail a finished trial
-                self.end_memory = {"when": "end", "unavailable": f"{type(exc).__name__}: {exc}"}
+            self.memory.record_end()
             self.finish()
             raise TrialComplete()
 
     def record(self, wall: float, call: float, waited: float, fed: LoaderRecord | None, batch: int | None,
                batch_source: str | None, loss: float | None, phase: str) -> None:
         """Append the step's JSON line (flushed, so a killed trial keeps its finished steps)."""
-        memory = self.process.memory_info()
         step = {
             "index": self.index,
             "wall_s": wall,
@@ -309,47 +252,14 @@ class StepDriver:
             "batch_size": batch,
             "batch_size_source": batch_source if batch is not None else None,
             "loss": loss,
-            "rss_bytes": memory.rss,
-            "vms_bytes": memory.vms,
-            "data_bytes": getattr(memory, "data", None),  # what a CPU memory_limit (RLIMIT_DATA) counts
+            **self.memory.process_now(),
         }
         if phase == "window":
-            step["window"] = self.window
-        if self.device_type == "cuda":
-            import torch
-
-            step["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
-            step["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
-            step["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+            step["window"] = self.schedule.window
+        step.update(self.memory.allocator_now())
         self.steps_file.write(dumps(step) + "\n")
 
     # --- how it ended --------------------------------------------------------------------------------
-
-    def completed_message(self) -> str:
-        """What a trial whose steps all ran says it measured."""
-        text = f"{self.active} steps profiled"
-        if self.windows:
-            text += f", then {self.window} window(s) of at least {self.window_s:g} s measured"
-        return text
-
-    def script_ended(self, script: str, target: str | None) -> dict[str, str]:
-        """Status and message when the script returned on its own: ok once the profiled steps ran (with the
-        windows it got), an error before."""
-        if self.index >= self.total:
-            return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
-                                               f"{self.window} of {self.windows} measurement window(s)"}
-        what = f"call(s) of {target}" if target else "optimizer step(s)"
-        return {"status": "error",
-                "message": f"{script} finished after {self.index} {what}; the trial needs "
-                           f"{self.total} (wait {self.wait} + warmup {self.warmup} + record {self.active})"}
-
-    def record_failure_memory(self, exc: BaseException) -> None:
-        """On an out-of-memory error in a step: where memory was at the failure."""
-        try:
-            if is_out_of_memory(exc):
-                self.failure_memory = memory_breakdown("at failure", self.device_type, self.activations)
-        except Exception as problem:  # little memory left, or a torch without these counters
-            self.failure_memory = {"when": "at failure", "unavailable": f"{type(problem).__name__}: {problem}"}
 
     def finish(self) -> None:
         """Stop the profiler (the trace is already written by then)."""
@@ -361,32 +271,15 @@ class StepDriver:
     def close(self, result: dict[str, Any]) -> dict[str, str]:
         """Stop the profiler and write what the steps measured into a trial result; returns the step
         interposition's knob outcomes (those decided while the steps ran and after them)."""
-        self._close_recorder(complete=False)
+        self.memory.stop_recording(self.index, complete=False)
         try:
             self.finish()
         except Exception as exc:  # a profiler that cannot stop must not hide the trial's result
             result["profiler_stop_error"] = f"{type(exc).__name__}: {exc}"
         self.steps_file.close()
-        result["memory"] = self.memory()
-        result["schedule"] = self.schedule()
+        result["memory"] = self.memory.peaks()
+        result["schedule"] = self.schedule.to_dict()
         result["user_threads"] = self.user_threads
-        result["model_dtypes"] = self.model_dtypes
+        result["model_dtypes"] = self.memory.model_dtypes
         result.setdefault("times", {}).update(self.times)
         return {**self.interposition.outcomes, **self.interposition.outcomes_after_steps()}
-
-    def memory(self) -> dict[str, Any]:
-        """Peak memory as the process and the allocator saw it."""
-        memory: dict[str, Any] = {"peak_rss_bytes": peak_rss_bytes()}
-        if "peak_vms_bytes" in (status := proc_status_bytes()):
-            memory["peak_vms_bytes"] = status["peak_vms_bytes"]
-        if self.device_type == "cuda":
-            import torch
-
-            free, total = torch.cuda.mem_get_info()
-            memory.update(
-                cuda_max_allocated_bytes=torch.cuda.max_memory_allocated(),
-                cuda_max_reserved_bytes=torch.cuda.max_memory_reserved(),
-                cuda_free_bytes_at_end=free,
-                cuda_total_bytes=total,
-            )
-        return memory

@@ -150,7 +150,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         ddp = DDPKnobs(knobs)
         ddp.install()
         driver = StepDriver(config, device_type, loader_records, tracker)
-        result["steps_expected"] = driver.total
+        result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
         result["sites"] = sites
         capture_losses(lambda loss: setattr(driver, "last_loss", loss), sites)
@@ -175,16 +175,16 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         os.chdir(os.path.dirname(script))
         result["times"] = {"setup_s": time.time() - started}
         if loop is not None:
-            driver.begin_loop()
+            driver.begin()
         try:
             exec(code, module.__dict__)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 raise
         driver.finish()
-        result.update(driver.script_ended(os.path.basename(script), target))
+        result.update(driver.schedule.script_ended(driver.index, os.path.basename(script), target))
     except TrialComplete:
-        result.update(status="ok", message=driver.completed_message())
+        result.update(status="ok", message=driver.schedule.completed_message())
     except TargetNotFound as exc:
         result.update(status="target-not-found", message=str(exc))
     except SetupProblem as exc:
@@ -205,8 +205,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["training_loader"] = None if trains is None else {
                 "site": trains.site, "ordinal": trains.ordinal, "index": loader_records.index(trains)}
             result["accumulation"] = driver.interposition.accumulation_record() if loop is None else None
-            result["memory_breakdown"] = driver.failure_memory or driver.end_memory
-            result["activations"] = driver.activations
+            result["memory_breakdown"] = driver.memory.breakdown()
+            result["activations"] = driver.memory.activations
     result.setdefault("times", {})["harness_s"] = time.time() - started
     return result
 
@@ -218,8 +218,8 @@ def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[
         oom = is_out_of_memory(exc)
     except Exception:
         oom = isinstance(exc, MemoryError)
-    if oom and driver is not None and driver.failure_memory is None:
-        driver.record_failure_memory(exc)  # out of memory outside a step (e.g. loading data)
+    if oom and driver is not None and driver.memory.at_failure is None:
+        driver.memory.record_failure(exc)  # out of memory outside a step (e.g. loading data)
     status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "oom" if oom else "error"
     if isinstance(exc, SystemExit):
         text = f"{script} exited with code {exc.code}"

@@ -184,7 +184,7 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     try:
         batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
         driver = StepDriver(config, device_type, records)
-        result["steps_expected"] = driver.total
+        result["steps_expected"] = driver.schedule.total
         step = driver.wrap(train_step, func)
         while True:
             iterator = iter(batches)
@@ -193,15 +193,16 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
                 produced = True
                 step(batch)
             if not produced:  # an empty loader, or a one-shot iterable that is used up
-                ended = driver.script_ended("the loader", func)
+                ended = driver.schedule.script_ended(driver.index, "the loader", func)
                 if ended["status"] == "ok":
                     result.update(ended)
                 else:
                     result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the trial "
-                                         f"needs {driver.total} (wait {driver.wait} + warmup {warmup} + record {steps})")
+                                         f"needs {driver.schedule.total} (wait {driver.schedule.wait} + warmup "
+                                         f"{warmup} + record {steps})")
                 break
     except TrialComplete:
-        result.update(status="ok", message=driver.completed_message())
+        result.update(status="ok", message=driver.schedule.completed_message())
     except BaseException as exc:  # the step's error, an out-of-memory error, Ctrl-C, or a loader that cannot be built
         at = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
         first = (str(exc).strip().splitlines() or [""])[0]

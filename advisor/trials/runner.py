@@ -164,6 +164,35 @@ def run_trial(
         if func is not None:
             raise AdvisorError(f"{target}: give the step either after the script (script.py:name) or with --step")
         step_module, defined_in, func = parse_step(step, script)
+    _check_arguments(steps=steps, wait=wait, warmup=warmup, windows=windows, window_s=window_s,
+                     timeout_s=timeout_s, device=device)
+    out = _make_trial_folder(out_dir)
+    started = time.time()
+    schedule = {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s}
+    record = _new_record(name=name or out.name, target=func, step=step, script=script, script_args=script_args,
+                         device=device, knobs=knobs, schedule=schedule, profiled=profile, memory_limit=memory_limit,
+                         started=started)
+    try:
+        _locate_step(script, defined_in, func)
+    except TargetNotFound as exc:
+        record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
+        return complete_record(record, out, started, nproc_per_node)
+
+    config = _harness_config(record, out, step_module, loader)
+    child_env = _child_environment(env, device, record["token"])
+    write_json_atomic(out / TRIAL_FILE, record)
+    command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args)
+    record["nproc_per_node"] = nproc_per_node
+    code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
+                        started=started, nproc_per_node=nproc_per_node)
+    if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
+        record.update(_exit_status(code, out))  # the harness never got to say how the trial went
+    return complete_record(record, out, started, nproc_per_node)
+
+
+def _check_arguments(*, steps: int, wait: int, warmup: int, windows: int, window_s: float, timeout_s: float,
+                     device: str) -> None:
+    """Refuse (AdvisorError) a schedule, a time limit or a device no trial can run with."""
     if steps < 1 or wait < 0 or warmup < 0:
         raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
     if windows < 0 or (windows and not (math.isfinite(window_s) and window_s > 0)):
@@ -172,6 +201,10 @@ def run_trial(
         raise AdvisorError(f"--timeout must be a positive number of seconds, not {timeout_s}")
     if device not in ("auto", "cpu", "cuda"):
         raise AdvisorError(f"--device: expected auto, cpu or cuda, not {device!r}")
+
+
+def _make_trial_folder(out_dir: str | os.PathLike) -> Path:
+    """The trial's folder, resolved, created and marked as a trial's; AdvisorError if it holds a trial."""
     out = Path(out_dir).resolve()
     if (out / TRIAL_FILE).exists():
         raise AdvisorError(f"{out}: already holds a trial; choose another folder")
@@ -180,11 +213,17 @@ def run_trial(
         (out / TRIAL_MARKER).touch()  # this folder is a trial's: --resume may remove it, never a folder without
     except OSError as exc:
         raise AdvisorError(f"{out}: cannot create the trial folder: {exc.strerror}") from None
-    started = time.time()
-    record: dict[str, Any] = {
+    return out
+
+
+def _new_record(*, name: str, target: str | None, step: str | None, script: Path, script_args: Sequence[str],
+                device: str, knobs: Knobs, schedule: dict[str, Any], profiled: bool, memory_limit: int | None,
+                started: float) -> dict[str, Any]:
+    """The record of a trial that is starting: what was asked, status "running", a fresh token."""
+    return {
         "schema": SCHEMA,
-        "name": name or out.name,
-        "target": func,
+        "name": name,
+        "target": target,
         "step": step,
         "script": str(script),
         "script_args": list(script_args),
@@ -195,8 +234,8 @@ def run_trial(
         "dataloaders": [],
         "training_loader": None,
         "accumulation": None,
-        "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
-        "profiled": profile,
+        "schedule": schedule,
+        "profiled": profiled,
         "memory_limit": memory_limit,
         "memory_cap": None,
         "status": "running",
@@ -210,6 +249,11 @@ def run_trial(
         "token": uuid.uuid4().hex,
         "times": {"started_at": started},
     }
+
+
+def _locate_step(script: Path, defined_in: Path, func: str | None) -> None:
+    """Parse the script and the file that defines the step, and find the step there (TargetNotFound when
+    it is not); a file that does not parse is an AdvisorError."""
     try:
         tree = ast.parse(script.read_text(), filename=str(script))
         if defined_in != script:
@@ -218,49 +262,67 @@ def run_trial(
             locate_target(tree, func)
     except SyntaxError as exc:
         raise AdvisorError(f"{exc.filename}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
-    except TargetNotFound as exc:
-        record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
-        return complete_record(record, out, started, nproc_per_node)
 
-    config = {
-        "script": str(script),
-        "target": func,
+
+def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, Any] | None,
+                    loader: dict[str, Any] | None) -> dict[str, Any]:
+    """What the harness is told: the trial as its record asks for it, where the step is defined, the
+    training loader the DataLoader knobs go to, and the folder to write into."""
+    schedule = record["schedule"]
+    return {
+        "script": record["script"],
+        "target": record["target"],
         "step_module": step_module,
         "loader": loader,
-        "script_args": list(script_args),
-        "knobs": knobs.to_dict(),
+        "script_args": record["script_args"],
+        "knobs": record["knobs"],
         "out_dir": str(out),
-        "wait": wait,
-        "warmup": warmup,
-        "active": steps,
-        "device": device,
-        "memory_limit": memory_limit,
-        "profile": profile,
-        "measure": {"windows": windows, "window_s": window_s},
+        "wait": schedule["wait"],
+        "warmup": schedule["warmup"],
+        "active": schedule["active"],
+        "device": record["device"],
+        "memory_limit": record["memory_limit"],
+        "profile": record["profiled"],
+        "measure": {"windows": schedule["windows"], "window_s": schedule["window_s"]},
         "parent": os.getpid(),
     }
+
+
+def _child_environment(env: dict[str, str] | None, device: str, token: str) -> dict[str, str]:
+    """The trial process's environment: `env` (or ours), this advisor importable, the trial's token."""
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
     child_env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
         child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
-    child_env[TRIAL_TOKEN] = record["token"]
-    write_json_atomic(out / TRIAL_FILE, record)
-    python = python or sys.executable
-    command = ([python, "-c", _HARNESS_ENTRY, json.dumps(config)] if nproc_per_node <= 1 else
-               torchrun_command(python, nproc_per_node, list(torchrun_args), json.dumps(config)))
-    record["nproc_per_node"] = nproc_per_node
+    child_env[TRIAL_TOKEN] = token
+    return child_env
+
+
+def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_args: Sequence[str]) -> list[str]:
+    """The harness in one process, or under torchrun with a rank per process of a data-parallel trial."""
+    if nproc_per_node <= 1:
+        return [python, "-c", _HARNESS_ENTRY, config]
+    return torchrun_command(python, nproc_per_node, list(torchrun_args), config)
+
+
+def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, record: dict[str, Any], *,
+                 timeout_s: float, on_start: Callable[[int, str], None] | None, started: float,
+                 nproc_per_node: int) -> int:
+    """Start the trial's process (its pid into the record), wait for it up to its time limit (then status
+    "timeout"), end every process of the trial, and return its exit code. Ctrl-C (or SIGTERM) ends them,
+    completes the record as "interrupted" and re-raises KeyboardInterrupt."""
     proc = None
     previous_sigterm = _sigterm_as_interrupt()
     try:
         with open(out / LOG_FILE, "wb") as log:
             proc = subprocess.Popen(
                 command,
-                cwd=script.parent,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=child_env,
+                env=env,
                 start_new_session=True,  # its own process group: one killpg ends it and its workers
             )
         record["pid"] = proc.pid
@@ -287,16 +349,17 @@ def run_trial(
         if proc is not None:
             # Workers the harness could not reach, a script that double-forked out of the group.
             end_trial_processes(proc.pid, record["token"])
-    if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
-        code = proc.returncode
-        if code == -signal.SIGKILL:
-            # Nobody here sent it: on Linux that is almost always the kernel's out-of-memory killer.
-            record.update(status="oom", message="the trial process was killed (SIGKILL), most likely by the "
-                          f"kernel's out-of-memory killer; see {out / LOG_FILE}")
-        else:
-            why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-            record.update(status="error", message=f"the trial process {why}; see {out / LOG_FILE}")
-    return complete_record(record, out, started, nproc_per_node)
+    return proc.returncode
+
+
+def _exit_status(code: int, out: Path) -> dict[str, str]:
+    """Status and message of a trial process that ended without writing its result."""
+    if code == -signal.SIGKILL:
+        # Nobody here sent it: on Linux that is almost always the kernel's out-of-memory killer.
+        return {"status": "oom", "message": "the trial process was killed (SIGKILL), most likely by the "
+                                            f"kernel's out-of-memory killer; see {out / LOG_FILE}"}
+    why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return {"status": "error", "message": f"the trial process {why}; see {out / LOG_FILE}"}
 
 
 @contextlib.contextmanager

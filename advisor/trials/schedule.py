@@ -1,0 +1,94 @@
+"""The phases of a trial's steps, torch-free: which phase each step is in, and when the trial has measured
+what it needs. The step driver (`advisor.trials.driver`) holds one and moves it on at the end of each step.
+
+Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
+the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled
+while the trace was written) and measurement `window`s of at least `window_s` seconds and one cycle of
+the workers each. The trial is measured after `windows` windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StepSchedule:
+    """The phase of each step of a trial, and the measurement windows counted so far."""
+
+    def __init__(self, wait: int, warmup: int, active: int, windows: int = 0, window_s: float = 0.0,
+                 loop: bool = False):
+        # The first step of a loop (no step function) holds the script's own set-up: never profiled.
+        self.wait = max(wait, 1) if loop else wait
+        self.warmup, self.active = warmup, active
+        self.total = self.wait + self.warmup + self.active  # the profiled part, measurement aside
+        self.windows, self.window_s = windows, window_s
+        self.queue_depth = 0  # batches the loader's workers queue before the first step
+        self.settle = 0
+        self.min_window_steps = 2
+        self.window, self.window_steps, self.window_wall = 0, 0, 0.0
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> StepSchedule:
+        """The schedule a trial's config asks for (`wait`, `warmup`, `active`, `measure`, `loop`)."""
+        measure = config.get("measure") or {}
+        return cls(config["wait"], config["warmup"], config["active"], windows=int(measure.get("windows") or 0),
+                   window_s=float(measure.get("window_s") or 0.0), loop=bool(config.get("loop")))
+
+    def add_queue(self, workers: int, prefetch_factor: int | None) -> None:
+        """Skip the batches `workers` queue before the first step, and as many again after profiling (the
+        queue refills while the trace is written); a window then spans at least one cycle of the workers."""
+        self.queue_depth = workers * (prefetch_factor or 2) if workers > 0 else 0
+        self.wait += self.queue_depth
+        self.total += self.queue_depth
+        self.settle = self.queue_depth if self.windows else 0
+        self.min_window_steps = max(2, workers)
+
+    def phase(self, index: int) -> str:
+        """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
+        if index < self.wait:
+            return "wait"
+        if index < self.wait + self.warmup:
+            return "warmup"
+        if index < self.total:
+            return "profiled"
+        return "settle" if index < self.total + self.settle else "window"
+
+    def first_profiled(self, index: int) -> bool:
+        """Whether the step with this index is the first the profiler records."""
+        return index == self.wait + self.warmup
+
+    def count_window_step(self, wall: float) -> None:
+        """A step of the current window took `wall` seconds: the window closes once it has lasted
+        `window_s` seconds and `min_window_steps` steps."""
+        self.window_steps += 1
+        self.window_wall += wall
+        if self.window_wall >= self.window_s and self.window_steps >= self.min_window_steps:
+            self.window, self.window_steps, self.window_wall = self.window + 1, 0, 0.0
+
+    def measured(self) -> bool:
+        """Whether all the measurement windows have closed."""
+        return self.window >= self.windows
+
+    def to_dict(self) -> dict[str, Any]:
+        """The steps each phase took: trial.json's `schedule`."""
+        return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "queue_depth": self.queue_depth,
+                "settle": self.settle, "windows": self.windows, "window_s": self.window_s,
+                "min_window_steps": self.min_window_steps, "windows_measured": self.window}
+
+    def completed_message(self) -> str:
+        """What a trial whose steps all ran says it measured."""
+        text = f"{self.active} steps profiled"
+        if self.windows:
+            text += f", then {self.window} window(s) of at least {self.window_s:g} s measured"
+        return text
+
+    def script_ended(self, steps_run: int, script: str, target: str | None) -> dict[str, str]:
+        """Status and message when the script returned on its own after `steps_run` steps: ok once the
+        profiled steps ran (with the windows it got), an error before."""
+        if steps_run >= self.total:
+            return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
+                                               f"{self.window} of {self.windows} measurement window(s)"}
+        what = f"call(s) of {target}" if target else "optimizer step(s)"
+        return {"status": "error",
+                "message": f"{script} finished after {steps_run} {what}; the trial needs "
+                           f"{self.total} (wait {self.wait} + warmup {self.warmup} + record {self.active})"}

@@ -1,0 +1,92 @@
+"""The phases of a trial's steps (advisor.trials.schedule), without running a trial."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from advisor.trials.schedule import StepSchedule
+
+
+def phases(schedule: StepSchedule, steps: int) -> list[str]:
+    return [schedule.phase(i) for i in range(steps)]
+
+
+def test_the_schedule_imports_without_torch():
+    code = "import sys, advisor.trials.schedule; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_phases_come_in_order():
+    schedule = StepSchedule(wait=2, warmup=1, active=3, windows=1, window_s=1.0)
+    assert schedule.total == 6
+    assert phases(schedule, 8) == ["wait", "wait", "warmup", "profiled", "profiled", "profiled", "window", "window"]
+    assert [schedule.first_profiled(i) for i in range(5)] == [False, False, False, True, False]
+
+
+def test_a_loop_waits_at_least_one_step():
+    """The first step of a loop holds the script's set-up: never warmup nor profiled."""
+    assert StepSchedule(wait=0, warmup=1, active=2, loop=True).phase(0) == "wait"
+    assert StepSchedule(wait=0, warmup=1, active=2).phase(0) == "warmup"
+    assert StepSchedule(wait=3, warmup=1, active=2, loop=True).wait == 3
+
+
+def test_the_queue_depth_is_added_to_wait_and_settle():
+    schedule = StepSchedule(wait=1, warmup=1, active=1, windows=2, window_s=0.5)
+    schedule.add_queue(workers=2, prefetch_factor=None)  # DataLoader's default prefetch factor: 2
+    assert (schedule.queue_depth, schedule.wait, schedule.total, schedule.settle) == (4, 5, 7, 4)
+    assert schedule.min_window_steps == 2
+    assert phases(schedule, 12) == ["wait"] * 5 + ["warmup", "profiled"] + ["settle"] * 4 + ["window"]
+
+
+def test_no_settle_without_windows_and_none_without_workers():
+    schedule = StepSchedule(wait=1, warmup=1, active=1)
+    schedule.add_queue(workers=3, prefetch_factor=4)
+    assert (schedule.queue_depth, schedule.wait, schedule.settle, schedule.min_window_steps) == (12, 13, 0, 3)
+    idle = StepSchedule(wait=1, warmup=1, active=1, windows=1, window_s=1.0)
+    idle.add_queue(workers=0, prefetch_factor=4)
+    assert (idle.queue_depth, idle.wait, idle.settle, idle.min_window_steps) == (0, 1, 0, 2)
+
+
+def test_a_window_closes_after_window_s_seconds_and_min_window_steps_steps():
+    schedule = StepSchedule(wait=0, warmup=0, active=1, windows=2, window_s=1.0)
+    schedule.add_queue(workers=3, prefetch_factor=1)  # a window spans one cycle of 3 workers
+    schedule.count_window_step(5.0)
+    schedule.count_window_step(5.0)
+    assert schedule.window == 0  # long enough, but 2 steps of the 3 a window needs
+    schedule.count_window_step(5.0)
+    assert schedule.window == 1 and not schedule.measured()
+    for _ in range(3):
+        schedule.count_window_step(0.2)
+    assert schedule.window == 1  # 3 steps, but 0.6 s of the 1 s a window needs
+    schedule.count_window_step(0.2)
+    schedule.count_window_step(0.2)
+    assert schedule.window == 2 and schedule.measured()
+
+
+def test_the_trial_is_measured_after_its_windows():
+    assert StepSchedule(wait=1, warmup=1, active=1).measured()  # no windows: measured once profiled
+    schedule = StepSchedule(wait=1, warmup=1, active=1, windows=3, window_s=0.0)
+    measured = []
+    for _ in range(6):
+        schedule.count_window_step(0.1)
+        measured.append(schedule.measured())
+    assert measured == [False, False, False, False, False, True]  # 3 windows of 2 steps each
+
+
+def test_the_recorded_schedule_and_messages():
+    schedule = StepSchedule.from_config({"wait": 2, "warmup": 1, "active": 3, "loop": False,
+                                         "measure": {"windows": 2, "window_s": 0.5}})
+    schedule.add_queue(workers=1, prefetch_factor=2)
+    schedule.count_window_step(1.0)
+    schedule.count_window_step(1.0)
+    assert schedule.to_dict() == {"wait": 4, "warmup": 1, "active": 3, "queue_depth": 2, "settle": 2,
+                                  "windows": 2, "window_s": 0.5, "min_window_steps": 2, "windows_measured": 1}
+    assert schedule.completed_message() == "3 steps profiled, then 1 window(s) of at least 0.5 s measured"
+    assert schedule.script_ended(8, "train.py", "step") == {
+        "status": "ok", "message": "3 steps profiled, then 1 window(s) of at least 0.5 s measured; train.py ended "
+                                   "after 1 of 2 measurement window(s)"}
+    assert schedule.script_ended(3, "train.py", None) == {
+        "status": "error", "message": "train.py finished after 3 optimizer step(s); the trial needs 8 "
+                                      "(wait 4 + warmup 1 + record 3)"}
+    assert StepSchedule.from_config({"wait": 0, "warmup": 0, "active": 1}).completed_message() == "1 steps profiled"
