@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from trial_helpers import trial_record, write_script
+from trial_helpers import ctrl_c_reaches_it, trial_record, write_script
 
 from advisor import cli
 from advisor.trials.knobs import Knobs
@@ -183,7 +183,7 @@ def test_ctrl_c_twice_still_finishes_the_trial_record(tmp_path, trial_startup_s)
     script = tiny(tmp_path, sleep=0.2)
     out = tmp_path / "session"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step", "--out",
-                                str(out), "--device", "cpu", "--steps", "50"], cwd=ROOT,
+                                str(out), "--device", "cpu", "--steps", "50"], cwd=ROOT, preexec_fn=ctrl_c_reaches_it,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     folder = out / "trials" / "00-baseline"
     wait_for_steps(folder, 10 + 4 * trial_startup_s)

@@ -11,7 +11,8 @@ import time
 
 import psutil
 import pytest
-from trial_helpers import EXAMPLES, REPO, median_trace_step, profiler_step_durations, trial_record, write_script
+from trial_helpers import EXAMPLES, REPO, ctrl_c_reaches_it, median_trace_step, profiler_step_durations, trial_record, \
+    write_script
 
 from advisor import cli
 from advisor.trials.knobs import APPLIED, Knobs
@@ -241,7 +242,8 @@ def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path, tr
     """)
     out = tmp_path / "run"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step",
-                                "--out", str(out), "--no-apply", "--device", "cpu"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--out", str(out), "--no-apply", "--device", "cpu"], cwd=REPO,
+                               preexec_fn=ctrl_c_reaches_it, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     folder = out / "trials" / "00-baseline"
     deadline = time.monotonic() + 10 + 4 * trial_startup_s
     while not (folder / "steps.jsonl").exists() or not (folder / "steps.jsonl").read_text().strip():

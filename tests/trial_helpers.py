@@ -43,3 +43,12 @@ def median_trace_step(folder: Path) -> float:
         durations += profiler_step_durations(trace).values()
     assert durations, f"no ProfilerStep spans in {folder}"
     return statistics.median(durations)
+
+
+def ctrl_c_reaches_it() -> None:
+    """`preexec_fn` for an advisor a test will Ctrl-C: SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt. A shell starts background jobs (a CI step, `make test &`) with SIGINT ignored, and a
+    child inherits that: the advisor would then never see the test's Ctrl-C."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
