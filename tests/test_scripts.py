@@ -205,10 +205,11 @@ def test_no_amp_advice_for_a_float64_model(tmp_path):
     script = write_script(tmp_path, """
         import torch
 
-        model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).double()
+        # Matmuls large enough to dominate the step even on a busy machine (64 x 256 ones left it to Python).
+        model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).double()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         for i in range(1000):
-            loss = model(torch.randn(64, 256, dtype=torch.float64)).pow(2).mean()
+            loss = model(torch.randn(128, 512, dtype=torch.float64)).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
