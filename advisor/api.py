@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 from advisor.analysis import diagnosis as _diagnosis
 from advisor.analysis import job as _job
 from advisor.analysis.breakdown import ROLES
-from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
+from advisor.analysis.analyze import analyze_file, analyze_path, diagnosis_to_dict
 from advisor.analysis.job import jobs_of
 from advisor.errors import AdvisorError
 from advisor.files import inside, regular_traces_in
@@ -154,7 +154,7 @@ def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis | Jo
     if path.is_dir():
         files = trace_files(path)
         if len(files) > 1:
-            diagnoses = [analyze_file(f, steps, linter=script_findings) for f in files]
+            diagnoses = analyze_path(path, steps, linter=script_findings)
             jobs = jobs_of(diagnoses)
             if len(jobs) == 1 and len(jobs[0].ranks) == len(diagnoses):
                 return Job(jobs[0])

@@ -68,6 +68,7 @@ named in `missing`. File names that are not UTF-8 appear with their bytes escape
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Callable
@@ -147,6 +148,8 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
     path = Path(path)
     if steps:
         parse_steps(steps)  # a malformed --steps fails before any trace is read
+    if linter is not None:
+        linter = functools.lru_cache(maxsize=None)(linter)  # the ranks (or trials) of one script: linted once
     out = []
     for p in trace_files(path):
         try:

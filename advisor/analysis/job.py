@@ -58,7 +58,6 @@ class Job:
     straggler: Straggler | None
     bound: str | None
     verdict: str
-    evidence: tuple[str, ...]
     recommendations: tuple[Recommendation, ...]
 
     @property
@@ -99,6 +98,12 @@ def exposed_us(d: Diagnosis) -> float:
 def own_us(d: Diagnosis) -> float:
     """The rank's own time per step: its step less the time it waited in collectives."""
     return max(0.0, d.step_time_us - exposed_us(d))
+
+
+def compute_us(d: Diagnosis) -> float:
+    """Compute per step: kernels (and memsets) on an accelerator, operators on the CPU."""
+    b = d.breakdown_us
+    return b["kernel"] + b["memset"] if d.platform != "cpu" else b["cpu_op"]
 
 
 def find_straggler(ranks: list[Diagnosis]) -> Straggler | None:
@@ -166,8 +171,8 @@ def straggler_advice(s: Straggler, d: Diagnosis, own: list[Recommendation]) -> R
         bound=s.bound)
 
 
-def verdict_of(ranks: list[Diagnosis], world: int, straggler: Straggler | None) -> tuple[str | None, str, tuple]:
-    """The job's bound, its verdict in one sentence, and the evidence."""
+def verdict_of(ranks: list[Diagnosis], world: int, straggler: Straggler | None) -> tuple[str | None, str]:
+    """The job's bound and its verdict in one sentence."""
     step = max(d.step_time_us for d in ranks)
     shares = sorted(exposed_us(d) / d.step_time_us for d in ranks if d.step_time_us)
     waiting = median(shares) if shares else 0.0
@@ -175,24 +180,24 @@ def verdict_of(ranks: list[Diagnosis], world: int, straggler: Straggler | None) 
         text = (f"rank {straggler.rank} is the straggler: {ms(straggler.excess_us)} per step more than the other "
                 f"ranks ({pct(straggler.share)} of the step), spent on {CAUSE[straggler.bound]}; the others wait for "
                 f"it in collectives")
-        return straggler.bound, text, (text,)
+        return straggler.bound, text
     if len(ranks) == 1:
         d = ranks[0]
         bound = d.bound
         text = (f"rank {rank_of(d)} of {world} only: a straggler cannot be named from one rank; this rank waits "
                 f"{ms(exposed_us(d))} per step in collectives ({pct(waiting)} of its step) and is bound by "
                 f"{BOUNDS.get(bound, 'what its trace cannot say')}")
-        return bound, text, (text,)
+        return bound, text
     spread = (max(own_us(d) for d in ranks) - min(own_us(d) for d in ranks)) / step if step else 0.0
     if waiting >= COMMUNICATION_SHARE:
         text = (f"the ranks are balanced (own time within {pct(spread)} of the step); communication not "
                 f"overlapped with compute takes {pct(waiting)} of the step (median over ranks)")
-        return "communication", text, (text,)
+        return "communication", text
     bounds = [d.bound for d in ranks if d.bound is not None]
     bound = max(set(bounds), key=bounds.count) if bounds else None
     text = (f"the ranks are balanced (own time within {pct(spread)} of the step) and wait {pct(waiting)} of it in "
             f"collectives; the job is bound by {BOUNDS.get(bound, 'what the traces cannot say')}, as its ranks are")
-    return bound, text, (text,)
+    return bound, text
 
 
 def job_of(source: str, ranks: list[Diagnosis]) -> Job:
@@ -200,11 +205,11 @@ def job_of(source: str, ranks: list[Diagnosis]) -> Job:
     ranks = sorted(ranks, key=rank_of)
     world = max([world_of(d) or 1 for d in ranks] + [len(ranks)])
     straggler = find_straggler(ranks)
-    bound, verdict, evidence = verdict_of(ranks, world, straggler)
+    bound, verdict = verdict_of(ranks, world, straggler)
     present = {rank_of(d) for d in ranks}
     job = Job(source=source, backend=(ranks[0].communication.backend if ranks[0].communication else None),
               world_size=world, ranks=tuple(ranks), missing_ranks=tuple(r for r in range(world) if r not in present),
-              straggler=straggler, bound=bound, verdict=verdict, evidence=evidence, recommendations=())
+              straggler=straggler, bound=bound, verdict=verdict, recommendations=())
     return dataclasses.replace(job, recommendations=job_recommendations(ranks, straggler, job.representative, bound))
 
 
@@ -225,7 +230,7 @@ def job_diagnosis(job: Job) -> Diagnosis:
     """The job as one Diagnosis the search can follow: the representative rank's figures, with the job's
     bound, verdict and advice."""
     d = job.representative
-    return dataclasses.replace(d, bound=job.bound, bound_evidence=job.evidence + tuple(d.bound_evidence),
+    return dataclasses.replace(d, bound=job.bound, bound_evidence=(job.verdict,) + tuple(d.bound_evidence),
                                recommendations=job.recommendations, extra={**d.extra, "job": job})
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from advisor.code.syntax import literal_node, literal_value
+
 KINDS_BY_PREFERENCE = ("attribute", "keyword", "field", "parameter")
 
 
@@ -31,18 +33,6 @@ class Definition:
     name: str
     kind: str  # "attribute" (x.name = 1), "keyword" (Config(name=1)), "field" (class body), "parameter"
     value: Any
-
-
-def literal(node: cst.BaseExpression) -> tuple[bool, Any]:
-    """(True, value) for an int / True / False / None literal (negative ints too), else (False, None)."""
-    if isinstance(node, cst.Integer):
-        return True, int(node.evaluated_value)
-    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
-        return True, {"True": True, "False": False, "None": None}[node.value]
-    if (isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
-            and isinstance(node.expression, cst.Integer)):
-        return True, -int(node.expression.evaluated_value)
-    return False, None
 
 
 def parse(path: Path) -> cst.Module | None:
@@ -101,7 +91,7 @@ class _Definitions(cst.CSTVisitor):
         self.classes = 0
 
     def _add(self, node: cst.CSTNode, kind: str, value_node: cst.BaseExpression) -> None:
-        ok, value = literal(value_node)
+        ok, value = literal_value(value_node)
         if ok:
             line = self.get_metadata(PositionProvider, node).start.line
             self.found.append(Definition(self.path, line, self.name, kind, value))
@@ -231,13 +221,6 @@ class SetDefinitions(cst.CSTTransformer):
 
 
 _KEEP = object()
-
-
-def literal_node(value: Any) -> cst.BaseExpression:
-    """A literal expression for an int, bool or None."""
-    if value is None or isinstance(value, bool):
-        return cst.Name(repr(value))
-    return cst.Integer(str(int(value)))
 
 
 def set_definitions(module: cst.Module, changes: list[tuple[Definition, Any]]) -> cst.Module:

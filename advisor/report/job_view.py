@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.analysis.diagnosis import Diagnosis
-from advisor.analysis.job import CAUSE, Job, common_step, exposed_us, jobs_of, own_us, rank_of
+from advisor.analysis.job import CAUSE, Job, common_step, compute_us, exposed_us, jobs_of, own_us, rank_of
 from advisor.report import charts
 from advisor.report.formatting import ms, pct
 from advisor.report.terminal import ROLE_LABELS
@@ -32,17 +32,11 @@ class JobView:
         return self.job.recommendations
 
 
-def compute_ms(d: Diagnosis) -> float:
-    """Compute per step: kernels (and memsets) on an accelerator, operators on the CPU."""
-    b = d.breakdown_us
-    return b["kernel"] + b["memset"] if d.platform != "cpu" else b["cpu_op"]
-
-
 def job_view(job: Job) -> JobView:
     """Format a job for the templates; its timeline draws the same step of every rank."""
     s = job.straggler
     rows = tuple((str(rank_of(d)), ms(d.step_time_us / 1000), ms(own_us(d) / 1000), ms(exposed_us(d) / 1000),
-                  ms(d.breakdown_us["dataloader"] / 1000), ms(compute_ms(d) / 1000), d.bound or "n/a")
+                  ms(d.breakdown_us["dataloader"] / 1000), ms(compute_us(d) / 1000), d.bound or "n/a")
                  for d in job.ranks)
     step = common_step(job)
     timeline = None

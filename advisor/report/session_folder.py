@@ -101,22 +101,21 @@ def checked_trial_traces(session_dir: Path, row: dict) -> tuple[list[Path], list
             except AdvisorError as exc:
                 problems.append(f"trial {name}: {exc}")
     found = []
-    for entry in listed:
-        path = None if os.path.isabs(entry) else files.inside(root, str((folder / entry).relative_to(root)))
+
+    def take(path: Path | None, label: str, outside: str) -> None:
+        """Keep a trace that resolves inside the session folder and is a regular file; else say why not."""
         if path is None:
-            problems.append(f"trial {name}: trace file {entry!r} is not inside the session folder: not read")
+            problems.append(f"trial {name}: {label} {outside} the session folder: not read")
         elif not files.is_regular(path):
-            problems.append(f"trial {name}: trace file {entry!r} is not a regular file: not read")
+            problems.append(f"trial {name}: {label} is not a regular file: not read")
         else:
             found.append(path)
+
+    for entry in listed:
+        take(None if os.path.isabs(entry) else files.inside(root, str((folder / entry).relative_to(root))),
+             f"trace file {entry!r}", "is not inside")
     if listed or found:
         return found, problems
     for path in sorted(folder.glob("*.pt.trace.json*")):
-        resolved = files.inside(root, str(path.relative_to(root)))
-        if resolved is None:
-            problems.append(f"trial {name}: {path.name} links outside the session folder: not read")
-        elif not files.is_regular(resolved):
-            problems.append(f"trial {name}: {path.name} is not a regular file: not read")
-        else:
-            found.append(resolved)
+        take(files.inside(root, str(path.relative_to(root))), path.name, "links outside")
     return found, problems

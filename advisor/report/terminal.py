@@ -12,7 +12,7 @@ from rich.text import Text
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
-from advisor.analysis.job import Job, exposed_us, jobs_of, own_us, rank_of
+from advisor.analysis.job import Job, compute_us, exposed_us, jobs_of, own_us, rank_of
 from advisor.escape import for_terminal
 
 ROLE_LABELS = {
@@ -221,12 +221,10 @@ def ranks_table(job: Job) -> Table:
         t.add_column(col, justify="left" if col in ("rank", "bound") else "right")
     straggler = job.straggler.rank if job.straggler else None
     for d in job.ranks:
-        b = d.breakdown_us
-        compute = b["kernel"] + b["memset"] if d.platform != "cpu" else b["cpu_op"]
         rank = rank_of(d)
         _row(t, f"{rank}" + ("  ← straggler" if rank == straggler else ""), f"{d.step_time_us / 1000:.2f}",
-             f"{own_us(d) / 1000:.2f}", f"{exposed_us(d) / 1000:.2f}", f"{b['dataloader'] / 1000:.2f}",
-             f"{compute / 1000:.2f}", d.bound or "n/a")
+             f"{own_us(d) / 1000:.2f}", f"{exposed_us(d) / 1000:.2f}", f"{d.breakdown_us['dataloader'] / 1000:.2f}",
+             f"{compute_us(d) / 1000:.2f}", d.bound or "n/a")
     return t
 
 

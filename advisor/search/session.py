@@ -69,14 +69,13 @@ def diagnose_trial(result: TrialResult):
     """The diagnosis (with recommendations) of a trial's trace; None when it has no trace. A data-parallel
     trial is diagnosed as a job: its straggler's figures, with the job's bound and advice (a rank that
     waits for another is not what to fix)."""
-    from advisor.analysis.analyze import analyze_file
+    from advisor.analysis.analyze import analyze_path
     from advisor.analysis.job import job_diagnosis, jobs_of
     from advisor.code.lint import script_findings
 
-    traces = sorted(result.path.glob("*.pt.trace.json*"))
-    if not traces:
+    if not any(result.path.glob("*.pt.trace.json*")):
         return None
-    diagnoses = [analyze_file(t, linter=script_findings) for t in traces]
+    diagnoses = analyze_path(result.path, linter=script_findings)
     jobs = jobs_of(diagnoses) if len(diagnoses) > 1 else []
     return job_diagnosis(jobs[0]) if jobs else diagnoses[0]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from advisor.code.patch.syntax import dotted, literal_node, put_keyword
+from advisor.code.syntax import dotted, literal_node, put_keyword
 from advisor.trials.knobs import DDP_KNOBS, Knobs
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import libcst as cst
 
-from advisor.code.patch.syntax import dotted, keyword_arg, literal_value
+from advisor.code.syntax import dotted, keyword_arg, literal_value
 
 
 def argparse_dest(call: cst.Call) -> str | None:

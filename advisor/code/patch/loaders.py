@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from advisor.code.patch.facts import NOT_LITERAL, ScriptFacts, argparse_dest
-from advisor.code.patch.syntax import double_star, dotted, drop_keywords, keyword_arg, literal_node, literal_value, \
+from advisor.code.syntax import double_star, dotted, drop_keywords, keyword_arg, literal_node, literal_value, \
     put_keyword, replace_arg
 from advisor.code.settings import Elsewhere
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs

@@ -15,7 +15,7 @@ from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import rewrite_dataloaders
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
-from advisor.code.patch.syntax import after_imports
+from advisor.code.syntax import after_imports
 from advisor.code.settings import Elsewhere, search_files, set_definitions
 from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs

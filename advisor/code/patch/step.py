@@ -10,7 +10,7 @@ import libcst as cst
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.step_body import ACCUMULATION_CONSTANT, ACCUMULATION_COUNTER, StepBodyRewrite, StepPlan, \
     is_optimizer
-from advisor.code.patch.syntax import after_imports, dotted, is_docstring, method_call, statement_call
+from advisor.code.syntax import after_imports, dotted, is_docstring, method_call, statement_call
 
 
 def calls_backward(node: cst.CSTNode) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts
-from advisor.code.patch.syntax import dotted, keyword_arg, method_call, put_keyword, statement_call
+from advisor.code.syntax import dotted, keyword_arg, method_call, put_keyword, statement_call
 
 ACCUMULATION_CONSTANT = "ACCUMULATION_STEPS"
 ACCUMULATION_COUNTER = "accumulation_micro_step"
