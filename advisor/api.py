@@ -154,7 +154,7 @@ def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis | Jo
     if path.is_dir():
         files = trace_files(path)
         if len(files) > 1:
-            diagnoses = analyze_path(path, steps, linter=script_findings)
+            diagnoses = analyze_path(path, steps, linter=script_findings, timelines=True)
             jobs = jobs_of(diagnoses)
             if len(jobs) == 1 and len(jobs[0].ranks) == len(diagnoses):
                 return Job(jobs[0])

@@ -121,14 +121,16 @@ def read_trial(trace_path: Path) -> dict | None:
 Linter = Callable[[Path], list[dict] | None]
 
 
-def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | None = None) -> Diagnosis:
+def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | None = None, *,
+                 timelines: bool = False) -> Diagnosis:
     """Load one trace, diagnose it and attach its ranked recommendations.
 
     `linter`: lints the script the trial.json beside the trace names (the CLI, the notebook API and the
-    session pass one; the report none, as it opens nothing outside the session folder it reads)."""
+    session pass one; the report none, as it opens nothing outside the session folder it reads). `timelines`:
+    see `advisor.analysis.diagnosis.diagnose`."""
     trial, problems = read_trial_record(Path(path))
     with collector_paused():
-        diagnosis = diagnose(load_trace(path), steps, trial)
+        diagnosis = diagnose(load_trace(path), steps, trial, timelines=timelines)
     if linter is not None and trial and trial.get("script"):
         diagnosis.extra["lint"] = linter(Path(trial["script"]))
     missing = diagnosis.missing
@@ -139,8 +141,9 @@ def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | No
 
 
 def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None,
-                 linter: Linter | None = None) -> list[Diagnosis]:
-    """Diagnoses for a trace file or every trace file under a folder (`linter`: see `analyze_file`).
+                 linter: Linter | None = None, *, timelines: bool = False) -> list[Diagnosis]:
+    """Diagnoses for a trace file or every trace file under a folder (`linter`: see `analyze_file`;
+    `timelines`: see `advisor.analysis.diagnosis.diagnose`).
 
     In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
     skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
@@ -153,7 +156,7 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
     out = []
     for p in trace_files(path):
         try:
-            out.append(analyze_file(p, steps, linter))
+            out.append(analyze_file(p, steps, linter, timelines=timelines))
         except NotATrace as exc:
             if p == path:  # the trace named itself, not one found in a folder
                 raise

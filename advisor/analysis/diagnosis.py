@@ -91,8 +91,11 @@ def platform_of(trace: Trace) -> str:
     return trace.accelerator or "cpu"
 
 
-def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None = None) -> Diagnosis:
-    """Compute every figure for one trace. Pure: the same trace gives the same Diagnosis."""
+def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None = None, *,
+             timelines: bool = False) -> Diagnosis:
+    """Compute every figure for one trace. Pure: the same trace gives the same Diagnosis. `timelines`: also
+    lay each step of a data-parallel rank out in time (`extra["step_timelines"]`), for the views that draw
+    the ranks side by side; left out otherwise, as it costs about a tenth of the analysis of a large trace."""
     steps, note = find_steps(trace)
     if steps_wanted:
         chosen = select_steps(steps, steps_wanted)
@@ -154,7 +157,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         main = max(utilization.values())
     # What bounds the step.
     comm = communication(trace, steps, roles, platform)
-    if comm is not None:  # a rank of a data-parallel job: its step is drawn beside the other ranks'
+    if comm is not None and timelines:  # a rank of a data-parallel job: its step is drawn beside the other ranks'
         extra["step_timelines"] = step_timelines(steps, roles)
     if platform == "cpu":
         # Exposed communication (the rank waits in a collective) excludes DataLoader time: the two add up.

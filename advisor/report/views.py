@@ -84,7 +84,9 @@ def trace_view(path: Path) -> TraceView:
 # Keyed by the files' modification times, so a rewritten trace or trial record is diagnosed again.
 @lru_cache(maxsize=64)
 def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | None) -> TraceView:
-    d = analyze_file(path)  # not linted: the script trial.json names lies outside the session folder
+    # Not linted: the script trial.json names lies outside the session folder. Timelines: a rank's step is
+    # drawn beside the other ranks'.
+    d = analyze_file(path, timelines=True)
     f = diagnosis_to_dict(d)
     found = hotspots(load_trace(path), len(d.steps), d.step_time_us)
     shares = d.breakdown_share
