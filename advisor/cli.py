@@ -30,7 +30,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze.add_argument("--steps", help="which ProfilerStep numbers to use, e.g. 3-5 or 2,4")
 
     profile = sub.add_parser("profile", help="run a training script under the profiler, apply what helps")
-    add_profile_arguments(profile)
+    if command in (None, "profile"):  # its defaults come from the search's options (trials, records)
+        add_profile_arguments(profile)
 
     lint = sub.add_parser("lint", help="static check of a training script for memory and speed mistakes")
     if command in (None, "lint"):

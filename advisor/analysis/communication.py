@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from advisor.analysis import intervals as iv
-from advisor.analysis.breakdown import COLLECTIVE_NAME
+from advisor.analysis.breakdown import collective_kind
 from advisor.analysis.steps import Step, in_steps
 from advisor.analysis.trace import Trace
 
@@ -87,9 +87,9 @@ def collectives(trace: Trace, steps: list[Step]) -> tuple[Collective, ...]:
     """Collective calls per step by kind, from the host's collective annotations inside the steps."""
     found: dict[str, list[float | None]] = {}
     for op in trace.ops:
-        match = COLLECTIVE_NAME.match(op.name)
-        if match and in_steps(op, steps):
-            found.setdefault(match.group(2), []).append(collective_bytes(op.args))
+        kind = collective_kind(op.name)
+        if kind is not None and in_steps(op, steps):
+            found.setdefault(kind, []).append(collective_bytes(op.args))
     n = len(steps) or 1
     out = []
     for name, sizes in sorted(found.items(), key=lambda kv: -len(kv[1])):

@@ -17,7 +17,7 @@ import msgspec
 
 from advisor.errors import NotATrace, TraceError
 
-class Args(msgspec.Struct):
+class Args(msgspec.Struct, gc=False):
     """The event arguments the analysis reads; everything else in `args` is skipped while decoding."""
 
     external_id: Union[int, str, None] = msgspec.field(name="External id", default=None)
@@ -37,7 +37,7 @@ class Args(msgspec.Struct):
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     """One Chrome-trace event, as decoded. `ts`/`dur` are rewritten to relative microseconds on load."""
 
     ph: str = ""

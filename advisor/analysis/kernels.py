@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from advisor.analysis.breakdown import is_communication_kernel
 from advisor.analysis.events import Event
-from advisor.analysis.steps import Step, in_steps
+from advisor.analysis.steps import Step, in_steps_mask
 from advisor.analysis.trace import Trace
 
 
@@ -64,6 +64,14 @@ def _is_layout_kernel(kernel_name: str) -> bool:
 @lru_cache(maxsize=None)
 def _is_matmul_kernel(kernel_name: str) -> bool:
     return MATMUL_KERNEL.search(kernel_name) is not None and not _is_layout_kernel(kernel_name)
+
+
+@lru_cache(maxsize=None)
+def _kernel_class(vendor: str, kernel_name: str, op_name: str | None) -> tuple[bool, bool, bool]:
+    """(on Tensor Cores, matmul/convolution work, layout conversion) of a kernel launched by `op_name`
+    (None: no operator, so its name decides); cached, as a step repeats the same pairs thousands of times."""
+    eligible = _is_matmul_kernel(kernel_name) if op_name is None else is_eligible_op(op_name)
+    return is_tensor_core(vendor, kernel_name), eligible, _is_layout_kernel(kernel_name)
 
 
 @lru_cache(maxsize=None)
@@ -150,23 +158,23 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
     (all kernels of eligible ops) is `eligible_op_share`. Without a Tensor Core table for the vendor, the
     Tensor Core and eligible shares are unknown (None), not zero.
     """
-    kernels = [k for k in trace.kernels if in_steps(k, steps) and not is_communication_kernel(k.name)]
+    kernels = [k for k, inside in zip(trace.kernels, in_steps_mask(trace.kernels, steps))
+               if inside and not is_communication_kernel(k.name)]
     total = sum(k.dur for k in kernels)
     if not total:
         return KernelMix()
     op_of = launching_ops(trace, {k.args.correlation for k in kernels if k.args is not None})
     tc = eligible_left = eligible_all = layout = by_name = 0.0
     for k in kernels:
-        on_tc = is_tensor_core(vendor, k.name)
+        op = op_of.get(k.correlation)
+        on_tc, eligible, is_layout = _kernel_class(vendor, k.name, op)
         if on_tc:
             tc += k.dur
-        op = op_of.get(k.correlation)
         if op is None:
             by_name += k.dur
-        eligible = _is_matmul_kernel(k.name) if op is None else is_eligible_op(op)
         if eligible:
             eligible_all += k.dur
-        if _is_layout_kernel(k.name):
+        if is_layout:
             layout += k.dur
         elif eligible and not on_tc:
             eligible_left += k.dur

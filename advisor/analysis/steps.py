@@ -68,12 +68,15 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
     matched_count = []
     for s in steps:
         lo, hi, n = float("inf"), float("-inf"), 0
-        for r in runtime[bisect.bisect_left(starts, s.start):bisect.bisect_right(starts, s.end)]:
-            if r.ts + r.dur > s.end or r.args is None:
+        step_end = s.end
+        for r in runtime[bisect.bisect_left(starts, s.start):bisect.bisect_right(starts, step_end)]:
+            if r.ts + r.dur > step_end or r.args is None:
                 continue
-            for d in by_corr.get(r.args.correlation, ()):
-                lo = min(lo, d.ts)
-                hi = max(hi, d.ts + d.dur)
+            for d in by_corr.get(r.args.correlation, ()):  # comparisons, not min()/max(): the hottest loop
+                if d.ts < lo:
+                    lo = d.ts
+                if d.ts + d.dur > hi:
+                    hi = d.ts + d.dur
                 n += 1
         device_span.append((lo, hi))
         matched_count.append(n)
