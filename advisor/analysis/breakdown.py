@@ -40,29 +40,33 @@ def is_communication_kernel(name: str) -> bool:
     return COMMUNICATION_KERNEL.match(name) is not None
 
 
+@lru_cache(maxsize=None)
+def _operator_role(name: str) -> str:
+    """The breakdown role of a host span by its name: 'dataloader', 'communication' or 'cpu_op'."""
+    if name.startswith("enumerate(Data") and DATALOADER_NAME.match(name):
+        return "dataloader"
+    return "communication" if is_collective(name) else "cpu_op"
+
+
 def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
     """Merged time intervals of each breakdown role over the whole trace."""
-    collective_ids = {e.external_id for e in trace.ops if is_collective(e.name)}
-    kernel, comm = [], []
+    host = {"dataloader": [], "communication": [], "cpu_op": []}
+    for op in trace.ops:
+        host[_operator_role(op.name)].append(op)
+    comm = host["communication"]
+    collective_ids = {e.external_id for e in comm}
+    kernel = []
     for k in trace.kernels:
         is_comm = is_communication_kernel(k.name) or (collective_ids and k.external_id in collective_ids)
         (comm if is_comm else kernel).append(k)
-    dataloader, cpu_op = [], []
-    for op in trace.ops:
-        if op.name.startswith("enumerate(Data") and DATALOADER_NAME.match(op.name):
-            dataloader.append(op)
-        elif is_collective(op.name):
-            comm.append(op)
-        else:
-            cpu_op.append(op)
     return {
         "kernel": iv.from_events(kernel),
         "memcpy": iv.from_events(trace.memcpys),
         "memset": iv.from_events(trace.memsets),
         "communication": iv.from_events(comm),
         "runtime": iv.from_events(trace.runtime),
-        "dataloader": iv.from_events(dataloader),
-        "cpu_op": iv.from_events(cpu_op),
+        "dataloader": iv.from_events(host["dataloader"]),
+        "cpu_op": iv.from_events(host["cpu_op"]),
     }
 
 

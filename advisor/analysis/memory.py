@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
 
 from advisor.analysis.devices import Device
 from advisor.analysis.trace import Trace
@@ -37,18 +40,18 @@ TIMELINE_POINTS = 400
 
 def downsample_max(times: list[float], values: list[float], points: int = TIMELINE_POINTS,
                    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """At most `points` samples: the maximum of each equal-time bucket (peaks are what matter)."""
+    """At most `points` samples: the maximum of each equal-time bucket, the first on ties (peaks are what
+    matter). `times` ascend."""
     if len(times) <= points:
         return tuple(times), tuple(values)
-    start, end = times[0], times[-1]
-    width = (end - start) / points or 1.0
-    best: dict[int, tuple[float, float]] = {}
-    for t, v in zip(times, values):
-        b = min(int((t - start) / width), points - 1)
-        if b not in best or v > best[b][1]:
-            best[b] = (t, v)
-    kept = [best[b] for b in sorted(best)]
-    return tuple(t for t, _ in kept), tuple(v for _, v in kept)
+    t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
+    width = (t[-1] - t[0]) / points or 1.0
+    bucket = np.minimum(((t - t[0]) / width).astype(np.int64), points - 1)
+    # By bucket, then largest value, then earliest: the first row of each bucket is the one kept.
+    order = np.lexsort((np.arange(t.size), -v, bucket))
+    ordered = bucket[order]
+    kept = order[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+    return tuple(t[kept].tolist()), tuple(v[kept].tolist())
 
 
 def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
@@ -60,7 +63,7 @@ def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
     out = []
     for (dtype, did), samples in sorted(grouped.items()):
         name = "cpu" if dtype == 0 else f"cuda:{did}" if dtype == 1 else f"device{dtype}:{did}"
-        samples.sort(key=lambda m: m.ts)
+        samples.sort(key=attrgetter("ts"))
         allocated = [m.total_allocated for m in samples if m.total_allocated is not None]
         reserved = [m.total_reserved for m in samples if m.total_reserved is not None]
         growth = None
