@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 DDP_EXAMPLE = ROOT / "examples" / "ddp_classifier.py"
 
 RANKS = """
-    import json, time
+    import json, os, time
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -30,6 +30,8 @@ RANKS = """
         if step == FAIL_AT and dist.get_rank() == 1:
             if FAILURE == "hang":
                 time.sleep(600)  # rank 0 waits for it in the next all-reduce
+            if FAILURE == "abort":
+                os.abort()  # a native crash: no result, no Python exception; rank 0's peer goes away
             raise ValueError("rank one broke")
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()
@@ -93,6 +95,19 @@ def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
     assert trial.message.startswith("rank 1: ValueError in step 4: rank one broke"), trial.message
     assert "rank one broke" in trial.traceback and 'in train_step' in trial.traceback
     assert not left_behind(trial_record(trial.path)["token"])
+
+
+def test_a_rank_that_crashes_in_native_code_is_named_not_the_peer_it_left(tmp_path):
+    # Rank 0 then fails too (its all-reduce loses the peer) and writes its error first: the crash is the cause.
+    script = ranks_script(tmp_path, fail_at=4, failure="abort")
+    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=2)
+    assert trial.status == "error"
+    assert trial.message.startswith(f"rank 1 crashed: Fatal Python error: Aborted in train_step ({script}, line 11)"), \
+        trial.message
+    record = trial_record(trial.path)
+    assert record["error_type"] == "NativeCrash" and record["retried_after"][0].startswith("rank 1 crashed: ")
+    assert (trial.path / "crash.rank1.txt").read_text().startswith("Fatal Python error: Aborted")
+    assert not left_behind(record["token"])
 
 
 def test_a_rank_that_hangs_ends_at_the_time_limit_with_nothing_left(tmp_path, trial_startup_s):

@@ -310,6 +310,52 @@ def test_a_trial_killed_by_sigkill_counts_as_out_of_memory(tmp_path):
     assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1]
 
 
+CRASHING = """
+    import ctypes, os, sys
+
+    def train_step(step):
+        if step == 2 and not os.path.exists(sys.argv[1]):
+            if sys.argv[2] == "once":
+                open(sys.argv[1], "w").close()  # the next run of the trial gets past this step
+            os.abort() if sys.argv[3] == "abort" else ctypes.string_at(0)  # SIGABRT, or SIGSEGV
+        return 0.0
+
+    if __name__ == "__main__":
+        for step in range(10):
+            train_step(step)
+"""
+
+
+def test_a_native_crash_runs_the_trial_once_more(tmp_path):
+    script = write_script(tmp_path, CRASHING)
+    marker = tmp_path / "crashed-once"
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu",
+                       script_args=[str(marker), "once", "abort"])
+    assert result.ok, result.message
+    record = trial_record(result.path)
+    # The record says why it ran twice, and where the first run died; the crashed run's log is kept.
+    [why] = record["retried_after"]
+    assert why == f"the trial process crashed: Fatal Python error: Aborted in train_step ({script}, line 8)"
+    assert (result.path / "output.attempt1.log").exists()
+    # Its figures are the second run's alone: every step once, one trace, no crash file left.
+    assert [s["index"] for s in record["steps"]] == list(range(len(record["steps"])))
+    assert len(record["trace_files"]) == 1 and not (result.path / "crash.txt").exists()
+
+
+def test_a_crash_on_every_run_names_the_crash_and_where_it_happened(tmp_path):
+    script = write_script(tmp_path, CRASHING)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu",
+                       script_args=[str(tmp_path / "never"), "always", "segfault"])
+    assert result.status == "error"
+    # Where the user's code was, and the library call that crashed inside it.
+    assert result.message.startswith("the trial process crashed: Fatal Python error: Segmentation fault in "
+                                     f"train_step ({script}, line 8), inside string_at (")
+    record = trial_record(result.path)
+    assert record["error_type"] == "NativeCrash" and len(record["retried_after"]) == 1
+    assert f'File "{script}", line 8 in train_step' in (result.path / "crash.txt").read_text()
+    assert [s["index"] for s in record["steps"]] == [0, 1]  # the last run's finished steps are kept
+
+
 def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     script = write_script(tmp_path, "def train_step(x):\n    return x\n\nfor i in range(9):\n    train_step(i)\n")
     result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", device="cuda")

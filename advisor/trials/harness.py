@@ -28,6 +28,7 @@ per step in `steps.jsonl` as it ends, and `harness.json` at the end. The parent 
 from __future__ import annotations
 
 import builtins
+import faulthandler
 import importlib.machinery
 import importlib.util
 import json
@@ -258,6 +259,10 @@ def main(argv: list[str]) -> int:
     if world_size <= 1:  # under torchrun the parent is torchrun's agent, which ends its ranks itself
         die_with_parent(config.get("parent"))
     out_dir = Path(config["out_dir"])
+    # A crash in native code (a segfault, an abort in torch) writes no result: the Python stack at the
+    # crash goes to this rank's crash file instead, so that the trial can say where it died.
+    crash_file = open(out_dir / rank_files(world_size, rank)["crash"], "w")
+    faulthandler.enable(file=crash_file, all_threads=True)
     result = run(config)
     result.update(rank=rank, world_size=world_size)
     write_json_atomic(out_dir / rank_files(world_size, rank)["result"], result)

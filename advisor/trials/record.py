@@ -43,7 +43,10 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     CUDA's libraries reserve far more than they use)
     status          "running" | "ok" | "error" | "oom" | "timeout" | "interrupted" | "target-not-found"
     message         one line saying what happened
-    error_type      exception class name (error/oom), else absent
+    error_type      exception class name (error/oom), "NativeCrash" for a process or rank that crashed in
+                    native code (its Python stack at the crash in crash.txt, or crash.rank{R}.txt), else absent
+    retried_after   present when the trial ran again after a native crash: the first run's crash message
+                    (its log kept as output.attempt1.log)
     traceback       the user's traceback text (our frames left out), else absent
     device_facts    {type: "cpu"|"cuda", torch, python, platform,
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
@@ -411,4 +414,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     for rank in range(world_size):
         for name in ("result", "steps"):
             (out / rank_files(world_size, rank)[name]).unlink(missing_ok=True)
+        crash = out / rank_files(world_size, rank)["crash"]
+        if crash.exists() and not crash.stat().st_size:  # kept only where a rank crashed
+            crash.unlink()
     return TrialResult.from_record(record, out)

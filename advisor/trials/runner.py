@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.distributed import rank_files, torchrun_command
+from advisor.trials.distributed import crash_message, rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
@@ -58,6 +58,10 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+# A trial whose process (or a rank) crashes in native code runs once more: torch's profiler has rare races
+# with the threads of a process group that abort a rank as the profiler stops (malloc's heap checks), and
+# a crash the second run does not meet is not the knobs' doing. The record keeps why (`retried_after`).
+NATIVE_CRASH_RETRIES = 1
 TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
 
 
@@ -183,10 +187,16 @@ def run_trial(
     write_json_atomic(out / TRIAL_FILE, record)
     command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args)
     record["nproc_per_node"] = nproc_per_node
-    code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
-                        started=started, nproc_per_node=nproc_per_node)
+    for attempt in range(1 + NATIVE_CRASH_RETRIES):
+        code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
+                            started=started, nproc_per_node=nproc_per_node)
+        crash = crash_message(out, nproc_per_node)
+        if crash is None or record["status"] != "running" or attempt == NATIVE_CRASH_RETRIES:
+            break
+        record.setdefault("retried_after", []).append(crash)
+        _set_attempt_aside(out, nproc_per_node, attempt + 1)
     if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
-        record.update(_exit_status(code, out))  # the harness never got to say how the trial went
+        record.update(_exit_status(code, out, nproc_per_node))  # the harness never got to say how the trial went
     return complete_record(record, out, started, nproc_per_node)
 
 
@@ -352,8 +362,22 @@ def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, 
     return proc.returncode
 
 
-def _exit_status(code: int, out: Path) -> dict[str, str]:
+def _set_attempt_aside(out: Path, world_size: int, attempt: int) -> None:
+    """Clear the trial folder for another run after a native crash: the crashed run's log is kept beside
+    (output.attempt1.log), its traces and per-rank files go, so that the trial holds one run's figures."""
+    (out / LOG_FILE).replace(out / f"output.attempt{attempt}.log")
+    for trace in out.glob("*.pt.trace.json*"):
+        trace.unlink()
+    for rank in range(world_size):
+        for name in ("result", "steps", "crash"):
+            (out / rank_files(world_size, rank)[name]).unlink(missing_ok=True)
+
+
+def _exit_status(code: int, out: Path, world_size: int = 1) -> dict[str, str]:
     """Status and message of a trial process that ended without writing its result."""
+    crash = crash_message(out, world_size)
+    if crash is not None:
+        return {"status": "error", "message": f"{crash}; see {out / LOG_FILE}", "error_type": "NativeCrash"}
     if code == -signal.SIGKILL:
         # Nobody here sent it: on Linux that is almost always the kernel's out-of-memory killer.
         return {"status": "oom", "message": "the trial process was killed (SIGKILL), most likely by the "
