@@ -73,10 +73,11 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
             if r.ts + r.dur > step_end or r.args is None:
                 continue
             for d in by_corr.get(r.args.correlation, ()):  # comparisons, not min()/max(): the hottest loop
+                end = d.ts + d.dur
                 if d.ts < lo:
                     lo = d.ts
-                if d.ts + d.dur > hi:
-                    hi = d.ts + d.dur
+                if end > hi:
+                    hi = end
                 n += 1
         device_span.append((lo, hi))
         matched_count.append(n)

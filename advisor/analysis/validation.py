@@ -81,14 +81,10 @@ def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event
     """TraceError naming the first event whose byte counts are negative (but for freed bytes) or beyond
     MAX_BYTES: a copy's bytes, an allocation's bytes, the allocator's totals."""
     bad = []
-    for e in memory_events:  # tens of thousands: is_byte_count written out, without a call per field
+    for e in memory_events:
         a = e.args
-        if a is None:
-            continue
-        alloc, allocated, reserved = a.alloc_bytes, a.total_allocated, a.total_reserved
-        if not ((alloc is None or -MAX_BYTES <= alloc <= MAX_BYTES)
-                and (allocated is None or 0 <= allocated <= MAX_BYTES)
-                and (reserved is None or 0 <= reserved <= MAX_BYTES)):
+        if a is not None and not (is_byte_count(a.alloc_bytes, signed=True) and is_byte_count(a.total_allocated)
+                                  and is_byte_count(a.total_reserved)):
             bad.append(e)
     bad += [e for e in memcpys if e.args is not None and not is_byte_count(e.args.bytes)]
     if bad:

@@ -80,7 +80,7 @@ def native_crash(folder: Path, world_size: int, rank: int) -> str | None:
 _FAULTHANDLER_FRAME = re.compile(r'^File "(.*)", line (\d+) in (.*)$')
 # Frames of the standard library, installed packages and the advisor's harness are not the user's code.
 _LIBRARY_PATHS = tuple({*(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
-                        str(Path(__file__).resolve().parents[1])})
+                        str(Path(__file__).resolve().parents[1]) + os.sep})
 
 
 def crash_message(folder: Path, world_size: int) -> str | None:

@@ -196,7 +196,7 @@ def run_trial(
         record.setdefault("retried_after", []).append(crash)
         _set_attempt_aside(out, nproc_per_node, attempt + 1)
     if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
-        record.update(_exit_status(code, out, nproc_per_node))  # the harness never got to say how the trial went
+        record.update(_exit_status(code, out, crash))  # the harness never got to say how the trial went
     return complete_record(record, out, started, nproc_per_node)
 
 
@@ -373,9 +373,9 @@ def _set_attempt_aside(out: Path, world_size: int, attempt: int) -> None:
             (out / rank_files(world_size, rank)[name]).unlink(missing_ok=True)
 
 
-def _exit_status(code: int, out: Path, world_size: int = 1) -> dict[str, str]:
-    """Status and message of a trial process that ended without writing its result."""
-    crash = crash_message(out, world_size)
+def _exit_status(code: int, out: Path, crash: str | None) -> dict[str, str]:
+    """Status and message of a trial process that ended without writing its result (`crash`: how it
+    crashed in native code, from `crash_message`)."""
     if crash is not None:
         return {"status": "error", "message": f"{crash}; see {out / LOG_FILE}", "error_type": "NativeCrash"}
     if code == -signal.SIGKILL:
