@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "traces" / "gpu" / "v100-memory-events.pt.trace.json.gz"
+TRACE = ROOT / "tests" / "data" / "traces" / "v100-memory-events.pt.trace.json.gz"
 RUNS = int(os.environ.get("BENCH_RUNS", "7"))
 
 

@@ -1,6 +1,6 @@
 """Benchmark: the search replayed on a response surface recorded on a real H100.
 
-`../shared/surfaces/h100-image-classifier/` holds 52 trials of examples/image_classifier.py at every
+`tests/data/surfaces/h100-image-classifier/` holds 52 trials of examples/image_classifier.py at every
 point of AMP × batch × workers × pinned copies. The session runs against it (each trial served from the
 recording) with a budget of a third of its points. Floor (issue 12): the best the search finds reaches
 at least 80% of the surface's best recorded samples/s, with at most a third of its points.
@@ -23,7 +23,7 @@ from advisor.search.strategy import surface_space  # noqa: E402
 from advisor.search.session import run_session  # noqa: E402
 from advisor.search.state import SessionOptions
 
-SURFACE = ROOT.parent / "shared" / "surfaces" / "h100-image-classifier"
+SURFACE = ROOT / "tests" / "data" / "surfaces" / "h100-image-classifier"
 
 
 def recorded_sps(folder: Path) -> float:

@@ -14,15 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # Terminal output of the CLI is checked as text: a wide terminal, so that a long temporary path (longer
 # still under pytest-xdist) never wraps in the middle of what a test looks for.
 os.environ["COLUMNS"] = "250"
-SHARED_TRACES = ROOT.parent / "shared" / "traces" / "gpu"
+DATA = ROOT / "tests" / "data"
+TRACES = DATA / "traces"  # real GPU traces (tests/data/README.md says where each came from)
+SURFACES = DATA / "surfaces"  # recorded response surfaces, replayed by the search tests
 SAMPLE_RUNS = ROOT / "sample_runs"
 
 
 def gpu_trace(name: str) -> Path:
-    """A real recorded GPU trace from ../shared/traces/gpu, or skip the test with the reason."""
-    path = SHARED_TRACES / name
-    if not path.exists():
-        pytest.skip(f"{path} is absent: the real GPU traces live in ../shared/traces beside the checkout")
+    """A real recorded GPU trace from tests/data/traces (it is in the repository: a missing one fails)."""
+    path = TRACES / name
+    assert path.is_file(), f"{path} is missing from the repository"
     return path
 
 

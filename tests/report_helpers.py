@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLE_RUNS = REPO / "sample_runs"
 IMAGE_BASELINE = SAMPLE_RUNS / "image_classifier" / "trials" / "00-baseline"
 TRANSFORMER_BASELINE = SAMPLE_RUNS / "char_transformer" / "trials" / "00-baseline"
-SHARED_TRACES = REPO.parent / "shared" / "traces" / "gpu"
+TRACES = REPO / "tests" / "data" / "traces"
 
 
 @dataclass(frozen=True)

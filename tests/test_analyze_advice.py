@@ -16,7 +16,7 @@ from advisor.analysis.bound import BOUNDS
 from advisor.report.views import trace_view
 from advisor.report.tensorboard import trial_text
 from advisor.analysis.trace import load_trace
-from conftest import SAMPLE_RUNS, SHARED_TRACES, gpu_trace, run_advisor
+from conftest import SAMPLE_RUNS, TRACES, gpu_trace, run_advisor
 from trace_builder import H100, V100, TraceBuilder
 
 FP32 = "h100-char-transformer-fp32.pt.trace.json.gz"
@@ -56,7 +56,7 @@ def test_bounds_are_the_contract():
     assert BOUNDS["input"] == "input pipeline (DataLoader)" and BOUNDS["host"] == "CPU/launch overhead"
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in SHARED_TRACES.glob("*")) or [FP32])
+@pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.json*")))
 def test_every_recommendation_names_its_bound_and_when_it_helps(name):
     d = analyze_file(gpu_trace(name))
     assert d.bound in BOUNDS and d.bound_evidence

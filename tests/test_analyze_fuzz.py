@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis): mutated traces through `advisor analyze`.
 
-Real traces (../shared/traces/gpu, sample_runs/) and traces built with `trace_builder` are mutated as a
+Real traces (tests/data/traces, sample_runs/) and traces built with `trace_builder` are mutated as a
 hostile but fair user would (wrong field types, NaN/Inf/huge/negative numbers, missing fields, emptied or
 duplicated events, truncation, byte flips, bytes that are not UTF-8, deep nesting, gzip damage, a trial.json
 beside the trace with wrong types) and run through `advisor.cli.main`. Each run must either exit 0 with
@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from advisor.cli import main
-from conftest import SAMPLE_RUNS, SHARED_TRACES, run_advisor
+from conftest import SAMPLE_RUNS, TRACES, run_advisor
 from trace_builder import V100, TraceBuilder
 
 EXAMPLES = int(os.environ.get("ADVISOR_FUZZ_EXAMPLES", "100"))
@@ -88,15 +88,15 @@ SAMPLE_TRIAL = SAMPLE_RUNS / "image_classifier" / "trials" / "01-workers-2"
 def base_texts() -> dict[str, str]:
     """Every base trace as JSON text (parsed afresh for each example)."""
     texts = {"built-gpu": json.dumps(built_gpu()), "built-cpu": json.dumps(built_cpu())}
-    for name in ("legacy-format-computeProperties.json", "mi250-rocm-minitoy.pt.trace.json.gz"):
-        if (SHARED_TRACES / name).exists():
-            texts[name] = json.dumps(_load(SHARED_TRACES / name))
+    for name in ("legacy-format-computeProperties.json.gz", "mi250-rocm-minitoy.pt.trace.json.gz"):
+        if (TRACES / name).exists():
+            texts[name] = json.dumps(_load(TRACES / name))
     (sample,) = SAMPLE_TRIAL.glob("*.pt.trace.json.gz")
     texts["sample-run-cpu"] = json.dumps(_load(sample))
     return texts
 
 
-BASES = ("built-gpu", "built-cpu", "legacy-format-computeProperties.json", "mi250-rocm-minitoy.pt.trace.json.gz",
+BASES = ("built-gpu", "built-cpu", "legacy-format-computeProperties.json.gz", "mi250-rocm-minitoy.pt.trace.json.gz",
          "sample-run-cpu")
 
 

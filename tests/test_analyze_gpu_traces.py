@@ -1,5 +1,5 @@
-"""`advisor analyze` on the real GPU traces in ../shared/traces/gpu, against the deprecated TensorBoard
-profiler plugin's figures (../shared/traces/README.md) and the advice each trace should produce."""
+"""`advisor analyze` on the real GPU traces in tests/data/traces, against the deprecated TensorBoard
+profiler plugin's figures (tests/data/README.md) and the advice each trace should produce."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from advisor.analysis.analyze import analyze_file
 from conftest import gpu_trace, run_advisor
 
-# What torch-tb-profiler 0.4.3 computes on each file (../shared/traces/README.md): average step in ms,
+# What torch-tb-profiler 0.4.3 computes on each file (tests/data/README.md): average step in ms,
 # breakdown in % of the step, GPU utilization.
 PLUGIN = {
     "resnet50-v100-workers0.pt.trace.json.gz": dict(step=177.6, kernel=55.5, memcpy=1.1, runtime=1.6,
@@ -26,7 +26,7 @@ PLUGIN = {
 }
 # Deliberate definition change: NCCL kernels are "communication", not compute. The plugin counted them as
 # Kernel except the few it could tie to an nccl:* operator, which it put under Communication (0.03% on
-# a100-rank3, 2.48% on v100-memory-events, printed by ../shared/tools/tb_oracle.py). So our
+# a100-rank3, 2.48% on v100-memory-events, printed by benchmarks/tb_oracle.py). So our
 # kernel + communication must equal the plugin's Kernel + Communication.
 PLUGIN_COMMUNICATION = {"a100-rank3-of-8.pt.trace.json.gz": 0.03, "v100-memory-events.pt.trace.json.gz": 2.48}
 
@@ -133,7 +133,7 @@ def test_mi250_makes_no_nvidia_tensor_core_claim(diagnoses):
 
 
 def test_legacy_compute_properties(diagnoses):
-    d = diagnoses("legacy-format-computeProperties.json")
+    d = diagnoses("legacy-format-computeProperties.json.gz")
     assert d.device.name == "Tesla V100-DGXS-32GB"
     assert d.device.compute_capability == (7, 0)
     assert len(d.steps) == 1

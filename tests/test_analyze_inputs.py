@@ -13,7 +13,7 @@ from advisor.analysis.analyze import analyze_file
 from advisor.analysis.kernels import TENSOR_CORE_PATTERNS, is_tensor_core, tensor_core_families
 from conftest import gpu_trace, run_advisor
 
-LEGACY = "legacy-format-computeProperties.json"
+LEGACY = "legacy-format-computeProperties.json.gz"
 MI250 = "mi250-rocm-minitoy.pt.trace.json.gz"
 
 

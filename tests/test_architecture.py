@@ -21,7 +21,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from conftest import ROOT, SAMPLE_RUNS, SHARED_TRACES
+from conftest import ROOT, SAMPLE_RUNS, TRACES
 
 PACKAGE = ROOT / "advisor"
 SHARED = {"advisor.errors", "advisor.files", "advisor.shapes", "advisor.escape"}
@@ -117,12 +117,10 @@ def test_no_private_name_crosses_a_module():
 
 
 def test_the_analysis_runs_where_torch_cannot_be_imported():
-    """Every module of advisor.analysis imports, and a recorded trial and a shared GPU trace are analysed
+    """Every module of advisor.analysis imports, and a recorded trial and a real GPU trace are analysed
     (as `advisor analyze --json` does, the linter of the trial's script included), with torch unimportable."""
-    paths = [SAMPLE_RUNS / "image_classifier" / "trials" / "00-baseline"]
-    shared = SHARED_TRACES / "h100-image-classifier-workers0.pt.trace.json.gz"
-    if shared.exists():
-        paths.append(shared)
+    paths = [SAMPLE_RUNS / "image_classifier" / "trials" / "00-baseline",
+             TRACES / "h100-image-classifier-workers0.pt.trace.json.gz"]
     code = """
 import importlib, io, json, pkgutil, sys
 sys.modules["torch"] = None  # `import torch` now raises ImportError

@@ -19,9 +19,9 @@ from advisor.search.strategy import SearchSpace, decide, fit_memory, next_batch_
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.runner import run_trial
-from conftest import ROOT
+from conftest import ROOT, SURFACES
 
-SURFACE = ROOT.parent / "shared" / "surfaces" / "h100-image-classifier"
+SURFACE = SURFACES / "h100-image-classifier"
 
 
 def steps_of(walls, batch=32, window_size=None, call=None):
@@ -237,8 +237,6 @@ def test_a_trial_measures_windows_after_its_profiled_steps(tmp_path):
 
 
 def surface_points():
-    if not SURFACE.is_dir():
-        pytest.skip(f"{SURFACE} is absent: the recorded surfaces live in ../shared/surfaces beside the checkout")
     return load_surface(SURFACE)
 
 

@@ -1,4 +1,4 @@
-"""Small Kineto (torch.profiler) Chrome traces built event by event, in the format of ../shared/traces/gpu.
+"""Small Kineto (torch.profiler) Chrome traces built event by event, in the format of tests/data/traces.
 
 Host events (`cpu_op`, `user_annotation`, `cuda_runtime`) carry the process and thread ids; device events
 (`kernel`, `gpu_memcpy`, `gpu_memset`) carry the device as pid and the stream as tid, and the runtime call
@@ -12,13 +12,13 @@ import gzip
 import json
 from pathlib import Path
 
-# deviceProperties entries as the shared H100 and V100 traces have them (fields the analysis reads, and a few).
+# deviceProperties entries as the recorded H100 and V100 traces have them (fields the analysis reads, and a few).
 H100 = {"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85017493504, "computeMajor": 9,
         "computeMinor": 0, "maxThreadsPerBlock": 1024, "warpSize": 32, "numSms": 132}
 V100 = {"id": 0, "name": "Tesla V100-SXM2-32GB", "totalGlobalMem": 34089730048, "computeMajor": 7,
         "computeMinor": 0, "maxThreadsPerBlock": 1024, "warpSize": 32, "numSms": 80}
 
-BASE_TS = 4545356948923.315  # µs, like the shared H100 traces' clock
+BASE_TS = 4545356948923.315  # µs, like the recorded H100 traces' clock
 
 
 class TraceBuilder:

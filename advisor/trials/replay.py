@@ -1,7 +1,7 @@
 """Replay: a session whose trials are served from a recorded response surface instead of being run.
 
 A surface is a folder of trial folders (any names), each a real `trial.json` and its trace, recorded at
-many knob settings of the same step (`benchmarks/record_surface.py` records one; `../shared/surfaces/`
+many knob settings of the same step (`benchmarks/record_surface.py` records one; `tests/data/surfaces/`
 holds one recorded on an H100). Given knobs, the runner serves the recorded trial whose settings they
 give (the knobs over the user's own values: AMP, batch size, workers, pinned memory, non_blocking
 copies, accumulation; worker persistence and prefetch depth are not told apart), copied into the
