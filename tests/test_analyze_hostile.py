@@ -13,13 +13,14 @@ import os
 import subprocess
 import sys
 import re
-import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from advisor.cli import main
 from advisor.analysis.analyze import analyze_file
+from advisor.analysis.steps import parse_steps
 from conftest import SAMPLE_RUNS, run_advisor
 from trace_builder import H100, TraceBuilder
 
@@ -180,10 +181,10 @@ def test_skipped_steps_are_counted_and_reported(tmp_path):
 
 
 def test_figures_of_the_real_traces_are_unchanged_by_validation():
-    """Validation refuses nothing real and skips nothing: every shared and sample trace loads as before."""
-    from conftest import SHARED_TRACES
+    """Validation refuses nothing real and skips nothing: every recorded GPU trace and sample trace loads as before."""
+    from conftest import TRACES
 
-    paths = sorted(SHARED_TRACES.glob("*.json*")) + sorted(SAMPLE_RUNS.glob("*/trials/*/*.pt.trace.json.gz"))
+    paths = sorted(TRACES.glob("*.json*")) + sorted(SAMPLE_RUNS.glob("*/trials/*/*.pt.trace.json.gz"))
     assert paths
     for path in paths:
         d = analyze_file(path)
@@ -202,16 +203,14 @@ def gzip_bomb(path: Path, gib: int = 2) -> Path:
 def test_gzip_bomb_is_refused_early_in_little_memory(tmp_path):
     bomb = gzip_bomb(tmp_path / "bomb.pt.trace.json.gz")
     assert bomb.stat().st_size < 3e6
-    start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", "analyze", str(bomb)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
     err = proc.stderr.read()
     assert os.waitstatus_to_exitcode(status) == 2 and err.count("\n") == 1, err
     assert "refused to inflate" in err and "inflates to more than 268,435,456 bytes" in err
+    # Early: refused at the bound (256 MiB inflated, the message says), not after reading the 2 GiB whole.
     assert usage.ru_maxrss < 900 * 1024, f"peak {usage.ru_maxrss / 1024:.0f} MB: the bomb was read whole"
-    assert elapsed < 30
 
 
 def test_decompression_bound_can_be_set(tmp_path, monkeypatch):
@@ -244,9 +243,15 @@ def test_gzip_members_and_padding_are_read_and_trailing_bytes_refused(tmp_path):
 
 def test_steps_range_is_not_expanded(tmp_path):
     path = gpu_like_trace(tmp_path)
-    start = time.perf_counter()
-    rc, out, err = run_cli("analyze", "--json", "--steps", "1-100000000", str(path))
-    assert rc == 0 and time.perf_counter() - start < 5
+    assert parse_steps("1-100000000") == ((1, 100000000),)
+    tracemalloc.start()
+    try:
+        rc, out, err = run_cli("analyze", "--json", "--steps", "1-100000000", str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # A set of 10^8 step numbers would take gigabytes; the analysis of this small trace takes a few MB.
+    assert rc == 0 and peak < 64 * 2**20, f"peak {peak / 2**20:.0f} MiB"
     assert json.loads(out)["traces"][0]["steps"]["count"] == 3
 
 

@@ -15,6 +15,7 @@ from trial_helpers import EXAMPLES, REPO, ctrl_c_reaches_it, median_trace_step, 
     write_script
 
 from advisor import cli
+from advisor.analysis.bound import BOUNDS
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.record import SCHEMA, load_trial
 from advisor.trials.runner import group_members, run_trial
@@ -53,14 +54,30 @@ KNOB_SCRIPT = """
 """
 
 
+# Slack between the profiler's clock and the trial's perf_counter when one span is held against one timing.
+CLOCK_SLACK_S = 1e-3
+
+
 def check_trace_matches_trial(folder, record):
-    """The recorded ProfilerStep spans are the trial's recorded steps, and their medians agree."""
+    """The recorded ProfilerStep spans are the trial's recorded steps, each span holding the step it timed
+    (the span runs from one prof.step() to the next; the timing starts after the first and ends before the
+    second), however busy the machine was."""
     assert record["trace_files"] and all(name.endswith(".pt.trace.json.gz") for name in record["trace_files"])
     spans = profiler_step_durations(folder / record["trace_files"][0])
     recorded = [s for s in record["steps"] if s["recorded"]]
     assert sorted(spans) == [s["index"] for s in recorded]
-    trial_median = record["summary"]["median_step_s"]
-    assert abs(median_trace_step(folder) - trial_median) <= 0.10 * trial_median
+    for step in recorded:
+        assert spans[step["index"]] >= step["wall_s"] - CLOCK_SLACK_S, (step["index"], spans, step)
+    assert median_trace_step(folder) >= record["summary"]["median_step_s"] - CLOCK_SLACK_S
+
+
+def check_step_times_are_consistent(record):
+    """Each step's recorded parts fit inside it: the call and the wait for data are within the step's time."""
+    for step in record["steps"]:
+        assert 0 <= step["call_s"] <= step["wall_s"] + 1e-6, step
+        assert 0 <= step["data_s"] <= step["wall_s"] + 1e-6, step
+    summary = record["summary"]
+    assert 0 < summary["median_call_s"] <= summary["median_step_s"] + 1e-6
 
 
 def test_image_classifier_via_cli(tmp_path, capsys):
@@ -84,8 +101,13 @@ def test_image_classifier_via_cli(tmp_path, capsys):
     assert abs(summary["memory_growth_per_step_bytes"]) < 2**20  # no leak
     assert summary["peak_memory_bytes"] > 0 and summary["profiler_peak_allocated_bytes"] > 0
     assert record["device_facts"]["type"] == "cpu" and record["device_facts"]["cpu"]["logical_cores"] >= 1
-    # DataLoader-bound: most of a step is spent outside the call, loading data.
-    assert summary["median_call_s"] < 0.75 * summary["median_step_s"]
+    check_step_times_are_consistent(record)
+    # What the tool decided from what it measured: the bound it named has its advice among the recommendations.
+    session = json.loads((out / "session.json").read_text())
+    advised = {r["id"] for r in session["recommendations"]}
+    assert session["bound"]["name"] in BOUNDS
+    if session["bound"]["name"] == "input":  # the script loads on the training process (num_workers=0)
+        assert "more-workers" in advised, session["recommendations"]
     assert not group_members(record["pid"])
 
 
@@ -115,7 +137,7 @@ def test_char_transformer_trial(tmp_path):
     (diagnosis,) = analyze_path(result.path)
     analyzed = diagnosis_to_dict(diagnosis)
     assert analyzed["steps"]["count"] == 3 and analyzed["trial"]["status"] == "ok"
-    assert abs(analyzed["steps"]["median_ms"] / 1e3 - result.median_step_s) <= 0.10 * result.median_step_s
+    assert analyzed["steps"]["median_ms"] / 1e3 >= result.median_step_s - CLOCK_SLACK_S  # a span holds its step
 
 
 def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path):
@@ -215,7 +237,9 @@ def test_timeout_kills_the_trial_and_its_workers(tmp_path, trial_startup_s):
             for x in DataLoader(list(range(100)), batch_size=2, num_workers=2):
                 train_step(x)
     """)
-    limit = round(2 * trial_startup_s + 4)  # time enough, on this machine, to reach the step that hangs
+    # Time enough to reach the step that hangs, with room for the machine growing busier than when the
+    # start-up was measured (the hang lasts 60 s; the test lasts the limit).
+    limit = round(3 * trial_startup_s + 6)
     started = time.monotonic()
     result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, timeout_s=limit, device="cpu")
     assert time.monotonic() - started < limit + 12  # ended at the limit, not when the step would have
@@ -252,7 +276,7 @@ def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path, tr
     pid = trial_record(folder)["pid"]
     assert len(group_members(pid)) >= 3  # the trial and its two DataLoader workers
     advisor.send_signal(signal.SIGINT)
-    out_text, err = advisor.communicate(timeout=20)
+    out_text, err = advisor.communicate(timeout=60)
     assert advisor.returncode == 130, out_text + err
     record = trial_record(folder)
     assert record["status"] == "interrupted" and record["steps"][0]["index"] == 0
@@ -380,8 +404,9 @@ def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path, trial_s
             for x in range(10):
                 train_step(x)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, timeout_s=2 * trial_startup_s + 4,
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, timeout_s=round(3 * trial_startup_s + 6),
                        device="cpu")
     assert result.status == "timeout"
+    assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1, 2]  # it hung in step 3
     child = int((tmp_path / "child.pid").read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
