@@ -107,7 +107,8 @@ def analyze_command(args: argparse.Namespace) -> int:
         return 0
     from advisor.report.terminal import print_analysis
 
-    print_analysis(diagnoses, skipped=skipped)
+    # A single file is one rank's trace; the data-parallel job is a folder's view.
+    print_analysis(diagnoses, skipped=skipped, jobs=not Path(args.path).is_file())
     return 0
 
 

@@ -25,6 +25,7 @@ IMAGES = "h100-image-classifier-workers0.pt.trace.json.gz"
 
 # The bound each recommendation addresses (the contract the session relies on).
 BOUND_OF = {"more-workers": "input", "pin-memory": "copy", "non-blocking": "copy", "fewer-copy-bytes": "copy",
+            "prefetch-to-device": "copy",
             "larger-batch": "host", "cuda-graphs": "host", "fused-optimizer": "host", "amp": "compute",
             "channels-last": "compute", "memory-growth": "memory", "activation-checkpointing": "memory",
             "ddp-buckets": "communication", "no-sync-accumulation": "communication"}
@@ -492,6 +493,8 @@ def test_a_window_fed_from_the_queue_still_shows_the_loader_bound(tmp_path):
     assert d.bound == "input"
     (finding,) = d.findings
     assert finding.code == "loader-queue" and "queue ran dry" in finding.message
+    # The waits come from trial.json in seconds and read in milliseconds; "the others" are the steps not dry.
+    assert "(1 of 7 steps waited up to 70.0 ms, the others 0.2 ms at the median)" in finding.message
     first = d.recommendations[0]
     assert first.id == "more-workers" and first.helps_now
     assert first.predicted_gain == pytest.approx(0.9 * d.loader_steady_share)
@@ -580,3 +583,86 @@ def test_text_shows_rank_and_world_size():
     built = diagnosis_to_dict(analyze_file(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz")))
     assert built["distributed"] is None
     assert "Rank" not in run_advisor("analyze", str(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz"))).stdout
+
+
+def test_the_loader_queue_finding_of_a_real_trial_reads_its_waits_in_milliseconds():
+    """A recorded CPU trial with 2 workers: the finding's figures are the trial's own waits (wall - call)."""
+    folder = SAMPLE_RUNS / "image_classifier" / "trials" / "01-workers-2"
+    steps = json.loads((folder / "trial.json").read_text())["steps"][1:]
+    waits_ms = [1e3 * max(0.0, s["wall_s"] - s["call_s"]) for s in steps]
+    (d,) = analyze_path(folder)
+    (finding,) = [f for f in d.findings if f.code == "loader-queue"]
+    assert f"waited up to {max(waits_ms):.1f} ms" in finding.message, finding.message
+    assert max(waits_ms) > 10  # the figure the message had read as 0.0 ms
+
+
+def loader_then_kernels_trace(tmp_path, loader_us: float, kernel_us: float):
+    """V100 steps of 1000 µs: the DataLoader's __next__ with the GPU idle, then fp32 kernels back to back."""
+    b = TraceBuilder(devices=(V100,))
+    for n in range(5):
+        start = n * 1000.0
+        b.step(n + 1, start, 1000)
+        b.dataloader(start + 5, loader_us)
+        t = start + 10 + loader_us
+        b.op("aten::conv2d", t, 20)
+        for i in range(8):
+            b.launch("volta_sgemm_128x64_nn", t + 2 * i, 1, t + 20 + i * kernel_us / 8, kernel_us / 8)
+    return b.write(tmp_path / f"loader{loader_us:.0f}.pt.trace.json.gz")
+
+
+def test_a_quarter_of_the_step_waiting_on_the_loader_binds_though_kernels_are_busy(tmp_path):
+    """GPU idle 36% of the step, 23% of it on the DataLoader: the loader binds (compute named next)."""
+    d = analyze_file(loader_then_kernels_trace(tmp_path, loader_us=230, kernel_us=640))
+    assert d.bound_shares["compute"] == pytest.approx(0.64, abs=0.01)
+    assert d.bound_shares["input"] == pytest.approx(0.23, abs=0.01)
+    assert d.bound == "input"
+    assert "compute binds once the DataLoader keeps up" in " ".join(d.bound_evidence)
+    assert d.recommendations[0].id == "more-workers" and d.recommendations[0].helps_now
+    # A small wait beside busy kernels leaves compute the bound.
+    small = analyze_file(loader_then_kernels_trace(tmp_path, loader_us=100, kernel_us=800))
+    assert small.bound == "compute"
+
+
+def test_a_trace_without_step_spans_gets_no_batch_advice_and_says_why(tmp_path):
+    """The real H100 char-transformer trace (launch-bound: batch advice with its steps) with its
+    ProfilerStep# spans taken out: one step, the whole trace, whose batch and launch cost per step are unknown."""
+    source = gpu_trace(FP32)
+    assert "larger-batch" in ids(analyze_file(source))
+    with gzip.open(source, "rt") as f:
+        doc = json.load(f)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    stripped = tmp_path / "no-steps.pt.trace.json.gz"
+    with gzip.open(stripped, "wt") as f:
+        json.dump(doc, f)
+    d = analyze_file(stripped)
+    assert d.whole_trace and len(d.steps) == 1 and d.bound == "host"
+    assert "larger-batch" not in ids(d)
+    text = " ".join(run_advisor("analyze", str(stripped)).stdout.split())
+    assert "the whole trace is one step" in text and "no batch-size advice" in text
+
+
+def test_large_pinned_copies_get_their_own_advice_with_the_figures():
+    """The real A100 rank: 25 pinned copies a step (70.7 MB, 10.9% of the step on the device, a third of it
+    with no kernel running) — fewer bytes, and the next batch's copy overlapped with compute."""
+    d = analyze_file(gpu_trace("a100-rank3-of-8.pt.trace.json.gz"))
+    assert d.copies.pageable_us == 0 and d.copies.pinned_us / d.step_time_us > 0.10
+    fewer, prefetch = rec(d, "fewer-copy-bytes"), rec(d, "prefetch-to-device")
+    assert "10.9% of the step on the device" in fewer.evidence[0] and "70.7 MB per step" in fewer.evidence[2]
+    assert prefetch.predicted_gain == pytest.approx(d.copies.exposed_us / d.step_time_us)
+    assert "from pinned memory, 70.7 MB" in prefetch.evidence[0]
+    assert "pin-memory" not in ids(d), "the copies are pinned already"
+    # Pageable copies are not advised a side stream: pinning comes first.
+    assert "prefetch-to-device" not in ids(analyze_file(gpu_trace("resnet50-v100-workers0.pt.trace.json.gz")))
+
+
+def test_a_single_rank_file_is_one_trace_and_its_folder_is_the_job(tmp_path):
+    """`advisor analyze FILE` of one rank: its own section only; the job view is the folder's."""
+    trace = gpu_trace("a100-rank3-of-8.pt.trace.json.gz")
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    shutil.copy(trace, folder / trace.name)
+    single = run_advisor("analyze", str(folder / trace.name))
+    assert single.returncode == 0 and "Data-parallel job" not in single.stdout
+    assert json.loads(run_advisor("analyze", "--json", str(folder / trace.name)).stdout)["jobs"] == []
+    whole = run_advisor("analyze", str(folder))
+    assert "Data-parallel job" in whole.stdout and "Ranks without a trace here: 0, 1, 2, 4, 5, 6, 7" in whole.stdout

@@ -257,7 +257,8 @@ def job_to_dict(job: Job) -> dict:
 
 
 def analysis_document(path: Path | str, diagnoses: list[Diagnosis], skipped: list | tuple = ()) -> dict:
-    """The whole `advisor.analysis/1` document for a path (`skipped`: (path, reason) of non-trace files)."""
+    """The whole `advisor.analysis/1` document for a path (`skipped`: (path, reason) of non-trace files);
+    `jobs` only for a folder (a single file is one rank's trace: its job is the folder's)."""
     recs = []
     for d in diagnoses:
         recs.extend(r.id for r in d.recommendations if r.id not in recs)
@@ -266,7 +267,7 @@ def analysis_document(path: Path | str, diagnoses: list[Diagnosis], skipped: lis
         "schema": SCHEMA,
         "path": str(path),
         "traces": [diagnosis_to_dict(d) for d in diagnoses],
-        "jobs": [job_to_dict(j) for j in jobs_of(diagnoses)],
+        "jobs": [] if Path(path).is_file() else [job_to_dict(j) for j in jobs_of(diagnoses)],
         "skipped": [{"path": p, "reason": reason} for p, reason in skipped],
         "summary": {
             "traces": len(diagnoses),

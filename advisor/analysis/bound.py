@@ -28,6 +28,7 @@ BOUNDS = {
 }
 
 COMPUTE_BOUND = 0.60  # kernels busy this share of the step: compute binds; below, the largest idle cause
+INPUT_OVER_COMPUTE = 0.20  # ... unless the device waits on the DataLoader this share of it: the loader binds
 CPU_INPUT_BOUND = 0.30  # CPU-only: the DataLoader share above which the input pipeline binds
 CPU_COMMUNICATION_BOUND = 0.30  # CPU-only: the share of exposed communication above which it binds
 MIN_EVENTS_PER_STEP = 10  # a forward, backward and optimizer step record dozens
@@ -119,8 +120,9 @@ def loader_queue(trial: dict | None, trace: Trace, steps: list[Step], dataloader
         workers, prefetch = _loader_workers(trial)
         if workers:
             later = [s for s in trial["steps"][1:] if s.get("wall_s") is not None and s.get("call_s") is not None]
-            waits = [max(0.0, s["wall_s"] - s["call_s"]) for s in later]
-            walls = [s["wall_s"] for s in later]
+            # trial.json times in seconds; the trace's, below, in microseconds: waits and walls are in µs.
+            waits = [1e6 * max(0.0, s["wall_s"] - s["call_s"]) for s in later]
+            walls = [1e6 * s["wall_s"] for s in later]
             where = "trial"
     elif any(e.name.startswith("enumerate(DataLoader)#_MultiProcessing") for e in trace.ops):
         waits = [iv.length(dataloader, s.start, s.end) for s in steps]
@@ -138,9 +140,10 @@ def loader_queue(trial: dict | None, trace: Trace, steps: list[Step], dataloader
         if share < window_share + 0.05:
             return None, None
         draining = len(waits) >= 3 and waits[-3] < waits[-2] < waits[-1] and dry[-1] == len(waits) - 1
+        others = [w for i, w in enumerate(waits) if i not in set(dry)]
         pattern = "the wait grows step after step: the queue is draining" if draining else (
-            f"{len(dry)} of {len(waits)} steps waited {max(waits) / 1000:.1f} ms at most, the others "
-            f"{median(waits) / 1000:.1f} ms or less")
+            f"{len(dry)} of {len(waits)} steps waited up to {max(waits) / 1000:.1f} ms, the others "
+            f"{median(others) / 1000:.1f} ms at the median")
         return Finding("loader-queue",
                        f"the DataLoader's queue ran dry during {scope} ({pattern}): the workers produce batches "
                        f"more slowly than the step uses them, so the loader binds; from the first dry step on "
@@ -172,8 +175,10 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
       "communication" when the rank waits in collectives with nothing computing at least
       CPU_COMMUNICATION_BOUND of it, else "compute" (the CPU computing the step is all that is left).
     - Accelerators, from `bound_time` (each moment once: compute > communication > copy > input > host):
-      "compute" when kernels keep the device busy at least COMPUTE_BOUND of the step; otherwise the
-      largest reason the device idles: "input" (waiting on the DataLoader; over the trial's steps once
+      "compute" when kernels keep the device busy at least COMPUTE_BOUND of the step, unless it waits on
+      the DataLoader INPUT_OVER_COMPUTE of it (a fifth of the step waiting on the loader holds the step
+      back however busy the kernels are the rest of the time: "input", compute named next); otherwise
+      the largest reason the device idles: "input" (waiting on the DataLoader; over the trial's steps once
       its queue ran dry, when the window hid it, see `loader_queue`), "copy" (host-to-device copies and
       the host's waits on them, including synchronous pageable copies), "host" (runtime calls, CPU
       operators and Python with the device idle: launch overhead) or "communication" (collectives not
@@ -196,9 +201,6 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
         return "compute", (f"the CPU computes the step; the DataLoader holds {_share(input_share)} of it",)
     device = "GPU" if platform == "gpu" else platform.upper()
     compute = shares.get("compute", 0.0)
-    busy = f"kernels keep the {device} busy {_share(compute)} of the step"
-    if compute >= COMPUTE_BOUND:
-        return "compute", (busy,)
     reasons = {
         "input": waiting,
         "copy": f"{_share(shares.get('copy', 0.0))} of the step in host-to-device copies and the host's waits "
@@ -209,5 +211,11 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
                          "overlapped with compute",
     }
     bound = max(reasons, key=lambda b: shares.get(b, 0.0))
-    idle = f"kernels keep the {device} busy only {_share(compute)} of the step"
+    if compute >= COMPUTE_BOUND and (bound != "input" or input_share < INPUT_OVER_COMPUTE):
+        return "compute", (f"kernels keep the {device} busy {_share(compute)} of the step",)
+    if compute >= COMPUTE_BOUND:  # both hold the step: the loader first, compute once it keeps up
+        idle = (f"kernels keep the {device} busy {_share(compute)} of the step: compute binds once the "
+                "DataLoader keeps up")
+    else:
+        idle = f"kernels keep the {device} busy only {_share(compute)} of the step"
     return bound, (reasons[bound], idle) + (loader_line if bound == "input" else ())

@@ -22,7 +22,7 @@ from advisor.analysis.findings import Finding
 from advisor.analysis.kernels import is_eligible_op, kernel_mix
 from advisor.analysis.launches import host_figures
 from advisor.analysis.memory import DeviceMemory, memory_peaks, memory_pressure
-from advisor.analysis.steps import Step, find_steps, select_steps
+from advisor.analysis.steps import NO_STEP_SPANS, Step, find_steps, select_steps
 from advisor.analysis.timeline import step_timelines
 from advisor.analysis.trace import Trace
 from advisor.errors import AdvisorError
@@ -73,6 +73,11 @@ class Diagnosis:
         return {role: us / t for role, us in self.breakdown_us.items()}
 
     @property
+    def whole_trace(self) -> bool:
+        """The trace has no ProfilerStep# spans: it is analysed as one step, whose batch is unknown."""
+        return self.step_note.startswith(NO_STEP_SPANS)
+
+    @property
     def device(self) -> Device | None:
         """The accelerator the step ran on (the one with most kernel time), if any."""
         return self.devices[0] if self.devices else None
@@ -117,8 +122,9 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     memory = memory_peaks(trace, trace.devices)
     dataloader_share = shares["dataloader"] / step_time if step_time else 0.0
     missing = []
-    if note.startswith("no ProfilerStep"):
-        missing.append("ProfilerStep# spans (the whole trace is one step)")
+    if note.startswith(NO_STEP_SPANS):
+        missing.append("ProfilerStep# spans (the whole trace is one step): without step boundaries the launch "
+                       "cost per step and the batch a step takes are unknown, so no batch-size advice")
     accelerator = platform != "cpu"
     name = "GPU" if platform == "gpu" else platform.upper()
     if accelerator and not any(d.described for d in trace.devices):

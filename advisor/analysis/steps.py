@@ -41,6 +41,9 @@ def _device_events_by_correlation(trace: Trace) -> dict:
     return by_corr
 
 
+NO_STEP_SPANS = "no ProfilerStep# spans"  # how a step note begins when the whole trace is one step
+
+
 def host_steps(trace: Trace) -> tuple[list[Step], str]:
     """ProfilerStep spans; with none, the whole host timeline as one step (and a note saying so)."""
     if trace.steps:
@@ -48,7 +51,7 @@ def host_steps(trace: Trace) -> tuple[list[Step], str]:
     spans = trace.ops or trace.runtime or trace.kernels or trace.memcpys or trace.memsets
     start = min(e.ts for e in spans)
     end = max(e.end for e in spans)
-    return [Step("whole trace", start, end)], "no ProfilerStep# spans: the whole trace is one step"
+    return [Step("whole trace", start, end)], f"{NO_STEP_SPANS}: the whole trace is one step"
 
 
 def find_steps(trace: Trace) -> tuple[list[Step], str]:

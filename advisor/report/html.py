@@ -83,7 +83,8 @@ def render_trace_report(path: Path) -> str:
     return environment().get_template("traces.html.j2").render(
         title=f"advisor report: {path.name}", path=str(path), views=views, skipped=skipped,
         breakdown_chart=breakdown_chart([(v.short, v) for v in views]), memory_chart=memory_chart,
-        jobs=job_views([v.diagnosis for v in views]), command=f"advisor report {path}",
+        # A single file is one rank's trace: the job view belongs to a folder of its ranks.
+        jobs=[] if path.is_file() else job_views([v.diagnosis for v in views]), command=f"advisor report {path}",
     )
 
 

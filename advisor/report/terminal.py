@@ -238,9 +238,10 @@ def print_job(job: Job, console: Console) -> None:
     print_recommendations(job, console)
 
 
-def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, skipped: list | tuple = ()) -> None:
+def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, skipped: list | tuple = (),
+                   jobs: bool = True) -> None:
     """All sections, plus a summary table when there are several traces, and each data-parallel job's ranks
-    side by side; files skipped as not traces."""
+    side by side (`jobs`; False for a single file, one rank of its job); files skipped as not traces."""
     console = console or Console()
     for path, reason in skipped:
         console.print(_text(f"Skipped {path}: {reason}", style="yellow"))
@@ -255,7 +256,7 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, s
             _row(t, _text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
                       d.bound or "n/a", _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
         console.print(t)
-    for job in jobs_of(diagnoses):
+    for job in jobs_of(diagnoses) if jobs else ():
         print_job(job, console)
 
 

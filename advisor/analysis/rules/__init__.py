@@ -22,7 +22,7 @@ import dataclasses
 
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.diagnosis import Diagnosis
-from advisor.analysis.rules.copies import fewer_copy_bytes, non_blocking, pin_memory
+from advisor.analysis.rules.copies import fewer_copy_bytes, non_blocking, pin_memory, prefetch_to_device
 from advisor.analysis.rules.distributed import ddp_buckets, no_sync_accumulation
 from advisor.analysis.rules.launch import cuda_graphs, fused_optimizer, larger_batch
 from advisor.analysis.rules.loader import more_workers
@@ -36,7 +36,7 @@ MIN_GAIN = 0.005  # below half a percent of the step, a change is not worth the 
 
 # One module per recommendation family (loader, precision, copies, launch, memory); a rule is listed here.
 RULES = (more_workers, amp, pin_memory, non_blocking, larger_batch, cuda_graphs, fused_optimizer, fewer_copy_bytes,
-         channels_last, ddp_buckets, no_sync_accumulation)
+         prefetch_to_device, channels_last, ddp_buckets, no_sync_accumulation)
 MEMORY_RULES = (memory_growth, activation_checkpointing)  # whether the run fits at all; no speed gain
 
 

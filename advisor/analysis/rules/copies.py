@@ -8,6 +8,8 @@ from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 PAGEABLE_COPY_SHARE = 0.005
 SYNC_WAIT_SHARE = 0.002
 COPY_SHARE = 0.05  # copies and the host's waits on them, with no kernel running
+LARGE_COPY_SHARE = 0.10  # the device's copy time, overlapped or not: pinned copies this large still cost
+EXPOSED_PINNED_SHARE = 0.02  # pinned copies with no kernel running: the next batch's copy could hide them
 
 
 def pin_memory(d: Diagnosis) -> Recommendation | None:
@@ -63,17 +65,21 @@ def fewer_copy_bytes(d: Diagnosis) -> Recommendation | None:
     if d.platform != "gpu" or not d.step_time_us:
         return None
     share = c.exposed_us / d.step_time_us
-    if share < COPY_SHARE:
+    total = c.total_us / d.step_time_us
+    if share < COPY_SHARE and total < LARGE_COPY_SHARE:
         return None
     per_step = f"{c.bytes / 1e6:.1f} MB per step" if c.bytes else "bytes not recorded"
+    overlap = (f", {pct(c.overlap_with_kernels)} of it alongside kernels" if c.overlap_with_kernels is not None
+               else "")
     return Recommendation(
         id="fewer-copy-bytes",
         title="Copy fewer bytes to the device: uint8 (or half) on the host, convert on the device",
         knobs={},
         # float32 → uint8 sends a quarter of the bytes.
         predicted_gain=0.75 * share,
-        evidence=(f"host-to-device copies and the host's waits on them take {pct(share)} of the step with no "
-                  f"kernel running ({ms(c.exposed_us)})",
+        evidence=(f"host-to-device copies take {pct(total)} of the step on the device ({ms(c.total_us)}{overlap})",
+                  f"with the host's waits on them, {pct(share)} of the step with no kernel running "
+                  f"({ms(c.exposed_us)})",
                   f"{c.count:.0f} copies, {per_step}; the host waits {ms(c.host_wait_us)} per step"),
         code_change=("# in the Dataset: keep the decoded image as uint8, no float conversion or normalization\n"
                      "pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8)).permute(2, 0, 1)\n"
@@ -82,5 +88,38 @@ def fewer_copy_bytes(d: Diagnosis) -> Recommendation | None:
                      "x = (x - mean) / std  # mean, std: tensors created once on the device\n"
                      "# values that are not 8-bit: x.half() on the host, x.float() on the device"),
         caveat="Random augmentations that need floats can run on the device after the copy.",
+        bound="copy",
+    )
+
+
+def prefetch_to_device(d: Diagnosis) -> Recommendation | None:
+    """Pinned copies that still run with no kernel beside them: copy the next batch while this one computes."""
+    c = d.copies
+    if d.platform != "gpu" or not d.step_time_us or not c.pinned_us or c.pageable_us > c.pinned_us:
+        return None  # pageable copies cannot overlap anything: pin_memory comes first
+    exposed = c.exposed_us / d.step_time_us
+    if exposed < EXPOSED_PINNED_SHARE:
+        return None
+    overlap = pct(c.overlap_with_kernels) if c.overlap_with_kernels is not None else "an unknown share"
+    per_step = f", {c.bytes / 1e6:.1f} MB" if c.bytes else ""
+    return Recommendation(
+        id="prefetch-to-device",
+        title="Copy the next batch while this one computes (prefetch to the device on a side stream)",
+        knobs={},
+        predicted_gain=exposed,  # the copies' exposed time, all of which can hide behind the step's kernels
+        evidence=(f"{c.count:.0f} host-to-device copies per step from pinned memory{per_step}: "
+                  f"{ms(c.pinned_us)} on the device, {overlap} of it alongside kernels",
+                  f"{pct(exposed)} of the step ({ms(c.exposed_us)}) in copies with no kernel running"),
+        code_change=("copy_stream = torch.cuda.Stream()\n"
+                     "def to_device(batch):  # issue the copy on the side stream\n"
+                     "    with torch.cuda.stream(copy_stream):\n"
+                     "        return [t.to(device, non_blocking=True) for t in batch]\n"
+                     "batches = iter(loader); ahead = to_device(next(batches))\n"
+                     "for batch in batches:\n"
+                     "    torch.cuda.current_stream().wait_stream(copy_stream)\n"
+                     "    current, ahead = ahead, to_device(batch)  # the next copy runs during this step\n"
+                     "    for t in current: t.record_stream(torch.cuda.current_stream())\n"
+                     "    train_step(*current)"),
+        caveat="Needs pin_memory=True (pinned batches); holds one more batch on the device.",
         bound="copy",
     )

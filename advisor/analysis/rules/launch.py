@@ -24,6 +24,8 @@ def larger_batch(d: Diagnosis) -> Recommendation | None:
     """
     if d.platform == "cpu" or d.gpu_utilization is None or d.gpu_utilization >= LOW_UTILIZATION:
         return None
+    if d.whole_trace:
+        return None  # no step boundaries: the launch cost per step and the batch are unknown (`missing` says so)
     if d.dataloader_share >= 0.2:
         return None  # a bigger batch only makes a loading-bound step wait longer
     util = d.gpu_utilization
