@@ -183,10 +183,11 @@ class StepDriver:
         if self.loop:
             self.period_start = time.perf_counter()
         else:
-            self._schedule_and_profile()
+            self._schedule_and_profile(next_index=0)
 
-    def _schedule_and_profile(self) -> None:
-        """Size the schedule to the workers of the loader that feeds the steps; start the profiler."""
+    def _schedule_and_profile(self, next_index: int) -> None:
+        """Size the schedule to the workers of the loader that feeds the steps; start the profiler, whose
+        first span is step `next_index` (a loop's profiler starts once its first step has ended)."""
         import torch
 
         fed = self.tracker.last or (self.loader_records[-1] if self.loader_records else None)
@@ -196,7 +197,8 @@ class StepDriver:
         if self.knobs.threads:
             torch.set_num_threads(self.knobs.threads)  # over what the script may have set itself
         if self.use_profiler:
-            self.prof = start_profiler(self.schedule, self.index, self.device_type, self.out_dir, self.files["worker"])
+            self.prof = start_profiler(self.schedule, next_index, self.device_type, self.out_dir,
+                                       self.files["worker"])
 
     def end_step(self, entered: float | None, batch: int | None, batch_source: str | None, loss: float | None) -> None:
         """A step ended: time it, attribute its batches, record it, move the schedule on; raise
@@ -217,7 +219,7 @@ class StepDriver:
         self.last_loss = None
         if self.loop and self.index == 0:
             self.memory.stop_recording(self.index, complete=True)
-            self._schedule_and_profile()
+            self._schedule_and_profile(next_index=1)  # the spans of a loop's steps are numbered as a function's
         elif self.prof is not None:
             self.prof.step()  # ends span ProfilerStep#index; a trace is exported after the last one
         if self.index == 0:
