@@ -248,7 +248,7 @@ class Session:
 
     def __repr__(self) -> str:
         speedup = self.state.get("speedup")
-        gained = f", ×{speedup:.2f} samples/s" if speedup else ""
+        gained = f", ×{speedup:.2f} {self.state.get('unit') or 'samples/s'}" if speedup else ""
         return f"Session({str(self.path)!r}: {len(self.state['trials'])} trials, best {self.state['best']}{gained})"
 
     @property

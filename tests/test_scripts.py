@@ -46,6 +46,7 @@ def baseline(repo: Path, script: str, tmp_path: Path, *script_args: str) -> dict
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     state = json.loads((out / "session.json").read_text())
     state["_dir"] = str(out)
+    state["_stdout"] = done.stdout
     return state
 
 
@@ -106,7 +107,10 @@ def test_closure_loop_without_a_dataloader_is_measured_in_steps(tmp_path):
     assert state["training_loader"] is None and row["batch_size"] is None
     assert any("steps/s" in note for note in state["notes"])
     assert row["loss"] is not None  # the closure returns it; the backward hands it over too
-    assert (Path(state["_dir"]) / "report.html").is_file()
+    # Labelled as measured, in the terminal and the report: steps/s, never samples/s.
+    assert "steps/s" in state["_stdout"] and "samples/s" not in state["_stdout"], state["_stdout"]
+    report = (Path(state["_dir"]) / "report.html").read_text()
+    assert "steps/s" in report and "samples/s" not in report
     diff, _ = applied_diff(repo, state, Knobs(batch_size=64))
     assert diff == ""  # no loader: nothing to change for a batch
 

@@ -84,6 +84,11 @@ def test_decisions_follow_the_noise_and_the_loss():
     assert decide(base, faster, [1.0], [1.0], 0.03).keep
     assert not decide(base, faster, [float("nan")], [1.0], 0.03).keep
     assert "loss moved" in decide(base, faster, [5.0], [1.0, 1.05], 0.03).reason
+    assert "% samples/s (noise" in decide(base, faster, [1.0], [1.0], 0.03).reason
+    # Steps that knew no batch size are measured, and decided, in steps/s.
+    steps = measure([steps_of([0.1, 0.11, 0.09, 0.1, 0.1, 0.11], batch=None, window_size=2)])
+    quicker = measure([steps_of([0.05, 0.055, 0.045, 0.05, 0.05, 0.055], batch=None, window_size=2)])
+    assert steps.unit == "steps/s" and "% steps/s (noise" in decide(steps, quicker, [], [], 0.03).reason
     # A gain within two standard errors but beyond one: kept only for a change that addresses the bound.
     noisy = measure([steps_of([0.1, 0.2, 0.1, 0.2, 0.15, 0.1], window_size=1)])
     gain_over_noise = 0.75 * noise(noisy, noisy)  # between one and two standard errors

@@ -73,8 +73,9 @@ def breakdown_chart(labels: list[str], breakdown_ms: list[dict[str, float]], rol
         return svg_data_uri(fig)
 
 
-def throughput_chart(labels: list[str], samples_per_s: list[float | None], decisions: list[str]) -> str:
-    """Horizontal bars of samples/s per trial, coloured by the decision taken on it."""
+def throughput_chart(labels: list[str], samples_per_s: list[float | None], decisions: list[str],
+                     unit: str = "samples/s") -> str:
+    """Horizontal bars of steady-state samples/s (or steps/s: `unit`) per trial, coloured by the decision."""
     with plt.rc_context(RC):
         fig, ax = _figure(len(labels))
         y = list(range(len(labels)))
@@ -84,7 +85,7 @@ def throughput_chart(labels: list[str], samples_per_s: list[float | None], decis
             ax.text((v or 0.0), yi, f" {v:.1f} ({d})" if v else f" no measurement ({d})", va="center", fontsize=8)
         ax.set_yticks(y, labels)
         ax.invert_yaxis()
-        ax.set_xlabel("samples / s (median step)")
+        ax.set_xlabel(f"{unit} (steady state)")
         ax.set_xlim(0, max(values + [1.0]) * 1.3)
         return svg_data_uri(fig)
 

@@ -151,11 +151,12 @@ def render_session_report(session_dir: Path) -> str:
         except OSError as exc:
             unread.append(f"the patch {patch_name!r}: {files.describe_os_error(exc)}: not read")
     capacity = next((r.get("capacity_bytes") for r in rows if r.get("capacity_bytes")), None)
+    unit = session.get("unit") or "samples/s"  # steps/s where no step knew its batch size
     chart = {}
     if rows:
         chart = {
             "throughput": charts.throughput_chart(labels, [r.get("samples_per_s") for r in rows],
-                                                  [r["decision"] or "?" for r in rows]),
+                                                  [r["decision"] or "?" for r in rows], unit),
             "breakdown": breakdown_chart([(r["name"], views[r["name"]]) for r in rows]),
             "memory": charts.memory_chart(labels, [r.get("peak_memory_bytes") for r in rows], capacity,
                                           [r.get("peak_memory_source") or "" for r in rows]),
@@ -168,7 +169,7 @@ def render_session_report(session_dir: Path) -> str:
         notes=[str(n) for n in session["notes"] or []],
         device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},
         command=session.get("command") or "", lint=session.get("lint") or [],
-        memory_cap=memory_cap_text(session.get("memory_cap")), unread=unread,
+        memory_cap=memory_cap_text(session.get("memory_cap")), unread=unread, unit=unit,
     )
 
 

@@ -133,5 +133,6 @@ def render_session_html(session_dir: Path) -> str:
     files = trial_traces(session_dir, baseline_row) if baseline_row else []
     baseline = trace_view(files[0]) if files else None
     return _render(_SESSION, session=session, rows=rows, verdict=verdict(session, rows, baseline),
+                   unit=session.get("unit") or "samples/s",
                    notes=[str(n) for n in session["notes"] or []], folder=str(session_dir),
                    has_report=(session_dir / "report.html").is_file())

@@ -13,13 +13,13 @@ from pathlib import Path
 from advisor.analysis.breakdown import ROLES
 
 
-def trial_text(row: dict, view) -> str:
+def trial_text(row: dict, view, unit: str = "samples/s") -> str:
     """The markdown shown in TensorBoard's Text tab for one trial: decision, figures, advice."""
     lines = [f"**{row['name']}**: {row.get('change') or 'baseline'}",
              "",
              f"- decision: **{row.get('decision') or '?'}** ({row.get('status') or '?'}): {row.get('reason') or ''}"]
     if row.get("samples_per_s") is not None:
-        lines.append(f"- samples/s: {row['samples_per_s']:.1f}, speed-up ×{row.get('speedup') or 0:.2f}")
+        lines.append(f"- {unit}: {row['samples_per_s']:.1f}, speed-up ×{row.get('speedup') or 0:.2f}")
     if view is not None:
         d = view.diagnosis
         lines.append(f"- device: {view.device}")
@@ -46,6 +46,7 @@ def write_tensorboard(session_dir: Path) -> list[Path]:
 
     session_dir = Path(session_dir)
     session = load_session(session_dir)
+    unit = session.get("unit") or "samples/s"  # steps/s where no step knew its batch size
     runs = []
     for row in session["trials"]:
         folder = trial_folder(session_dir, row)
@@ -59,7 +60,7 @@ def write_tensorboard(session_dir: Path) -> list[Path]:
         writer = SummaryWriter(log_dir=str(folder))
         try:
             scalars = {
-                "throughput/samples_per_s": row.get("samples_per_s"),
+                f"throughput/{unit.replace('/', '_per_')}": row.get("samples_per_s"),
                 "throughput/speedup": row.get("speedup"),
                 "step_time/median_ms": None if row.get("median_step_s") is None else 1000 * row["median_step_s"],
                 "memory/peak_gb": None if row.get("peak_memory_bytes") is None else row["peak_memory_bytes"] / 1e9,
@@ -75,7 +76,7 @@ def write_tensorboard(session_dir: Path) -> list[Path]:
             for tag, value in scalars.items():
                 if value is not None:
                     writer.add_scalar(tag, float(value), global_step=step)
-            writer.add_text("diagnosis", trial_text(row, view), global_step=step)
+            writer.add_text("diagnosis", trial_text(row, view, unit), global_step=step)
         finally:
             writer.close()
         runs.append(folder)

@@ -195,7 +195,7 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
         sps = summary.get("samples_per_s")
         facts = [f"status {d.trial.get('status')}", f"batch size {summary.get('batch_size')}"]
         if sps:
-            facts.append(f"{sps:.1f} samples/s")
+            facts.append(f"{sps:.1f} {'samples/s' if summary.get('batch_size') else 'steps/s'}")
         console.print(_text("Trial: " + ", ".join(facts)))
     console.print(_text(f"Steps: {len(d.steps)}, mean {d.step_time_us / 1000:.2f} ms"
                        f" (median {d.extra['median_step_us'] / 1000:.2f} ms)"))
@@ -267,7 +267,7 @@ def ladder_table(state: dict[str, Any]):
     t = Table(title="Ladder (one row per trial)", title_justify="left")
     t.add_column("#", justify="right")
     t.add_column("change")
-    for col in ("batch", "peak MiB", "step ms", "samples/s", "±95%", "speed-up"):
+    for col in ("batch", "peak MiB", "step ms", state.get("unit") or "samples/s", "±95%", "speed-up"):
         t.add_column(col, justify="right")
     t.add_column("bound")
     t.add_column("decision")
@@ -291,7 +291,8 @@ def print_session(state: dict[str, Any], out: Path, reference: dict | None) -> N
     final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
     against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
         f"{reference['name']}, the first configuration that fitted")
-    speed = f"×{state['speedup']:.2f} samples/s over {against}" if state.get("speedup") else "no speed-up"
+    unit = state.get("unit") or "samples/s"
+    speed = f"×{state['speedup']:.2f} {unit} over {against}" if state.get("speedup") else "no speed-up"
     console.print(Text(f"Best: {state['best']} ({speed}); settings: "
                        + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
     for note in state["notes"]:

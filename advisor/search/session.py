@@ -222,17 +222,17 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     if baseline.ok and not losses:
         state["notes"].append("the step returned no loss and ran no backward() of a scalar: each change's loss "
                               "check (finite, within 25% of the baseline's) is skipped")
-    log(f"  {_figures(row)}")
+    log(f"  {_figures(row, state.get('unit') or 'samples/s')}")
     save(state)
 
 
-def _figures(row: dict[str, Any]) -> str:
-    """A trial's samples/s with its interval, for the log."""
+def _figures(row: dict[str, Any], unit: str) -> str:
+    """A trial's samples/s (or steps/s: `unit`) with its interval, for the log."""
     if not row.get("samples_per_s"):
         return f"{row['status']}: {row.get('message') or ''}".strip()
     interval = row.get("interval")
     spread = f" (95%: {interval[0]:.1f}–{interval[1]:.1f})" if interval else ""
-    return f"{row['samples_per_s']:.1f} samples/s{spread}"
+    return f"{row['samples_per_s']:.1f} {unit}{spread}"
 
 
 def out_of_memory_note(record: dict[str, Any]) -> str:
@@ -335,7 +335,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
                  and len(state["trials"]) + 2 <= options.max_trials)
         _decide_row(row, result, decision, again)
         state["trials"].append(row)
-        log(f"  {_figures(row)}: {row['decision']}, {row['reason']}")
+        log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
         if again:
             # A gain the noise could hide: run the same settings once more and decide on both runs'
             # windows together (twice the windows, about 1/√2 of the noise).
@@ -352,7 +352,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             _decide_row(row, result, decision, False)
             row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)")
             state["trials"].append(row)
-            log(f"  {_figures(row)}: {row['decision']}, {row['reason']}")
+            log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
             if decision is not None and decision.keep:
                 state["pooled"][result.name] = [os.path.relpath(first.path, out)]
         if decision is not None and decision.keep:

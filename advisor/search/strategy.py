@@ -119,7 +119,8 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
     (about 84% one-sided); a change tried in a round over the knobs needs two.
     """
     if not candidate.samples_per_s or not best.samples_per_s:
-        return Decision(False, "no samples/s measured (batch size unknown)", 0.0, 0.0)
+        return Decision(False, "no throughput measured", 0.0, 0.0)
+    unit = candidate.unit  # steps/s where no step knew its batch size
     gain = candidate.samples_per_s / best.samples_per_s - 1
     spread = noise(best, candidate)
     threshold = max(min_gain, spread / 2 if addresses_bound else spread)
@@ -131,12 +132,12 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
         if abs(cand - base) > allowed:
             return Decision(False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, spread)
     if gain < -threshold:
-        return Decision(False, f"{100 * gain:+.1f}% samples/s: slower (noise {100 * threshold:.1f}%)", gain, spread)
+        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower (noise {100 * threshold:.1f}%)", gain, spread)
     if gain <= threshold:
-        return Decision(False, f"{100 * gain:+.1f}% samples/s is within the noise ({100 * threshold:.1f}%)",
+        return Decision(False, f"{100 * gain:+.1f}% {unit} is within the noise ({100 * threshold:.1f}%)",
                         gain, spread, inconclusive=gain > min_gain)
     evidence = ", one standard error: the change addresses the bound" if addresses_bound and threshold < spread else ""
-    return Decision(True, f"{100 * gain:+.1f}% samples/s (noise {100 * spread:.1f}%{evidence})", gain, spread)
+    return Decision(True, f"{100 * gain:+.1f}% {unit} (noise {100 * spread:.1f}%{evidence})", gain, spread)
 
 
 # --- what to try next ------------------------------------------------------------------------------------
