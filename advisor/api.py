@@ -40,6 +40,7 @@ from advisor.files import inside, regular_traces_in
 from advisor.code.lint import script_findings
 from advisor.shapes import read_record
 from advisor.trials.inprocess import run_trial_in_process, step_source
+from advisor.trials.training_state import TrainingState
 from advisor.trials.knobs import Knobs
 from advisor.analysis.reading import trace_files
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
@@ -351,16 +352,25 @@ def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: 
                              windows=windows, window_s=window_s)
     folder = Path(out) if out is not None else _notebook_folder()
     where, func = step_source(train_step)
+    # Each trial starts from the model and optimizer as they were (else they learn from trial to trial and
+    # the loss check blames the change); the session leaves them as it found them.
+    start = TrainingState.capture(train_step)
+    if log:
+        log(f"note: {start.describe()}")
 
     def runner(name: str, knobs: Knobs) -> TrialResult:
+        start.restore()
         result, failure = run_trial_in_process(train_step, loader, knobs, folder.resolve() / "trials" / name,
                                                name=name, steps=steps, wait=wait, warmup=warmup, device=device,
                                                windows=windows, window_s=window_s)
         del failure  # recorded in trial.json; the session goes on (a failed baseline ends it with its message)
         return result
 
-    run_session(f"{where}:{func}", folder, options, command=f"advisor.tune({func}, ...)", runner=runner,
-                script=False, log=log or (lambda message: None))
+    try:
+        run_session(f"{where}:{func}", folder, options, command=f"advisor.tune({func}, ...)", runner=runner,
+                    script=False, log=log or (lambda message: None))
+    finally:
+        start.restore()
     return Session(folder)
 
 
