@@ -252,3 +252,57 @@ def test_bad_numbers_are_one_line_errors(tmp_path, capsys, flags, problem):
     err = capsys.readouterr().err.strip()
     assert problem in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+# --- a session's folder on every path ---------------------------------------------------------------
+
+def test_resuming_a_finished_session_says_it_is_done_and_changes_nothing(tmp_path):
+    out = one_trial_session(tmp_path)
+    before = (out / "session.json").read_bytes()
+    for _ in range(2):
+        done = run_advisor("profile", "--resume", str(out), timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert f"{out}: this session is done (1 trial(s), best 00-baseline); nothing to resume" in done.stdout
+    assert (out / "session.json").read_bytes() == before  # no stop note appended again
+
+
+def test_resume_of_a_folder_without_a_session_fails_in_one_line_and_leaves_nothing(tmp_path):
+    missing = tmp_path / "no-such-session"
+    done = run_advisor("profile", "--resume", str(missing))
+    assert done.returncode == 2 and "no such folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not missing.exists()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    tiny(scripts)
+    done = run_advisor("profile", "--resume", str(scripts))
+    assert done.returncode == 2 and "not a session folder" in done.stderr, done.stderr
+    assert sorted(p.name for p in scripts.iterdir()) == ["tiny.py"]  # no lock left behind
+    done = run_advisor("profile", str(scripts), "--device", "cpu")
+    assert done.returncode == 2 and f"{scripts}: is a folder, not a script" in done.stderr, done.stderr
+
+
+def test_a_session_interrupted_writes_its_report_and_resumes_from_another_folder(tmp_path, trial_startup_s):
+    """Started from one working folder with a relative script path, Ctrl-C during the second trial (a report
+    of what was measured), resumed from another working folder: it finds its script and finishes."""
+    (tmp_path / "work").mkdir()
+    tiny(tmp_path / "work", sleep=0.05)
+    out = tmp_path / "session"
+    advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", "tiny.py:train_step", "--out",
+                                str(out), "--device", "cpu", "--steps", "2", "--windows", "0", "--max-trials", "3"],
+                               cwd=tmp_path / "work", preexec_fn=ctrl_c_reaches_it,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30 + 8 * trial_startup_s
+    while not any((out / "trials").glob("01-*/steps.jsonl")):
+        assert advisor.poll() is None, advisor.communicate()
+        assert time.monotonic() < deadline, "the session never got to its second trial"
+        time.sleep(0.05)
+    advisor.send_signal(signal.SIGINT)
+    _, err = advisor.communicate(timeout=120)
+    assert advisor.returncode == 130, err
+    state = json.loads((out / "session.json").read_text())
+    assert state["status"] == "interrupted" and (out / "report.html").is_file()
+    assert Path(state["target"]).is_absolute() or Path(state["target"].rpartition(":")[0]).is_absolute()
+    done = run_advisor("profile", "--resume", str(out), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "no such file" not in done.stdout + done.stderr
+    assert json.loads((out / "session.json").read_text())["status"] == "done"

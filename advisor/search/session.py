@@ -24,13 +24,13 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
 from advisor.trials.measurement import Measurement, job, measure
-from advisor.search.state import SESSION_FILE, SessionOptions, best_row, load_state, lock_session, new_state, \
-    reference_row, save, trial_row
+from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
+    new_state, reference_row, save, trial_row
 from advisor.search.outputs import batch_notes, finish_outputs
 from advisor.search.strategy import Proposal, SearchSpace, decide, propose, recovery_plan
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.runner import TrialFailed, end_trial_processes, run_trial, trial_processes
-from advisor.trials.targets import parse_target
+from advisor.trials.targets import absolute_step, absolute_target, parse_target
 
 TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
 
@@ -106,11 +106,18 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     recorded surface holds); `extra`: fields added to a new session record.
     """
     out = Path(out).resolve()
+    if resume and not out.is_dir():
+        raise AdvisorError(f"{out}: no such folder: there is no session to resume")
+    if resume and not (out / SESSION_FILE).is_file():
+        raise AdvisorError(f"{out}: no {SESSION_FILE} here: not a session folder, nothing to resume")
+    created = not out.exists()
     lock = lock_session(out)  # one session at a time per folder, for as long as this one runs
     try:
         return _run_locked(target, out, options, command, resume, log, runner, script, space, extra)
     finally:
         os.close(lock)
+        if not (out / SESSION_FILE).exists():  # it failed before it began: leave nothing behind
+            discard_unstarted(out, created)
 
 
 def _run_locked(target: str, out: Path, options: SessionOptions, command: str, resume: bool,
@@ -118,12 +125,20 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
                 extra: dict[str, Any] | None) -> dict[str, Any]:
     if resume:
         state = load_state(out)
+        if state.get("status") == "done":  # nothing to resume: say so, and leave the record as it is
+            stopped = next((n for n in reversed(state["notes"]) if str(n).startswith("stopped")),
+                           f"{len(state['trials'])} trial(s), best {state.get('best')}")
+            log(f"{out}: this session is done ({stopped}); nothing to resume. Its report: {out / 'report.html'}")
+            return state
         end_left_behind(state, log)
         target, options = state["target"], SessionOptions.from_dict(state["options"])
         state["status"] = "running"
     else:
         if (out / SESSION_FILE).exists():
             raise AdvisorError(f"{out}: already holds a session; use --resume {out} or another --out")
+        if script:  # absolute paths: a session resumed from another working folder finds its files
+            target = absolute_target(target)
+            options = dataclasses.replace(options, step=absolute_step(options.step))
         path = str(parse_target(target)[0]) if script else None
         state = new_state(target, path, out, options, command, lint_script(Path(path)) if path else None)
         state.update(extra or {})
@@ -136,6 +151,12 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
                   space or SearchSpace())
     except KeyboardInterrupt:
         state["status"] = "interrupted"
+        state["notes"].append("interrupted: the report shows the trials finished so far")
+        try:  # the report of what was measured, as for any session; a second Ctrl-C leaves the record alone
+            finish_outputs(out, state)
+        except (Exception, KeyboardInterrupt) as problem:
+            log(f"no report: {type(problem).__name__}: {problem}")
+        state["notes"].pop()  # a resumed session goes on; the note was for this report
         save(state)
         log(f"interrupted: resume with  advisor profile --resume {out}")
         raise
@@ -203,6 +224,10 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     state["training_loader"] = record.get("training_loader")
     state["sites"] = record.get("sites") or {}
     state["unit"] = measurement.unit
+    if record.get("single_rank_job"):
+        state["notes"].append("the script calls init_process_group: each trial runs it as a one-rank torchrun "
+                              "job (--nproc-per-node N runs N ranks)")
+        log(f"  note: {state['notes'][-1]}")
     if baseline.ok and measurement.unit == "steps/s":
         state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "
                               "steps/s, and the batch-size and DataLoader knobs do not apply")

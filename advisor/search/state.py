@@ -134,6 +134,17 @@ def lock_session(out: Path) -> int:
     return fd
 
 
+def discard_unstarted(out: Path, created: bool) -> None:
+    """What a session that failed before its record was written leaves: nothing (its lock, and the folder
+    with its empty trials/ when the session made it)."""
+    (out / LOCK_FILE).unlink(missing_ok=True)
+    for folder in (out / "trials", out) if created else ():
+        try:
+            folder.rmdir()  # only an empty one
+        except OSError:
+            pass
+
+
 def load_state(out: Path) -> dict[str, Any]:
     """A session record to resume. Trial folders it does not list are the trial in flight when it stopped
     (removed, when a trial made them) or something else (moved aside into trials/.set-aside, never

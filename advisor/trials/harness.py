@@ -256,7 +256,7 @@ def main(argv: list[str]) -> int:
     config = json.loads(argv[0])
     rank, world_size = rank_of()
     config.update(rank=rank, world_size=world_size)
-    if world_size <= 1:  # under torchrun the parent is torchrun's agent, which ends its ranks itself
+    if not config.get("torchrun"):  # under torchrun the parent is torchrun's agent, which ends its ranks itself
         die_with_parent(config.get("parent"))
     out_dir = Path(config["out_dir"])
     # A crash in native code (a segfault, an abort in torch) writes no result: the Python stack at the

@@ -28,7 +28,7 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
 from advisor.trials.storage import write_json_atomic
-from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
+from advisor.trials.targets import TargetNotFound, calls_init_process_group, locate_target, parse_step, parse_target
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
 _HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
@@ -183,9 +183,16 @@ def run_trial(
         return complete_record(record, out, started, nproc_per_node)
 
     config = _harness_config(record, out, step_module, loader)
+    # A data-parallel script reads torchrun's RANK and WORLD_SIZE: with one rank asked for, it runs as a
+    # one-rank torchrun job rather than failing in init_process_group.
+    torchrun = nproc_per_node > 1 or calls_init_process_group(script)
+    config["torchrun"] = torchrun
+    if torchrun and nproc_per_node == 1:
+        record["single_rank_job"] = True
     child_env = _child_environment(env, device, record["token"])
     write_json_atomic(out / TRIAL_FILE, record)
-    command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args)
+    command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
+                               torchrun)
     record["nproc_per_node"] = nproc_per_node
     for attempt in range(1 + NATIVE_CRASH_RETRIES):
         code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
@@ -309,9 +316,10 @@ def _child_environment(env: dict[str, str] | None, device: str, token: str) -> d
     return child_env
 
 
-def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_args: Sequence[str]) -> list[str]:
+def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_args: Sequence[str],
+                     torchrun: bool) -> list[str]:
     """The harness in one process, or under torchrun with a rank per process of a data-parallel trial."""
-    if nproc_per_node <= 1:
+    if not torchrun:
         return [python, "-c", _HARNESS_ENTRY, config]
     return torchrun_command(python, nproc_per_node, list(torchrun_args), config)
 

@@ -32,11 +32,44 @@ def parse_target(target: str) -> tuple[Path, str | None]:
     if name is not None:
         check_name(target, name)
     path = Path(script)
+    if path.is_dir():
+        raise AdvisorError(f"{script}: is a folder, not a script: name the training script in it "
+                           f"({path / 'train.py'}, say)")
     if not path.is_file():
         raise AdvisorError(f"{script}: no such file")
     if path.suffix != ".py":
         raise AdvisorError(f"{script}: not a Python script (.py)")
     return path.resolve(), name
+
+
+def absolute_target(target: str) -> str:
+    """The target with its script's absolute path: a session resumed from another folder still finds it."""
+    script, name = parse_target(target)
+    return f"{script}:{name}" if name else str(script)
+
+
+def absolute_step(step: str | None) -> str | None:
+    """`--step path/module.py:name` with the path made absolute when it names a file from this folder."""
+    where, sep, name = (step or "").rpartition(":")
+    if sep and where.endswith(".py") and not Path(where).is_absolute() and Path(where).is_file():
+        return f"{Path(where).resolve()}:{name}"
+    return step
+
+
+def calls_init_process_group(script: Path) -> bool:
+    """Whether the script (its own source, read, never run) calls `init_process_group`: a data-parallel
+    script that expects torchrun's RANK and WORLD_SIZE."""
+    try:
+        tree = ast.parse(script.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name == "init_process_group":
+                return True
+    return False
 
 
 def check_name(text: str, name: str) -> None:
