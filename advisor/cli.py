@@ -192,19 +192,26 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds each window lasts at least (default {defaults.window_s:g})")
     parser.add_argument("--replay", metavar="SURFACE_DIR",
                         help="run the session on a recorded response surface (trial folders) instead of a script")
+    parser.add_argument("--replay-noise", type=float, default=None, metavar="S",
+                        help="with --replay: draw each served trial's steady-state windows around its recorded "
+                             "samples/s with relative spread S (0.05: 5%%; 0: each window the recorded figure), "
+                             "as a live machine's noise; without it, recordings are served as they are")
+    parser.add_argument("--seed", type=int, default=0, help="with --replay-noise: the noise's seed (default 0)")
     parser.add_argument("--keep-effective-batch", action="store_true",
                         help="never change the batch size (the effective batch stays as written)")
     parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
 
 
-def replayed_from(out: Path) -> str | None:
-    """The surface a session folder was replayed from, if it was."""
+def replayed_from(out: Path) -> tuple[str | None, float | None, int]:
+    """The surface a session folder was replayed from (None if it was not), with its noise and seed."""
     from advisor.search.state import SESSION_FILE
 
     try:
-        return json.loads((out / SESSION_FILE).read_text()).get("replay")
-    except (OSError, ValueError, AttributeError):
-        return None  # load_state says what is wrong with the folder
+        state = json.loads((out / SESSION_FILE).read_text())
+        noise = state.get("replay_noise")
+        return state.get("replay"), None if noise is None else float(noise), int(state.get("replay_seed") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None, None, 0  # load_state says what is wrong with the folder
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -219,6 +226,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value in seconds.items():
         if value is not None and not (math.isfinite(value) and value > 0):
             raise AdvisorError(f"{flag}: must be a positive number of seconds, not {value}")
+    if args.replay_noise is not None and not (math.isfinite(args.replay_noise) and 0 <= args.replay_noise < 1):
+        raise AdvisorError(f"--replay-noise: a relative spread in [0, 1), not {args.replay_noise}")
+    if args.replay_noise is not None and not (args.replay or args.resume):
+        raise AdvisorError("--replay-noise: only with --replay SURFACE_DIR")
 
 
 def profile_command(args: argparse.Namespace) -> int:
@@ -240,13 +251,15 @@ def profile_command(args: argparse.Namespace) -> int:
     options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s,
                                   nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)))
     runner, space, extra, replay = None, None, {}, args.replay
+    noise, seed = args.replay_noise, args.seed
     if args.resume:
         out = Path(args.resume)
         target = ""
-        replay = replayed_from(out)
+        replay, noise, seed = replayed_from(out)
     elif replay:
         out = Path(args.out) if args.out else Path("runs") / f"replay-{Path(replay).name}"
-        target, extra = f"{Path(replay).resolve()}:replay", {"replay": str(Path(replay).resolve())}
+        target = f"{Path(replay).resolve()}:replay"
+        extra = {"replay": str(Path(replay).resolve()), "replay_noise": noise, "replay_seed": seed}
     else:
         if not args.target:
             raise AdvisorError("profile: give script.py (or script.py:train_step, or --replay SURFACE_DIR, or "
@@ -259,7 +272,7 @@ def profile_command(args: argparse.Namespace) -> int:
         from advisor.trials.replay import ReplayRunner, load_surface
 
         points = load_surface(replay)
-        runner, space = ReplayRunner(points, out.resolve()), surface_space(points)
+        runner, space = ReplayRunner(points, out.resolve(), noise, seed), surface_space(points)
     words = sys.argv[sys.argv.index("profile") + 1:] if "profile" in sys.argv else []
     command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
     # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.

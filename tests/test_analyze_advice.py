@@ -666,3 +666,28 @@ def test_a_single_rank_file_is_one_trace_and_its_folder_is_the_job(tmp_path):
     assert json.loads(run_advisor("analyze", "--json", str(folder / trace.name)).stdout)["jobs"] == []
     whole = run_advisor("analyze", str(folder))
     assert "Data-parallel job" in whole.stdout and "Ranks without a trace here: 0, 1, 2, 4, 5, 6, 7" in whole.stdout
+
+
+def test_pageable_copies_staged_on_the_training_process_bind_before_the_loader(tmp_path):
+    """An H100 step of 1000 µs: 500 µs waiting on the DataLoader, then 200 µs with the host inside a pageable
+    cudaMemcpyAsync (staging the batch itself), then kernels: the copies bind though the loader waits longer,
+    and the trial's bound stays copy whatever its steady-state windows wait."""
+    from advisor.search.bounds import trial_bound
+    from advisor.trials.measurement import measure
+
+    b = TraceBuilder(devices=(H100,))
+    for n in range(5):
+        start = n * 1000.0
+        b.step(n + 1, start, 1000)
+        b.dataloader(start + 5, 500)
+        b.copy(start + 510, 200, start + 690, 20, nbytes=64 << 20)
+        b.op("aten::mm", start + 720, 10)
+        for i in range(4):
+            b.launch("sm90_xmma_gemm_bf16bf16_bf16f32", start + 722 + i, 1, start + 730 + 60 * i, 60)
+    d = analyze_file(b.write(tmp_path / "staging.pt.trace.json.gz"))
+    assert d.bound_shares["input"] > d.bound_shares["copy"] >= 0.15
+    assert d.bound == "copy"
+    assert d.recommendations[0].id in ("pin-memory", "fewer-copy-bytes") and d.recommendations[0].helps_now
+    waiting = measure([[{"index": i, "wall_s": 0.1, "call_s": 0.04, "batch_size": 32, "window": i // 2}
+                        for i in range(6)]])
+    assert waiting.wait_share > 0.5 and trial_bound("ok", d, waiting).name == "copy"

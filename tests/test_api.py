@@ -261,7 +261,7 @@ def test_tune_starts_every_trial_from_the_same_model_and_leaves_it_as_it_was(tmp
 
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lines = []
-    session = advisor.tune(step, loader, steps=2, wait=1, warmup=0, max_trials=3, device="cpu",
+    session = advisor.tune(step, loader, steps=2, wait=1, warmup=1, max_trials=3, device="cpu",
                            out=tmp_path / "s", windows=0, log=lines.append)
     assert any("starts from the same state of Linear, SGD" in line for line in lines), lines
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()), "the user's model moved"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from advisor.trials.schedule import StepSchedule
+from advisor.trials.schedule import MIN_WINDOW_STEPS, StepSchedule
 
 
 def phases(schedule: StepSchedule, steps: int) -> list[str]:
@@ -35,53 +35,66 @@ def test_the_queue_depth_is_added_to_wait_and_settle():
     schedule = StepSchedule(wait=1, warmup=1, active=1, windows=2, window_s=0.5)
     schedule.add_queue(workers=2, prefetch_factor=None)  # DataLoader's default prefetch factor: 2
     assert (schedule.queue_depth, schedule.wait, schedule.total, schedule.settle) == (4, 5, 7, 4)
-    assert schedule.min_window_steps == 2
+    assert schedule.min_window_steps == MIN_WINDOW_STEPS  # more than one cycle of 2 workers
     assert phases(schedule, 12) == ["wait"] * 5 + ["warmup", "profiled"] + ["settle"] * 4 + ["window"]
 
 
 def test_no_settle_without_windows_and_none_without_workers():
     schedule = StepSchedule(wait=1, warmup=1, active=1)
     schedule.add_queue(workers=3, prefetch_factor=4)
-    assert (schedule.queue_depth, schedule.wait, schedule.settle, schedule.min_window_steps) == (12, 13, 0, 3)
+    assert (schedule.queue_depth, schedule.wait, schedule.settle) == (12, 13, 0)
+    many = StepSchedule(wait=1, warmup=1, active=1, windows=1, window_s=1.0)
+    many.add_queue(workers=8, prefetch_factor=2)
+    assert many.min_window_steps == 8  # one cycle of 8 workers
     idle = StepSchedule(wait=1, warmup=1, active=1, windows=1, window_s=1.0)
     idle.add_queue(workers=0, prefetch_factor=4)
-    assert (idle.queue_depth, idle.wait, idle.settle, idle.min_window_steps) == (0, 1, 0, 2)
+    assert (idle.queue_depth, idle.wait, idle.settle, idle.min_window_steps) == (0, 1, 0, MIN_WINDOW_STEPS)
 
 
 def test_a_window_closes_after_window_s_seconds_and_min_window_steps_steps():
     schedule = StepSchedule(wait=0, warmup=0, active=1, windows=2, window_s=1.0)
-    schedule.add_queue(workers=3, prefetch_factor=1)  # a window spans one cycle of 3 workers
-    schedule.count_window_step(5.0)
-    schedule.count_window_step(5.0)
-    assert schedule.window == 0  # long enough, but 2 steps of the 3 a window needs
+    schedule.add_queue(workers=7, prefetch_factor=1)  # a window spans one cycle of 7 workers
+    for _ in range(6):
+        schedule.count_window_step(5.0)
+    assert schedule.window == 0  # long enough, but 6 steps of the 7 a window needs
     schedule.count_window_step(5.0)
     assert schedule.window == 1 and not schedule.measured()
-    for _ in range(3):
-        schedule.count_window_step(0.2)
-    assert schedule.window == 1  # 3 steps, but 0.6 s of the 1 s a window needs
-    schedule.count_window_step(0.2)
-    schedule.count_window_step(0.2)
+    for _ in range(7):
+        schedule.count_window_step(0.125)
+    assert schedule.window == 1  # 7 steps, but 0.875 s of the 1 s a window needs
+    schedule.count_window_step(0.125)
     assert schedule.window == 2 and schedule.measured()
+
+
+def test_a_window_of_long_steps_still_holds_min_window_steps():
+    """Steps of 0.5 s in 1 s windows: a window holds MIN_WINDOW_STEPS of them, not two."""
+    schedule = StepSchedule(wait=0, warmup=0, active=1, windows=1, window_s=1.0)
+    for _ in range(MIN_WINDOW_STEPS - 1):
+        schedule.count_window_step(0.5)
+    assert schedule.window == 0
+    schedule.count_window_step(0.5)
+    assert schedule.window == 1 and schedule.measured()
 
 
 def test_the_trial_is_measured_after_its_windows():
     assert StepSchedule(wait=1, warmup=1, active=1).measured()  # no windows: measured once profiled
     schedule = StepSchedule(wait=1, warmup=1, active=1, windows=3, window_s=0.0)
     measured = []
-    for _ in range(6):
+    for _ in range(3 * MIN_WINDOW_STEPS):
         schedule.count_window_step(0.1)
         measured.append(schedule.measured())
-    assert measured == [False, False, False, False, False, True]  # 3 windows of 2 steps each
+    assert measured == [False] * (3 * MIN_WINDOW_STEPS - 1) + [True]  # 3 windows of MIN_WINDOW_STEPS steps
 
 
 def test_the_recorded_schedule_and_messages():
     schedule = StepSchedule.from_config({"wait": 2, "warmup": 1, "active": 3, "loop": False,
                                          "measure": {"windows": 2, "window_s": 0.5}})
     schedule.add_queue(workers=1, prefetch_factor=2)
-    schedule.count_window_step(1.0)
-    schedule.count_window_step(1.0)
+    for _ in range(MIN_WINDOW_STEPS):
+        schedule.count_window_step(1.0)
     assert schedule.to_dict() == {"wait": 4, "warmup": 1, "active": 3, "queue_depth": 2, "settle": 2,
-                                  "windows": 2, "window_s": 0.5, "min_window_steps": 2, "windows_measured": 1}
+                                  "windows": 2, "window_s": 0.5, "min_window_steps": MIN_WINDOW_STEPS,
+                                  "windows_measured": 1}
     assert schedule.completed_message() == "3 steps profiled, then 1 window(s) of at least 0.5 s measured"
     assert schedule.script_ended(8, "train.py", "step") == {
         "status": "ok", "message": "3 steps profiled, then 1 window(s) of at least 0.5 s measured; train.py ended "

@@ -29,6 +29,7 @@ BOUNDS = {
 
 COMPUTE_BOUND = 0.60  # kernels busy this share of the step: compute binds; below, the largest idle cause
 INPUT_OVER_COMPUTE = 0.20  # ... unless the device waits on the DataLoader this share of it: the loader binds
+COPY_OVER_INPUT = 0.15  # the host blocked in its copies this share of the step binds before the loader
 CPU_INPUT_BOUND = 0.30  # CPU-only: the DataLoader share above which the input pipeline binds
 CPU_COMMUNICATION_BOUND = 0.30  # CPU-only: the share of exposed communication above which it binds
 MIN_EVENTS_PER_STEP = 10  # a forward, backward and optimizer step record dozens
@@ -178,7 +179,9 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
       "compute" when kernels keep the device busy at least COMPUTE_BOUND of the step, unless it waits on
       the DataLoader INPUT_OVER_COMPUTE of it (a fifth of the step waiting on the loader holds the step
       back however busy the kernels are the rest of the time: "input", compute named next); otherwise
-      the largest reason the device idles: "input" (waiting on the DataLoader; over the trial's steps once
+      the largest reason the device idles, except that copies binding COPY_OVER_INPUT of the step bind
+      before the DataLoader (a training process that stages its pageable copies itself cannot take
+      batches faster however many workers make them): "input" (waiting on the DataLoader; over the trial's steps once
       its queue ran dry, when the window hid it, see `loader_queue`), "copy" (host-to-device copies and
       the host's waits on them, including synchronous pageable copies), "host" (runtime calls, CPU
       operators and Python with the device idle: launch overhead) or "communication" (collectives not
@@ -211,6 +214,8 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
                          "overlapped with compute",
     }
     bound = max(reasons, key=lambda b: shares.get(b, 0.0))
+    if bound == "input" and shares.get("copy", 0.0) >= COPY_OVER_INPUT:
+        bound = "copy"
     if compute >= COMPUTE_BOUND and (bound != "input" or input_share < INPUT_OVER_COMPUTE):
         return "compute", (f"kernels keep the {device} busy {_share(compute)} of the step",)
     if compute >= COMPUTE_BOUND:  # both hold the step: the loader first, compute once it keeps up

@@ -6,7 +6,9 @@ steady-state windows measured after them (`Measurement.wait_share`: the share of
 loop spent outside the step, waiting for its next batch). The windows win on the input pipeline: the
 profiled steps may have been fed from batches the workers queued earlier, which hides a loader that
 cannot keep up, while a loop that waits in the steady state is bound by its loader whatever the trace
-says. A trial that ran out of memory is bound by memory.
+says, unless the trace shows the training process blocked staging its pageable copies (the copy bound):
+a process that stages the batches itself cannot take them faster however many workers make them. A
+trial that ran out of memory is bound by memory.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ def trial_bound(status: str, diagnosis: Any, measurement: Measurement | None) ->
     if status == "oom":
         return Bound("memory", ("the step ran out of memory",))
     wait = measurement.wait_share if measurement is not None and measurement.source == "windows" else None
+    traced = getattr(diagnosis, "bound", None) if diagnosis is not None else None
+    if traced == "copy":  # the host staging its copies binds before the loader it also waits on
+        return Bound("copy", tuple(getattr(diagnosis, "bound_evidence", ()) or ()))
     if wait is not None and wait >= INPUT_WAIT_SHARE:
         return Bound("input", (f"in the steady state the loop waited for its next batch {100 * wait:.0f}% of the "
                                f"time ({measurement.steps} steps over {measurement.seconds:.1f} s)",))
-    traced = getattr(diagnosis, "bound", None) if diagnosis is not None else None
     evidence = tuple(getattr(diagnosis, "bound_evidence", ()) or ())
     if traced == "input" and wait is not None and wait < NO_WAIT_SHARE:
         return Bound(None, (f"the profiled steps waited on the DataLoader but the steady state did not "

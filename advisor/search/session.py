@@ -23,11 +23,11 @@ from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
-from advisor.trials.measurement import Measurement, job, measure
+from advisor.trials.measurement import Measurement, job, measure, noise
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
     new_state, reference_row, save, trial_row
 from advisor.search.outputs import batch_notes, finish_outputs
-from advisor.search.strategy import Proposal, SearchSpace, decide, propose, recovery_plan
+from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.runner import TrialFailed, end_trial_processes, run_trial, trial_processes
 from advisor.trials.targets import absolute_step, absolute_target, parse_target
@@ -334,11 +334,14 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     while True:
         diagnosis, best_measure, bound = _bound_of(out, state, best)
         proposals = propose(diagnosis, bound, best, state, options, space)
+        if not proposals:  # before the round ends: the fastest reverted change not yet paired, with its next move
+            late = _late_pair(out, state, options, space)
+            proposals = [late] if late is not None else []
         if not proposals:
             state["notes"].append("stopped: a full round over the knobs kept nothing more"
                                   if len(state["trials"]) > 1 else "stopped: nothing to try")
             break
-        if len(state["trials"]) >= options.max_trials:
+        if len(state["trials"]) >= options.max_trials - _reserve(options, remeasure):
             if options.max_trials > 1:  # one trial is a diagnosis-only run, not a budget that ran out
                 state["notes"].append(f"stopped after {options.max_trials} trials (--max-trials) with "
                                       f"{len(proposals)} change(s) left to try")
@@ -347,44 +350,26 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             state["notes"].append(f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)")
             break
         proposal = proposals[0]
-        index = len(state["trials"])
         why = (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
                else f"a round over the knobs; the bound is {bound.label}")
-        log(f"trial {index:02d}: {proposal.change} ({why}; predicted {100 * proposal.predicted_gain:.0f}% of step time)")
-        result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
-        losses = recorded_losses(result.path)
-        decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
-                           addresses_bound=proposal.helps_now) if result.ok else None)
-        row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
-        again = (decision is not None and decision.inconclusive and remeasure
-                 and len(state["trials"]) + 2 <= options.max_trials)
-        _decide_row(row, result, decision, again)
-        state["trials"].append(row)
-        log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
-        if again:
-            # A gain the noise could hide: run the same settings once more and decide on both runs'
-            # windows together (twice the windows, about 1/√2 of the noise).
-            save(state)
-            first = result
-            index = len(state["trials"])
-            log(f"trial {index:02d}: {proposal.change}, again")
-            result, record, _ = _run(run, state, index, proposal, f"{proposal.slug}-again", log)
-            measurement = measured(out, state, result, [first.path])
-            losses = recorded_losses(result.path) + recorded_losses(first.path)
-            decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
-                               addresses_bound=proposal.helps_now) if result.ok else None)
-            row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
-            _decide_row(row, result, decision, False)
-            row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)")
-            state["trials"].append(row)
-            log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
-            if decision is not None and decision.keep:
-                state["pooled"][result.name] = [os.path.relpath(first.path, out)]
+        result, decision = _try(run, out, state, options, proposal, why, best_measure, reference_losses, log,
+                                remeasure)
+        if (decision is not None and not decision.keep and "+" not in proposal.recommendation
+                and _pairs_on(decision, state["trials"][-1], bound)):
+            # Noise hides a small first step, and some changes pay only with a second (pinned copies with
+            # more workers): a change that moved the bound, or addressed it, without paying is a base for
+            # the move its own trace calls for next, measured together against the best.
+            pair = pair_proposal(result, proposal, state, options, space)
+            state.setdefault("paired", []).append(result.name)
+            if pair is not None and len(state["trials"]) < options.max_trials - _reserve(options, remeasure):
+                result, decision = _try(run, out, state, options, pair, f"together with {proposal.change}",
+                                        best_measure, reference_losses, log, remeasure)
         if decision is not None and decision.keep:
             best = result
             state["best"] = result.name
             state["final_knobs"] = result.knobs.to_dict()
         save(state)
+    best = _confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
     _bound_of(out, state, best)
     best_sps, base_sps = best_row(state)["samples_per_s"], reference["samples_per_s"]
     state["speedup"] = best_sps / base_sps if base_sps and best_sps else None
@@ -392,6 +377,164 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     state["status"] = "done"
     save(state)
     finish_outputs(out, state)
+
+
+# A change this much slower or less (or within 1.5 × its noise) can still pay with a second move: a small
+# cost on its own is what a change that pays only in a pair reads, give or take the noise.
+PAIR_FLOOR = 0.10
+CONFIRM_TRIALS = 2  # the best and the runner-up, each measured once more before the session ends
+
+
+def _reserve(options: SessionOptions, remeasure: bool) -> int:
+    """Trials kept back for confirming the best against the runner-up (with a budget that allows it)."""
+    return CONFIRM_TRIALS if remeasure and options.max_trials >= 4 * CONFIRM_TRIALS else 0
+
+
+def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, proposal: Proposal, why: str,
+         best_measure: Measurement, reference_losses: list[float], log: Callable[[str], None],
+         remeasure: bool) -> tuple[TrialResult, Any]:
+    """Run a proposal, decide it against the best and record its row; an inconclusive gain is measured once
+    more and decided on both runs together. Returns the (last) result and its decision."""
+    index = len(state["trials"])
+    log(f"trial {index:02d}: {proposal.change} ({why}; predicted {100 * proposal.predicted_gain:.0f}% of step time)")
+    result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
+    losses = recorded_losses(result.path)
+    decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
+                       addresses_bound=proposal.helps_now) if result.ok else None)
+    row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
+    again = (decision is not None and decision.inconclusive and remeasure
+             and len(state["trials"]) + 2 <= options.max_trials)
+    _decide_row(row, result, decision, again)
+    state["trials"].append(row)
+    log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
+    if again:
+        # A gain the noise could hide: run the same settings once more and decide on both runs'
+        # windows together (twice the windows, about 1/√2 of the noise).
+        save(state)
+        first = result
+        index = len(state["trials"])
+        log(f"trial {index:02d}: {proposal.change}, again")
+        result, record, _ = _run(run, state, index, proposal, f"{proposal.slug}-again", log)
+        measurement = measured(out, state, result, [first.path])
+        losses = recorded_losses(result.path) + recorded_losses(first.path)
+        decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
+                           addresses_bound=proposal.helps_now) if result.ok else None)
+        row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
+        _decide_row(row, result, decision, False)
+        row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)")
+        state["trials"].append(row)
+        log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
+        if decision is not None and decision.keep:
+            state["pooled"][result.name] = [os.path.relpath(first.path, out)]
+    return result, decision
+
+
+def _pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
+    """Whether a reverted change is a base for a second move: its loss was fine, it was not clearly slower,
+    and it moved the bound or addressed it."""
+    if decision.keep or decision.reason.startswith("loss") or row["decision"] != "reverted":
+        return False
+    moved = row.get("bound") is not None and row.get("bound") != bound.name
+    return decision.gain > -max(1.5 * decision.noise, PAIR_FLOOR) and (moved or bool(row.get("helps_now")))
+
+
+def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any], options: SessionOptions,
+                  space: SearchSpace) -> Proposal | None:
+    """The move the candidate's own trace calls for next, made on top of it, as one change: the first
+    proposal from the candidate (reverted changes included) that turns other knobs than `first` did."""
+    before = best_row(state)["knobs"]
+    turned = {k for k, v in first.knobs.to_dict().items() if v != before.get(k)} - {"persistent_workers"}
+    diagnosis = diagnose_trial(candidate)
+    measurement = measure_record([trial_record(candidate.path)])
+    bound = trial_bound(candidate.status, diagnosis, measurement)
+    base = candidate.knobs.to_dict()
+    advised = {r.id for r in diagnosis.recommendations} if diagnosis is not None else set()
+    # What the candidate's trace advises comes before a blind experiment, whatever their predicted gains.
+    ranked = sorted(propose(diagnosis, bound, candidate, state, options, space, retry_reverted=True),
+                    key=lambda p: (not p.helps_now, p.recommendation not in advised, -p.predicted_gain))
+    for p in ranked:
+        second = {k for k, v in p.knobs.to_dict().items() if v != base.get(k)} - {"persistent_workers"}
+        if second and not second & turned:
+            return Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
+                            f"{first.slug}-and-{p.slug}", p.knobs, first.predicted_gain + p.predicted_gain,
+                            first.bound, first.helps_now)
+    return None
+
+
+def _late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: SearchSpace) -> Proposal | None:
+    """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet:
+    a change noise made read slower than it is gets its second move before the session ends."""
+    paired = state.setdefault("paired", [])
+    rows = [t for t in state["trials"][1:] if t["decision"] == "reverted" and t["status"] == "ok"
+            and t.get("samples_per_s") and "+" not in (t.get("recommendation") or "+")
+            and t.get("recommendation") != "confirm" and not t["reason"].startswith("loss")
+            and t["name"] not in paired]
+    for row in sorted(rows, key=lambda t: -t["samples_per_s"]):
+        paired.append(row["name"])
+        first = Proposal(row["recommendation"], row["change"].removesuffix(" (again)"),
+                         row["name"][3:].removesuffix("-again"), Knobs.from_dict(row["knobs"]),
+                         row.get("predicted_gain") or 0.0, None, bool(row.get("helps_now")))
+        pair = pair_proposal(load_trial(out / row["folder"]), first, state, options, space)
+        if pair is not None:
+            return pair
+    return None
+
+
+def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
+                  reference_losses: list[float], log: Callable[[str], None], remeasure: bool) -> TrialResult:
+    """Before the session ends, measure the best and the runner-up (the other setting that measured fastest)
+    once more, when the runner-up is within the noise of the best or ahead of it, and keep whichever the
+    pooled runs say is faster. Returns the best."""
+    if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
+        return best
+    top = best_row(state)
+    others = [t for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
+              and knobs_key(t["knobs"]) != knobs_key(top["knobs"])]
+    if not others:
+        return best
+    runner_up = max(others, key=lambda t: t["samples_per_s"])
+    best_measure = measured(out, state, best)
+    earlier = [out / runner_up["folder"], *(out / f for f in state["pooled"].get(runner_up["name"], []))]
+    runner_measure = measure_record([trial_record(f) for f in earlier])
+    if runner_measure.samples_per_s < best_measure.samples_per_s * (1 - noise(best_measure, runner_measure)):
+        return best  # clearly behind: nothing to confirm
+    confirmed = {}
+    for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
+                         (runner_up, earlier)):
+        knobs = Knobs.from_dict(row["knobs"])
+        proposal = Proposal("confirm", f"{row['change']} (confirming the best)", "confirm", knobs, 0.0)
+        index = len(state["trials"])
+        log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
+        result, record, _ = _run(run, state, index, proposal, f"confirm-{row['name'][:2]}", log)
+        pooled = measured(out, state, result, folders) if result.ok else None
+        new = trial_row(index, result, record, proposal, state, pooled, None)
+        new.update(decision="measured" if result.ok else "failed",
+                   reason=f"{row['name']} again, pooled with its earlier runs" if result.ok else
+                   f"trial {result.status}: {result.message}")
+        state["trials"].append(new)
+        if result.ok:
+            state["pooled"][result.name] = [os.path.relpath(f, out) for f in folders]
+        confirmed[row["name"]] = (result, pooled, new)
+        save(state)
+    (kept, kept_m, kept_row), (other, other_m, other_row) = confirmed[top["name"]], confirmed[runner_up["name"]]
+    if kept_m is None or other_m is None:  # a confirming run failed: the best stands as it was decided
+        for row in (kept_row, other_row):
+            if row["decision"] == "measured":
+                row.update(decision="reverted", reason=row["reason"] + "; the other run failed, nothing changes")
+        save(state)
+        return best
+    losses = recorded_losses(other.path)
+    decision = decide(kept_m, other_m, losses, reference_losses, options.min_gain)
+    winner, winner_row = (other, other_row) if decision.keep else (kept, kept_row)
+    winner_row.update(decision="kept")
+    (kept_row if decision.keep else other_row).update(decision="reverted")
+    other_row.update(gain=decision.gain, noise=decision.noise, reason=other_row["reason"] + f": {decision.reason}")
+    log(f"  confirmed: {winner_row['change'].removesuffix(' (confirming the best)')} is the best "
+        f"({_figures(winner_row, state.get('unit') or 'samples/s')})")
+    state["best"] = winner.name
+    state["final_knobs"] = winner.knobs.to_dict()
+    save(state)
+    return winner
 
 
 def _own_bound(result: TrialResult, measurement: Measurement):

@@ -143,9 +143,10 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
 # --- what to try next ------------------------------------------------------------------------------------
 
 def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], options: Any,
-            space: SearchSpace) -> list[Proposal]:
+            space: SearchSpace, retry_reverted: bool = False) -> list[Proposal]:
     """Candidate trials from the best trial: those that address its bound first, then the rest (a full
-    round over the knobs), each by predicted gain; never a setting already measured."""
+    round over the knobs), each by predicted gain; never a setting already measured. `retry_reverted`:
+    also changes reverted under this bound (as the second move of a pair, they are tried from another base)."""
     recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
     facts = state.get("device") or {}
     accelerator = facts.get("type") == "cuda"
@@ -164,7 +165,8 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     for p in found:
         if p is None or knobs_key(p.knobs) in tried:
             continue
-        if p.recommendation != "more-workers" and reverted_under(state, p.recommendation, bound.name):
+        if (not retry_reverted and p.recommendation != "more-workers"
+                and reverted_under(state, p.recommendation, bound.name)):
             continue  # it did not help while this bound held; it is tried again once the bound moves
         out.append(dataclasses.replace(p, helps_now=bound.name is not None and p.bound == bound.name))
     return sorted(out, key=lambda p: (not p.helps_now, -p.predicted_gain))

@@ -3,13 +3,18 @@ what it needs. The step driver (`advisor.trials.driver`) holds one and moves it 
 
 Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
 the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled
-while the trace was written) and measurement `window`s of at least `window_s` seconds and one cycle of
-the workers each. The trial is measured after `windows` windows.
+while the trace was written) and measurement `window`s of at least `window_s` seconds, MIN_WINDOW_STEPS
+steps and one cycle of the workers each. The trial is measured after `windows` windows.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# Steps a window holds at least, whatever its seconds: windows of one or two long steps read a decision's
+# noise at 17-22% on a quiet machine (char transformer, 0.5 s steps, 1 s windows); five steps average the
+# step-to-step spread down to a few percent.
+MIN_WINDOW_STEPS = 5
 
 
 class StepSchedule:
@@ -24,7 +29,7 @@ class StepSchedule:
         self.windows, self.window_s = windows, window_s
         self.queue_depth = 0  # batches the loader's workers queue before the first step
         self.settle = 0
-        self.min_window_steps = 2
+        self.min_window_steps = MIN_WINDOW_STEPS
         self.window, self.window_steps, self.window_wall = 0, 0, 0.0
 
     @classmethod
@@ -41,7 +46,7 @@ class StepSchedule:
         self.wait += self.queue_depth
         self.total += self.queue_depth
         self.settle = self.queue_depth if self.windows else 0
-        self.min_window_steps = max(2, workers)
+        self.min_window_steps = max(MIN_WINDOW_STEPS, workers)
 
     def phase(self, index: int) -> str:
         """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
