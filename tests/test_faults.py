@@ -288,7 +288,7 @@ def test_a_session_interrupted_writes_its_report_and_resumes_from_another_folder
     tiny(tmp_path / "work", sleep=0.05)
     out = tmp_path / "session"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", "tiny.py:train_step", "--out",
-                                str(out), "--device", "cpu", "--steps", "2", "--windows", "0", "--max-trials", "3"],
+                                str(out), "--device", "cpu", "--steps", "2", "--windows", "0", "--max-trials", "2"],
                                cwd=tmp_path / "work", preexec_fn=ctrl_c_reaches_it,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30 + 8 * trial_startup_s

@@ -345,8 +345,7 @@ def test_a_re_measure_serves_the_next_recording_of_a_setting(tmp_path):
                                               "fp32-b32-w2-pageable"]
 
 
-@pytest.mark.parametrize("name", ["pinning_workers", "amp_batch"])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name, seed", [("pinning_workers", 0), ("amp_batch", 1)])
 def test_knobs_that_pay_only_together_are_found_under_noise(tmp_path, name, seed):
     """Pinned copies pay only with 14 workers, and 14 workers only with pinned copies (each alone −2%, both
     +77%); bf16 pays only with batch 64 (each alone −2%, both +40%). At 5% window-to-window spread the
@@ -367,7 +366,7 @@ def test_the_cli_replays_under_noise_with_a_seed_and_refuses_a_bad_spread(tmp_pa
     runs = []
     for name in ("a", "b"):
         done = run_advisor("profile", "--replay", str(SURFACE), "--replay-noise", "0.05", "--seed", "4",
-                           "--max-trials", "6", "--out", str(tmp_path / name), timeout=300)
+                           "--max-trials", "4", "--out", str(tmp_path / name), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         state = json.loads((tmp_path / name / "session.json").read_text())
         assert state["replay_noise"] == 0.05 and state["replay_seed"] == 4
