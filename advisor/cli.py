@@ -105,10 +105,10 @@ def analyze_command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
         return 0
+    from advisor.analysis.job import jobs_of_path
     from advisor.report.terminal import print_analysis
 
-    # A single file is one rank's trace; the data-parallel job is a folder's view.
-    print_analysis(diagnoses, skipped=skipped, jobs=not Path(args.path).is_file())
+    print_analysis(diagnoses, skipped=skipped, jobs=jobs_of_path(args.path, diagnoses))
     return 0
 
 

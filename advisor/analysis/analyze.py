@@ -78,7 +78,7 @@ import msgspec
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis, diagnose
-from advisor.analysis.job import Job, exposed_us, jobs_of, own_us, rank_of
+from advisor.analysis.job import Job, exposed_us, jobs_of_path, own_us, rank_of
 from advisor.analysis.steps import parse_steps
 from advisor.analysis.rules import recommend
 from advisor.errors import NotATrace, TraceError
@@ -267,7 +267,7 @@ def analysis_document(path: Path | str, diagnoses: list[Diagnosis], skipped: lis
         "schema": SCHEMA,
         "path": str(path),
         "traces": [diagnosis_to_dict(d) for d in diagnoses],
-        "jobs": [] if Path(path).is_file() else [job_to_dict(j) for j in jobs_of(diagnoses)],
+        "jobs": [job_to_dict(j) for j in jobs_of_path(path, diagnoses)],
         "skipped": [{"path": p, "reason": reason} for p, reason in skipped],
         "summary": {
             "traces": len(diagnoses),

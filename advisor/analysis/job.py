@@ -226,6 +226,12 @@ def jobs_of(diagnoses: list[Diagnosis]) -> list[Job]:
     return [job_of(folder, list(ranks.values())) for (folder, _), ranks in groups.items()]
 
 
+def jobs_of_path(path: Path | str, diagnoses: list[Diagnosis]) -> list[Job]:
+    """The data-parallel jobs of an analysed path: none for a single file (one rank's trace; its job is the
+    folder's view), `jobs_of` for a folder."""
+    return [] if Path(path).is_file() else jobs_of(diagnoses)
+
+
 def job_diagnosis(job: Job) -> Diagnosis:
     """The job as one Diagnosis the search can follow: the representative rank's figures, with the job's
     bound, verdict and advice."""

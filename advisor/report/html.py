@@ -17,13 +17,14 @@ import jinja2
 from advisor import files
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.breakdown import ROLES
+from advisor.analysis.job import jobs_of_path
 from advisor.analysis.reading import trace_files
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.report import charts
 from advisor.report.formatting import flatten, gain, gb, memory_cap_text, ms, num, pct, seconds_ms, spread
 from advisor.report.session_folder import checked_trial_traces, inside, load_session
-from advisor.report.job_view import JobView, job_views
+from advisor.report.job_view import JobView, job_view, job_views
 from advisor.report.terminal import ROLE_LABELS
 from advisor.report.views import TraceView, breakdown_chart, trace_view
 
@@ -83,8 +84,8 @@ def render_trace_report(path: Path) -> str:
     return environment().get_template("traces.html.j2").render(
         title=f"advisor report: {path.name}", path=str(path), views=views, skipped=skipped,
         breakdown_chart=breakdown_chart([(v.short, v) for v in views]), memory_chart=memory_chart,
-        # A single file is one rank's trace: the job view belongs to a folder of its ranks.
-        jobs=[] if path.is_file() else job_views([v.diagnosis for v in views]), command=f"advisor report {path}",
+        jobs=[job_view(j) for j in jobs_of_path(path, [v.diagnosis for v in views])],
+        command=f"advisor report {path}",
     )
 
 

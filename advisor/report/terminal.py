@@ -239,9 +239,9 @@ def print_job(job: Job, console: Console) -> None:
 
 
 def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, skipped: list | tuple = (),
-                   jobs: bool = True) -> None:
+                   jobs: list[Job] | None = None) -> None:
     """All sections, plus a summary table when there are several traces, and each data-parallel job's ranks
-    side by side (`jobs`; False for a single file, one rank of its job); files skipped as not traces."""
+    side by side (`jobs`, default `jobs_of(diagnoses)`); files skipped as not traces."""
     console = console or Console()
     for path, reason in skipped:
         console.print(_text(f"Skipped {path}: {reason}", style="yellow"))
@@ -256,7 +256,7 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, s
             _row(t, _text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
                       d.bound or "n/a", _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
         console.print(t)
-    for job in jobs_of(diagnoses) if jobs else ():
+    for job in jobs_of(diagnoses) if jobs is None else jobs:
         print_job(job, console)
 
 

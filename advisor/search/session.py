@@ -247,12 +247,12 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     if baseline.ok and not losses:
         state["notes"].append("the step returned no loss and ran no backward() of a scalar: each change's loss "
                               "check (finite, within 25% of the baseline's) is skipped")
-    log(f"  {_figures(row, state.get('unit') or 'samples/s')}")
+    log(f"  {_figures(row, state['unit'])}")
     save(state)
 
 
 def _figures(row: dict[str, Any], unit: str) -> str:
-    """A trial's samples/s (or steps/s: `unit`) with its interval, for the log."""
+    """A trial's samples/s (or steps/s: the session's `unit`) with its interval, for the log."""
     if not row.get("samples_per_s"):
         return f"{row['status']}: {row.get('message') or ''}".strip()
     interval = row.get("interval")
@@ -406,7 +406,7 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
     state["trials"].append(row)
-    log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
+    log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
     if again:
         # A gain the noise could hide: run the same settings once more and decide on both runs'
         # windows together (twice the windows, about 1/√2 of the noise).
@@ -423,7 +423,7 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         _decide_row(row, result, decision, False)
         row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)")
         state["trials"].append(row)
-        log(f"  {_figures(row, state.get('unit') or 'samples/s')}: {row['decision']}, {row['reason']}")
+        log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
         if decision is not None and decision.keep:
             state["pooled"][result.name] = [os.path.relpath(first.path, out)]
     return result, decision
