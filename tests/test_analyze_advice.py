@@ -27,7 +27,7 @@ IMAGES = "h100-image-classifier-workers0.pt.trace.json.gz"
 BOUND_OF = {"more-workers": "input", "pin-memory": "copy", "non-blocking": "copy", "fewer-copy-bytes": "copy",
             "prefetch-to-device": "copy",
             "larger-batch": "host", "cuda-graphs": "host", "fused-optimizer": "host", "amp": "compute",
-            "channels-last": "compute", "memory-growth": "memory", "activation-checkpointing": "memory",
+            "channels-last": "compute", "tf32": "compute", "cudnn-benchmark": "compute", "memory-growth": "memory", "activation-checkpointing": "memory",
             "ddp-buckets": "communication", "no-sync-accumulation": "communication"}
 
 
@@ -139,7 +139,7 @@ def test_launch_bound_steps_get_fewer_larger_kernels(tmp_path):
     assert {"larger-batch", "cuda-graphs", "fused-optimizer"} <= set(now)
     assert "torch.compile" in rec(d, "cuda-graphs").code_change
     assert "fused=True" in rec(d, "fused-optimizer").code_change
-    assert rec(d, "fused-optimizer").knobs == {} and rec(d, "cuda-graphs").knobs == {}
+    assert rec(d, "fused-optimizer").knobs == {"fused_optimizer": True} and rec(d, "cuda-graphs").knobs == {}
 
 
 def test_launch_bound_h100_transformer(tmp_path):
@@ -310,7 +310,7 @@ def test_large_layout_conversions_get_channels_last_not_amp(tmp_path):
     assert d.eligible_share == 0.0, "the convolution itself already runs on Tensor Cores"
     assert d.bound == "compute"
     cl = rec(d, "channels-last")
-    assert cl.helps_now and cl.knobs == {}
+    assert cl.helps_now and cl.knobs == {"channels_last": True}
     assert "channels_last" in cl.code_change and "model" in cl.code_change
     assert "amp" not in ids(d)
 

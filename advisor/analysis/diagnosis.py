@@ -19,7 +19,7 @@ from advisor.analysis.communication import Communication, communication
 from advisor.analysis.copies import Copies, copy_events, host_to_device_copies
 from advisor.analysis.devices import Device
 from advisor.analysis.findings import Finding
-from advisor.analysis.kernels import is_eligible_op, kernel_mix
+from advisor.analysis.kernels import conv_shapes_constant, is_conv_op, is_eligible_op, kernel_mix
 from advisor.analysis.launches import host_figures
 from advisor.analysis.memory import DeviceMemory, memory_peaks, memory_pressure
 from advisor.analysis.steps import NO_STEP_SPANS, Step, find_steps, select_steps
@@ -152,12 +152,18 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     extra = {"median_step_us": median(s.duration for s in steps), "events": trace.event_count,
              "kernels_by_name_share": mix.by_name_share}
     if platform == "cpu":
-        matmul_spans = iv.from_events([op for op in trace.ops if is_eligible_op(op.name)])
         windows = iv.from_spans((s.start, s.end) for s in steps)
         span = iv.length(windows)
-        extra["cpu_eligible_share"] = iv.length_within(matmul_spans, windows) / span if span else None
+        for key, wanted in (("cpu_eligible_share", is_eligible_op), ("cpu_conv_share", is_conv_op)):
+            spans = iv.from_events([op for op in trace.ops if wanted(op.name)])
+            extra[key] = iv.length_within(spans, windows) / span if span else None
+        optimizer = host_figures(trace, steps).get("optimizer")
+        if optimizer is not None:
+            extra["optimizer"] = optimizer
     else:
         extra.update(host_figures(trace, steps))
+        extra["conv_share"] = mix.conv_share
+    extra["conv_shapes_constant"] = conv_shapes_constant(trace, steps)
     main = utilization.get(devices[0].index) if devices and utilization else None
     if main is None and utilization:
         main = max(utilization.values())

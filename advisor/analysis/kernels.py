@@ -99,6 +99,37 @@ ELIGIBLE_OP = re.compile(
 )
 
 
+# Convolution operators (forward and backward): the layers channels_last and cuDNN autotuning change.
+CONV_OP = re.compile(r"^aten::(_?convolution\w*|conv[123]d|conv_transpose[123]d|cudnn_convolution\w*|"
+                     r"miopen_convolution\w*|mkldnn_convolution)$|ConvolutionBackward\d*$")
+CONV_KERNEL = re.compile(r"conv(?!ert)|fprop|dgrad|wgrad|winograd|implicit_?gemm", re.IGNORECASE)
+
+
+@lru_cache(maxsize=None)
+def is_conv_op(op_name: str) -> bool:
+    """Whether an operator is a convolution (or its backward)."""
+    return CONV_OP.search(op_name) is not None
+
+
+def conv_shapes_constant(trace: Trace, steps: list[Step]) -> bool | None:
+    """Whether every step ran its convolutions on the same input shapes (what cuDNN autotuning needs to
+    pay); None when the trace has no convolutions or no shapes (recorded without record_shapes)."""
+    per_step: dict[int, list[bytes]] = defaultdict(list)
+    for op in trace.ops:
+        if op.name in ("aten::convolution", "aten::_convolution") and op.args is not None:
+            dims = bytes(op.args.input_dims)
+            if not dims:
+                return None
+            for i, step in enumerate(steps):
+                if step.start <= op.ts < step.end:
+                    per_step[i].append(dims)
+                    break
+    if not per_step:
+        return None
+    shapes = {tuple(sorted(v)) for v in per_step.values()}
+    return len(shapes) == 1
+
+
 def launching_ops(trace: Trace, correlations: set) -> dict:
     """Correlation id of each runtime call in `correlations` → name of the innermost operator around it
     (user annotations are not operators; a call with no operator around it is left out).
@@ -145,6 +176,7 @@ class KernelMix:
     eligible_op_share: float | None = None
     layout_share: float | None = None
     by_name_share: float = 0.0  # kernel time no operator launched, classified by its name
+    conv_share: float = 0.0  # kernel time of convolutions (by their operator, else by the kernel's name)
 
 
 def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
@@ -164,9 +196,12 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
     if not total:
         return KernelMix()
     op_of = launching_ops(trace, {k.args.correlation for k in kernels if k.args is not None})
-    tc = eligible_left = eligible_all = layout = by_name = 0.0
+    tc = eligible_left = eligible_all = layout = by_name = conv = 0.0
     for k in kernels:
         op = op_of.get(k.correlation)
+        if (is_conv_op(op) if op is not None else CONV_KERNEL.search(k.name) is not None) \
+                and not _is_layout_kernel(k.name):
+            conv += k.dur
         on_tc, eligible, is_layout = _kernel_class(vendor, k.name, op)
         if on_tc:
             tc += k.dur
@@ -186,4 +221,5 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
         eligible_op_share=eligible_all / total,
         layout_share=layout / total,
         by_name_share=by_name / total,
+        conv_share=conv / total,
     )

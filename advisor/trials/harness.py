@@ -48,6 +48,8 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
     training_loader
 from advisor.trials.loop import LoopInterposition, capture_losses
+from advisor.trials.model_knobs import ModelInterposition, compile_failure, is_compile_error
+from advisor.trials.optimizers import FusedOptimizers
 from advisor.trials.distributed import DDPKnobs, rank_files, rank_of
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.targets import TargetNotFound, rewrite_script
@@ -135,7 +137,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
     result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
-    driver = loop = None
+    driver = loop = model = optimizers = None
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
     started = time.time()
@@ -150,6 +152,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         tracker.install()
         ddp = DDPKnobs(knobs)
         ddp.install()
+        model = ModelInterposition(knobs, device_type)
+        model.install()
+        optimizers = FusedOptimizers(knobs)
+        optimizers.install()
         driver = StepDriver(config, device_type, loader_records, tracker)
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
@@ -192,6 +198,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         result.update(status="error", message=str(exc))
     except BaseException as exc:  # the user's error, an OOM, or SIGINT inside the child
         result.update(failure(exc, driver, os.path.basename(script)))
+        if model is not None and knobs.compile and is_compile_error(exc):  # e.g. compiling the backward
+            model.outcomes["compile"] = compile_failure(exc)
     finally:
         if driver is not None:
             step_outcomes = driver.close(result)
@@ -199,8 +207,12 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 step_outcomes = loop.outcomes
             if knobs.threads:
                 step_outcomes["threads"] = APPLIED
-            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes, **ddp.outcomes()}
+            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes, **ddp.outcomes(),
+                                  **model_outcomes(model, optimizers)}
             result["user_ddp"] = ddp.user
+            result["user_model"] = model_user_values(model, optimizers)
+            result["compile"] = model.compile_record() if model is not None else None
+            result["optimizers"] = optimizers.record() if optimizers is not None else None
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]
             result["training_loader"] = None if trains is None else {
@@ -210,6 +222,23 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["activations"] = driver.memory.activations
     result.setdefault("times", {})["harness_s"] = time.time() - started
     return result
+
+
+def model_outcomes(model: ModelInterposition | None, optimizers: FusedOptimizers | None) -> dict[str, str]:
+    """The outcomes of the model knobs (channels_last, compile, TF32, cudnn.benchmark) and fused optimizers."""
+    out = model.outcomes_after_steps() if model is not None else {}
+    fused = optimizers.outcome() if optimizers is not None else None
+    if fused is not None:
+        out["fused_optimizer"] = fused
+    return out
+
+
+def model_user_values(model: ModelInterposition | None, optimizers: FusedOptimizers | None) -> dict[str, Any]:
+    """The script's own values of the model knobs the trial changed (for the patch's "from X to Y")."""
+    values = dict(model.user) if model is not None else {}
+    if optimizers is not None and optimizers.user_value() is not None:
+        values["fused_optimizer"] = optimizers.user_value()
+    return values
 
 
 def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[str, Any]:

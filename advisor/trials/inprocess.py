@@ -27,6 +27,7 @@ from advisor.trials.driver import StepDriver, TrialComplete
 from advisor.trials.facts import SetupProblem, device_facts, resolve_device
 from advisor.trials.harness import user_traceback
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
+from advisor.trials.model_knobs import ModelInterposition
 from advisor.trials.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
 from advisor.trials.record import RESULT_FILE, SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, complete_record
 from advisor.trials.storage import write_json_atomic
@@ -181,8 +182,10 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     import torch
 
     threads = torch.get_num_threads()  # the threads knob must not outlive the trial in the notebook
+    model = ModelInterposition(knobs, device_type)  # undone after the trial: the model is the notebook's
     try:
         batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
+        model.install()
         driver = StepDriver(config, device_type, records)
         result["steps_expected"] = driver.schedule.total
         step = driver.wrap(train_step, func)
@@ -218,7 +221,12 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
     finally:
         batch = None
         if driver is not None:
-            result["outcomes"] = {**loader_outcomes, **driver.close(result)}
+            result["outcomes"] = {**loader_outcomes, **driver.close(result), **model.outcomes_after_steps()}
+            result["compile"] = model.compile_record()
+        model.undo()
+        if knobs.fused_optimizer:
+            result.setdefault("outcomes", {})["fused_optimizer"] = not_applicable(
+                "the notebook built its optimizer before the trial: build it with fused=True to measure it")
         if batches is not loader or not getattr(loader, "persistent_workers", False):
             shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
         iterator = batches = None

@@ -10,6 +10,8 @@ How each reaches the user's code, inside the trial only (by interposition: the s
 - `accumulation_steps` and fp16 loss scaling: `advisor.trials.gradients`.
 - `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.driver`), over a value the
   script set itself; DataLoader workers run one thread each as torch makes them.
+- `channels_last`, `compile`, `tf32`, `cudnn_benchmark`: at the model's first call
+  (`advisor.trials.model_knobs`); `fused_optimizer`: where the optimizer is built (`advisor.trials.optimizers`).
 - DDP knobs (`ddp_bucket_cap_mb`, `ddp_gradient_as_bucket_view`, `ddp_static_graph`,
   `ddp_find_unused_parameters`): where DistributedDataParallel wraps the model, on every rank alike
   (`advisor.trials.distributed`).
@@ -23,6 +25,7 @@ from typing import Any
 
 AMP_CHOICES = (None, "bf16", "fp16")
 DATALOADER_KNOBS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+MODEL_KNOBS = ("channels_last", "compile", "fused_optimizer", "tf32", "cudnn_benchmark")
 DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_graph", "ddp_find_unused_parameters")
 APPLIED = "applied"
 
@@ -40,6 +43,11 @@ class Knobs:
     non_blocking: bool | None = None
     accumulation_steps: int | None = None
     threads: int | None = None  # torch intra-op threads of the training process (torch.set_num_threads)
+    channels_last: bool | None = None  # model and 4-D inputs in torch.channels_last (models with 2-D convolutions)
+    compile: bool | None = None  # torch.compile of the model's forward
+    fused_optimizer: bool | None = None  # torch.optim optimizers built with fused=True (else foreach=True)
+    tf32: bool | None = None  # fp32 matmuls and convolutions as TF32 on Tensor Cores (CUDA, Ampere and later)
+    cudnn_benchmark: bool | None = None  # cuDNN picks the fastest convolution algorithm per shape (CUDA)
     ddp_bucket_cap_mb: int | None = None  # DistributedDataParallel's own arguments, on every rank
     ddp_gradient_as_bucket_view: bool | None = None
     ddp_static_graph: bool | None = None
@@ -93,7 +101,7 @@ def knobs_problem(knobs: Knobs) -> str | None:
     ):
         return f"num_workers must be an integer >= 0, not {knobs.num_workers!r}"
     for name in ("pin_memory", "persistent_workers", "non_blocking", "ddp_gradient_as_bucket_view", "ddp_static_graph",
-                 "ddp_find_unused_parameters"):
+                 "ddp_find_unused_parameters", *MODEL_KNOBS):
         value = getattr(knobs, name)
         if value is not None and not isinstance(value, bool):
             return f"{name} must be true or false, not {value!r}"

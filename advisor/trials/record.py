@@ -349,16 +349,32 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
     return steps
 
 
-def user_values(dataloaders: list[dict[str, Any]], threads: int | None,
-                ddp: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def user_values(dataloaders: list[dict[str, Any]], threads: int | None, ddp: dict[str, Any] | None = None,
+                model: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The user's own values of the knobs: the training loader's (else the first loader's), torch's threads,
-    and DistributedDataParallel's arguments where the script wraps its model in it."""
+    DistributedDataParallel's arguments where the script wraps its model in it, and the model knobs a trial
+    changed (channels_last, compile, fused_optimizer, tf32, cudnn_benchmark)."""
     loader = next((d for d in dataloaders if d.get("training")), dataloaders[0] if dataloaders else None)
     values = {k: loader["user"].get(k) for k in DATALOADER_KNOBS} if loader is not None else {}
     if threads is not None:
         values["threads"] = threads
     values.update({k: v for k, v in (ddp or {}).items() if k.startswith("ddp_")})
+    values.update(model or {})
     return values or None
+
+
+def compile_summary(compiled: dict[str, Any] | None, steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What torch.compile cost and did: `compile_s`, the time the steps before the measured ones took beyond
+    the steady state (the compile runs in them; it is never in samples/s), with dynamo's graphs and breaks."""
+    if not compiled:
+        return None
+    steady = [s["wall_s"] for s in steps if s.get("phase") == "window"] or \
+        [s["wall_s"] for s in steps if s.get("phase") == "profiled"]
+    before = [s["wall_s"] for s in steps if s.get("phase") not in ("window", "profiled")]
+    if not steady or not before:
+        return {**compiled, "compile_s": None}
+    typical = statistics.median(steady)
+    return {**compiled, "compile_s": sum(max(0.0, w - typical) for w in before)}
 
 
 def read_result(path: Path) -> dict[str, Any]:
@@ -391,7 +407,10 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["sites"] = harness.get("sites") or {}
     record["model_dtypes"] = harness.get("model_dtypes")
     record["accumulation"] = harness.get("accumulation")
-    record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"), harness.get("user_ddp"))
+    record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"), harness.get("user_ddp"),
+                                        harness.get("user_model"))
+    record["compile"] = compile_summary(harness.get("compile"), rank_steps[0])
+    record["optimizers"] = harness.get("optimizers")
     record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]

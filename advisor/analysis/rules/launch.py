@@ -92,7 +92,9 @@ def cuda_graphs(d: Diagnosis) -> Recommendation | None:
 def fused_optimizer(d: Diagnosis) -> Recommendation | None:
     """The optimizer step launches kernels per parameter (or per op over lists): one fused kernel does it."""
     opt = d.extra.get("optimizer")
-    if d.platform != "gpu" or not opt or opt["implementation"] == "fused" or not d.step_time_us:
+    if d.platform not in ("gpu", "cpu") or not opt or opt["implementation"] == "fused" or not d.step_time_us:
+        return None  # torch has fused optimizer kernels for CUDA and the CPU
+    if ((d.trial or {}).get("knobs") or {}).get("fused_optimizer"):
         return None
     share = opt["us_per_step"] / d.step_time_us
     if share < OPTIMIZER_SHARE:
@@ -109,7 +111,7 @@ def fused_optimizer(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="fused-optimizer",
         title=f"Use the {change} {name} optimizer ({option})",
-        knobs={},
+        knobs={"fused_optimizer": True},
         predicted_gain=factor * share,
         evidence=(f"{name}.step takes {ms(opt['us_per_step'])} per step ({pct(share)} of the step), running "
                   f"its {opt['implementation']} implementation",),

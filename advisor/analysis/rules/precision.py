@@ -1,5 +1,6 @@
-"""Compute: mixed precision on Tensor Cores (matrix cores, or the CPU's bf16 units), and channels_last
-for the layout conversions AMP leaves around convolutions."""
+"""Compute: mixed precision on Tensor Cores (matrix cores, or the CPU's bf16 units), TF32 for fp32 matmuls
+on Ampere and later, channels_last for convolutions (the layout conversions AMP leaves around them on a
+GPU, the convolutions themselves on a CPU), and cuDNN autotuning for convolutions of fixed shapes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 ELIGIBLE_SHARE = 0.20  # of kernel time (GPU) or step time (CPU)
 TENSOR_CORE_SHARE_LOW = 0.50
 LAYOUT_SHARE = 0.05  # of kernel time: layout conversions worth removing with channels_last
+CPU_CONV_SHARE = 0.20  # of step time in convolution operators on the CPU: channels_last worth measuring
+CUDNN_CONV_SHARE = 0.10  # of kernel time in convolutions: cuDNN autotuning worth measuring
+TF32_CAPABILITY = (8, 0)  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
+
+
+def tried(d: Diagnosis, knob: str) -> bool:
+    """Whether the trial behind this trace already ran with the knob on."""
+    return bool(((d.trial or {}).get("knobs") or {}).get(knob))
 
 
 def has_matrix_units(d: Diagnosis) -> tuple[bool, str]:
@@ -135,19 +144,91 @@ def _autocast_code(device_type: str, dtype: str) -> str:
 
 
 def channels_last(d: Diagnosis) -> Recommendation | None:
-    """cuDNN converts NCHW tensors to NHWC around convolutions: keep model and input channels_last."""
-    if d.platform != "gpu" or not d.layout_share or d.layout_share < LAYOUT_SHARE or not d.step_time_us:
+    """Convolutions in NCHW: on a GPU cuDNN converts them to NHWC around each one (layout kernels); on a CPU
+    oneDNN's convolutions run faster on channels_last tensors. Keep the model and its input channels_last."""
+    if tried(d, "channels_last") or not d.step_time_us:
+        return None
+    code = ("model = model.to(memory_format=torch.channels_last)\n"
+            "x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)")
+    if d.platform == "cpu":
+        share = d.extra.get("cpu_conv_share") or 0.0
+        if share < CPU_CONV_SHARE:
+            return None
+        return Recommendation(
+            id="channels-last",
+            title="Use channels_last memory format for the model and its input",
+            knobs={"channels_last": True},
+            predicted_gain=0.15 * share,
+            evidence=(f"{pct(share)} of the step is in convolution operators, on NCHW tensors",),
+            code_change=code,
+            caveat="Most with bf16 autocast; measure it, some layers prefer NCHW.",
+            bound="compute",
+        )
+    if d.platform != "gpu" or not d.layout_share or d.layout_share < LAYOUT_SHARE:
         return None
     layout_us = d.layout_share * d.kernel_us
     return Recommendation(
         id="channels-last",
         title="Use channels_last memory format for the model and its input",
-        knobs={},
+        knobs={"channels_last": True},
         predicted_gain=0.8 * layout_us / d.step_time_us,
         evidence=(f"{pct(d.layout_share)} of kernel time converts layouts (nchwToNhwc/nhwcToNchw) around "
                   f"convolutions, {ms(layout_us)} per step; AMP does not remove it",),
-        code_change=("model = model.to(memory_format=torch.channels_last)\n"
-                     "x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)"),
+        code_change=code,
         caveat="Helps convolutions (most with AMP); measure it, some layers prefer NCHW.",
+        bound="compute",
+    )
+
+
+def tf32(d: Diagnosis) -> Recommendation | None:
+    """fp32 matmuls and convolutions off the Tensor Cores of an Ampere or later GPU: TF32 puts them on,
+    keeping fp32 storage and range (one line, no autocast): where AMP is not wanted or did not pay."""
+    dev = d.device
+    if d.platform != "gpu" or dev is None or dev.vendor != "nvidia" or tried(d, "tf32") or mostly_float64(d):
+        return None
+    cap = dev.compute_capability
+    if cap is None or cap < TF32_CAPABILITY or d.eligible_share is None or d.tensor_core_share is None:
+        return None
+    if ((d.trial or {}).get("knobs") or {}).get("amp"):
+        return None  # under autocast the matmuls are not fp32
+    if d.eligible_share < ELIGIBLE_SHARE or d.tensor_core_share >= TENSOR_CORE_SHARE_LOW or not d.step_time_us:
+        return None
+    kernel_share = d.kernel_us / d.step_time_us
+    return Recommendation(
+        id="tf32",
+        title="Let fp32 matmuls run on Tensor Cores as TF32",
+        knobs={"tf32": True},
+        predicted_gain=0.4 * d.eligible_share * min(kernel_share, 1.0),
+        evidence=(f"{pct(d.eligible_share)} of kernel time is fp32 matmul/convolution work not on Tensor Cores",
+                  f"the GPU runs TF32 on its Tensor Cores (compute capability {dev.capability_text})"),
+        code_change='torch.set_float32_matmul_precision("high")  # TF32 matmuls\n'
+                    "torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions (the default)",
+        caveat="TF32 keeps fp32's range with a 10-bit mantissa; AMP (bf16) is usually faster still.",
+        bound="compute",
+    )
+
+
+def cudnn_benchmark(d: Diagnosis) -> Recommendation | None:
+    """Convolutions of the same shapes every step: cuDNN's autotuner picks the fastest algorithm per shape
+    once, in the first steps."""
+    dev = d.device
+    if d.platform != "gpu" or dev is None or dev.vendor != "nvidia" or tried(d, "cudnn_benchmark"):
+        return None
+    share = d.extra.get("conv_share") or 0.0
+    constant = d.extra.get("conv_shapes_constant")
+    if share < CUDNN_CONV_SHARE or constant is False or not d.step_time_us:
+        return None
+    kernel_share = d.kernel_us / d.step_time_us
+    evidence = [f"{pct(share)} of kernel time is in convolutions"]
+    evidence.append("every step convolves the same input shapes" if constant else
+                    "the trace has no input shapes (record_shapes=True): check that the shapes do not change")
+    return Recommendation(
+        id="cudnn-benchmark",
+        title="Let cuDNN pick the fastest convolution algorithms (cudnn.benchmark)",
+        knobs={"cudnn_benchmark": True},
+        predicted_gain=0.1 * share * min(kernel_share, 1.0),
+        evidence=tuple(evidence),
+        code_change="torch.backends.cudnn.benchmark = True  # before the first step",
+        caveat="Each new input shape is autotuned again: keep shapes fixed (drop_last=True).",
         bound="compute",
     )

@@ -1,0 +1,237 @@
+"""The knobs that change the model and how torch runs it: `channels_last`, `compile`, `tf32` and
+`cudnn_benchmark`. Inside the trial only (torch imported lazily).
+
+They reach the model at its first call, through a global module forward pre-hook: the model exists by then
+(whether the script has a step function or only a loop), and the optimizer has no state yet, so nothing
+the first step made is left in the old layout. Each outermost module call of a module with parameters
+(the model; a GAN's two models each) is the place:
+
+- `channels_last`: the module's parameters move to `torch.channels_last` in place (the optimizer keeps the
+  same Parameter objects), and every 4-D floating-point tensor it is called with is made channels_last
+  before its forward, as a user writes `x.to(device, memory_format=torch.channels_last)`. A model without
+  2-D convolutions: not applicable, and said so.
+- `compile`: the module's forward becomes `torch.compile(forward)` from its next call on. The compile runs
+  in the first steps (before any measured window) and its cost is the trial's `compile_s`; graph breaks
+  and graphs are counted from dynamo's own counters. A compile that fails (the backend is unavailable, the
+  compiler refuses a construct) puts the eager forward back and the trial goes on: not applicable, with
+  the reason.
+- `tf32` (`torch.set_float32_matmul_precision("high")` and cuDNN's TF32 convolutions) and `cudnn_benchmark`
+  (`torch.backends.cudnn.benchmark = True`): process-wide, set at the same moment over what the script set
+  itself; on the CPU there is neither TF32 nor cuDNN: not applicable.
+
+`undo()` takes every change back (in-process trials run in the user's own notebook).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from advisor.trials.knobs import APPLIED, Knobs, not_applicable
+
+MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark")
+TF32_CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
+
+
+def has_conv2d(module: Any) -> bool:
+    """Whether the module holds a 2-D convolution (the layers channels_last changes)."""
+    import torch
+
+    kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
+    return any(isinstance(m, kinds) for m in module.modules())
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """An error raised by the compiler (dynamo, AOTAutograd, inductor), not by the user's code."""
+    return any(type(e).__module__.startswith(("torch._dynamo", "torch._inductor", "torch._functorch"))
+               for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+
+
+def compile_failure(exc: BaseException) -> str:
+    """The not-applicable outcome of a compile that failed: its error, one line."""
+    first = (str(exc).strip().splitlines() or [""])[0][:240]
+    return not_applicable(f"torch.compile failed: {type(exc).__name__}: {first}".rstrip(": "))
+
+
+def to_channels_last(value: Any) -> Any:
+    """4-D floating-point tensors (also inside tuples, lists and dicts) in channels_last memory format."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 4 and value.is_floating_point():
+            return value.contiguous(memory_format=torch.channels_last)
+        return value
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(to_channels_last(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_channels_last(v) for k, v in value.items()}
+    return value
+
+
+class ModelInterposition:
+    """channels_last, compile, TF32 and cudnn.benchmark, applied at the model's first call."""
+
+    def __init__(self, knobs: Knobs, device_type: str):
+        self.knobs = knobs
+        self.device_type = device_type
+        self.outcomes: dict[str, str] = {}
+        self.user: dict[str, Any] = {}  # the script's own values, for "from X to Y"
+        self.seen: set[int] = set()  # modules already given the knobs
+        self.depth = 0
+        self.compiled: list[tuple[Any, bool, Any]] = []  # (module, had its own forward, that forward)
+        self.layouts: list[Any] = []  # modules moved to channels_last
+        self.undo_stack = contextlib.ExitStack()
+        self.requested = any(getattr(knobs, name) for name in MODEL_KNOBS)
+        if self.requested and device_type != "cuda":
+            for name, why in (("tf32", "TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none"),
+                              ("cudnn_benchmark", "cuDNN autotuning needs a CUDA device")):
+                if getattr(knobs, name):
+                    self.outcomes[name] = not_applicable(why)
+
+    def install(self) -> None:
+        """Interpose for the trial: a global forward pre-hook (and post-hook, for the call depth)."""
+        if not self.requested:
+            return
+        from torch.nn.modules import module as module_hooks
+
+        pre = module_hooks.register_module_forward_pre_hook(self._forward_starts)
+        post = module_hooks.register_module_forward_hook(self._forward_ends, always_call=True)
+        self.undo_stack.callback(pre.remove)
+        self.undo_stack.callback(post.remove)
+
+    # --- at the model's first call -------------------------------------------------------------------
+
+    def _forward_starts(self, module: Any, args: tuple) -> Any:
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None  # traced into a compiled forward: the hooks ran where the model was called
+        self.depth += 1
+        if self.depth > 1:
+            return None
+        key = id(module)
+        if key not in self.seen and next(module.parameters(), None) is not None:
+            self.seen.add(key)
+            self._first_call(module)
+        if self.knobs.channels_last and any(m is module for m in self.layouts):
+            return to_channels_last(args)
+        return None
+
+    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
+        self.depth = max(0, self.depth - 1)
+
+    def _first_call(self, module: Any) -> None:
+        if len(self.seen) == 1:
+            self._process_wide()
+        if self.knobs.channels_last:
+            self._channels_last(module)
+        if self.knobs.compile:
+            self._compile(module)
+
+    def _process_wide(self) -> None:
+        import torch
+
+        if self.device_type != "cuda":
+            return
+        if self.knobs.tf32:
+            major = torch.cuda.get_device_capability()[0]
+            precision, allow = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+            self.user["tf32"] = precision != "highest"
+            if major < TF32_CAPABILITY:
+                self.outcomes["tf32"] = not_applicable(f"this GPU (compute capability {major}.x) has no TF32; "
+                                                       "Ampere (8.0) and later do")
+            else:
+                torch.set_float32_matmul_precision("high")
+                torch.backends.cudnn.allow_tf32 = True
+                self.undo_stack.callback(torch.set_float32_matmul_precision, precision)
+                self.undo_stack.callback(setattr, torch.backends.cudnn, "allow_tf32", allow)
+                self.outcomes["tf32"] = APPLIED
+        if self.knobs.cudnn_benchmark:
+            self.user["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+            self.undo_stack.callback(setattr, torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+            torch.backends.cudnn.benchmark = True
+            self.outcomes["cudnn_benchmark"] = APPLIED
+
+    def _channels_last(self, module: Any) -> None:
+        import torch
+
+        if not has_conv2d(module):
+            self.outcomes.setdefault("channels_last", not_applicable(
+                f"the model ({type(module).__name__}) has no 2-D convolutions: channels_last changes only them"))
+            return
+        conv = next(m for m in module.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
+        self.user["channels_last"] = conv.weight.is_contiguous(memory_format=torch.channels_last) \
+            and not conv.weight.is_contiguous()
+        module.to(memory_format=torch.channels_last)
+        self.layouts.append(module)
+        self.outcomes["channels_last"] = APPLIED
+
+    def _compile(self, module: Any) -> None:
+        import torch
+
+        self.user["compile"] = type(module).__name__ == "OptimizedModule" or \
+            getattr(module, "_compiled_call_impl", None) is not None
+        own = "forward" in module.__dict__
+        previous = module.__dict__.get("forward")
+        eager = module.forward
+        try:
+            compiled = torch.compile(eager)
+        except Exception as exc:  # e.g. dynamo does not support this Python
+            self.outcomes["compile"] = compile_failure(exc)
+            return
+        interposition = self
+
+        def forward(*args, **kwargs):
+            if "compile" in interposition.outcomes and interposition.outcomes["compile"] != APPLIED:
+                return eager(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as exc:
+                if not is_compile_error(exc):
+                    raise
+                interposition.outcomes["compile"] = compile_failure(exc)
+                return eager(*args, **kwargs)  # the trial goes on without the compiler
+
+        module.forward = forward
+        self.compiled.append((module, own, previous))
+        self.outcomes.setdefault("compile", APPLIED)
+
+    # --- after the steps ------------------------------------------------------------------------------
+
+    def outcomes_after_steps(self) -> dict[str, str]:
+        """Every requested knob's outcome: those no model call ever reached say so."""
+        out = dict(self.outcomes)
+        for name in MODEL_KNOBS:
+            if getattr(self.knobs, name) and name not in out:
+                out[name] = not_applicable("no module with parameters was called in the steps")
+        return out
+
+    def compile_record(self) -> dict[str, Any] | None:
+        """What the compiler did: graphs, graph breaks and their most frequent reasons (dynamo's counters)."""
+        if not self.knobs.compile or not self.compiled or self.outcomes.get("compile") != APPLIED:
+            return None
+        from torch._dynamo.utils import counters
+
+        breaks = counters.get("graph_break", {})
+        return {"graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
+                "graph_breaks": int(sum(breaks.values())),
+                "break_reasons": [reason.splitlines()[0][:200] for reason, _ in
+                                  sorted(breaks.items(), key=lambda kv: -kv[1])[:3]]}
+
+    def undo(self) -> None:
+        """Take every change back: hooks, forwards, layouts (an in-process trial's model is the user's)."""
+        import torch
+
+        self.undo_stack.close()
+        for module, own, forward in self.compiled:
+            if own:
+                module.forward = forward
+            else:
+                module.__dict__.pop("forward", None)
+        for module in self.layouts:
+            module.to(memory_format=torch.contiguous_format)
+        self.compiled, self.layouts = [], []

@@ -1,0 +1,118 @@
+"""The `fused_optimizer` knob: torch.optim optimizers built with `fused=True` (one kernel for the whole
+update), or `foreach=True` (a few kernels over tensor lists) where fused is not offered for the class or
+the parameters' device. Inside the trial only (torch imported lazily).
+
+Applied where the optimizer is built: the constructors of torch.optim's classes are wrapped for the trial,
+so the script's own `torch.optim.AdamW(model.parameters(), lr=...)` builds the fused one. A constructor
+that refuses fused (parameters on a device without fused kernels, a differentiable optimizer) is built
+again with foreach, then as the script asked; the parameters are listed once first, so a generator
+such as `model.parameters()` is not used up by the first attempt. An optimizer built before the trial
+(a notebook's) is not rebuilt: not applicable, and said so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from typing import Any
+
+from advisor.trials.knobs import APPLIED, Knobs, not_applicable
+from advisor.trials.gradients import patched_attribute
+
+
+def optimizer_classes() -> list[type]:
+    """torch.optim's optimizer classes whose constructor takes `fused` or `foreach`."""
+    import torch
+
+    found = []
+    for value in vars(torch.optim).values():
+        if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer:
+            names = inspect.signature(value.__init__).parameters
+            if "fused" in names or "foreach" in names:
+                found.append(value)
+    return found
+
+
+class FusedOptimizers:
+    """Builds the script's torch.optim optimizers fused (else foreach) for the trial; records what it did."""
+
+    def __init__(self, knobs: Knobs):
+        self.requested = bool(knobs.fused_optimizer)
+        self.built: list[dict[str, Any]] = []  # per optimizer: class, the user's fused/foreach, what ran
+        self.stack = contextlib.ExitStack()
+        self.depth = 0
+
+    def install(self) -> None:
+        """Wrap the constructors for the rest of the trial."""
+        if not self.requested:
+            return
+        for cls in optimizer_classes():
+            if "__init__" in vars(cls):
+                self.stack.enter_context(patched_attribute(cls, "__init__", self._constructor(cls.__init__)))
+
+    def undo(self) -> None:
+        """Put the constructors back."""
+        self.stack.close()
+
+    def _constructor(self, original: Any) -> Any:
+        names = inspect.signature(original).parameters
+        interposition = self
+
+        @functools.wraps(original)
+        def __init__(optimizer, params, *args, **kwargs):
+            # A subclass's constructor calling its base's (AdamW → Adam) passes fused on: the outermost decides.
+            if interposition.depth:
+                return original(optimizer, params, *args, **kwargs)
+            interposition.depth += 1
+            try:
+                return interposition._build(original, names, optimizer, params, args, kwargs)
+            finally:
+                interposition.depth -= 1
+
+        return __init__
+
+    def _build(self, original: Any, names: Any, optimizer: Any, params: Any, args: tuple, kwargs: dict) -> None:
+        params = list(params)
+        user = {"fused": kwargs.get("fused"), "foreach": kwargs.get("foreach")}
+        entry = {"class": type(optimizer).__name__, "user": user, "ran": None, "why": None}
+        self.built.append(entry)
+        if user["fused"]:
+            entry["ran"] = "fused"
+            entry["why"] = "the script builds it fused already"
+            return original(optimizer, params, *args, **kwargs)
+        attempts = []
+        if "fused" in names:
+            attempts.append(("fused", {**kwargs, "fused": True, "foreach": None}))
+        if "foreach" in names and not user["foreach"]:
+            attempts.append(("foreach", {**{k: v for k, v in kwargs.items() if k != "fused"}, "foreach": True}))
+        refusals = []
+        for name, attempt in attempts:
+            try:
+                original(optimizer, params, *args, **attempt)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                refusals.append(f"{name}: {(str(exc).strip().splitlines() or [''])[0][:160]}")
+                continue
+            entry["ran"] = name
+            return None
+        entry["why"] = "; ".join(refusals) or "the script already builds it with foreach=True"
+        return original(optimizer, params, *args, **kwargs)
+
+    def outcome(self) -> str | None:
+        """`applied` when an optimizer was built fused or foreach for the trial; else why not (None: not requested)."""
+        if not self.requested:
+            return None
+        if any(e["ran"] and e["why"] is None for e in self.built):
+            return APPLIED
+        if not self.built:
+            return not_applicable("no torch.optim optimizer was built in the trial (one built before it, or "
+                                  "another library's, is not rebuilt)")
+        return not_applicable(f"{self.built[0]['class']}: {self.built[0]['why']}")
+
+    def user_value(self) -> bool | None:
+        """Whether the script builds its (first) optimizer fused itself, or None when it built none."""
+        return bool(self.built[0]["user"]["fused"]) if self.built else None
+
+    def record(self) -> list[dict[str, Any]] | None:
+        """Per optimizer built: its class, the script's fused/foreach and which implementation ran."""
+        return [{k: e[k] for k in ("class", "user", "ran")} for e in self.built] or None
