@@ -25,9 +25,9 @@ from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
 from advisor.trials.measurement import Measurement, job, measure, noise
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
-    new_state, reference_row, save, trial_row
+    compile_payback, new_state, reference_row, save, trial_row
 from advisor.search.outputs import batch_notes, finish_outputs
-from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan
+from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan, turned
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.runner import TrialFailed, end_trial_processes, run_trial, trial_processes
 from advisor.trials.targets import absolute_step, absolute_target, parse_target
@@ -402,9 +402,12 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
                        addresses_bound=proposal.helps_now) if result.ok else None)
     row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
-    again = (decision is not None and decision.inconclusive and remeasure
+    refused = _not_applicable(row, proposal, state)
+    again = (decision is not None and decision.inconclusive and remeasure and refused is None
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
+    if refused is not None:
+        row.update(decision="not applicable", reason=refused)
     state["trials"].append(row)
     log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
     if again:
@@ -442,8 +445,7 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
                   space: SearchSpace) -> Proposal | None:
     """The move the candidate's own trace calls for next, made on top of it, as one change: the first
     proposal from the candidate (reverted changes included) that turns other knobs than `first` did."""
-    before = best_row(state)["knobs"]
-    turned = {k for k, v in first.knobs.to_dict().items() if v != before.get(k)} - {"persistent_workers"}
+    first_turned = turned(best_row(state)["knobs"], first.knobs)
     diagnosis = diagnose_trial(candidate)
     measurement = measure_record([trial_record(candidate.path)])
     bound = trial_bound(candidate.status, diagnosis, measurement)
@@ -453,8 +455,8 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
     ranked = sorted(propose(diagnosis, bound, candidate, state, options, space, retry_reverted=True),
                     key=lambda p: (not p.helps_now, p.recommendation not in advised, -p.predicted_gain))
     for p in ranked:
-        second = {k for k, v in p.knobs.to_dict().items() if v != base.get(k)} - {"persistent_workers"}
-        if second and not second & turned:
+        second = turned(base, p.knobs)
+        if second and not second & first_turned:
             return Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
                             f"{first.slug}-and-{p.slug}", p.knobs, first.predicted_gain + p.predicted_gain,
                             first.bound, first.helps_now)
@@ -535,6 +537,21 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     state["final_knobs"] = winner.knobs.to_dict()
     save(state)
     return winner
+
+
+def _not_applicable(row: dict[str, Any], proposal: Proposal, state: dict[str, Any]) -> str | None:
+    """Why the change could not be made at all (every knob it turns was not applicable), else None; a
+    compile's payback (steps until its compile time is saved) goes into the row on the way."""
+    before = best_row(state)
+    if row.get("compile") and row["compile"].get("compile_s") is not None:
+        row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], before, row)
+    knobs = turned(before["knobs"], proposal.knobs)
+    outcomes = row.get("outcomes") or {}
+    refused = [f"{k}: {outcomes[k].removeprefix('not applicable: ')}" for k in sorted(knobs)
+               if str(outcomes.get(k, "")).startswith("not applicable")]
+    if row["status"] != "ok" or not knobs or len(refused) < len(knobs):
+        return None
+    return "; ".join(refused)
 
 
 def _own_bound(result: TrialResult, measurement: Measurement):

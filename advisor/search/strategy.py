@@ -10,12 +10,17 @@ trial's bound are tried first:
                torch threads beside the workers (threads + workers within the cores)
     copy     → pin_memory and non_blocking, as one change (on an accelerator)
     host     → a larger batch (fewer, larger kernels per sample)
-    compute  → AMP (bf16 where the device computes it, else fp16 with a GradScaler)
+    compute  → AMP (bf16 where the device computes it, else fp16 with a GradScaler), channels_last
+               where convolutions take the step, torch.compile, TF32 where AMP did not pay (Ampere and
+               later), cuDNN autotuning for convolutions of fixed shapes; AMP with channels_last is the
+               pair that pays most together, and the pairing below finds it
+    host     → torch.compile (fused kernels), a fused optimizer where its step takes time
     communication → DistributedDataParallel's arguments (bucket size, bucket views), with several ranks
     memory   → the out-of-memory recovery plan (`recovery_plan`)
 
 Changes for other bounds follow, so that a full round over the knobs is tried before the session
-ends. No setting is measured twice (except to settle an inconclusive gain); a change reverted while one
+ends. A knob a trial found not applicable (channels_last on a model without convolutions, a compile
+that failed) is not proposed again. No setting is measured twice (except to settle an inconclusive gain); a change reverted while one
 bound held is tried again only once the bound has moved (and the base it would be applied to has
 changed with it). Candidate values come from a `SearchSpace`: free for live trials, or those a
 recorded surface holds. Pure functions over the session record.
@@ -60,6 +65,11 @@ class SearchSpace:
     batch_sizes: tuple[int, ...] | None = None
     amp: tuple[str, ...] | None = None
     pinned_copies: bool = True  # whether pin_memory + non_blocking can be tried at all
+    model_knobs: tuple[str, ...] | None = None  # channels_last, compile, ...: None = all (a surface holds none)
+
+    def allows(self, knob: str) -> bool:
+        """Whether the search may turn this model knob."""
+        return self.model_knobs is None or knob in self.model_knobs
 
 
 def surface_space(points: list[SurfacePoint]) -> SearchSpace:
@@ -70,6 +80,7 @@ def surface_space(points: list[SurfacePoint]) -> SearchSpace:
         batch_sizes=tuple(sorted(b for b in column["batch_size"] if isinstance(b, int))),
         amp=tuple(sorted(a for a in column["amp"] if a)),
         pinned_copies=any(p.settings[3] and p.settings[4] for p in points),
+        model_knobs=(),
     )
 
 
@@ -159,17 +170,36 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         threads_proposal(best.knobs, state, cores, accelerator),
         batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
         ddp_proposal(recs.get("ddp-buckets"), bound, best.knobs, options),
+        model_knob_proposal(recs.get("channels-last"), "channels_last", "channels_last", best.knobs, space),
+        compile_proposal(recs.get("cuda-graphs"), bound, best.knobs, space),
+        model_knob_proposal(recs.get("fused-optimizer"), "fused_optimizer", "fused optimizer", best.knobs, space),
+        tf32_proposal(recs.get("tf32"), recs.get("amp"), best.knobs, state, space),
+        model_knob_proposal(recs.get("cudnn-benchmark"), "cudnn_benchmark", "cudnn.benchmark", best.knobs, space),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
+    refused = not_applicable_knobs(state)
     out = []
     for p in found:
-        if p is None or knobs_key(p.knobs) in tried:
+        if p is None or knobs_key(p.knobs) in tried or turned(best.knobs, p.knobs) & refused:
             continue
         if (not retry_reverted and p.recommendation != "more-workers"
                 and reverted_under(state, p.recommendation, bound.name)):
             continue  # it did not help while this bound held; it is tried again once the bound moves
         out.append(dataclasses.replace(p, helps_now=bound.name is not None and p.bound == bound.name))
     return sorted(out, key=lambda p: (not p.helps_now, -p.predicted_gain))
+
+
+def turned(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any]) -> set[str]:
+    """The knobs a change turns (persistent_workers goes with num_workers and is not counted)."""
+    a = before.to_dict() if isinstance(before, Knobs) else before
+    b = after.to_dict() if isinstance(after, Knobs) else after
+    return {k for k, v in b.items() if v != a.get(k)} - {"persistent_workers"}
+
+
+def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
+    """The knobs an earlier trial of the session found not applicable to this script or device."""
+    return {k for t in state["trials"] for k, v in (t.get("outcomes") or {}).items()
+            if str(v).startswith("not applicable")}
 
 
 def reverted_under(state: dict[str, Any], recommendation: str, bound: str | None) -> bool:
@@ -249,6 +279,37 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
     if space.amp is not None and dtype not in space.amp:
         return None
     return Proposal("amp", f"AMP {dtype}", f"amp-{dtype}", dataclasses.replace(knobs, amp=dtype), gain, "compute")
+
+
+def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: SearchSpace) -> Proposal | None:
+    """A knob one rule advises and names the bound of: channels_last (convolutions), a fused optimizer (its
+    step's time), cudnn.benchmark (convolutions of fixed shapes)."""
+    if rec is None or getattr(knobs, knob) or not space.allows(knob):
+        return None
+    return Proposal(rec.id, change, knob.replace("_", "-"), dataclasses.replace(knobs, **{knob: True}),
+                    rec.predicted_gain, rec.bound)
+
+
+def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
+    """torch.compile: fused kernels for a compute- or launch-bound step. No rule predicts its gain on a
+    compute-bound step (it is measured, its compile time reported apart); on a launch-bound GPU step the
+    CUDA graphs rule's figure stands for it."""
+    if knobs.compile or not space.allows("compile") or (graphs is None and bound.name not in ("compute", "host")):
+        return None
+    gain = graphs.predicted_gain if graphs is not None else ROUND_GAIN
+    target = "host" if graphs is not None or bound.name == "host" else "compute"
+    return Proposal("compile", "torch.compile", "compile", dataclasses.replace(knobs, compile=True), gain, target)
+
+
+def tf32_proposal(rec: Any, amp: Any, knobs: Knobs, state: dict[str, Any], space: SearchSpace) -> Proposal | None:
+    """TF32 for fp32 matmuls off the Tensor Cores, once AMP was tried and not kept (or is not proposed):
+    AMP moves the same work further, so it goes first."""
+    if rec is None or knobs.tf32 or knobs.amp or not space.allows("tf32"):
+        return None
+    if amp is not None and not any(t.get("recommendation") == "amp" for t in state["trials"]):
+        return None
+    return Proposal("tf32", "TF32 matmuls", "tf32", dataclasses.replace(knobs, tf32=True), rec.predicted_gain,
+                    "compute")
 
 
 def ddp_proposal(rec: Any, bound: Bound, knobs: Knobs, options: Any) -> Proposal | None:

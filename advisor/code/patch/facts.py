@@ -50,6 +50,7 @@ class ScriptFacts:
     module_names: set[str] = field(default_factory=set)
     torch_bound: bool = False
     mentions_cuda: bool = False
+    optim_imports: set[str] = field(default_factory=set)  # names imported from torch.optim
 
     @classmethod
     def collect(cls, module: cst.Module) -> "ScriptFacts":
@@ -126,7 +127,7 @@ class _FactsVisitor(cst.CSTVisitor):
         super().__init__()
         self.facts = facts
         self.owners: list[str | None] = []  # class name, or None for a function, innermost last
-        self.optim_imports: set[str] = set()
+        self.optim_imports = facts.optim_imports
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:

@@ -13,6 +13,7 @@ import libcst as cst
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import rewrite_dataloaders
+from advisor.code.patch.model import model_changes, rewrite_inputs, rewrite_model
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
 from advisor.code.syntax import after_imports
@@ -84,6 +85,17 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     if ddp_changes(knobs, user_values):
         edited[script], ddp_notes = rewrite_ddp(edited.get(script) or module_of(script), knobs, user_values)
         notes += ddp_notes
+    changes = model_changes(knobs, user_values)
+    if changes:
+        edited[script], model_notes = rewrite_model(edited.get(script) or module_of(script), changes)
+        notes += model_notes
+    if changes.get("channels_last"):
+        placed = False
+        if target is not None:
+            edited[step_path], placed = rewrite_inputs(edited.get(step_path) or module_of(step_path), target)
+        if not placed:
+            notes.append("the batch the model takes is not made channels_last here (the model's first convolution "
+                         "converts it); to skip that copy: x = x.to(device, memory_format=torch.channels_last)")
     if knobs.threads and knobs.threads != user_values.get("threads"):
         base = edited.get(script) or module_of(script)
         edited[script] = add_threads(base, knobs.threads)

@@ -1,0 +1,218 @@
+"""The model knobs written where the script sets those things up: channels_last and torch.compile after the
+model is built (just before the optimizer is made from its parameters), `fused=True` (or `foreach=True`)
+where the optimizer is constructed, TF32 and cudnn.benchmark at the top of the training code (after the
+imports), as a user would write them by hand."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.code.patch.facts import ScriptFacts, is_optimizer_constructor
+from advisor.code.syntax import after_imports, dotted, keyword_arg, literal_value, put_keyword
+from advisor.trials.knobs import Knobs
+
+# torch.optim classes with a fused implementation (CUDA and CPU); the others take foreach=True.
+FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def model_changes(knobs: Knobs, user_values: dict) -> dict[str, bool]:
+    """The model knobs this patch turns on: those the trial turned and the script does not set already."""
+    names = ("channels_last", "compile", "fused_optimizer", "tf32", "cudnn_benchmark")
+    return {n: True for n in names if getattr(knobs, n) and not user_values.get(n)}
+
+
+def rewrite_model(module: cst.Module, changes: dict[str, bool]) -> tuple[cst.Module, list[str]]:
+    """The module with the model knobs written in; notes say what could not be placed."""
+    notes: list[str] = []
+    facts = ScriptFacts.collect(module)
+    if changes.get("channels_last") or changes.get("compile") or changes.get("fused_optimizer"):
+        rewrite = ModelSetup(changes, facts)
+        module = module.visit(rewrite)
+        if not rewrite.optimizers:
+            notes.append("no torch.optim optimizer is built in this file: "
+                         + "; ".join(what for knob, what in MANUAL.items() if changes.get(knob)))
+        elif (changes.get("channels_last") or changes.get("compile")) and not rewrite.model_placed:
+            notes.append("the model the optimizer is built from is not a plain name: "
+                         + "; ".join(what for knob, what in MANUAL.items() if changes.get(knob) and knob != "fused_optimizer"))
+    lines = []
+    if changes.get("tf32"):
+        lines += ['torch.set_float32_matmul_precision("high")  # fp32 matmuls as TF32 on Tensor Cores (Ampere+)',
+                  "torch.backends.cudnn.allow_tf32 = True  # and convolutions"]
+    if changes.get("cudnn_benchmark"):
+        lines.append("torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape")
+    if lines:
+        body = list(module.body)
+        index = after_imports(body)
+        new = [] if facts.torch_bound else [cst.parse_statement("import torch")]
+        new += [cst.parse_statement(line) for line in lines]
+        module = module.with_changes(body=[*body[:index], *new, *body[index:]])
+    return module, notes
+
+
+MANUAL = {
+    "channels_last": "after building the model: model = model.to(memory_format=torch.channels_last)",
+    "compile": "after building the model: model = torch.compile(model)",
+    "fused_optimizer": "build the optimizer with fused=True",
+}
+
+
+class ModelSetup(cst.CSTTransformer):
+    """Before the first optimizer built from `<model>.parameters()`: the model lines; in every optimizer
+    constructor: fused=True (foreach=True for classes without a fused kernel)."""
+
+    def __init__(self, changes: dict[str, bool], facts: ScriptFacts):
+        super().__init__()
+        self.changes = changes
+        self.facts = facts
+        self.optimizers = 0
+        self.model_placed = False
+
+    def _optimizer_call(self, statement: cst.BaseStatement) -> cst.Call | None:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return None
+        small = statement.body[0]
+        value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign, cst.Expr)) else None
+        if isinstance(value, cst.Call) and is_optimizer_constructor(value, self.facts.optim_imports):
+            return value
+        return None
+
+    def _model_name(self, call: cst.Call) -> str | None:
+        first = call.args[0].value if call.args and call.args[0].keyword is None else None
+        if isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute) \
+                and first.func.attr.value in ("parameters", "named_parameters"):
+            return dotted(first.func.value)
+        return None
+
+    def _statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for statement in body:
+            call = self._optimizer_call(statement)
+            if call is None:
+                out.append(statement)
+                continue
+            self.optimizers += 1
+            model = self._model_name(call)
+            if model is not None and not self.model_placed and (self.changes.get("channels_last")
+                                                                 or self.changes.get("compile")):
+                if self.changes.get("channels_last"):
+                    out.append(cst.parse_statement(
+                        f"{model} = {model}.to(memory_format=torch.channels_last)  # NHWC: faster convolutions"))
+                if self.changes.get("compile"):
+                    out.append(cst.parse_statement(
+                        f"{model} = torch.compile({model})  # compiles on the first steps; save "
+                        f"{model}._orig_mod.state_dict()"))
+                self.model_placed = True
+            if self.changes.get("fused_optimizer"):
+                statement = statement.visit(_Fused(call, self.facts))
+            out.append(statement)
+        return out
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self._statements(list(updated_node.body)))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self._statements(list(updated_node.body)))
+
+
+class _Fused(cst.CSTTransformer):
+    """fused=True (or foreach=True) in one optimizer constructor call."""
+
+    def __init__(self, call: cst.Call, facts: ScriptFacts):
+        super().__init__()
+        self.target = call
+        self.facts = facts
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if not original_node.deep_equals(self.target):
+            return updated_node
+        name = (dotted(original_node.func) or "").rsplit(".", 1)[-1]
+        option = "fused" if name in FUSED_CLASSES else "foreach"
+        if option == "fused" and keyword_arg(updated_node, "foreach") is not None:
+            known, value = literal_value(keyword_arg(updated_node, "foreach").value)
+            if known and value:  # fused and foreach=True together are refused
+                updated_node = put_keyword(updated_node, "foreach", cst.Name("None"))
+        return put_keyword(updated_node, option, cst.Name("True"))
+
+
+def rewrite_inputs(module: cst.Module, target: str) -> tuple[cst.Module, bool]:
+    """In the step function `target`: the batch the model is called with, made channels_last where it is moved
+    to the device (`x = x.to(device)` → `x = x.to(device, memory_format=torch.channels_last)`). Returns the
+    module and whether it found that line."""
+    rewrite = _InputLayout(target.rsplit(".", 1)[-1])
+    module = module.visit(rewrite)
+    return module, rewrite.done
+
+
+class _InputLayout(cst.CSTTransformer):
+    """The first name both moved with `.to(...)` in the function and called into as a first argument."""
+
+    def __init__(self, function: str):
+        super().__init__()
+        self.function = function
+        self.depth = 0
+        self.moved: set[str] = set()
+        self.fed: str | None = None
+        self.done = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node.name.value != self.function or self.done:
+            return self.depth > 0
+        self.depth += 1
+        self.moved, self.fed = set(), None
+        node.visit(_Collect(self))  # which name is moved, and fed to the model first
+        return True
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if original_node.name.value == self.function and self.depth:
+            self.depth -= 1
+        return updated_node
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if not self.depth or self.fed is None or self.done:
+            return updated_node
+        targets = [t.target for t in updated_node.targets]
+        value = updated_node.value
+        pairs = []
+        if len(targets) == 1 and isinstance(targets[0], cst.Tuple) and isinstance(value, cst.Tuple):
+            pairs = list(zip([e.value for e in targets[0].elements], [e.value for e in value.elements]))
+        elif len(targets) == 1:
+            pairs = [(targets[0], value)]
+        for name, moved in pairs:
+            if isinstance(name, cst.Name) and name.value == self.fed and _is_move(moved, self.fed):
+                new = put_keyword(moved, "memory_format", cst.parse_expression("torch.channels_last"))
+                self.done = True
+                if isinstance(value, cst.Tuple):
+                    elements = [e.with_changes(value=new) if e.value is moved else e for e in value.elements]
+                    return updated_node.with_changes(value=value.with_changes(elements=elements))
+                return updated_node.with_changes(value=new)
+        return updated_node
+
+
+def _is_move(node: cst.BaseExpression, name: str) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "to" \
+        and dotted(node.func.value) == name
+
+
+class _Collect(cst.CSTVisitor):
+    def __init__(self, owner: _InputLayout):
+        super().__init__()
+        self.owner = owner
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        for target in node.targets:
+            t = target.target
+            pairs = list(zip([e.value for e in t.elements], [e.value for e in value.elements])) \
+                if isinstance(t, cst.Tuple) and isinstance(value, cst.Tuple) else [(t, value)]
+            for name, moved in pairs:
+                if isinstance(name, cst.Name) and _is_move(moved, name.value):
+                    self.owner.moved.add(name.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.owner.fed is not None or not node.args or node.args[0].keyword is not None:
+            return
+        first = node.args[0].value
+        callee = dotted(node.func) or ""
+        if isinstance(first, cst.Name) and first.value in self.owner.moved and \
+                (isinstance(node.func, cst.Name) or callee.startswith("self.")):
+            self.owner.fed = first.value
