@@ -106,6 +106,8 @@ def test_image_classifier_via_cli(tmp_path, capsys):
     session = json.loads((out / "session.json").read_text())
     advised = {r["id"] for r in session["recommendations"]}
     assert session["bound"]["name"] in BOUNDS
+    # The baseline's row carries the bound it was diagnosed with (it was "-" beside a line naming it).
+    assert session["trials"][0]["bound"] == session["bound"]["name"]
     if session["bound"]["name"] == "input":  # the script loads on the training process (num_workers=0)
         assert "more-workers" in advised, session["recommendations"]
     assert not group_members(record["pid"])

@@ -231,7 +231,7 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     if baseline.ok and measurement.unit == "steps/s":
         state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "
                               "steps/s, and the batch-size and DataLoader knobs do not apply")
-    row = trial_row(0, baseline, record, None, state, measurement)
+    row = trial_row(0, baseline, record, None, state, measurement, _own_bound(baseline, measurement))
     row["decision"] = "baseline" if baseline.ok else "failed"
     row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
     row["speedup"] = 1.0 if baseline.ok else None
@@ -286,7 +286,7 @@ def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[st
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
         result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
-        row = trial_row(index, result, record, proposal, state, measurement)
+        row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
         if result.ok:
             row.update(decision="kept", reason="fits in memory", speedup=1.0)
             state["best"] = result.name
@@ -507,7 +507,7 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
         log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
         result, record, _ = _run(run, state, index, proposal, f"confirm-{row['name'][:2]}", log)
         pooled = measured(out, state, result, folders) if result.ok else None
-        new = trial_row(index, result, record, proposal, state, pooled, None)
+        new = trial_row(index, result, record, proposal, state, pooled, _own_bound(result, pooled))
         new.update(decision="measured" if result.ok else "failed",
                    reason=f"{row['name']} again, pooled with its earlier runs" if result.ok else
                    f"trial {result.status}: {result.message}")
