@@ -402,7 +402,7 @@ def next_steps(state: dict[str, Any], out: Path) -> list[tuple[str, list[str]]]:
     bound = state.get("bound") or {}
     if bound.get("name"):
         evidence = list(bound.get("evidence") or [])
-        steps.append((f"the best trial is still bound by its {bound.get('label') or bound['name']}"
+        steps.append((f"the best trial is still bound by {bound.get('label') or bound['name']}"
                       + (f": {evidence[0]}" if evidence else ""), []))
     use = state.get("core_use") or {}
     if use.get("all_used"):
