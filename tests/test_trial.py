@@ -80,13 +80,17 @@ def check_step_times_are_consistent(record):
     assert 0 < summary["median_call_s"] <= summary["median_step_s"] + 1e-6
 
 
-def test_image_classifier_via_cli(tmp_path, capsys):
+def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # as an 80-column terminal, or a pipe, gets it
     out = tmp_path / "run"
     code = cli.main(["profile", str(EXAMPLES / "image_classifier.py:train_step"), "--steps", "3", "--out", str(out),
                      "--device", "cpu", "--no-apply", "--", "--epochs", "5"])
     assert code == 0
     output = capsys.readouterr().out
     assert "Recommendations" in output  # the baseline's diagnosis
+    # Whole at 80 columns, and no progress display: the output is not a terminal.
+    assert "…" not in output and all(len(line) <= 80 for line in output.splitlines()), output
+    assert "Next:" in output and "s left" not in output and "warm-up" not in output
     folder = out / "trials" / "00-baseline"
     record = trial_record(folder)
     assert record["schema"] == SCHEMA and record["status"] == "ok"
