@@ -235,6 +235,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 def profile_command(args: argparse.Namespace) -> int:
     """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
     # The session's modules are torch-free but not small: imported for this command only.
+    from rich.console import Console
+
+    from advisor.report.progress import progress_display
     from advisor.report.terminal import print_session
     from advisor.search.session import diagnose_trial, run_session
     from advisor.search.state import SessionOptions, reference_row
@@ -276,9 +279,11 @@ def profile_command(args: argparse.Namespace) -> int:
     words = sys.argv[sys.argv.index("profile") + 1:] if "profile" in sys.argv else []
     command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
     # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
+    # On a terminal each trial shows its phase and the time left while it runs; elsewhere nothing extra.
+    console = Console()
     state = run_session(target, out, options, command=command, resume=bool(args.resume),
                         log=lambda m: print(m, flush=True), runner=runner, script=not replay, space=space,
-                        extra=extra)
+                        extra=extra, progress=progress_display(console))
     out = Path(state["_dir"])
     baseline = load_trial(out / state["trials"][0]["folder"])
     if args.no_apply:
@@ -287,7 +292,7 @@ def profile_command(args: argparse.Namespace) -> int:
         diagnosis = diagnose_trial(baseline)
         if diagnosis is not None:
             print_analysis([diagnosis])
-    print_session(state, out, reference_row(state))
+    print_session(state, out, reference_row(state), console)
     return 0
 
 

@@ -366,8 +366,12 @@ def test_the_cli_replays_under_noise_with_a_seed_and_refuses_a_bad_spread(tmp_pa
     runs = []
     for name in ("a", "b"):
         done = run_advisor("profile", "--replay", str(SURFACE), "--replay-noise", "0.05", "--seed", "4",
-                           "--max-trials", "4", "--out", str(tmp_path / name), timeout=300)
+                           "--max-trials", "4", "--out", str(tmp_path / name), timeout=300, env={"COLUMNS": "80"})
         assert done.returncode == 0, done.stderr[-2000:]
+        # Piped at 80 columns: the ladder is a list, nothing cut, no progress display.
+        lines = done.stdout[done.stdout.index("Ladder"):].splitlines()  # the log lines before it: the terminal's
+        assert "…" not in done.stdout and all(len(line) <= 80 for line in lines), done.stdout
+        assert " 00 baseline: baseline" in lines and "Next:" in lines, done.stdout
         state = json.loads((tmp_path / name / "session.json").read_text())
         assert state["replay_noise"] == 0.05 and state["replay_seed"] == 4
         runs.append([(t["change"], t["samples_per_s"]) for t in state["trials"]])

@@ -51,7 +51,10 @@ def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     # The script's static findings travel with the session into its report.
     assert "dataloader-num-workers" in {f["rule"] for f in saved["lint"]}
     assert 'id="lint"' in (out / "report.html").read_text()
+    assert saved["trials"][0]["bound"] in (*BOUNDS, None)  # the baseline's row has its own bound too
+    assert set(saved["core_use"]) == {"cores", "ranks", "workers", "threads", "all_used"}
     if saved["final_knobs"] and any(v is not None for v in saved["final_knobs"].values()):
+        assert saved["patch_root"] == str(ROOT)  # the patch's paths start at the repository's top
         check_patch_reproduces_settings(out, saved, tmp_path / "repo")
     else:  # nothing measured better on this machine: nothing to change
         assert saved["patch"] is None and not (out / "suggested.patch").exists()

@@ -80,13 +80,18 @@ def check_step_times_are_consistent(record):
     assert 0 < summary["median_call_s"] <= summary["median_step_s"] + 1e-6
 
 
-def test_image_classifier_via_cli(tmp_path, capsys):
+def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # as an 80-column terminal, or a pipe, gets it
     out = tmp_path / "run"
     code = cli.main(["profile", str(EXAMPLES / "image_classifier.py:train_step"), "--steps", "3", "--out", str(out),
                      "--device", "cpu", "--no-apply", "--", "--epochs", "5"])
     assert code == 0
     output = capsys.readouterr().out
     assert "Recommendations" in output  # the baseline's diagnosis
+    # Whole at 80 columns, and no progress display: the output is not a terminal.
+    summary = output[output.index("Ladder"):].splitlines()  # the log lines before it are the terminal's to wrap
+    assert "…" not in output and all(len(line) <= 80 for line in summary), output
+    assert "Next:" in output and "s left" not in output and "warm-up" not in output
     folder = out / "trials" / "00-baseline"
     record = trial_record(folder)
     assert record["schema"] == SCHEMA and record["status"] == "ok"
@@ -106,6 +111,8 @@ def test_image_classifier_via_cli(tmp_path, capsys):
     session = json.loads((out / "session.json").read_text())
     advised = {r["id"] for r in session["recommendations"]}
     assert session["bound"]["name"] in BOUNDS
+    # The baseline's row carries the bound it was diagnosed with (it was "-" beside a line naming it).
+    assert session["trials"][0]["bound"] == session["bound"]["name"]
     if session["bound"]["name"] == "input":  # the script loads on the training process (num_workers=0)
         assert "more-workers" in advised, session["recommendations"]
     assert not group_members(record["pid"])

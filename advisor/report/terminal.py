@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -30,6 +34,56 @@ def _text(text: object, style: str | None = None) -> Text:
 def _row(table: Table, *cells: object) -> None:
     """A table row of plain (escaped, never markup) cells."""
     table.add_row(*(c if isinstance(c, Text) else _text(c) for c in cells))
+
+
+def fits(table: Table, console: Console) -> bool:
+    """Whether the table fits the console's width with every header and cell whole (wrapped at spaces at
+    most): rich would otherwise cut them with '…' (an 80-column terminal, or output piped to a file)."""
+    unbounded = console.options.update_width(10**6)  # rich clamps a measurement to the width it is given
+    return console.measure(table, options=unbounded).minimum <= console.width
+
+
+def _indented(text: Text, indent: int) -> Padding:
+    """Text whose wrapped lines keep its indentation."""
+    return Padding(text, (0, 0, 0, indent), expand=False)
+
+
+def _hanging(marker: str, text: Text) -> Table:
+    """`marker` then the text, whose wrapped lines hang under the text (' 1. title', '    - evidence')."""
+    grid = Table.grid(padding=(0, 1, 0, 0))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(_text(marker), text)
+    return grid
+
+
+def print_table(table: Table, headings: list[str], rows: list[list[str]], console: Console) -> None:
+    """The table where it fits whole; where it does not, the same cells as a list: each row's first cell
+    as its heading, then its other cells as 'column value', wrapped under it."""
+    if fits(table, console):
+        console.print(table)
+        return
+    if table.title:
+        console.print(_text(str(table.title), style="italic"))
+    for row in rows:
+        console.print(_indented(_text(row[0], style="bold"), 1))
+        console.print(_indented(_text(", ".join(_pair(h, v) for h, v in zip(headings[1:], row[1:]))), 4))
+
+
+def _pair(heading: str, value: str) -> str:
+    """A cell in a list: 'bound input', and the unit after the value: 'step 55.57 ms'."""
+    name, _, unit = heading.rpartition(" ")
+    return f"{name} {value} {unit}" if name and unit in ("ms", "MiB") else f"{heading} {value}"
+
+
+def print_heading(title: str, console: Console) -> None:
+    """A section's rule with its title, or a plain rule and the title under it where the title is too
+    long for the rule (rich would cut it)."""
+    if cell_len(for_terminal(title)) + 6 <= console.width:
+        console.rule(_text(title))
+    else:
+        console.rule()
+        console.print(_text(title, style="bold"))
 
 
 def role_labels(d: Diagnosis) -> dict[str, str]:
@@ -159,7 +213,7 @@ def print_recommendations(d: Diagnosis | Job, console: Console) -> None:
         return
     console.print(_text("Recommendations, best first:", style="bold"))
     for i, r in enumerate(d.recommendations, 1):
-        line = _text(f" {i}. ")
+        line = _text("")
         line.append(for_terminal(r.title), style="bold")
         if r.predicted_gain:
             line.append(f"  (~{100 * r.predicted_gain:.1f}% of step time)", style="cyan")
@@ -167,11 +221,11 @@ def print_recommendations(d: Diagnosis | Job, console: Console) -> None:
             line.append("  (memory)", style="magenta")
         if not r.helps_now:
             line.append(for_terminal(f"  helps once {r.helps_once} is fixed"), style="yellow")
-        console.print(line)
+        console.print(_hanging(f" {i}.", line))
         for e in r.evidence:
-            console.print(_text(f"    - {e}"))
+            console.print(_hanging("    -", _text(e)))
         if r.caveat:
-            console.print(_text(f"    note: {r.caveat}", style="dim"))
+            console.print(_indented(_text(f"note: {r.caveat}", style="dim"), 4))
 
 
 def trace_label(d: Diagnosis) -> str:
@@ -185,7 +239,7 @@ def trace_label(d: Diagnosis) -> str:
 
 def print_diagnosis(d: Diagnosis, console: Console) -> None:
     """One trace's section."""
-    console.rule(_text(trace_label(d)))
+    print_heading(trace_label(d), console)
     console.print(_text(f"Device: {device_line(d)}"))
     rank = rank_line(d)
     if rank:
@@ -213,25 +267,30 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
         console.print(_text(f"Not in this trace: {m}", style="dim"))
 
 
-def ranks_table(job: Job) -> Table:
-    """The ranks side by side: step, own time, waiting in collectives, DataLoader, compute, bound."""
+def ranks_table(job: Job) -> tuple[Table, list[str], list[list[str]]]:
+    """The ranks side by side: step, own time, waiting in collectives, DataLoader, compute, bound (the
+    table, its headings and its rows, for `print_table`)."""
     t = Table(title=f"Ranks side by side ({job.backend or 'unknown backend'}, world size {job.world_size})",
               title_justify="left")
-    for col in ("rank", "step ms", "own ms", "waits in collectives ms", "DataLoader ms", "compute ms", "bound"):
+    headings = ["rank", "step ms", "own ms", "waits in collectives ms", "DataLoader ms", "compute ms", "bound"]
+    for col in headings:
         t.add_column(col, justify="left" if col in ("rank", "bound") else "right")
     straggler = job.straggler.rank if job.straggler else None
+    rows = []
     for d in job.ranks:
         rank = rank_of(d)
-        _row(t, f"{rank}" + ("  ← straggler" if rank == straggler else ""), f"{d.step_time_us / 1000:.2f}",
-             f"{own_us(d) / 1000:.2f}", f"{exposed_us(d) / 1000:.2f}", f"{d.breakdown_us['dataloader'] / 1000:.2f}",
-             f"{compute_us(d) / 1000:.2f}", d.bound or "n/a")
-    return t
+        rows.append([f"{rank}" + ("  ← straggler" if rank == straggler else ""), f"{d.step_time_us / 1000:.2f}",
+                     f"{own_us(d) / 1000:.2f}", f"{exposed_us(d) / 1000:.2f}",
+                     f"{d.breakdown_us['dataloader'] / 1000:.2f}", f"{compute_us(d) / 1000:.2f}", d.bound or "n/a"])
+        _row(t, *rows[-1])
+    rows = [[f"rank {row[0]}", *row[1:]] for row in rows]  # a list's heading names what the number is
+    return t, headings, rows
 
 
 def print_job(job: Job, console: Console) -> None:
     """A data-parallel job: its ranks side by side, the straggler, the verdict and the job's advice."""
-    console.rule(_text(f"Data-parallel job: {job.source}"))
-    console.print(ranks_table(job))
+    print_heading(f"Data-parallel job: {job.source}", console)
+    print_table(*ranks_table(job), console)
     if job.missing_ranks:
         console.print(_text(f"Ranks without a trace here: {', '.join(map(str, job.missing_ranks))}", style="dim"))
     console.print(_text(f"Job: {job.verdict}", style="bold"))
@@ -249,20 +308,40 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, s
         print_diagnosis(d, console)
     if len(diagnoses) > 1:
         t = Table(title="Summary", title_justify="left")
-        for col in ("trace", "steps", "mean step", "bound", "GPU util", "DataLoader", "top recommendation"):
+        headings = ["trace", "steps", "mean step", "bound", "GPU util", "DataLoader", "top recommendation"]
+        for col in headings:
             t.add_column(col)
+        rows = []
         for d in diagnoses:
             top = d.recommendations[0].id if d.recommendations else "none"
-            _row(t, _text(trace_label(d)), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms",
-                      d.bound or "n/a", _pct(d.gpu_utilization), _pct(d.dataloader_share), top)
-        console.print(t)
+            rows.append([trace_label(d), str(len(d.steps)), f"{d.step_time_us / 1000:.1f} ms", d.bound or "n/a",
+                         _pct(d.gpu_utilization), _pct(d.dataloader_share), top])
+            _row(t, *rows[-1])
+        print_table(t, headings, rows, console)
     for job in jobs_of(diagnoses) if jobs is None else jobs:
         print_job(job, console)
 
 
 # --- a session: the ladder of trials, the final settings -------------------------------------------
 
-def ladder_table(state: dict[str, Any]):
+LADDER_HEADINGS = ("#", "change", "batch", "peak MiB", "step ms", "samples/s", "±95%", "speed-up", "bound",
+                   "decision")
+
+
+def ladder_cells(row: dict[str, Any]) -> list[str]:
+    """One trial's row of the ladder as text, in the order of LADDER_HEADINGS ('-' where not measured)."""
+    mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
+    step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
+    sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
+    interval = row.get("interval")
+    spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
+              if interval and row.get("samples_per_s") else "-")
+    speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
+    return [f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, spread, speed,
+            row.get("bound") or "-", row["decision"] or "-"]
+
+
+def ladder_table(state: dict[str, Any]) -> Table:
     """The ladder as a rich table: one row per trial."""
     t = Table(title="Ladder (one row per trial)", title_justify="left")
     t.add_column("#", justify="right")
@@ -272,31 +351,87 @@ def ladder_table(state: dict[str, Any]):
     t.add_column("bound")
     t.add_column("decision")
     for row in state["trials"]:
-        mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
-        step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
-        sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
-        interval = row.get("interval")
-        spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
-                  if interval and row.get("samples_per_s") else "-")
-        speed = f"×{row['speedup']:.2f}" if row.get("speedup") else "-"
-        t.add_row(f"{row['index']:02d}", row["change"], str(row.get("batch_size") or "-"), mem, step, sps, spread,
-                  speed, row.get("bound") or "-", row["decision"] or "-")
+        _row(t, *ladder_cells(row))
     return t
 
 
-def print_session(state: dict[str, Any], out: Path, reference: dict | None) -> None:
-    """Ladder, final settings, outputs (`reference`: the trial row speed-ups are measured against)."""
-    console = Console()
-    console.print(ladder_table(state))
+def ladder_item(row: dict[str, Any], unit: str) -> tuple[Text, Text]:
+    """One trial of the ladder as a list item (where the table does not fit): '00 baseline: baseline', then
+    '204.5 samples/s ±2%, ×1.00; step 155.8 ms, batch 32, peak 370 MiB; bound input'."""
+    index, change, batch, mem, step, sps, spread, speed, bound, decision = ladder_cells(row)
+    heading = _text(f"{index} ", style="bold")
+    heading.append(for_terminal(change), style="bold")
+    heading.append(for_terminal(f": {decision}"))
+    rate = f"{sps} {unit}" + (f" ±{spread}" if spread != "-" else "")
+    parts = [rate if sps != "-" else f"{row.get('status')}", speed,
+             f"step {step} ms" if step != "-" else "-", f"batch {batch}" if batch != "-" else "-",
+             f"peak {mem} MiB" if mem != "-" else "-", f"bound {bound}" if bound != "-" else "-"]
+    return heading, _text(", ".join(p for p in parts if p != "-"))
+
+
+def print_ladder(state: dict[str, Any], console: Console) -> None:
+    """The ladder: a table where it fits whole, else a list of the same figures (80 columns, a pipe)."""
+    table = ladder_table(state)
+    if fits(table, console):
+        console.print(table)
+        return
+    console.print(_text(str(table.title), style="italic"))
+    for row in state["trials"]:
+        heading, figures = ladder_item(row, state.get("unit") or "samples/s")
+        console.print(_indented(heading, 1))
+        console.print(_indented(figures, 4))
+
+
+def next_steps(state: dict[str, Any], out: Path) -> list[tuple[str, list[str]]]:
+    """What to do once the session is over, each with the commands to run: apply the patch (how, from
+    where), what still binds the best trial, whether its processes already take every core, and where
+    the report is. From the record only."""
+    steps: list[tuple[str, list[str]]] = []
+    patch, root = state.get("patch"), state.get("patch_root")
+    if patch and root:
+        steps.append(("apply the kept settings to your code, from the folder the patch's paths start in:",
+                      [f"cd {shlex.quote(str(root))}",
+                       f"patch -p1 < {shlex.quote(os.path.relpath(out / patch, root))}"]))
+    elif patch:  # a session recorded before the patch's folder was
+        steps.append(("apply the kept settings to your code, from the folder the patch's paths start in:",
+                      [f"patch -p1 < {shlex.quote(str(out / patch))}"]))
+    elif any(v is not None for v in (state.get("final_knobs") or {}).values()):
+        steps.append(("make the settings above in your code (there is no patch: see the notes)", []))
+    else:
+        steps.append(("nothing to change: your own settings measured fastest", []))
+    bound = state.get("bound") or {}
+    if bound.get("name"):
+        evidence = list(bound.get("evidence") or [])
+        steps.append((f"the best trial is still bound by {bound.get('label') or bound['name']}"
+                      + (f": {evidence[0]}" if evidence else ""), []))
+    use = state.get("core_use") or {}
+    if use.get("all_used"):
+        ranks = f" in each of {use['ranks']} ranks" if (use.get("ranks") or 1) > 1 else ""
+        more = ("; more workers would take cores from the training process: make each sample cheaper to load, "
+                "or use a machine with more cores" if bound.get("name") == "input" else "")
+        steps.append((f"all {use['cores']} CPU cores are in use: {use['workers']} DataLoader worker(s) and "
+                      f"{use['threads']} torch thread(s){ranks}{more}", []))
+    if (out / "report.html").exists():
+        steps.append((f"the full report: {out / 'report.html'}", []))
+    return steps
+
+
+def print_session(state: dict[str, Any], out: Path, reference: dict | None, console: Console | None = None) -> None:
+    """Ladder, final settings, notes and what to do next (`reference`: the trial row speed-ups are measured
+    against)."""
+    console = console or Console()
+    print_ladder(state, console)
     final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
     against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
         f"{reference['name']}, the first configuration that fitted")
     unit = state.get("unit") or "samples/s"
     speed = f"×{state['speedup']:.2f} {unit} over {against}" if state.get("speedup") else "no speed-up"
-    console.print(Text(f"Best: {state['best']} ({speed}); settings: "
-                       + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
+    console.print(_text(f"Best: {state['best']} ({speed}); settings: "
+                        + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
     for note in state["notes"]:
-        console.print(Text(f"note: {note}", style="dim"))
-    for name in ("suggested.patch", "report.html"):
-        if (out / name).exists():
-            console.print(Text(f"{name}: {out / name}"))
+        console.print(_hanging("note:", _text(note, style="dim")))
+    console.print(_text("Next:", style="bold"))
+    for step, commands in next_steps(state, out):
+        console.print(_hanging("  -", _text(step)))
+        for command in commands:  # one line each, never wrapped, so that it can be copied whole
+            console.print(_text(f"      {command}", style="bold"), soft_wrap=True)

@@ -53,6 +53,20 @@ def step_function(state: dict[str, Any], script: Path) -> tuple[str | None, Path
     return name, Path(file)
 
 
+def core_use(state: dict[str, Any]) -> dict[str, Any] | None:
+    """How the best settings share the CPU: DataLoader workers and torch threads per rank, against the cores
+    the baseline saw ("all_used": they take every core). None where the record lacks a figure."""
+    cores = ((state.get("device") or {}).get("cpu") or {}).get("logical_cores")
+    final, user = state.get("final_knobs") or {}, state.get("user_values") or {}
+    workers = final.get("num_workers") if final.get("num_workers") is not None else user.get("num_workers")
+    threads = final.get("threads") or user.get("threads")
+    if not cores or workers is None or not threads:
+        return None
+    ranks = max(1, int((state.get("options") or {}).get("nproc_per_node") or 1))
+    return {"cores": cores, "ranks": ranks, "workers": workers, "threads": threads,
+            "all_used": ranks * (workers + threads) >= cores}
+
+
 def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
     final = Knobs.from_dict(state["final_knobs"] or {})
@@ -77,6 +91,8 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
             state["notes"].append(f"no suggested.patch: {exc}")
             written = None
         state["patch"] = None if written is None else os.path.relpath(written, out)
+        state["patch_root"] = None if written is None else str(repository_root(script))  # where `patch -p1` runs
+    state["core_use"] = core_use(state)
     save(state)  # the report reads session.json: it must already name the patch
     from advisor.report import write_report, write_tensorboard
 

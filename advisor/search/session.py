@@ -95,7 +95,8 @@ def lint_script(script: Path) -> list[dict] | None:
 def run_session(target: str, out: Path, options: SessionOptions, *, command: str = "", resume: bool = False,
                 log: Callable[[str], None] = print, runner: TrialRunner | None = None,
                 script: bool = True, space: SearchSpace | None = None,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                extra: dict[str, Any] | None = None,
+                progress: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the session until a full round over the knobs keeps nothing or the budget is
     spent; return the record.
 
@@ -103,7 +104,8 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     its own process; a replay serves recorded ones; a runner whose `remeasure` is False cannot measure
     a setting twice). `script=False`: the target only names a step (e.g. "<notebook>:train_step"), so
     there is no script to check or patch. `space`: the values the search may give each knob (those a
-    recorded surface holds); `extra`: fields added to a new session record.
+    recorded surface holds); `extra`: fields added to a new session record; `progress`: told where each
+    trial of the subprocess runner is while it runs (`run_trial`'s `on_progress`).
     """
     out = Path(out).resolve()
     if resume and not out.is_dir():
@@ -113,7 +115,7 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     created = not out.exists()
     lock = lock_session(out)  # one session at a time per folder, for as long as this one runs
     try:
-        return _run_locked(target, out, options, command, resume, log, runner, script, space, extra)
+        return _run_locked(target, out, options, command, resume, log, runner, script, space, extra, progress)
     finally:
         os.close(lock)
         if not (out / SESSION_FILE).exists():  # it failed before it began: leave nothing behind
@@ -122,7 +124,7 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
 
 def _run_locked(target: str, out: Path, options: SessionOptions, command: str, resume: bool,
                 log: Callable[[str], None], runner: TrialRunner | None, script: bool, space: SearchSpace | None,
-                extra: dict[str, Any] | None) -> dict[str, Any]:
+                extra: dict[str, Any] | None, progress: Callable[[Any], None] | None = None) -> dict[str, Any]:
     if resume:
         state = load_state(out)
         if state.get("status") == "done":  # nothing to resume: say so, and leave the record as it is
@@ -147,7 +149,7 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     log(options.budget_text())
     started = time.monotonic()
     try:
-        _sequence(runner or subprocess_runner(target, out, options, state), out, options, state, started, log,
+        _sequence(runner or subprocess_runner(target, out, options, state, progress), out, options, state, started, log,
                   space or SearchSpace())
     except KeyboardInterrupt:
         state["status"] = "interrupted"
@@ -173,7 +175,8 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     return state
 
 
-def subprocess_runner(target: str, out: Path, options: SessionOptions, state: dict[str, Any]) -> TrialRunner:
+def subprocess_runner(target: str, out: Path, options: SessionOptions, state: dict[str, Any],
+                      progress: Callable[[Any], None] | None = None) -> TrialRunner:
     """Trials of the script in fresh subprocesses (the CLI's way), in `out/trials/<name>`; the DataLoader
     knobs go to the training loader the baseline found. The trial in flight is in the record (its
     process and token), so that `--resume` after a kill can end what it left behind."""
@@ -190,7 +193,8 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                              script_args=options.script_args, timeout_s=options.timeout_s,
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
-                             nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args)
+                             nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
+                             on_progress=progress)
         finally:
             state["running_trial"] = None
 
@@ -231,7 +235,7 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     if baseline.ok and measurement.unit == "steps/s":
         state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "
                               "steps/s, and the batch-size and DataLoader knobs do not apply")
-    row = trial_row(0, baseline, record, None, state, measurement)
+    row = trial_row(0, baseline, record, None, state, measurement, _own_bound(baseline, measurement))
     row["decision"] = "baseline" if baseline.ok else "failed"
     row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
     row["speedup"] = 1.0 if baseline.ok else None
@@ -286,7 +290,7 @@ def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[st
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
         result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
-        row = trial_row(index, result, record, proposal, state, measurement)
+        row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
         if result.ok:
             row.update(decision="kept", reason="fits in memory", speedup=1.0)
             state["best"] = result.name
@@ -509,7 +513,7 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
         log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
         result, record, _ = _run(run, state, index, proposal, f"confirm-{row['name'][:2]}", log)
         pooled = measured(out, state, result, folders) if result.ok else None
-        new = trial_row(index, result, record, proposal, state, pooled, None)
+        new = trial_row(index, result, record, proposal, state, pooled, _own_bound(result, pooled))
         new.update(decision="measured" if result.ok else "failed",
                    reason=f"{row['name']} again, pooled with its earlier runs" if result.ok else
                    f"trial {result.status}: {result.message}")

@@ -16,6 +16,8 @@ session.json (schema "advisor.session/1"):
                  "predicted_gain", "noise", "tried_under" (the best trial's bound when this was tried),
                  "helps_now" (whether the change addresses that bound), "bound" (this trial's own bound)}],
      "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null,
+     "patch_root": the folder `patch -p1 < suggested.patch` runs in | null (absent before it was recorded),
+     "core_use": {"cores", "ranks", "workers", "threads", "all_used"} of the best settings | null (absent before),
      "lint": [advisor lint findings on the script] | null,
      "pooled": {trial name: [folders of earlier runs of the same settings, measured together with it]},
      "running_trial": {"name", "pid", "token"} of the trial in flight (a killed session's --resume ends it) | null}

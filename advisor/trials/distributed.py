@@ -39,9 +39,10 @@ def rank_of(environ: Any = os.environ) -> tuple[int, int]:
 def rank_files(world_size: int, rank: int) -> dict[str, str]:
     """The names of one rank's files in the trial folder (the plain names for a single process)."""
     if world_size <= 1:
-        return {"steps": "steps.jsonl", "result": "harness.json", "worker": "trial", "crash": "crash.txt"}
+        return {"steps": "steps.jsonl", "result": "harness.json", "worker": "trial", "crash": "crash.txt",
+                "schedule": "schedule.json"}
     return {"steps": f"steps.rank{rank}.jsonl", "result": f"harness.rank{rank}.json", "worker": f"trial_rank{rank}",
-            "crash": f"crash.rank{rank}.txt"}
+            "crash": f"crash.rank{rank}.txt", "schedule": f"schedule.rank{rank}.json"}
 
 
 def native_crash(folder: Path, world_size: int, rank: int) -> str | None:

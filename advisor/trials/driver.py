@@ -29,7 +29,7 @@ from advisor.trials.interposition import StepInterposition
 from advisor.trials.loaders import LoaderRecord, LoaderTracker, leading_dimension
 from advisor.trials.schedule import StepSchedule
 from advisor.trials.step_memory import StepMemory
-from advisor.trials.storage import dumps
+from advisor.trials.storage import dumps, write_json_atomic
 
 STEPS_FILE = "steps.jsonl"
 
@@ -193,6 +193,8 @@ class StepDriver:
         fed = self.tracker.last or (self.loader_records[-1] if self.loader_records else None)
         effective = fed.effective if fed is not None else {}
         self.schedule.add_queue(effective.get("num_workers") or 0, effective.get("prefetch_factor"))
+        # The schedule as sized now, for the parent's progress display (advisor.trials.progress).
+        write_json_atomic(self.out_dir / self.files["schedule"], self.schedule.to_dict())
         self.user_threads = torch.get_num_threads()
         if self.knobs.threads:
             torch.set_num_threads(self.knobs.threads)  # over what the script may have set itself

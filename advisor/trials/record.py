@@ -431,7 +431,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["times"].update(ended_at=ended, duration_s=ended - started)
     write_json_atomic(out / TRIAL_FILE, record)
     for rank in range(world_size):
-        for name in ("result", "steps"):
+        for name in ("result", "steps", "schedule"):  # all in trial.json now (the schedule as it ran)
             (out / rank_files(world_size, rank)[name]).unlink(missing_ok=True)
         crash = out / rank_files(world_size, rank)["crash"]
         if crash.exists() and not crash.stat().st_size:  # kept only where a rank crashed

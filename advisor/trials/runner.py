@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from advisor.errors import AdvisorError
 from advisor.trials.distributed import crash_message, rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
+from advisor.trials.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
 from advisor.trials.storage import write_json_atomic
@@ -146,6 +147,7 @@ def run_trial(
     on_start: Callable[[int, str], None] | None = None,
     nproc_per_node: int = 1,
     torchrun_args: Sequence[str] = (),
+    on_progress: Callable[[TrialProgress], None] | None = None,
 ) -> TrialResult:
     """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
 
@@ -153,7 +155,9 @@ def run_trial(
     function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
     `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
     DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
-    (the session records both, to end a trial its killed predecessor left behind). `nproc_per_node` > 1:
+    (the session records both, to end a trial its killed predecessor left behind). `on_progress(progress)`:
+    called about every PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time
+    left (`advisor.trials.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
     a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
     several nodes), each profiled (`advisor.trials.distributed`).
 
@@ -196,7 +200,7 @@ def run_trial(
     record["nproc_per_node"] = nproc_per_node
     for attempt in range(1 + NATIVE_CRASH_RETRIES):
         code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
-                            started=started, nproc_per_node=nproc_per_node)
+                            started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
         crash = crash_message(out, nproc_per_node)
         if crash is None or record["status"] != "running" or attempt == NATIVE_CRASH_RETRIES:
             break
@@ -326,7 +330,7 @@ def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_arg
 
 def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, record: dict[str, Any], *,
                  timeout_s: float, on_start: Callable[[int, str], None] | None, started: float,
-                 nproc_per_node: int) -> int:
+                 nproc_per_node: int, on_progress: Callable[[TrialProgress], None] | None = None) -> int:
     """Start the trial's process (its pid into the record), wait for it up to its time limit (then status
     "timeout"), end every process of the trial, and return its exit code. Ctrl-C (or SIGTERM) ends them,
     completes the record as "interrupted" and re-raises KeyboardInterrupt."""
@@ -348,7 +352,7 @@ def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, 
         if on_start is not None:
             on_start(proc.pid, record["token"])
         try:
-            proc.wait(timeout=timeout_s)
+            _wait(proc, timeout_s, on_progress and _progress_watch(out, record, nproc_per_node), on_progress)
         except subprocess.TimeoutExpired:
             end_trial_processes(proc.pid, record["token"])
             proc.wait()
@@ -370,6 +374,36 @@ def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, 
     return proc.returncode
 
 
+PROGRESS_POLL_S = 0.25  # how often a running trial's progress is read, when someone asks for it
+
+
+def _progress_watch(out: Path, record: dict[str, Any], nproc_per_node: int) -> ProgressWatch:
+    """A watch on the trial's first rank's steps and schedule files."""
+    names = rank_files(nproc_per_node, 0)
+    return ProgressWatch(record["name"], out / names["steps"], out / names["schedule"], record["schedule"])
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, watch: ProgressWatch | None,
+          on_progress: Callable[[TrialProgress], None] | None) -> None:
+    """Wait for the trial's process up to its time limit (subprocess.TimeoutExpired past it), telling
+    `on_progress` where the trial is as it goes, and "done" once it has ended however it ended."""
+    if watch is None or on_progress is None:
+        proc.wait(timeout=timeout_s)
+        return
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            on_progress(watch.poll())
+            try:
+                proc.wait(timeout=max(0.0, min(PROGRESS_POLL_S, deadline - time.monotonic())))
+                return
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+    finally:
+        on_progress(watch.poll(finished=True))
+
+
 def _set_attempt_aside(out: Path, world_size: int, attempt: int) -> None:
     """Clear the trial folder for another run after a native crash: the crashed run's log is kept beside
     (output.attempt1.log), its traces and per-rank files go, so that the trial holds one run's figures."""
@@ -377,7 +411,7 @@ def _set_attempt_aside(out: Path, world_size: int, attempt: int) -> None:
     for trace in out.glob("*.pt.trace.json*"):
         trace.unlink()
     for rank in range(world_size):
-        for name in ("result", "steps", "crash"):
+        for name in ("result", "steps", "crash", "schedule"):
             (out / rank_files(world_size, rank)[name]).unlink(missing_ok=True)
 
 

@@ -1,0 +1,141 @@
+"""What a user sees on a terminal and in a pipe: a running trial's phases and time left (a real short CPU
+trial), and the session's ladder, its next steps and `advisor analyze` at 80 columns, whole (no '…')."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+from rich.cells import cell_len
+from rich.console import Console
+
+from advisor.report.progress import TrialProgressDisplay, progress_display
+from advisor.report.terminal import print_session
+from advisor.search.state import reference_row
+from advisor.trials.progress import PHASES, trial_progress
+from advisor.trials.runner import run_trial
+from conftest import SAMPLE_RUNS, run_advisor
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+SLOW_START = """\
+import time
+from torch.utils.data import DataLoader
+
+def train_step(x):
+    time.sleep(0.05)
+    return x.float().sum()
+
+if __name__ == "__main__":
+    time.sleep(0.5)  # a slow start: a data set loading, a model being built
+    for epoch in range(100):
+        for x in DataLoader(list(range(64)), batch_size=4):
+            train_step(x)
+"""
+
+
+def screen_lines(text: str) -> list[str]:
+    """What a terminal shows of rich's output, line by line: colours dropped, each redraw a line."""
+    return [line for line in re.split(r"[\r\n]", ANSI.sub("", text)) if line.strip()]
+
+
+def check_width(lines: list[str], width: int = 80) -> None:
+    """Every line within the width, nothing cut short."""
+    for line in lines:
+        assert cell_len(line) <= width, line
+        assert "…" not in line, line
+
+
+def test_a_running_trial_reports_its_phases_and_a_terminal_shows_them(tmp_path):
+    script = tmp_path / "slow_start.py"
+    script.write_text(SLOW_START)
+    seen = []
+    screen = io.StringIO()
+    display = TrialProgressDisplay(Console(file=screen, force_terminal=True, width=80))
+
+    def on_progress(progress):
+        seen.append(progress)
+        display.update(progress)
+
+    result = run_trial(f"{script}:train_step", None, tmp_path / "t", name="00-baseline", steps=2, wait=1, warmup=1,
+                       device="cpu", windows=2, window_s=0.2, on_progress=on_progress)
+    assert result.ok, result.message
+    phases = [p.phase for p in seen]
+    assert phases[0] == "starting" and phases[-1] == "done" and "window" in phases, phases
+    assert [PHASES.index(p) for p in phases] == sorted(PHASES.index(p) for p in phases), phases  # in order
+    assert all(p.remaining_s is not None and p.remaining_s >= 0 for p in seen if p.phase != "starting")
+    assert {p.step for p in seen if p.phase == "window"} <= {1, 2}
+
+    # Each step's recorded phase is what the watch says is in progress once the steps before it have ended.
+    record = json.loads((result.path / "trial.json").read_text())
+    steps, schedule = record["steps"], record["schedule"]
+    names = {"wait": "warm-up", "warmup": "warm-up", "profiled": "profiled", "settle": "settling", "window": "window"}
+    for k, step in enumerate(steps):
+        now = trial_progress("00-baseline", schedule, steps[:k], 1.0)
+        assert now.phase == ("starting" if k == 0 else names[step["phase"]]), (k, step, now)
+        if step["phase"] == "window":
+            assert now.step == step["window"] + 1 and now.steps == 2, (k, step, now)
+    assert trial_progress("00-baseline", schedule, steps, 1.0).phase == "finishing"
+    assert not (result.path / "schedule.json").exists()  # in trial.json now, as the steps file
+
+    # The terminal showed each phase it was told of, on one line of at most 80 columns, and erased it at the end.
+    shown = screen_lines(screen.getvalue())
+    for progress in seen[:-1]:
+        assert any(f"trial 00: {progress.describe()}" in line for line in shown), (progress, shown)
+    check_width(shown)
+    assert "s left" in screen.getvalue()
+    # Where the output is not a terminal, nothing is shown at all.
+    assert progress_display(Console(file=io.StringIO())) is None
+
+
+def sample_session(name: str) -> tuple[dict, object]:
+    out = SAMPLE_RUNS / name
+    state = json.loads((out / "session.json").read_text())
+    state["_dir"] = str(out)
+    return state, out
+
+
+def test_the_session_summary_is_whole_at_80_columns_and_says_what_to_do_next():
+    for name in ("image_classifier", "ddp_classifier", "char_transformer"):
+        state, out = sample_session(name)
+        for terminal in (True, False):
+            text = io.StringIO()
+            print_session(state, out, reference_row(state),
+                          Console(file=text, width=80, force_terminal=terminal, color_system=None))
+            lines = text.getvalue().splitlines()
+            # The patch command stays on one line, whatever its length, so that it can be copied whole.
+            check_width([line for line in lines if not line.lstrip().startswith("patch -p1")])
+            for row in state["trials"]:  # every trial and its figures, as a list
+                assert any(line.startswith(f" {row['index']:02d} {row['change']}: {row['decision']}")
+                           for line in lines), (row, lines)
+                assert any(f"{row['samples_per_s']:.1f}" in line for line in lines)
+            assert "Next:" in lines
+            assert any(line.strip() == f"patch -p1 < {out / state['patch']}" for line in lines), lines
+    # Wide enough, the ladder is the table.
+    wide = io.StringIO()
+    print_session(state, out, reference_row(state), Console(file=wide, width=200, color_system=None))
+    assert "┃ change" in wide.getvalue() and "…" not in wide.getvalue()
+
+
+def test_the_patch_command_names_its_folder_and_the_bound_and_cores_that_remain():
+    state, out = sample_session("ddp_classifier")
+    root = out.parents[1]
+    state.update(patch_root=str(root), core_use={"cores": 4, "ranks": 2, "workers": 1, "threads": 1,
+                                                 "all_used": True})
+    text = io.StringIO()
+    print_session(state, out, reference_row(state), Console(file=text, width=80, color_system=None))
+    lines = [line.strip() for line in text.getvalue().splitlines()]
+    assert f"cd {root}" in lines and f"patch -p1 < {out.relative_to(root) / 'suggested.patch'}" in lines
+    said = " ".join(lines)
+    assert "the best trial is still bound by input pipeline (DataLoader)" in said
+    assert "all 4 CPU cores are in use: 1 DataLoader worker(s) and 1 torch thread(s) in each of 2 ranks" in said
+
+
+def test_analyze_in_a_pipe_at_80_columns_cuts_nothing():
+    done = run_advisor("analyze", str(SAMPLE_RUNS / "ddp_classifier"), env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    check_width(lines)
+    assert "Summary" in lines and " rank 1  ← straggler" in lines, done.stdout
+    # Each trace's full name is there, under its section's rule, not cut.
+    assert any("(trial_rank1." in line and ".pt.trace.json.gz)" in line for line in lines), done.stdout
