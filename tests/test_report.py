@@ -450,8 +450,8 @@ def test_advice_after_a_session_agrees_with_what_it_measured(browser, tmp_path: 
     assert "+80.0%" in trials
 
     lint = section(text, "Static checks of the script", "Suggested code change")
-    assert "num_workers=2 was kept (03-batch-64); the suggested patch sets it" in lint
-    assert "not measured: this session ran on the CPU" in lint
+    assert "This session: measured: num_workers=2 was kept (03-batch-64); the suggested patch sets it" in lint
+    assert "This session: not measured: it ran on the CPU" in lint
 
     assert "cd /home/user/project\n" + session["command"] in text  # Reproduce: where to run it from
     options = section(text, "Options:", "Written by advisor")

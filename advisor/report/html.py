@@ -23,7 +23,7 @@ from advisor.escape import without_surrogates
 from advisor.report import charts
 from advisor.report.formatting import flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, seconds_ms, \
     spread
-from advisor.report.outcomes import lint_findings, split_recommendations, verdict
+from advisor.report.outcomes import REMEASURES, lint_findings, split_recommendations, verdict
 from advisor.report.session_folder import checked_trial_traces, inside, load_session, trial_traceback
 from advisor.report.job_view import JobView, job_view, job_views
 from advisor.report.views import TraceView, breakdown_chart, trace_view
@@ -54,6 +54,7 @@ def environment() -> jinja2.Environment:
     env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain, spread=spread,
                        basename=lambda p: Path(str(p)).name)
     env.globals["BOUNDS"] = BOUNDS
+    env.globals["REMEASURES"] = REMEASURES
     return env
 
 

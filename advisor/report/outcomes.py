@@ -62,13 +62,13 @@ def lint_findings(lint: list[dict], session: dict, rows: list[dict], unit: str) 
         note = ""
         tried = [r for r in changes(rows) if knob and (r.get("knobs") or {}).get(knob) is not None]
         if knob in COPY_KNOBS and device == "cpu":
-            note = ("not measured: this session ran on the CPU, where batches are not copied to a device; "
-                    "it applies when the script runs on CUDA")
+            note = ("not measured: it ran on the CPU, where batches are not copied to a device; this applies "
+                    "when the script runs on CUDA")
         elif knob and final.get(knob) is not None:
-            note = (f"measured by this session: {knob}={final[knob]} was kept ({session.get('best')}); "
-                    "the suggested patch sets it, use that value rather than the fix's")
+            note = (f"measured: {knob}={final[knob]} was kept ({session.get('best')}); the suggested patch "
+                    "sets it, use that value rather than the fix's")
         elif tried:
-            note = ("measured by this session, and not kept: "
+            note = ("measured, and not kept: "
                     + "; ".join(outcome_text(r, unit) for r in tried))
         out.append({**finding, "session_note": note})
     return out
