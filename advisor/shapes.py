@@ -159,6 +159,7 @@ KNOBS = {**_LOADER, "amp": TEXT, "accumulation_steps": COUNT, "non_blocking": FL
 # trial.json, as the analysis (diagnosis, rules, terminal, report) reads it.
 TRIAL = {
     "schema": TEXT, "name": TEXT, "status": TEXT, "script": TEXT, "message": TEXT, "memory_limit": NUMBER,
+    "traceback": TEXT, "error_type": TEXT,
     "knobs": KNOBS, "user_values": _LOADER, "trace_files": [TEXT],
     "dataloaders": [{"effective": _LOADER, "user": _LOADER}],
     "steps": [{"wall_s": NUMBER, "call_s": NUMBER, "batch_size": COUNT}],
@@ -179,8 +180,9 @@ SESSION_ROW = {
     "index": COUNT, "name": TEXT, "folder": TEXT, "change": TEXT, "recommendation": TEXT, "knobs": KNOBS,
     "status": TEXT, "decision": TEXT, "reason": TEXT, "batch_size": COUNT, "median_step_s": NUMBER,
     "samples_per_s": NUMBER, "peak_memory_bytes": NUMBER, "peak_memory_source": TEXT, "capacity_bytes": NUMBER,
-    "loss": REAL, "speedup": NUMBER, "gain": REAL, "predicted_gain": REAL, "noise": NUMBER, "interval": [REAL],
-    "tried_under": TEXT, "helps_now": FLAG, "bound": TEXT,
+    "loss": REAL, "speedup": NUMBER, "gain": REAL, "predicted_gain": REAL, "predicted_samples_gain": REAL,
+    "noise": NUMBER, "interval": [REAL],
+    "tried_under": TEXT, "helps_now": FLAG, "bound": TEXT, "bound_evidence": [TEXT],
 }
 # An open recommendation in session.json, as the report's template reads it.
 SESSION_RECOMMENDATION = {"id": TEXT, "title": TEXT, "predicted_gain": REAL, "bound": TEXT, "helps_now": FLAG,
@@ -188,7 +190,8 @@ SESSION_RECOMMENDATION = {"id": TEXT, "title": TEXT, "predicted_gain": REAL, "bo
 LINT_FINDING = {"file": TEXT, "line": COUNT, "col": COUNT, "rule": TEXT, "title": TEXT, "what": TEXT, "why": TEXT,
                 "fix": TEXT}
 SESSION = {
-    "schema": TEXT, "target": TEXT, "script": TEXT, "command": TEXT, "options": {}, "status": TEXT, "device": {},
+    "schema": TEXT, "target": TEXT, "script": TEXT, "command": TEXT, "cwd": TEXT, "options": {}, "status": TEXT,
+    "device": {}, "unit": TEXT, "bound": {"name": TEXT, "label": TEXT, "evidence": [TEXT]},
     "user_values": {}, "baseline": TEXT, "best": TEXT, "final_knobs": {}, "trials": [SESSION_ROW],
     "recommendations": [SESSION_RECOMMENDATION], "notes": [ANY], "patch": TEXT, "speedup": NUMBER,
     "memory_cap": {"bytes": NUMBER, "what": TEXT, "device": TEXT, "how": TEXT}, "lint": [LINT_FINDING],

@@ -214,7 +214,7 @@ def test_session_tables_outputs_and_display(oom_session, tmp_path):
     assert sorted(p.name for p in logdir.iterdir()) == sorted(trials["name"])
     assert list((logdir / "00-baseline").glob("events.out.tfevents.*"))
     html = session._repr_html_()
-    assert 'class="ladder"' in html and "What held the step back" in html and html.count("<tr>") == len(trials) + 1
+    assert 'class="ladder"' in html and "What held the baseline back" in html and html.count("<tr>") == len(trials) + 1
     assert Session(session.path).state == session.state
 
 

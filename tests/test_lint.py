@@ -973,3 +973,15 @@ def test_examples_lint_without_crashing():
 def test_module_has_public_api():
     for name in ("lint_source", "lint_file", "add_lint_arguments", "lint_command", "LintFinding", "RULES"):
         assert hasattr(lint, name)
+
+
+def test_texts_do_not_assume_a_gpu():
+    """A script with no CUDA path is not told about CUDA running out of memory or a GPU waiting."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader\n\ndef train(model, data, opt):\n"
+              "    total = 0\n    for x, y in DataLoader(data, batch_size=8):\n"
+              "        loss = torch.nn.functional.mse_loss(model(x), y)\n        loss.backward()\n"
+              "        opt.step()\n        total += loss\n    return total\n")
+    findings = lint_source(source, "cpu_train.py")
+    assert {"loss-accumulation", "dataloader-num-workers"} <= {f.rule for f in findings}
+    for f in findings:
+        assert "CUDA runs out" not in f.why and "the GPU waits" not in f.why, f

@@ -658,3 +658,17 @@ def test_ddp_arguments_are_written_into_the_distributed_data_parallel_call(tmp_p
     plain = copy_example(tmp_path / "plain", "image_classifier.py")
     patch = plan_patch(plain, "train_step", Knobs(ddp_static_graph=True), USER_VALUES)
     assert patch.diff == "" and any("static_graph=True" in n for n in patch.notes)
+
+
+def test_threads_are_set_only_where_no_gpu_is(tmp_path):
+    """The threads knob was measured on the CPU beside the loader's workers: the patch sets it under a guard,
+    so that the same script on a GPU machine keeps torch's default threads."""
+    script = copy_example(tmp_path, "image_classifier.py")
+    apply(tmp_path, suggest_patch(script, "train_step", Knobs(num_workers=2, persistent_workers=True, threads=1),
+                                  USER_VALUES))
+    tree = ast.parse(script.read_text())
+    guards = [s for s in tree.body if isinstance(s, ast.If) and "set_num_threads" in ast.unparse(s)]
+    assert len(guards) == 1
+    assert ast.unparse(guards[0].test) == "not torch.cuda.is_available()"
+    assert [ast.unparse(s) for s in guards[0].body] == ["torch.set_num_threads(1)"]
+    assert not any("set_num_threads" in ast.unparse(s) for s in tree.body if not isinstance(s, ast.If))

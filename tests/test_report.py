@@ -117,7 +117,7 @@ def test_session_report_in_chromium(browser, session_dir: Path, tmp_path: Path):
     for svg in chart_svgs(html):
         assert svg.lstrip().startswith(b"<?xml") and b"<svg" in svg and b"<text" in svg  # text kept as text
     text = dom.all_text()
-    assert "What held the step back" in text and session["command"] in text
+    assert "What held the baseline back" in text and session["command"] in text
     assert session["speedup"] is None or f"×{session['speedup']:.2f}" in text
     for note in session["notes"]:
         assert note in text
@@ -394,3 +394,99 @@ def test_session_report_lists_the_scripts_lint_findings(tmp_path):
     assert 'id="lint"' in html
     assert "train &lt;script&gt;.py:5" in html
     assert findings[0].title in html
+
+
+# ---- what the page says after a session, as a user reads it in the browser ----
+
+def section(text: str, heading: str, next_heading: str) -> str:
+    """The rendered text between two headings of the page."""
+    return text.split(heading, 1)[1].split(next_heading, 1)[0]
+
+
+def test_advice_after_a_session_agrees_with_what_it_measured(browser, tmp_path: Path):
+    """A recommendation the session tried and reverted is shown with what it measured, not as open advice;
+    the verdict names what still binds the best trial; prediction and measurement share one unit; lint fixes
+    give way to the knob the session measured, and copy advice to a CPU session's device."""
+    session_dir = build_session(tmp_path / "session", patch=PATCH)
+    path = session_dir / "session.json"
+    session = json.loads(path.read_text())
+    assert session["device"]["type"] == "cpu" and session["final_knobs"]["num_workers"] == 2
+    rows = session["trials"]
+    rows[0].update(bound="input", bound_evidence=["the loop waited for its next batch 52% of the time"])
+    rows[1]["gain"], rows[2]["gain"] = 0.8, -0.028  # as their reasons say: against the best when tried
+    for row in rows:
+        if row["samples_per_s"]:
+            row["interval"] = [0.9 * row["samples_per_s"], 1.1 * row["samples_per_s"]]
+        if row["predicted_gain"] is not None:
+            row["predicted_samples_gain"] = 1 / (1 - row["predicted_gain"]) - 1  # as the session records it
+    session.update(
+        bound={"name": "compute", "label": "compute", "evidence": ["the CPU computes 71% of the step"]},
+        cwd="/home/user/project",
+        options={**session["options"], "script_args": [], "timeout_s": 600.0, "time_budget_s": None},
+        lint=[{"file": "/home/user/project/train.py", "line": 9, "col": 0, "rule": "dataloader-num-workers",
+               "title": "DataLoader without worker processes", "what": "built without `num_workers`",
+               "why": "batches load in the training process", "fix": "DataLoader(data, num_workers=4)"},
+              {"file": "/home/user/project/train.py", "line": 9, "col": 0, "rule": "dataloader-pin-memory",
+               "title": "DataLoader without pin_memory on a CUDA path", "what": "does not pin memory",
+               "why": "pageable copies are staged", "fix": "DataLoader(data, pin_memory=True)"}])
+    path.write_text(json.dumps(session))
+    out = write_report(session_dir, tmp_path / "report.html")
+    text = Elements(dump_dom(out)).all_text()
+
+    top = section(text, "Verdict", "Ladder")
+    assert "What held the baseline back" in top and "the loop waited for its next batch 52% of the time" in top
+    assert "What still binds it" in top and "compute — the CPU computes 71% of the step" in top
+    assert "amp bf16 (02-amp-bf16): -2.8% samples/s, reverted" in section(top, "Tried, not kept", "Best trial")
+    assert "Autocast" not in top  # the baseline's top prediction is no headline once AMP was measured
+
+    still_open = section(text, "Recommendations still open", "Static checks of the script")
+    assert "predicted gain" not in still_open  # the only open advice (AMP) was measured: no prediction shown
+    measured = section(still_open, "Advised, measured, not kept", "\n\n\n")
+    assert "Autocast matmuls and convolutions to bf16 (CPU AMP): amp bf16 (02-amp-bf16): -2.8% samples/s" in measured
+
+    trials = section(text, "All trials", "Throughput per trial")
+    assert "predicted change" in trials and "measured change" in trials and "predicted gain" not in trials
+    assert "+42.9%" in trials  # a predicted 30% of the step saved is +42.9% samples/s, beside the measured +80.0%
+    assert "+80.0%" in trials
+
+    lint = section(text, "Static checks of the script", "Suggested code change")
+    assert "This session: measured: num_workers=2 was kept (03-batch-64); the suggested patch sets it" in lint
+    assert "This session: not measured: it ran on the CPU" in lint
+
+    assert "cd /home/user/project\n" + session["command"] in text  # Reproduce: where to run it from
+    options = section(text, "Options:", "Written by advisor")
+    assert "timeout_s=600" in options and "keep_effective_batch=no" in options
+    assert "None" not in options and "[]" not in options and "600.0" not in options
+    assert re.search(r"00-baseline · baseline\s", text) and "00-baseline · baseline · baseline" not in text
+
+    svgs = chart_svgs(out.read_text())
+    throughput = next(s for s in svgs if b"steady state" in s)
+    assert b"95% interval" in throughput  # the tables' interval, drawn
+    memory = next(s for s in svgs if b"peak memory, GB" in s)
+    assert b"off the scale" in memory and b"capacity 25" in memory  # host RAM named, not drawn as the axis
+
+    from advisor.report.notebook import render_session_html  # the notebook's verdict: the same rows
+    notebook = render_session_html(session_dir)
+    assert "What still binds it" in notebook and "Tried, not kept" in notebook
+
+
+def test_failed_baseline_shows_the_users_traceback(browser, tmp_path: Path):
+    """A session whose script fails at once: the page says what failed, with the user's traceback, and draws
+    no ladder, charts, best trial or advice."""
+    from conftest import run_advisor
+
+    script = tmp_path / "broken.py"
+    script.write_text('import torch\n\ndef load_rows(path):\n    with open(path) as f:\n        return list(f)\n\n'
+                      'rows = load_rows("missing.csv")\n')
+    done = run_advisor("profile", str(script), "--device", "cpu", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode != 0
+    session = json.loads((tmp_path / "run" / "session.json").read_text())
+    assert session["status"] == "failed" and session["cwd"] == str(tmp_path)
+    html = (tmp_path / "run" / "report.html").read_text()
+    text = Elements(dump_dom(tmp_path / "run" / "report.html")).all_text()
+    verdict = section(text, "Verdict", "Recommendations still open")
+    assert "What failed" in verdict and "FileNotFoundError" in verdict
+    assert 'rows = load_rows("missing.csv")' in verdict and "Traceback (most recent call last)" in verdict
+    assert "Best trial" not in text and "Ladder" not in text and "Throughput per trial" not in text
+    assert 'id="chart-throughput"' not in html and "Nothing left to recommend" not in text
+    assert "None: no trial was measured." in text

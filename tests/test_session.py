@@ -4,6 +4,7 @@ parts are tested in test_search)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -47,6 +48,14 @@ def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     if first["tried_under"] == "input":
         assert first["recommendation"] == "more-workers" and first["helps_now"], first
     assert_decisions_follow_measurements(saved)
+    # What the report's verdict shows is recorded: the baseline's own bound (with why), the folder the command
+    # ran in, and each prediction in the unit of the measured gain (a change in samples/s).
+    baseline = saved["trials"][0]
+    assert baseline["bound"] in (*BOUNDS, None) and isinstance(baseline["bound_evidence"], list)
+    assert saved["cwd"] == os.getcwd()
+    for t in saved["trials"][1:]:
+        if t["predicted_gain"] is not None and t["predicted_gain"] < 1:
+            assert t["predicted_samples_gain"] == pytest.approx(1 / (1 - t["predicted_gain"]) - 1)
     assert (out / "report.html").exists()
     # The script's static findings travel with the session into its report.
     assert "dataloader-num-workers" in {f["rule"] for f in saved["lint"]}

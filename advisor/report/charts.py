@@ -74,25 +74,47 @@ def breakdown_chart(labels: list[str], breakdown_ms: list[dict[str, float]], rol
 
 
 def throughput_chart(labels: list[str], samples_per_s: list[float | None], decisions: list[str],
-                     unit: str = "samples/s") -> str:
-    """Horizontal bars of steady-state samples/s (or steps/s: `unit`) per trial, coloured by the decision."""
+                     unit: str = "samples/s", intervals: list | None = None) -> str:
+    """Horizontal bars of steady-state samples/s (or steps/s: `unit`) per trial, coloured by the decision,
+    with each trial's recorded 95% interval as an error bar (the tables' ± figure)."""
     with plt.rc_context(RC):
         fig, ax = _figure(len(labels))
         y = list(range(len(labels)))
         values = [v or 0.0 for v in samples_per_s]
         ax.barh(y, values, color=[DECISION_COLORS.get(d, "#999999") for d in decisions], height=0.6)
-        for yi, v, d in zip(y, samples_per_s, decisions):
-            ax.text((v or 0.0), yi, f" {v:.1f} ({d})" if v else f" no measurement ({d})", va="center", fontsize=8)
+        spans = [_interval(i, v) for i, v in zip(intervals or [None] * len(labels), samples_per_s)]
+        ends = list(values)
+        for yi, v, span in zip(y, samples_per_s, spans):
+            if span is not None:
+                ax.errorbar([v], [yi], xerr=[[v - span[0]], [span[1] - v]], fmt="none", ecolor="#333333",
+                            elinewidth=1, capsize=3)
+                ends[yi] = max(v, span[1])
+        for yi, v, d, end in zip(y, samples_per_s, decisions, ends):
+            ax.text(end, yi, f" {v:.1f} ({d})" if v else f" no measurement ({d})", va="center", fontsize=8)
         ax.set_yticks(y, labels)
         ax.invert_yaxis()
-        ax.set_xlabel(f"{unit} (steady state)")
-        ax.set_xlim(0, max(values + [1.0]) * 1.3)
+        ax.set_xlabel(f"{unit} (steady state" + ("; bars: 95% interval)" if any(spans) else ")"))
+        ax.set_xlim(0, max(ends + [1.0]) * 1.3)
         return svg_data_uri(fig)
+
+
+def _interval(interval: object, value: float | None) -> tuple[float, float] | None:
+    """A recorded [low, high] around `value`, or None when there is none to draw."""
+    if (not value or not isinstance(interval, (list, tuple)) or len(interval) != 2
+            or not all(isinstance(x, (int, float)) for x in interval) or not interval[0] <= value <= interval[1]):
+        return None
+    return max(0.0, float(interval[0])), float(interval[1])
+
+
+# A capacity line is drawn only when a peak reaches this share of it: against 25 GB of host RAM, peaks of
+# half a GB would be slivers, and the chart is there to compare the trials.
+CAPACITY_SCALE = 0.2
 
 
 def memory_chart(labels: list[str], peak_bytes: list[float | None], capacity_bytes: float | None,
                  sources: list[str]) -> str:
-    """Peak memory per trial (GB) against the device capacity (dashed line) when it is known."""
+    """Peak memory per trial (GB) against the device capacity (dashed line) when it is known and a peak comes
+    near it; a capacity far off the scale is named under the axis instead."""
     with plt.rc_context(RC):
         fig, ax = _figure(len(labels))
         y = list(range(len(labels)))
@@ -101,16 +123,20 @@ def memory_chart(labels: list[str], peak_bytes: list[float | None], capacity_byt
         for yi, v in zip(y, peak_bytes):
             ax.text((v or 0.0) / 1e9, yi, f" {v / 1e9:.2f} GB" if v else " unknown", va="center", fontsize=8)
         top = max(gb + [0.001])
+        off_scale = ""
         if capacity_bytes:
             cap = capacity_bytes / 1e9
-            ax.axvline(cap, color="#e45756", linestyle="--", linewidth=1.2)
-            ax.text(cap, -0.6, f" capacity {cap:.1f} GB", color="#e45756", fontsize=8, va="bottom")
-            top = max(top, cap)
+            if top >= CAPACITY_SCALE * cap:
+                ax.axvline(cap, color="#e45756", linestyle="--", linewidth=1.2)
+                ax.text(cap, -0.6, f" capacity {cap:.1f} GB", color="#e45756", fontsize=8, va="bottom")
+                top = max(top, cap)
+            else:
+                off_scale = f"; capacity {cap:.1f} GB, off the scale"
         ax.set_yticks(y, labels)
         ax.invert_yaxis()
         ax.set_xlim(0, top * 1.25)
         source = sorted({s for s in sources if s})
-        ax.set_xlabel("peak memory, GB" + (f" ({'; '.join(source)})" if source else ""))
+        ax.set_xlabel("peak memory, GB" + (f" ({'; '.join(source)})" if source else "") + off_scale)
         return svg_data_uri(fig)
 
 

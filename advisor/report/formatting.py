@@ -64,3 +64,22 @@ def memory_cap_text(cap: object) -> str:
         return ""
     return (f"{cap['bytes'] / 2**30:.2f} GiB of {cap.get('what') or 'memory'} on {cap.get('device') or '?'} "
             f"({cap.get('how') or '?'})")
+
+
+def option_rows(options: dict) -> list[tuple[str, str]]:
+    """A session's options as (name, value) text, without what was left unset: numbers as written (600,
+    not 600.0), lists as their items, flags as yes/no."""
+    rows = []
+    for key, value in options.items():
+        if value is None or value == [] or value == ():
+            continue
+        if isinstance(value, bool):
+            text = "yes" if value else "no"
+        elif isinstance(value, float):
+            text = f"{value:g}"
+        elif isinstance(value, (list, tuple)):
+            text = " ".join(str(v) for v in value)
+        else:
+            text = str(value)
+        rows.append((str(key), text))
+    return rows

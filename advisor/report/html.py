@@ -16,16 +16,16 @@ import jinja2
 
 from advisor import files
 from advisor.analysis.bound import BOUNDS
-from advisor.analysis.breakdown import ROLES
 from advisor.analysis.job import jobs_of_path
 from advisor.analysis.reading import trace_files
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.report import charts
-from advisor.report.formatting import flatten, gain, gb, memory_cap_text, ms, num, pct, seconds_ms, spread
-from advisor.report.session_folder import checked_trial_traces, inside, load_session
+from advisor.report.formatting import flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, seconds_ms, \
+    spread
+from advisor.report.outcomes import REMEASURES, lint_findings, split_recommendations, verdict
+from advisor.report.session_folder import checked_trial_traces, inside, load_session, trial_traceback
 from advisor.report.job_view import JobView, job_view, job_views
-from advisor.report.terminal import ROLE_LABELS
 from advisor.report.views import TraceView, breakdown_chart, trace_view
 
 
@@ -54,6 +54,7 @@ def environment() -> jinja2.Environment:
     env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain, spread=spread,
                        basename=lambda p: Path(str(p)).name)
     env.globals["BOUNDS"] = BOUNDS
+    env.globals["REMEASURES"] = REMEASURES
     return env
 
 
@@ -90,30 +91,6 @@ def render_trace_report(path: Path) -> str:
 
 
 # ---- sessions ----
-
-def verdict(session: dict, rows: list[dict], baseline: TraceView | None, job: JobView | None = None) -> dict:
-    """The top of the page: what held the step back, what was changed, the speed-up (for a data-parallel
-    baseline, the job's verdict and advice, not one rank's)."""
-    advice = job.recommendations if job is not None else (baseline.diagnosis.recommendations if baseline else ())
-    if advice:
-        top = advice[0]
-        held_back = top.title
-        held_back_evidence = top.evidence[0] if top.evidence else ""
-    elif baseline is not None:
-        d = baseline.diagnosis
-        role = max(ROLES, key=lambda r: d.breakdown_us[r])
-        held_back = f"{ROLE_LABELS[role]} take most of the step ({pct(d.breakdown_share[role])})"
-        held_back_evidence = "the baseline trace supports no recommendation"
-    else:
-        held_back, held_back_evidence = "unknown: the baseline trial has no trace", ""
-    kept = [r for r in rows if r.get("decision") == "kept"]
-    bound = baseline.bound if baseline is not None else None
-    if job is not None:
-        bound = f"Job: {job.verdict}"
-    return {"held_back": held_back, "held_back_evidence": held_back_evidence, "bound": bound,
-            "changes": [r["change"] or r["name"] for r in kept], "speedup": session.get("speedup"),
-            "best": session.get("best"), "status": session["status"] or "unknown"}
-
 
 def render_session_report(session_dir: Path) -> str:
     """The report of an optimization session folder (session.json, trials, suggested.patch)."""
@@ -153,23 +130,30 @@ def render_session_report(session_dir: Path) -> str:
             unread.append(f"the patch {patch_name!r}: {files.describe_os_error(exc)}: not read")
     capacity = next((r.get("capacity_bytes") for r in rows if r.get("capacity_bytes")), None)
     unit = session.get("unit") or "samples/s"  # steps/s where no step knew its batch size
+    still_open, refuted = split_recommendations(session.get("recommendations") or [], rows, unit)
+    job = jobs.get(baseline_name)
+    top = verdict(session, rows, baseline.bound if baseline is not None else None,
+                  job.verdict if job is not None else None, still_open)
     chart = {}
-    if rows:
+    if rows and top["failed"] is None:
         chart = {
             "throughput": charts.throughput_chart(labels, [r.get("samples_per_s") for r in rows],
-                                                  [r["decision"] or "?" for r in rows], unit),
+                                                  [r["decision"] or "?" for r in rows], unit,
+                                                  [r.get("interval") for r in rows]),
             "breakdown": breakdown_chart([(r["name"], views[r["name"]]) for r in rows]),
             "memory": charts.memory_chart(labels, [r.get("peak_memory_bytes") for r in rows], capacity,
                                           [r.get("peak_memory_source") or "" for r in rows]),
         }
+    tracebacks = {r["name"]: trial_traceback(session_dir, r) for r in rows if r.get("decision") == "failed"}
     return environment().get_template("session.html.j2").render(
         title=f"advisor report: {session['target'] or session_dir.name}",
         session=session, rows=rows, ladder=[r for r in rows if r.get("decision") in ("baseline", "kept")],
-        views=views, jobs=jobs, verdict=verdict(session, rows, baseline, jobs.get(baseline_name)), chart=chart, capacity=capacity,
-        recommendations=session.get("recommendations") or [], patch=patch, patch_name=patch_name,
-        notes=[str(n) for n in session["notes"] or []],
-        device_rows=flatten(session.get("device") or {}), options=session.get("options") or {},
-        command=session.get("command") or "", lint=session.get("lint") or [],
+        views=views, jobs=jobs, verdict=top, chart=chart, capacity=capacity,
+        recommendations=still_open, refuted=refuted, patch=patch, patch_name=patch_name,
+        notes=[str(n) for n in session["notes"] or []], tracebacks=tracebacks,
+        device_rows=flatten(session.get("device") or {}), options=option_rows(session.get("options") or {}),
+        command=session.get("command") or "", cwd=session.get("cwd"),
+        lint=lint_findings(session.get("lint") or [], session, rows, unit),
         memory_cap=memory_cap_text(session.get("memory_cap")), unread=unread, unit=unit,
     )
 

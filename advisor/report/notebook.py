@@ -21,9 +21,10 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.job import Job
 from advisor.report.formatting import ms, pct
-from advisor.report.html import environment, templates_dir, verdict
+from advisor.report.html import environment, templates_dir
+from advisor.report.outcomes import split_recommendations, verdict
 from advisor.report.job_view import job_view
-from advisor.report.session_folder import trial_traces
+from advisor.report.session_folder import trial_traceback, trial_traces
 from advisor.report.views import figure_rows, trace_view
 from advisor.report.terminal import bound_line, role_labels
 
@@ -129,10 +130,13 @@ def render_session_html(session_dir: Path) -> str:
     session_dir = Path(session_dir)
     session = load_session(session_dir)
     rows = session["trials"]
+    unit = session.get("unit") or "samples/s"
     baseline_row = next((r for r in rows if r["name"] == session.get("baseline")), rows[0] if rows else None)
     files = trial_traces(session_dir, baseline_row) if baseline_row else []
     baseline = trace_view(files[0]) if files else None
-    return _render(_SESSION, session=session, rows=rows, verdict=verdict(session, rows, baseline),
-                   unit=session.get("unit") or "samples/s",
+    still_open, _refuted = split_recommendations(session.get("recommendations") or [], rows, unit)
+    top = verdict(session, rows, baseline.bound if baseline is not None else None, None, still_open)
+    tracebacks = {r["name"]: trial_traceback(session_dir, r) for r in rows if r.get("decision") == "failed"}
+    return _render(_SESSION, session=session, rows=rows, verdict=top, unit=unit, tracebacks=tracebacks,
                    notes=[str(n) for n in session["notes"] or []], folder=str(session_dir),
                    has_report=(session_dir / "report.html").is_file())

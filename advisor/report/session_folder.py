@@ -13,12 +13,13 @@ from advisor.shapes import SESSION, TRIAL, conform_record, read_record
 SESSION_SCHEMA = "advisor.session/"
 # Every field a template reads, so that an older or partial session.json renders with "n/a" instead of
 # failing (the templates run with StrictUndefined to catch their own mistakes).
-SESSION_FIELDS = ("target", "script", "command", "options", "status", "device", "user_values", "baseline", "best",
-                  "final_knobs", "trials", "recommendations", "notes", "patch", "speedup", "memory_cap")
+SESSION_FIELDS = ("target", "script", "command", "cwd", "options", "status", "device", "unit", "user_values",
+                  "baseline", "best", "bound", "final_knobs", "trials", "recommendations", "notes", "patch", "speedup",
+                  "memory_cap")
 ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
               "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
-              "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "noise", "interval", "tried_under",
-              "helps_now", "bound")
+              "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "predicted_samples_gain", "noise",
+              "interval", "tried_under", "helps_now", "bound", "bound_evidence")
 
 
 def load_session(session_dir: Path) -> dict:
@@ -54,6 +55,20 @@ def load_session(session_dir: Path) -> dict:
 RECOMMENDATION_DEFAULTS = {"id": "", "title": "(untitled)", "predicted_gain": None, "bound": None, "helps_now": True,
                            "helps_once": "", "knobs": {}, "evidence": [], "code_change": "", "caveat": ""}
 LINT_DEFAULTS = {"file": "", "line": None, "col": None, "rule": "", "title": "", "what": "", "why": "", "fix": ""}
+
+
+def trial_traceback(session_dir: Path, row: dict) -> str | None:
+    """The user's traceback a failed trial recorded in its trial.json (None when there is none or the record
+    cannot be read: the page then shows the row's reason alone)."""
+    folder = trial_folder(session_dir, row)
+    record = folder / "trial.json" if folder is not None else None
+    if record is None or not files.is_regular(record):
+        return None
+    try:
+        trial, _problems = conform_record(read_record(record, "advisor.trial/"), TRIAL)
+    except AdvisorError:
+        return None
+    return trial.get("traceback") or None
 
 
 def inside(session_dir: Path, relative: object) -> Path | None:

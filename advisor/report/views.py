@@ -65,7 +65,8 @@ def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
     for m in f["memory"]:
         if m["peak_allocated"] is not None:
             cap = f" of {gb(m['capacity'])}, {pct(m['headroom'])} free" if m["capacity"] else ""
-            rows.append((f"Peak memory {m['device']}", f"{gb(m['peak_allocated'])} allocated{cap}"))
+            # Tensors only, from the profiler's [memory] events (a session's tables show the whole process).
+            rows.append((f"Peak tensor memory {m['device']}", f"{gb(m['peak_allocated'])} allocated{cap}"))
         elif m["growth"]:
             rows.append((f"Memory growth {m['device']}", f"+{gb(m['growth'])} (no totals in the trace)"))
     return tuple(rows)

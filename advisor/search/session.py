@@ -235,7 +235,8 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     if baseline.ok and measurement.unit == "steps/s":
         state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "
                               "steps/s, and the batch-size and DataLoader knobs do not apply")
-    row = trial_row(0, baseline, record, None, state, measurement, _own_bound(baseline, measurement))
+    row = trial_row(0, baseline, record, None, state, measurement,
+                    _own_bound(baseline, measurement) if baseline.ok else None)  # the report's verdict shows it
     row["decision"] = "baseline" if baseline.ok else "failed"
     row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
     row["speedup"] = 1.0 if baseline.ok else None

@@ -8,11 +8,28 @@ from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 DATALOADER_SHARE = 0.05
 
 
+def loader_workers(trial: dict | None) -> tuple[int | None, int | None]:
+    """(the training DataLoader's workers, the machine's logical cores) as a trial recorded them, each None
+    when it did not (a trace without a trial record)."""
+    trial = trial or {}
+    loaders = [x for x in trial.get("dataloaders") or [] if isinstance(x, dict)]
+    loader = next((x for x in loaders if x.get("training")), loaders[0] if loaders else {})
+    workers = (loader.get("effective") or {}).get("num_workers")
+    cores = ((trial.get("device_facts") or {}).get("cpu") or {}).get("logical_cores")
+    return (workers if isinstance(workers, int) else None), (cores if isinstance(cores, int) and cores > 0 else None)
+
+
 def more_workers(d: Diagnosis) -> Recommendation | None:
-    """The step waits on the DataLoader: load batches in worker processes, overlapped with compute."""
+    """The step waits on the DataLoader: load batches in worker processes, overlapped with compute (up to the
+    CPU count: with as many workers as cores, more only compete with the step for them)."""
     share = max(d.dataloader_share, d.loader_steady_share or 0.0)
     if share < DATALOADER_SHARE:
         return None
+    workers, cores = loader_workers(d.trial)
+    if workers and cores and workers >= cores:
+        return None
+    target = 4 if not workers else 2 * workers
+    target = min(target, cores) if cores else target
     evidence = [f"{pct(d.dataloader_share)} of the step is spent in DataLoader.__next__ "
                 f"({ms(d.breakdown_us['dataloader'])} per step) with nothing else running"]
     evidence += [f.message for f in d.findings if f.code == "loader-queue"]
@@ -22,7 +39,7 @@ def more_workers(d: Diagnosis) -> Recommendation | None:
         knobs={"num_workers": "increase"},
         predicted_gain=0.9 * share,
         evidence=tuple(evidence),
-        code_change="DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True)",
+        code_change=f"DataLoader(dataset, batch_size=..., num_workers={target}, persistent_workers=True)",
         caveat="Each worker holds a copy of the Dataset; grow num_workers while it helps, up to the CPU count.",
         bound="input",
     )

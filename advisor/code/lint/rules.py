@@ -32,7 +32,8 @@ RULES: dict[str, Rule] = {
             "loss-accumulation",
             "loss tensor accumulated across iterations",
             "The sum is a tensor that references the autograd graph of every iteration it was added in, so "
-            "activations are never freed and memory grows step after step until CUDA runs out of memory.",
+            "activations are never freed and memory grows step after step until the device (the GPU, or the "
+            "host's RAM for a step on the CPU) runs out of memory.",
             check_loss_accumulation,
         ),
         Rule(
@@ -63,8 +64,9 @@ RULES: dict[str, Rule] = {
             "dataloader-num-workers",
             "DataLoader without worker processes",
             "With num_workers=0 (the default) loading, decoding and augmenting each batch runs in the "
-            "training process between steps, and the GPU waits for it. Start with 4 workers (up to the CPU "
-            "cores per GPU); persistent_workers=True keeps them alive between epochs.",
+            "training process between steps, and the step waits for it (a GPU sits idle). Start with 4 "
+            "workers, up to the CPU cores per GPU; for a step on the CPU, workers and the step share the cores "
+            "(measure: `advisor profile`); persistent_workers=True keeps them alive between epochs.",
             check_dataloader_workers,
         ),
         Rule(

@@ -50,7 +50,7 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     gradient accumulation are written into (None: none of those). `loader_site`: where the training
     loader is built (`file.py:LINE`; default: every DataLoader call of the script); its values are
     changed where they are set — in its call, a constant, a flag's default, a config in another module.
-    The threads knob is `torch.set_num_threads(N)` after the script's imports.
+    The threads knob is `torch.set_num_threads(N)` after the script's imports, where CUDA is not available.
     """
     script = Path(script).resolve()
     root = Path(root).resolve() if root is not None else script.parent
@@ -196,12 +196,17 @@ def rewrite_step(module: cst.Module, target: str, knobs: Knobs, accumulation_ste
 
 
 def add_threads(module: cst.Module, threads: int) -> cst.Module:
-    """`torch.set_num_threads(N)` right after the imports (with `import torch` if the script has none)."""
+    """`torch.set_num_threads(N)` right after the imports, when no GPU is there (with `import torch` if the
+    script has none)."""
     facts = ScriptFacts.collect(module)
     body = list(module.body)
     index = after_imports(body)
     lines = [] if facts.torch_bound else [cst.parse_statement("import torch")]
-    lines.append(cst.parse_statement(f"torch.set_num_threads({int(threads)})  # torch's intra-op threads"))
+    # The session tries fewer threads only for a step on the CPU, beside its DataLoader workers: a run on a
+    # GPU (the same script on another machine) keeps torch's default, which its CPU-side work may need.
+    lines.append(cst.parse_statement(
+        "if not torch.cuda.is_available():  # measured by advisor on the CPU, beside the DataLoader workers\n"
+        f"    torch.set_num_threads({int(threads)})  # torch's intra-op threads\n"))
     return module.with_changes(body=[*body[:index], *lines, *body[index:]])
 
 
