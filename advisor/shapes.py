@@ -183,6 +183,8 @@ SESSION_ROW = {
     "loss": REAL, "speedup": NUMBER, "gain": REAL, "predicted_gain": REAL, "predicted_samples_gain": REAL,
     "noise": NUMBER, "interval": [REAL],
     "tried_under": TEXT, "helps_now": FLAG, "bound": TEXT, "bound_evidence": [TEXT],
+    "outcomes": {}, "compile": {"compile_s": NUMBER, "graphs": COUNT, "graph_breaks": COUNT, "break_reasons": [TEXT],
+                                "pays_back_after_steps": COUNT},
 }
 # An open recommendation in session.json, as the report's template reads it.
 SESSION_RECOMMENDATION = {"id": TEXT, "title": TEXT, "predicted_gain": REAL, "bound": TEXT, "helps_now": FLAG,

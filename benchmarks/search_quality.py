@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,14 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.search.session import run_session  # noqa: E402
-from advisor.search.state import SessionOptions
-from advisor.trials.runner import run_trial  # noqa: E402
+from advisor.search.state import SessionOptions  # noqa: E402
+from grid import STEPS, WINDOW_S, WINDOWS, measure, remeasure  # noqa: E402
 
 EXAMPLE = os.environ.get("SEARCH_EXAMPLE", "char_transformer")
 TARGET = f"{ROOT / 'examples' / (EXAMPLE + '.py')}:train_step"
-STEPS = 5
-WINDOWS, WINDOW_S = 3, 1.0  # every trial, grid and session alike, measures its steady state the same way
-REMEASURE = 5
 
 
 def grid_values() -> dict[str, list]:
@@ -48,13 +44,6 @@ def knobs_of(values: dict) -> Knobs:
                  num_workers=workers or None, persistent_workers=True if workers else None)
 
 
-def measure(knobs: Knobs, folder: Path, name: str) -> float:
-    """Samples/s of one real trial (0 if it failed)."""
-    result = run_trial(TARGET, knobs, folder / name, name=name, steps=STEPS, profile=True, device="cpu",
-                       windows=WINDOWS, window_s=WINDOW_S)
-    return (result.samples_per_s or 0.0) if result.ok else 0.0
-
-
 def main() -> int:
     values = grid_values()
     points = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
@@ -63,7 +52,7 @@ def main() -> int:
         tmp = Path(tmp)
         grid = []
         for i, point in enumerate(points):
-            sps = measure(knobs_of(point), tmp / "grid", f"{i:02d}")
+            sps = measure(TARGET, knobs_of(point), tmp / "grid", f"{i:02d}")
             grid.append((sps, point))
             print(f"  grid {i + 1:2d}/{len(points)} {point}: {sps:.1f} samples/s", flush=True)
         grid_best_sps, grid_best = max(grid, key=lambda g: g[0])
@@ -72,12 +61,7 @@ def main() -> int:
                             log=lambda m: print("  advisor " + m, flush=True))
         best_row = next(t for t in state["trials"] if t["name"] == state["best"])
         advisor_knobs = Knobs.from_dict(best_row["knobs"])
-        grid_knobs = knobs_of(grid_best)
-        grid_again, advisor_again = [], []
-        for r in range(REMEASURE):  # alternate, so drift in machine load hits both alike
-            grid_again.append(measure(grid_knobs, tmp / "again", f"grid-{r}"))
-            advisor_again.append(measure(advisor_knobs, tmp / "again", f"advisor-{r}"))
-    g, a = statistics.median(grid_again), statistics.median(advisor_again)
+        g, a = remeasure(TARGET, knobs_of(grid_best), advisor_knobs, tmp / "again")
     trials = len(state["trials"])
     print(f"search quality ({EXAMPLE}, {len(points)}-point grid, advisor budget {budget} trials)")
     print(f"  grid best    : {grid_best} {grid_best_sps:.1f} samples/s in its trial, {g:.1f} re-measured")

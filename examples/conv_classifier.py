@@ -63,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20)  # advisor stops it once its steps are measured
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -70,11 +71,15 @@ def main() -> None:
     loader = DataLoader(make_dataset(), batch_size=args.batch_size, shuffle=True, drop_last=True)
     model = ConvNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    steps = 0
     for epoch in range(args.epochs):
         for step, (images, labels) in enumerate(loader):
             loss = train_step(model, optimizer, images, labels, device)
-            if step % 8 == 0:
+            steps += 1
+            if step % 8 == 0 or steps == args.max_steps:
                 print(f"epoch {epoch} step {step} loss {loss.item():.3f}")
+            if steps == args.max_steps:
+                return
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ SESSION_FIELDS = ("target", "script", "command", "cwd", "options", "status", "de
 ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
               "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
               "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "predicted_samples_gain", "noise",
-              "interval", "tried_under", "helps_now", "bound", "bound_evidence")
+              "interval", "tried_under", "helps_now", "bound", "bound_evidence", "outcomes", "compile")
 
 
 def load_session(session_dir: Path) -> dict:

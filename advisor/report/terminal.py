@@ -412,7 +412,7 @@ def next_steps(state: dict[str, Any], out: Path) -> list[tuple[str, list[str]]]:
         steps.append((f"all {use['cores']} CPU cores are in use: {use['workers']} DataLoader worker(s) and "
                       f"{use['threads']} torch thread(s){ranks}{more}", []))
     if (out / "report.html").exists():
-        steps.append((f"the full report: {out / 'report.html'}", []))
+        steps.append(("the full report:", [str(out / "report.html")]))  # a path is never cut
     return steps
 
 

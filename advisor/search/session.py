@@ -26,6 +26,7 @@ from advisor.search.bounds import trial_bound
 from advisor.trials.measurement import Measurement, job, measure, noise
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
     compile_payback, new_state, reference_row, save, trial_row
+from advisor.report.formatting import compile_text
 from advisor.search.outputs import batch_notes, finish_outputs
 from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan, turned
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
@@ -415,6 +416,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         row.update(decision="not applicable", reason=refused)
     state["trials"].append(row)
     log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
+    if compile_text(row.get("compile")):
+        log(f"  {compile_text(row['compile'])}")
     if again:
         # A gain the noise could hide: run the same settings once more and decide on both runs'
         # windows together (twice the windows, about 1/√2 of the noise).

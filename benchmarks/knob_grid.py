@@ -1,0 +1,82 @@
+"""Benchmark: the advisor's session against a CPU grid over the model knobs and the batch, on the
+convolutional example (examples/conv_classifier.py, compute-bound here).
+
+The grid runs every combination of AMP {off, bf16 where the CPU computes bf16} × channels_last {off, on} ×
+torch.compile {off, on} × batch {32, 64, 128} as real trials (compile time is not in samples/s: it runs in
+the steps before the measured windows). The session runs with a budget of a third of the grid's points.
+Both winners are re-measured alternately and their medians compared.
+
+Floor (issue 25): the session reaches at least 95% of the grid's best samples/s with at most a third of the
+grid's points. It also prints what the session found and what it cost in time, compile included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from advisor.trials.facts import device_facts  # noqa: E402
+from advisor.trials.knobs import Knobs  # noqa: E402
+from advisor.search.session import run_session  # noqa: E402
+from advisor.search.state import SessionOptions  # noqa: E402
+from grid import STEPS, WINDOW_S, WINDOWS, measure, remeasure  # noqa: E402
+
+TARGET = f"{ROOT / 'examples' / 'conv_classifier.py'}:train_step"
+
+
+def grid_values() -> dict[str, list]:
+    """The knob values the session can reach on this CPU (bf16 autocast only where it computes bf16)."""
+    bf16 = (device_facts("cpu").get("cpu") or {}).get("bf16_instructions")
+    return {"amp": [None, "bf16"] if bf16 else [None], "channels_last": [False, True], "compile": [False, True],
+            "batch_size": [32, 64, 128]}
+
+
+def knobs_of(point: dict) -> Knobs:
+    """Knobs for one grid point (the example's own values stay unset, as in the session)."""
+    return Knobs(amp=point["amp"], channels_last=point["channels_last"] or None, compile=point["compile"] or None,
+                 batch_size=None if point["batch_size"] == 32 else point["batch_size"])
+
+
+def main() -> int:
+    values = grid_values()
+    points = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
+    budget = len(points) // 3
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        grid, started = [], time.monotonic()
+        for i, point in enumerate(points):
+            sps = measure(TARGET, knobs_of(point), tmp / "grid", f"{i:02d}")
+            grid.append((sps, point))
+            print(f"  grid {i + 1:2d}/{len(points)} {point}: {sps:.1f} samples/s", flush=True)
+        grid_s = time.monotonic() - started
+        grid_best_sps, grid_best = max(grid, key=lambda g: g[0])
+        options = SessionOptions(steps=STEPS, max_trials=budget, device="cpu", windows=WINDOWS, window_s=WINDOW_S)
+        started = time.monotonic()
+        state = run_session(TARGET, tmp / "session", options, log=lambda m: print("  advisor " + m, flush=True))
+        session_s = time.monotonic() - started
+        best_row = next(t for t in state["trials"] if t["name"] == state["best"])
+        advisor_knobs = Knobs.from_dict(best_row["knobs"])
+        g, a = remeasure(TARGET, knobs_of(grid_best), advisor_knobs, tmp / "again")
+    trials = len(state["trials"])
+    compiles = [t["compile"]["compile_s"] for t in state["trials"] if (t.get("compile") or {}).get("compile_s")]
+    print(f"knob grid (conv_classifier, {len(points)}-point grid in {grid_s:.0f} s, session budget {budget} trials)")
+    print(f"  grid best    : {grid_best} {grid_best_sps:.1f} samples/s in its trial, {g:.1f} re-measured")
+    print(f"  session best : {advisor_knobs.label()} {best_row['samples_per_s']:.1f} samples/s in its trial, "
+          f"{a:.1f} re-measured, after {trials} trials in {session_s:.0f} s "
+          f"({len(compiles)} compiles, {sum(compiles):.0f} s of compile time)")
+    for t in state["trials"]:
+        print(f"    {t['name']}: {t['change']}: {t['decision']} ({t['reason']})")
+    print(f"  ratio session/grid: {a / g:.3f} samples/s; trials {trials}/{len(points)} = {trials / len(points):.2f}")
+    ok = a >= 0.95 * g and trials <= len(points) / 3
+    print(f"  {'PASS' if ok else 'FAIL'}: at least 95% of the grid's best with at most a third of its points")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
