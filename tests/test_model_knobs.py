@@ -151,7 +151,9 @@ def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
         return
     root = tmp_path / "copy"
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("data", "*.ipynb"))
-    done = subprocess.run(["patch", "-p1", "-i", str(patch)], cwd=root, capture_output=True, text=True)
+    # The patch is relative to the folder the session names (the script's, without a repository around it).
+    where = root / Path(state["patch_root"]).relative_to(conv_session.parent)
+    done = subprocess.run(["patch", "-p1", "-i", str(patch)], cwd=where, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     text = (root / "examples" / "conv_classifier.py").read_text()
     for knob, line in (("channels_last", "model = model.to(memory_format=torch.channels_last)"),

@@ -412,8 +412,9 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     again = (decision is not None and decision.inconclusive and remeasure and refused is None
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
-    if refused is not None:
+    if refused is not None:  # nothing was changed: whatever it measured, it is not kept
         row.update(decision="not applicable", reason=refused)
+        decision = dataclasses.replace(decision, keep=False, inconclusive=False) if decision is not None else None
     state["trials"].append(row)
     log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
     if compile_text(row.get("compile")):
