@@ -211,8 +211,10 @@ def test_session_tables_outputs_and_display(oom_session, tmp_path):
     report = session.report(tmp_path / "elsewhere" / "report.html")
     assert report.is_file() and "00-baseline" in report.read_text()
     logdir = session.tensorboard(tmp_path / "tb")
-    assert sorted(p.name for p in logdir.iterdir()) == sorted(trials["name"])
-    assert list((logdir / "00-baseline").glob("events.out.tfevents.*"))
+    traced = [n for n, f in zip(trials["name"], trials["folder"]) if list((session.path / f).glob("*.pt.trace.json*"))]
+    assert sorted(p.name for p in logdir.iterdir()) == sorted(["session", *traced])  # the run, the traces
+    assert list((logdir / "session").glob("events.out.tfevents.*"))
+    assert list((logdir / "00-baseline").glob("*.pt.trace.json*"))
     html = session._repr_html_()
     assert 'class="ladder"' in html and "What held the step back" in html and html.count("<tr>") == len(trials) + 1
     assert Session(session.path).state == session.state
