@@ -407,6 +407,20 @@ def test_tensorboard_server_shows_the_session_run_and_each_trials_profile(tmp_pa
             server.wait()
 
 
+def test_tensorboard_text_shows_names_as_written():
+    """Markdown in a trial's name, change or reason (or HTML) renders as the characters written, through the
+    Markdown renderer of TensorBoard's Text tab."""
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    from advisor.report.tensorboard import trial_text
+
+    odd = r"__init__ *x* [a](b) `c` # 1. - + ! | \ & <b>html</b>"
+    row = {"name": odd, "change": odd, "decision": "kept", "status": "ok", "reason": odd}
+    html = markdown_to_safe_html(trial_text(row, None))
+    text = html.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    assert text.count(odd) == 3 and "<strong>init</strong>" not in html and "<b>html</b>" not in html, html
+
+
 def test_trace_report_shows_the_memory_timeline(tmp_path):
     from conftest import gpu_trace
 
