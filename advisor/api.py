@@ -316,7 +316,8 @@ class Session:
         return write_report(self.path, Path(path) if path is not None else self.path / "report.html")
 
     def tensorboard(self, logdir: str | os.PathLike | None = None) -> Path:
-        """Write one TensorBoard run per trial; return the folder to give `tensorboard --logdir`."""
+        """Write the session's TensorBoard run; return the folder to give `tensorboard --logdir` (with a
+        `logdir`, the run and each trial's trace are copied there)."""
         import shutil
 
         from advisor.report import write_tensorboard
@@ -325,7 +326,7 @@ class Session:
         if logdir is None:
             return self.path / "trials"
         logdir = Path(logdir)
-        for run in runs:  # each run: its event file and its trace (for the profiler plugin)
+        for run in runs:  # the session run's event file; each trial's trace (the profiler plugin's runs)
             target = logdir / run.name
             target.mkdir(parents=True, exist_ok=True)
             for file in [*run.glob("events.out.tfevents.*"), *run.glob("*.pt.trace.json*")]:

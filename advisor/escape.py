@@ -43,3 +43,14 @@ def strings_without_surrogates(value):
     if isinstance(value, (list, tuple)):
         return [strings_without_surrogates(v) for v in value]
     return value
+
+
+# What Python-Markdown (TensorBoard's Text tab) takes a backslash before; any other backslash stays visible.
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|])")
+
+
+def for_markdown(text: object) -> str:
+    """`str(text)` shown literally by Markdown: `DataLoader.__next__` stays as written, not a bold "next"; HTML
+    (`<b>`) is shown as text."""
+    text = without_surrogates(str(text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN.sub(r"\\\1", text)

@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+from tensorboard.plugin_util import markdown_to_safe_html
 
 from advisor.analysis.analyze import analyze_file, analyze_path, diagnosis_to_dict
 from advisor.analysis.bound import BOUNDS
@@ -96,7 +97,7 @@ def test_terminal_and_report_show_the_bound(tmp_path):
     assert proc.returncode == 0, proc.stderr
     html = (tmp_path / "r.html").read_text()
     assert re.search(r"Bound: input pipeline \(DataLoader\) — 9\d% of the step waiting on the DataLoader", html)
-    tensorboard_text = trial_text({"name": "00-baseline"}, trace_view(path))
+    tensorboard_text = markdown_to_safe_html(trial_text({"name": "00-baseline"}, trace_view(path)))  # as it shows
     assert re.search(r"Bound: input pipeline \(DataLoader\) — 9\d% of the step", tensorboard_text)
 
 

@@ -8,6 +8,7 @@ real `tensorboard` server's HTTP API.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import re
@@ -270,7 +271,8 @@ def test_cli_report_writes_html_and_tensorboard(tmp_path: Path):
     done = run(str(session_dir), "--tensorboard")
     assert done.returncode == 0, done.stderr
     assert (session_dir / "report.html").is_file()
-    assert len(list((session_dir / "trials" / "00-baseline").glob("events.out.tfevents.*"))) == 1
+    assert len(list((session_dir / "trials" / "session").glob("events.out.tfevents.*"))) == 1
+    assert "the session run and 1 trial(s) with traces" in done.stdout
     trace = next(IMAGE_BASELINE.glob("*.pt.trace.json.gz"))
     done = run(str(trace), "-o", str(tmp_path / "trace.html"))
     assert done.returncode == 0 and (tmp_path / "trace.html").stat().st_size > 10_000, done.stderr
@@ -310,23 +312,32 @@ def test_wheel_ships_the_templates(tmp_path: Path):
 # ---- TensorBoard ----
 
 def _get_json(url: str):
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
+    with urllib.request.urlopen(url, timeout=30) as response:
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":  # the profiler plugin's trace and memory views
+            body = gzip.decompress(body)
+        return json.loads(body)
 
 
-def test_tensorboard_server_shows_one_run_per_trial(tmp_path: Path):
-    """A real tensorboard server over DIR/trials: one run per trial, each with its scalars at its index."""
+def test_tensorboard_server_shows_the_session_run_and_each_trials_profile(tmp_path: Path):
+    """A real tensorboard server over DIR/trials: one run, `session`, with a series per figure over the trial
+    index (no series without data: a CPU session has no GPU series), its text shown as written; and the
+    PyTorch profiler plugin (torch-tb-profiler, installed with the package) lists every trial with a trace
+    and serves its Overview, Operator, Trace and Memory views."""
     tensorboard = Path(sys.executable).parent / "tensorboard"
     assert tensorboard.exists(), f"{tensorboard} is missing: make install installs tensorboard"
     session_dir = build_session(tmp_path / "session")
     rows = json.loads((session_dir / "session.json").read_text())["trials"]
+    (session_dir / "trials" / "00-baseline" / "events.out.tfevents.1.old.0").write_bytes(b"")  # the old layout
     write_tensorboard(session_dir)
-    write_tensorboard(session_dir)  # re-running replaces the event files, it does not add to them
-    for row in rows:
-        assert len(list((session_dir / row["folder"]).glob("events.out.tfevents.*"))) == 1
+    write_tensorboard(session_dir)  # re-running replaces the event file, it does not add to them
+    assert [p.parent.name for p in session_dir.rglob("events.out.tfevents.*")] == ["session"]
+    traced = [r["name"] for r in rows if list((session_dir / r["folder"]).glob("*.pt.trace.json.gz"))]
+    assert len(traced) == len(rows) - 1  # the failed trial has no trace: it is in the session's text only
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    profiler = f"{base}/data/plugin/pytorch_profiler"
     log = tmp_path / "tensorboard.log"
     with open(log, "wb") as sink:  # a file, not a pipe: a chatty server can never block on a full pipe
         server = subprocess.Popen([str(tensorboard), "--logdir", str(session_dir / "trials"), "--host",
@@ -334,29 +345,59 @@ def test_tensorboard_server_shows_one_run_per_trial(tmp_path: Path):
                                   stdout=sink, stderr=sink, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        runs, tags = [], {}
+        runs, tags, profiled = [], {}, {}
         while time.monotonic() < deadline:
             assert server.poll() is None, log.read_text()[-2000:]
             try:
                 runs = _get_json(f"{base}/data/runs")
                 tags = _get_json(f"{base}/data/plugin/scalars/tags")
-                if len(runs) == len(rows) and all(tags.get(r["name"]) for r in rows):
+                profiled = _get_json(f"{profiler}/runs")
+                if tags.get("session") and len(profiled["runs"]) == len(traced) and not profiled["loading"]:
                     break
             except OSError:
                 pass
             time.sleep(0.5)
-        assert sorted(runs) == sorted(r["name"] for r in rows)
+        assert runs == ["session"]
+        series = set(tags["session"])
+        assert {"throughput/samples_per_s", "throughput/samples_per_s_kept", "step_time/median_ms",
+                "memory/peak_gb", "breakdown/dataloader", "breakdown/cpu_op"} <= series
+        # A CPU session: no kernels, copies or runtime, so no series for them (they were all zeros)
+        assert not {"breakdown/kernel", "breakdown/memcpy", "breakdown/memset", "breakdown/runtime",
+                    "breakdown/communication", "gpu/utilization"} & series, series
+
+        def points(tag):
+            query = urllib.parse.urlencode({"run": "session", "tag": tag})
+            return [(step, round(value, 1)) for _wall, step, value in
+                    _get_json(f"{base}/data/plugin/scalars/scalars?{query}")]
+
         measured = [r for r in rows if r["samples_per_s"] is not None]
-        assert len(measured) < len(rows)  # the failed trial is a run too (its text says why), without figures
-        for row in measured:
-            assert {"throughput/samples_per_s", "step_time/median_ms", "memory/peak_gb", "breakdown/dataloader",
-                    "breakdown/cpu_op"} <= set(tags[row["name"]])
-            query = urllib.parse.urlencode({"run": row["name"], "tag": "throughput/samples_per_s"})
-            points = _get_json(f"{base}/data/plugin/scalars/scalars?{query}")
-            assert [(step, round(value, 1)) for _wall, step, value in points] == [
-                (row["index"], round(row["samples_per_s"], 1))]
-        text_tags = _get_json(f"{base}/data/plugin/text/tags")
-        assert all(text_tags.get(r["name"]) for r in rows)
+        assert points("throughput/samples_per_s") == [(r["index"], round(r["samples_per_s"], 1)) for r in measured]
+        # The ladder: after each trial, the samples/s of the setting kept (01 kept, 02 reverted, 03 kept)
+        ladder = [rows[0], rows[1], rows[1], rows[3], rows[3]]
+        assert [r["decision"] for r in rows] == ["baseline", "kept", "reverted", "kept", "failed"]
+        assert points("throughput/samples_per_s_kept") == [
+            (i, round(r["samples_per_s"], 1)) for i, r in enumerate(ladder)]
+
+        text_tags = _get_json(f"{base}/data/plugin/text/tags")["session"]
+        query = urllib.parse.urlencode({"run": "session", "tag": text_tags[0]})
+        texts = _get_json(f"{base}/data/plugin/text/text?{query}")
+        assert [t["step"] for t in texts] == [r["index"] for r in rows]
+        baseline = texts[0]["text"]
+        assert "DataLoader.__next__" in baseline and "<strong>next</strong>" not in baseline, baseline
+        assert "out of memory at batch 128" in texts[-1]["text"]
+
+        assert sorted(profiled["runs"]) == sorted(traced)
+        for run in traced:
+            assert {"Overview", "Operator", "Trace", "Memory"} <= set(_get_json(f"{profiler}/views?run={run}"))
+            worker = _get_json(f"{profiler}/workers?run={run}&view=Overview")[0]
+            span = (_get_json(f"{profiler}/spans?run={run}&worker={worker}") or [""])[0]
+            query = urllib.parse.urlencode({"run": run, "worker": worker, "span": span})
+            overview = _get_json(f"{profiler}/overview?{query}")
+            assert overview["steps"]["rows"] and {"title": "Device Type", "value": "CPU"} in overview["environments"]
+            operators = _get_json(f"{profiler}/operation?{query}&group_by=Operation")
+            assert operators["host_total_time"]["rows"]
+            assert len(_get_json(f"{profiler}/trace?{query}")["traceEvents"]) > 100
+            assert _get_json(f"{profiler}/memory?{query}")["metadata"]["default_device"] == "CPU"
     finally:
         server.terminate()
         try:
@@ -364,6 +405,20 @@ def test_tensorboard_server_shows_one_run_per_trial(tmp_path: Path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_tensorboard_text_shows_names_as_written():
+    """Markdown in a trial's name, change or reason (or HTML) renders as the characters written, through the
+    Markdown renderer of TensorBoard's Text tab."""
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    from advisor.report.tensorboard import trial_text
+
+    odd = r"__init__ *x* [a](b) `c` # 1. - + ! | \ & <b>html</b>"
+    row = {"name": odd, "change": odd, "decision": "kept", "status": "ok", "reason": odd}
+    html = markdown_to_safe_html(trial_text(row, None))
+    text = html.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    assert text.count(odd) == 3 and "<strong>init</strong>" not in html and "<b>html</b>" not in html, html
 
 
 def test_trace_report_shows_the_memory_timeline(tmp_path):

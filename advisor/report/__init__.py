@@ -33,7 +33,8 @@ def render_trace_report(path: Path) -> str:
 
 
 def write_tensorboard(session_dir: Path) -> list[Path]:
-    """Write one TensorBoard run per trial folder of a session (replacing earlier event files)."""
+    """Write a session's TensorBoard run (DIR/trials/session, replacing the earlier one); return it and the
+    trial folders with traces (the profiler plugin's runs)."""
     from advisor.report.tensorboard import write_tensorboard as write
 
     return write(session_dir)
@@ -63,6 +64,7 @@ def report_command(args: argparse.Namespace) -> int:
     written = write_report(target, out)
     print(f"report: {for_terminal(written)}")  # a name that is not UTF-8 (or holds escapes) shown escaped
     if args.tensorboard:
-        runs = write_tensorboard(target)
-        print(f"tensorboard: {len(runs)} run(s); view with: tensorboard --logdir {for_terminal(target / 'trials')}")
+        traces = len(write_tensorboard(target)) - 1
+        print(f"tensorboard: the session run and {traces} trial(s) with traces; "
+              f"view with: tensorboard --logdir {for_terminal(target / 'trials')}")
     return 0

@@ -1,44 +1,89 @@
-"""TensorBoard runs for a session: each trial folder is a run (`tensorboard --logdir DIR/trials`).
+"""TensorBoard for a session (`tensorboard --logdir DIR/trials`): one run, `session`, and the traces.
 
-The trial's `*.pt.trace.json.gz` already sits directly in its folder, where the PyTorch profiler plugin
-looks for a run's traces; this module adds the event file next to it: scalars keyed by trial index
-(global_step), so the runs line up as a sequence, and one text entry with the diagnosis and the decision.
-Figures come from session.json and each trial's Diagnosis, as in the HTML report.
+The run `session` (DIR/trials/session/) holds the session as series over the trial index (global_step):
+each trial's samples/s, the samples/s of the setting kept after each trial (the ladder), step time, memory,
+batch size and the step-time breakdown, and a text entry per trial with its decision and diagnosis. One run
+puts the trials on one line per chart; a series is written only where some trial has data for it, so a CPU
+session has no GPU series. Each trial's `*.pt.trace.json.gz` already sits in its own folder, where the
+PyTorch profiler plugin (torch-tb-profiler) finds it: there each trial is a run. Figures come from
+session.json and each trial's Diagnosis, as in the HTML report.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from advisor.analysis.breakdown import ROLES
+from advisor.escape import for_markdown as md
+
+SESSION_RUN = "session"  # DIR/trials/session: a name no trial folder takes (theirs start with their index)
+LADDER = ("baseline", "kept")  # the decisions that set what the next trial starts from
 
 
 def trial_text(row: dict, view, unit: str = "samples/s") -> str:
-    """The markdown shown in TensorBoard's Text tab for one trial: decision, figures, advice."""
-    lines = [f"**{row['name']}**: {row.get('change') or 'baseline'}",
+    """The markdown shown in TensorBoard's Text tab for one trial: decision, figures, advice. Every text
+    from the record or the trace is escaped, so `DataLoader.__next__` shows as written, not in bold."""
+    lines = [f"**{md(row['name'])}**: {md(row.get('change') or 'baseline')}",
              "",
-             f"- decision: **{row.get('decision') or '?'}** ({row.get('status') or '?'}): {row.get('reason') or ''}"]
+             f"- decision: **{md(row.get('decision') or '?')}** ({md(row.get('status') or '?')}): "
+             + md(row.get("reason") or "")]
     if row.get("samples_per_s") is not None:
-        lines.append(f"- {unit}: {row['samples_per_s']:.1f}, speed-up ×{row.get('speedup') or 0:.2f}")
+        lines.append("- " + md(f"{unit}: {row['samples_per_s']:.1f}, speed-up ×{row.get('speedup') or 0:.2f}"))
     if view is not None:
         d = view.diagnosis
-        lines.append(f"- device: {view.device}")
-        lines.append(f"- {view.bound}")
-        lines.append("- step-time breakdown: " + ", ".join(
-            f"{label} {share}" for label, _per_step, share in view.breakdown_rows))
-        for label, value in view.figure_rows:
-            lines.append(f"- {label}: {value}")
+        lines.append("- " + md(f"device: {view.device}"))
+        lines.append("- " + md(view.bound))
+        lines.append("- " + md("step-time breakdown: " + ", ".join(
+            f"{label} {share}" for label, _per_step, share in view.breakdown_rows)))
+        lines += ["- " + md(f"{label}: {value}") for label, value in view.figure_rows]
         if d.recommendations:
-            lines += ["", "Recommendations, best first:"]
+            lines += ["", "Recommendations, best first:", ""]
             for i, r in enumerate(d.recommendations, 1):
                 when = "" if r.helps_now else f", helps once {r.helps_once} is fixed"
-                lines.append(f"{i}. {r.title} (~{100 * r.predicted_gain:.1f}% of step time{when}): "
-                             + "; ".join(r.evidence))
+                lines.append(f"{i}. " + md(f"{r.title} (~{100 * r.predicted_gain:.1f}% of step time{when}): "
+                                           + "; ".join(r.evidence)))
     return "\n".join(lines)
 
 
+def session_series(rows: list[dict], diagnoses: dict, unit: str = "samples/s") -> dict[str, dict[int, float]]:
+    """The series of the session run: tag -> {trial index: value}, only the series some trial has data for.
+
+    `diagnoses` maps a trial index to its Diagnosis (trials without a trace are left out). `throughput/
+    <unit>_kept` is the ladder: after each trial, the samples/s of the setting the session kept (the
+    baseline's until a change is kept)."""
+    rate = unit.replace("/", "_per_")
+    series: dict[str, dict[int, float]] = {}
+
+    def put(tag: str, index: int, value) -> None:
+        if value is not None:
+            series.setdefault(tag, {})[index] = float(value)
+
+    kept = None
+    for row in rows:
+        i = int(row["index"])
+        if row.get("decision") in LADDER and row.get("samples_per_s") is not None:
+            kept = row["samples_per_s"]
+        put(f"throughput/{rate}", i, row.get("samples_per_s"))
+        put(f"throughput/{rate}_kept", i, kept)
+        put("throughput/speedup", i, row.get("speedup"))
+        put("step_time/median_ms", i, None if row.get("median_step_s") is None else 1000 * row["median_step_s"])
+        put("memory/peak_gb", i, None if row.get("peak_memory_bytes") is None else row["peak_memory_bytes"] / 1e9)
+        put("batch_size", i, row.get("batch_size"))
+        d = diagnoses.get(i)
+        if d is not None:
+            put("step_time/profiled_ms", i, d.step_time_us / 1000)
+            put("gpu/utilization", i, d.gpu_utilization)
+            for role in ROLES:
+                put(f"breakdown/{role}", i, d.breakdown_share[role])
+    # A role no trial spent time in (kernels, copies and the runtime on a CPU) has no data: a flat zero line
+    return {tag: points for tag, points in series.items()
+            if not tag.startswith("breakdown/") or any(points.values())}
+
+
 def write_tensorboard(session_dir: Path) -> list[Path]:
-    """Write one TensorBoard run per trial of a session; re-running replaces the earlier event files."""
+    """Write the session run (DIR/trials/session) and return it with the trial folders that hold traces
+    (the profiler plugin's runs); re-running replaces the earlier event files."""
     from torch.utils.tensorboard import SummaryWriter  # torch only here: the rest of the report is torch-free
 
     from advisor.report.session_folder import load_session, trial_folder, trial_traces
@@ -47,37 +92,32 @@ def write_tensorboard(session_dir: Path) -> list[Path]:
     session_dir = Path(session_dir)
     session = load_session(session_dir)
     unit = session.get("unit") or "samples/s"  # steps/s where no step knew its batch size
-    runs = []
+    rows, views, trace_runs = [], {}, []
     for row in session["trials"]:
         folder = trial_folder(session_dir, row)
         if folder is None or not folder.is_dir():
             continue
         for old in folder.glob("events.out.tfevents.*"):
-            old.unlink()  # idempotent: one event file per run, however often the report is rewritten
+            old.unlink()  # a trial was its own run before the session run: one run, however often rewritten
         traces = trial_traces(session_dir, row)
-        view = trace_view(traces[0]) if traces else None
-        step = int(row["index"])
-        writer = SummaryWriter(log_dir=str(folder))
-        try:
-            scalars = {
-                f"throughput/{unit.replace('/', '_per_')}": row.get("samples_per_s"),
-                "throughput/speedup": row.get("speedup"),
-                "step_time/median_ms": None if row.get("median_step_s") is None else 1000 * row["median_step_s"],
-                "memory/peak_gb": None if row.get("peak_memory_bytes") is None else row["peak_memory_bytes"] / 1e9,
-                "batch_size": row.get("batch_size"),
-            }
-            if view is not None:
-                d = view.diagnosis
-                scalars["step_time/profiled_ms"] = d.step_time_us / 1000
-                for role in ROLES:
-                    scalars[f"breakdown/{role}"] = d.breakdown_share[role]
-                if d.gpu_utilization is not None:
-                    scalars["gpu/utilization"] = d.gpu_utilization
-            for tag, value in scalars.items():
-                if value is not None:
-                    writer.add_scalar(tag, float(value), global_step=step)
-            writer.add_text("diagnosis", trial_text(row, view, unit), global_step=step)
-        finally:
-            writer.close()
-        runs.append(folder)
-    return runs
+        if traces:
+            views[int(row["index"])] = trace_view(traces[0])
+            trace_runs.append(folder)
+        rows.append(row)
+    run = session_dir / "trials" / SESSION_RUN
+    if run.is_symlink():  # the session folder is input: never write through a link out of it
+        run.unlink()
+    elif run.is_dir():
+        shutil.rmtree(run)  # written only here
+    writer = SummaryWriter(log_dir=str(run))
+    try:
+        diagnoses = {i: v.diagnosis for i, v in views.items()}
+        for tag, points in session_series(rows, diagnoses, unit).items():
+            for index, value in sorted(points.items()):
+                writer.add_scalar(tag, value, global_step=index)
+        for row in rows:
+            writer.add_text("trials", trial_text(row, views.get(int(row["index"])), unit),
+                            global_step=int(row["index"]))
+    finally:
+        writer.close()
+    return [run, *trace_runs]

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.report.tensorboard import SESSION_RUN
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.record import TRIAL_MARKER
 
@@ -171,7 +172,7 @@ def load_state(out: Path) -> dict[str, Any]:
         raise AdvisorError(f"{trials}: is a symbolic link, not the session's own folder; nothing was touched")
     listed = {t.get("name") for t in state["trials"] if isinstance(t, dict)}
     for entry in sorted(trials.iterdir()) if trials.is_dir() else ():
-        if entry.name in listed or entry.name == SET_ASIDE:
+        if entry.name in listed or entry.name in (SET_ASIDE, SESSION_RUN):  # SESSION_RUN: rewritten at the end
             continue
         marker = entry / TRIAL_MARKER
         if entry.is_dir() and not entry.is_symlink() and marker.is_file() and not marker.is_symlink():

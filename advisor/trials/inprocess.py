@@ -7,15 +7,22 @@ DataLoader knobs reach the loader by rebuilding it from the given one with chang
 knobs wrap each call as in a subprocess trial. In-process means a trial cannot be isolated: an
 out-of-memory error is caught, recorded as "oom" and its memory released (frames cleared,
 `gc.collect()`, the CUDA cache emptied); there is no time limit or memory cap, and `device="cpu"`
-cannot hide a GPU from the step. Torch is imported when used.
+cannot hide a GPU from the step. What the steps write to the process's file descriptors 1 and 2 (the
+profiler's own messages from C++, `USDT: ... profiler_start`, `CPUAllocator.cpp ... Memory block of unknown
+size`, and the DataLoader workers' output) goes into the trial's output.log, as a subprocess trial's does;
+a notebook's `print` writes to the notebook's own stream, not to those descriptors, and still shows there.
+Torch is imported when used.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import inspect
 import json
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -29,7 +36,8 @@ from advisor.trials.harness import user_traceback
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 from advisor.trials.model_knobs import ModelInterposition
 from advisor.trials.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
-from advisor.trials.record import RESULT_FILE, SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, complete_record
+from advisor.trials.record import (LOG_FILE, RESULT_FILE, SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult,
+                                   complete_record)
 from advisor.trials.storage import write_json_atomic
 
 
@@ -137,6 +145,44 @@ def shutdown_workers(iterator: Any) -> None:
 
 # --- one trial in this process --------------------------------------------------------------------
 
+def _flush_all() -> None:
+    """Python's and C's buffered output written out, so that it lands where the descriptors point now."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # None, or closed, in some embedding hosts
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers (printf from native code)
+    except (OSError, AttributeError):  # no C library to load by that name: nothing buffered by it to flush
+        pass
+
+
+@contextlib.contextmanager
+def output_into(path: Path):
+    """File descriptors 1 and 2 appended to `path` for the block, then restored: native code and child
+    processes write there, not to the notebook or terminal the process runs in."""
+    _flush_all()
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # a process without descriptor 1 or 2 (a daemon): nothing would show anyway
+        yield
+        return
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+            finally:
+                _flush_all()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
 def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | None, out_dir: Path, *,
                          name: str | None = None, steps: int = 5, wait: int = 2, warmup: int = 1,
                          device: str = "auto", windows: int = 0, window_s: float = 1.0,
@@ -168,7 +214,7 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
         "schedule": {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s},
         "profiled": True, "memory_limit": None,
         "status": "running", "message": "", "device_facts": None, "steps": [], "summary": None,
-        "trace_files": [], "log_file": None, "pid": os.getpid(), "in_process": True,
+        "trace_files": [], "log_file": LOG_FILE, "pid": os.getpid(), "in_process": True,
         "times": {"started_at": started},
     }
     write_json_atomic(out / TRIAL_FILE, record)
@@ -183,62 +229,63 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
 
     threads = torch.get_num_threads()  # the threads knob must not outlive the trial in the notebook
     model = ModelInterposition(knobs, device_type)  # undone after the trial: the model is the notebook's
-    try:
-        batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
-        model.install()
-        driver = StepDriver(config, device_type, records)
-        result["steps_expected"] = driver.schedule.total
-        step = driver.wrap(train_step, func)
-        while True:
-            iterator = iter(batches)
-            produced = False
-            for batch in iterator:
-                produced = True
-                step(batch)
-            if not produced:  # an empty loader, or a one-shot iterable that is used up
-                ended = driver.schedule.script_ended(driver.index, "the loader", func)
-                if ended["status"] == "ok":
-                    result.update(ended)
-                else:
-                    result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the trial "
-                                         f"needs {driver.schedule.total} (wait {driver.schedule.wait} + warmup "
-                                         f"{warmup} + record {steps})")
-                break
-    except TrialComplete:
-        result.update(status="ok", message=driver.schedule.completed_message())
-    except BaseException as exc:  # the step's error, an out-of-memory error, Ctrl-C, or a loader that cannot be built
-        at = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
-        first = (str(exc).strip().splitlines() or [""])[0]
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        oom = not interrupted and is_out_of_memory(exc)
-        status = "interrupted" if interrupted else "oom" if oom else "error"
-        result.update(status=status, message=f"{type(exc).__name__}{at}: {first}" if first else
-                      f"{type(exc).__name__}{at}", error_type=type(exc).__name__, traceback=user_traceback(exc))
-        if oom:
-            traceback.clear_frames(exc.__traceback__)  # the frames hold the tensors that did not fit
-        else:
-            failure = exc
-    finally:
-        batch = None
-        if driver is not None:
-            result["outcomes"] = {**loader_outcomes, **driver.close(result), **model.outcomes_after_steps()}
-            result["compile"] = model.compile_record()
-        model.undo()
-        if knobs.fused_optimizer:
-            result.setdefault("outcomes", {})["fused_optimizer"] = not_applicable(
-                "the notebook built its optimizer before the trial: build it with fused=True to measure it")
-        if batches is not loader or not getattr(loader, "persistent_workers", False):
-            shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
-        iterator = batches = None
-        peak = peak_rss_since_reset() if measured_peak else None
-        if peak is not None and "memory" in result:
-            result["memory"]["peak_rss_bytes"] = peak
-        result["dataloaders"] = [r.to_dict(training=True) for r in records]
-        if knobs.threads:
-            result.setdefault("outcomes", {})["threads"] = APPLIED
-        torch.set_num_threads(threads)
-        if result["status"] == "oom":
-            release_memory()
+    with output_into(out / LOG_FILE):  # the profiler's own messages: the trial's log, as in the CLI
+        try:
+            batches, records, loader_outcomes = apply_loader_knobs(loader, knobs, accelerator=device_type != "cpu")
+            model.install()
+            driver = StepDriver(config, device_type, records)
+            result["steps_expected"] = driver.schedule.total
+            step = driver.wrap(train_step, func)
+            while True:
+                iterator = iter(batches)
+                produced = False
+                for batch in iterator:
+                    produced = True
+                    step(batch)
+                if not produced:  # an empty loader, or a one-shot iterable that is used up
+                    ended = driver.schedule.script_ended(driver.index, "the loader", func)
+                    if ended["status"] == "ok":
+                        result.update(ended)
+                    else:
+                        result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the "
+                                             f"trial needs {driver.schedule.total} (wait {driver.schedule.wait} + "
+                                             f"warmup {warmup} + record {steps})")
+                    break
+        except TrialComplete:
+            result.update(status="ok", message=driver.schedule.completed_message())
+        except BaseException as exc:  # the step's error, out of memory, Ctrl-C, or a loader that cannot be built
+            at = f" in step {driver.failed_step}" if driver is not None and driver.failed_step is not None else ""
+            first = (str(exc).strip().splitlines() or [""])[0]
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            oom = not interrupted and is_out_of_memory(exc)
+            status = "interrupted" if interrupted else "oom" if oom else "error"
+            result.update(status=status, message=f"{type(exc).__name__}{at}: {first}" if first else
+                          f"{type(exc).__name__}{at}", error_type=type(exc).__name__, traceback=user_traceback(exc))
+            if oom:
+                traceback.clear_frames(exc.__traceback__)  # the frames hold the tensors that did not fit
+            else:
+                failure = exc
+        finally:
+            batch = None
+            if driver is not None:
+                result["outcomes"] = {**loader_outcomes, **driver.close(result), **model.outcomes_after_steps()}
+                result["compile"] = model.compile_record()
+            model.undo()
+            if knobs.fused_optimizer:
+                result.setdefault("outcomes", {})["fused_optimizer"] = not_applicable(
+                    "the notebook built its optimizer before the trial: build it with fused=True to measure it")
+            if batches is not loader or not getattr(loader, "persistent_workers", False):
+                shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
+            iterator = batches = None
+            peak = peak_rss_since_reset() if measured_peak else None
+            if peak is not None and "memory" in result:
+                result["memory"]["peak_rss_bytes"] = peak
+            result["dataloaders"] = [r.to_dict(training=True) for r in records]
+            if knobs.threads:
+                result.setdefault("outcomes", {})["threads"] = APPLIED
+            torch.set_num_threads(threads)
+            if result["status"] == "oom":
+                release_memory()
     write_json_atomic(out / RESULT_FILE, result)
     trial = complete_record(record, out, started)
     if peak is not None and trial.peak_memory_source and "ru_maxrss" in trial.peak_memory_source:
