@@ -51,3 +51,15 @@ def trial_startup_s(tmp_path_factory) -> float:
     result = run_trial(f"{script}:train_step", Knobs(), folder / "t", steps=2, device="cpu")
     assert result.ok, result.message
     return json.loads((result.path / "trial.json").read_text())["times"]["duration_s"]
+
+
+def whole_at(lines: list[str], width: int = 80) -> None:
+    """Terminal output readable at `width` columns: nothing cut with '…', and every line within the width but
+    the copyable ones (a path or a command, printed whole on a line of its own so it can be pasted)."""
+    from rich.cells import cell_len
+
+    for line in lines:
+        assert "…" not in line, line
+        text = line.strip()
+        copyable = " " not in text or text.startswith(("cd ", "patch -p1"))
+        assert copyable or cell_len(line) <= width, line

@@ -93,7 +93,7 @@ def test_a_compile_that_fails_is_not_applicable_and_the_session_goes_on(tmp_path
     script = write(tmp_path, "conv.py", SMALL_CONV)
     out = tmp_path / "session"
     done = run_advisor("profile", f"{script}:train_step", "--device", "cpu", "--out", str(out), "--max-trials", "6",
-                       "--windows", "2", "--window", "0.5", env={"CXX": "/nonexistent/c++"}, timeout=600)
+                       "--steps", "2", "--windows", "2", "--window", "0.3", env={"CXX": "/nonexistent/c++"}, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     state = json.loads((out / "session.json").read_text())
     assert state["status"] == "done"
@@ -115,7 +115,7 @@ def conv_session(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("data", "*.ipynb"))
     out = root / "session"
     done = run_advisor("profile", "examples/conv_classifier.py:train_step", "--device", "cpu", "--out", str(out),
-                       "--max-trials", "6", "--windows", "3", "--window", "0.5", cwd=root, timeout=900)
+                       "--max-trials", "5", "--steps", "3", "--windows", "3", "--window", "0.4", cwd=root, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
@@ -131,7 +131,7 @@ def test_the_conv_session_tries_channels_last_and_compile_and_keeps_what_pays(co
         assert all(v == APPLIED for v in (t["outcomes"] or {}).values()), t["outcomes"]
         if t["decision"] == "kept" and t["recommendation"] != "confirm":
             assert t["gain"] > 0
-    compiled = next(t for t in state["trials"] if t["recommendation"] == "compile")
+    compiled = next(t for t in state["trials"] if t["knobs"].get("compile"))  # alone, or in a pair
     record = json.loads((conv_session / compiled["folder"] / "trial.json").read_text())
     figures = compiled["compile"]
     assert figures["graphs"] >= 1 and figures["graph_breaks"] == 0 and figures["compile_s"] > 0

@@ -24,7 +24,7 @@ from advisor.search.strategy import SearchSpace, decide, fit_memory, next_batch_
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.runner import run_trial
-from conftest import ROOT, SURFACES, run_advisor
+from conftest import ROOT, SURFACES, run_advisor, whole_at
 
 SURFACE = SURFACES / "h100-image-classifier"
 
@@ -370,7 +370,8 @@ def test_the_cli_replays_under_noise_with_a_seed_and_refuses_a_bad_spread(tmp_pa
         assert done.returncode == 0, done.stderr[-2000:]
         # Piped at 80 columns: the ladder is a list, nothing cut, no progress display.
         lines = done.stdout[done.stdout.index("Ladder"):].splitlines()  # the log lines before it: the terminal's
-        assert "…" not in done.stdout and all(len(line) <= 80 for line in lines), done.stdout
+        assert "…" not in done.stdout, done.stdout
+        whole_at(lines)
         assert " 00 baseline: baseline" in lines and "Next:" in lines, done.stdout
         state = json.loads((tmp_path / name / "session.json").read_text())
         assert state["replay_noise"] == 0.05 and state["replay_seed"] == 4

@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+from conftest import whole_at
 from trial_helpers import EXAMPLES, REPO, ctrl_c_reaches_it, median_trace_step, profiler_step_durations, trial_record, \
     write_script
 
@@ -90,7 +91,8 @@ def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
     assert "Recommendations" in output  # the baseline's diagnosis
     # Whole at 80 columns, and no progress display: the output is not a terminal.
     summary = output[output.index("Ladder"):].splitlines()  # the log lines before it are the terminal's to wrap
-    assert "…" not in output and all(len(line) <= 80 for line in summary), output
+    assert "…" not in output, output
+    whole_at(summary)
     assert "Next:" in output and "s left" not in output and "warm-up" not in output
     folder = out / "trials" / "00-baseline"
     record = trial_record(folder)
