@@ -371,9 +371,9 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
                 result, decision = _try(run, out, state, options, pair, f"together with {proposal.change}",
                                         best_measure, reference_losses, log, remeasure)
         if decision is not None and decision.keep:
-            best = result
+            best = applied_only(result)
             state["best"] = result.name
-            state["final_knobs"] = result.knobs.to_dict()
+            state["final_knobs"] = best.knobs.to_dict()
         save(state)
     best = _confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
     _bound_of(out, state, best)
@@ -543,9 +543,17 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     log(f"  confirmed: {winner_row['change'].removesuffix(' (confirming the best)')} is the best "
         f"({_figures(winner_row, state.get('unit') or 'samples/s')})")
     state["best"] = winner.name
-    state["final_knobs"] = winner.knobs.to_dict()
+    state["final_knobs"] = applied_only(winner).knobs.to_dict()
     save(state)
     return winner
+
+
+def applied_only(result: TrialResult) -> TrialResult:
+    """The trial as the base of what follows: a knob it found not applicable (a compile that failed beside
+    a change that paid) is dropped, so the next trials do not carry it and the patch does not write it."""
+    refused = {k: None for k, v in result.knob_outcomes.items()
+               if str(v).startswith("not applicable") and getattr(result.knobs, k, None) is not None}
+    return dataclasses.replace(result, knobs=dataclasses.replace(result.knobs, **refused)) if refused else result
 
 
 def _not_applicable(row: dict[str, Any], proposal: Proposal, state: dict[str, Any]) -> str | None:
