@@ -165,3 +165,12 @@ def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "loss" in run.stdout
+
+
+def test_a_trial_that_compiles_gets_time_for_its_compile():
+    from advisor.search.session import trial_time_limit
+    from advisor.search.state import SessionOptions
+
+    assert trial_time_limit(SessionOptions(timeout_s=60), Knobs(amp="bf16")) == 60
+    assert trial_time_limit(SessionOptions(timeout_s=60), Knobs(compile=True)) == 660
+    assert trial_time_limit(SessionOptions(timeout_s=900), Knobs(compile=True)) == 1800

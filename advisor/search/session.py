@@ -191,7 +191,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
         try:
             return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
                              wait=options.wait, warmup=options.warmup, device=options.device,
-                             script_args=options.script_args, timeout_s=options.timeout_s,
+                             script_args=options.script_args, timeout_s=trial_time_limit(options, knobs),
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
@@ -200,6 +200,15 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
             state["running_trial"] = None
 
     return run
+
+
+COMPILE_ALLOWANCE_S = 600.0  # torch.compile of a large model takes minutes on its first steps
+
+
+def trial_time_limit(options: SessionOptions, knobs: Knobs) -> float:
+    """Seconds a trial may take: --timeout, and as long again (at least COMPILE_ALLOWANCE_S more) for one
+    that compiles, whose first steps hold the compile."""
+    return options.timeout_s + (max(options.timeout_s, COMPILE_ALLOWANCE_S) if knobs.compile else 0.0)
 
 
 def end_left_behind(state: dict[str, Any], log: Callable[[str], None]) -> None:
