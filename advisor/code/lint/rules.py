@@ -64,8 +64,8 @@ RULES: dict[str, Rule] = {
             "dataloader-num-workers",
             "DataLoader without worker processes",
             "With num_workers=0 (the default) loading, decoding and augmenting each batch runs in the "
-            "training process between steps, and the step waits for it (a GPU sits idle). Start with 4 "
-            "workers, up to the CPU cores per GPU; for a step on the CPU, workers and the step share the cores "
+            "training process between steps, and the step waits for it. Start with 4 workers, up to the CPU "
+            "cores per accelerator; for a step on the CPU, workers and the step share the cores "
             "(measure: `advisor profile`); persistent_workers=True keeps them alive between epochs.",
             check_dataloader_workers,
         ),
