@@ -25,7 +25,7 @@ from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
 from advisor.trials.measurement import Measurement, job, measure, noise
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
-    compile_payback, new_state, reference_row, save, trial_row
+    compile_payback, new_state, reference_row, samples_gain, save, trial_row
 from advisor.report.formatting import compile_text
 from advisor.search.outputs import batch_notes, finish_outputs
 from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan, turned
@@ -411,7 +411,9 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     """Run a proposal, decide it against the best and record its row; an inconclusive gain is measured once
     more and decided on both runs together. Returns the (last) result and its decision."""
     index = len(state["trials"])
-    log(f"trial {index:02d}: {proposal.change} ({why}; predicted {100 * proposal.predicted_gain:.0f}% of step time)")
+    predicted = samples_gain(proposal.predicted_gain)  # the unit the measured change will have
+    log(f"trial {index:02d}: {proposal.change} ({why}; predicted "
+        + (f"{100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no gain figure)"))
     result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
     losses = recorded_losses(result.path)
     decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
