@@ -117,7 +117,7 @@ def conv_session(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("data", "*.ipynb"))
     out = root / "session"
     done = run_advisor("profile", "examples/conv_classifier.py:train_step", "--device", "cpu", "--out", str(out),
-                       "--max-trials", "5", "--steps", "2", "--windows", "2", "--window", "0.3", cwd=root, timeout=900)
+                       "--max-trials", "7", "--steps", "2", "--windows", "2", "--window", "0.3", cwd=root, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
