@@ -25,7 +25,7 @@ fuzz:
 		--hypothesis-show-statistics
 
 demo:
-	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --out runs/demo
+	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --max-trials 8 --out runs/demo
 
 bench:
 	$(PY) benchmarks/run.py
