@@ -545,3 +545,14 @@ def test_failed_baseline_shows_the_users_traceback(browser, tmp_path: Path):
     assert "Best trial" not in text and "Ladder" not in text and "Throughput per trial" not in text
     assert 'id="chart-throughput"' not in html and "Nothing left to recommend" not in text
     assert "None: no trial was measured." in text
+
+
+def test_the_ladder_does_not_repeat_a_setting_a_re_measure_confirmed():
+    from advisor.report.html import ladder_rows
+
+    rows = [{"name": "00-baseline", "decision": "baseline", "recommendation": None, "knobs": {}},
+            {"name": "01-workers-2", "decision": "kept", "recommendation": "more-workers", "knobs": {"num_workers": 2}},
+            {"name": "02-amp-bf16", "decision": "reverted", "recommendation": "amp", "knobs": {"amp": "bf16"}},
+            {"name": "03-confirm-01", "decision": "kept", "recommendation": "confirm", "knobs": {"num_workers": 2}},
+            {"name": "04-confirm-02", "decision": "kept", "recommendation": "confirm", "knobs": {"amp": "bf16"}}]
+    assert [r["name"] for r in ladder_rows(rows)] == ["00-baseline", "01-workers-2", "04-confirm-02"]

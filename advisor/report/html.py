@@ -42,6 +42,19 @@ def templates_dir() -> Path:
     raise AdvisorError(f"report templates not found beside {here.parent.parent} (is the package installed?)")
 
 
+def ladder_rows(rows: list[dict]) -> list[dict]:
+    """The baseline and each kept change, in order; a re-measure that confirmed a setting already on the
+    ladder is not a new step of it."""
+    ladder: list[dict] = []
+    for r in rows:
+        if r.get("decision") not in ("baseline", "kept"):
+            continue
+        if r.get("recommendation") in REMEASURES and any(r.get("knobs") == l.get("knobs") for l in ladder):
+            continue
+        ladder.append(r)
+    return ladder
+
+
 def environment() -> jinja2.Environment:
     """The jinja2 environment: autoescape always on, undefined names are errors, figure filters."""
     env = jinja2.Environment(
@@ -147,7 +160,7 @@ def render_session_report(session_dir: Path) -> str:
     tracebacks = {r["name"]: trial_traceback(session_dir, r) for r in rows if r.get("decision") == "failed"}
     return environment().get_template("session.html.j2").render(
         title=f"advisor report: {session['target'] or session_dir.name}",
-        session=session, rows=rows, ladder=[r for r in rows if r.get("decision") in ("baseline", "kept")],
+        session=session, rows=rows, ladder=ladder_rows(rows),
         views=views, jobs=jobs, verdict=top, chart=chart, capacity=capacity,
         recommendations=still_open, refuted=refuted, patch=patch, patch_name=patch_name,
         notes=[str(n) for n in session["notes"] or []], tracebacks=tracebacks,
