@@ -1,6 +1,7 @@
 """A small CNN image classifier whose Dataset decodes image files from disk: DataLoader-bound.
 
-Each `__getitem__` opens a PNG or JPEG with Pillow, decodes it, crops, flips and jitters it, so with
+Each `__getitem__` opens a PNG or JPEG with Pillow, decodes it, crops, flips and jitters it, then makes
+float pixels of it and normalizes them, so with
 `num_workers=0` the training loop spends most of its time waiting for data, not computing.
 
 The data set (shapes drawn on noisy backgrounds, four classes) is generated deterministically into
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageDraw, ImageEnhance, ImageFilter
 from torch.utils.data import DataLoader, Dataset
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "shapes"
@@ -90,8 +91,9 @@ class ShapesDataset(Dataset):
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         image = image.rotate(rng.uniform(-15, 15), resample=Image.Resampling.BICUBIC)
         image = image.resize((INPUT_SIZE, INPUT_SIZE), Image.Resampling.LANCZOS)
+        image = ImageEnhance.Contrast(image).enhance(rng.uniform(0.8, 1.2))  # contrast/brightness jitter
+        image = ImageEnhance.Brightness(image).enhance(rng.uniform(0.9, 1.1))
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
-        pixels = pixels * rng.uniform(0.8, 1.2) + rng.uniform(-0.1, 0.1)  # brightness/contrast jitter
         pixels = (pixels - 0.5) / 0.25
         return pixels, label
 

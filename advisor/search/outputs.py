@@ -3,6 +3,7 @@ settings written where the script sets them), `report.html` and the TensorBoard 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,17 @@ def core_use(state: dict[str, Any]) -> dict[str, Any] | None:
             "all_used": ranks * (workers + threads) >= cores}
 
 
+def best_uint8_plan(out: Path, state: dict[str, Any]) -> dict | None:
+    """The Dataset conversion the best trial's uint8_copies moved (its trial.json), or None."""
+    row = next((t for t in state["trials"] if t["name"] == state.get("best")), None)
+    if row is None or not (row.get("knobs") or {}).get("uint8_copies"):
+        return None
+    try:
+        return json.loads((out / row["folder"] / "trial.json").read_text()).get("uint8_plan")
+    except (OSError, ValueError):
+        return None
+
+
 def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
     final = Knobs.from_dict(state["final_knobs"] or {})
@@ -85,7 +97,7 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
             written, notes = write_patch(script, func, final, state["user_values"], out,
                                          root=repository_root(script), accumulation_steps=final.accumulation_steps,
                                          loader_site=(state.get("training_loader") or {}).get("site"),
-                                         step_file=step_file)
+                                         step_file=step_file, uint8_plan=best_uint8_plan(out, state))
             state["notes"].extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")

@@ -7,8 +7,10 @@ trial's bound are tried first:
 
     input    → more workers (the ladder 2, 4, 8, … up to the cores), measuring each size: a size that
                did not help does not stop the ladder while the loader still binds; on the CPU, fewer
-               torch threads beside the workers (threads + workers within the cores)
-    copy     → pin_memory and non_blocking, as one change (on an accelerator)
+               torch threads beside the workers (threads + workers within the cores); 8-bit images
+               from the loader, so that the float conversion leaves the workers
+    copy     → pin_memory and non_blocking, as one change (on an accelerator); 8-bit images from the
+               loader, converted and normalized where the step moves them (a quarter of the bytes)
     host     → a larger batch (fewer, larger kernels per sample)
     compute  → AMP (bf16 where the device computes it, else fp16 with a GradScaler), channels_last
                where convolutions take the step, torch.compile, TF32 where AMP did not pay (Ampere and
@@ -174,6 +176,7 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         compile_proposal(recs.get("cuda-graphs"), bound, best.knobs, space),
         model_knob_proposal(recs.get("fused-optimizer"), "fused_optimizer", "fused optimizer", best.knobs, space),
         tf32_proposal(recs.get("tf32"), recs.get("amp"), best.knobs, state, space),
+        bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space),
         model_knob_proposal(recs.get("cudnn-benchmark"), "cudnn_benchmark", "cudnn.benchmark", best.knobs, space),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
@@ -288,6 +291,18 @@ def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: S
         return None
     return Proposal(rec.id, change, knob.replace("_", "-"), dataclasses.replace(knobs, **{knob: True}),
                     rec.predicted_gain, rec.bound)
+
+
+def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
+    """8-bit images from the loader, converted where the step moves them: a quarter of the bytes to copy
+    where the copies bind (the rule's figure), and the conversion out of the workers where the loader
+    binds (measured: no rule can tell the conversion's share of a worker's time)."""
+    if knobs.uint8_copies or not space.allows("uint8_copies") or (rec is None and bound.name not in ("input", "copy")):
+        return None
+    gain = rec.predicted_gain if rec is not None else ROUND_GAIN
+    target = "copy" if rec is not None or bound.name == "copy" else "input"
+    return Proposal("fewer-copy-bytes", "8-bit images, converted on the device", "uint8-copies",
+                    dataclasses.replace(knobs, uint8_copies=True), gain, target)
 
 
 def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:

@@ -50,6 +50,7 @@ from advisor.trials.loaders import LoaderRecord, LoaderTracker, dataloader_outco
 from advisor.trials.loop import LoopInterposition, capture_losses
 from advisor.trials.model_knobs import ModelInterposition, compile_failure, is_compile_error
 from advisor.trials.optimizers import FusedOptimizers
+from advisor.trials.uint8_copies import ByteCopies
 from advisor.trials.distributed import DDPKnobs, rank_files, rank_of
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.targets import TargetNotFound, rewrite_script
@@ -137,7 +138,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
     result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
-    driver = loop = model = optimizers = None
+    driver = loop = model = optimizers = copies = None
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
     started = time.time()
@@ -156,6 +157,11 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         model.install()
         optimizers = FusedOptimizers(knobs)
         optimizers.install()
+        copies = ByteCopies(bool(knobs.uint8_copies))
+        if copies.requested:
+            import torch
+
+            torch.Tensor.to = copies.to(torch.Tensor.to)  # for the rest of the trial's process
         driver = StepDriver(config, device_type, loader_records, tracker)
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
@@ -209,6 +215,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 step_outcomes["threads"] = APPLIED
             result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes, **ddp.outcomes(),
                                   **model_outcomes(model, optimizers)}
+            if copies is not None and copies.requested:
+                result["outcomes"]["uint8_copies"] = copies.outcome(result["outcomes"].get("uint8_copies"))
+                plans = [r.bytes_plan.to_dict() for r in loader_records if r.bytes_plan is not None]
+                result["uint8_plan"] = plans[0] if plans else None
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
             result["compile"] = model.compile_record() if model is not None else None

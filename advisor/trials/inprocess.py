@@ -271,6 +271,9 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
                 result["outcomes"] = {**loader_outcomes, **driver.close(result), **model.outcomes_after_steps()}
                 result["compile"] = model.compile_record()
             model.undo()
+            if knobs.uint8_copies:
+                result.setdefault("outcomes", {})["uint8_copies"] = not_applicable(
+                    "the notebook's loader and Dataset are its own: profile the script to measure 8-bit copies")
             if knobs.fused_optimizer:
                 result.setdefault("outcomes", {})["fused_optimizer"] = not_applicable(
                     "the notebook built its optimizer before the trial: build it with fused=True to measure it")

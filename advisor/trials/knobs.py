@@ -12,6 +12,8 @@ How each reaches the user's code, inside the trial only (by interposition: the s
   script set itself; DataLoader workers run one thread each as torch makes them.
 - `channels_last`, `compile`, `tf32`, `cudnn_benchmark`: at the model's first call
   (`advisor.trials.model_knobs`); `fused_optimizer`: where the optimizer is built (`advisor.trials.optimizers`).
+- `uint8_copies`: the training Dataset's `__getitem__` and the step's `.to(...)` of the batch
+  (`advisor.trials.uint8_copies`).
 - DDP knobs (`ddp_bucket_cap_mb`, `ddp_gradient_as_bucket_view`, `ddp_static_graph`,
   `ddp_find_unused_parameters`): where DistributedDataParallel wraps the model, on every rank alike
   (`advisor.trials.distributed`).
@@ -48,6 +50,7 @@ class Knobs:
     fused_optimizer: bool | None = None  # torch.optim optimizers built with fused=True (else foreach=True)
     tf32: bool | None = None  # fp32 matmuls and convolutions as TF32 on Tensor Cores (CUDA, Ampere and later)
     cudnn_benchmark: bool | None = None  # cuDNN picks the fastest convolution algorithm per shape (CUDA)
+    uint8_copies: bool | None = None  # the loader hands out 8-bit images; float and normalize where they are moved
     ddp_bucket_cap_mb: int | None = None  # DistributedDataParallel's own arguments, on every rank
     ddp_gradient_as_bucket_view: bool | None = None
     ddp_static_graph: bool | None = None
@@ -101,7 +104,7 @@ def knobs_problem(knobs: Knobs) -> str | None:
     ):
         return f"num_workers must be an integer >= 0, not {knobs.num_workers!r}"
     for name in ("pin_memory", "persistent_workers", "non_blocking", "ddp_gradient_as_bucket_view", "ddp_static_graph",
-                 "ddp_find_unused_parameters", *MODEL_KNOBS):
+                 "ddp_find_unused_parameters", "uint8_copies", *MODEL_KNOBS):
         value = getattr(knobs, name)
         if value is not None and not isinstance(value, bool):
             return f"{name} must be true or false, not {value!r}"

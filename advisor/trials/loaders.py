@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from advisor.trials.uint8_copies import mark, rewrite_dataset
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
@@ -38,6 +39,7 @@ class LoaderRecord:
     ordinal: int = 0  # loaders built at the same site before this one
     fetches: int = 0  # batches it handed out
     steps: int = 0  # steps whose last batch came from it: the training loader feeds the most
+    bytes_plan: Any = None  # with uint8_copies: how its Dataset hands out 8-bit images (a BytePlan)
 
     def to_dict(self, training: bool = False) -> dict[str, Any]:
         """JSON form (trial.json `dataloaders`)."""
@@ -157,10 +159,12 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
                               ordinal=sum(r.site == site for r in records))
         if is_training_site(record, training):
             record.effective, record.outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
+            if knobs.uint8_copies and not any(r.bytes_plan is not None for r in records):
+                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"))
         else:
             record.effective = dict(record.user)
             record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
-                               if k in (*DATALOADER_KNOBS, "accumulation_steps")}
+                               if k in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies")}
         for key in DATALOADER_KNOBS:
             values[key] = record.effective[key]
         records.append(record)
@@ -232,6 +236,8 @@ class LoaderTracker:
                 tracker.fetch_s += time.perf_counter() - started
             record = getattr(iterator, "_advisor_record", None)
             if record is not None:
+                if record.bytes_plan is not None:
+                    mark(batch, record.bytes_plan)
                 record.fetches += 1
                 tracker.last = record
                 size = leading_dimension(batch)
@@ -266,7 +272,7 @@ def training_loader(records: list[LoaderRecord]) -> LoaderRecord | None:
 def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, str]:
     """Per requested DataLoader knob: its outcome over all loaders the script built."""
     outcomes = {}
-    for key in (*DATALOADER_KNOBS, "accumulation_steps"):
+    for key in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies"):
         if getattr(knobs, key) is None:
             continue
         if key == "accumulation_steps" and knobs.accumulation_steps == 1:

@@ -138,12 +138,12 @@ def rewrite_inputs(module: cst.Module, target: str) -> tuple[cst.Module, bool]:
     """In the step function `target`: the batch the model is called with, made channels_last where it is moved
     to the device (`x = x.to(device)` → `x = x.to(device, memory_format=torch.channels_last)`). Returns the
     module and whether it found that line."""
-    rewrite = _InputLayout(target.rsplit(".", 1)[-1])
+    rewrite = MovedInput(target.rsplit(".", 1)[-1])
     module = module.visit(rewrite)
     return module, rewrite.done
 
 
-class _InputLayout(cst.CSTTransformer):
+class MovedInput(cst.CSTTransformer):
     """The first name both moved with `.to(...)` in the function and called into as a first argument."""
 
     def __init__(self, function: str):
@@ -178,7 +178,7 @@ class _InputLayout(cst.CSTTransformer):
         elif len(targets) == 1:
             pairs = [(targets[0], value)]
         for name, moved in pairs:
-            if isinstance(name, cst.Name) and name.value == self.fed and _is_move(moved, self.fed):
+            if isinstance(name, cst.Name) and name.value == self.fed and is_move(moved, self.fed):
                 new = put_keyword(moved, "memory_format", cst.parse_expression("torch.channels_last"))
                 self.done = True
                 if isinstance(value, cst.Tuple):
@@ -188,13 +188,14 @@ class _InputLayout(cst.CSTTransformer):
         return updated_node
 
 
-def _is_move(node: cst.BaseExpression, name: str) -> bool:
+def is_move(node: cst.BaseExpression, name: str) -> bool:
+    """Whether `node` is `<name>.to(...)`."""
     return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "to" \
         and dotted(node.func.value) == name
 
 
 class _Collect(cst.CSTVisitor):
-    def __init__(self, owner: _InputLayout):
+    def __init__(self, owner: MovedInput):
         super().__init__()
         self.owner = owner
 
@@ -205,7 +206,7 @@ class _Collect(cst.CSTVisitor):
             pairs = list(zip([e.value for e in t.elements], [e.value for e in value.elements])) \
                 if isinstance(t, cst.Tuple) and isinstance(value, cst.Tuple) else [(t, value)]
             for name, moved in pairs:
-                if isinstance(name, cst.Name) and _is_move(moved, name.value):
+                if isinstance(name, cst.Name) and is_move(moved, name.value):
                     self.owner.moved.add(name.value)
 
     def visit_Call(self, node: cst.Call) -> None:

@@ -13,6 +13,7 @@ import libcst as cst
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import rewrite_dataloaders
+from advisor.code.patch.bytes import rewrite_dataset_bytes, rewrite_step_bytes
 from advisor.code.patch.model import model_changes, rewrite_inputs, rewrite_model
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
@@ -43,7 +44,7 @@ def site_of(site: str | None) -> tuple[Path, int] | None:
 
 def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
                root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
-               step_file: Path | None = None) -> Patch:
+               step_file: Path | None = None, uint8_plan: dict | None = None) -> Patch:
     """The change that applies `knobs` where the script sets them.
 
     `target`: the step function in `step_file` (default: the script) that autocast, non_blocking and
@@ -96,6 +97,8 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         if not placed:
             notes.append("the batch the model takes is not made channels_last here (the model's first convolution "
                          "converts it); to skip that copy: x = x.to(device, memory_format=torch.channels_last)")
+    if knobs.uint8_copies and uint8_plan:
+        notes += write_bytes(edited, module_of, Path(uint8_plan["file"]).resolve(), step_path, target, uint8_plan)
     if knobs.threads and knobs.threads != user_values.get("threads"):
         base = edited.get(script) or module_of(script)
         edited[script] = add_threads(base, knobs.threads)
@@ -116,20 +119,41 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     return Patch("".join(diffs), notes)
 
 
+def write_bytes(edited: dict, module_of, dataset_file: Path, step_path: Path, target: str | None,
+                plan: dict) -> list[str]:
+    """The uint8_copies change into `edited`: the Dataset's file and the step's; notes for what is not found."""
+    if not dataset_file.is_file():
+        return [f"8-bit copies are not written: the Dataset's file {dataset_file} is not there"]
+    base = edited.get(dataset_file) or module_of(dataset_file)
+    dataset, found = rewrite_dataset_bytes(base, plan)
+    moved = False
+    if found and target is not None:
+        same = step_path == dataset_file
+        step, moved = rewrite_step_bytes(dataset if same else edited.get(step_path) or module_of(step_path),
+                                         target, plan)
+    if not (found and moved):
+        return ["8-bit copies are not written: the conversion in the Dataset or the step's .to(device) of the "
+                f"batch was not found; keep {plan['uint8']} in the Dataset and convert after the copy"]
+    edited[dataset_file] = dataset
+    edited[step_path] = step  # the same file: the step's rewrite holds the Dataset's too
+    return []
+
+
 def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
                   root: Path | None = None, accumulation_steps: int | None = None,
-                  loader_site: str | None = None, step_file: Path | None = None) -> str:
+                  loader_site: str | None = None, step_file: Path | None = None,
+                  uint8_plan: dict | None = None) -> str:
     """The unified diff (`a/<rel>`, `b/<rel>` headers per file) that applies `knobs`; '' if none."""
     return plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
-                      loader_site=loader_site, step_file=step_file).diff
+                      loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan).diff
 
 
 def write_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, folder: Path, *,
                 root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
-                step_file: Path | None = None) -> tuple[Path | None, list[str]]:
+                step_file: Path | None = None, uint8_plan: dict | None = None) -> tuple[Path | None, list[str]]:
     """Write `folder/suggested.patch`; return its path (None when nothing changes) and the patch's notes."""
     patch = plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
-                       loader_site=loader_site, step_file=step_file)
+                       loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan)
     if not patch.diff:
         return None, patch.notes
     path = Path(folder) / PATCH_NAME
