@@ -14,8 +14,9 @@ on the function's top level:
 possibly wrapped in layout-only calls (`torch.from_numpy(...)`, `.permute(2, 0, 1)`, `.contiguous()`),
 then at most a normalization by constants (`x = (x - 0.5) / 0.25`), then returned (alone, or as one
 element of the returned tuple). Anything else that touches the float tensor before it is returned (a
-random jitter, a clamp), a conversion inside a branch, a torchvision `to_tensor`: not applicable, with the
-reason; the data the model sees never changes. The rewritten `__getitem__` returns the 8-bit tensor
+random jitter, a clamp), a conversion inside a branch, a transform pipeline (torchvision's `ToTensor`, not
+written yet: no torchvision build matching this torch is on these machines to test it with): not applicable,
+with the reason; the data the model sees never changes. The rewritten `__getitem__` returns the 8-bit tensor
 (`np.asarray(img, dtype=np.uint8)`), the batch is marked as it leaves the loader (after pinning), and the
 step's `.to(...)` of a marked batch returns it converted: `(x.float() / 255 - mean) / std`, the same float32
 operations in the same order, so the same numbers reach the model.
@@ -197,6 +198,9 @@ def byte_plan(cls: type) -> BytePlan | str:
                         f"(`{text}`): moving the conversion would change the data")
             (mean, std), normalization = found, ast.unparse(later)
         return f"{where}: no return follows the conversion on the function's top level"
+    if "ToTensor" in source or "to_tensor" in source or "transform" in source:
+        return (f"{cls.__name__}.__getitem__ converts through a transform (torchvision's ToTensor): the "
+                "8-bit form of a transform pipeline is not written yet")
     return (f"{cls.__name__}.__getitem__ makes no float image in a way recognised without running it "
             "(np.asarray(img, dtype=np.float32) / 255.0, np.float32(img) / 255.0, t.float() / 255)")
 
