@@ -368,7 +368,7 @@ def test_large_pageable_copies_bound_the_step_and_get_fewer_bytes(tmp_path):
     now = [r.id for r in d.recommendations if r.helps_now]
     assert {"pin-memory", "fewer-copy-bytes"} <= set(now)
     fewer = rec(d, "fewer-copy-bytes")
-    assert fewer.knobs == {} and "uint8" in fewer.code_change and ".float().div_(255)" in fewer.code_change
+    assert fewer.knobs == {"uint8_copies": True} and "uint8" in fewer.code_change and ".float().div_(255)" in fewer.code_change
     assert any("154.1 MB per step" in e for e in fewer.evidence)
 
 
