@@ -93,7 +93,8 @@ def test_a_compile_that_fails_is_not_applicable_and_the_session_goes_on(tmp_path
     script = write(tmp_path, "conv.py", SMALL_CONV)
     out = tmp_path / "session"
     done = run_advisor("profile", f"{script}:train_step", "--device", "cpu", "--out", str(out), "--max-trials", "6",
-                       "--steps", "2", "--windows", "2", "--window", "0.3", env={"CXX": "/nonexistent/c++"}, timeout=600)
+                       "--steps", "2", "--windows", "2", "--window", "0.3", "--keep-effective-batch",
+                       env={"CXX": "/nonexistent/c++"}, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     state = json.loads((out / "session.json").read_text())
     assert state["status"] == "done"
@@ -117,7 +118,8 @@ def conv_session(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("data", "*.ipynb"))
     out = root / "session"
     done = run_advisor("profile", "examples/conv_classifier.py:train_step", "--device", "cpu", "--out", str(out),
-                       "--max-trials", "7", "--steps", "2", "--windows", "2", "--window", "0.3", cwd=root, timeout=900)
+                       "--max-trials", "7", "--steps", "2", "--windows", "2", "--window", "0.3",
+                       "--keep-effective-batch", cwd=root, timeout=900)  # the batch is not what this is about
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
