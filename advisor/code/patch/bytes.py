@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from advisor.code.patch.model import MovedInput, is_move
+from advisor.code.patch.model import MovedInput
 
 
 def rewrite_dataset_bytes(module: cst.Module, plan: dict) -> tuple[cst.Module, bool]:
@@ -81,23 +81,6 @@ class _DeviceConversion(MovedInput):
         if mean is not None:
             self.template = f"({self.template} - {mean:g}) / {std:g}"
 
-    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
-        if not self.depth or self.fed is None or self.done:
-            return updated_node
-        targets = [t.target for t in updated_node.targets]
-        value = updated_node.value
-        pairs = list(zip([e.value for e in targets[0].elements], [e.value for e in value.elements])) \
-            if len(targets) == 1 and isinstance(targets[0], cst.Tuple) and isinstance(value, cst.Tuple) \
-            else [(targets[0], value)] if len(targets) == 1 else []
-        for name, moved in pairs:
-            if isinstance(name, cst.Name) and name.value == self.fed and is_move(moved, self.fed):
-                code = cst.Module([]).code_for_node(moved)
-                new = cst.parse_expression(self.template.format(moved=code))
-                self.done = True
-                if isinstance(value, cst.Tuple):
-                    elements = [e.with_changes(value=new) if e.value is moved else e for e in value.elements]
-                    return updated_node.with_changes(value=value.with_changes(elements=elements))
-                return updated_node.with_changes(value=new)
-        return updated_node
-
-
+    def rewritten(self, moved: cst.Call) -> cst.BaseExpression:
+        """The batch's `x.to(device)` converted and normalized after the copy."""
+        return cst.parse_expression(self.template.format(moved=cst.Module([]).code_for_node(moved)))

@@ -179,13 +179,18 @@ class MovedInput(cst.CSTTransformer):
             pairs = [(targets[0], value)]
         for name, moved in pairs:
             if isinstance(name, cst.Name) and name.value == self.fed and is_move(moved, self.fed):
-                new = put_keyword(moved, "memory_format", cst.parse_expression("torch.channels_last"))
+                new = self.rewritten(moved)
                 self.done = True
                 if isinstance(value, cst.Tuple):
                     elements = [e.with_changes(value=new) if e.value is moved else e for e in value.elements]
                     return updated_node.with_changes(value=value.with_changes(elements=elements))
                 return updated_node.with_changes(value=new)
         return updated_node
+
+
+    def rewritten(self, moved: cst.Call) -> cst.BaseExpression:
+        """What the batch's `x.to(device)` becomes: here, channels_last."""
+        return put_keyword(moved, "memory_format", cst.parse_expression("torch.channels_last"))
 
 
 def is_move(node: cst.BaseExpression, name: str) -> bool:
