@@ -85,13 +85,18 @@ _LIBRARY_PATHS = tuple({*(sysconfig.get_paths()[k] for k in ("stdlib", "platstdl
 
 
 def crash_message(folder: Path, world_size: int) -> str | None:
-    """'rank 1 crashed: Fatal Python error: Aborted (in ...)' for the first rank that crashed in native code
+    """'rank 1 crashed: Fatal Python error: Aborted (in ...)' for the rank that crashed first in native code
     ('the trial process crashed: ...' for a single process); None when none did (`native_crash`)."""
+    crashed = []
     for rank in range(world_size):
         crash = native_crash(folder, world_size, rank)
-        if crash is not None:
-            return f"rank {rank} crashed: {crash}" if world_size > 1 else f"the trial process crashed: {crash}"
-    return None
+        if crash is not None:  # a peer that lost the rank that crashed may abort too, a moment later
+            written = (folder / rank_files(world_size, rank)["crash"]).stat().st_mtime_ns
+            crashed.append((written, rank, crash))
+    if not crashed:
+        return None
+    _, rank, crash = min(crashed)
+    return f"rank {rank} crashed: {crash}" if world_size > 1 else f"the trial process crashed: {crash}"
 
 
 class DDPKnobs:
