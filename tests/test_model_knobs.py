@@ -5,17 +5,12 @@ propose them run on the real GPU traces in tests/data (tests/test_analyze_advice
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.runner import run_trial
-from conftest import ROOT, run_advisor
+from conftest import run_advisor
 
 MLP = '''
 import torch
@@ -109,64 +104,6 @@ def test_a_compile_that_fails_is_not_applicable_and_the_session_goes_on(tmp_path
     assert not (state["final_knobs"] or {}).get("compile")
     patch = out / "suggested.patch"
     assert not patch.exists() or "torch.compile" not in patch.read_text()
-
-
-@pytest.fixture(scope="module")
-def conv_session(tmp_path_factory) -> Path:
-    """A real session on the convolutional example: compute-bound on this CPU."""
-    root = tmp_path_factory.mktemp("conv")
-    shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("data", "*.ipynb"))
-    out = root / "session"
-    done = run_advisor("profile", "examples/conv_classifier.py:train_step", "--device", "cpu", "--out", str(out),
-                       "--max-trials", "7", "--steps", "2", "--windows", "2", "--window", "0.3",
-                       "--keep-effective-batch", cwd=root, timeout=900)  # the batch is not what this is about
-    assert done.returncode == 0, done.stdout + done.stderr
-    return out
-
-
-def test_the_conv_session_tries_channels_last_and_compile_and_keeps_what_pays(conv_session):
-    state = json.loads((conv_session / "session.json").read_text())
-    assert state["trials"][0]["bound"] == "compute"
-    turned = {k for t in state["trials"][1:] for k, v in (t["knobs"] or {}).items() if v and k in
-              ("channels_last", "compile")}
-    assert turned == {"channels_last", "compile"}, [t["change"] for t in state["trials"]]
-    for t in state["trials"][1:]:
-        assert t["decision"] in ("kept", "reverted"), (t["change"], t["decision"], t["reason"])
-        assert all(v == APPLIED for v in (t["outcomes"] or {}).values()), t["outcomes"]
-        if t["decision"] == "kept" and t["recommendation"] != "confirm":
-            assert t["gain"] > 0
-    compiled = next(t for t in state["trials"] if t["knobs"].get("compile"))  # alone, or in a pair
-    record = json.loads((conv_session / compiled["folder"] / "trial.json").read_text())
-    figures = compiled["compile"]
-    assert figures["graphs"] >= 1 and figures["graph_breaks"] == 0 and figures["compile_s"] > 0
-    # The compile ran in the first steps: none of the measured steps holds it, so samples/s does not count it.
-    measured = [s["wall_s"] for s in record["steps"] if s["phase"] == "window"]
-    assert measured and max(measured) < figures["compile_s"]
-    payback = figures.get("pays_back_after_steps")
-    assert payback is None if compiled["gain"] <= 0 else payback >= 1
-
-
-def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
-    state = json.loads((conv_session / "session.json").read_text())
-    final = {k: v for k, v in state["final_knobs"].items() if v is not None}
-    patch = conv_session / "suggested.patch"
-    if not final:
-        assert not patch.exists()
-        return
-    root = tmp_path / "copy"
-    shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("data", "*.ipynb"))
-    # The patch is relative to the folder the session names (the script's, without a repository around it).
-    where = root / Path(state["patch_root"]).relative_to(conv_session.parent)
-    done = subprocess.run(["patch", "-p1", "-i", str(patch)], cwd=where, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    text = (root / "examples" / "conv_classifier.py").read_text()
-    for knob, line in (("channels_last", "model = model.to(memory_format=torch.channels_last)"),
-                       ("compile", "model = torch.compile(model)"), ("amp", "torch.autocast(")):
-        assert (line in text) == bool(final.get(knob)), knob
-    run = subprocess.run([sys.executable, "examples/conv_classifier.py", "--max-steps", "3"], cwd=root,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    assert "loss" in run.stdout
 
 
 def test_a_trial_that_compiles_gets_time_for_its_compile():

@@ -420,7 +420,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
                        addresses_bound=proposal.helps_now) if result.ok else None)
     row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
     refused = _not_applicable(row, proposal, state)
-    again = (decision is not None and decision.inconclusive and remeasure and refused is None
+    partly = any(str(v).startswith("not applicable") for v in (row.get("outcomes") or {}).values())
+    again = (decision is not None and decision.inconclusive and remeasure and not partly  # not what was proposed
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
