@@ -339,6 +339,10 @@ class Session:
         return render_session_html(self.path)
 
 
+# In the notebook's process the optimizer and the Dataset are built already: only the model knobs reach them.
+IN_PROCESS_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark")
+
+
 def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 16, device: str = "auto",
          out: str | os.PathLike | None = None, keep_effective_batch: bool = False, wait: int = 2, warmup: int = 1,
          time_budget_s: float | None = None, windows: int = 5, window_s: float = 1.0,
@@ -347,6 +351,7 @@ def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: 
     search as `advisor profile` (follow the bound, measure each trial's steady state)."""
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
+    from advisor.search.strategy import SearchSpace
 
     options = SessionOptions(steps=steps, wait=wait, warmup=warmup, device=device, max_trials=max_trials,
                              keep_effective_batch=keep_effective_batch, time_budget_s=time_budget_s,
@@ -369,7 +374,7 @@ def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: 
 
     try:
         run_session(f"{where}:{func}", folder, options, command=f"advisor.tune({func}, ...)", runner=runner,
-                    script=False, log=log or (lambda message: None))
+                    script=False, log=log or (lambda message: None), space=SearchSpace(model_knobs=IN_PROCESS_KNOBS))
     finally:
         start.restore()
     return Session(folder)

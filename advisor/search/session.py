@@ -524,7 +524,7 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     confirmed = {}
     for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
                          (runner_up, earlier)):
-        knobs = Knobs.from_dict(row["knobs"])
+        knobs = Knobs.from_dict({**row["knobs"], **refused_knobs(row)})  # what it ran with, in effect
         proposal = Proposal("confirm", f"{row['change']} (confirming the best)", "confirm", knobs, 0.0)
         index = len(state["trials"])
         log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
@@ -558,6 +558,12 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     state["final_knobs"] = applied_only(winner).knobs.to_dict()
     save(state)
     return winner
+
+
+def refused_knobs(row: dict[str, Any]) -> dict[str, None]:
+    """The knobs a trial found not applicable, as settings that leave the user's value."""
+    return {k: None for k, v in (row.get("outcomes") or {}).items()
+            if str(v).startswith("not applicable") and (row.get("knobs") or {}).get(k) is not None}
 
 
 def applied_only(result: TrialResult) -> TrialResult:

@@ -283,8 +283,8 @@ def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, 
             outcomes[key] = not_applicable("the script built no DataLoader before the steps ended")
         elif APPLIED in seen:
             outcomes[key] = APPLIED
-        else:
-            outcomes[key] = seen[0]
+        else:  # no loader was built for it (a notebook's loader, rebuilt with its arguments only)
+            outcomes[key] = seen[0] if seen else not_applicable("no DataLoader was built with it")
     return outcomes
 
 
