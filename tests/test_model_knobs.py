@@ -38,10 +38,11 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 torch.manual_seed(0)
+# float64: no AMP advice (autocast leaves float64 alone), so that compile comes within a short budget
 model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4))
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4)).double()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-data = TensorDataset(torch.randn(256, 3, 32, 32), torch.randint(0, 4, (256,)))
+data = TensorDataset(torch.randn(256, 3, 32, 32, dtype=torch.float64), torch.randint(0, 4, (256,)))
 loader = DataLoader(data, batch_size=16, drop_last=True)
 
 
@@ -87,7 +88,7 @@ def test_a_compile_that_fails_is_not_applicable_and_the_session_goes_on(tmp_path
     compile as not applicable with inductor's own reason, never proposes it again, and finishes."""
     script = write(tmp_path, "conv.py", SMALL_CONV)
     out = tmp_path / "session"
-    done = run_advisor("profile", f"{script}:train_step", "--device", "cpu", "--out", str(out), "--max-trials", "6",
+    done = run_advisor("profile", f"{script}:train_step", "--device", "cpu", "--out", str(out), "--max-trials", "4",
                        "--steps", "2", "--windows", "2", "--window", "0.3", "--keep-effective-batch",
                        env={"CXX": "/nonexistent/c++"}, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
