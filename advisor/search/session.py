@@ -419,8 +419,10 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
                        addresses_bound=proposal.helps_now) if result.ok else None)
     row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
+    if (row.get("compile") or {}).get("compile_s") is not None:
+        row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], best_row(state), row)
     refused = _not_applicable(row, proposal, state)
-    partly = any(str(v).startswith("not applicable") for v in (row.get("outcomes") or {}).values())
+    partly = bool(refused_knobs(row.get("outcomes"), row["knobs"]))
     again = (decision is not None and decision.inconclusive and remeasure and not partly  # not what was proposed
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
@@ -524,7 +526,7 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     confirmed = {}
     for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
                          (runner_up, earlier)):
-        knobs = Knobs.from_dict({**row["knobs"], **refused_knobs(row)})  # what it ran with, in effect
+        knobs = Knobs.from_dict({**row["knobs"], **refused_knobs(row.get("outcomes"), row["knobs"])})  # in effect
         proposal = Proposal("confirm", f"{row['change']} (confirming the best)", "confirm", knobs, 0.0)
         index = len(state["trials"])
         log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
@@ -560,27 +562,22 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     return winner
 
 
-def refused_knobs(row: dict[str, Any]) -> dict[str, None]:
-    """The knobs a trial found not applicable, as settings that leave the user's value."""
-    return {k: None for k, v in (row.get("outcomes") or {}).items()
-            if str(v).startswith("not applicable") and (row.get("knobs") or {}).get(k) is not None}
+def refused_knobs(outcomes: dict[str, str] | None, knobs: dict[str, Any]) -> dict[str, None]:
+    """The knobs a trial set and found not applicable, as settings that leave the user's value."""
+    return {k: None for k, v in (outcomes or {}).items()
+            if str(v).startswith("not applicable") and knobs.get(k) is not None}
 
 
 def applied_only(result: TrialResult) -> TrialResult:
     """The trial as the base of what follows: a knob it found not applicable (a compile that failed beside
     a change that paid) is dropped, so the next trials do not carry it and the patch does not write it."""
-    refused = {k: None for k, v in result.knob_outcomes.items()
-               if str(v).startswith("not applicable") and getattr(result.knobs, k, None) is not None}
+    refused = refused_knobs(result.knob_outcomes, result.knobs.to_dict())
     return dataclasses.replace(result, knobs=dataclasses.replace(result.knobs, **refused)) if refused else result
 
 
 def _not_applicable(row: dict[str, Any], proposal: Proposal, state: dict[str, Any]) -> str | None:
-    """Why the change could not be made at all (every knob it turns was not applicable), else None; a
-    compile's payback (steps until its compile time is saved) goes into the row on the way."""
-    before = best_row(state)
-    if row.get("compile") and row["compile"].get("compile_s") is not None:
-        row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], before, row)
-    knobs = turned(before["knobs"], proposal.knobs)
+    """Why the change could not be made at all (every knob it turns was not applicable), else None."""
+    knobs = turned(best_row(state)["knobs"], proposal.knobs)
     outcomes = row.get("outcomes") or {}
     refused = [f"{k}: {outcomes[k].removeprefix('not applicable: ')}" for k in sorted(knobs)
                if str(outcomes.get(k, "")).startswith("not applicable")]
