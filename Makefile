@@ -4,12 +4,13 @@ PIP := $(VENV)/bin/pip
 
 .PHONY: install test fuzz demo bench clean
 
-# torch==2.13.0 first: the CPU build on this machine's disk. A bare `torch` requirement could pull a
-# multi-GB CUDA build; with 2.13.0 present the package's range is already satisfied.
+# The PyPI builds a GPU user installs (CUDA-enabled; they run on a machine without a GPU), pinned first so
+# that the package's torch range resolves to them; the frameworks' tests need the matching torchvision.
+TORCH ?= torch==2.14.1 torchvision==0.29.1
 install:
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[test]'
 
 # Two workers, a file each at a time: most tests wait on trials that run in their own processes, and the
