@@ -196,22 +196,27 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --replay: draw each served trial's steady-state windows around its recorded "
                              "samples/s with relative spread S (0.05: 5%%; 0: each window the recorded figure), "
                              "as a live machine's noise; without it, recordings are served as they are")
+    parser.add_argument("--replay-drift", type=float, default=None, metavar="D",
+                        help="with --replay-noise: a load that comes and goes across the session's simulated time "
+                             "(spells of about 20 s, each quiet or slowing every step by up to 1+D times: 1.0 is "
+                             "up to twice as slow), as other jobs on a shared machine")
     parser.add_argument("--seed", type=int, default=0, help="with --replay-noise: the noise's seed (default 0)")
     parser.add_argument("--keep-effective-batch", action="store_true",
                         help="never change the batch size (the effective batch stays as written)")
     parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
 
 
-def replayed_from(out: Path) -> tuple[str | None, float | None, int]:
-    """The surface a session folder was replayed from (None if it was not), with its noise and seed."""
+def replayed_from(out: Path) -> tuple[str | None, float | None, int, float | None]:
+    """The surface a session folder was replayed from (None if it was not), with its noise, seed and drift."""
     from advisor.search.state import SESSION_FILE
 
     try:
         state = json.loads((out / SESSION_FILE).read_text())
-        noise = state.get("replay_noise")
-        return state.get("replay"), None if noise is None else float(noise), int(state.get("replay_seed") or 0)
+        noise, drift = state.get("replay_noise"), state.get("replay_drift")
+        return (state.get("replay"), None if noise is None else float(noise), int(state.get("replay_seed") or 0),
+                None if drift is None else float(drift))
     except (OSError, ValueError, TypeError, AttributeError):
-        return None, None, 0  # load_state says what is wrong with the folder
+        return None, None, 0, None  # load_state says what is wrong with the folder
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -230,6 +235,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise AdvisorError(f"--replay-noise: a relative spread in [0, 1), not {args.replay_noise}")
     if args.replay_noise is not None and not (args.replay or args.resume):
         raise AdvisorError("--replay-noise: only with --replay SURFACE_DIR")
+    if args.replay_drift is not None and not (math.isfinite(args.replay_drift) and 0 <= args.replay_drift <= 10):
+        raise AdvisorError(f"--replay-drift: a load strength in [0, 10], not {args.replay_drift}")
+    if args.replay_drift is not None and args.replay_noise is None and not args.resume:
+        raise AdvisorError("--replay-drift: only with --replay-noise S (the drift slows the windows it draws)")
 
 
 def profile_command(args: argparse.Namespace) -> int:
@@ -254,15 +263,16 @@ def profile_command(args: argparse.Namespace) -> int:
     options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s,
                                   nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)))
     runner, space, extra, replay = None, None, {}, args.replay
-    noise, seed = args.replay_noise, args.seed
+    noise, seed, drift = args.replay_noise, args.seed, args.replay_drift
     if args.resume:
         out = Path(args.resume)
         target = ""
-        replay, noise, seed = replayed_from(out)
+        replay, noise, seed, drift = replayed_from(out)
     elif replay:
         out = Path(args.out) if args.out else Path("runs") / f"replay-{Path(replay).name}"
         target = f"{Path(replay).resolve()}:replay"
-        extra = {"replay": str(Path(replay).resolve()), "replay_noise": noise, "replay_seed": seed}
+        extra = {"replay": str(Path(replay).resolve()), "replay_noise": noise, "replay_seed": seed,
+                 "replay_drift": drift}
     else:
         if not args.target:
             raise AdvisorError("profile: give script.py (or script.py:train_step, or --replay SURFACE_DIR, or "
@@ -275,7 +285,7 @@ def profile_command(args: argparse.Namespace) -> int:
         from advisor.trials.replay import ReplayRunner, load_surface
 
         points = load_surface(replay)
-        runner, space = ReplayRunner(points, out.resolve(), noise, seed), surface_space(points)
+        runner, space = ReplayRunner(points, out.resolve(), noise, seed, drift), surface_space(points)
     words = sys.argv[sys.argv.index("profile") + 1:] if "profile" in sys.argv else []
     command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
     # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.

@@ -101,3 +101,20 @@ def option_rows(options: dict) -> list[tuple[str, str]]:
             text = str(value)
         rows.append((str(key), text))
     return rows
+
+
+def time_text(time: dict[str, Any] | None) -> str | None:
+    """'412 s in all: start-up 31%, warm-up and compile 22%, measurement 35%, re-runs 12%; the best after
+    96 s (trial 5 of 12)' — the closing line of a session."""
+    keys = ("wall_s", "startup_s", "warmup_s", "measurement_s", "reruns_s")
+    if not isinstance(time, dict) or not all(isinstance(time.get(k), (int, float)) for k in keys) \
+            or not time["wall_s"] > 0:
+        return None  # absent, or not what a session writes (the report reads the folder as untrusted)
+    wall = time["wall_s"]
+    parts = ", ".join(f"{label} {100 * time[key] / wall:.0f}%" for label, key in
+                      (("start-up", "startup_s"), ("warm-up and compile", "warmup_s"),
+                       ("measurement", "measurement_s"), ("re-runs", "reruns_s")))
+    text = f"{wall:.0f} s{' (simulated)' if time.get('simulated') else ''} in all: {parts}"
+    if isinstance(time.get("to_best_s"), (int, float)) and isinstance(time.get("trials_to_best"), int):
+        text += f"; the best first measured after {time['to_best_s']:.0f} s (trial {time['trials_to_best']})"
+    return text

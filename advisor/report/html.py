@@ -21,7 +21,7 @@ from advisor.analysis.reading import trace_files
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.report import charts
-from advisor.report.formatting import compile_text, flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, \
+from advisor.report.formatting import time_text, compile_text, flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, \
     seconds_ms, spread
 from advisor.report.outcomes import REMEASURES, lint_findings, split_recommendations, verdict
 from advisor.report.session_folder import checked_trial_traces, inside, load_session, trial_traceback
@@ -168,6 +168,7 @@ def render_session_report(session_dir: Path) -> str:
         command=session.get("command") or "", cwd=session.get("cwd"),
         lint=lint_findings(session.get("lint") or [], session, rows, unit),
         memory_cap=memory_cap_text(session.get("memory_cap")), unread=unread, unit=unit,
+        timing=time_text(session.get("time")),
     )
 
 

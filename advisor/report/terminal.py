@@ -18,6 +18,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.job import Job, compute_us, exposed_us, jobs_of, own_us, rank_of
 from advisor.escape import for_terminal
+from advisor.report.formatting import time_text
 
 ROLE_LABELS = {
     "kernel": "GPU kernels", "memcpy": "memory copies", "memset": "memset", "communication": "communication",
@@ -428,6 +429,9 @@ def print_session(state: dict[str, Any], out: Path, reference: dict | None, cons
     speed = f"×{state['speedup']:.2f} {unit} over {against}" if state.get("speedup") else "no speed-up"
     console.print(_text(f"Best: {state['best']} ({speed}); settings: "
                         + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
+    timing = time_text(state.get("time"))
+    if timing:
+        console.print(_text(f"Time: {timing}"))
     for note in state["notes"]:
         console.print(_hanging("note:", _text(note, style="dim")))
     console.print(_text("Next:", style="bold"))

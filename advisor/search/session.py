@@ -23,6 +23,9 @@ from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.trials.storage import number
 from advisor.search.bounds import trial_bound
+from advisor.search.drift import at_load, load_text, machine_changed, mean_load, pair_changed, same_load
+from advisor.search.timing import session_time
+from advisor.trials.adaptive import against
 from advisor.trials.measurement import Measurement, job, measure, noise
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
     compile_payback, new_state, reference_row, samples_gain, save, trial_row
@@ -187,7 +190,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
             save(state)
         return record
 
-    def run(name: str, knobs: Knobs) -> TrialResult:
+    def run(name: str, knobs: Knobs, against: dict[str, Any] | None = None) -> TrialResult:
         try:
             return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
                              wait=options.wait, warmup=options.warmup, device=options.device,
@@ -195,10 +198,11 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
-                             on_progress=progress)
+                             on_progress=progress, against=against)
         finally:
             state["running_trial"] = None
 
+    run.adaptive = options.windows > 0  # type: ignore[attr-defined]  # its windows can follow a comparison
     return run
 
 
@@ -222,9 +226,14 @@ def end_left_behind(state: dict[str, Any], log: Callable[[str], None]) -> None:
 
 
 def _run(run: TrialRunner, state: dict[str, Any], index: int, proposal: Proposal | None, slug: str,
-         log: Callable[[str], None]) -> tuple[TrialResult, dict[str, Any], Measurement]:
-    """Run one trial; return it, its record and its own measurement."""
-    result = run(f"{index:02d}-{slug}", Knobs() if proposal is None else proposal.knobs)
+         log: Callable[[str], None], target: Any = None) -> tuple[TrialResult, dict[str, Any], Measurement]:
+    """Run one trial (its windows measured until they settle the comparison with `target`, an
+    `advisor.trials.adaptive.Against`, where the runner can); return it, its record and its own measurement."""
+    knobs = Knobs() if proposal is None else proposal.knobs
+    if target is not None and getattr(run, "adaptive", False):
+        result = run(f"{index:02d}-{slug}", knobs, against=target.to_dict())
+    else:
+        result = run(f"{index:02d}-{slug}", knobs)
     record = trial_record(result.path)
     return result, record, measure_record([record])
 
@@ -370,25 +379,29 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         result, decision = _try(run, out, state, options, proposal, why, best_measure, reference_losses, log,
                                 remeasure)
         if (decision is not None and not decision.keep and "+" not in proposal.recommendation
-                and _pairs_on(decision, state["trials"][-1], bound)):
+                and _pairs_on(decision, next(t for t in state["trials"] if t["name"] == result.name), bound)):
             # Noise hides a small first step, and some changes pay only with a second (pinned copies with
             # more workers): a change that moved the bound, or addressed it, without paying is a base for
             # the move its own trace calls for next, measured together against the best.
             pair = pair_proposal(result, proposal, state, options, space)
             state.setdefault("paired", []).append(result.name)
             if pair is not None and len(state["trials"]) < options.max_trials - _reserve(options, remeasure):
+                now = measured(out, state, load_trial(out / best_row(state)["folder"]))  # the best as measured last
                 result, decision = _try(run, out, state, options, pair, f"together with {proposal.change}",
-                                        best_measure, reference_losses, log, remeasure)
+                                        now, reference_losses, log, remeasure)
         if decision is not None and decision.keep:
             best = applied_only(result)
             state["best"] = result.name
             state["final_knobs"] = best.knobs.to_dict()
+        elif state["best"] != best.name:  # the best, measured again beside a candidate, stays the best
+            best = applied_only(load_trial(out / best_row(state)["folder"]))
         save(state)
     best = _confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
     _bound_of(out, state, best)
     best_sps, base_sps = best_row(state)["samples_per_s"], reference["samples_per_s"]
     state["speedup"] = best_sps / base_sps if base_sps and best_sps else None
     state["notes"].extend(batch_notes(state, options))
+    state["time"] = session_time(out, state)
     state["status"] = "done"
     save(state)
     finish_outputs(out, state)
@@ -414,22 +427,37 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     predicted = samples_gain(proposal.predicted_gain)  # the unit the measured change will have
     log(f"trial {index:02d}: {proposal.change} ({why}; predicted "
         + (f"{100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no gain figure)"))
-    result, record, measurement = _run(run, state, index, proposal, proposal.slug, log)
+    target = against(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
+    result, record, measurement = _run(run, state, index, proposal, proposal.slug, log, target)
     losses = recorded_losses(result.path)
+    beside = _beside_best(run, out, state, options, record, index, log, remeasure) if result.ok else None
+    if beside is not None and beside[1] is not None:  # the machine changed: decide on the best measured beside
+        best_measure, measurement = beside[1], beside[2]
     decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
                        addresses_bound=proposal.helps_now) if result.ok else None)
     row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
+    row["load"] = load_text(record)
     if (row.get("compile") or {}).get("compile_s") is not None:
         row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], best_row(state), row)
     refused = _not_applicable(row, proposal, state)
     partly = bool(refused_knobs(row.get("outcomes"), row["knobs"]))
+    # A trial whose windows followed the comparison measured to its cap already: no new process for it.
     again = (decision is not None and decision.inconclusive and remeasure and not partly  # not what was proposed
+             and not getattr(run, "adaptive", False) and beside is None
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
         row.update(decision="not applicable", reason=refused)
         decision = dataclasses.replace(decision, keep=False, inconclusive=False) if decision is not None else None
+    if beside is not None:
+        row["drift"] = beside[3]
+        row["reason"] = f"{beside[3]}: measured the best again beside it; {row['reason']}"
     state["trials"].append(row)
+    if beside is not None:
+        state["trials"].append(beside[0])
+        if beside[1] is not None and (decision is None or not decision.keep):
+            beside[0].update(decision="kept", reason=beside[0]["reason"] + "; the best, as measured now")
+            state["best"] = beside[0]["name"]  # what comes next is compared with the figure measured now
     log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
     if compile_text(row.get("compile")):
         log(f"  {compile_text(row['compile'])}")
@@ -453,6 +481,50 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         if decision is not None and decision.keep:
             state["pooled"][result.name] = [os.path.relpath(first.path, out)]
     return result, decision
+
+
+def _beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+                 record: dict[str, Any], index: int, log: Callable[[str], None], remeasure: bool):
+    """When the measurements say the machine changed (`advisor.search.drift`), run the best once more,
+    right after the candidate: (its row, its measurement, the candidate's measurement at the load it was
+    measured at, why); the measurements None when that run failed; None when nothing changed or the
+    budget has no room."""
+    if not remeasure or len(state["trials"]) + 2 > options.max_trials:
+        return None
+    top = best_row(state)
+    runs = [trial_record(out / top["folder"]), *(trial_record(out / f) for f in state["pooled"].get(top["name"], []))]
+    changed = machine_changed(runs, record)
+    if changed is None:
+        return None
+    log(f"  {changed}: measuring the best ({top['name']}) again beside it")
+    knobs = Knobs.from_dict({**top["knobs"], **refused_knobs(top.get("outcomes"), top["knobs"])})  # in effect
+    proposal = Proposal("confirm", f"{first_change(top['change'])} (the best, measured again)", "best-again",
+                        knobs, 0.0)
+    fresh, fresh_record, fresh_measure = _run(run, state, index + 1, proposal, "best-again", log)
+    row = trial_row(index + 1, fresh, fresh_record, proposal, state, fresh_measure if fresh.ok else None,
+                    _own_bound(fresh, fresh_measure) if fresh.ok else None)
+    row.update(decision="measured" if fresh.ok else "failed", load=load_text(fresh_record),
+               reason=f"{top['name']} again, beside trial {index:02d}: {changed}" if fresh.ok else
+               f"trial {fresh.status}: {fresh.message}")
+    log(f"  {_figures(row, state['unit'])}: the best as measured now")
+    if not fresh.ok:
+        return row, None, None, changed
+    candidate = measure_record([dict(record, steps=at_load(record, mean_load(fresh_record)))])
+    return row, fresh_measure, candidate, changed
+
+
+def _runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of every run of a setting that measured, latest first."""
+    key = knobs_key(knobs)
+    return [trial_record(out / t["folder"]) for t in reversed(state["trials"])
+            if t["status"] == "ok" and t.get("samples_per_s") and knobs_key(t["knobs"]) == key]
+
+
+def first_change(change: str) -> str:
+    """A row's change as first tried, without what a re-measure added to it."""
+    for suffix in (" (confirming the best)", " (the best, measured again)", " (again)"):
+        change = change.removesuffix(suffix)
+    return change
 
 
 def _pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
@@ -523,11 +595,11 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     runner_measure = measure_record([trial_record(f) for f in earlier])
     if runner_measure.samples_per_s < best_measure.samples_per_s * (1 - noise(best_measure, runner_measure)):
         return best  # clearly behind: nothing to confirm
-    confirmed = {}
+    confirmed, runs = {}, {}
     for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
                          (runner_up, earlier)):
         knobs = Knobs.from_dict({**row["knobs"], **refused_knobs(row.get("outcomes"), row["knobs"])})  # in effect
-        proposal = Proposal("confirm", f"{row['change']} (confirming the best)", "confirm", knobs, 0.0)
+        proposal = Proposal("confirm", f"{first_change(row['change'])} (confirming the best)", "confirm", knobs, 0.0)
         index = len(state["trials"])
         log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
         result, record, _ = _run(run, state, index, proposal, f"confirm-{row['name'][:2]}", log)
@@ -539,6 +611,7 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
         state["trials"].append(new)
         if result.ok:
             state["pooled"][result.name] = [os.path.relpath(f, out) for f in folders]
+            runs[row["name"]] = _runs_of(out, state, row["knobs"])  # every run of the setting, latest first
         confirmed[row["name"]] = (result, pooled, new)
         save(state)
     (kept, kept_m, kept_row), (other, other_m, other_row) = confirmed[top["name"]], confirmed[runner_up["name"]]
@@ -548,13 +621,22 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
                 row.update(decision="reverted", reason=row["reason"] + "; the other run failed, nothing changes")
         save(state)
         return best
+    changed = pair_changed(runs[top["name"]], runs[runner_up["name"]])
+    if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
+        matched = same_load(runs[top["name"]], runs[runner_up["name"]])
+        if matched is None:  # no load holds both: the two measured last, the runner-up's windows at the best's load
+            latest = runs[runner_up["name"]][0]
+            matched = (runs[top["name"]][:1], [dict(latest, steps=at_load(latest, mean_load(runs[top["name"]][0])))])
+        kept_m, other_m = measure_record(matched[0]), measure_record(matched[1])
+        other_row["drift"] = changed
     losses = recorded_losses(other.path)
     decision = decide(kept_m, other_m, losses, reference_losses, options.min_gain)
     winner, winner_row = (other, other_row) if decision.keep else (kept, kept_row)
     winner_row.update(decision="kept")
     (kept_row if decision.keep else other_row).update(decision="reverted")
-    other_row.update(gain=decision.gain, noise=decision.noise, reason=other_row["reason"] + f": {decision.reason}")
-    log(f"  confirmed: {winner_row['change'].removesuffix(' (confirming the best)')} is the best "
+    other_row.update(gain=decision.gain, noise=decision.noise, reason=other_row["reason"] + f": {decision.reason}"
+                     + (f" ({changed}: decided on the runs of both measured at one load)" if changed else ""))
+    log(f"  confirmed: {first_change(winner_row['change'])} is the best "
         f"({_figures(winner_row, state.get('unit') or 'samples/s')})")
     state["best"] = winner.name
     state["final_knobs"] = applied_only(winner).knobs.to_dict()

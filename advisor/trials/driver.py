@@ -118,6 +118,7 @@ class StepDriver:
         self.user_threads: int | None = None  # torch's intra-op threads as the script left them
         self.last_loss: Any = None  # the last scalar a backward ran from (the loss, when the step returns none)
         self.memory = StepMemory(device_type)
+        self.load_meter: Any = None  # the machine's load beside each window, from the first window on
         # One set of files per rank in a data-parallel trial (advisor.trials.distributed).
         self.files = rank_files(config.get("world_size", 1), config.get("rank", 0))
         self.steps_file = open(self.out_dir / self.files["steps"], "a", buffering=1)
@@ -227,23 +228,39 @@ class StepDriver:
         if self.index == 0:
             self.memory.take_model_dtypes()
         phase = self.schedule.phase(self.index)
-        self.record(wall, call, waited, fed, batch, batch_source, loss, phase)
+        window, load = self.schedule.window, None
+        if phase == "window" and self.schedule.count_window_step(wall, batch) and self.load_meter is not None:
+            load = self.load_meter.sample()  # the load beside the window that just closed
+        self.record(wall, call, waited, fed, batch, batch_source, loss, phase, window, load)
         self.index += 1
         if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
             self.done = not self.schedule.windows
         if phase == "window":
-            self.schedule.count_window_step(wall)
             # Every rank of a job stops at the same step, once all have measured their windows.
             self.done = all_measured(self.schedule.measured())
+        if self.load_meter is None and self.schedule.windows and self.schedule.phase(self.index) == "window":
+            self.load_meter = self._load_meter()
         self.period_start = time.perf_counter()
         if self.done:
             self.memory.record_end()
             self.finish()
             raise TrialComplete()
 
+    def _load_meter(self) -> Any:
+        """A meter of the machine's load from now on; None where psutil cannot read it."""
+        from advisor.trials.machine_load import LoadMeter
+
+        try:
+            import torch
+
+            return LoadMeter(torch.cuda.current_device() if self.device_type == "cuda" else None)
+        except Exception:  # the load is a hint for the session: a trial never fails for want of it
+            return None
+
     def record(self, wall: float, call: float, waited: float, fed: LoaderRecord | None, batch: int | None,
-               batch_source: str | None, loss: float | None, phase: str) -> None:
+               batch_source: str | None, loss: float | None, phase: str, window: int = 0,
+               load: dict[str, Any] | None = None) -> None:
         """Append the step's JSON line (flushed, so a killed trial keeps its finished steps)."""
         step = {
             "index": self.index,
@@ -259,7 +276,9 @@ class StepDriver:
             **self.memory.process_now(),
         }
         if phase == "window":
-            step["window"] = self.schedule.window
+            step["window"] = window
+        if load is not None:
+            step["load"] = load  # on the step that closed its window: other processes' share beside it
         step.update(self.memory.allocator_now())
         self.steps_file.write(dumps(step) + "\n")
 

@@ -31,9 +31,11 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
     accumulation    null, or when the accumulation_steps knob ran: {steps: k, micro_steps,
                     optimizer_steps, optimizer_steps_deferred, zero_grads, zero_grads_skipped}
     schedule        {wait, warmup, active, queue_depth, settle, windows, window_s, min_window_steps,
-                     windows_measured}: steps skipped (wait includes queue_depth: workers × prefetch_factor
+                     windows_measured, against?, verdict?}: steps skipped (wait includes queue_depth: workers × prefetch_factor
                      batches queued before the first step), warmed up, profiled; then settle steps and
-                     measurement windows of at least window_s seconds and min_window_steps steps
+                     measurement windows of at least window_s seconds and min_window_steps steps; with
+                     `against` (advisor.trials.adaptive: the best's figure), windows until `verdict`
+                     ("better", "worse", "equivalent", "not better"; null at the cap) settled it
     profiled        false for a timing-only trial (no profiler, no trace)
     memory_limit    the --memory-limit in bytes, or null
     memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how}; on a CUDA
@@ -52,7 +54,7 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
     steps           [{index, wall_s, call_s, data_s, loader, recorded, phase, window?, batch_size, batch_size_source,
-                      loss, rss_bytes,
+                      loss, load?, rss_bytes,
                       vms_bytes, data_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
                       profiler_allocated_bytes?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
@@ -63,6 +65,9 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     phase: "wait" (skipped: the first --wait steps and the batches the workers queued
                     before the first step), "warmup", "profiled" (recorded: in the trace), "settle"
                     (the queue refilled while the trace was written), "window" (measured, in window k);
+                    load, on the step that closed a window: {other_cpu, gpu_other} the shares of the
+                    machine's CPU and of the GPU's SM time other processes used beside that window
+                    (advisor.trials.machine_load; gpu_other null where NVML cannot say);
                     profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
                     end of the step: live bytes of the CPU allocator counted from the profiler's start
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,

@@ -14,7 +14,13 @@ around the recording's samples/s with that relative spread (a seeded generator: 
 the same session), so every measurement, re-measures included, carries independent noise as on a live
 machine, and a setting can be measured again (`remeasure`); at 0 every window is the recorded figure. With
 `noise` None the recording is served as it is, and with one recording per setting it cannot be measured
-again. The search draws its
+again. Measured against the best (`against`, `advisor.trials.adaptive`), a served trial draws windows until
+they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.replay_drift`) a
+load that comes and goes slows each step served at its time, and each window reports it.
+
+Every served trial is placed on a simulated clock: it costs its recorded start-up, profiled steps and
+end, and its drawn windows (each slowed by the load at its time), so `times` in its record read as a live
+trial's and the session's wall time (and time to the best) is that of the recorded machine. The search draws its
 candidate values (worker counts, batch sizes, AMP dtypes, pinned copies) from those the surface holds
 (`advisor.search.strategy.surface_space`).
 """
@@ -34,6 +40,8 @@ from advisor.errors import AdvisorError
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
+from advisor.trials.adaptive import Against, settled
+from advisor.trials.replay_drift import LoadDrift, other_load
 
 SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps")
 
@@ -88,7 +96,8 @@ class ReplayRunner:
     """Serves recorded trials for the session's knobs, into `out/trials/<name>`; with `noise`, each with
     steady-state windows drawn around its recorded samples/s (relative spread `noise`, generator `seed`)."""
 
-    def __init__(self, points: list[SurfacePoint], out: Path, noise: float | None = None, seed: int = 0):
+    def __init__(self, points: list[SurfacePoint], out: Path, noise: float | None = None, seed: int = 0,
+                 drift: float | None = None):
         self.points = points
         self.out = Path(out)
         # The baseline's user values: every point of a surface was recorded from the same step.
@@ -101,8 +110,12 @@ class ReplayRunner:
         self.random = random.Random(seed)
         # Measuring a setting again counts new steps only where there are new ones to count.
         self.remeasure = noise is not None or any(len(v) > 1 for v in self.by_settings.values())
+        self.drift = LoadDrift(drift, seed) if drift else None
+        self.adaptive = noise is not None  # windows are drawn, so as many as a comparison needs
+        self.epoch = time.time()
+        self.clock = 0.0  # simulated seconds since the session began
 
-    def __call__(self, name: str, knobs: Knobs) -> TrialResult:
+    def __call__(self, name: str, knobs: Knobs, against: dict[str, Any] | None = None) -> TrialResult:
         folder = self.out / "trials" / name
         if folder.exists():
             raise AdvisorError(f"{folder}: already holds a trial; choose another folder")
@@ -117,37 +130,84 @@ class ReplayRunner:
         record = json.loads((folder / TRIAL_FILE).read_text())
         record.update(name=name, knobs=knobs.to_dict(), replayed_from=str(point.folder))
         if self.noise is not None and record.get("status") == "ok":
-            self._draw_windows(record)
+            self._draw_windows(record, Against.from_dict(against))
+        else:
+            self._retime(record, 0.0)
         write_json_atomic(folder / TRIAL_FILE, record)
         return load_trial(folder)
 
-    def _draw_windows(self, record: dict[str, Any]) -> None:
-        """Replace the record's steady-state windows by NOISE_WINDOWS drawn around its samples/s: each
-        window's rate × (1 + noise · N(0, 1)), its steps keeping the recorded share of time spent waiting
-        for data (so the bound the session reads is the recording's)."""
+    def _load(self, t: float) -> float:
+        return self.drift.factor(t) if self.drift is not None else 1.0
+
+    def _retime(self, record: dict[str, Any], windows_s: float) -> None:
+        """Place the served trial on the simulated clock: its recorded start-up and profiled steps (slowed
+        by the load when they run), then `windows_s` of windows, then its recorded end."""
+        times = record.get("times") or {}
+        stamps = [times.get(k) for k in ("started_at", "first_step_at", "last_step_at", "ended_at")]
+        if all(isinstance(x, (int, float)) for x in stamps):
+            startup, profiled, end = (b - a for a, b in zip(stamps, stamps[1:]))
+        else:
+            startup, profiled, end = float(times.get("duration_s") or 0.0), 0.0, 0.0
+        start = self.clock
+        first = start + startup * self._load(start)
+        warm = first + profiled * self._load(first)
+        last = warm + windows_s
+        self.clock = last + end * self._load(last)
+        record["times"] = {"started_at": self.epoch + start, "first_step_at": self.epoch + first,
+                           "last_step_at": self.epoch + last, "ended_at": self.epoch + self.clock,
+                           "duration_s": self.clock - start, "simulated": True}
+
+    def _draw_windows(self, record: dict[str, Any], target: Against | None = None) -> None:
+        """Replace the record's steady-state windows by windows drawn around its samples/s: each window's
+        rate × (1 + noise · N(0, 1)) over the load at its time, its steps keeping the recorded share of
+        time spent waiting for data (so the bound the session reads is the recording's). NOISE_WINDOWS
+        of them; against a `target`, until they settle the comparison (at most its cap)."""
         from advisor.trials.measurement import measure
 
         summary = record.get("summary") or {}
         rate, batch = summary.get("samples_per_s"), summary.get("batch_size")
         profiled = [s for s in record.get("steps") or [] if "window" not in s]
         if not rate or not batch:
+            self._retime(record, 0.0)
             return
         shares = [min(1.0, s["call_s"] / s["wall_s"]) for s in profiled if s.get("recorded")
                   and s.get("wall_s") and s.get("call_s") is not None]
         busy = statistics.median(shares) if shares else 1.0
         steps, index = list(profiled), len(profiled)
-        for window in range(NOISE_WINDOWS):
-            drawn = rate * max(0.05, 1 + self.noise * self.random.gauss(0.0, 1.0))
-            for _ in range(NOISE_WINDOW_STEPS):
-                wall = batch / drawn
+        start = self.clock
+        self._retime(record, 0.0)  # where the windows begin: after the profiled steps
+        t = record["times"]["last_step_at"] - self.epoch
+        begin, groups, verdict = t, [], None
+        most = target.max_windows if target is not None else NOISE_WINDOWS
+        for window in range(most):
+            load = self._load(t)
+            drawn = rate / load * max(0.05, 1 + self.noise * self.random.gauss(0.0, 1.0))
+            wall = batch / drawn
+            for k in range(NOISE_WINDOW_STEPS):
                 steps.append({"index": index, "wall_s": wall, "call_s": wall * busy, "data_s": wall * (1 - busy),
                               "recorded": False, "phase": "window", "window": window, "batch_size": batch,
                               "loss": summary.get("loss")})
                 index += 1
+            steps[-1]["load"] = {"other_cpu": other_load(load) if self._on_cpu(record) else 0.0,
+                                 "gpu_other": None if self._on_cpu(record) else other_load(load)}
+            t += NOISE_WINDOW_STEPS * wall
+            groups.append((NOISE_WINDOW_STEPS * batch, NOISE_WINDOW_STEPS * wall))
+            verdict = settled(groups, target) if target is not None else None
+            if verdict is not None:
+                break
+        self.clock = start  # the trial on the clock again, now that its windows' length is known
+        self._retime(record, t - begin)
         record["steps"] = steps
+        if target is not None:
+            record.setdefault("schedule", {}).update(against=target.to_dict(), verdict=verdict,
+                                                     windows_measured=len(groups))
         steady = measure([steps])
         summary.update(steady=steady.to_dict(), samples_per_s=steady.samples_per_s)
         record["replay_noise"] = self.noise
+
+    @staticmethod
+    def _on_cpu(record: dict[str, Any]) -> bool:
+        return (record.get("device_facts") or {}).get("type") != "cuda"
 
     def _not_recorded(self, folder: Path, name: str, knobs: Knobs, wanted: tuple) -> TrialResult:
         """A trial the surface cannot serve: recorded as an error, so the session goes on without it."""

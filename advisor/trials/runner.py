@@ -148,6 +148,7 @@ def run_trial(
     nproc_per_node: int = 1,
     torchrun_args: Sequence[str] = (),
     on_progress: Callable[[TrialProgress], None] | None = None,
+    against: dict[str, Any] | None = None,
 ) -> TrialResult:
     """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
 
@@ -159,7 +160,8 @@ def run_trial(
     called about every PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time
     left (`advisor.trials.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
     a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
-    several nodes), each profiled (`advisor.trials.distributed`).
+    several nodes), each profiled (`advisor.trials.distributed`). `against` (`advisor.trials.adaptive.Against`
+    as a dict): measure windows until they settle the comparison with the best, up to its cap.
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -177,6 +179,8 @@ def run_trial(
     out = _make_trial_folder(out_dir)
     started = time.time()
     schedule = {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s}
+    if against and windows:
+        schedule["against"] = against
     record = _new_record(name=name or out.name, target=func, step=step, script=script, script_args=script_args,
                          device=device, knobs=knobs, schedule=schedule, profiled=profile, memory_limit=memory_limit,
                          started=started)
@@ -304,7 +308,8 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
         "device": record["device"],
         "memory_limit": record["memory_limit"],
         "profile": record["profiled"],
-        "measure": {"windows": schedule["windows"], "window_s": schedule["window_s"]},
+        "measure": {"windows": schedule["windows"], "window_s": schedule["window_s"],
+                    "against": schedule.get("against")},
         "parent": os.getpid(),
     }
 

@@ -4,12 +4,16 @@ what it needs. The step driver (`advisor.trials.driver`) holds one and moves it 
 Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
 the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled
 while the trace was written) and measurement `window`s of at least `window_s` seconds, MIN_WINDOW_STEPS
-steps and one cycle of the workers each. The trial is measured after `windows` windows.
+steps and one cycle of the workers each. The trial is measured after `windows` windows; or, measured
+against the best (`against`, `advisor.trials.adaptive`), once its windows settle the comparison, between
+the target's least and most windows.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from advisor.trials.adaptive import Against, settled
 
 # Steps a window holds at least, whatever its seconds: windows of one or two long steps read a decision's
 # noise at 17-22% on a quiet machine (char transformer, 0.5 s steps, 1 s windows); five steps average the
@@ -21,7 +25,7 @@ class StepSchedule:
     """The phase of each step of a trial, and the measurement windows counted so far."""
 
     def __init__(self, wait: int, warmup: int, active: int, windows: int = 0, window_s: float = 0.0,
-                 loop: bool = False):
+                 loop: bool = False, against: Against | None = None):
         # The first step of a loop (no step function) holds the script's own set-up: never profiled.
         self.wait = max(wait, 1) if loop else wait
         self.warmup, self.active = warmup, active
@@ -31,13 +35,18 @@ class StepSchedule:
         self.settle = 0
         self.min_window_steps = MIN_WINDOW_STEPS
         self.window, self.window_steps, self.window_wall = 0, 0, 0.0
+        self.against = against if windows else None
+        self.groups: list[tuple[float, float]] = []  # (samples, seconds) of each closed window
+        self.window_samples = 0.0
+        self.verdict: str | None = None  # what settled an adaptive trial's windows
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> StepSchedule:
         """The schedule a trial's config asks for (`wait`, `warmup`, `active`, `measure`, `loop`)."""
         measure = config.get("measure") or {}
         return cls(config["wait"], config["warmup"], config["active"], windows=int(measure.get("windows") or 0),
-                   window_s=float(measure.get("window_s") or 0.0), loop=bool(config.get("loop")))
+                   window_s=float(measure.get("window_s") or 0.0), loop=bool(config.get("loop")),
+                   against=Against.from_dict(measure.get("against")))
 
     def add_queue(self, workers: int, prefetch_factor: int | None) -> None:
         """Skip the batches `workers` queue before the first step, and as many again after profiling (the
@@ -62,23 +71,33 @@ class StepSchedule:
         """Whether the step with this index is the first the profiler records."""
         return index == self.wait + self.warmup
 
-    def count_window_step(self, wall: float) -> None:
-        """A step of the current window took `wall` seconds: the window closes once it has lasted
-        `window_s` seconds and `min_window_steps` steps."""
+    def count_window_step(self, wall: float, samples: float | None = None) -> bool:
+        """A step of the current window took `wall` seconds (for `samples` samples): the window closes once
+        it has lasted `window_s` seconds and `min_window_steps` steps. Returns whether it closed."""
         self.window_steps += 1
         self.window_wall += wall
+        self.window_samples += samples or 0.0
         if self.window_wall >= self.window_s and self.window_steps >= self.min_window_steps:
-            self.window, self.window_steps, self.window_wall = self.window + 1, 0, 0.0
+            self.groups.append((self.window_samples or float(self.window_steps), self.window_wall))
+            self.window, self.window_steps, self.window_wall, self.window_samples = self.window + 1, 0, 0.0, 0.0
+            if self.against is not None and self.verdict is None:
+                self.verdict = settled(self.groups, self.against)
+            return True
+        return False
 
     def measured(self) -> bool:
-        """Whether all the measurement windows have closed."""
+        """Whether all the measurement windows have closed: `windows` of them; measured against the best,
+        once they settle the comparison (at least its least windows) or at its most."""
+        if self.against is not None:
+            return self.verdict is not None or self.window >= self.against.max_windows
         return self.window >= self.windows
 
     def to_dict(self) -> dict[str, Any]:
         """The steps each phase took: trial.json's `schedule`."""
         return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "queue_depth": self.queue_depth,
                 "settle": self.settle, "windows": self.windows, "window_s": self.window_s,
-                "min_window_steps": self.min_window_steps, "windows_measured": self.window}
+                "min_window_steps": self.min_window_steps, "windows_measured": self.window,
+                **({"against": self.against.to_dict(), "verdict": self.verdict} if self.against else {})}
 
     def completed_message(self) -> str:
         """What a trial whose steps all ran says it measured."""
