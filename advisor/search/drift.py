@@ -4,9 +4,12 @@ decision must compare the candidate with the best measured again beside it.
 Every decision compares two trials run one after another. On a shared machine other jobs come and go
 between them, and the change reads as the knob's effect. Two signs say the machine changed:
 
-- the load beside the windows (`advisor.trials.machine_load`: other processes' share of the CPU, and of
-  the GPU where NVML tells): it moved by LOAD_STEP or more within the candidate's windows, or between
-  the best's latest run and the candidate;
+- the load beside the windows (`advisor.trials.machine_load`): the share of the machine the trial got,
+  1 − its contention (the share of its ready time its threads waited for a CPU, or where that is not
+  known other processes' share of the CPU; and other processes' share of the GPU where NVML tells). It
+  changed by a factor LOAD_RATIO or more within the candidate's windows, or between the best's latest
+  run and the candidate. A ratio, not a difference: on a saturated machine the trial gets 18% of the
+  CPU instead of 25% when another job starts, and that is as large a change as 70% instead of 100%;
 - the windows themselves: the candidate's first and second halves differ beyond their noise (a step in
   speed no knob made, as the machine changed under the trial), or the best's runs disagree beyond it.
 
@@ -23,7 +26,8 @@ from typing import Any
 
 from advisor.trials.measurement import Measurement, measure, noise, window_groups
 
-LOAD_STEP = 0.15  # other processes' share of the machine moving this much is a changed machine
+LOAD_RATIO = 1.3  # the share of the machine a trial gets changing by this factor is a changed machine
+FLOOR = 0.02  # a share below this counts as this (a trial never gets none of the machine)
 DRIFT_Z = 3.0  # halves of a trial this many standard errors apart: a step no knob made (≈ 1 in 400 by chance)
 DURING = "the machine's load changed during this trial"
 SINCE = "the machine's load changed since the best was measured"
@@ -31,15 +35,28 @@ STEPPED = "the trial's speed stepped between its first and second halves"
 BEST_DRIFTED = "the best's own runs disagree"
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def contention(load: dict[str, Any]) -> float:
+    """How much of the machine others held from a trial beside one window: its wait for a CPU (else other
+    processes' CPU share), or other processes' GPU share where that is larger."""
+    cpu = load.get("waited") if _number(load.get("waited")) else load.get("other_cpu")
+    shares = [v for v in (cpu, load.get("gpu_other")) if _number(v)]
+    return min(1.0, max(0.0, max(shares))) if shares else 0.0
+
+
 def window_loads(record: dict[str, Any]) -> list[float]:
-    """Other processes' share of the machine beside each window of a trial (the larger of CPU and GPU)."""
-    loads = []
-    for step in record.get("steps") or []:
-        load = step.get("load") if isinstance(step, dict) else None
-        if isinstance(load, dict):
-            shares = [v for v in (load.get("other_cpu"), load.get("gpu_other")) if isinstance(v, (int, float))]
-            loads.append(max(shares) if shares else 0.0)
-    return loads
+    """The contention beside each window of a trial (0: the machine was the trial's)."""
+    return [contention(s["load"]) for s in record.get("steps") or []
+            if isinstance(s, dict) and isinstance(s.get("load"), dict)]
+
+
+def apart(a: float, b: float) -> bool:
+    """Whether two contentions leave a trial shares of the machine LOAD_RATIO or more apart."""
+    x, y = max(FLOOR, 1 - a), max(FLOOR, 1 - b)
+    return max(x, y) / min(x, y) >= LOAD_RATIO
 
 
 def _halves(record: dict[str, Any]) -> tuple[Measurement, Measurement] | None:
@@ -75,10 +92,10 @@ def machine_changed(best_runs: list[dict[str, Any]], candidate: dict[str, Any]) 
     """Why the candidate must be compared with the best measured again beside it, or None.
     `best_runs`: the best's records, latest first."""
     loads = window_loads(candidate)
-    if loads and max(loads) - min(loads) >= LOAD_STEP:
+    if loads and apart(max(loads), min(loads)):
         return DURING
     before = window_loads(best_runs[0]) if best_runs else []
-    if loads and before and abs(statistics.fmean(loads) - statistics.fmean(before)) >= LOAD_STEP:
+    if loads and before and apart(statistics.fmean(loads), statistics.fmean(before)):
         return SINCE
     if stepped(candidate):
         return STEPPED
@@ -97,13 +114,13 @@ def pair_changed(best_runs: list[dict[str, Any]], other_runs: list[dict[str, Any
 
 
 def same_load(best_runs: list[dict[str, Any]], other_runs: list[dict[str, Any]]) -> tuple[list, list] | None:
-    """The runs of each setting measured at one load (within LOAD_STEP), at the load of the latest run of
+    """The runs of each setting measured at one load (not `apart`), at the load of the latest run of
     the other setting that has a match; None where no load level holds runs of both."""
     for latest in other_runs:
         level = mean_load(latest)
         if level is None:
             return None
-        near = [[r for r in runs if (m := mean_load(r)) is not None and abs(m - level) < LOAD_STEP]
+        near = [[r for r in runs if (m := mean_load(r)) is not None and not apart(m, level)]
                 for runs in (best_runs, other_runs)]
         if near[0] and near[1]:
             return near[0], near[1]
@@ -111,7 +128,7 @@ def same_load(best_runs: list[dict[str, Any]], other_runs: list[dict[str, Any]])
 
 
 def at_load(record: dict[str, Any], level: float | None) -> list[dict[str, Any]]:
-    """The record's steps, less the windows whose load is LOAD_STEP or more away from `level` (the load
+    """The record's steps, less the windows whose load is `apart` from `level` (the load
     the best was measured again at), when at least two windows are left; else all of them."""
     steps = record.get("steps") or []
     if level is None:
@@ -122,7 +139,7 @@ def at_load(record: dict[str, Any], level: float | None) -> list[dict[str, Any]]
     kept = []
     for group in groups:
         load = window_loads({"steps": group})
-        if load and abs(load[-1] - level) < LOAD_STEP:
+        if load and not apart(load[-1], level):
             kept.append(group)
     if len(kept) < 2 or len(kept) == len(groups):
         return steps
@@ -136,10 +153,10 @@ def mean_load(record: dict[str, Any]) -> float | None:
 
 
 def load_text(record: dict[str, Any]) -> str | None:
-    """The load beside a trial's windows in words, e.g. 'other processes 12–48% of the machine'."""
+    """The load beside a trial's windows in words, e.g. 'others held 12–48% of the machine from it'."""
     loads = window_loads(record)
     if not loads:
         return None
     low, high = min(loads), max(loads)
     span = f"{100 * low:.0f}%" if math.isclose(low, high, abs_tol=0.005) else f"{100 * low:.0f}–{100 * high:.0f}%"
-    return f"other processes {span} of the machine"
+    return f"others held {span} of the machine from it"

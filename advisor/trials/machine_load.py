@@ -3,6 +3,10 @@
 A shared machine's other jobs slow a trial as much as a knob speeds it up; the session can tell the two
 apart only if it knows the load changed. `LoadMeter.sample()` says, for the time since its last sample:
 
+- `waited`: the share of the time the trial process's threads were ready to run that they spent waiting
+  for a CPU (Linux's /proc/self/task/*/schedstat): contention as the trial meets it. On a saturated
+  machine other processes' share of the CPU cannot grow, but the trial's wait still does when another job
+  starts; 1 − waited is the share of the CPU the machine gives the trial;
 - `other_cpu`: the share of the machine's CPU time that processes outside the trial used (the system's
   busy time, psutil.cpu_times, less the trial process's own and its live children's: DataLoader workers
   are the trial's, not load);
@@ -44,6 +48,23 @@ def _own_cpu() -> float:
     return own
 
 
+def _scheduled() -> tuple[float, float]:
+    """Nanoseconds this process's threads ran, and waited to run, so far (0, 0 where Linux does not say)."""
+    run = wait = 0.0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return run, wait
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            run, wait = run + float(fields[0]), wait + float(fields[1])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return run, wait
+
+
 class LoadMeter:
     """Other processes' share of the CPU (and of the GPU, where NVML tells) between successive samples."""
 
@@ -51,17 +72,20 @@ class LoadMeter:
         self.gpu = _NvmlOthers(gpu_index) if gpu_index is not None else None
         self.last = self._now()
 
-    def _now(self) -> tuple[float, float, float]:
+    def _now(self) -> tuple[float, float, float, float, float]:
         busy, total = _busy_and_total()
-        return busy, total, _own_cpu()
+        run, wait = _scheduled()
+        return busy, total, _own_cpu(), run, wait
 
     def sample(self) -> dict[str, Any]:
-        """{"other_cpu": share, "gpu_other": share | None} since the previous sample."""
+        """{"waited": share | None, "other_cpu": share, "gpu_other": share | None} since the previous sample."""
         now = self._now()
-        busy, total, own = (a - b for a, b in zip(now, self.last))
+        busy, total, own, run, wait = (max(0.0, a - b) for a, b in zip(now, self.last))  # a thread may have ended
         self.last = now
         other = max(0.0, busy - own) / total if total > 0 else 0.0
-        return {"other_cpu": round(min(1.0, other), 4), "gpu_other": self.gpu.sample() if self.gpu else None}
+        waited = round(wait / (run + wait), 4) if run + wait > 0 else None
+        return {"waited": waited, "other_cpu": round(min(1.0, other), 4),
+                "gpu_other": self.gpu.sample() if self.gpu else None}
 
 
 class _NvmlOthers:

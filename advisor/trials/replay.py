@@ -188,8 +188,9 @@ class ReplayRunner:
                               "recorded": False, "phase": "window", "window": window, "batch_size": batch,
                               "loss": summary.get("loss")})
                 index += 1
-            steps[-1]["load"] = {"other_cpu": other_load(load) if self._on_cpu(record) else 0.0,
-                                 "gpu_other": None if self._on_cpu(record) else other_load(load)}
+            cpu = self._on_cpu(record)  # the load holds the CPU from a CPU trial, the GPU from a GPU one
+            steps[-1]["load"] = {"waited": other_load(load) if cpu else 0.0, "other_cpu": other_load(load) if cpu else 0.0,
+                                 "gpu_other": None if cpu else other_load(load)}
             t += NOISE_WINDOW_STEPS * wall
             groups.append((NOISE_WINDOW_STEPS * batch, NOISE_WINDOW_STEPS * wall))
             verdict = settled(groups, target) if target is not None else None
