@@ -43,7 +43,8 @@ HOG = "while True: pass"
 @contextlib.contextmanager
 def load_that_comes_and_goes(toggle_s: float):
     """One busy process per core beside the session, on for `toggle_s` seconds, off for as long, and so on."""
-    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 1)]
+    # Each in a session of its own: Linux shares the CPU between sessions (autogroups) before processes.
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True) for _ in range(os.cpu_count() or 1)]
     stop = threading.Event()
 
     def toggle() -> None:

@@ -509,6 +509,11 @@ def _beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     log(f"  {_figures(row, state['unit'])}: the best as measured now")
     if not fresh.ok:
         return row, None, None, changed
+    # The load may have moved again by the time the best ran: the best's runs at the candidate's load
+    # decide where there are some (this one, or earlier ones); else the candidate's windows at this one's.
+    matched = same_load([fresh_record, *_runs_of(out, state, top["knobs"])], [record])
+    if matched is not None:
+        return row, measure_record(matched[0]), measure_record(matched[1]), changed
     candidate = measure_record([dict(record, steps=at_load(record, mean_load(fresh_record)))])
     return row, fresh_measure, candidate, changed
 
