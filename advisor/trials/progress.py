@@ -81,6 +81,9 @@ def trial_progress(trial: str, schedule: dict[str, Any], steps: list[dict[str, A
     window_s = max(schedule["window_s"], schedule["min_window_steps"] * step_s)
     closed, open_s = _windows_closed(schedule, [s for s in steps if s.get("phase") == "window"])
     index, windows = len(steps), schedule["windows"]
+    against = schedule.get("against") or {}
+    if against and closed >= windows:  # measured against the best: on until its windows settle, up to the cap
+        windows = max(windows, min(closed + 1, int(against.get("max_windows") or windows)))
     remaining = max(0, before_windows - index) * step_s
     if index < before_windows:
         remaining += windows * window_s
