@@ -204,10 +204,12 @@ def phase_grid(run: Run, session: dict[str, Any]) -> dict[str, Any]:
     if not measured or not any(p["samples_per_s"] for p in measured):
         return {"status": "failed", "seconds": seconds, "what": "no grid point measured", "points": measured}
     best = max(measured, key=lambda p: p["samples_per_s"])
-    session_sps = ((session.get("best") or {}).get("samples_per_s")) or 0.0
-    ratio = session_sps / best["samples_per_s"]
     what = (f"{len(measured)} points, best workers={best['num_workers']} pinned={best['pinned']} "
-            f"{best['samples_per_s']:.1f} samples/s; the session's choice {session_sps:.1f} = {ratio:.2f} of it")
+            f"{best['samples_per_s']:.1f} samples/s")
+    session_sps = ((session.get("best") or {}).get("samples_per_s")) or 0.0
+    ratio = session_sps / best["samples_per_s"] if session.get("status") == "ok" else None
+    what += f"; the session's choice {session_sps:.1f} = {ratio:.2f} of it" if ratio is not None else \
+        "; no session choice to compare (the session failed)"
     return {"status": "ok", "seconds": seconds, "what": what, "points": measured, "grid_best": best,
             "session_best_samples_per_s": session_sps, "session_over_grid": ratio}
 

@@ -17,6 +17,7 @@ from test_uint8_copies import datasets  # noqa: F401 - the fixture: Dataset shap
 from torch.utils.data import DataLoader
 from trial_helpers import trial_record, write_script
 
+from advisor.trials.facts import cuda_computes_bf16
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.profiler_check import cuda_profiler_problem, probe, trace_problems
 from advisor.trials.runner import group_members, run_trial
@@ -73,7 +74,7 @@ def test_memory_limit_caps_device_memory_and_says_so(tmp_path):
 
 def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path):
     script = gpu_script(tmp_path)
-    knobs = Knobs(amp="bf16" if torch.cuda.is_bf16_supported() else "fp16", pin_memory=True, non_blocking=True)
+    knobs = Knobs(amp="bf16" if cuda_computes_bf16() else "fp16", pin_memory=True, non_blocking=True)
     result = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=3, device="cuda")
     assert result.ok, result.message
     assert result.knob_outcomes == {"amp": APPLIED, "pin_memory": APPLIED, "non_blocking": APPLIED}

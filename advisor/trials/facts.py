@@ -85,6 +85,8 @@ def cuda_computes_bf16() -> bool:
     fp32, where the advisor's AMP is fp16 with a GradScaler instead."""
     import torch
 
+    if not torch.cuda.is_available():
+        return False
     return bool(torch.version.hip) or torch.cuda.get_device_capability()[0] >= 8
 
 
