@@ -96,8 +96,9 @@ def run_command(run: Run, command: list[str], limit_s: float, stdout: Any = None
 def phase_doctor(run: Run) -> dict[str, Any]:
     """`advisor doctor --device cuda --json` into doctor.json."""
     with open(run.out / "doctor.json", "w") as f:
-        code, seconds = run_command(run, [sys.executable, "-m", "advisor.cli", "doctor", "--device", run.device, "--json"],
-                                    run.limit("doctor"), stdout=f, grace_s=2)  # it writes its JSON at the end
+        command = [sys.executable, "-m", "advisor.cli", "doctor", "--device", run.device, "--json"]
+        # no grace: it writes its JSON only at the end, and a Ctrl-C leaves nothing
+        code, seconds = run_command(run, command, run.limit("doctor"), stdout=f, grace_s=2)
     try:
         document = json.loads((run.out / "doctor.json").read_text())
     except ValueError:
@@ -191,8 +192,8 @@ def phase_grid(run: Run, session: dict[str, Any]) -> dict[str, Any]:
             break
         began = time.monotonic()
         try:
-            result = run_trial(IMAGE, grid_knobs(point), run.work / "grid" / f"{i:02d}", name=f"{i:02d}", device=run.device,
-                               timeout_s=min(TRIAL_TIMEOUT_S, left - 5), **TRIAL)
+            result = run_trial(IMAGE, grid_knobs(point), run.work / "grid" / f"{i:02d}", name=f"{i:02d}",
+                               device=run.device, timeout_s=min(TRIAL_TIMEOUT_S, left - 5), **TRIAL)
             sps = (result.samples_per_s or 0.0) if result.ok else 0.0
             status = result.status
         except Exception as exc:  # a grid point that cannot run is one row, not the end of the phase

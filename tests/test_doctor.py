@@ -37,7 +37,8 @@ def test_each_check_answers_for_this_machine(document):
     cuda = torch.cuda.is_available()
     assert document["device"] == ("cuda" if cuda else "cpu")
     assert document["ok"] and document["exit_code"] == 0 and not document["failed_needed"]
-    assert {name for name, c in checks.items() if c["needed"]} == {"torch", "profiler"} | ({"devices"} if cuda else set())
+    needed = {name for name, c in checks.items() if c["needed"]}
+    assert needed == {"torch", "profiler"} | ({"devices"} if cuda else set())
 
     build = checks["torch"]["details"]
     assert build["version"] == torch.__version__ and build["cuda"] == torch.version.cuda
