@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from advisor.doctor.checks import device_supported
 from advisor.trials.facts import bf16_instructions, cpu_computes_bf16, cpuinfo
 from advisor.trials.profiler_check import CUPTI_PERMISSION, count_events, trace_problems
 from conftest import ROOT, TRACES, run_advisor
@@ -91,7 +92,7 @@ def test_device_cuda_without_cuda_says_so_and_exits_1():
     done = run_advisor("doctor", "--device", "cuda", "--json", timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     document = json.loads(done.stdout)
-    assert document["exit_code"] == 1 and document["failed_needed"] == ["devices"]
+    assert document["exit_code"] == 1 and document["failed_needed"] == ["devices"] and document["device"] == "cuda"
     checks = {c["name"]: c for c in document["checks"]}
     devices = checks["devices"]
     assert devices["status"] == "failed" and devices["needed"]
@@ -139,3 +140,11 @@ def test_gpu_check_without_cuda_checks_nothing(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "no CUDA device: nothing checked"
     assert not out.exists()
+
+
+def test_a_gpu_is_supported_by_a_cubin_of_its_major_version_or_older_ptx():
+    built = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "compute_120"]
+    assert device_supported((9, 0), built) and device_supported((8, 9), built)  # sm_86 runs on 8.9
+    assert device_supported((12, 1), built)  # through the PTX the driver compiles
+    assert not device_supported((7, 0), built)  # a V100: no sm_70 and no older PTX
+    assert not device_supported((11, 0), ["sm_100", "sm_120"])

@@ -52,11 +52,13 @@ def run_doctor(requested: str) -> dict[str, Any]:
         machine = Machine(requested, "cpu")
     else:
         no_cuda = requested == "cuda" and machine.device == "cpu"
+        if no_cuda:  # the device checked is the one asked for; the devices check says there is none
+            machine = Machine(requested, "cuda")
         for name, function in CHECKS:
             if no_cuda and name not in ("torch", "cpu", "devices"):
                 check = skipped(name, NEEDS_CUDA)
             else:
-                check = run_check(name, function, Machine(requested, "cuda") if no_cuda else machine)
+                check = run_check(name, function, machine)
             check.needed = name in NEEDED and check.status != SKIPPED
             checks.append(check)
     failed_needed = [c.name for c in checks if c.status == FAILED and c.needed]
