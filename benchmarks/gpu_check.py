@@ -77,11 +77,15 @@ def run_command(run: Run, command: list[str], limit_s: float, stdout: Any = None
     """Run a command in its own process group, output into the log (or `stdout`), for at most `limit_s`
     (Ctrl-C `grace_s` before, then SIGKILL); its exit code (None: stopped at its limit) and seconds."""
     started = time.monotonic()
+    if limit_s < 1:
+        run.say(f"$ {' '.join(command)}: no time left for it")
+        return None, 0.0
     run.say(f"$ {' '.join(command)}  (at most {limit_s:.0f} s)")
     proc = subprocess.Popen(command, cwd=ROOT, stdout=stdout or run.log, stderr=run.log, stdin=subprocess.DEVNULL,
                             start_new_session=True)
+    grace_s = min(grace_s, limit_s / 2)  # a phase left little time still ends at its limit
     try:
-        code: int | None = proc.wait(timeout=max(1.0, limit_s - grace_s))
+        code: int | None = proc.wait(timeout=limit_s - grace_s)
     except subprocess.TimeoutExpired:
         code = None
         os.killpg(proc.pid, signal.SIGINT)  # pytest and advisor profile write what they have on Ctrl-C
@@ -120,9 +124,10 @@ def phase_tests(run: Run) -> dict[str, Any]:
     code, seconds = run_command(run, [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "0",
                                       "tests/test_cuda.py", f"--junitxml={run.out / 'tests.xml'}",
                                       f"--basetemp={run.work / 'tests'}"], run.limit("cuda tests"))
-    with open(run.log_path, errors="replace") as f:
+    with open(run.log_path, "rb") as f:
         f.seek(before)
-        outcomes = dict(m.groups() for m in map(TEST_LINE.match, f.read().splitlines()) if m)
+        lines = f.read().decode(errors="replace").splitlines()
+    outcomes = dict(m.groups() for m in map(TEST_LINE.match, lines) if m)
     counts = {k: sum(v == k for v in outcomes.values()) for k in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
     bad = [name.split("::")[-1] for name, v in outcomes.items() if v in ("FAILED", "ERROR")]
     what = f"{counts['PASSED']} passed, {counts['FAILED'] + counts['ERROR']} failed, {counts['SKIPPED']} skipped"

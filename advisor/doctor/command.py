@@ -9,9 +9,11 @@ the exit code 0. 1 when a needed check failed (also --device cuda where no CUDA 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from advisor.doctor.checks import CHECKS, FAILED, NEEDED, SKIPPED, Check, Machine, first_line, run_check, skipped
 from advisor.escape import for_terminal
@@ -89,11 +91,27 @@ def print_document(document: dict[str, Any]) -> None:
     print(f"{verdict}; {document['seconds']:.1f} s")
 
 
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """This process's stdout (file descriptor 1, where C++ libraries print too) sent to stderr for a while."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def doctor_command(args: argparse.Namespace) -> int:
     """`advisor doctor`: the checks, printed or as JSON; the exit code says whether the device has what it needs."""
-    document = run_doctor(args.device)
     if args.json:
+        with stdout_to_stderr():  # whatever a library prints while the checks run keeps out of the JSON
+            document = run_doctor(args.device)
         sys.stdout.write(dumps(document, indent=1) + "\n")
-    else:
-        print_document(document)
+        return document["exit_code"]
+    document = run_doctor(args.device)
+    print_document(document)
     return document["exit_code"]
