@@ -84,6 +84,12 @@ def skipped(name: str, why: str) -> Check:
     return Check(name, SKIPPED, why)
 
 
+def cuda_only(name: str, machine: Machine, why: str = "") -> Check:
+    """The skip of a check that only a CUDA device needs, on the CPU."""
+    where = "--device cpu: no accelerator is used" if machine.requested == "cpu" else "needs a CUDA device"
+    return skipped(name, where + why)
+
+
 def first_line(exc: BaseException) -> str:
     """`Type: first line of the message`, at most 300 characters."""
     text = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -165,7 +171,7 @@ def devices(machine: Machine) -> Check:
 
     if machine.device == "cpu":
         if machine.requested == "cpu":
-            return skipped("devices", "--device cpu: no accelerator is used")
+            return cuda_only("devices", machine)
         return skipped("devices", "no CUDA device: --device auto runs the trials on the CPU")
     if not torch.cuda.is_available():
         if torch.version.cuda is None:
@@ -257,7 +263,7 @@ def profiler(machine: Machine) -> Check:
 def nvml(machine: Machine) -> Check:
     """NVML (nvidia-ml-py) reads the device the trials run on, as a trial's device facts do."""
     if machine.device != "cuda":
-        return skipped("nvml", "needs a CUDA device")
+        return cuda_only("nvml", machine)
     facts = gpu_facts()["nvml"]
     problem = facts.get("unavailable")
     if problem:
@@ -292,7 +298,7 @@ def pinned_memory(machine: Machine) -> Check:
     import torch
 
     if machine.device != "cuda":
-        return skipped("pinned_memory", "needs a CUDA device (pinned memory serves host-to-device copies)")
+        return cuda_only("pinned_memory", machine, " (pinned memory serves host-to-device copies)")
     try:
         host = torch.randint(0, 256, (PINNED_BYTES,), dtype=torch.uint8).pin_memory()
     except RuntimeError as exc:
