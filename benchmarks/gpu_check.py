@@ -15,7 +15,8 @@ It leaves at most 8 files of at most 16 MB each in the output folder (--out, els
 runs/gpu-check-out): summary.json, summary.txt (the table it prints), gpu_check.log (every phase's output),
 doctor.json, tests.xml (JUnit), and three archives (sessions.tar.gz, grid.tar.gz, tests.tar.gz) of the
 trial folders, their traces as many as fit. Without a CUDA device it says "no CUDA device: nothing
-checked" and exits 0. Exit code 1 when a phase failed.
+checked" and exits 0. Each phase ends ok, failed, or stopped (it ran out of its time: what it finished is
+reported); exit code 1 when a phase failed.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ GRACE_S = 15  # after its budget a phase gets Ctrl-C (it writes what it has), th
 MAX_FILE = 16 * 2**20
 ARCHIVE_BUDGET = 15 * 2**20  # raw bytes per archive: traces are gzipped already, so this bounds the archive
 SCHEMA = "advisor.gpu_check/1"
+STOPPED = "stopped"  # a phase that ran out of its time: what it finished is reported, nothing failed
 IMAGE = f"{ROOT / 'examples' / 'image_classifier.py'}:train_step"
 CONV = f"{ROOT / 'examples' / 'conv_classifier.py'}:train_step"
 # Every trial of the sessions and the grid is measured alike: short, as the budget asks.
@@ -135,8 +137,13 @@ def phase_tests(run: Run) -> dict[str, Any]:
         what += f": {', '.join(bad)}"
     if code is None:
         what += " (stopped at its time limit)"
-    ok = code == 0 and not bad and (counts["PASSED"] > 0 or run.device == "cpu")  # a rehearsal skips them all
-    return {"status": "ok" if ok else "failed", "seconds": seconds, "what": what, "tests": outcomes}
+    if bad or (code is not None and code != 0):
+        status = "failed"
+    elif code is None:
+        status = STOPPED
+    else:  # a rehearsal on the CPU skips them all
+        status = "ok" if counts["PASSED"] > 0 or run.device == "cpu" else "failed"
+    return {"status": status, "seconds": seconds, "what": what, "tests": outcomes}
 
 
 def session_phase(run: Run, phase: str, target: str, folder: str, extra: list[str]) -> dict[str, Any]:
@@ -161,8 +168,13 @@ def session_phase(run: Run, phase: str, target: str, folder: str, extra: list[st
             f"({best.get('speedup') or 0:.2f}x the baseline)")
     if failed:
         what += f"; trials that failed: {', '.join(failed)}"
-    ok = code == 0 and state.get("status") == "done" and bool(trials) and trials[0].get("status") == "ok"
-    return {"status": "ok" if ok else "failed", "seconds": seconds, "what": what, "exit_code": code,
+    if not trials or trials[0].get("status") != "ok":
+        status = "failed"
+    elif code is None:
+        status = STOPPED  # it measured, and ran out of time for more
+    else:
+        status = "ok" if code == 0 and state.get("status") == "done" else "failed"
+    return {"status": status, "seconds": seconds, "what": what, "exit_code": code,
             "best": {"name": best.get("name"), "knobs": best.get("knobs"), "samples_per_s": best.get("samples_per_s")},
             "trials": [{k: t.get(k) for k in ("name", "change", "status", "decision", "samples_per_s", "outcomes")}
                        for t in trials]}
@@ -213,7 +225,7 @@ def phase_grid(run: Run, session: dict[str, Any]) -> dict[str, Any]:
     what = (f"{len(measured)} points, best workers={best['num_workers']} pinned={best['pinned']} "
             f"{best['samples_per_s']:.1f} samples/s")
     session_sps = ((session.get("best") or {}).get("samples_per_s")) or 0.0
-    ratio = session_sps / best["samples_per_s"] if session.get("status") == "ok" else None
+    ratio = session_sps / best["samples_per_s"] if session.get("status") in ("ok", STOPPED) else None
     what += f"; the session's choice {session_sps:.1f} = {ratio:.2f} of it" if ratio is not None else \
         "; no session choice to compare (the session failed)"
     return {"status": "ok", "seconds": seconds, "what": what, "points": measured, "grid_best": best,
@@ -313,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.txt").write_text(text + "\n")
     run.log.close()
     bound_log(run.log_path)
-    return 0 if all(p["status"] == "ok" for p in phases) else 1
+    return 1 if any(p["status"] == "failed" for p in phases) else 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import torch
@@ -148,3 +149,24 @@ def test_a_gpu_is_supported_by_a_cubin_of_its_major_version_or_older_ptx():
     assert device_supported((12, 1), built)  # through the PTX the driver compiles
     assert not device_supported((7, 0), built)  # a V100: no sm_70 and no older PTX
     assert not device_supported((11, 0), ["sm_100", "sm_120"])
+
+
+def test_gpu_check_packs_a_session_within_its_budget_baseline_traces_first(tmp_path, monkeypatch):
+    """What a remote run brings back: every record of a real session folder, then its traces while they fit
+    (the baseline's first), and the list of what was left out."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    session = ROOT / "sample_runs" / "image_classifier"
+    files = [p for p in session.rglob("*") if p.is_file()]
+    traces = [p for p in files if ".pt.trace.json" in p.name]
+    records = sum(p.stat().st_size for p in files if p not in traces)
+    baseline = next(p for p in traces if "00-baseline" in str(p))
+    monkeypatch.setattr(gpu_check, "ARCHIVE_BUDGET", records + baseline.stat().st_size)
+    archive = tmp_path / "sessions.tar.gz"
+    left_out = gpu_check.pack(session, archive)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {f"image_classifier/{p.relative_to(session)}" for p in files if p not in traces} <= names
+    assert f"image_classifier/{baseline.relative_to(session)}" in names
+    assert sorted(left_out) == sorted(str(p.relative_to(session)) for p in traces if p != baseline)
