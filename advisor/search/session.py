@@ -466,6 +466,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         if beside[1] is not None and (decision is None or not decision.keep):
             beside[0].update(decision="kept", reason=beside[0]["reason"] + "; the best, as measured now")
             state["best"] = beside[0]["name"]  # what comes next is compared with the figure measured now
+        elif beside[1] is not None:  # the candidate beat it, measured side by side: the old best gives way
+            beside[0].update(decision="reverted", reason=beside[0]["reason"] + f"; {result.name} is faster")
     log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
     if compile_text(row.get("compile")):
         log(f"  {compile_text(row['compile'])}")
