@@ -73,7 +73,7 @@ def spread_line(runs: list, best: float, budget: int, floor: tuple[float, float]
     to_best = [t.get("to_best_s") for _, _, t in runs if t.get("to_best_s") is not None]
     walls = [t.get("wall_s") for _, _, t in runs if t.get("wall_s") is not None]
     reached = [t.get("trials_to_best") for _, _, t in runs if t.get("trials_to_best") is not None]
-    timing = (f"; best after median {statistics.median(to_best):.0f} s (trial {statistics.median(reached):g}) "
+    timing = (f"; best after median {statistics.median(to_best):.0f} s and {statistics.median(reached):g} trials, "
               f"of {statistics.median(walls):.0f} s" if to_best and walls and reached else "")
     return met, (f"found/best min {low:.3f} median {median:.3f}; trials min {min(trials)} median "
                  f"{statistics.median(trials):g} max {max(trials)}{timing}{'' if met else '   BELOW THE FLOOR'}")

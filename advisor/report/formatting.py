@@ -105,7 +105,7 @@ def option_rows(options: dict) -> list[tuple[str, str]]:
 
 def time_text(time: dict[str, Any] | None) -> str | None:
     """'412 s in all: start-up 31%, warm-up and compile 22%, measurement 35%, re-runs 12%; the best after
-    96 s (trial 5 of 12)' — the closing line of a session."""
+    96 s and 5 trial(s)' — the closing line of a session."""
     keys = ("wall_s", "startup_s", "warmup_s", "measurement_s", "reruns_s")
     if not isinstance(time, dict) or not all(isinstance(time.get(k), (int, float)) for k in keys) \
             or not time["wall_s"] > 0:
@@ -116,5 +116,5 @@ def time_text(time: dict[str, Any] | None) -> str | None:
                        ("measurement", "measurement_s"), ("re-runs", "reruns_s")))
     text = f"{wall:.0f} s{' (simulated)' if time.get('simulated') else ''} in all: {parts}"
     if isinstance(time.get("to_best_s"), (int, float)) and isinstance(time.get("trials_to_best"), int):
-        text += f"; the best first measured after {time['to_best_s']:.0f} s (trial {time['trials_to_best']})"
+        text += f"; the best first measured after {time['to_best_s']:.0f} s and {time['trials_to_best']} trial(s)"
     return text
