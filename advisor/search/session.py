@@ -28,6 +28,7 @@ from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard
     compile_payback, new_state, reference_row, samples_gain, save, trial_row
 from advisor.report.formatting import compile_text
 from advisor.search.outputs import batch_notes, finish_outputs
+from advisor.search.predictions import prediction_error, remember_graph, reprice
 from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan, turned
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.runner import TrialFailed, end_trial_processes, run_trial, trial_processes
@@ -326,6 +327,7 @@ def _bound_of(out: Path, state: dict[str, Any], best: TrialResult):
     measurement = measured(out, state, best)
     bound = trial_bound(best.status, diagnosis, measurement)
     state["bound"] = {"name": bound.name, "label": bound.label, "evidence": list(bound.evidence)}
+    remember_graph(state, best.name, diagnosis)
     state["recommendations"] = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
     return diagnosis, measurement, bound
 
@@ -426,11 +428,13 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     again = (decision is not None and decision.inconclusive and remeasure and not partly  # not what was proposed
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
+    row["base"] = state.get("best")  # what the change was measured against: the model's calibration reads it
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
         row.update(decision="not applicable", reason=refused)
         decision = dataclasses.replace(decision, keep=False, inconclusive=False) if decision is not None else None
     state["trials"].append(row)
-    log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
+    state["prediction_error"] = prediction_error(state)
+    log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}{_predicted_text(row)}")
     if compile_text(row.get("compile")):
         log(f"  {compile_text(row['compile'])}")
     if again:
@@ -447,12 +451,20 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
                            addresses_bound=proposal.helps_now) if result.ok else None)
         row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
         _decide_row(row, result, decision, False)
-        row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)")
+        row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)", base=state.get("best"))
         state["trials"].append(row)
-        log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
+        state["prediction_error"] = prediction_error(state)
+        log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}{_predicted_text(row)}")
         if decision is not None and decision.keep:
             state["pooled"][result.name] = [os.path.relpath(first.path, out)]
     return result, decision
+
+
+def _predicted_text(row: dict[str, Any]) -> str:
+    """What was predicted beside what was measured, for the log line of a trial."""
+    if row.get("predicted_samples_gain") is None or row.get("gain") is None:
+        return ""
+    return f" (predicted {100 * row['predicted_samples_gain']:+.0f}%, measured {100 * row['gain']:+.0f}%)"
 
 
 def _pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
@@ -468,8 +480,11 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
                   space: SearchSpace) -> Proposal | None:
     """The move the candidate's own trace calls for next, made on top of it, as one change: the first
     proposal from the candidate (reverted changes included) that turns other knobs than `first` did."""
-    first_turned = turned(best_row(state)["knobs"], first.knobs)
+    best = best_row(state)
+    # Both what was proposed and what the candidate ran with: a pair never holds two values of one knob.
+    first_turned = turned(best["knobs"], first.knobs) | turned(best["knobs"], candidate.knobs)
     diagnosis = diagnose_trial(candidate)
+    remember_graph(state, candidate.name, diagnosis)
     measurement = measure_record([trial_record(candidate.path)])
     bound = trial_bound(candidate.status, diagnosis, measurement)
     base = candidate.knobs.to_dict()
@@ -480,9 +495,10 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
     for p in ranked:
         second = turned(base, p.knobs)
         if second and not second & first_turned:
-            return Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
+            pair = Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
                             f"{first.slug}-and-{p.slug}", p.knobs, first.predicted_gain + p.predicted_gain,
                             first.bound, first.helps_now)
+            return reprice([pair], state, best["name"], best["knobs"])[0]  # both moves simulated together
     return None
 
 

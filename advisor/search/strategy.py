@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
+from advisor.search.predictions import reprice
 from advisor.trials.measurement import Measurement, noise
 from advisor.trials.replay import SETTINGS, SurfacePoint
 
@@ -158,7 +159,7 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
 def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], options: Any,
             space: SearchSpace, retry_reverted: bool = False) -> list[Proposal]:
     """Candidate trials from the best trial: those that address its bound first, then the rest (a full
-    round over the knobs), each by predicted gain; never a setting already measured. `retry_reverted`:
+    round over the knobs), each by predicted gain (the what-if model's, `advisor.search.predictions`); never a setting already measured. `retry_reverted`:
     also changes reverted under this bound (as the second move of a pair, they are tried from another base)."""
     recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
     facts = state.get("device") or {}
@@ -189,6 +190,9 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
                 and reverted_under(state, p.recommendation, bound.name)):
             continue  # it did not help while this bound held; it is tried again once the bound moves
         out.append(dataclasses.replace(p, helps_now=bound.name is not None and p.bound == bound.name))
+    # The what-if model's figure where it can simulate the change (the rules' otherwise): the order within
+    # the proposals that address the bound, and within the rest.
+    out = reprice(out, state, best.name, best.knobs)
     return sorted(out, key=lambda p: (not p.helps_now, -p.predicted_gain))
 
 
