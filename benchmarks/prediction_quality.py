@@ -38,6 +38,10 @@ from advisor.trials.record import TRIAL_FILE  # noqa: E402
 from advisor.trials.replay import load_surface  # noqa: E402
 
 SURFACE = ROOT / "tests" / "data" / "surfaces" / "h100-image-classifier"
+CPU_TRIALS = ROOT / "sample_runs" / "char_transformer" / "trials"  # real CPU trials (bf16 instructions)
+CPU_PAIRS = (("00-baseline", "01-amp-bf16", "amp"), ("01-amp-bf16", "02-batch-64", "batch_size"),
+             ("02-batch-64", "03-batch-128", "batch_size"))
+TRACES = ROOT / "tests" / "data" / "traces"
 MAX_ERROR = 0.10
 MIN_SIGN = 0.85
 KNOBS = ("amp", "batch_size", "num_workers", "pinned")  # the order of a setting's key
@@ -125,6 +129,25 @@ def _cell(s: tuple) -> str:
     return f"{n:3d} {100 * err:6.1f} pt {100 * sign:4.0f}% {d}"
 
 
+def other_pairs() -> list[str]:
+    """Lines for the real CPU trials of sample_runs (each pair both ways, the model's priors), and the H100
+    char transformer's two traces (fp32 batch 32 → bf16 batch 128, two knobs at once)."""
+    lines = []
+    for a, b, knob in CPU_PAIRS:
+        da, db = (analyze_file(next((CPU_TRIALS / n).glob("*.pt.trace.json*"))) for n in (a, b))
+        ga, gb = step_graph(da), step_graph(db)
+        value = {"amp": (False, True), "batch_size": (ga.batch, gb.batch)}[knob]
+        for x, y, g, v in ((a, b, ga, value[1]), (b, a, gb, value[0])):
+            measured = (gb.samples_per_s / ga.samples_per_s if x == a else ga.samples_per_s / gb.samples_per_s) - 1
+            lines.append(f"  cpu {x} → {y}: predicted {100 * predict(g, {knob: v}):+.0f}%, measured {100 * measured:+.0f}%")
+    fp32, bf16 = (analyze_file(TRACES / f"h100-char-transformer-{n}.pt.trace.json.gz") for n in ("fp32", "bf16"))
+    g32, g16 = step_graph(fp32, 32), step_graph(bf16, 128)
+    lines.append(f"  h100 char transformer fp32 b32 → bf16 b128: predicted "
+                 f"{100 * predict(g32, {'amp': True, 'batch_size': 128}):+.0f}%, "
+                 f"measured (profiled steps) {100 * (g16.samples_per_s / g32.samples_per_s - 1):+.0f}%")
+    return lines
+
+
 def main() -> int:
     points = load_points(SURFACE)
     pairs = neighbours(points)
@@ -166,6 +189,7 @@ def main() -> int:
             rows = [r for k, rs in table.items() for r in rs] if knob == "all" else table.get(knob, [])
             cells.append(_cell(scores(rows)))
         print(f"  {knob:<12}" + "".join(f"  {c}" for c in cells))
+    print("\n".join(other_pairs()))
     _, err, _, sign = scores([r for rs in tables["calibrated"].values() for r in rs])
     ok = err is not None and err <= MAX_ERROR and sign is not None and sign >= MIN_SIGN
     print(f"  floor (calibrated): median error {100 * err:.1f} pt (≤ {100 * MAX_ERROR:.0f}), sign beyond the noise "

@@ -33,7 +33,8 @@ from typing import Any
 PRIORS: dict[str, float] = {
     "workers": 0.0,   # α: a worker's batch takes (1 + α·W) of one process alone (0: set from the cores)
     "batch": 1.0,     # γ: device and loader time per step grow as (B'/B)^γ
-    "amp": 2.0,       # r: matmul/convolution kernels run r× faster in 16 bits (bytes halved, Tensor Cores)
+    "amp": 0.0,       # r: matmul/convolution kernels off the Tensor Cores run r× faster in 16 bits (0: the
+                      # device's ratio of 16-bit matrix to fp32 throughput, `amp_ratio`)
     "copies": 2.0,    # pinned copies run this much faster than pageable ones
     "uint8": 4.0,     # 8-bit images: a quarter of the bytes to copy
     "channels_last": 1.0,  # share of the layout conversions channels_last removes
@@ -41,7 +42,7 @@ PRIORS: dict[str, float] = {
     "compile": 0.5,   # share of the host work and of the non-matmul kernel time compile removes
 }
 RANGES: dict[str, tuple[float, float]] = {
-    "workers": (0.005, 1.0), "batch": (0.3, 1.5), "amp": (0.3, 8.0), "copies": (0.5, 8.0),
+    "workers": (0.005, 1.0), "batch": (0.3, 1.5), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
     "uint8": (0.5, 8.0), "channels_last": (0.0, 1.0), "fused": (0.0, 1.0), "compile": (-0.5, 0.9),
 }
 KNOB_OF = {"num_workers": "workers", "batch_size": "batch", "amp": "amp", "pin_memory": "copies",
@@ -61,7 +62,9 @@ class StepGraph:
     host_s: float  # the training thread's own work in the call (operators, launches; not its waits)
     device_s: float  # device busy: kernels, copies, memsets
     idle_s: float  # the rest of the call: the device waits on the host
-    matmul_s: float = 0.0  # kernel time of matmul/convolution operators (what AMP speeds up)
+    matmul_s: float = 0.0  # kernel time of matmul/convolution operators off the Tensor Cores (AMP moves them)
+    matmul_tc_s: float = 0.0  # ... and on them already (TF32, or 16 bits): AMP halves their bytes at most
+    amp_ratio: float = 2.0  # the device's 16-bit matrix throughput over its fp32 (the AMP prior)
     copy_s: float = 0.0  # host-to-device copies, and the host's waits on them, with no kernel beside them
     layout_s: float = 0.0  # NCHW↔NHWC conversion kernels
     optimizer_s: float = 0.0  # the optimizer's step on the host
@@ -125,10 +128,14 @@ def knob_values(trial: dict) -> dict[str, Any]:
             "uint8_copies": bool(knobs.get("uint8_copies"))}
 
 
-def step_graph(diagnosis: Any) -> StepGraph | None:
-    """The what-if graph of a diagnosed trace with its trial record; None without a steady-state figure."""
+def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
+    """The what-if graph of a diagnosed trace with its trial record; None without a steady-state figure.
+    A trace without a trial record is its own steady state when told its `batch`."""
     trial = diagnosis.trial or {}
     rate, wait = steady_figures(trial)
+    if not rate and batch and diagnosis.step_time_us:
+        trial = {**trial, "summary": {"batch_size": batch}}
+        rate = batch / (diagnosis.step_time_us * 1e-6)
     if not rate:
         return None
     v = knob_values(trial)
@@ -143,26 +150,44 @@ def step_graph(diagnosis: Any) -> StepGraph | None:
     scale = call / busy_us  # the profiled call's figures, stretched to the steady call
     device_us = b.get("kernel", 0.0) + b.get("memcpy", 0.0) + b.get("memset", 0.0)
     extra = diagnosis.extra or {}
-    if diagnosis.platform == "cpu":  # no device: the call is the host's, its matmul ops AMP's share
+    optimizer = ((extra.get("optimizer") or {}).get("us_per_step") or 0.0) * scale
+    if diagnosis.platform == "cpu":
+        # The CPU is the device: its operators' time grows with the batch, except the optimizer's step
+        # (per parameter, not per sample), which is the host's own work, exposed.
         matmul = (extra.get("cpu_eligible_share") or 0.0) * traced * scale
-        host, device, idle = call, 0.0, 0.0
+        optimizer = min(optimizer, call)
+        host, device, idle = optimizer, call - optimizer, optimizer
+        matmul, matmul_tc = (0.0, matmul) if knob_values(trial)["amp"] else (matmul, 0.0)
     else:
         device = min(device_us * scale, call)
         idle = call - device
         host = min(call, (extra.get("host_busy_us_per_step") or 0.0) * scale)
-        matmul = (diagnosis.eligible_op_share or 0.0) * diagnosis.kernel_us * scale
+        matmul = (diagnosis.eligible_share or 0.0) * diagnosis.kernel_us * scale
+        matmul_tc = max(0.0, (diagnosis.eligible_op_share or 0.0) * diagnosis.kernel_us * scale - matmul)
     cores = ((trial.get("device_facts") or {}).get("cpu") or {}).get("logical_cores") or 1
     workers = v["num_workers"]
     # No workers: the training thread loads each batch in the time it waited. W workers: they deliver a
     # batch per step, so each takes W steps for one (an upper bound where the loader does not bind).
     produce = step * wait if workers == 0 else step * min(workers, cores)
     copies = diagnosis.copies
-    optimizer = (extra.get("optimizer") or {}).get("us_per_step") or 0.0
     return StepGraph(batch=batch, workers=workers, cores=int(cores), step_s=step, produce_s=produce,
-                     host_s=host, device_s=device, idle_s=idle, matmul_s=matmul,
+                     host_s=host, device_s=device, idle_s=idle, matmul_s=matmul, matmul_tc_s=matmul_tc,
+                     amp_ratio=amp_ratio(trial, diagnosis.platform),
                      copy_s=min(device, copies.exposed_us * scale), layout_s=(diagnosis.layout_share or 0.0)
-                     * diagnosis.kernel_us * scale, optimizer_s=optimizer * scale, amp=v["amp"],
+                     * diagnosis.kernel_us * scale, optimizer_s=optimizer, amp=v["amp"],
                      pinned=v["pinned"], uint8=v["uint8_copies"], platform=diagnosis.platform)
+
+
+def amp_ratio(trial: dict, platform: str) -> float:
+    """The AMP prior for a device: peak 16-bit Tensor Core over fp32 throughput (about 8× on Volta and
+    Turing, 16× from Ampere on); on a CPU with bf16 instructions (AMX, AVX-512 BF16) twice the fp32 rate,
+    without them none (autocast converts, the math stays fp32)."""
+    facts = trial.get("device_facts") or {}
+    if platform == "cpu":
+        return 2.0 if (facts.get("cpu") or {}).get("bf16_instructions") else 1.0
+    cc = str((facts.get("gpu") or {}).get("compute_capability") or "8.0")
+    major = int(cc.split(".")[0]) if cc.split(".")[0].isdigit() else 8
+    return 16.0 if major >= 8 else (8.0 if major >= 7 else 1.0)
 
 
 def _contention(g: StepGraph, alpha: float) -> float:
@@ -190,17 +215,18 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
         k = (int(value) / g.batch) ** p
         # Per step: the loader's batch, the kernels and copies grow with it; launches and Python do not.
         return dataclasses.replace(g, batch=int(value), produce_s=g.produce_s * k, device_s=g.device_s * k,
-                                   matmul_s=g.matmul_s * k, copy_s=g.copy_s * k, layout_s=g.layout_s * k)
+                                   matmul_s=g.matmul_s * k, matmul_tc_s=g.matmul_tc_s * k, copy_s=g.copy_s * k, layout_s=g.layout_s * k)
     if knob == "amp":
         if bool(value) == g.amp:
             return g
-        factor = 1 / p if value else p
-        if g.platform == "cpu":
-            saved = g.matmul_s * (1 - factor)
-            return dataclasses.replace(g, amp=bool(value), host_s=g.host_s - saved, matmul_s=g.matmul_s * factor)
-        saved = g.matmul_s * (1 - factor)
-        return dataclasses.replace(g, amp=bool(value), device_s=max(0.0, g.device_s - saved),
-                                   matmul_s=g.matmul_s * factor)
+        r = p if p > 0 else g.amp_ratio
+        if value:  # off the Tensor Cores onto them; those on them already move half the bytes
+            saved = g.matmul_s * (1 - 1 / r) + g.matmul_tc_s * (1 - 1 / min(2.0, r))
+            moved = dict(matmul_s=0.0, matmul_tc_s=g.matmul_s / r + g.matmul_tc_s / min(2.0, r))
+        else:  # back to fp32: the matrix kernels leave the Tensor Cores
+            saved = -(g.matmul_tc_s * (r - 1))
+            moved = dict(matmul_s=g.matmul_tc_s * r + g.matmul_s, matmul_tc_s=0.0)
+        return dataclasses.replace(g, amp=bool(value), device_s=max(0.0, g.device_s - saved), **moved)
     if knob in ("pinned", "pin_memory", "non_blocking"):
         if bool(value) == g.pinned:
             return g
