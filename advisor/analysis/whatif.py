@@ -275,7 +275,10 @@ def fit(g: StepGraph, changes: dict[str, Any], measured: float, family: str,
     values = [e for e, _ in errors]
     if max(values) - min(values) < 0.02:  # the parameter barely moves the prediction: nothing to learn
         return None
-    return min(errors)[1]
+    best = min(errors)[1]
+    step = (hi - lo) / 60  # then finer, between the coarse grid's neighbours of the best
+    fine = [max(lo, min(hi, best + step * (i / 20 - 1))) for i in range(41)]
+    return min((abs(predict(g, changes, {**base, family: x}) - measured), x) for x in fine)[1]
 
 
 def calibrate(observations: list[tuple[StepGraph, dict[str, Any], float]],
