@@ -117,3 +117,34 @@ def test_model_changes_and_the_session_error():
                         {"predicted_samples_gain": 0.0, "gain": 0.2, "recommendation": "confirm"}]}
     error = prediction_error(state)
     assert error["trials"] == 2 and error["median_abs"] == pytest.approx(0.2) and error["sign_agreement"] == 0.5
+
+
+def test_a_replayed_session_predicts_calibrates_and_reports_its_error(tmp_path):
+    from advisor.search.session import run_session
+    from advisor.search.state import SessionOptions
+    from advisor.search.strategy import surface_space, turned
+    from advisor.trials.replay import ReplayRunner, load_surface
+
+    points = load_surface(SURFACE)
+    out = tmp_path / "replay"
+    lines = []
+    state = run_session(f"{SURFACE}:replay", out, SessionOptions(max_trials=6), log=lines.append,
+                        runner=ReplayRunner(points, out), script=False, space=surface_space(points),
+                        extra={"replay": str(SURFACE)})
+    rows = {t["name"]: t for t in state["trials"]}
+    tried = [t for t in state["trials"][1:] if t.get("recommendation") != "confirm"]
+    assert tried and all(t["base"] in rows and t["predicted_samples_gain"] is not None for t in tried)
+    # The first trial of workers was predicted from the baseline's graph with the priors, before anything
+    # was measured; its measured change then calibrated the model.
+    first = next(t for t in tried if t["recommendation"] == "more-workers")
+    base_graph = state["graphs"][first["base"]]
+    assert base_graph["workers"] == 0 and first["predicted_samples_gain"] > 0
+    # A pair never turns one knob twice: each knob it changes from its base, once.
+    for t in tried:
+        if "+" in (t.get("recommendation") or ""):
+            assert len(turned(rows[t["base"]]["knobs"], t["knobs"])) >= 2
+    error = state["prediction_error"]
+    assert error["trials"] == sum(1 for t in tried if t["gain"] is not None)
+    assert any("predicted" in line and "measured" in line for line in lines)
+    html = (out / "report.html").read_text()
+    assert "Predictions" in html and f"over {error['trials']} trial(s)" in html
