@@ -189,6 +189,9 @@ def main() -> int:
             rows = [r for k, rs in table.items() for r in rs] if knob == "all" else table.get(knob, [])
             cells.append(_cell(scores(rows)))
         print(f"  {knob:<12}" + "".join(f"  {c}" for c in cells))
+    flat = [(p, m) for rs in tables["calibrated"].values() for p, m, n in rs if abs(m) > n and abs(p) < 0.01]
+    print(f"  of the calibrated model's pairs beyond the noise, {len(flat)} were predicted as no change (within ±1%): "
+          f"{sum((p > 0) == (m > 0) for p, m in flat)} of their signs agree by chance")
     print("\n".join(other_pairs()))
     _, err, _, sign = scores([r for rs in tables["calibrated"].values() for r in rs])
     ok = err is not None and err <= MAX_ERROR and sign is not None and sign >= MIN_SIGN
