@@ -139,7 +139,8 @@ def other_pairs() -> list[str]:
         value = {"amp": (False, True), "batch_size": (ga.batch, gb.batch)}[knob]
         for x, y, g, v in ((a, b, ga, value[1]), (b, a, gb, value[0])):
             measured = (gb.samples_per_s / ga.samples_per_s if x == a else ga.samples_per_s / gb.samples_per_s) - 1
-            lines.append(f"  cpu {x} → {y}: predicted {100 * predict(g, {knob: v}):+.0f}%, measured {100 * measured:+.0f}%")
+            lines.append(f"  cpu {x} → {y}: predicted {100 * predict(g, {knob: v}):+.0f}%, "
+                         f"measured {100 * measured:+.0f}%")
     fp32, bf16 = (analyze_file(TRACES / f"h100-char-transformer-{n}.pt.trace.json.gz") for n in ("fp32", "bf16"))
     g32, g16 = step_graph(fp32, 32), step_graph(bf16, 128)
     lines.append(f"  h100 char transformer fp32 b32 → bf16 b128: predicted "

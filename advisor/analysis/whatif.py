@@ -215,7 +215,8 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
         k = (int(value) / g.batch) ** p
         # Per step: the loader's batch, the kernels and copies grow with it; launches and Python do not.
         return dataclasses.replace(g, batch=int(value), produce_s=g.produce_s * k, device_s=g.device_s * k,
-                                   matmul_s=g.matmul_s * k, matmul_tc_s=g.matmul_tc_s * k, copy_s=g.copy_s * k, layout_s=g.layout_s * k)
+                                   matmul_s=g.matmul_s * k, matmul_tc_s=g.matmul_tc_s * k, copy_s=g.copy_s * k,
+                                   layout_s=g.layout_s * k)
     if knob == "amp":
         if bool(value) == g.amp:
             return g
