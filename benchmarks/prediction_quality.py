@@ -38,9 +38,13 @@ from advisor.trials.record import TRIAL_FILE  # noqa: E402
 from advisor.trials.replay import load_surface  # noqa: E402
 
 SURFACE = ROOT / "tests" / "data" / "surfaces" / "h100-image-classifier"
-CPU_TRIALS = ROOT / "sample_runs" / "char_transformer" / "trials"  # real CPU trials (bf16 instructions)
-CPU_PAIRS = (("00-baseline", "01-amp-bf16", "amp"), ("01-amp-bf16", "02-batch-64", "batch_size"),
-             ("02-batch-64", "03-batch-128", "batch_size"))
+# Real CPU trials (a CPU with bf16 instructions), from the sessions in sample_runs: (session, from, to, knob).
+CPU_PAIRS = (("char_transformer", "00-baseline", "01-amp-bf16", "amp"),
+             ("char_transformer", "01-amp-bf16", "02-batch-64", "batch_size"),
+             ("char_transformer", "02-batch-64", "03-batch-128", "batch_size"),
+             ("image_classifier", "00-baseline", "01-workers-2", "num_workers"),
+             ("image_classifier", "01-workers-2", "02-amp-bf16", "amp"),
+             ("image_classifier", "01-workers-2", "03-batch-64", "batch_size"))
 TRACES = ROOT / "tests" / "data" / "traces"
 MAX_ERROR = 0.10
 MIN_SIGN = 0.85
@@ -133,13 +137,14 @@ def other_pairs() -> list[str]:
     """Lines for the real CPU trials of sample_runs (each pair both ways, the model's priors), and the H100
     char transformer's two traces (fp32 batch 32 → bf16 batch 128, two knobs at once)."""
     lines = []
-    for a, b, knob in CPU_PAIRS:
-        da, db = (analyze_file(next((CPU_TRIALS / n).glob("*.pt.trace.json*"))) for n in (a, b))
+    for session, a, b, knob in CPU_PAIRS:
+        trials = ROOT / "sample_runs" / session / "trials"
+        da, db = (analyze_file(next((trials / n).glob("*.pt.trace.json*"))) for n in (a, b))
         ga, gb = step_graph(da), step_graph(db)
-        value = {"amp": (False, True), "batch_size": (ga.batch, gb.batch)}[knob]
+        value = {"amp": (False, True), "batch_size": (ga.batch, gb.batch), "num_workers": (ga.workers, gb.workers)}[knob]
         for x, y, g, v in ((a, b, ga, value[1]), (b, a, gb, value[0])):
             measured = (gb.samples_per_s / ga.samples_per_s if x == a else ga.samples_per_s / gb.samples_per_s) - 1
-            lines.append(f"  cpu {x} → {y}: predicted {100 * predict(g, {knob: v}):+.0f}%, "
+            lines.append(f"  cpu {session} {x} → {y}: predicted {100 * predict(g, {knob: v}):+.0f}%, "
                          f"measured {100 * measured:+.0f}%")
     fp32, bf16 = (analyze_file(TRACES / f"h100-char-transformer-{n}.pt.trace.json.gz") for n in ("fp32", "bf16"))
     g32, g16 = step_graph(fp32, 32), step_graph(bf16, 128)

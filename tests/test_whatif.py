@@ -52,8 +52,8 @@ def test_the_graph_gives_each_trials_steady_state(surface):
 def test_workers_overlap_the_loading_and_calibration_learns_what_they_delivered(surface):
     base, two, four = (surface[n][1] for n in ("fp32-b32-w0-pageable", "fp32-b32-w2-pageable", "fp32-b32-w4-pageable"))
     first = _measured("fp32-b32-w0-pageable", "fp32-b32-w2-pageable")
-    # Loading moves off the training thread: the step shrinks towards the call, never past twice the rate.
-    assert 0 < predict(base, {"num_workers": 2}) < 1.0
+    # Loading moves off the training thread into two processes: at most the ideal (the priors' figure).
+    assert first < predict(base, {"num_workers": 2}) <= base.step_s / (base.produce_s / 2) - 1 + 1e-9
     assert predict(two, {"num_workers": 0}) < 0
     # Measuring 0 → 2 corrects the workers' contention; the next step of the ladder is then predicted closer.
     params = calibrate([(base, {"num_workers": 2}, first)])

@@ -31,7 +31,7 @@ from typing import Any
 # Each transformation's parameter before the session measured anything, and the range calibration may
 # move it in.
 PRIORS: dict[str, float] = {
-    "workers": 0.0,   # α: a worker's batch takes (1 + α·W) of one process alone (0: set from the cores)
+    "workers": 0.0,   # α: a worker's batch takes (1 + α·W) of one process alone (0: as fast, up to the cores)
     "batch": 1.0,     # γ: device and loader time per step grow as (B'/B)^γ
     "amp": 0.0,       # r: matmul/convolution kernels off the Tensor Cores run r× faster in 16 bits (0: the
                       # device's ratio of 16-bit matrix to fp32 throughput, `amp_ratio`)
@@ -42,7 +42,7 @@ PRIORS: dict[str, float] = {
     "compile": 0.5,   # share of the host work and of the non-matmul kernel time compile removes
 }
 RANGES: dict[str, tuple[float, float]] = {
-    "workers": (0.005, 1.0), "batch": (0.3, 1.5), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
+    "workers": (0.0, 1.0), "batch": (0.3, 1.5), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
     "uint8": (0.5, 8.0), "channels_last": (0.0, 1.0), "fused": (0.0, 1.0), "compile": (-0.5, 0.9),
 }
 KNOB_OF = {"num_workers": "workers", "batch_size": "batch", "amp": "amp", "pinned": "copies", "pin_memory": "copies",
@@ -190,12 +190,6 @@ def amp_ratio(trial: dict, platform: str) -> float:
     return 16.0 if major >= 8 else (8.0 if major >= 7 else 1.0)
 
 
-def _contention(g: StepGraph, alpha: float) -> float:
-    """α of the workers' transformation: the prior (0 in PRIORS) is one core's share of the machine, so
-    that the loader's throughput approaches the cores' worth of single-process loading."""
-    return alpha if alpha > 0 else 1.0 / max(1, g.cores)
-
-
 def _host_cut(g: StepGraph, saved_host: float) -> StepGraph:
     """The graph with `saved_host` seconds less host work: the exposed part of it (the share of host work
     the device idled through) leaves the call's idle time too."""
@@ -208,7 +202,7 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
     """The graph after setting one knob (a `KNOB_OF` key, or "pinned" for pin_memory with non_blocking)
     to `value`, with the transformation's parameter `p` (see PRIORS)."""
     if knob == "num_workers":
-        a = _contention(g, p)
+        a = p
         alone = g.produce_s / (1 + a * g.workers)
         return dataclasses.replace(g, workers=int(value), produce_s=alone * (1 + a * int(value)))
     if knob == "batch_size":
