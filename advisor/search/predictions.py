@@ -27,6 +27,11 @@ IGNORED = {"persistent_workers"}  # goes with num_workers
 NOT_PREDICTIONS = ("confirm",)  # re-measures of a setting already measured: no change was predicted
 
 
+def _changed(row: dict[str, Any]) -> bool:
+    """Whether a row measured a change that was predicted: not a re-measure, nor a knob found not applicable."""
+    return row.get("recommendation") not in NOT_PREDICTIONS and row.get("decision") != "not applicable"
+
+
 def remember_graph(state: dict[str, Any], name: str, diagnosis: Any) -> None:
     """Keep the step graph of a diagnosed trial (the best, before proposals are made from it)."""
     graph = step_graph(diagnosis) if diagnosis is not None else None
@@ -74,7 +79,7 @@ def observations(state: dict[str, Any]) -> list[tuple[StepGraph, dict[str, Any],
     for t in rows.values():
         base = rows.get(t.get("base"))
         graph = graph_of(state, t.get("base"))
-        if base is None or graph is None or t.get("status") != "ok" or t.get("recommendation") in NOT_PREDICTIONS:
+        if base is None or graph is None or t.get("status") != "ok" or not _changed(t):
             continue
         if not t.get("samples_per_s") or not base.get("samples_per_s"):
             continue
@@ -124,7 +129,7 @@ def prediction_error(state: dict[str, Any]) -> dict[str, Any] | None:
     absolute difference of the relative changes of samples/s, and the share whose signs agreed."""
     pairs = [(t["predicted_samples_gain"], t["gain"]) for t in state.get("trials") or []
              if t.get("predicted_samples_gain") is not None and t.get("gain") is not None
-             and t.get("recommendation") not in NOT_PREDICTIONS]
+             and _changed(t)]
     if not pairs:
         return None
     return {"trials": len(pairs), "median_abs": statistics.median(abs(p - m) for p, m in pairs),

@@ -159,8 +159,8 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
 def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], options: Any,
             space: SearchSpace, retry_reverted: bool = False) -> list[Proposal]:
     """Candidate trials from the best trial: those that address its bound first, then the rest (a full
-    round over the knobs), each by predicted gain (the what-if model's, `advisor.search.predictions`); never a setting already measured. `retry_reverted`:
-    also changes reverted under this bound (as the second move of a pair, they are tried from another base)."""
+    round over the knobs), each by predicted gain (the what-if model's, `advisor.search.predictions`); never
+    a setting already measured. `retry_reverted`: also changes reverted under this bound (as the second move of a pair, they are tried from another base)."""
     recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
     facts = state.get("device") or {}
     accelerator = facts.get("type") == "cuda"
