@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from advisor.errors import AdvisorError
-from advisor.escape import for_terminal
+from advisor.escape import for_terminal, output_stream
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -199,6 +199,13 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="with --replay-noise: the noise's seed (default 0)")
     parser.add_argument("--keep-effective-batch", action="store_true",
                         help="never change the batch size (the effective batch stays as written)")
+    parser.add_argument("--only", action="append", default=[], metavar="KNOBS",
+                        help="the search turns only these knobs, e.g. amp,batch_size (repeatable)")
+    parser.add_argument("--skip", action="append", default=[], metavar="KNOBS",
+                        help="the search never turns these knobs, e.g. compile (repeatable)")
+    parser.add_argument("--try", action="append", default=[], dest="tries", metavar="KNOB[=VALUE]",
+                        help="run this setting as a trial right after the baseline, decided like any other change: "
+                             "uint8_copies, batch_size=128, amp=bf16,channels_last (one trial; repeatable)")
     parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
 
 
@@ -232,6 +239,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise AdvisorError("--replay-noise: only with --replay SURFACE_DIR")
 
 
+def steering(args: argparse.Namespace) -> dict:
+    """--only, --skip and --try as SessionOptions fields, checked (one line naming a bad knob)."""
+    from advisor.search.space import check_steering, knob_names
+
+    only = knob_names(args.only, "--only") if args.only else None
+    skip = knob_names(args.skip, "--skip")
+    check_steering(only, skip, tuple(args.tries))
+    return {"only": only, "skip": skip, "tries": tuple(args.tries)}
+
+
 def profile_command(args: argparse.Namespace) -> int:
     """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
     # The session's modules are torch-free but not small: imported for this command only.
@@ -252,7 +269,8 @@ def profile_command(args: argparse.Namespace) -> int:
                              memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
                              time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
     options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s,
-                                  nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)))
+                                  nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)),
+                                  **steering(args))
     runner, space, extra, replay = None, None, {}, args.replay
     noise, seed = args.replay_noise, args.seed
     if args.resume:
@@ -280,7 +298,7 @@ def profile_command(args: argparse.Namespace) -> int:
     command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
     # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
     # On a terminal each trial shows its phase and the time left while it runs; elsewhere nothing extra.
-    console = Console()
+    console = Console(file=output_stream())
     state = run_session(target, out, options, command=command, resume=bool(args.resume),
                         log=lambda m: print(m, flush=True), runner=runner, script=not replay, space=space,
                         extra=extra, progress=progress_display(console))
