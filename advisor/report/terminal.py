@@ -18,6 +18,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.job import Job, compute_us, exposed_us, jobs_of, own_us, rank_of
 from advisor.escape import for_terminal, output_stream
+from advisor.report.formatting import step_time_s
 
 ROLE_LABELS = {
     "kernel": "GPU kernels", "memcpy": "memory copies", "memset": "memset", "communication": "communication",
@@ -337,7 +338,7 @@ LADDER_HEADINGS = ("#", "change", "batch", "peak MiB", "step ms", "samples/s", "
 def ladder_cells(row: dict[str, Any]) -> list[str]:
     """One trial's row of the ladder as text, in the order of LADDER_HEADINGS ('-' where not measured)."""
     mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
-    step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
+    step = f"{step_time_s(row) * 1e3:.1f}" if step_time_s(row) else "-"  # batch / samples/s: they agree
     sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
     interval = row.get("interval")
     spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"

@@ -151,13 +151,18 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
         allowed = max(LOSS_TOLERANCE * abs(base), max(reference_losses) - min(reference_losses))
         if abs(cand - base) > allowed:
             return Decision(False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, spread)
+    # The noise said is always `spread` (the row's "noise", the report's column); the bar it was held to, where
+    # that differs: one standard error for a change that addresses the bound, or the least gain worth keeping.
+    bar = "" if threshold == spread else f"; the bar {100 * threshold:.1f}%: " + (
+        "one standard error, the change addresses the bound" if threshold < spread else "the least gain kept")
+    said = f"noise {100 * spread:.1f}%{bar}"
     if gain < -threshold:
-        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower (noise {100 * threshold:.1f}%)", gain, spread)
+        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower ({said})", gain, spread)
     if gain <= threshold:
-        return Decision(False, f"{100 * gain:+.1f}% {unit} is within the noise ({100 * threshold:.1f}%)",
-                        gain, spread, inconclusive=gain > min_gain)
-    evidence = ", one standard error: the change addresses the bound" if addresses_bound and threshold < spread else ""
-    return Decision(True, f"{100 * gain:+.1f}% {unit} (noise {100 * spread:.1f}%{evidence})", gain, spread)
+        where = "within the noise" if abs(gain) <= spread else "short of the bar"
+        return Decision(False, f"{100 * gain:+.1f}% {unit} is {where} ({said})", gain, spread,
+                        inconclusive=gain > min_gain)
+    return Decision(True, f"{100 * gain:+.1f}% {unit} ({said})", gain, spread)
 
 
 # --- what to try next ------------------------------------------------------------------------------------
