@@ -352,7 +352,10 @@ def ladder_table(state: dict[str, Any]) -> Table:
     """The ladder as a rich table: one row per trial."""
     t = Table(title="Ladder (one row per trial)", title_justify="left")
     t.add_column("#", justify="right")
-    t.add_column("change", no_wrap=True)  # a table only where every change fits on its line
+    # A table only where every change fits on its line: its width is the longest change's (rich measures a
+    # no_wrap column's minimum as its longest word).
+    width = max((cell_len(for_terminal(row["change"])) for row in state["trials"]), default=0)
+    t.add_column("change", no_wrap=True, min_width=width)
     for col in ("batch", "peak MiB", "step ms", state.get("unit") or "samples/s", "±95%", "speed-up"):
         t.add_column(col, justify="right")
     t.add_column("bound")

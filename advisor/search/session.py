@@ -332,7 +332,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     remeasure = getattr(run, "remeasure", True)
     while True:
         diagnosis, best_measure, bound = _bound_of(out, state, best)
-        asked = pending_try(options, state, best.knobs)  # the user's --try settings come first
+        asked = pending_try(options, state, best.knobs, diagnosis)  # the user's --try settings come first
         proposals = [asked] if asked else propose(diagnosis, bound, best, state, options, space)
         if not proposals:  # before the round ends: the fastest reverted change not yet paired, with its next move
             late = _late_pair(out, state, options, space)

@@ -112,9 +112,9 @@ def user_space(space: SearchSpace, only: Iterable[str] | None, skip: Iterable[st
     return dataclasses.replace(space, only=None if only is None else frozenset(only), skip=frozenset(skip))
 
 
-def pending_try(options: Any, state: dict[str, Any], best: Knobs) -> Proposal | None:
-    """The next `--try` setting not yet run in this session, as a proposal on top of the best knobs; None
-    when all have run."""
+def pending_try(options: Any, state: dict[str, Any], best: Knobs, diagnosis: Any = None) -> Proposal | None:
+    """The next `--try` setting not yet run in this session, as a proposal on top of the best knobs, with the
+    gain the best trial's advice predicts for those knobs (0 where none advises them); None when all have run."""
     done = {t.get("change") for t in state["trials"] if t.get("recommendation") == TRY}
     for text in options.tries:
         change = f"--try {text}"
@@ -122,6 +122,7 @@ def pending_try(options: Any, state: dict[str, Any], best: Knobs) -> Proposal | 
             continue
         values = try_settings(text)
         knobs = dataclasses.replace(best, **values)
-        return Proposal(TRY, change, "try-" + Knobs(**values).label(), knobs, 0.0, None, False,
-                        why="asked for with --try")
+        advised = [r for r in getattr(diagnosis, "recommendations", ()) if set(r.knobs) & set(values)]
+        return Proposal(TRY, change, "try-" + Knobs(**values).label(), knobs, sum(r.predicted_gain for r in advised),
+                        None, False, why="asked for with --try" + ("" if advised else "; no advice predicts its gain"))
     return None
