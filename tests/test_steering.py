@@ -130,3 +130,17 @@ def test_a_real_cpu_session_tries_8_bit_copies_second_and_never_compiles(tmp_pat
     assert state["options"]["skip"] == ["compile"] and state["options"]["tries"] == ["uint8_copies"]
     assert not [line for line in done.stdout.splitlines() if line.endswith(" ")]
     assert "try uint8_copies" in (out / "report.html").read_text()
+
+
+def test_tune_checks_its_steering_before_any_trial(tmp_path):
+    import advisor
+
+    def step(batch):
+        raise AssertionError("no trial may run")
+
+    for kwargs, said in (({"skip": ["warp_speed"]}, "skip: unknown knob 'warp_speed'"),
+                         ({"only": "amp", "skip": "amp"}, "--only and --skip both name amp"),
+                         ({"tries": ["compile"]}, "compile cannot be tried in the notebook's process")):
+        with pytest.raises(AdvisorError, match=said):
+            advisor.tune(step, [1, 2, 3], out=tmp_path / "s", log=None, **kwargs)
+    assert not (tmp_path / "s").exists()
