@@ -243,6 +243,9 @@ def steering(args: argparse.Namespace) -> dict:
     """--only, --skip and --try as SessionOptions fields, checked (one line naming a bad knob)."""
     from advisor.search.space import check_steering, knob_names
 
+    if args.resume and (args.only or args.skip or args.tries):
+        raise AdvisorError("--only, --skip, --try: a resumed session keeps the ones it started with (see its "
+                           "session.json); start a new session to change them")
     only = knob_names(args.only, "--only") if args.only else None
     skip = knob_names(args.skip, "--skip")
     check_steering(only, skip, tuple(args.tries))

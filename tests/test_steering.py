@@ -113,6 +113,8 @@ def test_the_cli_refuses_an_unknown_knob_in_one_line_and_creates_nothing(tmp_pat
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--skip: unknown knob 'warp_speed' (known: amp, batch_size, num_workers" in done.stderr
     assert not (tmp_path / "x").exists()
+    resumed = run_advisor("profile", "--resume", str(tmp_path / "x"), "--only", "amp")
+    assert resumed.returncode == 2 and "a resumed session keeps the ones it started with" in resumed.stderr
 
 
 def test_a_real_cpu_session_tries_8_bit_copies_second_and_never_compiles(tmp_path):
@@ -129,7 +131,8 @@ def test_a_real_cpu_session_tries_8_bit_copies_second_and_never_compiles(tmp_pat
     assert not any(t["knobs"].get("compile") for t in state["trials"])
     assert state["options"]["skip"] == ["compile"] and state["options"]["tries"] == ["uint8_copies"]
     assert not [line for line in done.stdout.splitlines() if line.endswith(" ")]
-    assert "try uint8_copies" in (out / "report.html").read_text()
+    report = (out / "report.html").read_text()  # the options, under the report's options
+    assert "<code>skip=compile</code>" in report and "<code>tries=uint8_copies</code>" in report
 
 
 def test_tune_checks_its_steering_before_any_trial(tmp_path):
