@@ -276,11 +276,13 @@ def _figures(row: dict[str, Any], unit: str) -> str:
     return f"{row['samples_per_s']:.1f} {unit}{spread}"
 
 
-def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> None:
-    """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped)."""
+def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None], space: SearchSpace) -> None:
+    """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped); only the
+    knobs the user lets the search turn (--only, --skip)."""
     tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
     for proposal in recovery_plan(state):
-        if json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried:
+        if (json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried
+                or not space.permits(turned({}, proposal.knobs))):
             continue
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
@@ -319,7 +321,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     if not state["trials"]:
         _baseline(run, state, log)
     if reference_row(state) is None and state["trials"][0]["status"] == "oom":
-        _recover_from_oom(run, state, log)
+        _recover_from_oom(run, state, log, space)
     reference = reference_row(state)
     if reference is None:
         first = load_trial(out / state["trials"][0]["folder"])
