@@ -69,17 +69,17 @@ def test_only_bounds_the_search_and_resume_keeps_it(tmp_path):
             raise KeyboardInterrupt
         return served(name, knobs)
 
-    options = SessionOptions(max_trials=10, only=("amp", "batch_size"))
+    options = SessionOptions(max_trials=6, only=("amp", "batch_size"))
     with pytest.raises(KeyboardInterrupt):
         replay(out, options, interrupted)
     saved = json.loads((out / "session.json").read_text())
     assert saved["options"]["only"] == ["amp", "batch_size"] and saved["status"] == "interrupted"
-    state = run_session("", out, SessionOptions(max_trials=10), resume=True, log=lambda m: None,
+    state = run_session("", out, SessionOptions(max_trials=6), resume=True, log=lambda m: None,
                         runner=ReplayRunner(points, out, 0.05, 2), script=False, space=surface_space(points))
     assert state["status"] == "done" and len(state["trials"]) > 3
     assert turned_by(state) <= {"amp", "batch_size"} and turned_by(state), state["trials"]
     # Without --only, the loader-bound baseline's first move is more workers: the bound was there to follow.
-    free = replay(tmp_path / "free", SessionOptions(max_trials=4))
+    free = replay(tmp_path / "free", SessionOptions(max_trials=2))
     assert "num_workers" in turned_by(free)
 
 
