@@ -74,6 +74,8 @@ class SessionOptions:
     step: str | None = None  # the step, when a module the script imports defines it (pkg.module:name)
     nproc_per_node: int = 1  # > 1: data-parallel trials, ranks started by torchrun
     torchrun_args: tuple[str, ...] = ()  # torchrun's own options (rendezvous for several nodes)
+    ray_address: str | None = None  # trials run as one job on this Ray cluster, `nnodes` nodes of nproc_per_node ranks
+    nnodes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""

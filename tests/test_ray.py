@@ -1,0 +1,175 @@
+"""Trials on a Ray cluster: a local cluster of two Ray nodes (1 CPU each, every Ray process on 127.0.0.1),
+started once for the module; each trial is the whole 2-node × 1-rank gloo job, placed by Ray, its records
+brought back through Ray. A session on the DDP example (its baseline: one trace per rank, the job's figures,
+the straggler named), a failing rank, a hanging rank; after each, every CPU of the cluster is free and no
+rank process is left; no Ray socket leaves loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import sys
+import time
+
+import psutil
+import pytest
+from test_distributed import DDP_EXAMPLE, left_behind, ranks_script
+from trial_helpers import trial_record
+
+from advisor.analysis.analyze import analyze_path
+from advisor.analysis.job import jobs_of
+from advisor.search.session import run_session
+from advisor.search.state import SessionOptions
+from advisor.trials.knobs import Knobs
+from advisor.trials.runner import run_trial
+from conftest import run_advisor
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+
+
+def ray_processes() -> list[psutil.Process]:
+    """This process (the driver) and everything it started: the cluster's processes, their workers, the ranks."""
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def off_loopback() -> list[tuple]:
+    """Internet sockets of those processes that listen on, or connect to, anything but loopback."""
+    found = []
+    for proc in ray_processes():
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                for address in (conn.laddr, conn.raddr):
+                    if address and not ipaddress.ip_address(address.ip).is_loopback:
+                        found.append((proc.name(), conn.status, conn.laddr, conn.raddr))
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_ADDRESS")}
+    # Gloo picks the interface the host name resolves to unless told: the ranks' sockets stay on loopback too.
+    saved_gloo, os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME"), "lo"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
+                                                            "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.update(saved)
+        if saved_gloo is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = saved_gloo
+    deadline = time.monotonic() + 30
+    while ray_processes()[1:] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not ray_processes()[1:], "the Ray cluster left processes behind"
+
+
+def assert_cleaned_up(record: dict) -> None:
+    """Every CPU of the cluster is free again (the placement group removed, the agents gone), no rank is left."""
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"] == 2.0
+    assert not left_behind(record["token"])
+
+
+@pytest.fixture(scope="module")
+def session(cluster, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ray") / "session"
+    options = SessionOptions(steps=2, wait=1, warmup=1, device="cpu", windows=2, window_s=0.3, max_trials=3,
+                             nproc_per_node=1, nnodes=2, ray_address=cluster.address,
+                             script_args=("--slow-rank", "1"))
+    state = run_session(str(DDP_EXAMPLE), out, options, log=lambda m: None)
+    return out, state
+
+
+def test_no_ray_socket_leaves_loopback(session):
+    # While the cluster, its workers and the driver's connection are all up, after trials have run.
+    assert len(ray_processes()) > 3
+    assert not off_loopback()
+
+
+def test_each_trial_is_the_two_node_job_with_every_rank_brought_back(session):
+    out, state = session
+    baseline = trial_record(out / state["trials"][0]["folder"])
+    assert baseline["status"] == "ok", baseline["message"]
+    assert baseline["world_size"] == 2 and [r["rank"] for r in baseline["ranks"]] == [0, 1]
+    nodes = baseline["ray"]["nodes"]
+    assert [n["ranks"] for n in nodes] == [[0], [1]] and len({n["node_id"] for n in nodes}) == 2  # STRICT_SPREAD
+    assert sorted(name.split(".")[0] for name in baseline["trace_files"]) == ["trial_rank0", "trial_rank1"]
+    assert "--- rank 1 on node 1 ---" in (out / state["trials"][0]["folder"] / "output.log").read_text()
+    # The job's samples/s (both ranks'), and the job's analysis: rank 1's slow loader makes it the straggler.
+    rates = [r["summary"]["samples_per_s"] for r in baseline["ranks"]]
+    assert baseline["summary"]["samples_per_s"] == pytest.approx(sum(rates))
+    (job,) = jobs_of(analyze_path(out / state["trials"][0]["folder"]))
+    assert job.rank_numbers == (0, 1) and job.backend == "gloo"
+    assert job.straggler is not None and job.straggler.rank == 1 and job.straggler.bound == "input"
+
+
+def test_a_session_of_three_trials_decides_on_the_jobs_figures(session):
+    out, state = session
+    assert state["status"] == "done" and len(state["trials"]) == 3 and (out / "report.html").is_file()
+    assert state["trials"][0]["samples_per_s"] == pytest.approx(
+        trial_record(out / state["trials"][0]["folder"])["summary"]["samples_per_s"], rel=0.05)
+    # The job's bound is rank 1's loader, not rank 0's waiting in the all-reduce.
+    assert state["trials"][1]["recommendation"] == "more-workers" and state["trials"][1]["tried_under"] == "input"
+    for row in state["trials"]:
+        record = trial_record(out / row["folder"])
+        assert record["world_size"] == 2 and len(record["ray"]["nodes"]) == 2
+        assert_cleaned_up(record)
+
+
+def test_a_failing_rank_is_named_with_its_traceback_and_node(cluster, tmp_path):
+    script = ranks_script(tmp_path, fail_at=4)
+    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                      nnodes=2, ray_address=cluster.address, timeout_s=300)
+    assert trial.status == "error"
+    assert trial.message.startswith("rank 1 (node 1, 127.0.0.1): ValueError in step 4: rank one broke"), trial.message
+    assert "rank one broke" in trial.traceback and "in train_step" in trial.traceback
+    assert_cleaned_up(trial_record(trial.path))
+
+
+def test_a_hanging_rank_ends_at_the_time_limit(cluster, session, tmp_path):
+    out, state = session
+    startup = trial_record(out / state["trials"][0]["folder"])["times"]["duration_s"]
+    limit = round(2 * startup + 5)
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                      nnodes=2, ray_address=cluster.address, timeout_s=limit)
+    assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message
+    record = trial_record(trial.path)
+    assert [len(r["steps"]) >= 4 for r in record["ranks"]] == [True, True]  # what the ranks measured came back
+    assert_cleaned_up(record)
+
+
+def test_without_ray_the_option_says_how_to_install_it(tmp_path):
+    # The ray package hidden from the advisor's process (None in sys.modules: its import fails).
+    code = ("import sys; sys.modules['ray'] = None; from advisor.cli import main; "
+            f"sys.exit(main(['profile', '--ray', '127.0.0.1:6379', '--nnodes', '2', {str(DDP_EXAMPLE)!r}]))")
+    done = run_advisor_python(code, tmp_path)
+    assert done.returncode == 2 and "pip install 'advisor[ray]'" in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def run_advisor_python(code: str, cwd):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_nnodes_needs_ray(tmp_path):
+    done = run_advisor("profile", "--nnodes", "2", str(DDP_EXAMPLE), cwd=tmp_path)
+    assert done.returncode == 2 and "--nnodes: only with --ray" in done.stderr
+    assert json.dumps(done.stderr).count("\\n") == 1  # one line
