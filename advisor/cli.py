@@ -237,9 +237,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.ray_address and args.torchrun:
         raise AdvisorError("--ray: the cluster places the ranks; --torchrun's options do not apply")
     if args.ray_address:
-        from advisor.trials.ray_job import import_ray
+        from advisor.trials.ray_job import ray_installed
 
-        import_ray()  # says how to install it, before anything runs
+        ray_installed()  # says how to install it, before anything runs
     if args.replay_noise is not None and not (args.replay or args.resume):
         raise AdvisorError("--replay-noise: only with --replay SURFACE_DIR")
 

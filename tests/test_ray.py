@@ -22,10 +22,13 @@ from advisor.analysis.job import jobs_of
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.trials.knobs import Knobs
+from advisor.trials.ray_job import SINGLE_MACHINE_VARIABLE
 from advisor.trials.runner import run_trial
 from conftest import run_advisor
 
 pytestmark = pytest.mark.slow
+# Before ray is imported (as `connect` does for a cluster on loopback): 127.0.0.1 stays 127.0.0.1.
+os.environ[SINGLE_MACHINE_VARIABLE] = "0"
 ray = pytest.importorskip("ray")
 
 
@@ -42,7 +45,8 @@ def off_loopback() -> list[tuple]:
         try:
             for conn in proc.net_connections(kind="inet"):
                 for address in (conn.laddr, conn.raddr):
-                    if address and not ipaddress.ip_address(address.ip).is_loopback:
+                    ip = ipaddress.ip_address(address.ip) if address else None
+                    if ip is not None and not (getattr(ip, "ipv4_mapped", None) or ip).is_loopback:
                         found.append((proc.name(), conn.status, conn.laddr, conn.raddr))
         except psutil.Error:
             continue

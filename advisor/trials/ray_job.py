@@ -61,9 +61,25 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+# Ray's Linux default takes "127.0.0.1" for "this machine" and dials the machine's network address instead
+# (for the GCS and as the driver's own address); with this variable off, as Ray sets it for one machine on
+# macOS and Windows, loopback stays loopback. Read when ray is imported.
+SINGLE_MACHINE_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def ray_installed() -> None:
+    """AdvisorError saying how to install ray when it is not (without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise AdvisorError(RAY_MISSING)
+
+
 def connect(address: str) -> None:
     """Join the cluster at `address` as its driver (once per process). A cluster on loopback is joined on
     127.0.0.1 too: the driver then never binds to, or connects through, the machine's network address."""
+    if is_loopback(address):
+        os.environ.setdefault(SINGLE_MACHINE_VARIABLE, "0")
     ray = import_ray()
     if ray.is_initialized():
         return
@@ -173,9 +189,11 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
                           f"of {bundle} on {nnodes} different nodes (STRICT_SPREAD) within "
                           f"{min(PLACEMENT_S, timeout_s):g} s; it has {ray.cluster_resources()}")
             return _complete(record, out, started, world_size, {})
-        agent_class = ray.remote(NodeAgent).options(num_cpus=nproc_per_node, num_gpus=gpus, max_concurrency=2)
-        agents = [agent_class.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            group, placement_group_bundle_index=i)).remote(record["token"]) for i in range(nnodes)]
+        agent_class = ray.remote(NodeAgent)
+        agents = [agent_class.options(num_cpus=nproc_per_node, num_gpus=gpus, max_concurrency=2,
+                                      scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                          group, placement_group_bundle_index=i)).remote(record["token"])
+                  for i in range(nnodes)]
         nodes = ray.get([a.where.remote() for a in agents], timeout=max(1.0, deadline - time.monotonic()))
         record["ray"]["nodes"] = [{"node": i, "ip": n["ip"], "node_id": n["node_id"],
                                    "ranks": list(range(i * nproc_per_node, (i + 1) * nproc_per_node))}
