@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import sys
 import time
 
@@ -147,8 +148,8 @@ def test_a_failing_rank_is_named_with_its_traceback_and_node(cluster, tmp_path):
 
 def test_a_hanging_rank_ends_at_the_time_limit(cluster, session, tmp_path):
     out, state = session
-    startup = trial_record(out / state["trials"][0]["folder"])["times"]["duration_s"]
-    limit = round(2 * startup + 5)
+    times = trial_record(out / state["trials"][0]["folder"])["times"]
+    limit = round(2 * (times["first_step_at"] - times["started_at"]) + 5)  # time enough to reach step 4
     script = ranks_script(tmp_path, fail_at=4, failure="hang")
     trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
                       nnodes=2, ray_address=cluster.address, timeout_s=limit)
@@ -177,3 +178,38 @@ def test_nnodes_needs_ray(tmp_path):
     done = run_advisor("profile", "--nnodes", "2", str(DDP_EXAMPLE), cwd=tmp_path)
     assert done.returncode == 2 and "--nnodes: only with --ray" in done.stderr
     assert json.dumps(done.stderr).count("\\n") == 1  # one line
+
+
+def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_path):
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
+    ended = {}
+
+    def lose_the_node_once_every_rank_runs():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                token = trial_record(tmp_path / "t")["token"]
+            except (OSError, ValueError):
+                token = None
+            if token and len(left_behind(token)) >= 2:
+                cluster.remove_node(worker, allow_graceful=False)
+                ended["node"] = True
+                return
+            time.sleep(0.2)
+
+    import threading
+
+    thread = threading.Thread(target=lose_the_node_once_every_rank_runs)
+    thread.start()
+    try:
+        trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                          nnodes=2, ray_address=cluster.address, timeout_s=300)
+    finally:
+        thread.join()
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")  # the cluster as the module started it
+        cluster.wait_for_nodes()
+    assert ended.get("node")
+    assert trial.status == "error" and re.match(r"node [01] \(127\.0\.0\.1\) was lost mid-trial", trial.message), \
+        trial.message
+    assert_cleaned_up(trial_record(trial.path))
