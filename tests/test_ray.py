@@ -1,8 +1,8 @@
 """Trials on a Ray cluster: a local cluster of two Ray nodes (1 CPU each, every Ray process on 127.0.0.1),
 started once for the module; each trial is the whole 2-node × 1-rank gloo job, placed by Ray, its records
 brought back through Ray. A session on the DDP example (its baseline: one trace per rank, the job's figures,
-the straggler named), a failing rank, a hanging rank; after each, every CPU of the cluster is free and no
-rank process is left; no Ray socket leaves loopback."""
+the straggler named), a failing rank, a hanging rank, Ctrl-C, a node lost mid-trial; after each, every CPU
+of the cluster is free and no rank process is left; no Ray socket leaves loopback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 
 import psutil
@@ -180,28 +182,43 @@ def test_nnodes_needs_ray(tmp_path):
     assert json.dumps(done.stderr).count("\\n") == 1  # one line
 
 
-def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_path):
-    script = ranks_script(tmp_path, fail_at=4, failure="hang")
-    worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
-    ended = {}
-
-    def lose_the_node_once_every_rank_runs():
+def once_every_rank_runs(folder, action) -> threading.Thread:
+    """A thread that calls `action` once both ranks of the trial in `folder` run (found by the trial's token)."""
+    def watch():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                token = trial_record(tmp_path / "t")["token"]
+                token = trial_record(folder)["token"]
             except (OSError, ValueError):
                 token = None
             if token and len(left_behind(token)) >= 2:
-                cluster.remove_node(worker, allow_graceful=False)
-                ended["node"] = True
+                action()
                 return
             time.sleep(0.2)
 
-    import threading
-
-    thread = threading.Thread(target=lose_the_node_once_every_rank_runs)
+    thread = threading.Thread(target=watch)
     thread.start()
+    return thread
+
+
+def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(cluster, tmp_path):
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    thread = once_every_rank_runs(tmp_path / "t", lambda: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                      nnodes=2, ray_address=cluster.address, timeout_s=300)
+        finally:
+            thread.join()
+    record = trial_record(tmp_path / "t")
+    assert record["status"] == "interrupted" and "every node" in record["message"]
+    assert_cleaned_up(record)
+
+
+def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_path):
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
+    thread = once_every_rank_runs(tmp_path / "t", lambda: cluster.remove_node(worker, allow_graceful=False))
     try:
         trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
                           nnodes=2, ray_address=cluster.address, timeout_s=300)
@@ -209,7 +226,7 @@ def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_
         thread.join()
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")  # the cluster as the module started it
         cluster.wait_for_nodes()
-    assert ended.get("node")
+    assert worker not in cluster.list_all_nodes()
     assert trial.status == "error" and re.match(r"node [01] \(127\.0\.0\.1\) was lost mid-trial", trial.message), \
         trial.message
     assert_cleaned_up(trial_record(trial.path))
