@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -22,10 +23,8 @@ from trial_helpers import trial_record
 
 from advisor.analysis.analyze import analyze_path
 from advisor.analysis.job import jobs_of
-from advisor.search.session import run_session
-from advisor.search.state import SessionOptions
 from advisor.trials.knobs import Knobs
-from advisor.trials.ray_job import SINGLE_MACHINE_VARIABLE
+from advisor.trials.ray_job import SINGLE_MACHINE_VARIABLE, connect
 from advisor.trials.runner import run_trial
 from conftest import run_advisor
 
@@ -68,6 +67,7 @@ def cluster():
     try:
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
+        connect(cluster.address)  # this process is a driver too: the in-process trials', and to read the resources
         yield cluster
     finally:
         ray.shutdown()
@@ -94,18 +94,16 @@ def assert_cleaned_up(record: dict) -> None:
 
 @pytest.fixture(scope="module")
 def session(cluster, tmp_path_factory):
+    """A session of 3 trials run by the command line, a driver of its own (which keeps itself on loopback)."""
     out = tmp_path_factory.mktemp("ray") / "session"
-    options = SessionOptions(steps=2, wait=1, warmup=1, device="cpu", windows=2, window_s=0.3, max_trials=3,
-                             nproc_per_node=1, nnodes=2, ray_address=cluster.address,
-                             script_args=("--slow-rank", "1"))
-    state = run_session(str(DDP_EXAMPLE), out, options, log=lambda m: None)
-    return out, state
-
-
-def test_no_ray_socket_leaves_loopback(session):
-    # While the cluster, its workers and the driver's connection are all up, after trials have run.
-    assert len(ray_processes()) > 3
-    assert not off_loopback()
+    env = {k: v for k, v in os.environ.items() if k != SINGLE_MACHINE_VARIABLE}
+    done = subprocess.run([sys.executable, "-m", "advisor.cli", "profile", "--ray", cluster.address, "--nnodes", "2",
+                           "--nproc-per-node", "1", "--steps", "2", "--wait", "1", "--warmup", "1", "--device", "cpu",
+                           "--windows", "2", "--window", "0.3", "--max-trials", "3", "--out", str(out),
+                           str(DDP_EXAMPLE), "--", "--slow-rank", "1"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return out, json.loads((out / "session.json").read_text())
 
 
 def test_each_trial_is_the_two_node_job_with_every_rank_brought_back(session):
@@ -171,8 +169,6 @@ def test_without_ray_the_option_says_how_to_install_it(tmp_path):
 
 
 def run_advisor_python(code: str, cwd):
-    import subprocess
-
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
@@ -230,3 +226,9 @@ def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_
     assert trial.status == "error" and re.match(r"node [01] \(127\.0\.0\.1\) was lost mid-trial", trial.message), \
         trial.message
     assert_cleaned_up(trial_record(trial.path))
+
+
+def test_no_ray_socket_leaves_loopback(cluster):
+    # While the cluster, its workers and this driver's connection are all up, after the trials above ran.
+    assert len(ray_processes()) > 3
+    assert not off_loopback()

@@ -75,14 +75,15 @@ def ray_installed() -> None:
         raise AdvisorError(RAY_MISSING)
 
 
-def connect(address: str) -> None:
-    """Join the cluster at `address` as its driver (once per process). A cluster on loopback is joined on
-    127.0.0.1 too: the driver then never binds to, or connects through, the machine's network address."""
+def connect(address: str) -> Any:
+    """Join the cluster at `address` as its driver (once per process); returns the ray module. A cluster on
+    loopback is joined on 127.0.0.1 too: the driver then never binds to, or connects through, the machine's
+    network address (ray must not have been imported before)."""
     if is_loopback(address):
         os.environ.setdefault(SINGLE_MACHINE_VARIABLE, "0")
     ray = import_ray()
     if ray.is_initialized():
-        return
+        return ray
     options: dict[str, Any] = {"address": address, "log_to_driver": False, "logging_level": "warning"}
     if is_loopback(address):
         options["_node_ip_address"] = "127.0.0.1"
@@ -90,6 +91,7 @@ def connect(address: str) -> None:
         ray.init(**options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise AdvisorError(f"--ray {address}: cannot join the Ray cluster: {exc}") from None
+    return ray
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,8 +168,7 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
     """Run the prepared trial (`record`, the harness's `config`, the ranks' `env`) as one job on the cluster;
     write its files into `out` and complete its record. Ctrl-C stops the job, marks the trial interrupted
     and re-raises KeyboardInterrupt."""
-    ray = import_ray()
-    connect(address)
+    ray = connect(address)
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
