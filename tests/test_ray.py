@@ -62,6 +62,9 @@ def cluster():
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_ADDRESS")}
     # Gloo picks the interface the host name resolves to unless told: the ranks' sockets stay on loopback too.
     saved_gloo, os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME"), "lo"
+    # The two "nodes" share this machine's cores, as two ranks of one torchrun node do (torchrun gives them one
+    # thread each): the driver's setting travels to the ranks.
+    saved_threads, os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS"), "1"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
                                                             "include_dashboard": False})
     try:
@@ -73,10 +76,11 @@ def cluster():
         ray.shutdown()
         cluster.shutdown()
         os.environ.update(saved)
-        if saved_gloo is None:
-            os.environ.pop("GLOO_SOCKET_IFNAME", None)
-        else:
-            os.environ["GLOO_SOCKET_IFNAME"] = saved_gloo
+        for name, value in (("GLOO_SOCKET_IFNAME", saved_gloo), ("OMP_NUM_THREADS", saved_threads)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     deadline = time.monotonic() + 30
     while ray_processes()[1:] and time.monotonic() < deadline:
         time.sleep(0.2)

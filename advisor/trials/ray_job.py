@@ -132,11 +132,18 @@ class NodeAgent:
         config = dict(config, out_dir=str(scratch), torchrun=False, parent=os.getpid())
         logs = []
         try:
+            # Ray sets OMP_NUM_THREADS to its workers' CPUs; torchrun sets 1 with several ranks a node, else nothing.
+            node_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+            if len(ranks) > 1:
+                node_env["OMP_NUM_THREADS"] = "1"
             for local, rank in enumerate(ranks):
-                rank_env = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(local),
+                rank_env = {**node_env, **env, "RANK": str(rank), "LOCAL_RANK": str(local),
                             "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(len(ranks)),
-                            "GROUP_RANK": str(node_rank), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size),
-                            "MASTER_ADDR": master["ip"], "MASTER_PORT": str(master["port"])}
+                            "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(world_size // len(ranks)),
+                            "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size),
+                            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                            "TORCHELASTIC_RUN_ID": self.token, "MASTER_ADDR": master["ip"],
+                            "MASTER_PORT": str(master["port"])}
                 log = scratch / f"output.rank{rank}.log"
                 logs.append(log)
                 with open(log, "wb") as out:

@@ -193,10 +193,10 @@ def run_trial(
     if ray_address is not None:
         from advisor.trials.ray_job import run_ray_job
 
-        config["torchrun"] = True
         child_env = _child_environment(env, device, record["token"])
-        return run_ray_job(record, out, config, {k: v for k, v in child_env.items() if k not in os.environ or
-                                                 os.environ[k] != v}, started, address=ray_address, nnodes=nnodes,
+        # The ranks run in their node's environment, with what the trial adds to ours (and our thread count).
+        shipped = {k: v for k, v in child_env.items() if os.environ.get(k) != v or k == "OMP_NUM_THREADS"}
+        return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
                            nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
     # A data-parallel script reads torchrun's RANK and WORLD_SIZE: with one rank asked for, it runs as a
     # one-rank torchrun job rather than failing in init_process_group.
