@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.errors import AdvisorError
-from advisor.trials.record import LOG_FILE, TrialResult, complete_record
+from advisor.trials.record import LOG_FILE, TRIAL_FILE, TrialResult, complete_record
 from advisor.trials.storage import write_json_atomic
 
 RAY_MISSING = "--ray needs the ray package on this machine and every node: pip install 'advisor[ray]'"
@@ -130,7 +130,6 @@ class NodeAgent:
         scratch = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
         # Not under torchrun: each rank dies with this agent (the parent it is told), as a lone trial does.
         config = dict(config, out_dir=str(scratch), torchrun=False, parent=os.getpid())
-        logs = []
         try:
             # Ray sets OMP_NUM_THREADS to its workers' CPUs; torchrun sets 1 with several ranks a node, else nothing.
             node_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
@@ -144,9 +143,7 @@ class NodeAgent:
                             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
                             "TORCHELASTIC_RUN_ID": self.token, "MASTER_ADDR": master["ip"],
                             "MASTER_PORT": str(master["port"])}
-                log = scratch / f"output.rank{rank}.log"
-                logs.append(log)
-                with open(log, "wb") as out:
+                with open(scratch / f"output.rank{rank}.log", "wb") as out:
                     self.processes.append(subprocess.Popen(
                         [sys.executable, "-c", HARNESS_ENTRY, json.dumps(config)], cwd=Path(config["script"]).parent,
                         env=rank_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
@@ -181,7 +178,7 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
 
     world_size = nnodes * nproc_per_node
     record.update(nproc_per_node=nproc_per_node, ray={"address": address, "nnodes": nnodes, "nodes": []})
-    write_json_atomic(out / "trial.json", record)
+    write_json_atomic(out / TRIAL_FILE, record)
     gpus = nproc_per_node if record["device"] == "cuda" or (
         record["device"] == "auto" and ray.cluster_resources().get("GPU")) else 0
     bundle = {"CPU": nproc_per_node, **({"GPU": gpus} if gpus else {})}
@@ -217,6 +214,10 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
         raise
     except ray.exceptions.GetTimeoutError:
         record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
+        return _complete(record, out, started, world_size, {})
+    except ray.exceptions.RayError as exc:  # an agent lost before its ranks started (its node gone)
+        record.update(status="error", error_type="NodeLost", message=f"a node was lost as the job started: "
+                      f"{_first_line(exc)}")
         return _complete(record, out, started, world_size, {})
     finally:
         for agent in agents:
@@ -298,7 +299,7 @@ def _complete(record: dict[str, Any], out: Path, started: float, world_size: int
     message = _with_node(record.get("message") or "", record["ray"]["nodes"])
     if message != record.get("message"):
         record["message"] = message
-        write_json_atomic(out / "trial.json", record)
+        write_json_atomic(out / TRIAL_FILE, record)
         result = TrialResult.from_record(record, out)
     return result
 
