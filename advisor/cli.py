@@ -151,6 +151,10 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torchrun", default="", metavar="OPTIONS",
                         help="torchrun's own options, passed through, e.g. \"--nnodes 2 --node-rank 0 "
                              "--rdzv-endpoint host:29400\"")
+    parser.add_argument("--ray", metavar="ADDRESS", dest="ray_address",
+                        help="run each trial as one job on the Ray cluster at ADDRESS (host:port, or auto): "
+                             "--nnodes nodes of --nproc-per-node ranks each (needs pip install 'advisor[ray]')")
+    parser.add_argument("--nnodes", type=int, default=1, help="with --ray: nodes the job spans (default 1)")
     parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
                         "the process's writable memory on the CPU")
     add_session_arguments(parser)
@@ -235,7 +239,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """The numbers of `advisor profile`, checked before anything runs: one line naming the bad one."""
     whole = {"--steps": (args.steps, 1), "--wait": (args.wait, 0), "--warmup": (args.warmup, 0),
              "--max-trials": (args.max_trials, 1), "--windows": (args.windows, 0),
-             "--nproc-per-node": (args.nproc_per_node, 1)}
+             "--nproc-per-node": (args.nproc_per_node, 1), "--nnodes": (args.nnodes, 1)}
     for flag, (value, least) in whole.items():
         if value < least:
             raise AdvisorError(f"{flag}: must be at least {least}, not {value}")
@@ -245,6 +249,14 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise AdvisorError(f"{flag}: must be a positive number of seconds, not {value}")
     if args.replay_noise is not None and not (math.isfinite(args.replay_noise) and 0 <= args.replay_noise < 1):
         raise AdvisorError(f"--replay-noise: a relative spread in [0, 1), not {args.replay_noise}")
+    if args.nnodes > 1 and not args.ray_address:
+        raise AdvisorError("--nnodes: only with --ray ADDRESS (with torchrun, pass its options with --torchrun)")
+    if args.ray_address and args.torchrun:
+        raise AdvisorError("--ray: the cluster places the ranks; --torchrun's options do not apply")
+    if args.ray_address:
+        from advisor.trials.ray_job import ray_installed
+
+        ray_installed()  # says how to install it, before anything runs
     if args.replay_noise is not None and not (args.replay or args.resume):
         raise AdvisorError("--replay-noise: only with --replay SURFACE_DIR")
 
@@ -283,7 +295,7 @@ def profile_command(args: argparse.Namespace) -> int:
                              time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
     options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s,
                                   nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)),
-                                  **steering(args))
+                                  ray_address=args.ray_address, nnodes=args.nnodes, **steering(args))
     runner, space, extra, replay = None, None, {}, args.replay
     noise, seed = args.replay_noise, args.seed
     if args.resume:

@@ -204,7 +204,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
-                             on_progress=progress)
+                             on_progress=progress, ray_address=options.ray_address, nnodes=options.nnodes)
         finally:
             state["running_trial"] = None
 

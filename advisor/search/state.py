@@ -77,6 +77,8 @@ class SessionOptions:
     only: tuple[str, ...] | None = None  # --only: the knobs the search may turn (None: all; advisor.search.space)
     skip: tuple[str, ...] = ()  # --skip: knobs the search never turns
     tries: tuple[str, ...] = ()  # --try: settings run right after the baseline, as written (`amp=bf16,tf32`)
+    ray_address: str | None = None  # trials run as one job on this Ray cluster, `nnodes` nodes of nproc_per_node ranks
+    nnodes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
