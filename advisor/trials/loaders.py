@@ -160,7 +160,7 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         if is_training_site(record, training):
             record.effective, record.outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
             if knobs.uint8_copies and not any(r.bytes_plan is not None for r in records):
-                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"))
+                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"), site)
         else:
             record.effective = dict(record.user)
             record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
