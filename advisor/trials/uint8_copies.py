@@ -202,7 +202,7 @@ def byte_plan(cls: type) -> BytePlan | str:
         rest = []
         for later in body[i + 1:]:
             if isinstance(later, ast.Return):
-                index = _returned_index(later, name)
+                index = returned_index(later, name)
                 if index is False:
                     return f"{where}: the float image is not what __getitem__ returns"
                 plan = BytePlan(f"{cls.__module__}.{cls.__qualname__}", file, line, index, scale, mean, std,
@@ -228,7 +228,7 @@ def byte_plan(cls: type) -> BytePlan | str:
             "(np.asarray(img, dtype=np.float32) / 255.0, np.float32(img) / 255.0, t.float() / 255)")
 
 
-def _returned_index(statement: ast.Return, name: str) -> int | None | bool:
+def returned_index(statement: ast.Return, name: str) -> int | None | bool:
     """The returned tuple's element that is `name` (None: `name` alone), or False."""
     value = statement.value
     if isinstance(value, ast.Name) and value.id == name:

@@ -26,7 +26,7 @@ import textwrap
 from typing import Any
 
 from advisor.trials.knobs import APPLIED, not_applicable
-from advisor.trials.uint8_copies import BytePlan, _returned_index
+from advisor.trials.uint8_copies import BytePlan, returned_index
 
 CONVERSIONS = ("ToTensor", "ToImage", "ToDtype", "PILToTensor", "ConvertImageDtype")
 
@@ -109,7 +109,7 @@ def _image_index(cls: type, attribute: str) -> int | None | str:
             continue
         for later in body[i + 1:]:
             if isinstance(later, ast.Return):
-                index = _returned_index(later, name)
+                index = returned_index(later, name)
                 return f"{cls.__name__}.__getitem__ does not return self.{attribute}'s image as it is" \
                     if index is False else index
             if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(later)):
@@ -199,6 +199,6 @@ def rewrite_pipeline(dataset: Any, site: str | None) -> tuple[BytePlan | None, s
         None if normalize is None else f"Normalize(mean={mean}, std={std})",
         kind="transform", multiply=multiply, transforms=tuple(_name(s) for s in steps), attribute=attribute)
     setattr(holder, attribute, EightBit(steps[:k], steps[k:], "tensor" if multiply else "pil"))
-    if attribute == "transform" and type(getattr(holder, "transforms")).__name__ == "StandardTransform":
+    if attribute == "transform" and type(getattr(holder, "transforms", None)).__name__ == "StandardTransform":
         holder.transforms.transform = getattr(holder, attribute)  # VisionDatasets that call self.transforms
     return plan, APPLIED

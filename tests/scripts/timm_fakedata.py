@@ -29,6 +29,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--source-size", type=int, default=40, help="FakeData's images, cropped to --image-size")
+    parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args()
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,9 +41,9 @@ def main() -> None:
         transforms.ToTensor(),
         transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
     ])
-    data = datasets.FakeData(size=args.steps * 8, image_size=(3, args.image_size + 8, args.image_size + 8),
+    data = datasets.FakeData(size=args.steps * 8, image_size=(3, args.source_size, args.source_size),
                              num_classes=10, transform=train_transform)
-    loader = DataLoader(data, batch_size=8, shuffle=True)
+    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=args.workers)
     model = timm.create_model("test_resnet", pretrained=False, num_classes=10).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model.train()

@@ -122,7 +122,7 @@ def rewrite_pipeline_bytes(module: cst.Module, plan: dict) -> tuple[cst.Module, 
 
 
 def _constants(module: cst.Module, normalize: cst.Call | None) -> dict:
-    """`Normalize(MEAN, STD)` (or `mean=MEAN, std=STD`) with both names assigned at the module's top level."""
+    """Of `Normalize(MEAN, STD)` (or `mean=MEAN, std=STD`): the names assigned at the module's top level."""
     if normalize is None:
         return {}
     named = {}
@@ -132,9 +132,7 @@ def _constants(module: cst.Module, normalize: cst.Call | None) -> dict:
             named[key] = arg.value.value
     top = {t.target.value for s in module.body if isinstance(s, cst.SimpleStatementLine) for a in s.body
            if isinstance(a, cst.Assign) for t in a.targets if isinstance(t.target, cst.Name)}
-    if named.get("mean") in top and named.get("std") in top:
-        return {"mean_code": named["mean"], "std_code": named["std"]}
-    return {}
+    return {f"{key}_code": name for key, name in named.items() if key in ("mean", "std") and name in top}
 
 
 def _last_name(node: cst.BaseExpression) -> str | None:
