@@ -217,6 +217,7 @@ def losses(script: Path) -> list[str]:
     return re.findall(r"loss (\S+)", ran.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, changed, step, compared", [
     (V2_SCRIPT, "v2.ToDtype(torch.uint8, scale=True),",
      'images = (images.to("cpu").float() * (1 / 255) - torch.tensor(MEAN, device="cpu").view(-1, 1, 1)) / '
@@ -266,6 +267,7 @@ def timm_trials(tmp_path_factory):
     return folder, runs
 
 
+@pytest.mark.slow
 def test_a_timm_trial_learns_exactly_as_without_the_knob_and_its_patch_runs(timm_trials):
     """The trial set measures the knob (each trial's samples/s) and the model learns exactly as without it."""
     folder, runs = timm_trials
