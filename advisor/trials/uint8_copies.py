@@ -67,25 +67,33 @@ class BytePlan:
 
     def convert(self, tensor: Any) -> Any:
         """The float tensor the Dataset made, from its 8-bit one (same float32 operations, same order)."""
-        import torch
-
         x = tensor.float()
         if self.multiply:
             x = x.mul_(1.0 / self.scale)  # torchvision v2's ToDtype(torch.float32, scale=True)
         else:
-            # A divisor on the tensor's device: CUDA divides by a host scalar as a multiply by its reciprocal.
-            x = x / torch.full((), self.scale, device=x.device)
+            # Divisors on the tensor's device: CUDA divides by a host scalar as a multiply by its reciprocal,
+            # which can differ from the Dataset's division in the last bit.
+            x = x / _constant(self.scale, x)
         if self.mean is None:
             return x
         if self.kind == "transform":  # as torchvision's Normalize: constants as float32 tensors, per channel
-            mean = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device)
-            std = torch.as_tensor(self.std, dtype=x.dtype, device=x.device)
-            if mean.ndim == 1:
-                mean = mean.view(-1, 1, 1)
-            if std.ndim == 1:
-                std = std.view(-1, 1, 1)
-            return x.sub_(mean).div_(std)
-        return (x - self.mean) / self.std
+            return x.sub_(_constant(self.mean, x)).div_(_constant(self.std, x))
+        return (x - self.mean) / _constant(self.std, x)
+
+
+_CONSTANTS: dict[tuple, Any] = {}  # the constants on each device, made once (not a copy per batch)
+
+
+def _constant(values: float | list[float], like: Any) -> Any:
+    """`values` as torchvision's Normalize makes them: a tensor of `like`'s dtype on its device, (C, 1, 1) per
+    channel."""
+    import torch
+
+    key = (tuple(values) if isinstance(values, list) else values, str(like.device), like.dtype)
+    if key not in _CONSTANTS:
+        tensor = torch.as_tensor(values, dtype=like.dtype, device=like.device)
+        _CONSTANTS[key] = tensor.view(-1, 1, 1) if tensor.ndim == 1 else tensor
+    return _CONSTANTS[key]
 
 
 def _number(node: ast.AST) -> float | None:
