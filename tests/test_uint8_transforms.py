@@ -25,11 +25,11 @@ torchvision = pytest.importorskip("torchvision")
 from torchvision import datasets, transforms as T  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
-from advisor.code.patch.plan import plan_patch  # noqa: E402
 from advisor.trials.knobs import APPLIED, Knobs  # noqa: E402
 from advisor.trials.runner import run_trial  # noqa: E402
 from advisor.trials.uint8_copies import ByteCopies, mark, rewrite_dataset  # noqa: E402
 from conftest import ROOT  # noqa: E402
+from trial_helpers import apply_bytes_patch  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet's
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -238,12 +238,7 @@ def test_the_patch_writes_the_pipeline_and_the_step_and_the_script_learns_the_sa
     plan, outcome = rewrite_dataset(datasets.FakeData(24, (3, 20, 20), 4, transform=pipeline), f"{script}:27")
     assert outcome == APPLIED
     original = losses(script) if compared else None
-    patch = plan_patch(script, "train_step", Knobs(uint8_copies=True), {}, root=tmp_path, uint8_plan=plan.to_dict())
-    assert not patch.notes, patch.notes
-    (tmp_path / "suggested.patch").write_text(patch.diff)
-    applied = subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=tmp_path, capture_output=True, text=True)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
-    text = script.read_text()
+    text = apply_bytes_patch(script, tmp_path, plan.to_dict())
     assert changed in text and step in text and "Normalize(" not in text.split("if __name__")[1]
     patched = losses(script)
     assert len(patched) == 3 and (patched == original or not compared)
@@ -279,13 +274,7 @@ def test_a_timm_trial_learns_exactly_as_without_the_knob_and_its_patch_runs(timm
     assert plan["transforms"] == ["RandomResizedCrop", "RandomHorizontalFlip", "ColorJitter", "ToTensor", "Normalize"]
     assert (plan["mean"], plan["std"], plan["index"]) == (MEAN, STD, 0)
     script = folder / "timm_fakedata.py"
-    patch = plan_patch(script, "train_step", Knobs(uint8_copies=True), runs["bytes"]["user_values"], root=folder,
-                       uint8_plan=plan)
-    assert not patch.notes, patch.notes
-    (folder / "suggested.patch").write_text(patch.diff)
-    applied = subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=folder, capture_output=True, text=True)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
-    text = script.read_text()
+    text = apply_bytes_patch(script, folder, plan, runs["bytes"]["user_values"])
     assert "transforms.PILToTensor()," in text and "transforms.Normalize(" not in text
     assert ("images = (images.to(device).float() / 255 - torch.tensor(IMAGENET_MEAN, device=device).view(-1, 1, 1))"
             " / torch.tensor(IMAGENET_STD, device=device).view(-1, 1, 1)") in text
