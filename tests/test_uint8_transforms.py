@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, random_split
 
 torchvision = pytest.importorskip("torchvision")
 from torchvision import datasets, transforms as T  # noqa: E402
@@ -27,7 +27,7 @@ from torchvision.transforms import v2  # noqa: E402
 
 from advisor.trials.knobs import APPLIED, Knobs  # noqa: E402
 from advisor.trials.runner import run_trial  # noqa: E402
-from advisor.trials.uint8_copies import ByteCopies, mark, rewrite_dataset  # noqa: E402
+from advisor.trials.uint8_copies import ByteCopies, mark, plan_of, rewrite_dataset  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from trial_helpers import apply_bytes_patch  # noqa: E402
 
@@ -131,6 +131,19 @@ def test_each_pipeline_hands_the_model_the_same_numbers(form, image_folder):
         assert torch.equal(got.to(torch.bfloat16), old[index].to(torch.bfloat16))
         assert torch.equal(new[1 - index], old[1 - index])  # the labels untouched
     assert copies.converted == len(before) == 2
+
+
+def test_a_loader_over_the_same_dataset_gets_its_batches_converted_too():
+    """random_split's Subsets share one Dataset: the validation loader's batches are 8-bit as well once the
+    training one's transform is, so they are marked and converted where they are moved, to the same numbers."""
+    full = fake(v1_augmented())
+    train, val = random_split(full, [4, 4], generator=torch.Generator().manual_seed(0))
+    before = batches(val)
+    plan, outcome = rewrite_dataset(train)
+    assert outcome == APPLIED and plan_of(val) is plan and plan_of(fake(v1_augmented())) is None
+    after = batches(val, plan_of(val))
+    moved_to = ByteCopies(True).to(torch.Tensor.to)
+    assert after[0][0].dtype == torch.uint8 and torch.equal(moved_to(after[0][0], "cpu"), before[0][0])
 
 
 def test_the_v2_conversion_is_a_multiply_as_torchvision_makes_it():

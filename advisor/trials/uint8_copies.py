@@ -273,7 +273,23 @@ def rewrite_dataset(dataset: Any, site: str | None = None) -> tuple[BytePlan | N
     if isinstance(plan, str):
         return None, not_applicable(plan)
     type(dataset).__getitem__ = plan.function
+    _REWRITTEN[type(dataset)] = plan
     return plan, APPLIED
+
+
+_REWRITTEN: dict[type, BytePlan] = {}  # the Dataset classes whose __getitem__ this trial rebuilt
+
+
+def plan_of(dataset: Any) -> BytePlan | None:
+    """The plan that makes `dataset` hand out 8-bit images, if the trial applied one to it: the training
+    loader's, or another loader's over the same Dataset (a validation loader, random_split's other Subset),
+    whose batches are then converted where they are moved too."""
+    from advisor.trials.uint8_transforms import pipeline_plan_of, wrapped_dataset
+
+    found = pipeline_plan_of(dataset)
+    if found is not None:
+        return found
+    return next((plan for cls, plan in _REWRITTEN.items() if isinstance(wrapped_dataset(dataset), cls)), None)
 
 
 def mark(batch: Any, plan: BytePlan) -> None:

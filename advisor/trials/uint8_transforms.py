@@ -72,7 +72,7 @@ def _conversion(steps: list[Any]) -> tuple[int, str, bool] | str:
     return "the pipeline has no ToTensor() or ToDtype(torch.float32, scale=True)"
 
 
-def _holder(dataset: Any) -> Any:
+def wrapped_dataset(dataset: Any) -> Any:
     """The Dataset whose transform makes the samples, through torch's Subset wrappers."""
     from torch.utils.data import Subset
 
@@ -122,8 +122,8 @@ def _image_index(cls: type, attribute: str) -> int | None | str:
 class EightBit:
     """The user's transforms before the conversion, then the 8-bit image (picklable, for the workers)."""
 
-    def __init__(self, before: list[Any], rest: list[Any], version: str):
-        self.before, self.rest = before, rest
+    def __init__(self, before: list[Any], rest: list[Any], version: str, plan: BytePlan):
+        self.before, self.rest, self.plan = before, rest, plan
         self.version = version  # "pil": ToTensor's input (PIL or array) made 8-bit; "tensor": ToImage's output
 
     def __call__(self, image: Any) -> Any:
@@ -160,11 +160,17 @@ def _pil_or_array_bytes(image: Any) -> Any:
     return out if out.dtype == torch.uint8 and getattr(image, "mode", None) != "1" else None
 
 
+def pipeline_plan_of(dataset: Any) -> BytePlan | None:
+    """The plan of the 8-bit transform the trial put on this Dataset (or the one its Subset wraps), if any."""
+    values = vars(wrapped_dataset(dataset)).values() if hasattr(wrapped_dataset(dataset), "__dict__") else ()
+    return next((v.plan for v in values if isinstance(v, EightBit)), None)
+
+
 def rewrite_pipeline(dataset: Any, site: str | None) -> tuple[BytePlan | None, str] | None:
     """For the trial: the training Dataset's torchvision transform hands out the 8-bit image (the attribute
     replaced on its instance). None when the Dataset holds no torchvision pipeline with a conversion (the
     hand-written forms are looked for instead); else the plan (None when not applicable) and the outcome."""
-    holder = _holder(dataset)
+    holder = wrapped_dataset(dataset)
     found = [(k, _steps(v)) for k, v in vars(holder).items() if _steps(v) is not None] \
         if hasattr(holder, "__dict__") else []
     found = [(k, steps) for k, steps in found if any(_name(s) in CONVERSIONS for s in steps)]
@@ -198,7 +204,7 @@ def rewrite_pipeline(dataset: Any, site: str | None) -> tuple[BytePlan | None, s
         "ToDtype(torch.uint8, scale=True)" if multiply else "PILToTensor()",
         None if normalize is None else f"Normalize(mean={mean}, std={std})",
         kind="transform", multiply=multiply, transforms=tuple(_name(s) for s in steps), attribute=attribute)
-    setattr(holder, attribute, EightBit(steps[:k], steps[k:], "tensor" if multiply else "pil"))
+    setattr(holder, attribute, EightBit(steps[:k], steps[k:], "tensor" if multiply else "pil", plan))
     if attribute == "transform" and type(getattr(holder, "transforms", None)).__name__ == "StandardTransform":
         holder.transforms.transform = getattr(holder, attribute)  # VisionDatasets that call self.transforms
     return plan, APPLIED
