@@ -14,8 +14,9 @@ on the function's top level:
 possibly wrapped in layout-only calls (`torch.from_numpy(...)`, `.permute(2, 0, 1)`, `.contiguous()`),
 then at most a normalization by constants (`x = (x - 0.5) / 0.25`), then returned (alone, or as one
 element of the returned tuple). Anything else that touches the float tensor before it is returned (a
-random jitter, a clamp), a conversion inside a branch: not applicable, with the reason (torchvision
-pipelines the Dataset holds, `ToTensor()` + `Normalize`, are moved by `advisor.trials.uint8_transforms`); the data the model sees never changes. The rewritten `__getitem__` returns the 8-bit tensor
+random jitter, a clamp), a conversion inside a branch: not applicable, with the reason; the data the model
+sees never changes (torchvision pipelines the Dataset holds, `ToTensor()` + `Normalize`, are moved by
+`advisor.trials.uint8_transforms`). The rewritten `__getitem__` returns the 8-bit tensor
 (`np.asarray(img, dtype=np.uint8)`), the batch is marked as it leaves the loader (after pinning), and the
 step's `.to(...)` of a marked batch returns it converted: `(x.float() / 255 - mean) / std`, the same float32
 operations in the same order, so the same numbers reach the model.

@@ -63,12 +63,14 @@ def _conversion(steps: list[Any]) -> tuple[int, str, bool] | str:
         if name == "ToDtype":
             dtype = getattr(step, "dtype", None)
             if dtype is not torch.float32 or not getattr(step, "scale", False):
-                return f"ToDtype({dtype}, scale={getattr(step, 'scale', None)}) is not ToDtype(torch.float32, scale=True)"
+                scale = getattr(step, "scale", None)
+                return f"ToDtype({dtype}, scale={scale}) is not ToDtype(torch.float32, scale=True)"
             if not any(_name(s) in ("ToImage", "PILToTensor") for s in steps[:k]):
                 return "ToDtype(torch.float32, scale=True) follows no ToImage()"
             return k, "ToDtype(torch.float32, scale=True)", True  # torchvision: image.to(float32).mul_(1 / 255)
         if name == "ConvertImageDtype":
-            return "ConvertImageDtype is not one of the conversions moved (ToTensor(), ToImage() + ToDtype(torch.float32, scale=True))"
+            return ("ConvertImageDtype is not one of the conversions moved (ToTensor(), ToImage() + "
+                    "ToDtype(torch.float32, scale=True))")
     return "the pipeline has no ToTensor() or ToDtype(torch.float32, scale=True)"
 
 

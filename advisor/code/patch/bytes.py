@@ -88,7 +88,8 @@ class _DeviceConversion(MovedInput):
             if mean is not None:
                 text = f"({text} - {mean:g}) / {std:g}"
             return cst.parse_expression(text)
-        text = f"{code}.float() * (1 / {plan['scale']:g})" if plan.get("multiply") else f"{code}.float() / {plan['scale']:g}"
+        scale = f"{plan['scale']:g}"
+        text = f"{code}.float() * (1 / {scale})" if plan.get("multiply") else f"{code}.float() / {scale}"
         if mean is not None:
             device = _device(moved)
             where = f", device={device}" if device else ""
