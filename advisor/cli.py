@@ -1,4 +1,4 @@
-"""Command line: `advisor analyze | profile | lint | report`. Heavy modules are imported per command."""
+"""Command line: `advisor analyze | profile | lint | report | doctor`. Heavy modules are imported per command."""
 
 from __future__ import annotations
 
@@ -44,6 +44,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from advisor import report as report_module
 
         report_module.add_report_arguments(report)
+
+    doctor = sub.add_parser("doctor", help="what this machine gives the advisor: torch, devices, profiler, compile")
+    if command in (None, "doctor"):
+        from advisor.doctor.command import add_doctor_arguments
+
+        add_doctor_arguments(doctor)
     return parser
 
 
@@ -73,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             from advisor import report as report_module
 
             return report_module.report_command(args)
+        if args.command == "doctor":
+            from advisor.doctor.command import doctor_command
+
+            return doctor_command(args)
     except AdvisorError as exc:
         if args.debug:
             raise

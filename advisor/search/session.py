@@ -29,6 +29,7 @@ from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard
 from advisor.report.formatting import compile_text
 from advisor.search.outputs import batch_notes, finish_outputs
 from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan, turned
+from advisor.trials.profiler_check import cuda_profiler_problem
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.runner import TrialFailed, end_trial_processes, run_trial, trial_processes
 from advisor.trials.targets import absolute_step, absolute_target, parse_target
@@ -106,9 +107,16 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     a setting twice). `script=False`: the target only names a step (e.g. "<notebook>:train_step"), so
     there is no script to check or patch. `space`: the values the search may give each knob (those a
     recorded surface holds); `extra`: fields added to a new session record; `progress`: told where each
-    trial of the subprocess runner is while it runs (`run_trial`'s `on_progress`).
+    trial of the subprocess runner is while it runs (`run_trial`'s `on_progress`). Before the baseline of a
+    new session whose trials may run on CUDA, the profiler is checked in a fresh process: where its trace
+    would hold no GPU kernels, or --device cuda finds no device, the session stops with why and the fix.
     """
     out = Path(out).resolve()
+    if runner is None and script and not resume:
+        # A CUDA baseline whose trace would hold no kernels (CUPTI refused) is not measured at all.
+        problem = cuda_profiler_problem(options.device)
+        if problem:
+            raise AdvisorError(problem)
     if resume and not out.is_dir():
         raise AdvisorError(f"{out}: no such folder: there is no session to resume")
     if resume and not (out / SESSION_FILE).is_file():
