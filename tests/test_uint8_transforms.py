@@ -133,6 +133,23 @@ def test_each_pipeline_hands_the_model_the_same_numbers(form, image_folder):
     assert copies.converted == len(before) == 2
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", list(FORMS))
+def test_after_a_real_copy_to_the_gpu_the_numbers_are_the_same(form, image_folder):
+    """On a GPU the conversion runs after the copy, on the device: bit for bit the Dataset's float32 numbers
+    (divisors and Normalize's constants on the device, as torchvision's own Normalize puts them)."""
+    make, index, _, _ = FORMS[form]
+    before = batches(make(image_folder))
+    dataset = make(image_folder)
+    plan, outcome = rewrite_dataset(dataset)
+    assert outcome == APPLIED
+    moved_to = ByteCopies(True).to(torch.Tensor.to)
+    for old, new in zip(before, batches(dataset, plan), strict=True):
+        got = moved_to(new[index], "cuda", non_blocking=True)
+        assert got.device.type == "cuda" and torch.equal(got.cpu(), old[index])
+
+
 def test_a_loader_over_the_same_dataset_gets_its_batches_converted_too():
     """random_split's Subsets share one Dataset: the validation loader's batches are 8-bit as well once the
     training one's transform is, so they are marked and converted where they are moved, to the same numbers."""
