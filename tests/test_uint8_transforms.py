@@ -62,6 +62,12 @@ class Holding(Dataset):
         return label, image
 
 
+class Returning(Holding):
+    def __getitem__(self, i):
+        image, label = self.inner[i]
+        return label, self.transform(image)
+
+
 class Touching(Holding):
     def __getitem__(self, i):
         image, label = self.inner[i]
@@ -96,6 +102,8 @@ FORMS = {  # name: (Dataset, the image's index in a sample, conversion, mean)
     "ImageFolder": (lambda root: datasets.ImageFolder(root, transform=T.Compose(
         [T.Resize((16, 16)), T.Grayscale(3), T.ToTensor(), T.Normalize(MEAN, STD)])), 0, "ToTensor()", MEAN),
     "custom Dataset": (lambda _: Holding(v1_augmented()), 1, "ToTensor()", MEAN),
+    "custom Dataset returning the transform's call": (lambda _: Returning(v2_augmented()), 1,
+                                                      "ToDtype(torch.float32, scale=True)", MEAN),
     "Subset": (lambda _: Subset(fake(v2_augmented()), [5, 1, 6, 2, 0, 3, 7, 4]), 0,
                "ToDtype(torch.float32, scale=True)", MEAN),
 }

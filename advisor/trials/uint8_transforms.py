@@ -86,7 +86,7 @@ def wrapped_dataset(dataset: Any) -> Any:
 def _image_index(cls: type, attribute: str) -> int | None | str:
     """Which element of what `cls.__getitem__` returns is the transform's output (None: alone), or why none.
     Read from the source: `x = self.<attribute>(...)` on the top level or under an `if`, then x untouched
-    until it is returned."""
+    until it is returned; or `return self.<attribute>(...), ...` itself."""
     try:
         source = textwrap.dedent(inspect.getsource(cls.__getitem__))
     except (OSError, TypeError):
@@ -104,8 +104,18 @@ def _image_index(cls: type, attribute: str) -> int | None | str:
             return statement.targets[0].id
         return None
 
+    def called(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and ast.unparse(node.func) == f"self.{attribute}"
+
     body = function.body
     for i, statement in enumerate(body):
+        if isinstance(statement, ast.Return) and statement.value is not None:  # return self.transform(x), y
+            value = statement.value
+            elements = value.elts if isinstance(value, ast.Tuple) else None
+            if called(value):
+                return None
+            if elements is not None and sum(map(called, elements)) == 1:
+                return next(k for k, e in enumerate(elements) if called(e))
         name = assigned(statement)
         if name is None:
             continue
