@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from advisor.trials.uint8_copies import mark, rewrite_dataset
+from advisor.trials.uint8_copies import mark, plan_of, rewrite_dataset
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
@@ -160,7 +160,7 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         if is_training_site(record, training):
             record.effective, record.outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
             if knobs.uint8_copies and not any(r.bytes_plan is not None for r in records):
-                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"))
+                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"), site)
         else:
             record.effective = dict(record.user)
             record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
@@ -224,6 +224,8 @@ class LoaderTracker:
         def __iter__(loader):  # noqa: N807
             iterator = original_iter(loader)
             iterator._advisor_record = getattr(loader, "_advisor_record", None)
+            # Any loader over a Dataset made 8-bit (known once its iteration starts, as its workers copy it)
+            iterator._advisor_bytes = plan_of(loader.dataset)
             return iterator
 
         def __next__(iterator):  # noqa: N807
@@ -234,10 +236,11 @@ class LoaderTracker:
             finally:
                 tracker.fetching = False
                 tracker.fetch_s += time.perf_counter() - started
+            plan = getattr(iterator, "_advisor_bytes", None)
+            if plan is not None:
+                mark(batch, plan)
             record = getattr(iterator, "_advisor_record", None)
             if record is not None:
-                if record.bytes_plan is not None:
-                    mark(batch, record.bytes_plan)
                 record.fetches += 1
                 tracker.last = record
                 size = leading_dimension(batch)

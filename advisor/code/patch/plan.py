@@ -13,7 +13,7 @@ import libcst as cst
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import rewrite_dataloaders
-from advisor.code.patch.bytes import rewrite_dataset_bytes, rewrite_step_bytes
+from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes, rewrite_step_bytes
 from advisor.code.patch.model import model_changes, rewrite_inputs, rewrite_model
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
@@ -97,7 +97,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         if not placed:
             notes.append("the batch the model takes is not made channels_last here (the model's first convolution "
                          "converts it); to skip that copy: x = x.to(device, memory_format=torch.channels_last)")
-    if knobs.uint8_copies and uint8_plan:
+    if knobs.uint8_copies and uint8_plan and uint8_plan.get("kind") == "transform":
+        notes += write_pipeline_bytes(edited, module_of, [Path(uint8_plan["file"]).resolve(), script, step_path],
+                                      step_path, target, uint8_plan)
+    elif knobs.uint8_copies and uint8_plan:
         notes += write_bytes(edited, module_of, Path(uint8_plan["file"]).resolve(), step_path, target, uint8_plan)
     if knobs.threads and knobs.threads != user_values.get("threads"):
         base = edited.get(script) or module_of(script)
@@ -137,6 +140,39 @@ def write_bytes(edited: dict, module_of, dataset_file: Path, step_path: Path, ta
     edited[dataset_file] = dataset
     edited[step_path] = step  # the same file: the step's rewrite holds the Dataset's too
     return []
+
+
+def write_pipeline_bytes(edited: dict, module_of, files: list[Path], step_path: Path, target: str | None,
+                         plan: dict) -> list[str]:
+    """The uint8_copies change of a torchvision pipeline into `edited`: the `Compose([...])` made 8-bit in the
+    first of `files` (where the loader is built, the script, the step's file) that holds it, the step's
+    `.to(device)` converting and normalizing; notes for what is not found."""
+    pipeline = " + ".join(plan.get("transforms") or [])
+    for path in dict.fromkeys(f for f in files if f.is_file()):
+        base = edited.get(path) or module_of(path)
+        module, count, constants = rewrite_pipeline_bytes(base, plan)
+        if count > 1:
+            return [f"8-bit copies are not written: {count} pipelines {pipeline} in {path.name}; make the training "
+                    f"one {plan['uint8']} without its Normalize, and convert and normalize after the copy"]
+        if count == 0:
+            continue
+        if "PILToTensor()" in plan["uint8"] and not imports_name(module, "PILToTensor") and \
+                "PILToTensor(" in module.code and ".PILToTensor(" not in module.code:
+            at = after_imports(list(module.body))  # ToTensor was imported by name: PILToTensor beside it
+            module = module.with_changes(body=[*module.body[:at],
+                                               cst.parse_statement("from torchvision.transforms import PILToTensor"),
+                                               *module.body[at:]])
+        step, moved = (None, False) if target is None else rewrite_step_bytes(
+            module if step_path == path else edited.get(step_path) or module_of(step_path), target,
+            {**plan, **constants} if step_path == path else plan)
+        if not moved:
+            return ["8-bit copies are not written: the step's .to(device) of the batch was not found; make the "
+                    f"pipeline {plan['uint8']} without its Normalize and convert and normalize after the copy"]
+        edited[path] = module
+        edited[step_path] = step  # the same file: the step's rewrite holds the pipeline's too
+        return []
+    return [f"8-bit copies are not written: the pipeline Compose([{pipeline}]) was not found written as one list "
+            "in the loader's, the script's or the step's file"]
 
 
 def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
