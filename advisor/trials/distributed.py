@@ -36,6 +36,41 @@ def rank_of(environ: Any = os.environ) -> tuple[int, int]:
         return 0, 1
 
 
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def one_rank_on_demand(found: dict[str, Any]) -> Callable[[], None]:
+    """Outside a torchrun job, make a call of `init_process_group` that reads torchrun's variables a one-rank
+    job (rank 0 of 1, a free port on 127.0.0.1, as `torchrun --standalone --nproc-per-node 1` sets them),
+    decided when the call happens: a call the script never reaches (under `if args.distributed:`) changes
+    nothing. Sets `found["single_rank_job"]`; returns an undo."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        explicit = len(args) > 1 or any(kwargs.get(k) not in (None, -1) for k in ("rank", "world_size", "store"))
+        method = kwargs.get("init_method")
+        if not explicit and method in (None, "env://") and "WORLD_SIZE" not in os.environ:
+            with socket.socket() as probe:  # a free port for the one rank's store
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            for name, value in zip(TORCHRUN_VARIABLES, ("0", "1", "0", "1", "127.0.0.1", str(port))):
+                os.environ.setdefault(name, value)
+            found["single_rank_job"] = True
+        return original(*args, **kwargs)
+
+    dist.init_process_group = distributed_c10d.init_process_group = init_process_group
+
+    def undo() -> None:
+        dist.init_process_group = distributed_c10d.init_process_group = original
+
+    return undo
+
+
 def rank_files(world_size: int, rank: int) -> dict[str, str]:
     """The names of one rank's files in the trial folder (the plain names for a single process)."""
     if world_size <= 1:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import site
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,6 +28,11 @@ from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicabl
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the advisor package
+# Installed packages are not the user's code either: a DataLoader that transformers' Trainer or accelerate
+# builds, a backward that Lightning calls, are placed at the line of the user's code that called into them
+# (`trainer.train()`), which is what a patch can change and where the framework's settings are made.
+_INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (
+    sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *getattr(site, "getsitepackages", list)())})
 
 
 @dataclass
@@ -109,7 +116,8 @@ def plan_loader_arguments(
 
 
 def user_frame() -> Any:
-    """The innermost frame on the stack that is the user's code (not torch's, not ours), or None."""
+    """The innermost frame on the stack that is the user's code (not torch's, not ours, not an installed
+    package's), or None."""
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
@@ -118,7 +126,7 @@ def user_frame() -> Any:
     frame = inspect.currentframe()
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith((_TORCH_DIR, _OUR_DIR)) and not frame.f_code.co_filename.startswith("<"):
+        if not filename.startswith((_TORCH_DIR, _OUR_DIR, *_INSTALLED)) and not frame.f_code.co_filename.startswith("<"):
             return frame
         frame = frame.f_back
     return None
@@ -138,9 +146,13 @@ def is_training_site(record: LoaderRecord, training: dict[str, Any] | None) -> b
 
 
 def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[LoaderRecord],
-                             training: dict[str, Any] | None = None) -> Callable[[], None]:
+                             training: dict[str, Any] | None = None,
+                             taken: Callable[[], set[str]] | None = None) -> Callable[[], None]:
     """Wrap `DataLoader.__init__` so the training loader (`training`: its site and ordinal; every loader
-    when None) gets the knobs and every loader is recorded; returns an undo."""
+    when None) gets the knobs and every loader is recorded; returns an undo. `taken()`: the knobs a
+    framework's own settings took (`advisor.trials.frameworks`), which no DataLoader gets again."""
+    import dataclasses
+
     import torch.utils.data
 
     cls = torch.utils.data.DataLoader
@@ -157,14 +169,16 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         site = user_site()
         record = LoaderRecord(user={k: user[k] for k in DATALOADER_KNOBS}, effective={}, outcomes={}, site=site,
                               ordinal=sum(r.site == site for r in records))
+        given = taken() if taken is not None else set()
         if is_training_site(record, training):
-            record.effective, record.outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
+            own = dataclasses.replace(knobs, **{k: None for k in given}) if given else knobs
+            record.effective, record.outcomes = plan_loader_arguments(user, own, accelerator=accelerator)
             if knobs.uint8_copies and not any(r.bytes_plan is not None for r in records):
                 record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"))
         else:
             record.effective = dict(record.user)
             record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
-                               if k in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies")}
+                               if k in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies") and k not in given}
         for key in DATALOADER_KNOBS:
             values[key] = record.effective[key]
         records.append(record)

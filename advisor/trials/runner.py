@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.distributed import crash_message, rank_files, torchrun_command
+from advisor.trials.distributed import TORCHRUN_VARIABLES, crash_message, rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
 from advisor.trials.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
@@ -187,28 +187,47 @@ def run_trial(
         return complete_record(record, out, started, nproc_per_node)
 
     config = _harness_config(record, out, step_module, loader)
-    # A data-parallel script reads torchrun's RANK and WORLD_SIZE: with one rank asked for, it runs as a
-    # one-rank torchrun job rather than failing in init_process_group.
-    torchrun = nproc_per_node > 1 or calls_init_process_group(script)
-    config["torchrun"] = torchrun
-    if torchrun and nproc_per_node == 1:
-        record["single_rank_job"] = True
+    # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
+    # happens (advisor.trials.distributed.one_rank_on_demand); one that reads torchrun's variables before
+    # that call fails on the first read, and runs again under torchrun (one rank).
+    torchrun = nproc_per_node > 1
     child_env = _child_environment(env, device, record["token"])
     write_json_atomic(out / TRIAL_FILE, record)
-    command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
-                               torchrun)
     record["nproc_per_node"] = nproc_per_node
-    for attempt in range(1 + NATIVE_CRASH_RETRIES):
-        code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
-                            started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
+    attempt = 0
+    while True:
+        config["torchrun"] = torchrun
+        command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
+                                   torchrun)
+        code = _run_process(command, Path(config["cwd"]), child_env, out, record, timeout_s=timeout_s,
+                            on_start=on_start, started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
         crash = crash_message(out, nproc_per_node)
-        if crash is None or record["status"] != "running" or attempt == NATIVE_CRASH_RETRIES:
+        if record["status"] == "running" and not torchrun and needs_torchrun(out, script):
+            torchrun = True
+            record["single_rank_job"] = True
+            attempt += 1
+            _set_attempt_aside(out, nproc_per_node, attempt)
+            continue
+        if crash is None or record["status"] != "running" or attempt >= NATIVE_CRASH_RETRIES:
             break
         record.setdefault("retried_after", []).append(crash)
-        _set_attempt_aside(out, nproc_per_node, attempt + 1)
+        attempt += 1
+        _set_attempt_aside(out, nproc_per_node, attempt)
     if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
         record.update(_exit_status(code, out, crash))  # the harness never got to say how the trial went
     return complete_record(record, out, started, nproc_per_node)
+
+
+def needs_torchrun(out: Path, script: Path) -> bool:
+    """Whether a trial run as one process failed reading a variable torchrun sets (`os.environ["LOCAL_RANK"]`)
+    in a script that calls init_process_group: it runs again as a one-rank torchrun job."""
+    try:
+        result = json.loads((out / rank_files(1, 0)["result"]).read_text())
+    except (OSError, ValueError):
+        return False
+    message = str(result.get("message", ""))
+    return (result.get("error_type") == "KeyError" and any(f"'{name}'" in message for name in TORCHRUN_VARIABLES)
+            and calls_init_process_group(script))
 
 
 def _check_arguments(*, steps: int, wait: int, warmup: int, windows: int, window_s: float, timeout_s: float,
@@ -306,6 +325,9 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
         "profile": record["profiled"],
         "measure": {"windows": schedule["windows"], "window_s": schedule["window_s"]},
         "parent": os.getpid(),
+        # The folder the command was run from, as `python path/to/script.py` would run in: a relative
+        # path the user gives (--data data/) or the script writes (output_dir="out") means the same there.
+        "cwd": os.getcwd(),
     }
 
 

@@ -80,7 +80,9 @@ class ModelSetup(cst.CSTTransformer):
         first = call.args[0].value if call.args and call.args[0].keyword is None else None
         if isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute) \
                 and first.func.attr.value in ("parameters", "named_parameters"):
-            return dotted(first.func.value)
+            name = dotted(first.func.value)
+            # `self.parameters()` (a LightningModule's configure_optimizers): the model is built elsewhere.
+            return None if name is None or name.split(".")[0] == "self" else name
         return None
 
     def _statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
