@@ -3,6 +3,7 @@ end. Every edit keeps the user's formatting: commas, spacing and comments surviv
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import libcst as cst
@@ -24,9 +25,11 @@ def literal_value(node: cst.BaseExpression) -> tuple[bool, Any]:
 
 
 def literal_node(value: Any) -> cst.BaseExpression:
-    """A literal expression for an int, bool or None."""
+    """A literal expression for an int, bool, None or str (a framework's option: "bf16-mixed")."""
     if value is None or isinstance(value, bool):
         return cst.Name(repr(value))
+    if isinstance(value, str):
+        return cst.SimpleString(json.dumps(value))
     return cst.Integer(str(int(value)))
 
 

@@ -292,7 +292,9 @@ def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, 
         if key == "accumulation_steps" and knobs.accumulation_steps == 1:
             outcomes[key] = APPLIED  # one micro-step per cycle: nothing to change
             continue
-        seen = [r.outcomes[key] for r in records if key in r.outcomes]
+        # The training loader's reason first: "not the training loader" of the others is not why.
+        seen = sorted((r.outcomes[key] for r in records if key in r.outcomes),
+                      key=lambda outcome: outcome == not_applicable("not the training loader"))
         if not records:
             outcomes[key] = not_applicable("the script built no DataLoader before the steps ended")
         elif APPLIED in seen:

@@ -31,7 +31,7 @@ from libcst.metadata import PositionProvider
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import ArgparseRewrite, LoaderRewrite, set_constants
 from advisor.code.settings import Elsewhere
-from advisor.code.syntax import dotted
+from advisor.code.syntax import dotted, keyword_arg, literal_node, replace_arg
 from advisor.trials.knobs import Knobs
 
 # knob -> the TrainingArguments keyword that sets it
@@ -138,7 +138,11 @@ class KeywordRewrite(LoaderRewrite):
             return updated_node
         call = updated_node
         for keyword, value in self.keywords.items():
-            call = self._set(call, keyword, value)
+            arg = keyword_arg(call, keyword)
+            if arg is not None and isinstance(arg.value, cst.SimpleString):  # optim="adamw_torch", precision="32"
+                call = replace_arg(call, arg, literal_node(value))
+            else:
+                call = self._set(call, keyword, value)
         self.rewritten += 1
         return self._wrapped(original_node, updated_node, call)
 

@@ -36,6 +36,7 @@ training_args = TrainingArguments(
     per_device_train_batch_size=args.batch_size,
     max_steps=args.steps,
     learning_rate=3e-4,
+    optim="adamw_torch",
     logging_steps=100,
     save_strategy="no",
     report_to="none",

@@ -3,6 +3,8 @@ loop and calls `optimizer.step(closure)`, its closure running the forward and th
 
 from __future__ import annotations
 
+import argparse
+
 import lightning as L
 import torch
 from torch import nn
@@ -40,8 +42,11 @@ class SmallCNN(L.LightningModule):
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-steps", type=int, default=-1)
+    args = parser.parse_args()
     torch.manual_seed(0)
     model = SmallCNN()
-    trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(max_epochs=3, max_steps=args.max_steps, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model)
