@@ -19,6 +19,7 @@ Torch is imported lazily: the parent uses `rank_files`, `rank_of` and the merge 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import sysconfig
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.trials.knobs import APPLIED, DDP_KNOBS, Knobs, not_applicable
+from advisor.trials.targets import calls_init_process_group
 
 
 def rank_of(environ: Any = os.environ) -> tuple[int, int]:
@@ -69,6 +71,18 @@ def one_rank_on_demand(found: dict[str, Any]) -> Callable[[], None]:
         dist.init_process_group = distributed_c10d.init_process_group = original
 
     return undo
+
+
+def needs_torchrun(out: Path, script: Path) -> bool:
+    """Whether a trial run as one process failed reading a variable torchrun sets (`os.environ["LOCAL_RANK"]`)
+    in a script that calls init_process_group: it runs again as a one-rank torchrun job."""
+    try:
+        result = json.loads((out / rank_files(1, 0)["result"]).read_text())
+    except (OSError, ValueError):
+        return False
+    message = str(result.get("message", ""))
+    return (result.get("error_type") == "KeyError" and any(f"'{name}'" in message for name in TORCHRUN_VARIABLES)
+            and calls_init_process_group(script))
 
 
 def rank_files(world_size: int, rank: int) -> dict[str, str]:

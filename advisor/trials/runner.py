@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.distributed import TORCHRUN_VARIABLES, crash_message, rank_files, torchrun_command
+from advisor.trials.distributed import crash_message, needs_torchrun, rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
 from advisor.trials.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
 from advisor.trials.storage import write_json_atomic
-from advisor.trials.targets import TargetNotFound, calls_init_process_group, locate_target, parse_step, parse_target
+from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
 _HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
@@ -216,18 +216,6 @@ def run_trial(
     if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
         record.update(_exit_status(code, out, crash))  # the harness never got to say how the trial went
     return complete_record(record, out, started, nproc_per_node)
-
-
-def needs_torchrun(out: Path, script: Path) -> bool:
-    """Whether a trial run as one process failed reading a variable torchrun sets (`os.environ["LOCAL_RANK"]`)
-    in a script that calls init_process_group: it runs again as a one-rank torchrun job."""
-    try:
-        result = json.loads((out / rank_files(1, 0)["result"]).read_text())
-    except (OSError, ValueError):
-        return False
-    message = str(result.get("message", ""))
-    return (result.get("error_type") == "KeyError" and any(f"'{name}'" in message for name in TORCHRUN_VARIABLES)
-            and calls_init_process_group(script))
 
 
 def _check_arguments(*, steps: int, wait: int, warmup: int, windows: int, window_s: float, timeout_s: float,
