@@ -36,11 +36,12 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      measurement windows of at least window_s seconds and min_window_steps steps
     profiled        false for a timing-only trial (no profiler, no trace)
     memory_limit    the --memory-limit in bytes, or null
-    memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how}; on a CUDA
-                    device the caching allocator's share of device memory
+    memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how, held_bytes?}; on
+                    a CUDA device the caching allocator's share of device memory
                     (torch.cuda.set_per_process_memory_fraction), on the CPU the process's writable
                     memory (RLIMIT_DATA: heap and anonymous mappings; not the address space, of which
-                    CUDA's libraries reserve far more than they use)
+                    CUDA's libraries reserve far more than they use) beyond the `held_bytes` the process
+                    held before the script ran (torch's libraries), so the limit is set at bytes + held_bytes
     status          "running" | "ok" | "error" | "oom" | "timeout" | "interrupted" | "target-not-found"
     message         one line saying what happened
     error_type      exception class name (error/oom), "NativeCrash" for a process or rank that crashed in
