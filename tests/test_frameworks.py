@@ -109,6 +109,8 @@ def test_the_trainer_patch_is_in_training_arguments_and_runs(hf):
         'frameworks/hf_trainer.py: -optim="adamw_torch",',
         'frameworks/hf_trainer.py: +optim="adamw_torch_fused",',
         "frameworks/hf_trainer.py: +bf16=True,",
+        # The Trainer refuses bf16 without a GPU unless told so; where there is one, this is False.
+        "frameworks/hf_trainer.py: +use_cpu=not torch.cuda.is_available(),",
     ]), lines
     assert not [n for n in notes if "not written" in n], notes
     run_patched(hf, "--steps", "2")

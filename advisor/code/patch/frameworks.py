@@ -31,7 +31,7 @@ from libcst.metadata import PositionProvider
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import ArgparseRewrite, LoaderRewrite, set_constants
 from advisor.code.settings import Elsewhere
-from advisor.code.syntax import dotted, keyword_arg, literal_node, replace_arg
+from advisor.code.syntax import after_imports, dotted, keyword_arg, literal_node, put_keyword, replace_arg
 from advisor.trials.knobs import Knobs
 
 # knob -> the TrainingArguments keyword that sets it
@@ -48,8 +48,11 @@ LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
 def trainer_keywords(knobs: Knobs, user: dict, accumulation_steps: int | None) -> dict[str, Any]:
     """The TrainingArguments keywords for the knobs, by knob: {knob: {keyword: value}}."""
     out: dict[str, dict[str, Any]] = {}
-    if knobs.amp:
-        out["amp"] = {"bf16" if knobs.amp == "bf16" else "fp16": True}
+    if knobs.amp == "bf16":
+        # The Trainer refuses bf16 without a GPU unless told it trains on the CPU: neutral where one is there.
+        out["amp"] = {"bf16": True, "use_cpu": Expression("not torch.cuda.is_available()")}
+    elif knobs.amp:
+        out["amp"] = {"fp16": True}
     for knob, keyword in TRAINING_ARGUMENTS.items():
         value = getattr(knobs, knob)
         if value is not None and value != user.get(knob):
@@ -66,6 +69,13 @@ def trainer_keywords(knobs: Knobs, user: dict, accumulation_steps: int | None) -
     if knobs.tf32 and not user.get("tf32"):
         out["tf32"] = {"tf32": True}
     return out
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A keyword's value written as code, added only where the call does not set that keyword itself."""
+
+    code: str
 
 
 def accelerator_keywords(knobs: Knobs) -> dict[str, Any]:
@@ -132,6 +142,7 @@ class KeywordRewrite(LoaderRewrite):
         super().__init__(facts, {}, user_values, elsewhere=elsewhere)
         self.calls, self.kind_, self.keywords = calls, kind, keywords
         self.rewritten = 0
+        self.needs_torch = False  # an added expression names torch
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if self.calls.kind(updated_node) != self.kind_:
@@ -139,7 +150,11 @@ class KeywordRewrite(LoaderRewrite):
         call = updated_node
         for keyword, value in self.keywords.items():
             arg = keyword_arg(call, keyword)
-            if arg is not None and isinstance(arg.value, cst.SimpleString):  # optim="adamw_torch", precision="32"
+            if isinstance(value, Expression):
+                if arg is None:
+                    call = put_keyword(call, keyword, cst.parse_expression(value.code))
+                    self.needs_torch = self.needs_torch or "torch." in value.code
+            elif arg is not None and isinstance(arg.value, cst.SimpleString):  # optim="adamw_torch", precision="32"
                 call = replace_arg(call, arg, literal_node(value))
             else:
                 call = self._set(call, keyword, value)
@@ -157,7 +172,18 @@ def rewrite_calls(module: cst.Module, calls: FrameworkCalls, kind: str, keywords
         module = module.with_changes(body=[set_constants(s, rewrite.constant_changes) for s in module.body])
     if rewrite.argparse_changes:
         module = module.visit(ArgparseRewrite(rewrite.argparse_changes))
+    if rewrite.needs_torch:
+        module = with_torch_import(module)
     return module, rewrite.rewritten > 0
+
+
+def with_torch_import(module: cst.Module) -> cst.Module:
+    """The module with `import torch` after its imports, unless it binds torch already."""
+    if ScriptFacts.collect(module).torch_bound:
+        return module
+    body = list(module.body)
+    index = after_imports(body)
+    return module.with_changes(body=[*body[:index], cst.parse_statement("import torch"), *body[index:]])
 
 
 class BeforeFit(cst.CSTTransformer):
@@ -253,11 +279,5 @@ def lightning_model(edited: dict[Path, cst.Module], path: Path, module: cst.Modu
         notes.append("no trainer.fit(model) call with a plain name was found: "
                      + "; ".join(f"{k}: {LIGHTNING_MODEL_LINES[k].format(model='model')}" for k in wanted))
         return set()
-    if not ScriptFacts.collect(changed).torch_bound:
-        from advisor.code.syntax import after_imports
-
-        body = list(changed.body)
-        index = after_imports(body)
-        changed = changed.with_changes(body=[*body[:index], cst.parse_statement("import torch"), *body[index:]])
-    edited[path] = changed
+    edited[path] = with_torch_import(changed)
     return set(wanted)
