@@ -124,7 +124,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
             continue
         try:
             rel = path.relative_to(root).as_posix()
-        except ValueError:  # an installed package's file: the settings listed in the notes go where it is set
+        except ValueError:
+            if path == script:
+                raise AdvisorError(f"{path}: cannot patch: the file is not inside {root}") from None
+            # Another file (an installed package's): the script's own changes still stand.
             notes.append(f"not written into {path}: the file is not inside {root}; make the final settings "
                          "listed in this report where your code configures the package that file belongs to")
             continue
