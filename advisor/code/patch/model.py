@@ -71,7 +71,8 @@ class ModelSetup(cst.CSTTransformer):
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None
         small = statement.body[0]
-        value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign, cst.Expr)) else None
+        # `return torch.optim.Adam(...)`: a LightningModule's configure_optimizers.
+        value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign, cst.Expr, cst.Return)) else None
         if isinstance(value, cst.Call) and is_optimizer_constructor(value, self.facts.optim_imports):
             return value
         return None
