@@ -214,3 +214,25 @@ def test_init_process_group_that_is_never_reached_runs_as_one_process(tmp_path):
     record = json.loads((trial.path / "trial.json").read_text())
     assert trial.ok, record["message"]
     assert record["single_rank_job"] is False
+
+
+@pytest.fixture(scope="module")
+def accelerate_run(tmp_path_factory) -> dict:
+    return framework_trial(tmp_path_factory, "accelerate_loop.py", Knobs(amp="bf16", batch_size=32))
+
+
+def test_an_accelerate_loop_takes_the_batch_where_the_script_builds_its_loader(accelerate_run):
+    """accelerator.prepare rebuilds the loader with a batch_sampler: the knobs go to the loader the script
+    built, which the rebuild takes its batches from; AMP is the Accelerator's mixed_precision."""
+    record = accelerate_run["record"]
+    assert record["knob_outcomes"] == {"amp": APPLIED, "batch_size": APPLIED}
+    assert {s["batch_size"] for s in record["steps"] if s["phase"] != "wait"} == {32}
+    assert record["user_values"]["batch_size"] == 16
+    loader = record["dataloaders"][record["training_loader"]["index"]]
+    assert loader["site"].endswith("accelerate_loop.py:21") and loader["training"]
+    lines, notes = patch_lines(accelerate_run)
+    file = "frameworks/accelerate_loop.py"
+    assert sorted(lines) == sorted([f"{file}: -BATCH_SIZE = 16", f"{file}: +BATCH_SIZE = 32",
+                                    f"{file}: -accelerator = Accelerator()",
+                                    f'{file}: +accelerator = Accelerator(mixed_precision="bf16")']), (lines, notes)
+    run_patched(accelerate_run, "--max-steps", "2")

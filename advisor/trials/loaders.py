@@ -47,11 +47,17 @@ class LoaderRecord:
     fetches: int = 0  # batches it handed out
     steps: int = 0  # steps whose last batch came from it: the training loader feeds the most
     bytes_plan: Any = None  # with uint8_copies: how its Dataset hands out 8-bit images (a BytePlan)
+    rebuilds: "LoaderRecord | None" = None  # the loader it was rebuilt from (accelerate's prepare): fed as that one
 
     def to_dict(self, training: bool = False) -> dict[str, Any]:
         """JSON form (trial.json `dataloaders`)."""
         return {"user": self.user, "effective": self.effective, "outcomes": self.outcomes, "site": self.site,
-                "ordinal": self.ordinal, "fetches": self.fetches, "steps": self.steps, "training": training}
+                "ordinal": self.ordinal, "fetches": self.fetches, "steps": self.steps, "training": training,
+                "rebuilds": None if self.rebuilds is None else self.rebuilds.site}
+
+    def fed_as(self) -> "LoaderRecord":
+        """The loader its batches count for: the one it rebuilds, else itself."""
+        return self.rebuilds or self
 
 
 def plan_loader_arguments(
@@ -158,6 +164,7 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
     cls = torch.utils.data.DataLoader
     original = cls.__init__
     signature = inspect.signature(original)
+    datasets: list[tuple[LoaderRecord, Any]] = []  # each loader's Dataset, to know a rebuild
 
     def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces __init__
         if getattr(self, "_advisor_building", False):  # a subclass calling super().__init__ again
@@ -169,6 +176,12 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         site = user_site()
         record = LoaderRecord(user={k: user[k] for k in DATALOADER_KNOBS}, effective={}, outcomes={}, site=site,
                               ordinal=sum(r.site == site for r in records))
+        # A loader made over an earlier loader's Dataset with a batch_sampler is that loader rebuilt
+        # (accelerate's prepare, the Trainer's loader): the knobs go to the one the script built, which the
+        # rebuild copies its batches and arguments from.
+        if user["batch_sampler"] is not None:
+            record.rebuilds = next((r for r, d in reversed(datasets) if d is values.get("dataset")), None)
+        datasets.append((record, values.get("dataset")))
         given = taken() if taken is not None else set()
         if is_training_site(record, training):
             own = dataclasses.replace(knobs, **{k: None for k in given}) if given else knobs
@@ -250,9 +263,10 @@ class LoaderTracker:
                 tracker.fetch_s += time.perf_counter() - started
             record = getattr(iterator, "_advisor_record", None)
             if record is not None:
+                record.fetches += 1
+                record = record.fed_as()
                 if record.bytes_plan is not None:
                     mark(batch, record.bytes_plan)
-                record.fetches += 1
                 tracker.last = record
                 size = leading_dimension(batch)
                 if size is not None:
