@@ -137,3 +137,17 @@ def after_imports(body: list[cst.BaseStatement]) -> int:
     if index == 0 and body and is_docstring(body[0]):
         index = 1
     return index
+
+
+class BlockRewrite(cst.CSTTransformer):
+    """Rewrites the statement list of every block (the module's body, each indented block) with `statements`."""
+
+    def statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The block's new statements."""
+        raise NotImplementedError
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self.statements(list(updated_node.body)))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self.statements(list(updated_node.body)))

@@ -21,16 +21,8 @@ import importlib.machinery
 import sys
 from typing import Any, Callable
 
-from advisor.trials.knobs import APPLIED, Knobs, not_applicable
+from advisor.trials.knobs import APPLIED, TRAINING_ARGUMENTS, Knobs, not_applicable
 
-# knob -> the TrainingArguments field that sets it
-TRAINING_ARGUMENTS = {
-    "batch_size": "per_device_train_batch_size",
-    "num_workers": "dataloader_num_workers",
-    "pin_memory": "dataloader_pin_memory",
-    "persistent_workers": "dataloader_persistent_workers",
-    "prefetch_factor": "dataloader_prefetch_factor",
-}
 
 
 class AfterImport(importlib.abc.MetaPathFinder):

@@ -26,22 +26,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import ArgparseRewrite, LoaderRewrite, set_constants
 from advisor.code.settings import Elsewhere
-from advisor.code.syntax import after_imports, dotted, keyword_arg, literal_node, put_keyword, replace_arg
-from advisor.trials.knobs import Knobs
+from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_node, put_keyword, replace_arg
+from advisor.trials.knobs import TRAINING_ARGUMENTS, Knobs
 
-# knob -> the TrainingArguments keyword that sets it
-TRAINING_ARGUMENTS = {
-    "batch_size": "per_device_train_batch_size",
-    "num_workers": "dataloader_num_workers",
-    "pin_memory": "dataloader_pin_memory",
-    "persistent_workers": "dataloader_persistent_workers",
-    "prefetch_factor": "dataloader_prefetch_factor",
-}
 LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
 
 
@@ -186,17 +177,16 @@ def with_torch_import(module: cst.Module) -> cst.Module:
     return module.with_changes(body=[*body[:index], cst.parse_statement("import torch"), *body[index:]])
 
 
-class BeforeFit(cst.CSTTransformer):
+class BeforeFit(BlockRewrite):
     """channels_last and torch.compile on the model right before the first `<trainer>.fit(model, ...)`."""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
 
     def __init__(self, lines: list[str]):
         super().__init__()
         self.lines = lines
         self.placed = False
 
-    def _statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The block with the model lines before its first fit call."""
         out: list[cst.BaseStatement] = []
         for statement in body:
             model = None if self.placed else fit_model(statement)
@@ -205,12 +195,6 @@ class BeforeFit(cst.CSTTransformer):
                 self.placed = True
             out.append(statement)
         return out
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        return updated_node.with_changes(body=self._statements(list(updated_node.body)))
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return updated_node.with_changes(body=self._statements(list(updated_node.body)))
 
 
 def fit_model(statement: cst.BaseStatement) -> str | None:
@@ -274,7 +258,7 @@ def lightning_model(edited: dict[Path, cst.Module], path: Path, module: cst.Modu
     if not wanted:
         return set()
     rewrite = BeforeFit([LIGHTNING_MODEL_LINES[k] for k in wanted])
-    changed = cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(rewrite)
+    changed = module.visit(rewrite)
     if not rewrite.placed:
         notes.append("no trainer.fit(model) call with a plain name was found: "
                      + "; ".join(f"{k}: {LIGHTNING_MODEL_LINES[k].format(model='model')}" for k in wanted))
