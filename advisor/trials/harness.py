@@ -6,7 +6,8 @@ group. Here we:
 1. cap memory if asked (`memory_limit`, `advisor.trials.facts.cap_memory`): device memory on a CUDA device,
    the process's writable memory (RLIMIT_DATA) on the CPU;
 2. interpose on DataLoaders (`advisor.trials.loaders`): the knobs where the training loader is built, the
-   user's own values recorded, every batch timed and attributed to its loader;
+   user's own values recorded, every batch timed and attributed to its loader; where transformers'
+   `TrainingArguments` feed the loader, its DataLoader knobs are set there (`advisor.trials.frameworks`);
 3. find the steps, one of three ways:
    - a step function in the script (`script.py:train_step` or `Class.method`): the script is compiled
      with `name = __advisor_wrap__(name, 'target')` inserted right after every definition of it (an AST
