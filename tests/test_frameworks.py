@@ -236,3 +236,33 @@ def test_an_accelerate_loop_takes_the_batch_where_the_script_builds_its_loader(a
                                     f"{file}: -accelerator = Accelerator()",
                                     f'{file}: +accelerator = Accelerator(mixed_precision="bf16")']), (lines, notes)
     run_patched(accelerate_run, "--max-steps", "2")
+
+
+def test_a_batch_sampler_of_the_script_makes_the_batch_not_applicable_with_its_own_reason(tmp_path):
+    """The training loader takes its batches from the script's batch_sampler: the batch knob is not applicable
+    for that reason (not "not the training loader", which an evaluation loader says), and the baseline's
+    record says so, so the session proposes no batch change."""
+    script = write_script(tmp_path, """
+        import torch
+        from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+        data = TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
+        evaluation = DataLoader(data, batch_size=64)
+        train = DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), batch_size=16, drop_last=True))
+        model = torch.nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for epoch in range(100):
+            for x, y in train:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    """)
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.startswith("train ="))
+    # As a session's later trials are told by its baseline: the loader at that line trains.
+    trial = run_trial(str(script), Knobs(batch_size=32), tmp_path / "t", device="cpu", steps=2, wait=1, warmup=0,
+                      loader={"site": f"{script}:{line}", "ordinal": 0})
+    record = json.loads((trial.path / "trial.json").read_text())
+    assert trial.ok, record["message"]
+    assert record["knob_outcomes"] == {"batch_size": "not applicable: the DataLoader uses a batch_sampler"}
+    assert record["training_loader"]["batch_sampler"] is True
+    assert {s["batch_size"] for s in record["steps"]} == {16}

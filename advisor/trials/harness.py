@@ -235,7 +235,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]
             result["training_loader"] = None if trains is None else {
-                "site": trains.site, "ordinal": trains.ordinal, "index": loader_records.index(trains)}
+                "site": trains.site, "ordinal": trains.ordinal, "index": loader_records.index(trains),
+                "batch_sampler": trains.batch_sampler}
             result["accumulation"] = driver.interposition.accumulation_record() if loop is None else None
             result["memory_breakdown"] = driver.memory.breakdown()
             result["activations"] = driver.memory.activations

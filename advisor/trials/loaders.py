@@ -20,6 +20,7 @@ import os
 import site
 import sysconfig
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,6 +49,7 @@ class LoaderRecord:
     steps: int = 0  # steps whose last batch came from it: the training loader feeds the most
     bytes_plan: Any = None  # with uint8_copies: how its Dataset hands out 8-bit images (a BytePlan)
     rebuilds: "LoaderRecord | None" = None  # the loader it was rebuilt from (accelerate's prepare): fed as that one
+    batch_sampler: bool = False  # built with a batch_sampler of the script's: no batch_size reaches it
 
     def to_dict(self, training: bool = False) -> dict[str, Any]:
         """JSON form (trial.json `dataloaders`)."""
@@ -164,7 +166,7 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
     cls = torch.utils.data.DataLoader
     original = cls.__init__
     signature = inspect.signature(original)
-    datasets: list[tuple[LoaderRecord, Any]] = []  # each loader's Dataset, to know a rebuild
+    built: list[tuple[LoaderRecord, Any]] = []  # each loader (a weak reference), to know a rebuild
 
     def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces __init__
         if getattr(self, "_advisor_building", False):  # a subclass calling super().__init__ again
@@ -176,12 +178,15 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         site = user_site()
         record = LoaderRecord(user={k: user[k] for k in DATALOADER_KNOBS}, effective={}, outcomes={}, site=site,
                               ordinal=sum(r.site == site for r in records))
-        # A loader made over an earlier loader's Dataset with a batch_sampler is that loader rebuilt
-        # (accelerate's prepare, the Trainer's loader): the knobs go to the one the script built, which the
-        # rebuild copies its batches and arguments from.
-        if user["batch_sampler"] is not None:
-            record.rebuilds = next((r for r, d in reversed(datasets) if d is values.get("dataset")), None)
-        datasets.append((record, values.get("dataset")))
+        # A loader whose batch_sampler is an earlier loader's (or wraps it: accelerate's prepare, the Trainer's
+        # loader) is that loader rebuilt: the knobs go to the one the script built, which the rebuild takes
+        # its batches and arguments from.
+        sampler = user["batch_sampler"]
+        if sampler is not None:
+            record.rebuilds = next((r for r, ref in reversed(built) if ref() is not None and any(
+                s is ref().batch_sampler for s in (sampler, getattr(sampler, "batch_sampler", None)))), None)
+            record.batch_sampler = record.rebuilds is None
+        built.append((record, weakref.ref(self)))
         given = taken() if taken is not None else set()
         if is_training_site(record, training):
             own = dataclasses.replace(knobs, **{k: None for k in given}) if given else knobs
