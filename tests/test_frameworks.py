@@ -56,7 +56,7 @@ def patch_lines(run: dict) -> tuple[list[str], list[str]]:
     assert func is None  # the framework calls backward: no function of the script runs the step
     written, notes = write_patch(script, func, run["knobs"], record["user_values"], run["trial"].path,
                                  root=run["repo"], loader_site=(record["training_loader"] or {}).get("site"),
-                                 step_file=step_file)
+                                 step_file=step_file, accumulation_steps=run["knobs"].accumulation_steps)
     assert written is not None, notes
     applied = subprocess.run(["git", "apply", str(written)], cwd=run["repo"], capture_output=True, text=True)
     assert applied.returncode == 0, applied.stderr + written.read_text()
@@ -73,8 +73,9 @@ def run_patched(run: dict, *args: str) -> None:
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory) -> dict:
+    # A batch of 16 as two micro-batches of 8: the effective batch doubles, the loader's batch stays.
     return framework_trial(tmp_path_factory, "hf_trainer.py",
-                           Knobs(amp="bf16", batch_size=16, fused_optimizer=True))
+                           Knobs(amp="bf16", batch_size=16, accumulation_steps=2, fused_optimizer=True))
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +86,11 @@ def lightning_run(tmp_path_factory) -> dict:
 
 def test_the_trainer_takes_the_batch_through_training_arguments(hf):
     record = hf["record"]
-    assert record["knob_outcomes"] == {"amp": APPLIED, "batch_size": APPLIED, "fused_optimizer": APPLIED}
-    # accelerate rebuilds the Trainer's loader with a batch_sampler; the batch came through TrainingArguments.
-    # (Its loader fetches one batch ahead: the first step, never measured, counts two.)
+    assert record["knob_outcomes"] == {"amp": APPLIED, "batch_size": APPLIED, "accumulation_steps": APPLIED,
+                                       "fused_optimizer": APPLIED}
+    # accelerate rebuilds the Trainer's loader with a batch_sampler; the batch came through TrainingArguments:
+    # per_device_train_batch_size 8, gradient_accumulation_steps 2, so each optimizer step took 16 samples.
+    # (Its loader fetches one batch ahead: the first step, never measured, counts one more.)
     assert {s["batch_size"] for s in record["steps"] if s["phase"] != "wait"} == {16}
     assert record["summary"]["batch_size"] == 16
     assert record["user_values"]["batch_size"] == 8  # the script's per_device_train_batch_size, not the sampler's 1
@@ -103,9 +106,8 @@ def test_the_trainer_takes_the_batch_through_training_arguments(hf):
 
 def test_the_trainer_patch_is_in_training_arguments_and_runs(hf):
     lines, notes = patch_lines(hf)
-    assert sorted(lines) == sorted([
-        'frameworks/hf_trainer.py: -parser.add_argument("--batch-size", type=int, default=8)',
-        'frameworks/hf_trainer.py: +parser.add_argument("--batch-size", type=int, default=16)',
+    assert sorted(lines) == sorted([  # the per-device batch stays 8 (the --batch-size default), two of them a step
+        "frameworks/hf_trainer.py: +gradient_accumulation_steps=2,",
         'frameworks/hf_trainer.py: -optim="adamw_torch",',
         'frameworks/hf_trainer.py: +optim="adamw_torch_fused",',
         "frameworks/hf_trainer.py: +bf16=True,",

@@ -52,7 +52,8 @@ def trainer_keywords(knobs: Knobs, user: dict, accumulation_steps: int | None) -
     batch = knobs.batch_size or user.get("batch_size")
     if k > 1 and batch and batch % k == 0:
         out["accumulation_steps"] = {"per_device_train_batch_size": batch // k, "gradient_accumulation_steps": k}
-        out.pop("batch_size", None)
+        if knobs.batch_size is not None:
+            out["batch_size"] = {}  # the micro-batch above is the batch knob's too
     if knobs.compile and not user.get("compile"):
         out["compile"] = {"torch_compile": True}
     if knobs.fused_optimizer and not user.get("fused_optimizer"):
