@@ -65,7 +65,8 @@ def left_behind(token: str) -> list[int]:
     return found
 
 
-def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path):
+def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the ranks write there
     script = ranks_script(tmp_path)
     knobs = Knobs(ddp_gradient_as_bucket_view=True, ddp_bucket_cap_mb=50)
     trial = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu",
