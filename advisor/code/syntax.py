@@ -146,7 +146,8 @@ class BlockRewrite(cst.CSTTransformer):
         """The block's new statements."""
         raise NotImplementedError
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         return updated_node.with_changes(body=self.statements(list(updated_node.body)))
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:

@@ -134,7 +134,8 @@ def user_frame() -> Any:
     frame = inspect.currentframe()
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith((_TORCH_DIR, _OUR_DIR, *_INSTALLED)) and not frame.f_code.co_filename.startswith("<"):
+        ours = filename.startswith((_TORCH_DIR, _OUR_DIR, *_INSTALLED))
+        if not ours and not frame.f_code.co_filename.startswith("<"):
             return frame
         frame = frame.f_back
     return None

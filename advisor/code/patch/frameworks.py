@@ -212,7 +212,7 @@ def fit_model(statement: cst.BaseStatement) -> str | None:
 
 LIGHTNING_MODEL_LINES = {
     "channels_last": "{model} = {model}.to(memory_format=torch.channels_last)  # NHWC: faster convolutions",
-    "compile": "{model} = torch.compile({model})  # Lightning trains the compiled module; it compiles on the first steps",
+    "compile": "{model} = torch.compile({model})  # Lightning trains the compiled module (compiled in the first steps)",
 }
 
 
@@ -247,7 +247,8 @@ def rewrite_frameworks(edited: dict[Path, cst.Module], module_of: Callable[[Path
                 edited[path], _ = rewrite_calls(module, calls, kind, keywords, users, elsewhere)
                 done.written.update(by_knob)
             if kind == "lightning":
-                done.written |= lightning_model(edited, path, edited.get(path) or module, knobs, user_values, done.notes)
+                module = edited.get(path) or module
+                done.written |= lightning_model(edited, path, module, knobs, user_values, done.notes)
             break
     return done
 
