@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install test fuzz demo bench clean
+.PHONY: install test fuzz demo bench gpu-check wheels clean
 
 # The PyPI builds a GPU user installs (CUDA-enabled; they run on a machine without a GPU), pinned first so
 # that the package's torch range resolves to them; the frameworks' tests need the matching torchvision.
@@ -30,6 +30,24 @@ demo:
 
 bench:
 	$(PY) benchmarks/run.py
+
+# On a CUDA machine: doctor, the CUDA tests, two short sessions and a small grid, in at most 8 minutes; what to
+# bring back lands in $(OUT) (at most 8 files of at most 16 MB). Without CUDA: "no CUDA device: nothing checked".
+gpu-check:
+	$(PY) benchmarks/gpu_check.py $(if $(OUT),--out $(OUT))
+
+# This package's dependencies but torch, and the package itself, as wheels in $(WHEELS), for a GPU machine that
+# has torch but no network (README "On a GPU"). WHEELS_FOR targets another Python or platform, e.g.
+# WHEELS_FOR="--python-version 3.10 --platform manylinux2014_x86_64 --only-binary=:all:".
+WHEELS ?= wheels
+WHEELS_FOR ?=
+wheels:
+	mkdir -p $(WHEELS)
+	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+		print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['test'] \
+		if not r.startswith('torch') or r.startswith('torch-tb-profiler')))" > $(WHEELS)/requirements.txt
+	$(PIP) download -q -d $(WHEELS) $(WHEELS_FOR) -r $(WHEELS)/requirements.txt "setuptools>=64" wheel
+	$(PIP) wheel -q --no-deps -w $(WHEELS) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info

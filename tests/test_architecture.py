@@ -9,6 +9,7 @@ The allowed imports (README "Architecture" shows the same table):
     code      shared, trials.knobs                    (lint and patch the user's script)
     report    shared, analysis, trials.record         (formats figures, never recomputes them)
     search    shared, analysis, trials, code, report  (the session: it writes the patch and the report)
+    doctor    shared, trials                          (what this machine gives the advisor: the trials' checks)
     cli, api  anything                                (the two front doors)
 """
 
@@ -33,6 +34,7 @@ ALLOWED = {
     "code": {"advisor.trials.knobs"},
     "report": {"advisor.analysis", "advisor.trials.record"},
     "search": {"advisor.analysis", "advisor.trials", "advisor.code", "advisor.report"},
+    "doctor": {"advisor.trials"},
     "cli": {"advisor"},
     "api": {"advisor"},
     "advisor": {"advisor"},  # advisor/__init__.py loads the notebook API on first use

@@ -1,16 +1,28 @@
-"""Trials on a CUDA device: what only a GPU can show. Skipped where there is none (the CPU paths of the
-same mechanisms are tested in test_trial, test_knobs and test_memory)."""
+"""Trials on a CUDA device: each knob's CUDA branch, as only a GPU can show it: the memory cap on the device,
+autocast by the device the model is on (bf16, and fp16 with its GradScaler), pinned memory and non_blocking
+host-to-device copies, the 8-bit conversion after a real copy (the same numbers), TF32 and cudnn.benchmark,
+torch.compile with Triton's kernels, DistributedDataParallel on NCCL (two ranks where there are two GPUs,
+else one), and the profiler's check that a trace holds the GPU's kernels. Skipped where there is no CUDA
+device (the CPU paths of the same mechanisms are tested in test_trial, test_knobs, test_memory,
+test_uint8_copies, test_model_knobs and test_distributed); `make gpu-check` runs them on a GPU machine."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
 import torch
+from test_uint8_copies import datasets  # noqa: F401 - the fixture: Dataset shapes the knob rewrites
+from torch.utils.data import DataLoader
 from trial_helpers import trial_record, write_script
 
+from advisor.trials.facts import cuda_computes_bf16
 from advisor.trials.knobs import APPLIED, Knobs
+from advisor.trials.profiler_check import cuda_profiler_problem, probe, trace_problems
 from advisor.trials.runner import group_members, run_trial
+from advisor.trials.uint8_copies import ByteCopies, byte_plan, mark
+from conftest import ROOT
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -63,7 +75,7 @@ def test_memory_limit_caps_device_memory_and_says_so(tmp_path):
 def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = gpu_script(tmp_path)
-    knobs = Knobs(amp="bf16" if torch.cuda.is_bf16_supported() else "fp16", pin_memory=True, non_blocking=True)
+    knobs = Knobs(amp="bf16" if cuda_computes_bf16() else "fp16", pin_memory=True, non_blocking=True)
     result = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=3, device="cuda")
     assert result.ok, result.message
     assert result.knob_outcomes == {"amp": APPLIED, "pin_memory": APPLIED, "non_blocking": APPLIED}
@@ -73,3 +85,133 @@ def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path, monkeypatc
 
     diagnosis = analyze_file(sorted(result.path.glob("*.pt.trace.json*"))[0])
     assert diagnosis.platform == "gpu" and diagnosis.copies.pinned_us > 0 and diagnosis.copies.pageable_us == 0
+
+
+def test_fp16_autocast_runs_with_its_grad_scaler(tmp_path):
+    script = gpu_script(tmp_path)
+    result = run_trial(f"{script}:train_step", Knobs(amp="fp16"), tmp_path / "t", steps=3, device="cuda")
+    assert result.ok, result.message
+    assert result.knob_outcomes == {"amp": APPLIED}
+    assert json.loads((tmp_path / "observed.json").read_text())["matmul_dtype"] == "torch.float16"
+    losses = [s["loss"] for s in trial_record(result.path)["steps"]]
+    assert losses and all(loss is not None and loss == loss for loss in losses)  # finite: the scaler unscaled
+
+
+@pytest.mark.parametrize("name, index", [("PilNormalized", 0), ("NumpyFloat32", None), ("Astype", 1),
+                                         ("TensorFloat", 0)])
+def test_the_8bit_conversion_after_a_real_copy_gives_the_same_numbers(datasets, name, index):  # noqa: F811
+    """The Dataset's float images, and the 8-bit ones copied to the GPU and converted there: bit for bit the
+    same (CUDA divides by a Python number as a product with its reciprocal; the conversion must not)."""
+    cls = getattr(datasets, name)
+    before = list(DataLoader(cls(), batch_size=4))
+    plan = byte_plan(cls)
+    original = cls.__getitem__
+    cls.__getitem__ = plan.function
+    try:
+        after = list(DataLoader(cls(), batch_size=4, pin_memory=True))
+    finally:
+        cls.__getitem__ = original
+    copies = ByteCopies(True)
+    moved_to = copies.to(torch.Tensor.to)
+    for old, new in zip(before, after):
+        mark(new, plan)
+        image = new if index is None else new[index]
+        got = moved_to(image, "cuda", non_blocking=True)
+        assert got.device.type == "cuda" and got.dtype == torch.float32
+        assert torch.equal(got.cpu(), old if index is None else old[index])
+    assert copies.converted == len(before)
+
+
+def test_a_real_trial_moves_8bit_images_to_the_gpu(tmp_path):
+    target = f"{ROOT / 'examples' / 'image_classifier.py'}:train_step"
+    knobs = Knobs(num_workers=2, pin_memory=True, non_blocking=True, uint8_copies=True)
+    result = run_trial(target, knobs, tmp_path / "t", steps=3, wait=1, warmup=1, device="cuda")
+    assert result.ok, result.message
+    assert set(result.knob_outcomes.values()) == {APPLIED}, result.knob_outcomes
+    record = trial_record(result.path)
+    assert record["uint8_plan"]["normalization"] == "pixels = (pixels - 0.5) / 0.25"
+    assert all(s["loss"] is not None for s in record["steps"])
+
+
+MODEL_SCRIPT = """
+    import json
+    import torch
+    import torch.nn as nn
+
+    device = torch.device("cuda")
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 4)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train_step(x, y):
+        loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with open("observed.json", "w") as f:
+            json.dump({"cudnn_benchmark": torch.backends.cudnn.benchmark,
+                       "matmul_precision": torch.get_float32_matmul_precision()}, f)
+        return loss.detach()
+
+    if __name__ == "__main__":
+        for _ in range(100_000):
+            train_step(torch.randn(32, 3, 32, 32), torch.randint(0, 4, (32,)))
+"""
+
+
+def kernel_names(folder) -> list[str]:
+    """The names of the GPU kernels in a trial's traces."""
+    names = []
+    for trace in sorted(folder.glob("*.pt.trace.json*")):
+        with (gzip.open if trace.suffix == ".gz" else open)(trace, "rt") as f:
+            names += [e.get("name", "") for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    return names
+
+
+def test_tf32_and_cudnn_benchmark_are_set_on_the_device(tmp_path):
+    script = write_script(tmp_path, MODEL_SCRIPT)
+    result = run_trial(f"{script}:train_step", Knobs(tf32=True, cudnn_benchmark=True), tmp_path / "t", steps=3,
+                       device="cuda")
+    assert result.ok, result.message
+    observed = json.loads((tmp_path / "observed.json").read_text())
+    assert result.knob_outcomes["cudnn_benchmark"] == APPLIED and observed["cudnn_benchmark"] is True
+    if torch.cuda.get_device_capability()[0] >= 8:
+        assert result.knob_outcomes["tf32"] == APPLIED and observed["matmul_precision"] == "high"
+    else:
+        assert "compute capability" in result.knob_outcomes["tf32"] and observed["matmul_precision"] == "highest"
+    assert kernel_names(result.path), "the trace holds the GPU's kernels"
+
+
+def test_ddp_trial_on_nccl(tmp_path):
+    """Two ranks where there are two GPUs (their all-reduce is NCCL kernels in the traces), else one."""
+    ranks = 2 if torch.cuda.device_count() >= 2 else 1
+    result = run_trial(f"{ROOT / 'examples' / 'ddp_classifier.py'}:train_step", Knobs(ddp_bucket_cap_mb=50),
+                       tmp_path / "t", steps=2, wait=1, warmup=1, device="cuda", nproc_per_node=ranks, timeout_s=300)
+    assert result.ok, result.message
+    assert result.knob_outcomes == {"ddp_bucket_cap_mb": APPLIED}
+    record = trial_record(result.path)
+    if ranks == 2:
+        assert record["world_size"] == 2
+        assert any("nccl" in name.lower() for name in kernel_names(result.path))
+    else:
+        assert record.get("single_rank_job") is True
+
+
+def test_the_profiler_sees_the_gpu_before_a_cuda_baseline(tmp_path):
+    """What `advisor doctor` and `advisor profile` check: a profiled step's trace holds kernels (CUPTI works)."""
+    counts = probe("cuda", tmp_path)
+    assert counts["kernels"] > 0 and counts["device_memory_events"] > 0, counts
+    assert not trace_problems(counts)
+    assert cuda_profiler_problem("cuda") is None
+
+
+def test_compile_runs_triton_kernels_on_the_device(tmp_path):
+    """Last: the longest, and the one whose time varies most (Triton compiles the kernels)."""
+    script = write_script(tmp_path, MODEL_SCRIPT)
+    result = run_trial(f"{script}:train_step", Knobs(compile=True), tmp_path / "t", steps=3, wait=2, device="cuda",
+                       timeout_s=400)
+    assert result.ok, result.message
+    assert result.knob_outcomes == {"compile": APPLIED}
+    record = trial_record(result.path)
+    assert record["compile"]["graphs"] >= 1 and record["compile"]["compile_s"] is not None
+    assert any(name.startswith("triton_") for name in kernel_names(result.path)), "Triton's kernels ran"

@@ -27,8 +27,10 @@ from advisor.trials.measurement import Measurement, job, measure, noise
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
     compile_payback, new_state, reference_row, samples_gain, save, trial_row
 from advisor.report.formatting import compile_text
-from advisor.search.outputs import batch_notes, finish_outputs
+from advisor.search.outputs import batch_notes, finish_outputs, out_of_memory_note
+from advisor.search.space import pending_try, user_space
 from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan, turned
+from advisor.trials.profiler_check import cuda_profiler_problem
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.runner import TrialFailed, end_trial_processes, run_trial, trial_processes
 from advisor.trials.targets import absolute_step, absolute_target, parse_target
@@ -106,9 +108,16 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     a setting twice). `script=False`: the target only names a step (e.g. "<notebook>:train_step"), so
     there is no script to check or patch. `space`: the values the search may give each knob (those a
     recorded surface holds); `extra`: fields added to a new session record; `progress`: told where each
-    trial of the subprocess runner is while it runs (`run_trial`'s `on_progress`).
+    trial of the subprocess runner is while it runs (`run_trial`'s `on_progress`). Before the baseline of a
+    new session whose trials may run on CUDA, the profiler is checked in a fresh process: where its trace
+    would hold no GPU kernels, or --device cuda finds no device, the session stops with why and the fix.
     """
     out = Path(out).resolve()
+    if runner is None and script and not resume:
+        # A CUDA baseline whose trace would hold no kernels (CUPTI refused) is not measured at all.
+        problem = cuda_profiler_problem(options.device)
+        if problem:
+            raise AdvisorError(problem)
     if resume and not out.is_dir():
         raise AdvisorError(f"{out}: no such folder: there is no session to resume")
     if resume and not (out / SESSION_FILE).is_file():
@@ -151,7 +160,7 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     started = time.monotonic()
     try:
         _sequence(runner or subprocess_runner(target, out, options, state, progress), out, options, state, started, log,
-                  space or SearchSpace())
+                  user_space(space or SearchSpace(), options.only, options.skip))
     except KeyboardInterrupt:
         state["status"] = "interrupted"
         state["notes"].append("interrupted: the report shows the trials finished so far")
@@ -195,7 +204,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
-                             on_progress=progress)
+                             on_progress=progress, ray_address=options.ray_address, nnodes=options.nnodes)
         finally:
             state["running_trial"] = None
 
@@ -275,28 +284,13 @@ def _figures(row: dict[str, Any], unit: str) -> str:
     return f"{row['samples_per_s']:.1f} {unit}{spread}"
 
 
-def out_of_memory_note(record: dict[str, Any]) -> str:
-    """Where memory went in a trial that ran out of it, as far as the trial could tell."""
-    summary = record.get("summary") or {}
-    parts = []
-    breakdown = summary.get("memory_breakdown") or {}
-    for key in ("parameters", "gradients", "optimizer_state", "activations"):
-        value = breakdown.get(key) if isinstance(breakdown, dict) else None
-        if isinstance(value, (int, float)) and value:
-            parts.append(f"{key.replace('_', ' ')} {value / 2**20:.0f} MiB")
-    peak = summary.get("peak_memory_bytes")
-    where = f" (peak {peak / 2**20:.0f} MiB: {', '.join(parts)})" if peak and parts else (
-        f" (peak {peak / 2**20:.0f} MiB)" if peak else "")
-    return (f"The user's settings ran out of memory{where}; the session looked for the closest configuration "
-            "that fits: AMP, then micro-batches with gradient accumulation (same effective batch), then a "
-            "smaller batch.")
-
-
-def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> None:
-    """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped)."""
+def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None], space: SearchSpace) -> None:
+    """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped); only the
+    knobs the user lets the search turn (--only, --skip)."""
     tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
     for proposal in recovery_plan(state):
-        if json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried:
+        if (json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried
+                or not space.permits(turned({}, proposal.knobs))):
             continue
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
@@ -335,7 +329,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     if not state["trials"]:
         _baseline(run, state, log)
     if reference_row(state) is None and state["trials"][0]["status"] == "oom":
-        _recover_from_oom(run, state, log)
+        _recover_from_oom(run, state, log, space)
     reference = reference_row(state)
     if reference is None:
         first = load_trial(out / state["trials"][0]["folder"])
@@ -348,7 +342,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     remeasure = getattr(run, "remeasure", True)
     while True:
         diagnosis, best_measure, bound = _bound_of(out, state, best)
-        proposals = propose(diagnosis, bound, best, state, options, space)
+        asked = pending_try(options, state, best.knobs, diagnosis)  # the user's --try settings come first
+        proposals = [asked] if asked else propose(diagnosis, bound, best, state, options, space)
         if not proposals:  # before the round ends: the fastest reverted change not yet paired, with its next move
             late = _late_pair(out, state, options, space)
             proposals = [late] if late is not None else []
@@ -365,8 +360,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             state["notes"].append(f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)")
             break
         proposal = proposals[0]
-        why = (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
-               else f"a round over the knobs; the bound is {bound.label}")
+        why = proposal.why or (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
+                               else f"a round over the knobs; the bound is {bound.label}")
         result, decision = _try(run, out, state, options, proposal, why, best_measure, reference_losses, log,
                                 remeasure)
         if (decision is not None and not decision.keep and "+" not in proposal.recommendation
@@ -512,12 +507,9 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     pooled runs say is faster. Returns the best."""
     if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
         return best
-    top = best_row(state)
-    others = [t for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
-              and knobs_key(t["knobs"]) != knobs_key(top["knobs"])]
-    if not others:
+    top, runner_up = best_row(state), runner_up_row(state)
+    if runner_up is None:
         return best
-    runner_up = max(others, key=lambda t: t["samples_per_s"])
     best_measure = measured(out, state, best)
     earlier = [out / runner_up["folder"], *(out / f for f in state["pooled"].get(runner_up["name"], []))]
     runner_measure = measure_record([trial_record(f) for f in earlier])
@@ -526,7 +518,7 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     confirmed = {}
     for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
                          (runner_up, earlier)):
-        knobs = Knobs.from_dict({**row["knobs"], **refused_knobs(row.get("outcomes"), row["knobs"])})  # in effect
+        knobs = Knobs.from_dict(in_effect(row))
         proposal = Proposal("confirm", f"{row['change']} (confirming the best)", "confirm", knobs, 0.0)
         index = len(state["trials"])
         log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
@@ -562,10 +554,24 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     return winner
 
 
+def runner_up_row(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The other setting that measured fastest; never a change that was not applicable (it measured a
+    setting already run, not another one)."""
+    top = best_row(state)
+    others = [t for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
+              and t["decision"] != "not applicable" and knobs_key(in_effect(t)) != knobs_key(in_effect(top))]
+    return max(others, key=lambda t: t["samples_per_s"], default=None)
+
+
 def refused_knobs(outcomes: dict[str, str] | None, knobs: dict[str, Any]) -> dict[str, None]:
     """The knobs a trial set and found not applicable, as settings that leave the user's value."""
     return {k: None for k, v in (outcomes or {}).items()
             if str(v).startswith("not applicable") and knobs.get(k) is not None}
+
+
+def in_effect(row: dict[str, Any]) -> dict[str, Any]:
+    """The knobs a trial's row ran with: those it found not applicable left at the user's value."""
+    return {**row["knobs"], **refused_knobs(row.get("outcomes"), row["knobs"])}
 
 
 def applied_only(result: TrialResult) -> TrialResult:

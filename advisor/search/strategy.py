@@ -57,6 +57,7 @@ class Proposal:
     predicted_gain: float
     bound: str | None = None
     helps_now: bool = True
+    why: str | None = None  # why it is tried, where not the bound (a setting the user asked for)
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,16 @@ class SearchSpace:
     amp: tuple[str, ...] | None = None
     pinned_copies: bool = True  # whether pin_memory + non_blocking can be tried at all
     model_knobs: tuple[str, ...] | None = None  # channels_last, compile, ...: None = all (a surface holds none)
+    only: frozenset[str] | None = None  # the user's --only: None = every knob (advisor.search.space)
+    skip: frozenset[str] = frozenset()  # the user's --skip
 
     def allows(self, knob: str) -> bool:
         """Whether the search may turn this model knob."""
-        return self.model_knobs is None or knob in self.model_knobs
+        return (self.model_knobs is None or knob in self.model_knobs) and self.permits({knob})
+
+    def permits(self, knobs: set[str]) -> bool:
+        """Whether the user lets the search turn all of these knobs (--only, --skip)."""
+        return not knobs & self.skip and (self.only is None or knobs <= self.only)
 
 
 def surface_space(points: list[SurfacePoint]) -> SearchSpace:
@@ -144,13 +151,18 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
         allowed = max(LOSS_TOLERANCE * abs(base), max(reference_losses) - min(reference_losses))
         if abs(cand - base) > allowed:
             return Decision(False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, spread)
+    # The noise said is always `spread` (the row's "noise", the report's column); the bar it was held to, where
+    # that differs: one standard error for a change that addresses the bound, or the least gain worth keeping.
+    bar = "" if threshold == spread else f"; the bar {100 * threshold:.1f}%: " + (
+        "one standard error, the change addresses the bound" if threshold < spread else "the least gain kept")
+    said = f"noise {100 * spread:.1f}%{bar}"
     if gain < -threshold:
-        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower (noise {100 * threshold:.1f}%)", gain, spread)
+        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower ({said})", gain, spread)
     if gain <= threshold:
-        return Decision(False, f"{100 * gain:+.1f}% {unit} is within the noise ({100 * threshold:.1f}%)",
-                        gain, spread, inconclusive=gain > min_gain)
-    evidence = ", one standard error: the change addresses the bound" if addresses_bound and threshold < spread else ""
-    return Decision(True, f"{100 * gain:+.1f}% {unit} (noise {100 * spread:.1f}%{evidence})", gain, spread)
+        where = "within the noise" if abs(gain) <= spread else "short of the bar"
+        return Decision(False, f"{100 * gain:+.1f}% {unit} is {where} ({said})", gain, spread,
+                        inconclusive=gain > min_gain)
+    return Decision(True, f"{100 * gain:+.1f}% {unit} ({said})", gain, spread)
 
 
 # --- what to try next ------------------------------------------------------------------------------------
@@ -185,6 +197,8 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     for p in found:
         if p is None or knobs_key(p.knobs) in tried or turned(best.knobs, p.knobs) & refused:
             continue
+        if not space.permits(turned(best.knobs, p.knobs)):
+            continue  # outside what the user lets the search turn (--only, --skip)
         if (not retry_reverted and p.recommendation != "more-workers"
                 and reverted_under(state, p.recommendation, bound.name)):
             continue  # it did not help while this bound held; it is tried again once the bound moves
@@ -234,7 +248,8 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     changed = dataclasses.replace(knobs, num_workers=target, persistent_workers=True)
     threads = knobs.threads or state["user_values"].get("threads")
     change = f"workers {current}→{target}"
-    if not accelerator and threads and threads + target > cores and max(1, cores - target) < threads:
+    if (not accelerator and threads and threads + target > cores and max(1, cores - target) < threads
+            and space.permits({"threads"})):
         changed = dataclasses.replace(changed, threads=max(1, cores - target))
         change += f", threads {threads}→{changed.threads}"
     return Proposal("more-workers", change, f"workers-{target}", changed, gain, "input")
@@ -245,10 +260,14 @@ def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: Sea
     """Pinned host memory and non_blocking copies, as one change: either alone does little."""
     if not accelerator or not space.pinned_copies or (knobs.pin_memory and knobs.non_blocking):
         return None
-    found = [recs[i] for i in ("pin-memory", "non-blocking") if i in recs]
+    wanted = [k for k in ("pin_memory", "non_blocking") if space.permits({k})]  # --only/--skip may keep one
+    if not wanted:
+        return None
+    found = [recs[i] for i in ("pin-memory", "non-blocking") if i in recs and i.replace("-", "_") in wanted]
     gain = sum(r.predicted_gain for r in found) if found else (0.05 if bound.name == "copy" else ROUND_GAIN)
-    return Proposal("pin-memory", "pin_memory + non_blocking copies", "pinned-copies",
-                    dataclasses.replace(knobs, pin_memory=True, non_blocking=True), gain, "copy")
+    change, slug = (("pin_memory + non_blocking copies", "pinned-copies") if len(wanted) == 2 else
+                    (f"{wanted[0]} alone", wanted[0].replace("_", "-")))
+    return Proposal("pin-memory", change, slug, dataclasses.replace(knobs, **{k: True for k in wanted}), gain, "copy")
 
 
 def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerator: bool) -> Proposal | None:

@@ -79,6 +79,17 @@ def cpu_computes_bf16() -> bool:
     return bool(bf16_instructions(cpuinfo()[1], os.environ))
 
 
+def cuda_computes_bf16() -> bool:
+    """True when the current CUDA device computes bf16 natively (compute capability 8.0, Ampere, and later;
+    ROCm devices). torch.cuda.is_bf16_supported() also says True where bf16 is only emulated, slower than
+    fp32, where the advisor's AMP is fp16 with a GradScaler instead."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return bool(torch.version.hip) or torch.cuda.get_device_capability()[0] >= 8
+
+
 def gpu_facts() -> dict[str, Any]:
     """The CUDA device the step runs on: allocator view, and nvidia-ml-py's view where present."""
     import torch
@@ -93,7 +104,7 @@ def gpu_facts() -> dict[str, Any]:
         "multiprocessors": props.multi_processor_count,
         "total_memory_bytes": props.total_memory,
         "free_memory_bytes_at_start": free,
-        "bf16_supported": torch.cuda.is_bf16_supported(),
+        "bf16_supported": cuda_computes_bf16(),
     }
     try:
         import pynvml

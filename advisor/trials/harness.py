@@ -193,7 +193,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         sys.modules["__main__"] = module
         sys.argv = [script, *config.get("script_args", [])]
         sys.path[0] = os.path.dirname(script)
-        os.chdir(config.get("cwd") or os.path.dirname(script))
+        cwd = config.get("cwd")  # a Ray node may not have the folder the command was run from
+        os.chdir(cwd if cwd and os.path.isdir(cwd) else os.path.dirname(script))
         result["times"] = {"setup_s": time.time() - started}
         if loop is not None:
             driver.begin()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+from advisor.trials.facts import cuda_computes_bf16
 from advisor.trials.gradients import GradientInterposition, patched_attribute
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
@@ -26,11 +27,8 @@ def amp_outcome(knobs: Knobs, device_type: str) -> str | None:
         return None
     if knobs.amp == "fp16" and device_type == "cpu":
         return not_applicable("fp16 autocast needs a CUDA device; on the CPU use bf16")
-    if knobs.amp == "bf16" and device_type == "cuda":
-        import torch
-
-        if not torch.cuda.is_bf16_supported():
-            return not_applicable("this GPU does not support bf16")
+    if knobs.amp == "bf16" and device_type == "cuda" and not cuda_computes_bf16():
+        return not_applicable("this GPU does not compute bf16 natively (Ampere, compute capability 8.0, and later do)")
     return APPLIED
 
 

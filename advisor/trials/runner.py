@@ -32,7 +32,7 @@ from advisor.trials.storage import write_json_atomic
 from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
-_HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
+HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
 
 
 class TrialFailed(AdvisorError):
@@ -148,6 +148,8 @@ def run_trial(
     nproc_per_node: int = 1,
     torchrun_args: Sequence[str] = (),
     on_progress: Callable[[TrialProgress], None] | None = None,
+    ray_address: str | None = None,
+    nnodes: int = 1,
 ) -> TrialResult:
     """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
 
@@ -159,7 +161,8 @@ def run_trial(
     called about every PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time
     left (`advisor.trials.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
     a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
-    several nodes), each profiled (`advisor.trials.distributed`).
+    several nodes), each profiled (`advisor.trials.distributed`). `ray_address`: the job of `nnodes` ×
+    `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.ray_job`).
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -187,6 +190,14 @@ def run_trial(
         return complete_record(record, out, started, nproc_per_node)
 
     config = _harness_config(record, out, step_module, loader)
+    if ray_address is not None:
+        from advisor.trials.ray_job import run_ray_job
+
+        child_env = _child_environment(env, device, record["token"])
+        # The ranks run in their node's environment, with what the trial adds to ours (and our thread count).
+        shipped = {k: v for k, v in child_env.items() if os.environ.get(k) != v or k == "OMP_NUM_THREADS"}
+        return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
+                           nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
     # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
     # happens (advisor.trials.distributed.one_rank_on_demand); one that reads torchrun's variables before
     # that call fails on the first read, and runs again under torchrun (one rank).
@@ -334,7 +345,7 @@ def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_arg
                      torchrun: bool) -> list[str]:
     """The harness in one process, or under torchrun with a rank per process of a data-parallel trial."""
     if not torchrun:
-        return [python, "-c", _HARNESS_ENTRY, config]
+        return [python, "-c", HARNESS_ENTRY, config]
     return torchrun_command(python, nproc_per_node, list(torchrun_args), config)
 
 

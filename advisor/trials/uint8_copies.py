@@ -60,9 +60,18 @@ class BytePlan:
 
     def convert(self, tensor: Any) -> Any:
         """The float tensor the Dataset made, from its 8-bit one (same float32 operations, same order)."""
-        x = tensor.float() / self.scale
+        import torch
+
+        x = tensor.float()
+
+        def divisor(value: float) -> Any:
+            # CUDA divides by a Python number as a product with its reciprocal, a bit off the Dataset's
+            # division; a divisor on the tensor's own device is divided by exactly, as on the CPU.
+            return value if x.device.type == "cpu" else torch.full((), value, dtype=x.dtype, device=x.device)
+
+        x = x / divisor(self.scale)
         if self.mean is not None:
-            x = (x - self.mean) / self.std
+            x = (x - self.mean) / divisor(self.std)
         return x
 
 
