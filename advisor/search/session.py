@@ -249,8 +249,8 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     state["sites"] = record.get("sites") or {}
     state["unit"] = measurement.unit
     if record.get("single_rank_job"):
-        state["notes"].append("the script calls init_process_group: each trial runs it as a one-rank torchrun "
-                              "job (--nproc-per-node N runs N ranks)")
+        state["notes"].append("the script called init_process_group: each trial runs it as a one-rank job "
+                              "(--nproc-per-node N runs N ranks)")
         log(f"  note: {state['notes'][-1]}")
     if baseline.ok and measurement.unit == "steps/s":
         state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "

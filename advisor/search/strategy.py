@@ -422,8 +422,8 @@ def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], opt
     if state["trials"][0]["status"] == "oom" or best.knobs.accumulation_steps:
         return None  # memory-bound already: the batch was made to fit, not to grow
     current = best.batch_size
-    if not current:
-        return None
+    if not current or (state.get("training_loader") or {}).get("batch_sampler"):
+        return None  # a loader built with the script's batch_sampler takes no batch_size: nothing to try
     points = [(t["batch_size"], t["peak_memory_bytes"]) for t in state["trials"]
               if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
     # The batch size a trial asked for: one that ran out of memory in its first step measured none.

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.distributed import crash_message, rank_files, torchrun_command
+from advisor.trials.distributed import crash_message, needs_torchrun, rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
 from advisor.trials.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
 from advisor.trials.storage import write_json_atomic
-from advisor.trials.targets import TargetNotFound, calls_init_process_group, locate_target, parse_step, parse_target
+from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
 HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
@@ -198,25 +198,32 @@ def run_trial(
         shipped = {k: v for k, v in child_env.items() if os.environ.get(k) != v or k == "OMP_NUM_THREADS"}
         return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
                            nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
-    # A data-parallel script reads torchrun's RANK and WORLD_SIZE: with one rank asked for, it runs as a
-    # one-rank torchrun job rather than failing in init_process_group.
-    torchrun = nproc_per_node > 1 or calls_init_process_group(script)
-    config["torchrun"] = torchrun
-    if torchrun and nproc_per_node == 1:
-        record["single_rank_job"] = True
+    # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
+    # happens (advisor.trials.distributed.one_rank_on_demand); one that reads torchrun's variables before
+    # that call fails on the first read, and runs again under torchrun (one rank).
+    torchrun = nproc_per_node > 1
     child_env = _child_environment(env, device, record["token"])
     write_json_atomic(out / TRIAL_FILE, record)
-    command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
-                               torchrun)
     record["nproc_per_node"] = nproc_per_node
-    for attempt in range(1 + NATIVE_CRASH_RETRIES):
-        code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
-                            started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
+    attempt = 0
+    while True:
+        config["torchrun"] = torchrun
+        command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
+                                   torchrun)
+        code = _run_process(command, Path(config["cwd"]), child_env, out, record, timeout_s=timeout_s,
+                            on_start=on_start, started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
         crash = crash_message(out, nproc_per_node)
-        if crash is None or record["status"] != "running" or attempt == NATIVE_CRASH_RETRIES:
+        if record["status"] == "running" and not torchrun and needs_torchrun(out, script):
+            torchrun = True
+            record["single_rank_job"] = True
+            attempt += 1
+            _set_attempt_aside(out, nproc_per_node, attempt)
+            continue
+        if crash is None or record["status"] != "running" or attempt >= NATIVE_CRASH_RETRIES:
             break
         record.setdefault("retried_after", []).append(crash)
-        _set_attempt_aside(out, nproc_per_node, attempt + 1)
+        attempt += 1
+        _set_attempt_aside(out, nproc_per_node, attempt)
     if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
         record.update(_exit_status(code, out, crash))  # the harness never got to say how the trial went
     return complete_record(record, out, started, nproc_per_node)
@@ -317,6 +324,9 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
         "profile": record["profiled"],
         "measure": {"windows": schedule["windows"], "window_s": schedule["window_s"]},
         "parent": os.getpid(),
+        # The folder the command was run from, as `python path/to/script.py` would run in: a relative
+        # path the user gives (--data data/) or the script writes (output_dir="out") means the same there.
+        "cwd": os.getcwd(),
     }
 
 
