@@ -37,7 +37,8 @@ gpu-check:
 	$(PY) benchmarks/gpu_check.py $(if $(OUT),--out $(OUT))
 
 # This package's dependencies but torch, and the package itself, as wheels in $(WHEELS), for a GPU machine that
-# has torch but no network (README "On a GPU"). WHEELS_FOR targets another Python or platform, e.g.
+# has torch but no network (README "On a GPU"). timm is left out with torch and torchvision (it requires both:
+# pip would fetch a torch); its tests are skipped where it is not installed. WHEELS_FOR targets another Python or platform, e.g.
 # WHEELS_FOR="--python-version 3.10 --platform manylinux2014_x86_64 --only-binary=:all:".
 WHEELS ?= wheels
 WHEELS_FOR ?=
@@ -45,7 +46,7 @@ wheels:
 	mkdir -p $(WHEELS)
 	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 		print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['test'] \
-		if not r.startswith('torch') or r.startswith('torch-tb-profiler')))" > $(WHEELS)/requirements.txt
+		if not r.startswith(('torch', 'timm')) or r.startswith('torch-tb-profiler')))" > $(WHEELS)/requirements.txt
 	$(PIP) download -q -d $(WHEELS) $(WHEELS_FOR) -r $(WHEELS)/requirements.txt "setuptools>=64" wheel
 	$(PIP) wheel -q --no-deps -w $(WHEELS) .
 

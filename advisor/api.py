@@ -348,16 +348,24 @@ IN_PROCESS_KNOBS = ("channels_last", "tf32", "cudnn_benchmark")
 def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 16, device: str = "auto",
          out: str | os.PathLike | None = None, keep_effective_batch: bool = False, wait: int = 2, warmup: int = 1,
          time_budget_s: float | None = None, windows: int = 5, window_s: float = 1.0,
-         log: Callable[[str], None] | None = print) -> Session:
+         log: Callable[[str], None] | None = print, only: Iterable[str] | None = None, skip: Iterable[str] = (),
+         tries: Iterable[str] = ()) -> Session:
     """Run the optimization session on `train_step(batch)` over the loader, in this process: the same
-    search as `advisor profile` (follow the bound, measure each trial's steady state)."""
+    search as `advisor profile` (follow the bound, measure each trial's steady state). `only`, `skip` and
+    `tries` are `--only`, `--skip` and `--try`: knob names, and settings such as "amp=bf16"."""
     from advisor.search.session import run_session
+    from advisor.search.space import check_steering, in_process_tries, knob_names
     from advisor.search.state import SessionOptions
     from advisor.search.strategy import SearchSpace
 
+    only = None if only is None else knob_names([only] if isinstance(only, str) else only, "only")
+    skip = knob_names([skip] if isinstance(skip, str) else skip, "skip")
+    tries = (tries,) if isinstance(tries, str) else tuple(tries)
+    check_steering(only, skip, tries)
+    in_process_tries(tries, IN_PROCESS_KNOBS)
     options = SessionOptions(steps=steps, wait=wait, warmup=warmup, device=device, max_trials=max_trials,
                              keep_effective_batch=keep_effective_batch, time_budget_s=time_budget_s,
-                             windows=windows, window_s=window_s)
+                             windows=windows, window_s=window_s, only=only, skip=skip, tries=tries)
     folder = Path(out) if out is not None else _notebook_folder()
     where, func = step_source(train_step)
     # Each trial starts from the model and optimizer as they were (else they learn from trial to trial and

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from advisor.errors import AdvisorError
-from advisor.escape import for_terminal
+from advisor.escape import for_terminal, output_stream
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -151,6 +151,10 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torchrun", default="", metavar="OPTIONS",
                         help="torchrun's own options, passed through, e.g. \"--nnodes 2 --node-rank 0 "
                              "--rdzv-endpoint host:29400\"")
+    parser.add_argument("--ray", metavar="ADDRESS", dest="ray_address",
+                        help="run each trial as one job on the Ray cluster at ADDRESS (host:port, or auto): "
+                             "--nnodes nodes of --nproc-per-node ranks each (needs pip install 'advisor[ray]')")
+    parser.add_argument("--nnodes", type=int, default=1, help="with --ray: nodes the job spans (default 1)")
     parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
                         "the process's writable memory on the CPU")
     add_session_arguments(parser)
@@ -213,6 +217,13 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="with --replay-noise: the noise's seed (default 0)")
     parser.add_argument("--keep-effective-batch", action="store_true",
                         help="never change the batch size (the effective batch stays as written)")
+    parser.add_argument("--only", action="append", default=[], metavar="KNOBS",
+                        help="the search turns only these knobs, e.g. amp,batch_size (repeatable)")
+    parser.add_argument("--skip", action="append", default=[], metavar="KNOBS",
+                        help="the search never turns these knobs, e.g. compile (repeatable)")
+    parser.add_argument("--try", action="append", default=[], dest="tries", metavar="KNOB[=VALUE]",
+                        help="run this setting as a trial right after the baseline, decided like any other change: "
+                             "uint8_copies, batch_size=128, amp=bf16,channels_last (one trial; repeatable)")
     parser.add_argument("--resume", metavar="DIR", help="continue the session in DIR that was interrupted")
 
 
@@ -233,7 +244,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """The numbers of `advisor profile`, checked before anything runs: one line naming the bad one."""
     whole = {"--steps": (args.steps, 1), "--wait": (args.wait, 0), "--warmup": (args.warmup, 0),
              "--max-trials": (args.max_trials, 1), "--windows": (args.windows, 0),
-             "--nproc-per-node": (args.nproc_per_node, 1)}
+             "--nproc-per-node": (args.nproc_per_node, 1), "--nnodes": (args.nnodes, 1)}
     for flag, (value, least) in whole.items():
         if value < least:
             raise AdvisorError(f"{flag}: must be at least {least}, not {value}")
@@ -243,12 +254,33 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise AdvisorError(f"{flag}: must be a positive number of seconds, not {value}")
     if args.replay_noise is not None and not (math.isfinite(args.replay_noise) and 0 <= args.replay_noise < 1):
         raise AdvisorError(f"--replay-noise: a relative spread in [0, 1), not {args.replay_noise}")
+    if args.nnodes > 1 and not args.ray_address:
+        raise AdvisorError("--nnodes: only with --ray ADDRESS (with torchrun, pass its options with --torchrun)")
+    if args.ray_address and args.torchrun:
+        raise AdvisorError("--ray: the cluster places the ranks; --torchrun's options do not apply")
+    if args.ray_address:
+        from advisor.trials.ray_job import ray_installed
+
+        ray_installed()  # says how to install it, before anything runs
     if args.replay_noise is not None and not (args.replay or args.resume):
         raise AdvisorError("--replay-noise: only with --replay SURFACE_DIR")
     if args.replay_drift is not None and not (math.isfinite(args.replay_drift) and 0 <= args.replay_drift <= 10):
         raise AdvisorError(f"--replay-drift: a load strength in [0, 10], not {args.replay_drift}")
     if args.replay_drift is not None and args.replay_noise is None and not args.resume:
         raise AdvisorError("--replay-drift: only with --replay-noise S (the drift slows the windows it draws)")
+
+
+def steering(args: argparse.Namespace) -> dict:
+    """--only, --skip and --try as SessionOptions fields, checked (one line naming a bad knob)."""
+    from advisor.search.space import check_steering, knob_names
+
+    if args.resume and (args.only or args.skip or args.tries):
+        raise AdvisorError("--only, --skip, --try: a resumed session keeps the ones it started with (see its "
+                           "session.json); start a new session to change them")
+    only = knob_names(args.only, "--only") if args.only else None
+    skip = knob_names(args.skip, "--skip")
+    check_steering(only, skip, tuple(args.tries))
+    return {"only": only, "skip": skip, "tries": tuple(args.tries)}
 
 
 def profile_command(args: argparse.Namespace) -> int:
@@ -271,7 +303,8 @@ def profile_command(args: argparse.Namespace) -> int:
                              memory_limit=memory_limit, max_trials=1 if args.no_apply else args.max_trials,
                              time_budget_s=args.time_budget, keep_effective_batch=args.keep_effective_batch)
     options = dataclasses.replace(options, windows=args.windows, window_s=args.window_s,
-                                  nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)))
+                                  nproc_per_node=args.nproc_per_node, torchrun_args=tuple(shlex.split(args.torchrun)),
+                                  ray_address=args.ray_address, nnodes=args.nnodes, **steering(args))
     runner, space, extra, replay = None, None, {}, args.replay
     noise, seed, drift = args.replay_noise, args.seed, args.replay_drift
     if args.resume:
@@ -300,7 +333,7 @@ def profile_command(args: argparse.Namespace) -> int:
     command = "advisor profile " + " ".join(shlex.quote(a) for a in words) if not args.resume else ""
     # Ctrl-C: run_session marks the session interrupted and says how to resume; the CLI prints the rest.
     # On a terminal each trial shows its phase and the time left while it runs; elsewhere nothing extra.
-    console = Console()
+    console = Console(file=output_stream())
     state = run_session(target, out, options, command=command, resume=bool(args.resume),
                         log=lambda m: print(m, flush=True), runner=runner, script=not replay, space=space,
                         extra=extra, progress=progress_display(console))

@@ -9,6 +9,7 @@ no UTF-8 writer (JSON, HTML, the terminal) accepts; `without_surrogates` shows t
 from __future__ import annotations
 
 import re
+import sys
 
 # C0 and C1 controls (DEL included), line and paragraph separators, bidirectional overrides and isolates
 # (they reorder what is shown), and lone surrogates.
@@ -54,3 +55,35 @@ def for_markdown(text: object) -> str:
     (`<b>`) is shown as text."""
     text = without_surrogates(str(text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MARKDOWN.sub(r"\\\1", text)
+
+
+class TrimmedLines:
+    """A text stream that writes each line without the spaces at its end: rich pads table cells and wrapped
+    text to the width, which on a terminal nobody sees and in a file or a pipe is noise."""
+
+    def __init__(self, stream):
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        """Write the lines `text` completes, each trimmed; keep the unfinished one."""
+        *lines, self.pending = (self.pending + text).split("\n")
+        if lines:
+            self.stream.write("".join(line.rstrip(" ") + "\n" for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        """Write the unfinished line as it is (what follows may continue it), and flush the stream."""
+        if self.pending:
+            self.stream.write(self.pending)
+            self.pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding: the stream's own
+        return getattr(self.stream, name)
+
+
+def output_stream(stream=None):
+    """Standard output (or `stream`) for rich: as it is on a terminal, its lines trimmed anywhere else."""
+    stream = sys.stdout if stream is None else stream
+    return stream if stream.isatty() else TrimmedLines(stream)
+

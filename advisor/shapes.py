@@ -182,7 +182,7 @@ SESSION_ROW = {
     "status": TEXT, "decision": TEXT, "reason": TEXT, "batch_size": COUNT, "median_step_s": NUMBER,
     "samples_per_s": NUMBER, "peak_memory_bytes": NUMBER, "peak_memory_source": TEXT, "capacity_bytes": NUMBER,
     "loss": REAL, "speedup": NUMBER, "gain": REAL, "predicted_gain": REAL, "predicted_samples_gain": REAL,
-    "noise": NUMBER, "interval": [REAL],
+    "noise": NUMBER, "interval": [REAL], "base": TEXT,
     "tried_under": TEXT, "helps_now": FLAG, "bound": TEXT, "bound_evidence": [TEXT],
     "outcomes": {}, "compile": {"compile_s": NUMBER, "graphs": COUNT, "graph_breaks": COUNT, "break_reasons": [TEXT],
                                 "pays_back_after_steps": COUNT},
@@ -198,4 +198,5 @@ SESSION = {
     "user_values": {}, "baseline": TEXT, "best": TEXT, "final_knobs": {}, "trials": [SESSION_ROW],
     "recommendations": [SESSION_RECOMMENDATION], "notes": [ANY], "patch": TEXT, "speedup": NUMBER,
     "memory_cap": {"bytes": NUMBER, "held_bytes": NUMBER, "what": TEXT, "device": TEXT, "how": TEXT}, "lint": [LINT_FINDING],
+    "prediction_error": {"trials": COUNT, "median_abs": NUMBER, "sign_agreement": NUMBER}, "graphs": {},
 }

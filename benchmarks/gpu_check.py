@@ -5,7 +5,8 @@ others did:
 
   doctor         `advisor doctor --device cuda --json`
   cuda tests     tests/test_cuda.py: each knob's CUDA branch (memory cap, autocast, pinned non_blocking copies,
-                 8-bit copies, TF32, cudnn.benchmark, compile, DDP on NCCL, the profiler's check)
+                 8-bit copies, TF32, cudnn.benchmark, compile, DDP on NCCL, the profiler's check), and the
+                 8-bit copies of torchvision pipelines (tests/test_uint8_transforms.py)
   session image  `advisor profile examples/image_classifier.py:train_step --device cuda`, at most 8 trials
   grid image     a small grid of the same step (DataLoader workers × pinned non_blocking copies), its best
                  compared with the session's choice
@@ -117,6 +118,8 @@ def phase_doctor(run: Run) -> dict[str, Any]:
             "failed": failed}
 
 
+# The 8-bit copies of torchvision pipelines after a real copy (skipped where torchvision is not installed).
+TORCHVISION_ON_CUDA = "tests/test_uint8_transforms.py::test_after_a_real_copy_to_the_gpu_the_numbers_are_the_same"
 TEST_LINE = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
 
 
@@ -124,7 +127,7 @@ def phase_tests(run: Run) -> dict[str, Any]:
     """tests/test_cuda.py, verbose (each test's outcome read from the log, also when stopped at the limit)."""
     before = run.log_path.stat().st_size
     code, seconds = run_command(run, [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "0",
-                                      "tests/test_cuda.py", f"--junitxml={run.out / 'tests.xml'}",
+                                      "tests/test_cuda.py", TORCHVISION_ON_CUDA, f"--junitxml={run.out / 'tests.xml'}",
                                       f"--basetemp={run.work / 'tests'}"], run.limit("cuda tests"))
     with open(run.log_path, "rb") as f:
         f.seek(before)

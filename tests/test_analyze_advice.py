@@ -17,7 +17,7 @@ from advisor.analysis.bound import BOUNDS
 from advisor.report.views import trace_view
 from advisor.report.tensorboard import trial_text
 from advisor.analysis.trace import load_trace
-from conftest import SAMPLE_RUNS, TRACES, gpu_trace, run_advisor
+from conftest import SAMPLE_RUNS, SURFACES, TRACES, gpu_trace, run_advisor
 from trace_builder import H100, V100, TraceBuilder
 
 FP32 = "h100-char-transformer-fp32.pt.trace.json.gz"
@@ -708,3 +708,32 @@ def test_more_workers_stops_at_the_cpu_count():
     at_cap = analyze_path(trials / "01-workers-2")[0]
     assert at_cap.trial["device_facts"]["cpu"]["logical_cores"] == 2 and at_cap.bound == "input"
     assert "more-workers" not in {r.id for r in at_cap.recommendations}
+
+
+def test_copy_advice_says_what_the_trace_shows_and_no_more():
+    """Copies already pinned get no 'needs pin_memory'; a step without convolutions (the A100 rank's dense
+    model) is told of 8-bit values, not images; the ResNet-50 trace's convolutions are images."""
+    rank = analyze_file(gpu_trace("a100-rank3-of-8.pt.trace.json.gz"))
+    assert rank.copies.pageable_us == 0 and not rank.extra["conv_share"]
+    prefetch = rec(rank, "prefetch-to-device")
+    assert "pin_memory" not in prefetch.caveat and "one more batch" in prefetch.caveat
+    assert "8-bit values" in rec(rank, "fewer-copy-bytes").evidence[-1]
+    assert "image" not in " ".join(rec(rank, "fewer-copy-bytes").evidence)
+    resnet = analyze_file(gpu_trace("resnet50-v100-workers4.pt.trace.json.gz"))
+    assert resnet.extra["conv_share"] > 0.5 and "8-bit images" in rec(resnet, "fewer-copy-bytes").evidence[-1]
+
+
+def test_a_loader_wait_beside_pinned_copies_still_counts_as_waiting_on_the_loader():
+    """The H100 image classifier, pinned copies and 14 workers: the breakdown counts the copies that run while
+    the step waits for its next batch before the DataLoader; the worker advice counts that wait as the loader's
+    (no kernel runs then) and says how much of it the breakdown credited to the copies."""
+    d = analyze_path(SURFACES / "h100-image-classifier" / "fp32-b32-w14-pin")[0]
+    idle = d.extra["loader_idle_share"]
+    assert d.dataloader_share < idle <= d.dataloader_wait_share + 1e-9, (d.dataloader_share, idle)
+    workers = rec(d, "more-workers")
+    assert workers.predicted_gain == pytest.approx(0.9 * idle)
+    assert any("beside host-to-device copies" in e and f"{100 * idle:.1f}% of the step" in e for e in workers.evidence)
+    # Where no copy runs during the wait (pageable copies, inside the step), the figures agree: nothing added.
+    plain = analyze_path(SURFACES / "h100-image-classifier" / "fp32-b32-w14-pageable")[0]
+    assert plain.extra["loader_idle_share"] == pytest.approx(plain.dataloader_share, abs=0.003)
+    assert len(rec(plain, "more-workers").evidence) == 1

@@ -72,7 +72,8 @@ def test_memory_limit_caps_device_memory_and_says_so(tmp_path):
     assert not group_members(record["pid"])
 
 
-def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path):
+def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = gpu_script(tmp_path)
     knobs = Knobs(amp="bf16" if cuda_computes_bf16() else "fp16", pin_memory=True, non_blocking=True)
     result = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=3, device="cuda")

@@ -65,7 +65,8 @@ def left_behind(token: str) -> list[int]:
     return found
 
 
-def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path):
+def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the ranks write there
     script = ranks_script(tmp_path)
     knobs = Knobs(ddp_gradient_as_bucket_view=True, ddp_bucket_cap_mb=50)
     trial = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu",
@@ -149,8 +150,8 @@ def test_a_straggler_made_on_rank_zero_is_found_and_named(tmp_path):
 
 
 def test_a_data_parallel_script_without_ranks_asked_for_runs_as_a_one_rank_job(tmp_path):
-    """examples/ddp_classifier.py calls init_process_group: with no --nproc-per-node it runs under torchrun
-    as a job of one rank (it failed in init_process_group, RANK not set), and the session says so."""
+    """examples/ddp_classifier.py calls init_process_group: with no --nproc-per-node its call makes the trial a
+    job of one rank (it failed in init_process_group, RANK not set), and the session says so."""
     out = tmp_path / "session"
     options = SessionOptions(steps=2, wait=1, warmup=0, device="cpu", windows=0, max_trials=1)
     state = run_session(str(DDP_EXAMPLE), out, options, log=lambda m: None)
@@ -158,6 +159,6 @@ def test_a_data_parallel_script_without_ranks_asked_for_runs_as_a_one_rank_job(t
     assert row["status"] == "ok", row
     record = json.loads((out / row["folder"] / "trial.json").read_text())
     assert record["single_rank_job"] and record["nproc_per_node"] == 1
-    assert any("one-rank torchrun job (--nproc-per-node N runs N ranks)" in n for n in state["notes"])
+    assert any("one-rank job (--nproc-per-node N runs N ranks)" in n for n in state["notes"])
     (diagnosis,) = analyze_path(out / row["folder"])
     assert diagnosis.distributed["world_size"] == 1

@@ -200,7 +200,8 @@ def test_ctrl_c_twice_still_finishes_the_trial_record(tmp_path, trial_startup_s)
     assert json.loads((out / "session.json").read_text())["status"] == "interrupted"
 
 
-def test_a_daemon_that_ignores_sigterm_does_not_outlive_its_trial(tmp_path):
+def test_a_daemon_that_ignores_sigterm_does_not_outlive_its_trial(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = write_script(tmp_path, """
         import os, signal, time
 

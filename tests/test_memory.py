@@ -166,7 +166,8 @@ ACCUMULATING_SCRIPT = """
 """
 
 
-def test_trial_with_accumulation_records_micro_and_effective_batch(tmp_path):
+def test_trial_with_accumulation_records_micro_and_effective_batch(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = write_script(tmp_path, ACCUMULATING_SCRIPT)
     result = run_trial(f"{script}:train_step", Knobs(accumulation_steps=4), tmp_path / "t", steps=5, wait=2,
                        warmup=1, device="cpu", profile=False)

@@ -359,7 +359,7 @@ def test_tensorboard_server_shows_the_session_run_and_each_trials_profile(tmp_pa
             time.sleep(0.5)
         assert runs == ["session"]
         series = set(tags["session"])
-        assert {"throughput/samples_per_s", "throughput/samples_per_s_kept", "step_time/median_ms",
+        assert {"throughput/samples_per_s", "throughput/samples_per_s_kept", "step_time/ms",
                 "memory/peak_gb", "breakdown/dataloader", "breakdown/cpu_op"} <= series
         # A CPU session: no kernels, copies or runtime, so no series for them (they were all zeros)
         assert not {"breakdown/kernel", "breakdown/memcpy", "breakdown/memset", "breakdown/runtime",

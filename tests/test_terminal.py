@@ -1,5 +1,6 @@
 """What a user sees on a terminal and in a pipe: a running trial's phases and time left (a real short CPU
-trial), and the session's ladder, its next steps and `advisor analyze` at 80 columns, whole (no '…')."""
+trial), and the session's ladder, its next steps and `advisor analyze` at 80 columns, whole (no '…'); in a
+pipe at 80, 100 and 120 columns, no line ends in spaces, no change wraps and no phrase is cut."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import re
 
 from rich.console import Console
 
+from advisor.analysis.analyze import analyze_path
+from advisor.escape import output_stream
 from advisor.report.progress import TrialProgressDisplay, progress_display
-from advisor.report.terminal import print_session
-from advisor.search.state import reference_row
+from advisor.report.terminal import print_analysis, print_session
+from advisor.search.session import run_session
+from advisor.search.state import SessionOptions, reference_row
+from advisor.search.strategy import surface_space
+from advisor.trials.replay import ReplayRunner, load_surface
 from advisor.trials.progress import PHASES, trial_progress
 from advisor.trials.runner import run_trial
-from conftest import SAMPLE_RUNS, run_advisor, whole_at
+from conftest import SAMPLE_RUNS, SURFACES, TRACES, run_advisor, whole_at
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SLOW_START = """\
@@ -136,3 +142,47 @@ def test_analyze_in_a_pipe_at_80_columns_cuts_nothing():
     assert "Summary" in lines and " rank 1  ← straggler" in lines, done.stdout
     # Each trace's full name is there, under its section's rule, not cut.
     assert any("(trial_rank1." in line and ".pt.trace.json.gz)" in line for line in lines), done.stdout
+
+
+def piped(width: int) -> tuple[io.StringIO, Console]:
+    """A console as the CLI makes it for a pipe (its lines trimmed), and what it wrote."""
+    text = io.StringIO()
+    return text, Console(file=output_stream(text), width=width)
+
+
+def test_piped_output_has_no_trailing_spaces_and_no_change_wraps(tmp_path):
+    points = load_surface(SURFACES / "h100-image-classifier")
+    out = tmp_path / "replay"
+    long_try = "batch_size=64,pin_memory,non_blocking"  # a change as long as a pair's
+    replayed = run_session("surface:replay", out, SessionOptions(max_trials=5, tries=(long_try,)), log=lambda m: None,
+                           runner=ReplayRunner(points, out, 0.05, 3), script=False, space=surface_space(points))
+    sessions = [(replayed, out), sample_session("image_classifier"), sample_session("char_transformer")]
+    for width in (80, 100, 120):
+        for state, folder in sessions:
+            text, console = piped(width)
+            print_session(state, folder, reference_row(state), console)
+            lines = text.getvalue().splitlines()
+            assert not [line for line in lines if line.endswith(" ")], (width, lines)
+            assert "…" not in text.getvalue(), (width, lines)  # no column crushed to fit a change
+            for row in state["trials"]:  # each change whole on one line, table or list
+                assert any(row["change"] in line for line in lines), (width, row["change"], lines)
+            if width >= 100 and folder != out:  # short changes: the table fits whole
+                assert any("┃ change" in line for line in lines), lines
+    # At 100 columns the long change does not fit a table row whole: the ladder is a list.
+    text, console = piped(100)
+    print_session(replayed, out, reference_row(replayed), console)
+    assert f" 01 --try {long_try}: " in text.getvalue() and "┃ change" not in text.getvalue()
+
+
+def test_a_recommendation_is_never_cut_mid_phrase():
+    diagnosis = analyze_path(str(TRACES / "resnet50-v100-workers0.pt.trace.json.gz"))
+    for width in (80, 100, 120):
+        text, console = piped(width)
+        print_analysis(diagnosis, console)
+        lines = text.getvalue().splitlines()
+        assert not [line for line in lines if line.endswith(" ")], (width, lines)
+        for r in diagnosis[0].recommendations:
+            phrase = f"(~{100 * r.predicted_gain:.1f}% of step time)"
+            assert any(phrase in line for line in lines), (width, phrase, lines)
+            if not r.helps_now:
+                assert any(f"helps once {r.helps_once} is fixed" in line for line in lines), (width, lines)

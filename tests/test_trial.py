@@ -149,7 +149,8 @@ def test_char_transformer_trial(tmp_path):
     assert analyzed["steps"]["median_ms"] / 1e3 >= result.median_step_s - CLOCK_SLACK_S  # a span holds its step
 
 
-def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path):
+def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = write_script(tmp_path, KNOB_SCRIPT)
     knobs = Knobs(amp="bf16", batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=3,
                   pin_memory=True, non_blocking=True)
@@ -398,7 +399,8 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     assert result.traceback is None
 
 
-def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path, trial_startup_s):
+def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path, monkeypatch, trial_startup_s):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = write_script(tmp_path, """
         import subprocess, sys, time
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from advisor.code.patch.plan import plan_patch
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.runner import run_trial
 from advisor.trials.uint8_copies import BytePlan, ByteCopies, byte_plan, mark
 from conftest import ROOT
+from trial_helpers import apply_bytes_patch
 
 DATASETS = '''
 import numpy as np
@@ -167,13 +167,7 @@ def test_a_real_trial_learns_exactly_as_without_the_knob_and_the_patch_runs(tmp_
     assert plan["conversion"] == "np.asarray(image, dtype=np.float32) / 255.0"
     assert plan["normalization"] == "pixels = (pixels - 0.5) / 0.25" and plan["index"] == 0
     script = root / "examples" / "image_classifier.py"
-    patch = plan_patch(script, "train_step", Knobs(uint8_copies=True), runs["bytes"]["user_values"], root=root,
-                       uint8_plan=plan)
-    assert not patch.notes, patch.notes
-    (root / "suggested.patch").write_text(patch.diff)
-    applied = subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=root, capture_output=True, text=True)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
-    text = script.read_text()
+    text = apply_bytes_patch(script, root, plan, runs["bytes"]["user_values"])
     assert "np.asarray(image, dtype=np.uint8)" in text and "(pixels - 0.5) / 0.25" not in text
     assert "(images.to(device).float() / 255 - 0.5) / 0.25" in text
     ran = subprocess.run([sys.executable, str(script), "--epochs", "1"], cwd=root, capture_output=True, text=True,

@@ -52,3 +52,20 @@ def ctrl_c_reaches_it() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def apply_bytes_patch(script: Path, root: Path, plan: dict, user_values: dict | None = None) -> str:
+    """The uint8_copies patch that `plan` (a trial's uint8_plan) makes, applied with `patch -p1` in `root`
+    (no notes left to the user); returns the patched script's text."""
+    import subprocess
+
+    from advisor.code.patch.plan import plan_patch
+    from advisor.trials.knobs import Knobs
+
+    patch = plan_patch(script, "train_step", Knobs(uint8_copies=True), user_values or {}, root=root,
+                       uint8_plan=plan)
+    assert not patch.notes, patch.notes
+    (root / "suggested.patch").write_text(patch.diff)
+    applied = subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=root, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    return script.read_text()

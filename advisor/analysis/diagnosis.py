@@ -163,6 +163,11 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     else:
         extra.update(host_figures(trace, steps))
         extra["conv_share"] = mix.conv_share
+        # The loader's wait with no kernel running: the breakdown credits the copies (and runtime calls) that
+        # run during it before the loader, which hides a loader bound behind copies.
+        windows = iv.from_spans((s.start, s.end) for s in steps)
+        idle = iv.difference(roles["dataloader"], roles["kernel"], steps[0].start, steps[-1].end)
+        extra["loader_idle_share"] = iv.length_within(idle, windows) / len(steps) / step_time if step_time else 0.0
     extra["conv_shapes_constant"] = conv_shapes_constant(trace, steps)
     main = utilization.get(devices[0].index) if devices and utilization else None
     if main is None and utilization:

@@ -3,6 +3,7 @@ end. Every edit keeps the user's formatting: commas, spacing and comments surviv
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import libcst as cst
@@ -24,9 +25,11 @@ def literal_value(node: cst.BaseExpression) -> tuple[bool, Any]:
 
 
 def literal_node(value: Any) -> cst.BaseExpression:
-    """A literal expression for an int, bool or None."""
+    """A literal expression for an int, bool, None or str (a framework's option: "bf16-mixed")."""
     if value is None or isinstance(value, bool):
         return cst.Name(repr(value))
+    if isinstance(value, str):
+        return cst.SimpleString(json.dumps(value))
     return cst.Integer(str(int(value)))
 
 
@@ -134,3 +137,18 @@ def after_imports(body: list[cst.BaseStatement]) -> int:
     if index == 0 and body and is_docstring(body[0]):
         index = 1
     return index
+
+
+class BlockRewrite(cst.CSTTransformer):
+    """Rewrites the statement list of every block (the module's body, each indented block) with `statements`."""
+
+    def statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The block's new statements."""
+        raise NotImplementedError
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self.statements(list(updated_node.body)))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self.statements(list(updated_node.body)))

@@ -22,6 +22,15 @@ def spread(row: dict) -> str:
     return f" ±{50 * (interval[1] - interval[0]) / sps:.0f}%"
 
 
+def step_time_s(row: dict) -> float | None:
+    """A trial's step time: its batch over its samples/s (one step over its steps/s), from the same
+    steady-state windows, so that the two always agree; None where it measured none."""
+    sps, batch = row.get("samples_per_s"), row.get("batch_size")
+    if not isinstance(sps, (int, float)) or not sps > 0:
+        return None
+    return (batch if isinstance(batch, int) and batch > 0 else 1) / sps
+
+
 def seconds_ms(x: float | None) -> str:
     """Seconds shown as milliseconds."""
     return "n/a" if x is None else f"{1000 * x:.1f} ms"

@@ -21,8 +21,8 @@ from advisor.analysis.reading import trace_files
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.report import charts
-from advisor.report.formatting import time_text, compile_text, flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, \
-    seconds_ms, spread
+from advisor.report.formatting import compile_text, flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, \
+    seconds_ms, spread, step_time_s, time_text
 from advisor.report.outcomes import REMEASURES, lint_findings, split_recommendations, verdict
 from advisor.report.session_folder import checked_trial_traces, inside, load_session, trial_traceback
 from advisor.report.job_view import JobView, job_view, job_views
@@ -64,8 +64,8 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, gb=gb, num=num, gain=gain, spread=spread,
-                       compile_text=compile_text, basename=lambda p: Path(str(p)).name)
+    env.filters.update(pct=pct, ms=ms, seconds_ms=seconds_ms, step_time_s=step_time_s, gb=gb, num=num, gain=gain,
+                       spread=spread, compile_text=compile_text, basename=lambda p: Path(str(p)).name)
     env.globals["BOUNDS"] = BOUNDS
     env.globals["REMEASURES"] = REMEASURES
     return env

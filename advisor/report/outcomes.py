@@ -112,4 +112,15 @@ def verdict(session: dict, rows: list[dict], baseline_bound_line: str | None, jo
         "speedup": session.get("speedup"), "best": session.get("best") if measured else None,
         "failed": base if not measured and base is not None else None,
         "status": session.get("status") or "unknown",
+        "prediction_error": prediction_text(session.get("prediction_error")),
     }
+
+
+def prediction_text(error: dict | None) -> str | None:
+    """The session's prediction error in words: how far its predicted changes were from the measured."""
+    if not error or error.get("median_abs") is None or not error.get("trials"):
+        return None
+    signs = error.get("sign_agreement")
+    agreed = f"; the sign right in {round(signs * error['trials'])} of {error['trials']}" if signs is not None else ""
+    return (f"predicted and measured changes differed by {100 * error['median_abs']:.1f} points at the median "
+            f"over {error['trials']} trial(s){agreed}")

@@ -15,7 +15,7 @@ SESSION_SCHEMA = "advisor.session/"
 # failing (the templates run with StrictUndefined to catch their own mistakes).
 SESSION_FIELDS = ("target", "script", "command", "cwd", "options", "status", "device", "unit", "user_values",
                   "baseline", "best", "bound", "final_knobs", "trials", "recommendations", "notes", "patch", "speedup",
-                  "memory_cap")
+                  "memory_cap", "prediction_error")
 ROW_FIELDS = ("index", "name", "folder", "change", "recommendation", "knobs", "status", "decision", "reason",
               "batch_size", "median_step_s", "samples_per_s", "peak_memory_bytes", "peak_memory_source",
               "capacity_bytes", "loss", "speedup", "gain", "predicted_gain", "predicted_samples_gain", "noise",

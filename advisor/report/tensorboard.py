@@ -16,6 +16,7 @@ from pathlib import Path
 
 from advisor.analysis.breakdown import ROLES
 from advisor.escape import for_markdown as md
+from advisor.report.formatting import step_time_s
 
 SESSION_RUN = "session"  # DIR/trials/session: a name no trial folder takes (theirs start with their index)
 LADDER = ("baseline", "kept")  # the decisions that set what the next trial starts from
@@ -67,7 +68,7 @@ def session_series(rows: list[dict], diagnoses: dict, unit: str = "samples/s") -
         put(f"throughput/{rate}", i, row.get("samples_per_s"))
         put(f"throughput/{rate}_kept", i, kept)
         put("throughput/speedup", i, row.get("speedup"))
-        put("step_time/median_ms", i, None if row.get("median_step_s") is None else 1000 * row["median_step_s"])
+        put("step_time/ms", i, None if step_time_s(row) is None else 1000 * step_time_s(row))  # batch / samples/s
         put("memory/peak_gb", i, None if row.get("peak_memory_bytes") is None else row["peak_memory_bytes"] / 1e9)
         put("batch_size", i, row.get("batch_size"))
         d = diagnoses.get(i)

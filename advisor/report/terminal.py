@@ -17,8 +17,8 @@ from advisor.analysis.bound import BOUNDS
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.job import Job, compute_us, exposed_us, jobs_of, own_us, rank_of
-from advisor.escape import for_terminal
-from advisor.report.formatting import time_text
+from advisor.escape import for_terminal, output_stream
+from advisor.report.formatting import step_time_s, time_text
 
 ROLE_LABELS = {
     "kernel": "GPU kernels", "memcpy": "memory copies", "memset": "memset", "communication": "communication",
@@ -216,12 +216,18 @@ def print_recommendations(d: Diagnosis | Job, console: Console) -> None:
     for i, r in enumerate(d.recommendations, 1):
         line = _text("")
         line.append(for_terminal(r.title), style="bold")
-        if r.predicted_gain:
-            line.append(f"  (~{100 * r.predicted_gain:.1f}% of step time)", style="cyan")
-        else:
-            line.append("  (memory)", style="magenta")
+        # Each phrase after the title whole: on the title's line where it fits there, else on a line of its own.
+        phrases = [(f"(~{100 * r.predicted_gain:.1f}% of step time)", "cyan") if r.predicted_gain else
+                   ("(memory)", "magenta")]
         if not r.helps_now:
-            line.append(for_terminal(f"  helps once {r.helps_once} is fixed"), style="yellow")
+            phrases.append((for_terminal(f"helps once {r.helps_once} is fixed"), "yellow"))
+        for phrase, style in phrases:
+            last = line.plain.rpartition("\n")[2]
+            if cell_len(last) + 2 + cell_len(phrase) <= console.width - 4:
+                line.append("  ")
+            else:
+                line.append("\n")
+            line.append(phrase, style=style)
         console.print(_hanging(f" {i}.", line))
         for e in r.evidence:
             console.print(_hanging("    -", _text(e)))
@@ -302,7 +308,7 @@ def print_analysis(diagnoses: list[Diagnosis], console: Console | None = None, s
                    jobs: list[Job] | None = None) -> None:
     """All sections, plus a summary table when there are several traces, and each data-parallel job's ranks
     side by side (`jobs`, default `jobs_of(diagnoses)`); files skipped as not traces."""
-    console = console or Console()
+    console = console or Console(file=output_stream())
     for path, reason in skipped:
         console.print(_text(f"Skipped {path}: {reason}", style="yellow"))
     for d in diagnoses:
@@ -332,7 +338,7 @@ LADDER_HEADINGS = ("#", "change", "batch", "peak MiB", "step ms", "samples/s", "
 def ladder_cells(row: dict[str, Any]) -> list[str]:
     """One trial's row of the ladder as text, in the order of LADDER_HEADINGS ('-' where not measured)."""
     mem = f"{row['peak_memory_bytes'] / 2**20:.0f}" if row.get("peak_memory_bytes") else "-"
-    step = f"{row['median_step_s'] * 1e3:.1f}" if row.get("median_step_s") else "-"
+    step = f"{step_time_s(row) * 1e3:.1f}" if step_time_s(row) else "-"  # batch / samples/s: they agree
     sps = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
     interval = row.get("interval")
     spread = (f"{50 * (interval[1] - interval[0]) / row['samples_per_s']:.0f}%"
@@ -346,7 +352,10 @@ def ladder_table(state: dict[str, Any]) -> Table:
     """The ladder as a rich table: one row per trial."""
     t = Table(title="Ladder (one row per trial)", title_justify="left")
     t.add_column("#", justify="right")
-    t.add_column("change")
+    # A table only where every change fits on its line: its width is the longest change's (rich measures a
+    # no_wrap column's minimum as its longest word).
+    width = max((cell_len(for_terminal(row["change"])) for row in state["trials"]), default=0)
+    t.add_column("change", no_wrap=True, min_width=width)
     for col in ("batch", "peak MiB", "step ms", state.get("unit") or "samples/s", "±95%", "speed-up"):
         t.add_column(col, justify="right")
     t.add_column("bound")
@@ -379,7 +388,7 @@ def print_ladder(state: dict[str, Any], console: Console) -> None:
     console.print(_text(str(table.title), style="italic"))
     for row in state["trials"]:
         heading, figures = ladder_item(row, state.get("unit") or "samples/s")
-        console.print(_indented(heading, 1))
+        console.print(Text(" ").append_text(heading), soft_wrap=True)  # a change is never wrapped
         console.print(_indented(figures, 4))
 
 
@@ -420,7 +429,7 @@ def next_steps(state: dict[str, Any], out: Path) -> list[tuple[str, list[str]]]:
 def print_session(state: dict[str, Any], out: Path, reference: dict | None, console: Console | None = None) -> None:
     """Ladder, final settings, notes and what to do next (`reference`: the trial row speed-ups are measured
     against)."""
-    console = console or Console()
+    console = console or Console(file=output_stream())
     print_ladder(state, console)
     final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
     against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (

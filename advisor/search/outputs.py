@@ -14,6 +14,23 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.targets import parse_step, parse_target
 
 
+def out_of_memory_note(record: dict[str, Any]) -> str:
+    """Where memory went in a trial that ran out of it, as far as the trial could tell."""
+    summary = record.get("summary") or {}
+    parts = []
+    breakdown = summary.get("memory_breakdown") or {}
+    for key in ("parameters", "gradients", "optimizer_state", "activations"):
+        value = breakdown.get(key) if isinstance(breakdown, dict) else None
+        if isinstance(value, (int, float)) and value:
+            parts.append(f"{key.replace('_', ' ')} {value / 2**20:.0f} MiB")
+    peak = summary.get("peak_memory_bytes")
+    where = f" (peak {peak / 2**20:.0f} MiB: {', '.join(parts)})" if peak and parts else (
+        f" (peak {peak / 2**20:.0f} MiB)" if peak else "")
+    return (f"The user's settings ran out of memory{where}; the session looked for the closest configuration "
+            "that fits: AMP, then micro-batches with gradient accumulation (same effective batch), then a "
+            "smaller batch.")
+
+
 def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
     """What a changed batch size means for training, in words."""
     user = state["user_values"].get("batch_size")

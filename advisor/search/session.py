@@ -30,7 +30,9 @@ from advisor.trials.measurement import Measurement, job, measure, noise
 from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard_unstarted, load_state, lock_session, \
     compile_payback, new_state, reference_row, samples_gain, save, trial_row
 from advisor.report.formatting import compile_text
-from advisor.search.outputs import batch_notes, finish_outputs
+from advisor.search.outputs import batch_notes, finish_outputs, out_of_memory_note
+from advisor.search.predictions import prediction_error, remember_graph, reprice
+from advisor.search.space import pending_try, user_space
 from advisor.search.strategy import Proposal, SearchSpace, decide, knobs_key, propose, recovery_plan, turned
 from advisor.trials.profiler_check import cuda_profiler_problem
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
@@ -162,7 +164,7 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     started = time.monotonic()
     try:
         _sequence(runner or subprocess_runner(target, out, options, state, progress), out, options, state, started, log,
-                  space or SearchSpace())
+                  user_space(space or SearchSpace(), options.only, options.skip))
     except KeyboardInterrupt:
         state["status"] = "interrupted"
         state["notes"].append("interrupted: the report shows the trials finished so far")
@@ -206,7 +208,8 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
-                             on_progress=progress, against=against)
+                             on_progress=progress, ray_address=options.ray_address, nnodes=options.nnodes,
+                             against=against)
         finally:
             state["running_trial"] = None
 
@@ -256,8 +259,8 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     state["sites"] = record.get("sites") or {}
     state["unit"] = measurement.unit
     if record.get("single_rank_job"):
-        state["notes"].append("the script calls init_process_group: each trial runs it as a one-rank torchrun "
-                              "job (--nproc-per-node N runs N ranks)")
+        state["notes"].append("the script called init_process_group: each trial runs it as a one-rank job "
+                              "(--nproc-per-node N runs N ranks)")
         log(f"  note: {state['notes'][-1]}")
     if baseline.ok and measurement.unit == "steps/s":
         state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "
@@ -292,28 +295,13 @@ def _figures(row: dict[str, Any], unit: str) -> str:
     return f"{row['samples_per_s']:.1f} {unit}{spread}"
 
 
-def out_of_memory_note(record: dict[str, Any]) -> str:
-    """Where memory went in a trial that ran out of it, as far as the trial could tell."""
-    summary = record.get("summary") or {}
-    parts = []
-    breakdown = summary.get("memory_breakdown") or {}
-    for key in ("parameters", "gradients", "optimizer_state", "activations"):
-        value = breakdown.get(key) if isinstance(breakdown, dict) else None
-        if isinstance(value, (int, float)) and value:
-            parts.append(f"{key.replace('_', ' ')} {value / 2**20:.0f} MiB")
-    peak = summary.get("peak_memory_bytes")
-    where = f" (peak {peak / 2**20:.0f} MiB: {', '.join(parts)})" if peak and parts else (
-        f" (peak {peak / 2**20:.0f} MiB)" if peak else "")
-    return (f"The user's settings ran out of memory{where}; the session looked for the closest configuration "
-            "that fits: AMP, then micro-batches with gradient accumulation (same effective batch), then a "
-            "smaller batch.")
-
-
-def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None]) -> None:
-    """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped)."""
+def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None], space: SearchSpace) -> None:
+    """Try the recovery plan in order until a configuration fits (resumable: tried ones are skipped); only the
+    knobs the user lets the search turn (--only, --skip)."""
     tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
     for proposal in recovery_plan(state):
-        if json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried:
+        if (json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried
+                or not space.permits(turned({}, proposal.knobs))):
             continue
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
@@ -343,6 +331,7 @@ def _bound_of(out: Path, state: dict[str, Any], best: TrialResult):
     measurement = measured(out, state, best)
     bound = trial_bound(best.status, diagnosis, measurement)
     state["bound"] = {"name": bound.name, "label": bound.label, "evidence": list(bound.evidence)}
+    remember_graph(state, best.name, diagnosis)
     state["recommendations"] = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
     return diagnosis, measurement, bound
 
@@ -352,7 +341,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     if not state["trials"]:
         _baseline(run, state, log)
     if reference_row(state) is None and state["trials"][0]["status"] == "oom":
-        _recover_from_oom(run, state, log)
+        _recover_from_oom(run, state, log, space)
     reference = reference_row(state)
     if reference is None:
         first = load_trial(out / state["trials"][0]["folder"])
@@ -365,7 +354,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     remeasure = getattr(run, "remeasure", True)
     while True:
         diagnosis, best_measure, bound = _bound_of(out, state, best)
-        proposals = propose(diagnosis, bound, best, state, options, space)
+        asked = pending_try(options, state, best.knobs, diagnosis)  # the user's --try settings come first
+        proposals = [asked] if asked else propose(diagnosis, bound, best, state, options, space)
         if not proposals:  # before the round ends: the fastest reverted change not yet paired, with its next move
             late = _late_pair(out, state, options, space)
             proposals = [late] if late is not None else []
@@ -382,8 +372,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             state["notes"].append(f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)")
             break
         proposal = proposals[0]
-        why = (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
-               else f"a round over the knobs; the bound is {bound.label}")
+        why = proposal.why or (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
+                               else f"a round over the knobs; the bound is {bound.label}")
         result, decision = _try(run, out, state, options, proposal, why, best_measure, reference_losses, log,
                                 remeasure)
         if (decision is not None and not decision.keep and "+" not in proposal.recommendation
@@ -454,6 +444,7 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
              and not getattr(run, "adaptive", False) and beside is None
              and len(state["trials"]) + 2 <= options.max_trials)
     _decide_row(row, result, decision, again)
+    row["base"] = state.get("best")  # what the change was measured against: the model's calibration reads it
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
         row.update(decision="not applicable", reason=refused)
         decision = dataclasses.replace(decision, keep=False, inconclusive=False) if decision is not None else None
@@ -468,7 +459,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
             state["best"] = beside[0]["name"]  # what comes next is compared with the figure measured now
         elif beside[1] is not None:  # the candidate beat it, measured side by side: the old best gives way
             beside[0].update(decision="reverted", reason=beside[0]["reason"] + f"; {result.name} is faster")
-    log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
+    state["prediction_error"] = prediction_error(state)
+    log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}{_predicted_text(row)}")
     if compile_text(row.get("compile")):
         log(f"  {compile_text(row['compile'])}")
     if again:
@@ -485,9 +477,10 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
                            addresses_bound=proposal.helps_now) if result.ok else None)
         row = trial_row(index, result, record, proposal, state, measurement, _own_bound(result, measurement))
         _decide_row(row, result, decision, False)
-        row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)")
+        row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)", base=state.get("best"))
         state["trials"].append(row)
-        log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}")
+        state["prediction_error"] = prediction_error(state)
+        log(f"  {_figures(row, state['unit'])}: {row['decision']}, {row['reason']}{_predicted_text(row)}")
         if decision is not None and decision.keep:
             state["pooled"][result.name] = [os.path.relpath(first.path, out)]
     return result, decision
@@ -507,7 +500,7 @@ def _beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     if changed is None:
         return None
     log(f"  {changed}: measuring the best ({top['name']}) again beside it")
-    knobs = Knobs.from_dict({**top["knobs"], **refused_knobs(top.get("outcomes"), top["knobs"])})  # in effect
+    knobs = Knobs.from_dict(in_effect(top))
     proposal = Proposal("confirm", f"{first_change(top['change'])} (the best, measured again)", "best-again",
                         knobs, 0.0)
     fresh, fresh_record, fresh_measure = _run(run, state, index + 1, proposal, "best-again", log)
@@ -542,6 +535,13 @@ def first_change(change: str) -> str:
     return change
 
 
+def _predicted_text(row: dict[str, Any]) -> str:
+    """What was predicted beside what was measured, for the log line of a trial."""
+    if row.get("predicted_samples_gain") is None or row.get("gain") is None:
+        return ""
+    return f" (predicted {100 * row['predicted_samples_gain']:+.0f}%, measured {100 * row['gain']:+.0f}%)"
+
+
 def _pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
     """Whether a reverted change is a base for a second move: its loss was fine, it was not clearly slower,
     and it moved the bound or addressed it."""
@@ -555,8 +555,11 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
                   space: SearchSpace) -> Proposal | None:
     """The move the candidate's own trace calls for next, made on top of it, as one change: the first
     proposal from the candidate (reverted changes included) that turns other knobs than `first` did."""
-    first_turned = turned(best_row(state)["knobs"], first.knobs)
+    best = best_row(state)
+    # Both what was proposed and what the candidate ran with: a pair never holds two values of one knob.
+    first_turned = turned(best["knobs"], first.knobs) | turned(best["knobs"], candidate.knobs)
     diagnosis = diagnose_trial(candidate)
+    remember_graph(state, candidate.name, diagnosis)
     measurement = measure_record([trial_record(candidate.path)])
     bound = trial_bound(candidate.status, diagnosis, measurement)
     base = candidate.knobs.to_dict()
@@ -567,9 +570,10 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
     for p in ranked:
         second = turned(base, p.knobs)
         if second and not second & first_turned:
-            return Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
+            pair = Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
                             f"{first.slug}-and-{p.slug}", p.knobs, first.predicted_gain + p.predicted_gain,
                             first.bound, first.helps_now)
+            return reprice([pair], state, best["name"], best["knobs"])[0]  # both moves simulated together
     return None
 
 
@@ -599,12 +603,9 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     pooled runs say is faster. Returns the best."""
     if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
         return best
-    top = best_row(state)
-    others = [t for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
-              and knobs_key(t["knobs"]) != knobs_key(top["knobs"])]
-    if not others:
+    top, runner_up = best_row(state), runner_up_row(state)
+    if runner_up is None:
         return best
-    runner_up = max(others, key=lambda t: t["samples_per_s"])
     best_measure = measured(out, state, best)
     earlier = [out / runner_up["folder"], *(out / f for f in state["pooled"].get(runner_up["name"], []))]
     runner_measure = measure_record([trial_record(f) for f in earlier])
@@ -613,7 +614,7 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     confirmed, runs = {}, {}
     for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
                          (runner_up, earlier)):
-        knobs = Knobs.from_dict({**row["knobs"], **refused_knobs(row.get("outcomes"), row["knobs"])})  # in effect
+        knobs = Knobs.from_dict(in_effect(row))
         proposal = Proposal("confirm", f"{first_change(row['change'])} (confirming the best)", "confirm", knobs, 0.0)
         index = len(state["trials"])
         log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
@@ -659,10 +660,24 @@ def _confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: S
     return winner
 
 
+def runner_up_row(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The other setting that measured fastest; never a change that was not applicable (it measured a
+    setting already run, not another one)."""
+    top = best_row(state)
+    others = [t for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
+              and t["decision"] != "not applicable" and knobs_key(in_effect(t)) != knobs_key(in_effect(top))]
+    return max(others, key=lambda t: t["samples_per_s"], default=None)
+
+
 def refused_knobs(outcomes: dict[str, str] | None, knobs: dict[str, Any]) -> dict[str, None]:
     """The knobs a trial set and found not applicable, as settings that leave the user's value."""
     return {k: None for k, v in (outcomes or {}).items()
             if str(v).startswith("not applicable") and knobs.get(k) is not None}
+
+
+def in_effect(row: dict[str, Any]) -> dict[str, Any]:
+    """The knobs a trial's row ran with: those it found not applicable left at the user's value."""
+    return {**row["knobs"], **refused_knobs(row.get("outcomes"), row["knobs"])}
 
 
 def applied_only(result: TrialResult) -> TrialResult:

@@ -74,12 +74,18 @@ class SessionOptions:
     step: str | None = None  # the step, when a module the script imports defines it (pkg.module:name)
     nproc_per_node: int = 1  # > 1: data-parallel trials, ranks started by torchrun
     torchrun_args: tuple[str, ...] = ()  # torchrun's own options (rendezvous for several nodes)
+    only: tuple[str, ...] | None = None  # --only: the knobs the search may turn (None: all; advisor.search.space)
+    skip: tuple[str, ...] = ()  # --skip: knobs the search never turns
+    tries: tuple[str, ...] = ()  # --try: settings run right after the baseline, as written (`amp=bf16,tf32`)
+    ray_address: str | None = None  # trials run as one job on this Ray cluster, `nnodes` nodes of nproc_per_node ranks
+    nnodes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         d = dataclasses.asdict(self)
-        d["script_args"] = list(self.script_args)
-        d["torchrun_args"] = list(self.torchrun_args)
+        for name in ("script_args", "torchrun_args", "skip", "tries"):
+            d[name] = list(getattr(self, name))
+        d["only"] = None if self.only is None else list(self.only)
         return d
 
     @classmethod
@@ -87,8 +93,9 @@ class SessionOptions:
         """Back from JSON, ignoring unknown keys."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        values["script_args"] = tuple(values.get("script_args") or ())
-        values["torchrun_args"] = tuple(values.get("torchrun_args") or ())
+        for name in ("script_args", "torchrun_args", "skip", "tries"):
+            values[name] = tuple(values.get(name) or ())
+        values["only"] = None if values.get("only") is None else tuple(values["only"])
         return cls(**values)
 
     def budget_text(self) -> str:

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
+from advisor.search.predictions import reprice
 from advisor.trials.measurement import Measurement, noise
 from advisor.trials.replay import SETTINGS, SurfacePoint
 
@@ -57,6 +58,7 @@ class Proposal:
     predicted_gain: float
     bound: str | None = None
     helps_now: bool = True
+    why: str | None = None  # why it is tried, where not the bound (a setting the user asked for)
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,16 @@ class SearchSpace:
     amp: tuple[str, ...] | None = None
     pinned_copies: bool = True  # whether pin_memory + non_blocking can be tried at all
     model_knobs: tuple[str, ...] | None = None  # channels_last, compile, ...: None = all (a surface holds none)
+    only: frozenset[str] | None = None  # the user's --only: None = every knob (advisor.search.space)
+    skip: frozenset[str] = frozenset()  # the user's --skip
 
     def allows(self, knob: str) -> bool:
         """Whether the search may turn this model knob."""
-        return self.model_knobs is None or knob in self.model_knobs
+        return (self.model_knobs is None or knob in self.model_knobs) and self.permits({knob})
+
+    def permits(self, knobs: set[str]) -> bool:
+        """Whether the user lets the search turn all of these knobs (--only, --skip)."""
+        return not knobs & self.skip and (self.only is None or knobs <= self.only)
 
 
 def surface_space(points: list[SurfacePoint]) -> SearchSpace:
@@ -144,13 +152,18 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
         allowed = max(LOSS_TOLERANCE * abs(base), max(reference_losses) - min(reference_losses))
         if abs(cand - base) > allowed:
             return Decision(False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, spread)
+    # The noise said is always `spread` (the row's "noise", the report's column); the bar it was held to, where
+    # that differs: one standard error for a change that addresses the bound, or the least gain worth keeping.
+    bar = "" if threshold == spread else f"; the bar {100 * threshold:.1f}%: " + (
+        "one standard error, the change addresses the bound" if threshold < spread else "the least gain kept")
+    said = f"noise {100 * spread:.1f}%{bar}"
     if gain < -threshold:
-        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower (noise {100 * threshold:.1f}%)", gain, spread)
+        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower ({said})", gain, spread)
     if gain <= threshold:
-        return Decision(False, f"{100 * gain:+.1f}% {unit} is within the noise ({100 * threshold:.1f}%)",
-                        gain, spread, inconclusive=gain > min_gain)
-    evidence = ", one standard error: the change addresses the bound" if addresses_bound and threshold < spread else ""
-    return Decision(True, f"{100 * gain:+.1f}% {unit} (noise {100 * spread:.1f}%{evidence})", gain, spread)
+        where = "within the noise" if abs(gain) <= spread else "short of the bar"
+        return Decision(False, f"{100 * gain:+.1f}% {unit} is {where} ({said})", gain, spread,
+                        inconclusive=gain > min_gain)
+    return Decision(True, f"{100 * gain:+.1f}% {unit} ({said})", gain, spread)
 
 
 # --- what to try next ------------------------------------------------------------------------------------
@@ -158,8 +171,8 @@ def decide(best: Measurement, candidate: Measurement, candidate_losses: list[flo
 def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], options: Any,
             space: SearchSpace, retry_reverted: bool = False) -> list[Proposal]:
     """Candidate trials from the best trial: those that address its bound first, then the rest (a full
-    round over the knobs), each by predicted gain; never a setting already measured. `retry_reverted`:
-    also changes reverted under this bound (as the second move of a pair, they are tried from another base)."""
+    round over the knobs), each by predicted gain (the what-if model's, `advisor.search.predictions`); never
+    a setting already measured. `retry_reverted`: also changes reverted under this bound (as the second move of a pair, they are tried from another base)."""
     recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
     facts = state.get("device") or {}
     accelerator = facts.get("type") == "cuda"
@@ -185,10 +198,15 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     for p in found:
         if p is None or knobs_key(p.knobs) in tried or turned(best.knobs, p.knobs) & refused:
             continue
+        if not space.permits(turned(best.knobs, p.knobs)):
+            continue  # outside what the user lets the search turn (--only, --skip)
         if (not retry_reverted and p.recommendation != "more-workers"
                 and reverted_under(state, p.recommendation, bound.name)):
             continue  # it did not help while this bound held; it is tried again once the bound moves
         out.append(dataclasses.replace(p, helps_now=bound.name is not None and p.bound == bound.name))
+    # The what-if model's figure where it can simulate the change (the rules' otherwise): the order within
+    # the proposals that address the bound, and within the rest.
+    out = reprice(out, state, best.name, best.knobs)
     return sorted(out, key=lambda p: (not p.helps_now, -p.predicted_gain))
 
 
@@ -234,7 +252,8 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     changed = dataclasses.replace(knobs, num_workers=target, persistent_workers=True)
     threads = knobs.threads or state["user_values"].get("threads")
     change = f"workers {current}→{target}"
-    if not accelerator and threads and threads + target > cores and max(1, cores - target) < threads:
+    if (not accelerator and threads and threads + target > cores and max(1, cores - target) < threads
+            and space.permits({"threads"})):
         changed = dataclasses.replace(changed, threads=max(1, cores - target))
         change += f", threads {threads}→{changed.threads}"
     return Proposal("more-workers", change, f"workers-{target}", changed, gain, "input")
@@ -245,10 +264,14 @@ def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: Sea
     """Pinned host memory and non_blocking copies, as one change: either alone does little."""
     if not accelerator or not space.pinned_copies or (knobs.pin_memory and knobs.non_blocking):
         return None
-    found = [recs[i] for i in ("pin-memory", "non-blocking") if i in recs]
+    wanted = [k for k in ("pin_memory", "non_blocking") if space.permits({k})]  # --only/--skip may keep one
+    if not wanted:
+        return None
+    found = [recs[i] for i in ("pin-memory", "non-blocking") if i in recs and i.replace("-", "_") in wanted]
     gain = sum(r.predicted_gain for r in found) if found else (0.05 if bound.name == "copy" else ROUND_GAIN)
-    return Proposal("pin-memory", "pin_memory + non_blocking copies", "pinned-copies",
-                    dataclasses.replace(knobs, pin_memory=True, non_blocking=True), gain, "copy")
+    change, slug = (("pin_memory + non_blocking copies", "pinned-copies") if len(wanted) == 2 else
+                    (f"{wanted[0]} alone", wanted[0].replace("_", "-")))
+    return Proposal("pin-memory", change, slug, dataclasses.replace(knobs, **{k: True for k in wanted}), gain, "copy")
 
 
 def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerator: bool) -> Proposal | None:
@@ -399,8 +422,8 @@ def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], opt
     if state["trials"][0]["status"] == "oom" or best.knobs.accumulation_steps:
         return None  # memory-bound already: the batch was made to fit, not to grow
     current = best.batch_size
-    if not current:
-        return None
+    if not current or (state.get("training_loader") or {}).get("batch_sampler"):
+        return None  # a loader built with the script's batch_sampler takes no batch_size: nothing to try
     points = [(t["batch_size"], t["peak_memory_bytes"]) for t in state["trials"]
               if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
     # The batch size a trial asked for: one that ran out of memory in its first step measured none.

@@ -19,6 +19,7 @@ Torch is imported lazily: the parent uses `rank_files`, `rank_of` and the merge 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import sysconfig
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.trials.knobs import APPLIED, DDP_KNOBS, Knobs, not_applicable
+from advisor.trials.targets import calls_init_process_group
 
 
 def rank_of(environ: Any = os.environ) -> tuple[int, int]:
@@ -34,6 +36,53 @@ def rank_of(environ: Any = os.environ) -> tuple[int, int]:
         return int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1))
     except ValueError:
         return 0, 1
+
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def one_rank_on_demand(found: dict[str, Any]) -> Callable[[], None]:
+    """Outside a torchrun job, make a call of `init_process_group` that reads torchrun's variables a one-rank
+    job (rank 0 of 1, a free port on 127.0.0.1, as `torchrun --standalone --nproc-per-node 1` sets them),
+    decided when the call happens: a call the script never reaches (under `if args.distributed:`) changes
+    nothing. Sets `found["single_rank_job"]`; returns an undo."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        explicit = len(args) > 1 or any(kwargs.get(k) not in (None, -1) for k in ("rank", "world_size", "store"))
+        method = kwargs.get("init_method")
+        if not explicit and method in (None, "env://") and "WORLD_SIZE" not in os.environ:
+            with socket.socket() as probe:  # a free port for the one rank's store
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            for name, value in zip(TORCHRUN_VARIABLES, ("0", "1", "0", "1", "127.0.0.1", str(port))):
+                os.environ.setdefault(name, value)
+            found["single_rank_job"] = True
+        return original(*args, **kwargs)
+
+    dist.init_process_group = distributed_c10d.init_process_group = init_process_group
+
+    def undo() -> None:
+        dist.init_process_group = distributed_c10d.init_process_group = original
+
+    return undo
+
+
+def needs_torchrun(out: Path, script: Path) -> bool:
+    """Whether a trial run as one process failed reading a variable torchrun sets (`os.environ["LOCAL_RANK"]`)
+    in a script that calls init_process_group: it runs again as a one-rank torchrun job."""
+    try:
+        result = json.loads((out / rank_files(1, 0)["result"]).read_text())
+    except (OSError, ValueError):
+        return False
+    message = str(result.get("message", ""))
+    return (result.get("error_type") == "KeyError" and any(f"'{name}'" in message for name in TORCHRUN_VARIABLES)
+            and calls_init_process_group(script))
 
 
 def rank_files(world_size: int, rank: int) -> dict[str, str]:

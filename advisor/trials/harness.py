@@ -6,7 +6,8 @@ group. Here we:
 1. cap memory if asked (`memory_limit`, `advisor.trials.facts.cap_memory`): device memory on a CUDA device,
    the process's writable memory (RLIMIT_DATA) on the CPU;
 2. interpose on DataLoaders (`advisor.trials.loaders`): the knobs where the training loader is built, the
-   user's own values recorded, every batch timed and attributed to its loader;
+   user's own values recorded, every batch timed and attributed to its loader; where transformers'
+   `TrainingArguments` feed the loader, its DataLoader knobs are set there (`advisor.trials.frameworks`);
 3. find the steps, one of three ways:
    - a step function in the script (`script.py:train_step` or `Class.method`): the script is compiled
      with `name = __advisor_wrap__(name, 'target')` inserted right after every definition of it (an AST
@@ -15,7 +16,8 @@ group. Here we:
    - a step function in a module the script imports (`--step pkg.module:Class.method` or
      `--step path/to/module.py:Class.method`): the same rewrite, applied when that module is imported;
    - no target: the script runs unchanged and each optimizer step ends a step (`advisor.trials.loop`);
-4. run the script as `__main__` in its own folder; the step driver (`advisor.trials.driver`) times each step
+4. run the script as `__main__` in the folder the command was run from (as `python path/to/script.py`
+   would: its own folder first on `sys.path`); the step driver (`advisor.trials.driver`) times each step
    (synchronizing an accelerator), profiles a few, measures the steady state in windows after them,
    and raises `TrialComplete` (a BaseException, so `except Exception` in the user's loop does not
    swallow it) once the trial is measured; DataLoader workers are stopped and the process exits.
@@ -43,15 +45,16 @@ from typing import Any
 
 from advisor.trials.activations import is_out_of_memory
 from advisor.trials.driver import StepDriver, TargetInWorker, TrialComplete
+from advisor.trials.frameworks import TrainerSettings
 from advisor.trials.facts import SetupProblem, cap_memory, device_facts, resolve_device
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
     training_loader
-from advisor.trials.loop import LoopInterposition, capture_losses
+from advisor.trials.loop import LoopInterposition, capture_losses, mark_closures
 from advisor.trials.model_knobs import ModelInterposition, compile_failure, is_compile_error
 from advisor.trials.optimizers import FusedOptimizers
 from advisor.trials.uint8_copies import ByteCopies
-from advisor.trials.distributed import DDPKnobs, rank_files, rank_of
+from advisor.trials.distributed import DDPKnobs, one_rank_on_demand, rank_files, rank_of
 from advisor.trials.storage import write_json_atomic
 from advisor.trials.targets import TargetNotFound, rewrite_script
 
@@ -138,7 +141,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
     result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
-    driver = loop = model = optimizers = copies = None
+    driver = loop = model = optimizers = copies = trainer = None
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
     started = time.time()
@@ -147,12 +150,16 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         result["device"] = device_facts(device_type)
         if config.get("memory_limit"):
             result["memory_cap"] = cap_memory(int(config["memory_limit"]), device_type)
+        trainer = TrainerSettings(knobs, accelerator=device_type != "cpu")
+        trainer.install()
         install_dataloader_knobs(knobs, accelerator=device_type != "cpu", records=loader_records,
-                                 training=config.get("loader"))
+                                 training=config.get("loader"), taken=trainer.taken)
         tracker = LoaderTracker()
         tracker.install()
         ddp = DDPKnobs(knobs)
         ddp.install()
+        if not config.get("torchrun"):
+            one_rank_on_demand(result)
         model = ModelInterposition(knobs, device_type)
         model.install()
         optimizers = FusedOptimizers(knobs)
@@ -167,6 +174,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         sites: dict[str, Any] = {}
         result["sites"] = sites
         capture_losses(lambda loss: setattr(driver, "last_loss", loss), sites)
+        mark_closures()
         source = Path(script).read_text()
         if target and not step_module:
             code = rewrite_script(source, script, target)
@@ -185,7 +193,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         sys.modules["__main__"] = module
         sys.argv = [script, *config.get("script_args", [])]
         sys.path[0] = os.path.dirname(script)
-        os.chdir(os.path.dirname(script))
+        cwd = config.get("cwd")  # a Ray node may not have the folder the command was run from
+        os.chdir(cwd if cwd and os.path.isdir(cwd) else os.path.dirname(script))
         result["times"] = {"setup_s": time.time() - started}
         if loop is not None:
             driver.begin()
@@ -214,7 +223,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             if knobs.threads:
                 step_outcomes["threads"] = APPLIED
             result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes, **ddp.outcomes(),
-                                  **model_outcomes(model, optimizers)}
+                                  **model_outcomes(model, optimizers), **(trainer.outcomes if trainer else {})}
+            result["framework"] = trainer.record() if trainer is not None else None
             if copies is not None and copies.requested:
                 result["outcomes"]["uint8_copies"] = copies.outcome(result["outcomes"].get("uint8_copies"))
                 plans = [r.bytes_plan.to_dict() for r in loader_records if r.bytes_plan is not None]
@@ -226,7 +236,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]
             result["training_loader"] = None if trains is None else {
-                "site": trains.site, "ordinal": trains.ordinal, "index": loader_records.index(trains)}
+                "site": trains.site, "ordinal": trains.ordinal, "index": loader_records.index(trains),
+                "batch_sampler": trains.batch_sampler}
             result["accumulation"] = driver.interposition.accumulation_record() if loop is None else None
             result["memory_breakdown"] = driver.memory.breakdown()
             result["activations"] = driver.memory.activations

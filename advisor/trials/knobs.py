@@ -32,6 +32,17 @@ DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_gra
 APPLIED = "applied"
 
 
+# knob -> the field of transformers' TrainingArguments that sets it (advisor.trials.frameworks applies it there,
+# advisor.code.patch.frameworks writes it there)
+TRAINING_ARGUMENTS = {
+    "batch_size": "per_device_train_batch_size",
+    "num_workers": "dataloader_num_workers",
+    "pin_memory": "dataloader_pin_memory",
+    "persistent_workers": "dataloader_persistent_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+}
+
+
 @dataclass(frozen=True)
 class Knobs:
     """Settings for one trial; `None` everywhere means "leave the user's value"."""

@@ -17,15 +17,23 @@ from __future__ import annotations
 
 import inspect
 import os
+import site
+import sysconfig
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from advisor.trials.uint8_copies import mark, rewrite_dataset
+from advisor.trials.uint8_copies import mark, plan_of, rewrite_dataset
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the advisor package
+# Installed packages are not the user's code either: a DataLoader that transformers' Trainer or accelerate
+# builds, a backward that Lightning calls, are placed at the line of the user's code that called into them
+# (`trainer.train()`), which is what a patch can change and where the framework's settings are made.
+_INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (
+    sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *getattr(site, "getsitepackages", list)())})
 
 
 @dataclass
@@ -40,11 +48,18 @@ class LoaderRecord:
     fetches: int = 0  # batches it handed out
     steps: int = 0  # steps whose last batch came from it: the training loader feeds the most
     bytes_plan: Any = None  # with uint8_copies: how its Dataset hands out 8-bit images (a BytePlan)
+    rebuilds: "LoaderRecord | None" = None  # the loader it was rebuilt from (accelerate's prepare): fed as that one
+    batch_sampler: bool = False  # built with a batch_sampler of the script's: no batch_size reaches it
 
     def to_dict(self, training: bool = False) -> dict[str, Any]:
         """JSON form (trial.json `dataloaders`)."""
         return {"user": self.user, "effective": self.effective, "outcomes": self.outcomes, "site": self.site,
-                "ordinal": self.ordinal, "fetches": self.fetches, "steps": self.steps, "training": training}
+                "ordinal": self.ordinal, "fetches": self.fetches, "steps": self.steps, "training": training,
+                "rebuilds": None if self.rebuilds is None else self.rebuilds.site}
+
+    def fed_as(self) -> "LoaderRecord":
+        """The loader its batches count for: the one it rebuilds, else itself."""
+        return self.rebuilds or self
 
 
 def plan_loader_arguments(
@@ -109,7 +124,8 @@ def plan_loader_arguments(
 
 
 def user_frame() -> Any:
-    """The innermost frame on the stack that is the user's code (not torch's, not ours), or None."""
+    """The innermost frame on the stack that is the user's code (not torch's, not ours, not an installed
+    package's), or None."""
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
@@ -118,7 +134,8 @@ def user_frame() -> Any:
     frame = inspect.currentframe()
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith((_TORCH_DIR, _OUR_DIR)) and not frame.f_code.co_filename.startswith("<"):
+        ours = filename.startswith((_TORCH_DIR, _OUR_DIR, *_INSTALLED))
+        if not ours and not frame.f_code.co_filename.startswith("<"):
             return frame
         frame = frame.f_back
     return None
@@ -138,14 +155,19 @@ def is_training_site(record: LoaderRecord, training: dict[str, Any] | None) -> b
 
 
 def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[LoaderRecord],
-                             training: dict[str, Any] | None = None) -> Callable[[], None]:
+                             training: dict[str, Any] | None = None,
+                             taken: Callable[[], set[str]] | None = None) -> Callable[[], None]:
     """Wrap `DataLoader.__init__` so the training loader (`training`: its site and ordinal; every loader
-    when None) gets the knobs and every loader is recorded; returns an undo."""
+    when None) gets the knobs and every loader is recorded; returns an undo. `taken()`: the knobs a
+    framework's own settings took (`advisor.trials.frameworks`), which no DataLoader gets again."""
+    import dataclasses
+
     import torch.utils.data
 
     cls = torch.utils.data.DataLoader
     original = cls.__init__
     signature = inspect.signature(original)
+    built: list[tuple[LoaderRecord, Any]] = []  # each loader (a weak reference), to know a rebuild
 
     def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces __init__
         if getattr(self, "_advisor_building", False):  # a subclass calling super().__init__ again
@@ -157,14 +179,25 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         site = user_site()
         record = LoaderRecord(user={k: user[k] for k in DATALOADER_KNOBS}, effective={}, outcomes={}, site=site,
                               ordinal=sum(r.site == site for r in records))
+        # A loader whose batch_sampler is an earlier loader's (or wraps it: accelerate's prepare, the Trainer's
+        # loader) is that loader rebuilt: the knobs go to the one the script built, which the rebuild takes
+        # its batches and arguments from.
+        sampler = user["batch_sampler"]
+        if sampler is not None:
+            record.rebuilds = next((r for r, ref in reversed(built) if ref() is not None and any(
+                s is ref().batch_sampler for s in (sampler, getattr(sampler, "batch_sampler", None)))), None)
+            record.batch_sampler = record.rebuilds is None
+        built.append((record, weakref.ref(self)))
+        given = taken() if taken is not None else set()
         if is_training_site(record, training):
-            record.effective, record.outcomes = plan_loader_arguments(user, knobs, accelerator=accelerator)
+            own = dataclasses.replace(knobs, **{k: None for k in given}) if given else knobs
+            record.effective, record.outcomes = plan_loader_arguments(user, own, accelerator=accelerator)
             if knobs.uint8_copies and not any(r.bytes_plan is not None for r in records):
-                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"))
+                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"), site)
         else:
             record.effective = dict(record.user)
             record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
-                               if k in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies")}
+                               if k in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies") and k not in given}
         for key in DATALOADER_KNOBS:
             values[key] = record.effective[key]
         records.append(record)
@@ -224,6 +257,8 @@ class LoaderTracker:
         def __iter__(loader):  # noqa: N807
             iterator = original_iter(loader)
             iterator._advisor_record = getattr(loader, "_advisor_record", None)
+            # Any loader over a Dataset made 8-bit (known once its iteration starts, as its workers copy it)
+            iterator._advisor_bytes = plan_of(loader.dataset)
             return iterator
 
         def __next__(iterator):  # noqa: N807
@@ -234,11 +269,13 @@ class LoaderTracker:
             finally:
                 tracker.fetching = False
                 tracker.fetch_s += time.perf_counter() - started
+            plan = getattr(iterator, "_advisor_bytes", None)
+            if plan is not None:
+                mark(batch, plan)
             record = getattr(iterator, "_advisor_record", None)
             if record is not None:
-                if record.bytes_plan is not None:
-                    mark(batch, record.bytes_plan)
                 record.fetches += 1
+                record = record.fed_as()
                 tracker.last = record
                 size = leading_dimension(batch)
                 if size is not None:
@@ -278,7 +315,9 @@ def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, 
         if key == "accumulation_steps" and knobs.accumulation_steps == 1:
             outcomes[key] = APPLIED  # one micro-step per cycle: nothing to change
             continue
-        seen = [r.outcomes[key] for r in records if key in r.outcomes]
+        # The training loader's reason first: "not the training loader" of the others is not why.
+        seen = sorted((r.outcomes[key] for r in records if key in r.outcomes),
+                      key=lambda outcome: outcome == not_applicable("not the training loader"))
         if not records:
             outcomes[key] = not_applicable("the script built no DataLoader before the steps ended")
         elif APPLIED in seen:

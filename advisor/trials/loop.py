@@ -12,7 +12,10 @@ With no target, the trial runs the script unchanged and:
   advise. fp16 needs a GradScaler around a step and gradient accumulation needs the step's bounds:
   both are "not applicable" here (name a step function for them);
 - `non_blocking` makes every host-to-accelerator `.to()`/`.cuda()` of the run non-blocking;
-- the loss of a step is the last scalar that `backward()` ran from (`capture_losses`, in both ways).
+- the loss of a step is the last scalar that `backward()` ran from (`capture_losses`, in both ways);
+- a closure handed to `optimizer.step(closure)` (Lightning's way, L-BFGS's) runs under the profiler range
+  `CLOSURE_RANGE` (`mark_closures`, in both ways), so the analysis charges its forward and backward to
+  the closure, and only the rest of the step's span to the optimizer's own update.
 
 Inside the trial only (torch imported lazily).
 """
@@ -113,6 +116,37 @@ class LoopInterposition:
         if self.depth == 0:
             while self.contexts:
                 self.contexts.pop().__exit__(None, None, None)
+
+
+CLOSURE_RANGE = "## optimizer closure: forward and backward ##"  # advisor.analysis.launches reads this name
+
+
+def mark_closures() -> Callable[[], None]:
+    """Run every closure handed to an optimizer's `step` under the profiler range `CLOSURE_RANGE` (a global
+    optimizer pre-hook may hand back new arguments); returns an undo."""
+    import functools
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def marked(closure: Callable[[], Any]) -> Callable[[], Any]:
+        @functools.wraps(closure)
+        def run(*args, **kwargs):
+            with torch.profiler.record_function(CLOSURE_RANGE):
+                return closure(*args, **kwargs)
+
+        run._advisor_closure = True  # type: ignore[attr-defined]
+        return run
+
+    def pre_hook(optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if args and callable(args[0]) and not getattr(args[0], "_advisor_closure", False):
+            return (marked(args[0]), *args[1:]), kwargs
+        closure = kwargs.get("closure")
+        if callable(closure) and not getattr(closure, "_advisor_closure", False):
+            return args, {**kwargs, "closure": marked(closure)}
+        return None
+
+    return register_optimizer_step_pre_hook(pre_hook).remove
 
 
 def capture_losses(seen: Callable[[Any], None], sites: dict[str, Any]) -> Callable[[], None]:

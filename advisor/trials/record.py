@@ -356,16 +356,18 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
 
 
 def user_values(dataloaders: list[dict[str, Any]], threads: int | None, ddp: dict[str, Any] | None = None,
-                model: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                model: dict[str, Any] | None = None, framework: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The user's own values of the knobs: the training loader's (else the first loader's), torch's threads,
     DistributedDataParallel's arguments where the script wraps its model in it, and the model knobs a trial
-    changed (channels_last, compile, fused_optimizer, tf32, cudnn_benchmark)."""
+    changed (channels_last, compile, fused_optimizer, tf32, cudnn_benchmark); where a framework's settings
+    feed the loader (TrainingArguments), the script's values there, not those of the loader it built."""
     loader = next((d for d in dataloaders if d.get("training")), dataloaders[0] if dataloaders else None)
     values = {k: loader["user"].get(k) for k in DATALOADER_KNOBS} if loader is not None else {}
     if threads is not None:
         values["threads"] = threads
     values.update({k: v for k, v in (ddp or {}).items() if k.startswith("ddp_")})
     values.update(model or {})
+    values.update({k: v for k, v in ((framework or {}).get("user") or {}).items() if k != "accumulation_steps"})
     return values or None
 
 
@@ -412,9 +414,11 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["training_loader"] = harness.get("training_loader")
     record["sites"] = harness.get("sites") or {}
     record["model_dtypes"] = harness.get("model_dtypes")
+    record["single_rank_job"] = bool(record.get("single_rank_job") or harness.get("single_rank_job"))
     record["accumulation"] = harness.get("accumulation")
     record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"), harness.get("user_ddp"),
-                                        harness.get("user_model"))
+                                        harness.get("user_model"), harness.get("framework"))
+    record["framework"] = harness.get("framework")
     record["compile"] = compile_summary(harness.get("compile"), rank_steps[0])
     record["optimizers"] = harness.get("optimizers")
     record["uint8_plan"] = harness.get("uint8_plan")  # how the Dataset was made to hand out 8-bit images

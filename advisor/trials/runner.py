@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.distributed import crash_message, rank_files, torchrun_command
+from advisor.trials.distributed import crash_message, needs_torchrun, rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
 from advisor.trials.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
 from advisor.trials.storage import write_json_atomic
-from advisor.trials.targets import TargetNotFound, calls_init_process_group, locate_target, parse_step, parse_target
+from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
-_HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
+HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
 
 
 class TrialFailed(AdvisorError):
@@ -148,6 +148,8 @@ def run_trial(
     nproc_per_node: int = 1,
     torchrun_args: Sequence[str] = (),
     on_progress: Callable[[TrialProgress], None] | None = None,
+    ray_address: str | None = None,
+    nnodes: int = 1,
     against: dict[str, Any] | None = None,
 ) -> TrialResult:
     """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
@@ -160,8 +162,10 @@ def run_trial(
     called about every PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time
     left (`advisor.trials.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
     a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
-    several nodes), each profiled (`advisor.trials.distributed`). `against` (`advisor.trials.adaptive.Against`
-    as a dict): measure windows until they settle the comparison with the best, up to its cap.
+    several nodes), each profiled (`advisor.trials.distributed`). `ray_address`: the job of `nnodes` ×
+    `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.ray_job`).
+    `against` (`advisor.trials.adaptive.Against` as a dict): measure windows until they settle the
+    comparison with the best, up to its cap.
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -191,25 +195,40 @@ def run_trial(
         return complete_record(record, out, started, nproc_per_node)
 
     config = _harness_config(record, out, step_module, loader)
-    # A data-parallel script reads torchrun's RANK and WORLD_SIZE: with one rank asked for, it runs as a
-    # one-rank torchrun job rather than failing in init_process_group.
-    torchrun = nproc_per_node > 1 or calls_init_process_group(script)
-    config["torchrun"] = torchrun
-    if torchrun and nproc_per_node == 1:
-        record["single_rank_job"] = True
+    if ray_address is not None:
+        from advisor.trials.ray_job import run_ray_job
+
+        child_env = _child_environment(env, device, record["token"])
+        # The ranks run in their node's environment, with what the trial adds to ours (and our thread count).
+        shipped = {k: v for k, v in child_env.items() if os.environ.get(k) != v or k == "OMP_NUM_THREADS"}
+        return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
+                           nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
+    # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
+    # happens (advisor.trials.distributed.one_rank_on_demand); one that reads torchrun's variables before
+    # that call fails on the first read, and runs again under torchrun (one rank).
+    torchrun = nproc_per_node > 1
     child_env = _child_environment(env, device, record["token"])
     write_json_atomic(out / TRIAL_FILE, record)
-    command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
-                               torchrun)
     record["nproc_per_node"] = nproc_per_node
-    for attempt in range(1 + NATIVE_CRASH_RETRIES):
-        code = _run_process(command, script.parent, child_env, out, record, timeout_s=timeout_s, on_start=on_start,
-                            started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
+    attempt = 0
+    while True:
+        config["torchrun"] = torchrun
+        command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
+                                   torchrun)
+        code = _run_process(command, Path(config["cwd"]), child_env, out, record, timeout_s=timeout_s,
+                            on_start=on_start, started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
         crash = crash_message(out, nproc_per_node)
-        if crash is None or record["status"] != "running" or attempt == NATIVE_CRASH_RETRIES:
+        if record["status"] == "running" and not torchrun and needs_torchrun(out, script):
+            torchrun = True
+            record["single_rank_job"] = True
+            attempt += 1
+            _set_attempt_aside(out, nproc_per_node, attempt)
+            continue
+        if crash is None or record["status"] != "running" or attempt >= NATIVE_CRASH_RETRIES:
             break
         record.setdefault("retried_after", []).append(crash)
-        _set_attempt_aside(out, nproc_per_node, attempt + 1)
+        attempt += 1
+        _set_attempt_aside(out, nproc_per_node, attempt)
     if record["status"] == "running" and not (out / rank_files(nproc_per_node, 0)["result"]).exists():
         record.update(_exit_status(code, out, crash))  # the harness never got to say how the trial went
     return complete_record(record, out, started, nproc_per_node)
@@ -311,6 +330,9 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
         "measure": {"windows": schedule["windows"], "window_s": schedule["window_s"],
                     "against": schedule.get("against")},
         "parent": os.getpid(),
+        # The folder the command was run from, as `python path/to/script.py` would run in: a relative
+        # path the user gives (--data data/) or the script writes (output_dir="out") means the same there.
+        "cwd": os.getcwd(),
     }
 
 
@@ -329,7 +351,7 @@ def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_arg
                      torchrun: bool) -> list[str]:
     """The harness in one process, or under torchrun with a rank per process of a data-parallel trial."""
     if not torchrun:
-        return [python, "-c", _HARNESS_ENTRY, config]
+        return [python, "-c", HARNESS_ENTRY, config]
     return torchrun_command(python, nproc_per_node, list(torchrun_args), config)
 
 

@@ -14,9 +14,9 @@ on the function's top level:
 possibly wrapped in layout-only calls (`torch.from_numpy(...)`, `.permute(2, 0, 1)`, `.contiguous()`),
 then at most a normalization by constants (`x = (x - 0.5) / 0.25`), then returned (alone, or as one
 element of the returned tuple). Anything else that touches the float tensor before it is returned (a
-random jitter, a clamp), a conversion inside a branch, a transform pipeline (torchvision's `ToTensor`, not
-written yet: no torchvision build matching this torch is on these machines to test it with): not applicable,
-with the reason; the data the model sees never changes. The rewritten `__getitem__` returns the 8-bit tensor
+random jitter, a clamp), a conversion inside a branch: not applicable, with the reason; the data the model
+sees never changes (torchvision pipelines the Dataset holds, `ToTensor()` + `Normalize`, are moved by
+`advisor.trials.uint8_transforms`). The rewritten `__getitem__` returns the 8-bit tensor
 (`np.asarray(img, dtype=np.uint8)`), the batch is marked as it leaves the loader (after pinning), and the
 step's `.to(...)` of a marked batch returns it converted: `(x.float() / 255 - mean) / std`, the same float32
 operations in the same order, so the same numbers reach the model.
@@ -52,27 +52,49 @@ class BytePlan:
     uint8: str  # what it becomes, e.g. "np.asarray(image, dtype=np.uint8)"
     normalization: str | None  # the normalizing statement the rewrite removes, as written
     function: Any = None  # the rewritten __getitem__ (not recorded)
+    # A torchvision pipeline (advisor.trials.uint8_transforms): kind "transform", the names of its transforms
+    # in order, the Dataset's attribute that holds it; `multiply`: the conversion is x * (1 / 255) (v2's ToDtype).
+    kind: str = "getitem"
+    multiply: bool = False
+    transforms: tuple[str, ...] = ()
+    attribute: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What the trial records (the patch writes the same change)."""
-        return {k: getattr(self, k) for k in ("cls", "file", "line", "index", "scale", "mean", "std", "conversion",
-                                              "uint8", "normalization")}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in
+                ((k, getattr(self, k)) for k in ("cls", "file", "line", "index", "scale", "mean", "std", "conversion",
+                                                 "uint8", "normalization", "kind", "multiply", "transforms",
+                                                 "attribute"))}
 
     def convert(self, tensor: Any) -> Any:
         """The float tensor the Dataset made, from its 8-bit one (same float32 operations, same order)."""
-        import torch
-
         x = tensor.float()
+        if self.multiply:
+            x = x.mul_(1.0 / self.scale)  # torchvision v2's ToDtype(torch.float32, scale=True)
+        else:
+            # Divisors on the tensor's device: CUDA divides by a host scalar as a multiply by its reciprocal,
+            # which can differ from the Dataset's division in the last bit.
+            x = x / _constant(self.scale, x)
+        if self.mean is None:
+            return x
+        if self.kind == "transform":  # as torchvision's Normalize: constants as float32 tensors, per channel
+            return x.sub_(_constant(self.mean, x)).div_(_constant(self.std, x))
+        return (x - self.mean) / _constant(self.std, x)
 
-        def divisor(value: float) -> Any:
-            # CUDA divides by a Python number as a product with its reciprocal, a bit off the Dataset's
-            # division; a divisor on the tensor's own device is divided by exactly, as on the CPU.
-            return value if x.device.type == "cpu" else torch.full((), value, dtype=x.dtype, device=x.device)
 
-        x = x / divisor(self.scale)
-        if self.mean is not None:
-            x = (x - self.mean) / divisor(self.std)
-        return x
+_CONSTANTS: dict[tuple, Any] = {}  # the constants on each device, made once (not a copy per batch)
+
+
+def _constant(values: float | list[float], like: Any) -> Any:
+    """`values` as torchvision's Normalize makes them: a tensor of `like`'s dtype on its device, (C, 1, 1) per
+    channel."""
+    import torch
+
+    key = (tuple(values) if isinstance(values, list) else values, str(like.device), like.dtype)
+    if key not in _CONSTANTS:
+        tensor = torch.as_tensor(values, dtype=like.dtype, device=like.device)
+        _CONSTANTS[key] = tensor.view(-1, 1, 1) if tensor.ndim == 1 else tensor
+    return _CONSTANTS[key]
 
 
 def _number(node: ast.AST) -> float | None:
@@ -189,7 +211,7 @@ def byte_plan(cls: type) -> BytePlan | str:
         rest = []
         for later in body[i + 1:]:
             if isinstance(later, ast.Return):
-                index = _returned_index(later, name)
+                index = returned_index(later, name)
                 if index is False:
                     return f"{where}: the float image is not what __getitem__ returns"
                 plan = BytePlan(f"{cls.__module__}.{cls.__qualname__}", file, line, index, scale, mean, std,
@@ -208,13 +230,14 @@ def byte_plan(cls: type) -> BytePlan | str:
             (mean, std), normalization = found, ast.unparse(later)
         return f"{where}: no return follows the conversion on the function's top level"
     if "ToTensor" in source or "to_tensor" in source or "transform" in source:
-        return (f"{cls.__name__}.__getitem__ converts through a transform (torchvision's ToTensor): the "
-                "8-bit form of a transform pipeline is not written yet")
+        return (f"{cls.__name__}.__getitem__ converts through a transform that is not a torchvision pipeline held "
+                "on the Dataset (ToTensor() or ToImage() + ToDtype(torch.float32, scale=True)): its 8-bit form is "
+                "not known")
     return (f"{cls.__name__}.__getitem__ makes no float image in a way recognised without running it "
             "(np.asarray(img, dtype=np.float32) / 255.0, np.float32(img) / 255.0, t.float() / 255)")
 
 
-def _returned_index(statement: ast.Return, name: str) -> int | None | bool:
+def returned_index(statement: ast.Return, name: str) -> int | None | bool:
     """The returned tuple's element that is `name` (None: `name` alone), or False."""
     value = statement.value
     if isinstance(value, ast.Name) and value.id == name:
@@ -236,16 +259,38 @@ def _compiled(plan: BytePlan, tree: ast.Module, cls: type, file: str, first: int
     return BytePlan(**{**plan.to_dict(), "function": namespace[tree.body[0].name]})
 
 
-def rewrite_dataset(dataset: Any) -> tuple[BytePlan | None, str]:
-    """For the trial: the training Dataset's class hands out 8-bit images (its `__getitem__` replaced; the
-    process ends with the trial); returns the plan (None when not applicable) and the knob's outcome."""
+def rewrite_dataset(dataset: Any, site: str | None = None) -> tuple[BytePlan | None, str]:
+    """For the trial: the training Dataset hands out 8-bit images (its torchvision transform or its class's
+    `__getitem__` replaced; the process ends with the trial); returns the plan (None when not applicable)
+    and the knob's outcome. `site`: where the DataLoader was built (the patch looks for the pipeline there)."""
+    from advisor.trials.uint8_transforms import rewrite_pipeline
+
     if not hasattr(type(dataset), "__getitem__") or hasattr(dataset, "__iter__") and not hasattr(dataset, "__len__"):
         return None, not_applicable("the training DataLoader's dataset is not indexed by __getitem__")
+    pipeline = rewrite_pipeline(dataset, site)
+    if pipeline is not None:
+        return pipeline
     plan = byte_plan(type(dataset))
     if isinstance(plan, str):
         return None, not_applicable(plan)
     type(dataset).__getitem__ = plan.function
+    _REWRITTEN[type(dataset)] = plan
     return plan, APPLIED
+
+
+_REWRITTEN: dict[type, BytePlan] = {}  # the Dataset classes whose __getitem__ this trial rebuilt
+
+
+def plan_of(dataset: Any) -> BytePlan | None:
+    """The plan that makes `dataset` hand out 8-bit images, if the trial applied one to it: the training
+    loader's, or another loader's over the same Dataset (a validation loader, random_split's other Subset),
+    whose batches are then converted where they are moved too."""
+    from advisor.trials.uint8_transforms import pipeline_plan_of, wrapped_dataset
+
+    found = pipeline_plan_of(dataset)
+    if found is not None:
+        return found
+    return next((plan for cls, plan in _REWRITTEN.items() if isinstance(wrapped_dataset(dataset), cls)), None)
 
 
 def mark(batch: Any, plan: BytePlan) -> None:

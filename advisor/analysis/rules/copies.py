@@ -58,11 +58,13 @@ def non_blocking(d: Diagnosis) -> Recommendation | None:
     )
 
 
-def saving(c) -> str:
-    """What 8-bit copies of float32 images would save per step: bytes and copy time (a quarter remains)."""
+def saving(c, images: bool) -> str:
+    """What 8-bit copies of float32 values would save per step: bytes and copy time (a quarter remains).
+    `images`: the step runs convolutions, so the batch is likely images (else they are only values)."""
     saved = (f"{0.75 * c.bytes / 1e6:.1f} MB of the {c.bytes / 1e6:.1f} MB per step (as uint8: "
              f"{0.25 * c.bytes / 1e6:.1f} MB)" if c.bytes else "three quarters of the bytes")
-    return f"copied as 8-bit images instead of float32 they would save {saved} and about {ms(0.75 * c.total_us)} " \
+    what = "8-bit images" if images else "8-bit values (where the data is 8-bit at its source)"
+    return f"copied as {what} instead of float32 they would save {saved} and about {ms(0.75 * c.total_us)} " \
            "of copy time per step"
 
 
@@ -89,9 +91,10 @@ def fewer_copy_bytes(d: Diagnosis) -> Recommendation | None:
                   f"with the host's waits on them, {pct(share)} of the step with no kernel running "
                   f"({ms(c.exposed_us)})",
                   f"{c.count:.0f} copies, {per_step}; the host waits {ms(c.host_wait_us)} per step",
-                  saving(c)),
+                  saving(c, bool(d.extra.get("conv_share")))),
         code_change=("# in the Dataset: keep the decoded image as uint8, no float conversion or normalization\n"
                      "pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8)).permute(2, 0, 1)\n"
+                     "# (torchvision: ToTensor() -> PILToTensor(), or v2 ToDtype(torch.uint8, scale=True); no Normalize)\n"
                      "# in the step: copy 1 byte per value, then convert and normalize on the device\n"
                      "x = x.to(device, non_blocking=True).float().div_(255)\n"
                      "x = (x - mean) / std  # mean, std: tensors created once on the device\n"
@@ -129,6 +132,9 @@ def prefetch_to_device(d: Diagnosis) -> Recommendation | None:
                      "    current, ahead = ahead, to_device(batch)  # the next copy runs during this step\n"
                      "    for t in current: t.record_stream(torch.cuda.current_stream())\n"
                      "    train_step(*current)"),
-        caveat="Needs pin_memory=True (pinned batches); holds one more batch on the device.",
+        # Only what the trace shows: the pageable rest needs pinning first; copies already pinned need nothing.
+        caveat=("Holds one more batch on the device." if not c.pageable_us else
+                f"The {ms(c.pageable_us)} of pageable copies need pin_memory=True first; holds one more batch "
+                "on the device."),
         bound="copy",
     )

@@ -22,7 +22,8 @@ def loader_workers(trial: dict | None) -> tuple[int | None, int | None]:
 def more_workers(d: Diagnosis) -> Recommendation | None:
     """The step waits on the DataLoader: load batches in worker processes, overlapped with compute (up to the
     CPU count: with as many workers as cores, more only compete with the step for them)."""
-    share = max(d.dataloader_share, d.loader_steady_share or 0.0)
+    idle = d.extra.get("loader_idle_share") or 0.0  # the wait with no kernel, copies or not beside it
+    share = max(d.dataloader_share, d.loader_steady_share or 0.0, idle)
     if share < DATALOADER_SHARE:
         return None
     workers, cores = loader_workers(d.trial)
@@ -32,6 +33,11 @@ def more_workers(d: Diagnosis) -> Recommendation | None:
     target = min(target, cores) if cores else target
     evidence = [f"{pct(d.dataloader_share)} of the step is spent in DataLoader.__next__ "
                 f"({ms(d.breakdown_us['dataloader'])} per step) with nothing else running"]
+    hidden = idle - d.dataloader_share
+    if hidden >= 0.01:  # the breakdown counted part of the wait as copies or runtime calls
+        evidence.append(f"with no kernel running it waits {pct(idle)} of the step ({ms(idle * d.step_time_us)}): "
+                        f"{pct(hidden)} of it beside host-to-device copies or runtime calls, which the breakdown "
+                        "counts first")
     evidence += [f.message for f in d.findings if f.code == "loader-queue"]
     return Recommendation(
         id="more-workers",

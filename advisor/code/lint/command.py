@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from advisor.code.lint.findings import LintFinding
 from advisor.code.lint.run import expand_paths, lint_tree, parse_source, read_source
-from advisor.escape import for_terminal
+from advisor.escape import for_terminal, output_stream
 
 if TYPE_CHECKING:  # rich is imported when findings are printed, not when they are computed
     from rich.console import Console
@@ -47,7 +47,7 @@ def print_findings(findings: list[LintFinding], file_count: int, console: Consol
     from rich.table import Table
     from rich.text import Text
 
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, file=output_stream())
     explained: set[str] = set()
     for finding in findings:
         header = Text()

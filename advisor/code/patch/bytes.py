@@ -72,15 +72,142 @@ def _same(code: str, text: str) -> bool:
 
 
 class _DeviceConversion(MovedInput):
-    """`x = x.to(device)` of the batch fed to the model → `x = (x.to(device).float() / 255.0 - m) / s`."""
+    """`x = x.to(device)` of the batch fed to the model → `x = (x.to(device).float() / 255.0 - m) / s`; for a
+    torchvision pipeline, its Normalize's per-channel constants as float32 tensors on the batch's device."""
 
     def __init__(self, function: str, plan: dict):
         super().__init__(function)
-        scale, mean, std = plan["scale"], plan.get("mean"), plan.get("std")
-        self.template = f"{{moved}}.float() / {scale:g}"
-        if mean is not None:
-            self.template = f"({self.template} - {mean:g}) / {std:g}"
+        self.plan = plan
 
     def rewritten(self, moved: cst.Call) -> cst.BaseExpression:
         """The batch's `x.to(device)` converted and normalized after the copy."""
-        return cst.parse_expression(self.template.format(moved=cst.Module([]).code_for_node(moved)))
+        plan, code = self.plan, cst.Module([]).code_for_node(moved)
+        mean, std = plan.get("mean"), plan.get("std")
+        if plan.get("kind") != "transform":
+            text = f"{code}.float() / {plan['scale']:g}"
+            if mean is not None:
+                text = f"({text} - {mean:g}) / {std:g}"
+            return cst.parse_expression(text)
+        scale = f"{plan['scale']:g}"
+        text = f"{code}.float() * (1 / {scale})" if plan.get("multiply") else f"{code}.float() / {scale}"
+        if mean is not None:
+            device = _device(moved)
+            where = f", device={device}" if device else ""
+            mean, std = plan.get("mean_code") or mean, plan.get("std_code") or std  # the script's own names
+            mean_text = repr(mean) if isinstance(mean, float) else f"torch.tensor({mean}{where}).view(-1, 1, 1)"
+            std_text = repr(std) if isinstance(std, float) else f"torch.tensor({std}{where}).view(-1, 1, 1)"
+            text = f"({text} - {mean_text}) / {std_text}"
+        return cst.parse_expression(text)
+
+
+def _device(moved: cst.Call) -> str | None:
+    """The device argument of `x.to(device, ...)` as written."""
+    for arg in moved.args:
+        if arg.keyword is None or arg.keyword.value == "device":
+            return cst.Module([]).code_for_node(arg.value)
+    return None
+
+
+def rewrite_pipeline_bytes(module: cst.Module, plan: dict) -> tuple[cst.Module, int, dict]:
+    """A torchvision pipeline (`Compose([...])` whose transforms are the plan's, in order) made 8-bit:
+    `ToTensor()` → `PILToTensor()` (v1), `ToDtype(torch.float32, ...)` → `ToDtype(torch.uint8, ...)` (v2), its
+    `Normalize(...)` taken out; returns the module, how many such pipelines it holds (1 to be written), and
+    the Normalize's mean and std as written where they are module-level names (`mean_code`, `std_code`: the
+    step in the same file normalizes with them)."""
+    finder = _Pipelines(list(plan.get("transforms") or []))
+    module.visit(finder)
+    if len(finder.found) != 1:
+        return module, len(finder.found), {}
+    rewrite = _EightBitPipeline(finder.found[0], plan)
+    return module.visit(rewrite), 1, _constants(module, rewrite.normalize)
+
+
+def _constants(module: cst.Module, normalize: cst.Call | None) -> dict:
+    """Of `Normalize(MEAN, STD)` (or `mean=MEAN, std=STD`): the names assigned at the module's top level."""
+    if normalize is None:
+        return {}
+    named = {}
+    for i, arg in enumerate(normalize.args[:2]):
+        key = arg.keyword.value if arg.keyword is not None else ("mean", "std")[i]
+        if isinstance(arg.value, cst.Name):
+            named[key] = arg.value.value
+    top = {t.target.value for s in module.body if isinstance(s, cst.SimpleStatementLine) for a in s.body
+           if isinstance(a, cst.Assign) for t in a.targets if isinstance(t.target, cst.Name)}
+    return {f"{key}_code": name for key, name in named.items() if key in ("mean", "std") and name in top}
+
+
+def _last_name(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _element_names(call: cst.Call) -> list[str | None] | None:
+    """The transforms' class names of `Compose([A(...), B(...)])` (None for an element that is not a call)."""
+    if _last_name(call.func) != "Compose" or not call.args or not isinstance(call.args[0].value, (cst.List, cst.Tuple)):
+        return None
+    return [_last_name(e.value.func) if isinstance(e.value, cst.Call) else None for e in call.args[0].value.elements]
+
+
+class _Pipelines(cst.CSTVisitor):
+    def __init__(self, names: list[str]):
+        super().__init__()
+        self.names = names
+        self.found: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.names and _element_names(node) == self.names:
+            self.found.append(node)
+
+
+class _EightBitPipeline(cst.CSTTransformer):
+    def __init__(self, target: cst.Call, plan: dict):
+        super().__init__()
+        self.target, self.plan = target, plan
+        self.normalize: cst.Call | None = None
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if original_node is not self.target:
+            return updated_node
+        sequence = updated_node.args[0].value
+        elements = []
+        for element in sequence.elements:
+            name = _last_name(element.value.func)
+            if name == "Normalize":
+                self.normalize = element.value
+                continue  # normalized after the copy, in the step
+            if name == "ToTensor":
+                func = element.value.func
+                renamed = func.with_changes(attr=cst.Name("PILToTensor")) if isinstance(func, cst.Attribute) \
+                    else cst.Name("PILToTensor")
+                element = element.with_changes(value=element.value.with_changes(func=renamed))
+            elif name == "ToDtype":
+                element = element.with_changes(value=_to_uint8(element.value))
+            elements.append(element)
+        if elements and len(elements) < len(sequence.elements):
+            elements[-1] = elements[-1].with_changes(comma=sequence.elements[-1].comma)
+        return updated_node.with_changes(args=[updated_node.args[0].with_changes(
+            value=sequence.with_changes(elements=elements)), *updated_node.args[1:]])
+
+
+def _to_uint8(call: cst.Call) -> cst.Call:
+    """`ToDtype(torch.float32, scale=True)` → `ToDtype(torch.uint8, scale=True)` (positional or `dtype=`)."""
+    args = list(call.args)
+    for i, arg in enumerate(args):
+        if arg.keyword is None or arg.keyword.value == "dtype":
+            args[i] = arg.with_changes(value=cst.parse_expression("torch.uint8"))
+            break
+    return call.with_changes(args=args)
+
+
+def imports_name(module: cst.Module, name: str) -> bool:
+    """Whether the module binds `name` with a `from ... import`."""
+    found = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+            alias = node.asname.name.value if node.asname is not None else _last_name(node.name)
+            found.append(alias == name)
+
+    module.visit(_Find())
+    return any(found)

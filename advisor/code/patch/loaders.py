@@ -45,16 +45,16 @@ def rewrite_dataloaders(module: cst.Module, facts: ScriptFacts, knobs: Knobs, us
     changes = loader_changes(knobs, user_values)
     if not changes:
         return module
-    rewrite = _LoaderRewrite(facts, changes, user_values, line=line, elsewhere=elsewhere)
+    rewrite = LoaderRewrite(facts, changes, user_values, line=line, elsewhere=elsewhere)
     module = cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(rewrite)
     if rewrite.constant_changes:
-        module = module.with_changes(body=[_set_constants(s, rewrite.constant_changes) for s in module.body])
+        module = module.with_changes(body=[set_constants(s, rewrite.constant_changes) for s in module.body])
     if rewrite.argparse_changes:
-        module = module.visit(_ArgparseRewrite(rewrite.argparse_changes))
+        module = module.visit(ArgparseRewrite(rewrite.argparse_changes))
     return module
 
 
-def _set_constants(statement: cst.BaseStatement, changes: dict[str, Any]) -> cst.BaseStatement:
+def set_constants(statement: cst.BaseStatement, changes: dict[str, Any]) -> cst.BaseStatement:
     """A module-level `NAME = literal` line with the new literal, when NAME is to change."""
     if not isinstance(statement, cst.SimpleStatementLine):
         return statement
@@ -70,7 +70,7 @@ def _set_constants(statement: cst.BaseStatement, changes: dict[str, Any]) -> cst
     return statement.with_changes(body=body)
 
 
-class _ArgparseRewrite(cst.CSTTransformer):
+class ArgparseRewrite(cst.CSTTransformer):
     """`add_argument(..., default=<old>)` → the new default, for the dests that change."""
 
     def __init__(self, changes: dict[str, Any]):
@@ -88,7 +88,7 @@ class _ArgparseRewrite(cst.CSTTransformer):
         return updated_node.with_changes(args=args)
 
 
-class _LoaderRewrite(cst.CSTTransformer):
+class LoaderRewrite(cst.CSTTransformer):
     """Sets the DataLoader knobs in each DataLoader call; plans constant and argparse changes."""
 
     METADATA_DEPENDENCIES = (PositionProvider,)
@@ -126,8 +126,11 @@ class _LoaderRewrite(cst.CSTTransformer):
             span = self.get_metadata(PositionProvider, original_node)
             if not span.start.line <= self.line <= span.end.line:
                 return updated_node
-        call = self._knobs_into(updated_node)
-        # Added arguments are wrapped onto continuation lines aligned after the opening parenthesis.
+        return self._wrapped(original_node, updated_node, self._knobs_into(updated_node))
+
+    def _wrapped(self, original_node: cst.Call, updated_node: cst.Call, call: cst.Call) -> cst.Call:
+        """`call` (the rewrite of `updated_node`) with added arguments wrapped onto continuation lines
+        aligned after the opening parenthesis."""
         opening = self.get_metadata(PositionProvider, original_node.func).end
         start = self.get_metadata(PositionProvider, original_node).start.column
         return _wrap_added(call, updated_node, self.facts.module, paren_column=opening.column, start_column=start)

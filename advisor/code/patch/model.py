@@ -8,7 +8,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts, is_optimizer_constructor
-from advisor.code.syntax import after_imports, dotted, keyword_arg, literal_value, put_keyword
+from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_value, put_keyword
 from advisor.trials.knobs import Knobs
 
 # torch.optim classes with a fused implementation (CUDA and CPU); the others take foreach=True.
@@ -56,7 +56,7 @@ MANUAL = {
 }
 
 
-class ModelSetup(cst.CSTTransformer):
+class ModelSetup(BlockRewrite):
     """Before the first optimizer built from `<model>.parameters()`: the model lines; in every optimizer
     constructor: fused=True (foreach=True for classes without a fused kernel)."""
 
@@ -71,7 +71,8 @@ class ModelSetup(cst.CSTTransformer):
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None
         small = statement.body[0]
-        value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign, cst.Expr)) else None
+        # `return torch.optim.Adam(...)`: a LightningModule's configure_optimizers.
+        value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign, cst.Expr, cst.Return)) else None
         if isinstance(value, cst.Call) and is_optimizer_constructor(value, self.facts.optim_imports):
             return value
         return None
@@ -80,10 +81,13 @@ class ModelSetup(cst.CSTTransformer):
         first = call.args[0].value if call.args and call.args[0].keyword is None else None
         if isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute) \
                 and first.func.attr.value in ("parameters", "named_parameters"):
-            return dotted(first.func.value)
+            name = dotted(first.func.value)
+            # `self.parameters()` (a LightningModule's configure_optimizers): the model is built elsewhere.
+            return None if name is None or name.split(".")[0] == "self" else name
         return None
 
-    def _statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The block with the model lines before its first optimizer, fused in each optimizer's call."""
         out: list[cst.BaseStatement] = []
         for statement in body:
             call = self._optimizer_call(statement)
@@ -107,11 +111,6 @@ class ModelSetup(cst.CSTTransformer):
             out.append(statement)
         return out
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        return updated_node.with_changes(body=self._statements(list(updated_node.body)))
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return updated_node.with_changes(body=self._statements(list(updated_node.body)))
 
 
 class _Fused(cst.CSTTransformer):

@@ -3,6 +3,7 @@ against the original into one patch that `patch -p1` or `git apply` applies."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import tokenize
 from dataclasses import dataclass, field
@@ -12,8 +13,9 @@ import libcst as cst
 
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
-from advisor.code.patch.loaders import rewrite_dataloaders
-from advisor.code.patch.bytes import rewrite_dataset_bytes, rewrite_step_bytes
+from advisor.code.patch.frameworks import rewrite_frameworks
+from advisor.code.patch.loaders import loader_changes, rewrite_dataloaders
+from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes, rewrite_step_bytes
 from advisor.code.patch.model import model_changes, rewrite_inputs, rewrite_model
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
@@ -69,9 +71,21 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     found = site_of(loader_site)
     loader_file, line = (found[0].resolve(), found[1]) if found else (script, None)
     elsewhere = Elsewhere(search_files(script, loader_file, root), loader_file)
-    module = module_of(loader_file)
-    edited[loader_file] = rewrite_dataloaders(module, ScriptFacts.collect(module), knobs, user_values, line=line,
-                                              elsewhere=elsewhere)
+    # A framework the script configures (TrainingArguments, Accelerator, Lightning's Trainer) owns the
+    # settings it builds from: those knobs are written there, the rest by the plain rules below.
+    framework = rewrite_frameworks(edited, module_of, elsewhere.files, knobs, user_values, accumulation_steps,
+                                   elsewhere)
+    notes += framework.notes
+    if framework.written:
+        knobs = dataclasses.replace(knobs, **{k: None for k in framework.written})
+        accumulation_steps = None if "accumulation_steps" in framework.written else accumulation_steps
+    module = edited.get(loader_file) or module_of(loader_file)
+    loader = rewrite_dataloaders(module, ScriptFacts.collect(module), knobs, user_values, line=line,
+                                 elsewhere=elsewhere)
+    if loader_changes(knobs, user_values) and loader.code == module.code and not elsewhere.changes \
+            and not elsewhere.notes:
+        notes.append(unwritten_loader(loader_changes(knobs, user_values), user_values, loader_site))
+    edited[loader_file] = loader
     notes += elsewhere.notes
     for path in {d.file for d, _ in elsewhere.changes}:
         base = edited.get(path) or module_of(path)
@@ -81,8 +95,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         base = edited.get(step_path) or module_of(step_path)
         edited[step_path] = rewrite_step(base, target, knobs, accumulation_steps, str(step_path))
     elif knobs.amp or knobs.non_blocking:
-        notes.append("autocast and non_blocking copies are not written: the function that runs the step is not "
-                     "known; put the forward under torch.autocast and pass non_blocking=True to .to(device)")
+        kept = ", ".join(f"{k}={getattr(knobs, k)}" for k in ("amp", "non_blocking") if getattr(knobs, k))
+        notes.append(f"{kept} is not written: the function that runs the step is not known (a framework's loop "
+                     "runs it); put the forward under torch.autocast (amp) and pass non_blocking=True to "
+                     ".to(device), or set the framework's own mixed-precision option")
     if ddp_changes(knobs, user_values):
         edited[script], ddp_notes = rewrite_ddp(edited.get(script) or module_of(script), knobs, user_values)
         notes += ddp_notes
@@ -97,7 +113,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         if not placed:
             notes.append("the batch the model takes is not made channels_last here (the model's first convolution "
                          "converts it); to skip that copy: x = x.to(device, memory_format=torch.channels_last)")
-    if knobs.uint8_copies and uint8_plan:
+    if knobs.uint8_copies and uint8_plan and uint8_plan.get("kind") == "transform":
+        notes += write_pipeline_bytes(edited, module_of, [Path(uint8_plan["file"]).resolve(), script, step_path],
+                                      step_path, target, uint8_plan)
+    elif knobs.uint8_copies and uint8_plan:
         notes += write_bytes(edited, module_of, Path(uint8_plan["file"]).resolve(), step_path, target, uint8_plan)
     if knobs.threads and knobs.threads != user_values.get("threads"):
         base = edited.get(script) or module_of(script)
@@ -109,7 +128,12 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         try:
             rel = path.relative_to(root).as_posix()
         except ValueError:
-            raise AdvisorError(f"{path}: cannot patch: the file is not inside {root}") from None
+            if path == script:
+                raise AdvisorError(f"{path}: cannot patch: the file is not inside {root}") from None
+            # Another file (an installed package's): the script's own changes still stand.
+            notes.append(f"not written into {path}: the file is not inside {root}; make the final settings "
+                         "listed in this report where your code configures the package that file belongs to")
+            continue
         text = after.code
         try:
             compile(text, str(path), "exec", dont_inherit=True)
@@ -117,6 +141,14 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
             raise AdvisorError(f"{path}: cannot patch: the patched source does not compile ({exc.msg})") from None
         diffs.append(unified_diff(sources[path], text, rel))
     return Patch("".join(diffs), notes)
+
+
+def unwritten_loader(changes: dict, user_values: dict, site: str | None) -> str:
+    """The note for DataLoader settings the patch found no place for: each setting, its value and where."""
+    kept = ", ".join(f"{k}={v!r} (was {user_values.get(k)!r})" for k, v in changes.items())
+    where = f"it is built from the call at {site}" if site else "no DataLoader call of the script built it"
+    return (f"{kept} is not written: {where}, inside a library the patch does not know; set it where your code "
+            "configures that library's training DataLoader")
 
 
 def write_bytes(edited: dict, module_of, dataset_file: Path, step_path: Path, target: str | None,
@@ -137,6 +169,39 @@ def write_bytes(edited: dict, module_of, dataset_file: Path, step_path: Path, ta
     edited[dataset_file] = dataset
     edited[step_path] = step  # the same file: the step's rewrite holds the Dataset's too
     return []
+
+
+def write_pipeline_bytes(edited: dict, module_of, files: list[Path], step_path: Path, target: str | None,
+                         plan: dict) -> list[str]:
+    """The uint8_copies change of a torchvision pipeline into `edited`: the `Compose([...])` made 8-bit in the
+    first of `files` (where the loader is built, the script, the step's file) that holds it, the step's
+    `.to(device)` converting and normalizing; notes for what is not found."""
+    pipeline = " + ".join(plan.get("transforms") or [])
+    for path in dict.fromkeys(f for f in files if f.is_file()):
+        base = edited.get(path) or module_of(path)
+        module, count, constants = rewrite_pipeline_bytes(base, plan)
+        if count > 1:
+            return [f"8-bit copies are not written: {count} pipelines {pipeline} in {path.name}; make the training "
+                    f"one {plan['uint8']} without its Normalize, and convert and normalize after the copy"]
+        if count == 0:
+            continue
+        if "PILToTensor()" in plan["uint8"] and not imports_name(module, "PILToTensor") and \
+                "PILToTensor(" in module.code and ".PILToTensor(" not in module.code:
+            at = after_imports(list(module.body))  # ToTensor was imported by name: PILToTensor beside it
+            module = module.with_changes(body=[*module.body[:at],
+                                               cst.parse_statement("from torchvision.transforms import PILToTensor"),
+                                               *module.body[at:]])
+        step, moved = (None, False) if target is None else rewrite_step_bytes(
+            module if step_path == path else edited.get(step_path) or module_of(step_path), target,
+            {**plan, **constants} if step_path == path else plan)
+        if not moved:
+            return ["8-bit copies are not written: the step's .to(device) of the batch was not found; make the "
+                    f"pipeline {plan['uint8']} without its Normalize and convert and normalize after the copy"]
+        edited[path] = module
+        edited[step_path] = step  # the same file: the step's rewrite holds the pipeline's too
+        return []
+    return [f"8-bit copies are not written: the pipeline Compose([{pipeline}]) was not found written as one list "
+            "in the loader's, the script's or the step's file"]
 
 
 def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,

@@ -1,0 +1,136 @@
+"""The predicted gain each proposal carries, from the what-if model, corrected by what the session measured.
+
+Each best trial's step graph (`advisor.analysis.whatif.step_graph`) is kept in the session record when it
+is diagnosed (`state["graphs"]`); a proposal's change from that best is simulated on it, with the
+model's parameters calibrated from every trial the session measured so far (each row's `base`, the best
+it was tried against, its measured gain and the knobs it turned): the AMP speed-up of this script's
+kernels, the batch scaling, what the workers delivered. Changes the model has no transformation for
+(threads, TF32, cuDNN autotuning, DDP's arguments, prefetch depth) keep the rules' figure. The session's
+own prediction error (median absolute, sign agreement) is kept for the report. Pure functions over the
+session record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+from advisor.analysis.whatif import StepGraph, calibrate, predict, step_graph
+from advisor.trials.knobs import Knobs
+
+# Knobs → the model's names; a change that turns any other knob is not the model's to predict.
+MODELLED = {"num_workers": "num_workers", "batch_size": "batch_size", "amp": "amp", "pin_memory": "pinned",
+            "non_blocking": "pinned", "uint8_copies": "uint8_copies", "channels_last": "channels_last",
+            "fused_optimizer": "fused_optimizer", "compile": "compile"}
+IGNORED = {"persistent_workers"}  # goes with num_workers
+NOT_PREDICTIONS = ("confirm",)  # re-measures of a setting already measured: no change was predicted
+
+
+def _changed(row: dict[str, Any]) -> bool:
+    """Whether a row measured a change that was predicted: not a re-measure, nor a knob found not applicable."""
+    return row.get("recommendation") not in NOT_PREDICTIONS and row.get("decision") != "not applicable"
+
+
+def remember_graph(state: dict[str, Any], name: str, diagnosis: Any) -> None:
+    """Keep the step graph of a diagnosed trial (the best, before proposals are made from it)."""
+    graph = step_graph(diagnosis) if diagnosis is not None else None
+    if graph is not None:
+        state.setdefault("graphs", {})[name] = dataclasses.asdict(graph)
+
+
+def graph_of(state: dict[str, Any], name: str | None) -> StepGraph | None:
+    """The step graph kept for a trial, or None."""
+    data = (state.get("graphs") or {}).get(name) if name else None
+    return StepGraph(**data) if isinstance(data, dict) else None
+
+
+def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
+                  user_values: dict[str, Any]) -> dict[str, Any] | None:
+    """What a change sets, in the model's terms (knob → the effective value after it); None when it turns
+    a knob the model has no transformation for, or nothing."""
+    a = before.to_dict() if isinstance(before, Knobs) else dict(before)
+    b = after.to_dict() if isinstance(after, Knobs) else dict(after)
+    turned = {k for k, v in b.items() if v != a.get(k)} - IGNORED
+    if not turned or turned - set(MODELLED):
+        return None
+
+    def value(knobs: dict[str, Any], name: str) -> Any:
+        v = knobs.get(name)
+        return user_values.get(name) if v is None else v
+    out: dict[str, Any] = {}
+    for k in sorted(turned):
+        if MODELLED[k] == "pinned":
+            out["pinned"] = bool(value(b, "pin_memory")) and bool(value(b, "non_blocking"))
+        elif k in ("num_workers", "batch_size"):
+            v = value(b, k)
+            if v is None:
+                return None
+            out[k] = int(v or 0)
+        else:
+            out[k] = bool(value(b, k))
+    return out
+
+
+def observations(state: dict[str, Any]) -> list[tuple[StepGraph, dict[str, Any], float]]:
+    """(base graph, change, measured relative change of samples/s) of every measured trial of the session."""
+    rows = {t["name"]: t for t in state.get("trials") or []}
+    out = []
+    for t in rows.values():
+        base = rows.get(t.get("base"))
+        graph = graph_of(state, t.get("base"))
+        if base is None or graph is None or t.get("status") != "ok" or not _changed(t):
+            continue
+        if not t.get("samples_per_s") or not base.get("samples_per_s"):
+            continue
+        changes = model_changes(base["knobs"], t["knobs"], state.get("user_values") or {})
+        if changes is not None:
+            out.append((graph, changes, t["samples_per_s"] / base["samples_per_s"] - 1))
+    return out
+
+
+def session_params(state: dict[str, Any]) -> dict[str, float]:
+    """The model's parameters for this script and device: the priors, corrected by what was measured."""
+    return calibrate(observations(state))
+
+
+def predicted_change(state: dict[str, Any], base_name: str, before: Knobs | dict[str, Any],
+                     after: Knobs | dict[str, Any], params: dict[str, float] | None = None) -> float | None:
+    """The model's relative change of samples/s from the trial `base_name` (knobs `before`) to `after`;
+    None where it has no graph of the base or no transformation for the change."""
+    graph = graph_of(state, base_name)
+    changes = model_changes(before, after, state.get("user_values") or {})
+    if graph is None or changes is None:
+        return None
+    return predict(graph, changes, session_params(state) if params is None else params)
+
+
+def step_share(samples_change: float) -> float:
+    """A relative change of samples/s as the share of step time it saves (the unit proposals carry):
+    the inverse of `advisor.search.state.samples_gain`."""
+    return 1 - 1 / (1 + max(samples_change, -0.99))
+
+
+def reprice(proposals: list[Any], state: dict[str, Any], name: str, knobs: Knobs | dict[str, Any]) -> list[Any]:
+    """Proposals with the model's predicted gain where it can simulate the change from the trial `name`
+    (the best, with `knobs`)."""
+    if graph_of(state, name) is None:
+        return proposals
+    params = session_params(state)
+    out = []
+    for p in proposals:
+        change = predicted_change(state, name, knobs, p.knobs, params)
+        out.append(p if change is None else dataclasses.replace(p, predicted_gain=step_share(change)))
+    return out
+
+
+def prediction_error(state: dict[str, Any]) -> dict[str, Any] | None:
+    """How far the session's predictions were from what it measured: over its trials with both, the median
+    absolute difference of the relative changes of samples/s, and the share whose signs agreed."""
+    pairs = [(t["predicted_samples_gain"], t["gain"]) for t in state.get("trials") or []
+             if t.get("predicted_samples_gain") is not None and t.get("gain") is not None
+             and _changed(t)]
+    if not pairs:
+        return None
+    return {"trials": len(pairs), "median_abs": statistics.median(abs(p - m) for p, m in pairs),
+            "sign_agreement": sum((p > 0) == (m > 0) for p, m in pairs) / len(pairs)}

@@ -1,0 +1,320 @@
+"""A data-parallel trial on a Ray cluster: the whole NNODES × NPROC-rank job, one placement group per trial.
+
+`run_trial(..., ray_address=ADDRESS, nnodes=N, nproc_per_node=G)` prepares the trial as for torchrun (its
+record, the harness's config) and hands it to `run_ray_job`, which
+
+1. reserves a placement group of N bundles, STRICT_SPREAD (one per node), each G ranks' CPUs (and GPUs);
+2. starts a `NodeAgent` actor in each bundle: the agent of bundle 0 names its node's address and a free
+   port (MASTER_ADDR, MASTER_PORT), and every agent starts its G ranks as torchrun would, each the harness
+   with torch.distributed's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+   MASTER_ADDR, MASTER_PORT), writing into a scratch folder on its own node;
+3. gets every agent's files back as the agent's return value (Ray's object store: no shared filesystem),
+   writes them into the trial folder under the names a local data-parallel trial has, and completes the
+   record as for torchrun (`complete_record`: every rank's steps, the job's samples/s, one trace per rank).
+
+Faults: a rank that fails ends the trial with its traceback and its node; once a node reports a failed
+rank, the others get FAILURE_GRACE_S to fail after it and are then stopped; the time limit stops every
+rank (status "timeout"); a node lost mid-trial fails the trial, naming it; Ctrl-C stops the job and marks
+the trial interrupted. The actors are killed and the placement group removed however the trial ends;
+the ranks die with their agent (PR_SET_PDEATHSIG), and carry the trial's token like any trial's processes.
+
+Ray is optional (`pip install 'advisor[ray]'`) and imported only here, inside functions.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.errors import AdvisorError
+from advisor.trials.record import LOG_FILE, TRIAL_FILE, TrialResult, complete_record
+from advisor.trials.storage import write_json_atomic
+
+RAY_MISSING = "--ray needs the ray package on this machine and every node: pip install 'advisor[ray]'"
+FAILURE_GRACE_S = 10.0  # how long the other nodes' ranks get to fail after a rank failed, before they are stopped
+COLLECT_S = 30.0  # how long stopped agents get to hand back what their ranks wrote
+PLACEMENT_S = 120.0  # how long a trial waits for the cluster to place its bundles (at most its time limit)
+
+
+def import_ray() -> Any:
+    """The ray module, or AdvisorError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise AdvisorError(RAY_MISSING) from None
+    return ray
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a Ray address ("host:port", "ray://host:port") names this machine's loopback."""
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# Ray's Linux default takes "127.0.0.1" for "this machine" and dials the machine's network address instead
+# (for the GCS and as the driver's own address); with this variable off, as Ray sets it for one machine on
+# macOS and Windows, loopback stays loopback. Read when ray is imported.
+SINGLE_MACHINE_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def ray_installed() -> None:
+    """AdvisorError saying how to install ray when it is not (without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise AdvisorError(RAY_MISSING)
+
+
+def connect(address: str) -> Any:
+    """Join the cluster at `address` as its driver (once per process); returns the ray module. A cluster on
+    loopback is joined on 127.0.0.1 too: the driver then never binds to, or connects through, the machine's
+    network address (ray must not have been imported before)."""
+    if is_loopback(address):
+        os.environ.setdefault(SINGLE_MACHINE_VARIABLE, "0")
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    options: dict[str, Any] = {"address": address, "log_to_driver": False, "logging_level": "warning"}
+    if is_loopback(address):
+        options["_node_ip_address"] = "127.0.0.1"
+    try:
+        ray.init(**options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise AdvisorError(f"--ray {address}: cannot join the Ray cluster: {exc}") from None
+    return ray
+
+
+# --------------------------------------------------------------------------------------------------
+# On each node
+
+
+class NodeAgent:
+    """One node's share of a trial (a Ray actor in one bundle): starts its ranks, waits, hands back their files."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self.processes: list[Any] = []
+
+    def where(self) -> dict[str, Any]:
+        """This node: its address, Ray's id for it, and a port free on it (for rank 0's store)."""
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            port = s.getsockname()[1]
+        return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "port": port, "pid": os.getpid()}
+
+    def run(self, config: dict[str, Any], env: dict[str, str], ranks: list[int], world_size: int,
+            master: dict[str, Any], node_rank: int) -> dict[str, Any]:
+        """Start these ranks (the harness, torchrun's environment), wait for them, return every file they wrote."""
+        import shutil
+        import subprocess
+        import sys
+        import tempfile
+
+        from advisor.trials.runner import HARNESS_ENTRY
+
+        scratch = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
+        # Not under torchrun: each rank dies with this agent (the parent it is told), as a lone trial does.
+        config = dict(config, out_dir=str(scratch), torchrun=False, parent=os.getpid())
+        try:
+            # Ray sets OMP_NUM_THREADS to its workers' CPUs; torchrun sets 1 with several ranks a node, else nothing.
+            node_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+            if len(ranks) > 1:
+                node_env["OMP_NUM_THREADS"] = "1"
+            for local, rank in enumerate(ranks):
+                rank_env = {**node_env, **env, "RANK": str(rank), "LOCAL_RANK": str(local),
+                            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(len(ranks)),
+                            "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(world_size // len(ranks)),
+                            "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size),
+                            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                            "TORCHELASTIC_RUN_ID": self.token, "MASTER_ADDR": master["ip"],
+                            "MASTER_PORT": str(master["port"])}
+                with open(scratch / f"output.rank{rank}.log", "wb") as out:
+                    self.processes.append(subprocess.Popen(
+                        [sys.executable, "-c", HARNESS_ENTRY, json.dumps(config)], cwd=Path(config["script"]).parent,
+                        env=rank_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
+            codes = [p.wait() for p in self.processes]
+            files = {p.name: p.read_bytes() for p in scratch.iterdir() if p.is_file()}
+            return {"codes": codes, "files": files}
+        finally:
+            self.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def stop(self) -> None:
+        """End this node's ranks and whatever they started (DataLoader workers): those with the trial's token."""
+        from advisor.trials.runner import end_trial_processes
+
+        for process in self.processes:
+            end_trial_processes(process.pid, self.token)
+
+
+# --------------------------------------------------------------------------------------------------
+# On the driver
+
+
+def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: dict[str, str], started: float, *,
+                address: str, nnodes: int, nproc_per_node: int, timeout_s: float,
+                on_start: Callable[[int, str], None] | None = None) -> TrialResult:
+    """Run the prepared trial (`record`, the harness's `config`, the ranks' `env`) as one job on the cluster;
+    write its files into `out` and complete its record. Ctrl-C stops the job, marks the trial interrupted
+    and re-raises KeyboardInterrupt."""
+    ray = connect(address)
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    world_size = nnodes * nproc_per_node
+    record.update(nproc_per_node=nproc_per_node, ray={"address": address, "nnodes": nnodes, "nodes": []})
+    write_json_atomic(out / TRIAL_FILE, record)
+    gpus = nproc_per_node if record["device"] == "cuda" or (
+        record["device"] == "auto" and ray.cluster_resources().get("GPU")) else 0
+    bundle = {"CPU": nproc_per_node, **({"GPU": gpus} if gpus else {})}
+    group = placement_group([bundle] * nnodes, strategy="STRICT_SPREAD")
+    agents: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    if on_start is not None:  # a killed session's --resume ends whatever this machine still runs of the trial
+        on_start(os.getpid(), record["token"])
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=min(PLACEMENT_S, timeout_s))
+        if not ready:
+            record.update(status="error", message=f"the Ray cluster at {address} could not place {nnodes} bundles "
+                          f"of {bundle} on {nnodes} different nodes (STRICT_SPREAD) within "
+                          f"{min(PLACEMENT_S, timeout_s):g} s; it has {ray.cluster_resources()}")
+            return _complete(record, out, started, world_size, {})
+        agent_class = ray.remote(NodeAgent)
+        agents = [agent_class.options(num_cpus=nproc_per_node, num_gpus=gpus, max_concurrency=2,
+                                      scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                          group, placement_group_bundle_index=i)).remote(record["token"])
+                  for i in range(nnodes)]
+        nodes = ray.get([a.where.remote() for a in agents], timeout=max(1.0, deadline - time.monotonic()))
+        record["ray"]["nodes"] = [{"node": i, "ip": n["ip"], "node_id": n["node_id"],
+                                   "ranks": list(range(i * nproc_per_node, (i + 1) * nproc_per_node))}
+                                  for i, n in enumerate(nodes)]
+        runs = [agent.run.remote(config, env, node["ranks"], world_size, nodes[0], node["node"])
+                for agent, node in zip(agents, record["ray"]["nodes"])]
+        returned = _wait(ray, runs, agents, record, deadline, timeout_s)
+        return _complete(record, out, started, world_size, returned)
+    except KeyboardInterrupt:
+        _stop(ray, agents)
+        record.update(status="interrupted", message="interrupted (Ctrl-C); the job's ranks on every node were stopped")
+        _complete(record, out, started, world_size, {})
+        raise
+    except ray.exceptions.GetTimeoutError:
+        record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
+        return _complete(record, out, started, world_size, {})
+    except ray.exceptions.RayError as exc:  # an agent lost before its ranks started (its node gone)
+        record.update(status="error", error_type="NodeLost", message=f"a node was lost as the job started: "
+                      f"{_first_line(exc)}")
+        return _complete(record, out, started, world_size, {})
+    finally:
+        for agent in agents:
+            ray.kill(agent)  # its ranks follow it (PR_SET_PDEATHSIG)
+        remove_placement_group(group)
+
+
+def _wait(ray: Any, runs: list[Any], agents: list[Any], record: dict[str, Any], deadline: float,
+          timeout_s: float) -> dict[int, dict[str, Any]]:
+    """Every node's return, by node; the trial's status set where the job did not end by itself (the time
+    limit, a lost node). A failed rank gives the other nodes FAILURE_GRACE_S before they are stopped."""
+    returned: dict[int, dict[str, Any]] = {}
+    pending = dict(enumerate(runs))
+    stop_at = deadline
+    while pending:
+        done, _ = ray.wait(list(pending.values()), num_returns=1, timeout=max(0.0, stop_at - time.monotonic()))
+        if not done:
+            break
+        node = next(i for i, ref in pending.items() if ref == done[0])
+        del pending[node]
+        try:
+            returned[node] = ray.get(done[0])
+        except ray.exceptions.RayError as exc:  # the node, or its agent, is gone
+            where = record["ray"]["nodes"][node]
+            record.update(status="error", error_type="NodeLost",
+                          message=f"node {node} ({where['ip']}) was lost mid-trial: {_first_line(exc)}")
+            stop_at = min(stop_at, time.monotonic())
+            continue
+        if any(code != 0 for code in returned[node]["codes"]) or _failed_ranks(returned[node]["files"]):
+            stop_at = min(stop_at, time.monotonic() + FAILURE_GRACE_S)
+    if pending:
+        if record["status"] == "running" and stop_at >= deadline:
+            record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
+        _stop(ray, [agents[i] for i in pending])
+        for node, ref in pending.items():  # what the stopped ranks wrote so far
+            try:
+                returned[node] = ray.get(ref, timeout=COLLECT_S)
+            except ray.exceptions.RayError:
+                pass
+    return returned
+
+
+def _failed_ranks(files: dict[str, bytes]) -> list[str]:
+    """The result files of ranks that did not end "ok"."""
+    failed = []
+    for name, data in files.items():
+        if name.startswith("harness.rank"):
+            try:
+                status = json.loads(data).get("status")
+            except (ValueError, AttributeError):
+                status = None
+            if status != "ok":
+                failed.append(name)
+    return failed
+
+
+def _stop(ray: Any, agents: list[Any]) -> None:
+    """Ask agents to end their ranks (their `run` then returns what the ranks wrote)."""
+    try:
+        ray.get([agent.stop.remote() for agent in agents], timeout=COLLECT_S)
+    except ray.exceptions.RayError:
+        pass  # a lost agent's ranks died with it
+
+
+def _complete(record: dict[str, Any], out: Path, started: float, world_size: int,
+              returned: dict[int, dict[str, Any]]) -> TrialResult:
+    """Write the nodes' files into the trial folder (one log, each rank's part headed), complete the record as
+    a local data-parallel trial's, and name the node of the rank that failed."""
+    logs = []
+    for node in sorted(returned):
+        for name, data in sorted(returned[node]["files"].items()):
+            if name.startswith("output.rank"):
+                rank = name.removeprefix("output.rank").removesuffix(".log")
+                logs.append(f"--- rank {rank} on node {node} ---\n".encode() + data)
+            else:
+                (out / name).write_bytes(data)
+    (out / LOG_FILE).write_bytes(b"".join(logs))
+    result = complete_record(record, out, started, world_size)
+    message = _with_node(record.get("message") or "", record["ray"]["nodes"])
+    if message != record.get("message"):
+        record["message"] = message
+        write_json_atomic(out / TRIAL_FILE, record)
+        result = TrialResult.from_record(record, out)
+    return result
+
+
+def _with_node(message: str, nodes: list[dict[str, Any]]) -> str:
+    """'rank 1: ValueError ...' -> 'rank 1 (node 1, 10.0.0.2): ValueError ...'."""
+    match = re.match(r"rank (\d+)", message)
+    if match is None:
+        return message
+    rank = int(match.group(1))
+    node = next((n for n in nodes if rank in n["ranks"]), None)
+    if node is None:
+        return message
+    return f"rank {rank} (node {node['node']}, {node['ip']}){message[match.end():]}"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

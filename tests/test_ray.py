@@ -1,0 +1,238 @@
+"""Trials on a Ray cluster: a local cluster of two Ray nodes (1 CPU each, every Ray process on 127.0.0.1),
+started once for the module; each trial is the whole 2-node × 1-rank gloo job, placed by Ray, its records
+brought back through Ray. A session on the DDP example (its baseline: one trace per rank, the job's figures,
+the straggler named), a failing rank, a hanging rank, Ctrl-C, a node lost mid-trial; after each, every CPU
+of the cluster is free and no rank process is left; no Ray socket leaves loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+from test_distributed import DDP_EXAMPLE, left_behind, ranks_script
+from trial_helpers import trial_record
+
+from advisor.analysis.analyze import analyze_path
+from advisor.analysis.job import jobs_of
+from advisor.trials.knobs import Knobs
+from advisor.trials.ray_job import SINGLE_MACHINE_VARIABLE, connect
+from advisor.trials.runner import run_trial
+from conftest import run_advisor
+
+pytestmark = pytest.mark.slow
+# Before ray is imported (as `connect` does for a cluster on loopback): 127.0.0.1 stays 127.0.0.1.
+os.environ[SINGLE_MACHINE_VARIABLE] = "0"
+ray = pytest.importorskip("ray")
+
+
+def ray_processes() -> list[psutil.Process]:
+    """This process (the driver) and everything it started: the cluster's processes, their workers, the ranks."""
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def off_loopback() -> list[tuple]:
+    """Internet sockets of those processes that listen on, or connect to, anything but loopback."""
+    found = []
+    for proc in ray_processes():
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                for address in (conn.laddr, conn.raddr):
+                    ip = ipaddress.ip_address(address.ip) if address else None
+                    if ip is not None and not (getattr(ip, "ipv4_mapped", None) or ip).is_loopback:
+                        found.append((proc.name(), conn.status, conn.laddr, conn.raddr))
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_ADDRESS")}
+    # Gloo picks the interface the host name resolves to unless told: the ranks' sockets stay on loopback too.
+    saved_gloo, os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME"), "lo"
+    # The two "nodes" share this machine's cores, as two ranks of one torchrun node do (torchrun gives them one
+    # thread each): the driver's setting travels to the ranks.
+    saved_threads, os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS"), "1"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
+                                                            "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        connect(cluster.address)  # this process is a driver too: the in-process trials', and to read the resources
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.update(saved)
+        for name, value in (("GLOO_SOCKET_IFNAME", saved_gloo), ("OMP_NUM_THREADS", saved_threads)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    deadline = time.monotonic() + 30
+    while ray_processes()[1:] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not ray_processes()[1:], "the Ray cluster left processes behind"
+
+
+def assert_cleaned_up(record: dict) -> None:
+    """Every CPU of the cluster is free again (the placement group removed, the agents gone), no rank is left."""
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"] == 2.0
+    assert not left_behind(record["token"])
+
+
+@pytest.fixture(scope="module")
+def session(cluster, tmp_path_factory):
+    """A session of 3 trials run by the command line, a driver of its own (which keeps itself on loopback)."""
+    out = tmp_path_factory.mktemp("ray") / "session"
+    env = {k: v for k, v in os.environ.items() if k != SINGLE_MACHINE_VARIABLE}
+    done = subprocess.run([sys.executable, "-m", "advisor.cli", "profile", "--ray", cluster.address, "--nnodes", "2",
+                           "--nproc-per-node", "1", "--steps", "2", "--wait", "1", "--warmup", "1", "--device", "cpu",
+                           "--windows", "2", "--window", "0.3", "--max-trials", "3", "--out", str(out),
+                           str(DDP_EXAMPLE), "--", "--slow-rank", "1"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return out, json.loads((out / "session.json").read_text())
+
+
+def test_each_trial_is_the_two_node_job_with_every_rank_brought_back(session):
+    out, state = session
+    baseline = trial_record(out / state["trials"][0]["folder"])
+    assert baseline["status"] == "ok", baseline["message"]
+    assert baseline["world_size"] == 2 and [r["rank"] for r in baseline["ranks"]] == [0, 1]
+    nodes = baseline["ray"]["nodes"]
+    assert [n["ranks"] for n in nodes] == [[0], [1]] and len({n["node_id"] for n in nodes}) == 2  # STRICT_SPREAD
+    assert sorted(name.split(".")[0] for name in baseline["trace_files"]) == ["trial_rank0", "trial_rank1"]
+    assert "--- rank 1 on node 1 ---" in (out / state["trials"][0]["folder"] / "output.log").read_text()
+    # The job's samples/s (both ranks'), and the job's analysis: rank 1's slow loader makes it the straggler.
+    rates = [r["summary"]["samples_per_s"] for r in baseline["ranks"]]
+    assert baseline["summary"]["samples_per_s"] == pytest.approx(sum(rates))
+    (job,) = jobs_of(analyze_path(out / state["trials"][0]["folder"]))
+    assert job.rank_numbers == (0, 1) and job.backend == "gloo"
+    assert job.straggler is not None and job.straggler.rank == 1 and job.straggler.bound == "input"
+
+
+def test_a_session_of_three_trials_decides_on_the_jobs_figures(session):
+    out, state = session
+    assert state["status"] == "done" and len(state["trials"]) == 3 and (out / "report.html").is_file()
+    assert state["trials"][0]["samples_per_s"] == pytest.approx(
+        trial_record(out / state["trials"][0]["folder"])["summary"]["samples_per_s"], rel=0.05)
+    # The job's bound is rank 1's loader, not rank 0's waiting in the all-reduce.
+    assert state["trials"][1]["recommendation"] == "more-workers" and state["trials"][1]["tried_under"] == "input"
+    for row in state["trials"]:
+        record = trial_record(out / row["folder"])
+        assert record["world_size"] == 2 and len(record["ray"]["nodes"]) == 2
+        assert_cleaned_up(record)
+
+
+def test_a_failing_rank_is_named_with_its_traceback_and_node(cluster, tmp_path):
+    script = ranks_script(tmp_path, fail_at=4)
+    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                      nnodes=2, ray_address=cluster.address, timeout_s=300)
+    assert trial.status == "error"
+    assert trial.message.startswith("rank 1 (node 1, 127.0.0.1): ValueError in step 4: rank one broke"), trial.message
+    assert "rank one broke" in trial.traceback and "in train_step" in trial.traceback
+    assert_cleaned_up(trial_record(trial.path))
+
+
+def test_a_hanging_rank_ends_at_the_time_limit(cluster, session, tmp_path):
+    out, state = session
+    times = trial_record(out / state["trials"][0]["folder"])["times"]
+    limit = round(2 * (times["first_step_at"] - times["started_at"]) + 5)  # time enough to reach step 4
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                      nnodes=2, ray_address=cluster.address, timeout_s=limit)
+    assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message
+    record = trial_record(trial.path)
+    assert [len(r["steps"]) >= 4 for r in record["ranks"]] == [True, True]  # what the ranks measured came back
+    assert_cleaned_up(record)
+
+
+def test_without_ray_the_option_says_how_to_install_it(tmp_path):
+    # The ray package hidden from the advisor's process (None in sys.modules: its import fails).
+    code = ("import sys; sys.modules['ray'] = None; from advisor.cli import main; "
+            f"sys.exit(main(['profile', '--ray', '127.0.0.1:6379', '--nnodes', '2', {str(DDP_EXAMPLE)!r}]))")
+    done = run_advisor_python(code, tmp_path)
+    assert done.returncode == 2 and "pip install 'advisor[ray]'" in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def run_advisor_python(code: str, cwd):
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_nnodes_needs_ray(tmp_path):
+    done = run_advisor("profile", "--nnodes", "2", str(DDP_EXAMPLE), cwd=tmp_path)
+    assert done.returncode == 2 and "--nnodes: only with --ray" in done.stderr
+    assert json.dumps(done.stderr).count("\\n") == 1  # one line
+
+
+def once_every_rank_runs(folder, action) -> threading.Thread:
+    """A thread that calls `action` once both ranks of the trial in `folder` run (found by the trial's token)."""
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                token = trial_record(folder)["token"]
+            except (OSError, ValueError):
+                token = None
+            if token and len(left_behind(token)) >= 2:
+                action()
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(cluster, tmp_path):
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    thread = once_every_rank_runs(tmp_path / "t", lambda: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                      nnodes=2, ray_address=cluster.address, timeout_s=300)
+        finally:
+            thread.join()
+    record = trial_record(tmp_path / "t")
+    assert record["status"] == "interrupted" and "every node" in record["message"]
+    assert_cleaned_up(record)
+
+
+def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_path):
+    script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
+    thread = once_every_rank_runs(tmp_path / "t", lambda: cluster.remove_node(worker, allow_graceful=False))
+    try:
+        trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
+                          nnodes=2, ray_address=cluster.address, timeout_s=300)
+    finally:
+        thread.join()
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")  # the cluster as the module started it
+        cluster.wait_for_nodes()
+    assert worker not in cluster.list_all_nodes()
+    assert trial.status == "error" and re.match(r"node [01] \(127\.0\.0\.1\) was lost mid-trial", trial.message), \
+        trial.message
+    assert_cleaned_up(trial_record(trial.path))
+
+
+def test_no_ray_socket_leaves_loopback(cluster):
+    # While the cluster, its workers and this driver's connection are all up, after the trials above ran.
+    assert len(ray_processes()) > 3
+    assert not off_loopback()

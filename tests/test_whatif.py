@@ -1,0 +1,150 @@
+"""The what-if model on real traces: each transformation against a recorded trace of the same step with that
+knob set (the H100 surface's neighbours, the H100 char transformer's fp32 and bf16 traces, the CPU trials
+of sample_runs), calibration from measured pairs, and the session's predictions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.analysis.analyze import analyze_file
+from advisor.analysis.whatif import calibrate, predict, step_graph, steady_figures, transform
+from advisor.search.predictions import model_changes, prediction_error, step_share
+from advisor.search.state import samples_gain
+from advisor.trials.knobs import Knobs
+
+DATA = Path(__file__).parent / "data"
+SURFACE = DATA / "surfaces" / "h100-image-classifier"
+CPU = Path(__file__).parents[1] / "sample_runs" / "char_transformer" / "trials"
+POINTS = ("fp32-b32-w0-pageable", "fp32-b32-w0-pin", "fp32-b64-w0-pageable", "fp32-b32-w2-pageable",
+          "fp32-b32-w4-pageable", "bf16-b32-w0-pageable")
+
+
+def _diagnosis(folder: Path):
+    return analyze_file(next(folder.glob("*.pt.trace.json*")))
+
+
+@pytest.fixture(scope="module")
+def surface():
+    """Diagnoses and graphs of a few points of the H100 surface, by name."""
+    out = {}
+    for name in POINTS:
+        d = _diagnosis(SURFACE / name)
+        out[name] = (d, step_graph(d))
+    return out
+
+
+def _measured(a: str, b: str) -> float:
+    rates = [steady_figures(json.loads((SURFACE / n / "trial.json").read_text()))[0] for n in (a, b)]
+    return rates[1] / rates[0] - 1
+
+
+def test_the_graph_gives_each_trials_steady_state(surface):
+    for name, (d, g) in surface.items():
+        rate, wait = steady_figures(d.trial)
+        assert g.samples_per_s == pytest.approx(rate, rel=1e-9)
+        assert g.call_s == pytest.approx(g.step_s * (1 - wait), rel=1e-6)
+        assert g.device_s + g.idle_s == pytest.approx(g.call_s, rel=1e-6)
+
+
+def test_workers_overlap_the_loading_and_calibration_learns_what_they_delivered(surface):
+    base, two, four = (surface[n][1] for n in ("fp32-b32-w0-pageable", "fp32-b32-w2-pageable", "fp32-b32-w4-pageable"))
+    first = _measured("fp32-b32-w0-pageable", "fp32-b32-w2-pageable")
+    # Loading moves off the training thread into two processes: at most the ideal (the priors' figure).
+    assert first < predict(base, {"num_workers": 2}) <= base.step_s / (base.produce_s / 2) - 1 + 1e-9
+    assert predict(two, {"num_workers": 0}) < 0
+    # Measuring 0 → 2 corrects the workers' contention; the next step of the ladder is then predicted closer.
+    params = calibrate([(base, {"num_workers": 2}, first)])
+    assert predict(base, {"num_workers": 2}, params) == pytest.approx(first, abs=0.03)
+    truth = _measured("fp32-b32-w2-pageable", "fp32-b32-w4-pageable")
+    assert abs(predict(two, {"num_workers": 4}, params) - truth) < abs(predict(two, {"num_workers": 4}) - truth)
+    assert transform(two, "num_workers", 4, params["workers"]).produce_s > two.produce_s  # workers contend
+
+
+def test_a_loader_bound_step_gains_little_from_amp_batch_or_pinning(surface):
+    d, g = surface["fp32-b32-w0-pageable"]
+    assert d.bound == "input"
+    for change in ({"amp": True}, {"pinned": True}, {"batch_size": 64}):
+        assert abs(predict(g, change)) < 0.05  # the loader's wait is the critical path; these leave it
+
+
+def test_pinned_copies_against_the_pinned_trace(surface):
+    pageable, pinned = surface["fp32-b32-w0-pageable"][1], surface["fp32-b32-w0-pin"][1]
+    predicted = transform(pageable, "pinned", True, 2.0)
+    # The exposed copy time shrinks towards what the trace with pinned memory recorded.
+    assert abs(predicted.copy_s - pinned.copy_s) < abs(pageable.copy_s - pinned.copy_s)
+
+
+def test_batch_scales_the_device_time_like_the_larger_batchs_trace(surface):
+    small, large = surface["fp32-b32-w0-pageable"][1], surface["fp32-b64-w0-pageable"][1]
+    predicted = transform(small, "batch_size", 64, 1.0)
+    assert predicted.device_s == pytest.approx(large.device_s, rel=0.35)
+    assert predicted.produce_s == pytest.approx(large.produce_s, rel=0.35)
+
+
+def test_amp_on_an_h100_against_the_bf16_trace():
+    """fp32 batch 32 → bf16 batch 128 on the char transformer: launch-bound, its matmuls off the Tensor Cores."""
+    fp32 = step_graph(analyze_file(DATA / "traces" / "h100-char-transformer-fp32.pt.trace.json.gz"), 32)
+    bf16 = step_graph(analyze_file(DATA / "traces" / "h100-char-transformer-bf16.pt.trace.json.gz"), 128)
+    assert fp32.amp_ratio > 2  # sm_90: Tensor Core bf16 far above fp32
+    after = transform(transform(fp32, "amp", True, 0.0), "batch_size", 128, 1.0)
+    recorded = bf16.matmul_s + bf16.matmul_tc_s
+    assert abs(after.matmul_s + after.matmul_tc_s - recorded) < abs(4 * (fp32.matmul_s + fp32.matmul_tc_s) - recorded)
+    measured = bf16.samples_per_s / fp32.samples_per_s - 1
+    assert predict(fp32, {"amp": True, "batch_size": 128}) == pytest.approx(measured, abs=0.5)
+
+
+def test_amp_on_a_cpu_with_bf16_instructions_both_ways():
+    base, amp = (step_graph(_diagnosis(CPU / n)) for n in ("00-baseline", "01-amp-bf16"))
+    measured = amp.samples_per_s / base.samples_per_s - 1
+    assert predict(base, {"amp": True}) > 0 and measured > 0
+    assert predict(amp, {"amp": False}) < 0
+    params = calibrate([(base, {"amp": True}, measured)])
+    assert predict(base, {"amp": True}, params) == pytest.approx(measured, abs=0.03)
+
+
+def test_model_changes_and_the_session_error():
+    user = {"num_workers": 0, "batch_size": 32, "pin_memory": False}
+    assert model_changes(Knobs(), Knobs(num_workers=4, persistent_workers=True), user) == {"num_workers": 4}
+    assert model_changes(Knobs(), Knobs(pin_memory=True, non_blocking=True), user) == {"pinned": True}
+    assert model_changes(Knobs(), Knobs(threads=2), user) is None  # no transformation: the rules' figure stays
+    assert samples_gain(step_share(0.4)) == pytest.approx(0.4)
+    state = {"trials": [{"predicted_samples_gain": None, "gain": None},
+                        {"predicted_samples_gain": 0.5, "gain": 0.3, "recommendation": "more-workers"},
+                        {"predicted_samples_gain": 0.1, "gain": -0.1, "recommendation": "amp"},
+                        {"predicted_samples_gain": 0.0, "gain": 0.2, "recommendation": "confirm"}]}
+    error = prediction_error(state)
+    assert error["trials"] == 2 and error["median_abs"] == pytest.approx(0.2) and error["sign_agreement"] == 0.5
+
+
+def test_a_replayed_session_predicts_calibrates_and_reports_its_error(tmp_path):
+    from advisor.search.session import run_session
+    from advisor.search.state import SessionOptions
+    from advisor.search.strategy import surface_space, turned
+    from advisor.trials.replay import ReplayRunner, load_surface
+
+    points = load_surface(SURFACE)
+    out = tmp_path / "replay"
+    lines = []
+    state = run_session(f"{SURFACE}:replay", out, SessionOptions(max_trials=6), log=lines.append,
+                        runner=ReplayRunner(points, out), script=False, space=surface_space(points),
+                        extra={"replay": str(SURFACE)})
+    rows = {t["name"]: t for t in state["trials"]}
+    tried = [t for t in state["trials"][1:] if t.get("recommendation") != "confirm"]
+    assert tried and all(t["base"] in rows and t["predicted_samples_gain"] is not None for t in tried)
+    # The first trial of workers was predicted from the baseline's graph with the priors, before anything
+    # was measured; its measured change then calibrated the model.
+    first = next(t for t in tried if t["recommendation"] == "more-workers")
+    base_graph = state["graphs"][first["base"]]
+    assert base_graph["workers"] == 0 and first["predicted_samples_gain"] > 0
+    # A pair never turns one knob twice: each knob it changes from its base, once.
+    for t in tried:
+        if "+" in (t.get("recommendation") or ""):
+            assert len(turned(rows[t["base"]]["knobs"], t["knobs"])) >= 2
+    error = state["prediction_error"]
+    assert error["trials"] == sum(1 for t in tried if t["gain"] is not None)
+    assert any("predicted" in line and "measured" in line for line in lines)
+    html = (out / "report.html").read_text()
+    assert "Predictions" in html and f"over {error['trials']} trial(s)" in html
