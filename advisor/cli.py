@@ -259,7 +259,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.ray_address and args.torchrun:
         raise AdvisorError("--ray: the cluster places the ranks; --torchrun's options do not apply")
     if args.ray_address:
-        from advisor.trials.ray_job import ray_installed
+        from advisor.trials.process.ray_job import ray_installed
 
         ray_installed()  # says how to install it, before anything runs
     if args.replay_noise is not None and not (args.replay or args.resume):
@@ -293,8 +293,8 @@ def profile_command(args: argparse.Namespace) -> int:
     from advisor.search.session import diagnose_trial, run_session
     from advisor.search.state import SessionOptions, reference_row
     from advisor.trials.record import load_trial
-    from advisor.trials.runner import default_out_dir
-    from advisor.trials.targets import parse_target
+    from advisor.trials.process.runner import default_out_dir
+    from advisor.trials.process.targets import parse_target
 
     check_arguments(args)
     memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
@@ -325,7 +325,7 @@ def profile_command(args: argparse.Namespace) -> int:
         target = args.target
     if replay:
         from advisor.search.strategy import surface_space
-        from advisor.trials.replay import ReplayRunner, load_surface
+        from advisor.trials.process.replay import ReplayRunner, load_surface
 
         points = load_surface(replay)
         runner, space = ReplayRunner(points, out.resolve(), noise, seed, drift), surface_space(points)

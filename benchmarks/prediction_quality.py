@@ -33,9 +33,9 @@ from advisor.analysis.analyze import analyze_file  # noqa: E402
 from advisor.analysis.whatif import calibrate, predict, step_graph, steady_figures  # noqa: E402
 from advisor.search.state import samples_gain  # noqa: E402
 from advisor.search.strategy import ROUND_GAIN  # noqa: E402
-from advisor.trials.measurement import measure, noise  # noqa: E402
+from advisor.trials.record.measurement import measure, noise  # noqa: E402
 from advisor.trials.record import TRIAL_FILE  # noqa: E402
-from advisor.trials.replay import load_surface  # noqa: E402
+from advisor.trials.process.replay import load_surface  # noqa: E402
 
 SURFACE = ROOT / "tests" / "data" / "surfaces" / "h100-image-classifier"
 # Real CPU trials (a CPU with bf16 instructions), from the sessions in sample_runs: (session, from, to, knob).

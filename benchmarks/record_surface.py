@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.trials.record import TRIAL_FILE
-from advisor.trials.runner import run_trial  # noqa: E402
+from advisor.trials.process.runner import run_trial  # noqa: E402
 
 
 def point_name(amp: str, batch: int, workers: int, copies: str) -> str:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_session:
         return 0
     from advisor.search.strategy import surface_space
-    from advisor.trials.replay import ReplayRunner, load_surface
+    from advisor.trials.process.replay import ReplayRunner, load_surface
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
 

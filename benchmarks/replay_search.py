@@ -9,7 +9,7 @@ surface's points. Found/best is the recorded samples/s of the setting the sessio
 surface's best.
 
 Drift (issue 32): on the recorded H100 surfaces, also 10% spread with a load that comes and goes
-(`ReplayRunner(drift=DRIFT)`, `advisor.trials.replay_drift`: spells of about 20 simulated seconds, each
+(`ReplayRunner(drift=DRIFT)`, `advisor.trials.process.replay_drift`: spells of about 20 simulated seconds, each
 quiet or slowing every step by up to 1 + DRIFT times). Each replayed trial costs its recorded start-up and
 steps and its drawn windows on a simulated clock: the wall time to the best (when the setting the session
 ends on was first measured) is printed beside the trials.
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from advisor.search.session import run_session  # noqa: E402
 from advisor.search.state import SessionOptions  # noqa: E402
 from advisor.search.strategy import surface_space  # noqa: E402
-from advisor.trials.replay import ReplayRunner, load_surface  # noqa: E402
+from advisor.trials.process.replay import ReplayRunner, load_surface  # noqa: E402
 from pair_surfaces import SURFACES as PAIRS, build_surface  # noqa: E402
 
 SURFACES = ROOT / "tests" / "data" / "surfaces"

@@ -40,7 +40,7 @@ def trial_startup_s(tmp_path_factory) -> float:
     """Seconds a trivial trial with two DataLoader workers takes here, start to finish: time limits in tests
     are set from it, so that a slow or busy machine gets proportionally more time."""
     from advisor.trials.knobs import Knobs
-    from advisor.trials.runner import run_trial
+    from advisor.trials.process.runner import run_trial
 
     folder = tmp_path_factory.mktemp("startup")
     script = folder / "trivial.py"

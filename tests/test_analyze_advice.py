@@ -679,7 +679,7 @@ def test_pageable_copies_staged_on_the_training_process_bind_before_the_loader(t
     cudaMemcpyAsync (staging the batch itself), then kernels: the copies bind though the loader waits longer,
     and the trial's bound stays copy whatever its steady-state windows wait."""
     from advisor.search.bounds import trial_bound
-    from advisor.trials.measurement import measure
+    from advisor.trials.record.measurement import measure
 
     b = TraceBuilder(devices=(H100,))
     for n in range(5):

@@ -153,3 +153,23 @@ def test_the_wheel_lists_every_package():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     packages = {name for name, path in modules().items() if path.name == "__init__.py"}
     assert packages <= listed, sorted(packages - listed)
+
+
+# What the trials package holds, by what each module is (README "Architecture"): the knobs applied inside
+# a trial, the process that runs one, and its record; only the Knobs value stands beside them, since the
+# code stage reads it.
+TRIALS_LAYOUT = {"interposition", "process", "record"}
+MODULE_LINES = 450  # a module a reader takes in whole; a larger one has more than one job
+
+
+def test_the_trials_package_is_grouped_by_what_each_module_is():
+    trials = PACKAGE / "trials"
+    folders = {p.name for p in trials.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    loose = sorted(p.name for p in trials.glob("*.py") if p.name not in ("__init__.py", "knobs.py"))
+    assert folders == TRIALS_LAYOUT and not loose, (folders, loose)
+
+
+def test_no_module_is_over_its_length():
+    long = {str(path.relative_to(ROOT)): n for path in modules().values()
+            if (n := len(path.read_text().splitlines())) > MODULE_LINES}
+    assert not long, long

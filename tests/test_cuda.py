@@ -17,11 +17,12 @@ from test_uint8_copies import datasets  # noqa: F401 - the fixture: Dataset shap
 from torch.utils.data import DataLoader
 from trial_helpers import trial_record, write_script
 
-from advisor.trials.facts import cuda_computes_bf16
+from advisor.trials.process.facts import cuda_computes_bf16
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.profiler_check import cuda_profiler_problem, probe, trace_problems
-from advisor.trials.runner import group_members, run_trial
-from advisor.trials.uint8_copies import ByteCopies, byte_plan, mark
+from advisor.trials.process.profiler_check import cuda_profiler_problem, probe, trace_problems
+from advisor.trials.process.processes import group_members
+from advisor.trials.process.runner import run_trial
+from advisor.trials.interposition.uint8_copies import ByteCopies, byte_plan, mark
 from conftest import ROOT
 
 pytestmark = [pytest.mark.slow,

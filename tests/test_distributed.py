@@ -15,7 +15,8 @@ from advisor.analysis.job import jobs_of
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.runner import TRIAL_TOKEN, run_trial
+from advisor.trials.process.processes import TRIAL_TOKEN
+from advisor.trials.process.runner import run_trial
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.interposition import StepInterposition, non_blocking_cuda, non_blocking_to
-from advisor.trials.gradients import GradScaling
-from advisor.trials.loaders import install_dataloader_knobs, plan_loader_arguments
+from advisor.trials.interposition.step import StepInterposition, non_blocking_cuda, non_blocking_to
+from advisor.trials.interposition.gradients import GradScaling
+from advisor.trials.interposition.loaders import install_dataloader_knobs, plan_loader_arguments
 
 USER = {
     "batch_size": 16,
@@ -25,7 +25,7 @@ USER = {
 
 
 def test_knobs_import_does_not_import_torch():
-    code = "import sys, advisor.trials.knobs, advisor.trials.runner; sys.exit('torch' in sys.modules)"
+    code = "import sys, advisor.trials.knobs, advisor.trials.process.runner; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -12,13 +12,14 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from trial_helpers import EXAMPLES, trial_record, write_script
 
-from advisor.trials.activations import ActivationRecorder
+from advisor.trials.process.activations import ActivationRecorder
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.interposition import StepInterposition
-from advisor.trials.gradients import GradientInterposition
-from advisor.trials.loaders import plan_loader_arguments
+from advisor.trials.interposition.step import StepInterposition
+from advisor.trials.interposition.gradients import GradientInterposition
+from advisor.trials.interposition.loaders import plan_loader_arguments
 from advisor.trials.record import memory_growth
-from advisor.trials.runner import group_members, run_trial
+from advisor.trials.process.processes import group_members
+from advisor.trials.process.runner import run_trial
 
 K = 4
 

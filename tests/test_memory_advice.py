@@ -14,7 +14,7 @@ from advisor.analysis.rules.memory import activation_checkpointing_advice, memor
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.cli import parse_size
-from advisor.trials.runner import run_trial
+from advisor.trials.process.runner import run_trial
 from conftest import ROOT, SAMPLE_RUNS
 
 HUNGRY = ROOT / "examples" / "memory_hungry.py"

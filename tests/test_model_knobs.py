@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.runner import run_trial
+from advisor.trials.process.runner import run_trial
 from conftest import run_advisor
 
 MLP = '''
@@ -108,7 +108,7 @@ def test_a_compile_that_fails_is_not_applicable_and_the_session_goes_on(tmp_path
 
 
 def test_a_trial_that_compiles_gets_time_for_its_compile():
-    from advisor.search.session import trial_time_limit
+    from advisor.search.trials import trial_time_limit
     from advisor.search.state import SessionOptions
 
     assert trial_time_limit(SessionOptions(timeout_s=60), Knobs(amp="bf16")) == 60

@@ -24,8 +24,8 @@ from trial_helpers import trial_record
 from advisor.analysis.analyze import analyze_path
 from advisor.analysis.job import jobs_of
 from advisor.trials.knobs import Knobs
-from advisor.trials.ray_job import SINGLE_MACHINE_VARIABLE, connect
-from advisor.trials.runner import run_trial
+from advisor.trials.process.ray_job import SINGLE_MACHINE_VARIABLE, connect
+from advisor.trials.process.runner import run_trial
 from conftest import run_advisor
 
 pytestmark = pytest.mark.slow

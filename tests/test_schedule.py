@@ -1,11 +1,11 @@
-"""The phases of a trial's steps (advisor.trials.schedule), without running a trial."""
+"""The phases of a trial's steps (advisor.trials.record.schedule), without running a trial."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from advisor.trials.schedule import MIN_WINDOW_STEPS, StepSchedule
+from advisor.trials.record.schedule import MIN_WINDOW_STEPS, StepSchedule
 
 
 def phases(schedule: StepSchedule, steps: int) -> list[str]:
@@ -13,7 +13,7 @@ def phases(schedule: StepSchedule, steps: int) -> list[str]:
 
 
 def test_the_schedule_imports_without_torch():
-    code = "import sys, advisor.trials.schedule; sys.exit('torch' in sys.modules)"
+    code = "import sys, advisor.trials.record.schedule; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

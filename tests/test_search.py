@@ -14,16 +14,17 @@ from session_checks import assert_decisions_follow_measurements
 from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.replay import ReplayRunner, load_surface, settings_of
+from advisor.trials.process.replay import ReplayRunner, load_surface, settings_of
 from advisor.analysis.rules import Recommendation
 from advisor.search.bounds import trial_bound
-from advisor.trials.measurement import measure, noise
+from advisor.trials.record.measurement import measure, noise
 from advisor.search.state import SessionOptions
-from advisor.search.strategy import SearchSpace, decide, fit_memory, next_batch_size, propose, surface_space, \
+from advisor.search.decision import decide
+from advisor.search.strategy import SearchSpace, fit_memory, next_batch_size, propose, surface_space, \
     worker_ladder
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
-from advisor.trials.runner import run_trial
+from advisor.trials.process.runner import run_trial
 from conftest import ROOT, SURFACES, run_advisor, whole_at
 
 SURFACE = SURFACES / "h100-image-classifier"

@@ -15,7 +15,7 @@ from advisor.analysis.bound import BOUNDS
 from advisor.trials.knobs import Knobs
 from advisor.search.session import run_session
 from advisor.search.state import SESSION_FILE, SessionOptions
-from advisor.trials.runner import run_trial
+from advisor.trials.process.runner import run_trial
 from conftest import ROOT
 from session_checks import assert_decisions_follow_measurements
 

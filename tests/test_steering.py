@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.search.session import run_session, runner_up_row
+from advisor.search.policies import runner_up_row
+from advisor.search.session import run_session
 from advisor.search.space import KNOB_NAMES, check_steering, knob_names, try_settings
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import surface_space, turned
-from advisor.trials.replay import ReplayRunner, load_surface
+from advisor.trials.process.replay import ReplayRunner, load_surface
 from conftest import ROOT, SURFACES, run_advisor
 
 SURFACE = SURFACES / "h100-image-classifier"

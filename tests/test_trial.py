@@ -19,7 +19,8 @@ from advisor import cli
 from advisor.analysis.bound import BOUNDS
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.record import SCHEMA, load_trial
-from advisor.trials.runner import group_members, run_trial
+from advisor.trials.process.processes import group_members
+from advisor.trials.process.runner import run_trial
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.runner import run_trial
-from advisor.trials.uint8_copies import BytePlan, ByteCopies, byte_plan, mark
+from advisor.trials.process.runner import run_trial
+from advisor.trials.interposition.uint8_copies import BytePlan, ByteCopies, byte_plan, mark
 from conftest import ROOT
 from trial_helpers import apply_bytes_patch
 

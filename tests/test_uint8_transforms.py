@@ -26,8 +26,8 @@ from torchvision import datasets, transforms as T  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
 from advisor.trials.knobs import APPLIED, Knobs  # noqa: E402
-from advisor.trials.runner import run_trial  # noqa: E402
-from advisor.trials.uint8_copies import ByteCopies, mark, plan_of, rewrite_dataset  # noqa: E402
+from advisor.trials.process.runner import run_trial  # noqa: E402
+from advisor.trials.interposition.uint8_copies import ByteCopies, mark, plan_of, rewrite_dataset  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from trial_helpers import apply_bytes_patch  # noqa: E402
 

@@ -123,7 +123,7 @@ def test_a_replayed_session_predicts_calibrates_and_reports_its_error(tmp_path):
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
     from advisor.search.strategy import surface_space, turned
-    from advisor.trials.replay import ReplayRunner, load_surface
+    from advisor.trials.process.replay import ReplayRunner, load_surface
 
     points = load_surface(SURFACE)
     out = tmp_path / "replay"

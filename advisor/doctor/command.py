@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from advisor.doctor.checks import CHECKS, FAILED, NEEDED, SKIPPED, Check, Machine, first_line, run_check, skipped
 from advisor.escape import for_terminal
-from advisor.trials.storage import dumps
+from advisor.trials.record.storage import dumps
 
 SCHEMA = "advisor.doctor/1"
 NEEDS_CUDA = "needs a CUDA device, and none is available"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def pct(x: float | None) -> str:
     """0.123 → '12.3%'."""

@@ -2,7 +2,7 @@
 progress display, one line that goes once the trial has ended. Nothing at all where the output is not a
 terminal (a pipe, a file, a notebook's captured output).
 
-It shows what `advisor.trials.progress.TrialProgress` says (phase, step of steps, elapsed, remaining):
+It shows what `advisor.trials.record.progress.TrialProgress` says (phase, step of steps, elapsed, remaining):
 this module computes nothing but, before a trial's first step, the previous trial's length as the
 estimate (the script's set-up costs each trial about the same).
 """

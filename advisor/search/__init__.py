@@ -1,7 +1,7 @@
 """The search: which change to try next and whether it helped.
 
 bounds (what holds the step back, from a trial's diagnosis and its steady-state measurement,
-`advisor.trials.measurement`) → strategy (the next change, keep or revert) → state (session.json).
-Torch-free: trials run elsewhere (advisor.trials.runner, advisor.api, advisor.trials.replay) and hand
+`advisor.trials.record.measurement`) → strategy (the next change, keep or revert) → state (session.json).
+Torch-free: trials run elsewhere (advisor.trials.process.runner, advisor.api, advisor.trials.process.replay) and hand
 back their records.
 """

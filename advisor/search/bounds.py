@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.trials.measurement import Measurement
+from advisor.trials.record.measurement import Measurement
 
 BOUND_LABELS = {"input": "input pipeline (DataLoader)", "copy": "host-to-device copies",
                 "host": "CPU/launch overhead", "compute": "compute", "communication": "communication",

@@ -4,7 +4,7 @@ decision must compare the candidate with the best measured again beside it.
 Every decision compares two trials run one after another. On a shared machine other jobs come and go
 between them, and the change reads as the knob's effect. Two signs say the machine changed:
 
-- the load beside the windows (`advisor.trials.machine_load`): the share of the machine the trial got,
+- the load beside the windows (`advisor.trials.process.machine_load`): the share of the machine the trial got,
   1 − its contention (the share of its ready time its threads waited for a CPU, or where that is not
   known other processes' share of the CPU; and other processes' share of the GPU where NVML tells). It
   changed by a factor LOAD_RATIO or more within the candidate's windows, or between the best's latest
@@ -24,7 +24,7 @@ import math
 import statistics
 from typing import Any
 
-from advisor.trials.measurement import Measurement, measure, noise, window_groups
+from advisor.trials.record.measurement import Measurement, measure, noise, window_groups
 
 LOAD_RATIO = 1.3  # the share of the machine a trial gets changing by this factor is a changed machine
 FLOOR = 0.02  # a share below this counts as this (a trial never gets none of the machine)

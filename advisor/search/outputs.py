@@ -11,7 +11,7 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.search.state import SessionOptions, save
 from advisor.trials.knobs import Knobs
-from advisor.trials.targets import parse_step, parse_target
+from advisor.trials.process.targets import parse_step, parse_target
 
 
 def out_of_memory_note(record: dict[str, Any]) -> str:

@@ -43,7 +43,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.report.tensorboard import SESSION_RUN
-from advisor.trials.storage import write_json_atomic
+from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.record import TRIAL_MARKER
 
 SCHEMA = "advisor.session/1"

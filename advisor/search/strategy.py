@@ -1,4 +1,4 @@
-"""Which change to try next, and whether a tried change is kept: the search follows the bound.
+"""Which change to try next (whether it is kept: `advisor.search.decision`): the search follows the bound.
 
 What a change is worth depends on what bounds the step when it is tried: more DataLoader workers help
 only while the loader binds, pinned non_blocking copies only once the copies do, AMP only once the
@@ -32,18 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.predictions import reprice
-from advisor.trials.measurement import Measurement, noise
-from advisor.trials.replay import SETTINGS, SurfacePoint
+from advisor.trials.process.replay import SETTINGS, SurfacePoint
 
-LOSS_TOLERANCE = 0.25  # a kept change may move the loss by at most this share of the baseline's
 ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured experiment, tried last
 
 
@@ -83,7 +79,7 @@ class SearchSpace:
 
 
 def surface_space(points: list[SurfacePoint]) -> SearchSpace:
-    """The values the search may try on a recorded surface (`advisor.trials.replay`): those it holds."""
+    """The values the search may try on a recorded surface (`advisor.trials.process.replay`): those it holds."""
     column = {name: {p.settings[i] for p in points} for i, name in enumerate(SETTINGS)}
     return SearchSpace(
         workers=tuple(sorted(w for w in column["num_workers"] if isinstance(w, int))),
@@ -92,17 +88,6 @@ def surface_space(points: list[SurfacePoint]) -> SearchSpace:
         pinned_copies=any(p.settings[3] and p.settings[4] for p in points),
         model_knobs=(),
     )
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Keep or revert a candidate, and the measured figures behind it."""
-
-    keep: bool
-    reason: str
-    gain: float
-    noise: float
-    inconclusive: bool = False  # a gain worth keeping but within the noise: worth measuring again
 
 
 def knobs_key(knobs: dict[str, Any] | Knobs) -> str:
@@ -127,43 +112,6 @@ def worker_ladder(cores: int) -> tuple[int, ...]:
         ladder.append(w)
         w *= 2
     return tuple(ladder + [cap])
-
-
-# --- keep or revert ------------------------------------------------------------------------------------
-
-def decide(best: Measurement, candidate: Measurement, candidate_losses: list[float],
-           reference_losses: list[float], min_gain: float, *, addresses_bound: bool = False) -> Decision:
-    """Keep a candidate only beyond the measured noise (and `min_gain`) with a finite, close loss.
-
-    The noise is two standard errors of the difference (about 95%). A change that addresses the bound
-    the best trial measured is expected to help, so one standard error of evidence is enough for it
-    (about 84% one-sided); a change tried in a round over the knobs needs two.
-    """
-    if not candidate.samples_per_s or not best.samples_per_s:
-        return Decision(False, "no throughput measured", 0.0, 0.0)
-    unit = candidate.unit  # steps/s where no step knew its batch size
-    gain = candidate.samples_per_s / best.samples_per_s - 1
-    spread = noise(best, candidate)
-    threshold = max(min_gain, spread / 2 if addresses_bound else spread)
-    if candidate_losses and not all(math.isfinite(x) for x in candidate_losses):
-        return Decision(False, "loss is not finite", gain, spread)
-    if candidate_losses and reference_losses and all(math.isfinite(x) for x in reference_losses):
-        base, cand = statistics.median(reference_losses), statistics.median(candidate_losses)
-        allowed = max(LOSS_TOLERANCE * abs(base), max(reference_losses) - min(reference_losses))
-        if abs(cand - base) > allowed:
-            return Decision(False, f"loss moved from {base:.4g} to {cand:.4g} (more than {allowed:.3g})", gain, spread)
-    # The noise said is always `spread` (the row's "noise", the report's column); the bar it was held to, where
-    # that differs: one standard error for a change that addresses the bound, or the least gain worth keeping.
-    bar = "" if threshold == spread else f"; the bar {100 * threshold:.1f}%: " + (
-        "one standard error, the change addresses the bound" if threshold < spread else "the least gain kept")
-    said = f"noise {100 * spread:.1f}%{bar}"
-    if gain < -threshold:
-        return Decision(False, f"{100 * gain:+.1f}% {unit}: slower ({said})", gain, spread)
-    if gain <= threshold:
-        where = "within the noise" if abs(gain) <= spread else "short of the bar"
-        return Decision(False, f"{100 * gain:+.1f}% {unit} is {where} ({said})", gain, spread,
-                        inconclusive=gain > min_gain)
-    return Decision(True, f"{100 * gain:+.1f}% {unit} ({said})", gain, spread)
 
 
 # --- what to try next ------------------------------------------------------------------------------------

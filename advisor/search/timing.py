@@ -12,7 +12,7 @@ From each trial's `times` (started_at, first_step_at, last_step_at, ended_at) an
 
 The session's wall time runs from its first trial's start to its last trial's end; what lies outside the
 trials (diagnosis, the report) is `other_s`. Replayed trials carry simulated times (each costs its
-recorded start-up and steps, and its drawn windows: `advisor.trials.replay`), so a replay reports the
+recorded start-up and steps, and its drawn windows: `advisor.trials.process.replay`), so a replay reports the
 recorded machine's time. Pure functions over the session record and the trials' records.
 """
 

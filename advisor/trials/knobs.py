@@ -4,19 +4,19 @@ notebook build and record them without torch.
 How each reaches the user's code, inside the trial only (by interposition: the script is not edited):
 
 - DataLoader knobs (`batch_size`, `num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`):
-  where the training loader is built (`advisor.trials.loaders`).
-- `amp`, `non_blocking`: around each call of the step (`advisor.trials.interposition`), or, with no step
-  function, around each outermost module call and for the whole run (`advisor.trials.loop`).
-- `accumulation_steps` and fp16 loss scaling: `advisor.trials.gradients`.
-- `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.driver`), over a value the
+  where the training loader is built (`advisor.trials.interposition.loaders`).
+- `amp`, `non_blocking`: around each call of the step (`advisor.trials.interposition.step`), or, with no step
+  function, around each outermost module call and for the whole run (`advisor.trials.process.loop`).
+- `accumulation_steps` and fp16 loss scaling: `advisor.trials.interposition.gradients`.
+- `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.process.driver`), over a value the
   script set itself; DataLoader workers run one thread each as torch makes them.
 - `channels_last`, `compile`, `tf32`, `cudnn_benchmark`: at the model's first call
-  (`advisor.trials.model_knobs`); `fused_optimizer`: where the optimizer is built (`advisor.trials.optimizers`).
+  (`advisor.trials.interposition.model`); `fused_optimizer`: where the optimizer is built (`advisor.trials.interposition.optimizers`).
 - `uint8_copies`: the training Dataset's `__getitem__` and the step's `.to(...)` of the batch
-  (`advisor.trials.uint8_copies`).
+  (`advisor.trials.interposition.uint8_copies`).
 - DDP knobs (`ddp_bucket_cap_mb`, `ddp_gradient_as_bucket_view`, `ddp_static_graph`,
   `ddp_find_unused_parameters`): where DistributedDataParallel wraps the model, on every rank alike
-  (`advisor.trials.distributed`).
+  (`advisor.trials.process.distributed`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_gra
 APPLIED = "applied"
 
 
-# knob -> the field of transformers' TrainingArguments that sets it (advisor.trials.frameworks applies it there,
+# knob -> the field of transformers' TrainingArguments that sets it (advisor.trials.interposition.frameworks applies it there,
 # advisor.code.patch.frameworks writes it there)
 TRAINING_ARGUMENTS = {
     "batch_size": "per_device_train_batch_size",

@@ -1,11 +1,11 @@
 """The phases of a trial's steps, torch-free: which phase each step is in, and when the trial has measured
-what it needs. The step driver (`advisor.trials.driver`) holds one and moves it on at the end of each step.
+what it needs. The step driver (`advisor.trials.process.driver`) holds one and moves it on at the end of each step.
 
 Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
 the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled
 while the trace was written) and measurement `window`s of at least `window_s` seconds, MIN_WINDOW_STEPS
 steps and one cycle of the workers each. The trial is measured after `windows` windows; or, measured
-against the best (`against`, `advisor.trials.adaptive`), once its windows settle the comparison, between
+against the best (`against`, `advisor.trials.record.adaptive`), once its windows settle the comparison, between
 the target's least and most windows.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.trials.adaptive import Against, settled
+from advisor.trials.record.adaptive import Against, settled
 
 # Steps a window holds at least, whatever its seconds: windows of one or two long steps read a decision's
 # noise at 17-22% on a quiet machine (char transformer, 0.5 s steps, 1 s windows); five steps average the

@@ -11,7 +11,7 @@ micro-batches that keep the effective batch), `dataloader_num_workers`, `dataloa
 are recorded, under the knobs' names, for the patch's "from X to Y".
 
 The other knobs (autocast, compile, fused optimizers, TF32) reach a framework's loop by the same
-interposition as any script's (`advisor.trials.loop`, `model_knobs`, `optimizers`).
+interposition as any script's (`advisor.trials.process.loop`, `model_knobs`, `optimizers`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class TrainerSettings:
 
     def apply(self, arguments: Any) -> None:
         """Record the script's fields and set the requested knobs on them (the first TrainingArguments built)."""
-        from advisor.trials.loaders import user_site
+        from advisor.trials.interposition.loaders import user_site
 
         self.built += 1
         if self.built > 1:

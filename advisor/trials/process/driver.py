@@ -1,17 +1,17 @@
 """The step driver: what turns a training script's steps into a trial's timed, profiled, measured steps.
 
 A step ends either when a call of the target returns (a step function, wrapped where it is defined) or,
-with no target, when the training loop's optimizer steps (`advisor.trials.loop`). Either way `end_step`
+with no target, when the training loop's optimizer steps (`advisor.trials.process.loop`). Either way `end_step`
 times it from the end of the previous one (the user's data loading included), attributes the batches
-fetched meanwhile (`advisor.trials.loaders.LoaderTracker`: the loader that fed it, its batch size and the
+fetched meanwhile (`advisor.trials.interposition.loaders.LoaderTracker`: the loader that fed it, its batch size and the
 time it waited for them), calls `prof.step()` (so the trace's `ProfilerStep#N` span is step N) and
 appends its record to `steps.jsonl`, flushed, so a killed trial keeps its finished steps.
 
 The phases of the steps (wait, warmup, profiled, settle, measurement windows) are the driver's
-`StepSchedule` (`advisor.trials.schedule`). After the last window `TrialComplete` (a BaseException, so the
+`StepSchedule` (`advisor.trials.record.schedule`). After the last window `TrialComplete` (a BaseException, so the
 user's `except Exception` does not swallow it) ends the script.
 
-Memory: the driver's `StepMemory` (`advisor.trials.step_memory`) records the first step's activations,
+Memory: the driver's `StepMemory` (`advisor.trials.process.step_memory`) records the first step's activations,
 where memory was at an out-of-memory error (before its frames unwind) or at the end of a finished trial,
 and the figures of each step.
 """
@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.trials.distributed import all_measured, rank_files
+from advisor.trials.process.distributed import all_measured, rank_files
 from advisor.trials.knobs import Knobs
-from advisor.trials.interposition import StepInterposition
-from advisor.trials.loaders import LoaderRecord, LoaderTracker, leading_dimension
-from advisor.trials.schedule import StepSchedule
-from advisor.trials.step_memory import StepMemory
-from advisor.trials.storage import dumps, write_json_atomic
+from advisor.trials.interposition.step import StepInterposition
+from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, leading_dimension
+from advisor.trials.record.schedule import StepSchedule
+from advisor.trials.process.step_memory import StepMemory
+from advisor.trials.record.storage import dumps, write_json_atomic
 
 STEPS_FILE = "steps.jsonl"
 
@@ -119,7 +119,7 @@ class StepDriver:
         self.last_loss: Any = None  # the last scalar a backward ran from (the loss, when the step returns none)
         self.memory = StepMemory(device_type)
         self.load_meter: Any = None  # the machine's load beside each window, from the first window on
-        # One set of files per rank in a data-parallel trial (advisor.trials.distributed).
+        # One set of files per rank in a data-parallel trial (advisor.trials.process.distributed).
         self.files = rank_files(config.get("world_size", 1), config.get("rank", 0))
         self.steps_file = open(self.out_dir / self.files["steps"], "a", buffering=1)
 
@@ -194,7 +194,7 @@ class StepDriver:
         fed = self.tracker.last or (self.loader_records[-1] if self.loader_records else None)
         effective = fed.effective if fed is not None else {}
         self.schedule.add_queue(effective.get("num_workers") or 0, effective.get("prefetch_factor"))
-        # The schedule as sized now, for the parent's progress display (advisor.trials.progress).
+        # The schedule as sized now, for the parent's progress display (advisor.trials.record.progress).
         write_json_atomic(self.out_dir / self.files["schedule"], self.schedule.to_dict())
         self.user_threads = torch.get_num_threads()
         if self.knobs.threads:
@@ -249,7 +249,7 @@ class StepDriver:
 
     def _load_meter(self) -> Any:
         """A meter of the machine's load from now on; None where psutil cannot read it."""
-        from advisor.trials.machine_load import LoadMeter
+        from advisor.trials.process.machine_load import LoadMeter
 
         try:
             import torch

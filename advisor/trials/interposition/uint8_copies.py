@@ -16,7 +16,7 @@ then at most a normalization by constants (`x = (x - 0.5) / 0.25`), then returne
 element of the returned tuple). Anything else that touches the float tensor before it is returned (a
 random jitter, a clamp), a conversion inside a branch: not applicable, with the reason; the data the model
 sees never changes (torchvision pipelines the Dataset holds, `ToTensor()` + `Normalize`, are moved by
-`advisor.trials.uint8_transforms`). The rewritten `__getitem__` returns the 8-bit tensor
+`advisor.trials.interposition.uint8_transforms`). The rewritten `__getitem__` returns the 8-bit tensor
 (`np.asarray(img, dtype=np.uint8)`), the batch is marked as it leaves the loader (after pinning), and the
 step's `.to(...)` of a marked batch returns it converted: `(x.float() / 255 - mean) / std`, the same float32
 operations in the same order, so the same numbers reach the model.
@@ -52,7 +52,7 @@ class BytePlan:
     uint8: str  # what it becomes, e.g. "np.asarray(image, dtype=np.uint8)"
     normalization: str | None  # the normalizing statement the rewrite removes, as written
     function: Any = None  # the rewritten __getitem__ (not recorded)
-    # A torchvision pipeline (advisor.trials.uint8_transforms): kind "transform", the names of its transforms
+    # A torchvision pipeline (advisor.trials.interposition.uint8_transforms): kind "transform", the names of its transforms
     # in order, the Dataset's attribute that holds it; `multiply`: the conversion is x * (1 / 255) (v2's ToDtype).
     kind: str = "getitem"
     multiply: bool = False
@@ -263,7 +263,7 @@ def rewrite_dataset(dataset: Any, site: str | None = None) -> tuple[BytePlan | N
     """For the trial: the training Dataset hands out 8-bit images (its torchvision transform or its class's
     `__getitem__` replaced; the process ends with the trial); returns the plan (None when not applicable)
     and the knob's outcome. `site`: where the DataLoader was built (the patch looks for the pipeline there)."""
-    from advisor.trials.uint8_transforms import rewrite_pipeline
+    from advisor.trials.interposition.uint8_transforms import rewrite_pipeline
 
     if not hasattr(type(dataset), "__getitem__") or hasattr(dataset, "__iter__") and not hasattr(dataset, "__len__"):
         return None, not_applicable("the training DataLoader's dataset is not indexed by __getitem__")
@@ -285,7 +285,7 @@ def plan_of(dataset: Any) -> BytePlan | None:
     """The plan that makes `dataset` hand out 8-bit images, if the trial applied one to it: the training
     loader's, or another loader's over the same Dataset (a validation loader, random_split's other Subset),
     whose batches are then converted where they are moved too."""
-    from advisor.trials.uint8_transforms import pipeline_plan_of, wrapped_dataset
+    from advisor.trials.interposition.uint8_transforms import pipeline_plan_of, wrapped_dataset
 
     found = pipeline_plan_of(dataset)
     if found is not None:

@@ -7,10 +7,10 @@ at least `min_windows` windows, then after each one asks `settled`: clearly bett
 its noise and the gain worth keeping), clearly worse (the whole interval below the best), equivalent
 (the whole interval of the difference within ± the margin) or not better (even the top of its interval
 is not a gain worth keeping); it stops there, or at
-`max_windows`. The noise is `advisor.trials.measurement`'s: two standard errors of the difference.
+`max_windows`. The noise is `advisor.trials.record.measurement`'s: two standard errors of the difference.
 
-Torch-free and pure: the step schedule (`advisor.trials.schedule`) in the trial process and the replay
-runner (`advisor.trials.replay`) call the same rule, with what each window measured.
+Torch-free and pure: the step schedule (`advisor.trials.record.schedule`) in the trial process and the replay
+runner (`advisor.trials.process.replay`) call the same rule, with what each window measured.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.trials.measurement import ratio_relative_se
+from advisor.trials.record.measurement import ratio_relative_se
 
 CAP_FACTOR = 3  # at most this many times the windows asked for, in a trial measured against the best
 MIN_WINDOWS = 3  # a standard error needs a few windows before it means anything

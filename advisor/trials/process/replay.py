@@ -14,8 +14,8 @@ around the recording's samples/s with that relative spread (a seeded generator: 
 the same session), so every measurement, re-measures included, carries independent noise as on a live
 machine, and a setting can be measured again (`remeasure`); at 0 every window is the recorded figure. With
 `noise` None the recording is served as it is, and with one recording per setting it cannot be measured
-again. Measured against the best (`against`, `advisor.trials.adaptive`), a served trial draws windows until
-they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.replay_drift`) a
+again. Measured against the best (`against`, `advisor.trials.record.adaptive`), a served trial draws windows until
+they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.process.replay_drift`) a
 load that comes and goes slows each step served at its time, and each window reports it.
 
 Every served trial is placed on a simulated clock: it costs its recorded start-up, profiled steps and
@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.trials.storage import write_json_atomic
+from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
-from advisor.trials.adaptive import Against, settled
-from advisor.trials.replay_drift import LoadDrift, other_load
+from advisor.trials.record.adaptive import Against, settled
+from advisor.trials.process.replay_drift import LoadDrift, other_load
 
 SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps")
 
@@ -162,7 +162,7 @@ class ReplayRunner:
         rate × (1 + noise · N(0, 1)) over the load at its time, its steps keeping the recorded share of
         time spent waiting for data (so the bound the session reads is the recording's). NOISE_WINDOWS
         of them; against a `target`, until they settle the comparison (at most its cap)."""
-        from advisor.trials.measurement import measure
+        from advisor.trials.record.measurement import measure
 
         summary = record.get("summary") or {}
         rate, batch = summary.get("samples_per_s"), summary.get("batch_size")

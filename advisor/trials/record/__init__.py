@@ -1,7 +1,7 @@
 """A trial's record, `trial.json`: what it ran with, what each step measured, and the figures of both.
 
-Written by the runner that ran the trial (`advisor.trials.runner` in a subprocess,
-`advisor.trials.inprocess` in the notebook's process) and read by the search, the report and the
+Written by the runner that ran the trial (`advisor.trials.process.runner` in a subprocess,
+`advisor.trials.process.inprocess` in the notebook's process) and read by the search, the report and the
 analysis. Torch-free.
 
 trial.json (schema "advisor.trial/1"), written atomically at the start (status "running") and at the end:
@@ -34,7 +34,7 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      windows_measured, against?, verdict?}: steps skipped (wait includes queue_depth: workers × prefetch_factor
                      batches queued before the first step), warmed up, profiled; then settle steps and
                      measurement windows of at least window_s seconds and min_window_steps steps; with
-                     `against` (advisor.trials.adaptive: the best's figure), windows until `verdict`
+                     `against` (advisor.trials.record.adaptive: the best's figure), windows until `verdict`
                      ("better", "worse", "equivalent", "not better"; null at the cap) settled it
     profiled        false for a timing-only trial (no profiler, no trace)
     memory_limit    the --memory-limit in bytes, or null
@@ -68,14 +68,14 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     (the queue refilled while the trace was written), "window" (measured, in window k);
                     load, on the step that closed a window: {other_cpu, gpu_other} the shares of the
                     machine's CPU and of the GPU's SM time other processes used beside that window
-                    (advisor.trials.machine_load; gpu_other null where NVML cannot say);
+                    (advisor.trials.process.machine_load; gpu_other null where NVML cannot say);
                     profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
                     end of the step: live bytes of the CPU allocator counted from the profiler's start
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes, peak_data_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
                      accumulation_steps, micro_batch_size, effective_batch_size}
-                    steady: the measurement windows (`advisor.trials.measurement.Measurement`):
+                    steady: the measurement windows (`advisor.trials.record.measurement.Measurement`):
                       {samples_per_s, relative_se, interval: [low, high] (95%), windows: [samples/s of
                       each], steps, seconds, source, wait_share (share of the time outside the step:
                       the loop waiting for data)}, or null for a trial measured without windows
@@ -127,10 +127,10 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.trials.measurement import measure
-from advisor.trials.distributed import merge_ranks, rank_files
+from advisor.trials.record.measurement import measure
+from advisor.trials.process.distributed import merge_ranks, rank_files
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
-from advisor.trials.storage import number, write_json_atomic
+from advisor.trials.record.storage import number, write_json_atomic
 
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"

@@ -1,5 +1,5 @@
 """What wraps each call of a step function: autocast, the fp16 GradScaler and gradient accumulation
-(`advisor.trials.gradients`), non_blocking copies. Inside the trial only (torch imported lazily).
+(`advisor.trials.interposition.gradients`), non_blocking copies. Inside the trial only (torch imported lazily).
 
 - `amp`: the step runs inside `torch.autocast(device_type, dtype)` for each device type the step computes
   on (where the live modules' parameters are, found at the first call; else where its tensor
@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from advisor.trials.facts import cuda_computes_bf16
-from advisor.trials.gradients import GradientInterposition, patched_attribute
+from advisor.trials.process.facts import cuda_computes_bf16
+from advisor.trials.interposition.gradients import GradientInterposition, patched_attribute
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 

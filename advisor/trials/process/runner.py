@@ -1,4 +1,4 @@
-"""One trial in a fresh subprocess: `run_trial` starts `advisor.trials.harness` in a new process group
+"""One trial in a fresh subprocess: `run_trial` starts `advisor.trials.process.harness` in a new process group
 with the script, the step and the knobs, waits (time limit, Ctrl-C), ends every process of the trial
 (DataLoader workers and daemons included), and completes its record (`advisor.trials.record`).
 
@@ -9,7 +9,6 @@ environment (`ADVISOR_TRIAL`), so that one that left the process group is still 
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import math
 import os
@@ -23,16 +22,17 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.distributed import crash_message, needs_torchrun, rank_files, torchrun_command
+from advisor.trials.process.distributed import crash_message, needs_torchrun, rank_files, torchrun_command
 from advisor.trials.knobs import Knobs
-from advisor.trials.progress import ProgressWatch, TrialProgress
+from advisor.trials.record.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
     complete_record
-from advisor.trials.storage import write_json_atomic
-from advisor.trials.targets import TargetNotFound, locate_target, parse_step, parse_target
+from advisor.trials.record.storage import write_json_atomic
+from advisor.trials.process.targets import TargetNotFound, locate_target, parse_step, parse_target
+from advisor.trials.process.processes import TRIAL_TOKEN, end_trial_processes, interrupts_held, sigterm_as_interrupt
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
-HARNESS_ENTRY = "import sys; from advisor.trials.harness import main; main(sys.argv[1:])"
+HARNESS_ENTRY = "import sys; from advisor.trials.process.harness import main; main(sys.argv[1:])"
 
 
 class TrialFailed(AdvisorError):
@@ -45,83 +45,10 @@ class TrialFailed(AdvisorError):
 # Running a trial
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in a process group: what a finished trial must not leave behind."""
-    import psutil
-
-    members = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
 # A trial whose process (or a rank) crashes in native code runs once more: torch's profiler has rare races
 # with the threads of a process group that abort a rank as the profiler stops (malloc's heap checks), and
 # a crash the second run does not meet is not the knobs' doing. The record keeps why (`retried_after`).
 NATIVE_CRASH_RETRIES = 1
-TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
-
-
-def trial_processes(pgid: int, token: str | None = None) -> list[Any]:
-    """The live processes of a trial: its process group, the descendants of its first process, and any
-    process whose environment carries the trial's token (a daemon that double-forked out of both). With
-    a token, only processes that carry it: a recycled process id is never taken for the trial's."""
-    import psutil
-
-    found: dict[int, Any] = {}
-    for pid in group_members(pgid):
-        found[pid] = None
-    try:
-        for child in psutil.Process(pgid).children(recursive=True):
-            found[child.pid] = child
-    except psutil.Error:
-        pass
-    for proc in psutil.process_iter() if token else ():
-        found.setdefault(proc.pid, proc)
-    processes = []
-    for pid, proc in found.items():
-        try:
-            proc = proc or psutil.Process(pid)
-            if pid == os.getpid() or not _alive(proc):
-                continue
-            if token and proc.environ().get(TRIAL_TOKEN) != token:
-                continue
-            processes.append(proc)
-        except psutil.Error:
-            continue
-    return processes
-
-
-def end_trial_processes(pgid: int, token: str | None = None) -> None:
-    """End a trial: SIGTERM to all its processes (`trial_processes`), a moment to exit, then SIGKILL."""
-    import psutil
-
-    processes = trial_processes(pgid, token)
-    if not processes:
-        return
-    for send in (signal.SIGTERM, signal.SIGKILL):
-        for proc in processes:
-            try:
-                proc.send_signal(send)
-            except psutil.Error:
-                pass
-        # A moment to exit on SIGTERM; after SIGKILL, until the kernel has ended them.
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(_alive(p) for p in processes):
-            time.sleep(0.05)
-
-
-def _alive(process: Any) -> bool:
-    import psutil
-
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def run_trial(
@@ -160,11 +87,11 @@ def run_trial(
     DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
     (the session records both, to end a trial its killed predecessor left behind). `on_progress(progress)`:
     called about every PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time
-    left (`advisor.trials.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
+    left (`advisor.trials.record.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
     a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
-    several nodes), each profiled (`advisor.trials.distributed`). `ray_address`: the job of `nnodes` ×
-    `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.ray_job`).
-    `against` (`advisor.trials.adaptive.Against` as a dict): measure windows until they settle the
+    several nodes), each profiled (`advisor.trials.process.distributed`). `ray_address`: the job of `nnodes` ×
+    `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.process.ray_job`).
+    `against` (`advisor.trials.record.adaptive.Against` as a dict): measure windows until they settle the
     comparison with the best, up to its cap.
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
@@ -196,7 +123,7 @@ def run_trial(
 
     config = _harness_config(record, out, step_module, loader)
     if ray_address is not None:
-        from advisor.trials.ray_job import run_ray_job
+        from advisor.trials.process.ray_job import run_ray_job
 
         child_env = _child_environment(env, device, record["token"])
         # The ranks run in their node's environment, with what the trial adds to ours (and our thread count).
@@ -204,7 +131,7 @@ def run_trial(
         return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
                            nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
     # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
-    # happens (advisor.trials.distributed.one_rank_on_demand); one that reads torchrun's variables before
+    # happens (advisor.trials.process.distributed.one_rank_on_demand); one that reads torchrun's variables before
     # that call fails on the first read, and runs again under torchrun (one rank).
     torchrun = nproc_per_node > 1
     child_env = _child_environment(env, device, record["token"])
@@ -362,7 +289,7 @@ def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, 
     "timeout"), end every process of the trial, and return its exit code. Ctrl-C (or SIGTERM) ends them,
     completes the record as "interrupted" and re-raises KeyboardInterrupt."""
     proc = None
-    previous_sigterm = _sigterm_as_interrupt()
+    previous_sigterm = sigterm_as_interrupt()
     try:
         with open(out / LOG_FILE, "wb") as log:
             proc = subprocess.Popen(
@@ -385,7 +312,7 @@ def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, 
             proc.wait()
             record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
     except KeyboardInterrupt:
-        with _interrupts_held():  # a second Ctrl-C must not leave the record at "running"
+        with interrupts_held():  # a second Ctrl-C must not leave the record at "running"
             if proc is not None:
                 end_trial_processes(proc.pid, record["token"])
                 proc.wait()
@@ -453,35 +380,6 @@ def _exit_status(code: int, out: Path, crash: str | None) -> dict[str, str]:
                                             f"kernel's out-of-memory killer; see {out / LOG_FILE}"}
     why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     return {"status": "error", "message": f"the trial process {why}; see {out / LOG_FILE}"}
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """Ctrl-C (and SIGTERM) are ignored while a trial's record is finished (main thread only)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _sigterm_as_interrupt():
-    """While a trial runs, SIGTERM to the advisor is handled like Ctrl-C (main thread only)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, handler)
 
 
 def default_out_dir(script: Path) -> Path:

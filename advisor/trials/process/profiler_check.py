@@ -173,7 +173,7 @@ def cuda_profiler_problem(device: str, timeout_s: float = PROBE_TIMEOUT_S) -> st
         return None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
     try:
-        done = subprocess.run([sys.executable, "-m", "advisor.trials.profiler_check", device], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "advisor.trials.process.profiler_check", device], capture_output=True,
                               text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
         result = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
@@ -189,7 +189,7 @@ def cuda_profiler_problem(device: str, timeout_s: float = PROBE_TIMEOUT_S) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m advisor.trials.profiler_check auto|cuda|cpu`: the probe's counts as one JSON line."""
+    """`python -m advisor.trials.process.profiler_check auto|cuda|cpu`: the probe's counts as one JSON line."""
     import torch
 
     requested = (argv if argv is not None else sys.argv[1:] or ["auto"])[0]

@@ -1,5 +1,5 @@
 """A trial in the notebook's own process: `train_step(batch)` called once per batch of the user's loader,
-driven by the same step driver as a subprocess trial (`advisor.trials.driver`), its record the same
+driven by the same step driver as a subprocess trial (`advisor.trials.process.driver`), its record the same
 `trial.json`.
 
 DataLoader knobs reach the loader by rebuilding it from the given one with changed arguments
@@ -29,16 +29,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from advisor.errors import AdvisorError
-from advisor.trials.activations import is_out_of_memory
-from advisor.trials.driver import StepDriver, TrialComplete
-from advisor.trials.facts import SetupProblem, device_facts, resolve_device
-from advisor.trials.harness import user_traceback
+from advisor.trials.process.activations import is_out_of_memory
+from advisor.trials.process.driver import StepDriver, TrialComplete
+from advisor.trials.process.facts import SetupProblem, device_facts, resolve_device
+from advisor.trials.process.harness import user_traceback
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
-from advisor.trials.model_knobs import ModelInterposition
-from advisor.trials.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
+from advisor.trials.interposition.model import ModelInterposition
+from advisor.trials.interposition.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
 from advisor.trials.record import (LOG_FILE, RESULT_FILE, SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult,
                                    complete_record)
-from advisor.trials.storage import write_json_atomic
+from advisor.trials.record.storage import write_json_atomic
 
 
 def step_source(train_step: Callable) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from advisor.trials.schedule import MIN_WINDOW_STEPS
+from advisor.trials.record.schedule import MIN_WINDOW_STEPS
 
 PHASES = ("starting", "warm-up", "profiled", "settling", "window", "finishing", "done")
 

@@ -27,8 +27,8 @@ import weakref
 from typing import Any, Callable
 
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
-from advisor.trials.interposition import amp_outcome, non_blocking_cuda, non_blocking_outcome, non_blocking_to
-from advisor.trials.gradients import patched_attribute
+from advisor.trials.interposition.step import amp_outcome, non_blocking_cuda, non_blocking_outcome, non_blocking_to
+from advisor.trials.interposition.gradients import patched_attribute
 
 
 class LoopInterposition:
@@ -155,7 +155,7 @@ def capture_losses(seen: Callable[[Any], None], sites: dict[str, Any]) -> Callab
     first called it (file, function, line: where a suggested patch puts autocast); returns an undo."""
     import torch
 
-    from advisor.trials.loaders import user_frame
+    from advisor.trials.interposition.loaders import user_frame
 
     original = torch.Tensor.backward
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from advisor.errors import AdvisorError
 from advisor.trials.record import LOG_FILE, TRIAL_FILE, TrialResult, complete_record
-from advisor.trials.storage import write_json_atomic
+from advisor.trials.record.storage import write_json_atomic
 
 RAY_MISSING = "--ray needs the ray package on this machine and every node: pip install 'advisor[ray]'"
 FAILURE_GRACE_S = 10.0  # how long the other nodes' ranks get to fail after a rank failed, before they are stopped
@@ -125,7 +125,7 @@ class NodeAgent:
         import sys
         import tempfile
 
-        from advisor.trials.runner import HARNESS_ENTRY
+        from advisor.trials.process.runner import HARNESS_ENTRY
 
         scratch = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
         # Not under torchrun: each rank dies with this agent (the parent it is told), as a lone trial does.
@@ -156,7 +156,7 @@ class NodeAgent:
 
     def stop(self) -> None:
         """End this node's ranks and whatever they started (DataLoader workers): those with the trial's token."""
-        from advisor.trials.runner import end_trial_processes
+        from advisor.trials.process.processes import end_trial_processes
 
         for process in self.processes:
             end_trial_processes(process.pid, self.token)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.trials.knobs import APPLIED, DDP_KNOBS, Knobs, not_applicable
-from advisor.trials.targets import calls_init_process_group
+from advisor.trials.process.targets import calls_init_process_group
 
 
 def rank_of(environ: Any = os.environ) -> tuple[int, int]:
@@ -214,7 +214,7 @@ def torchrun_command(python: str, nproc_per_node: int, torchrun_args: list[str],
     running the harness as a module on each rank."""
     standalone = not any(a.startswith(("--rdzv", "--nnodes", "--master")) for a in torchrun_args)
     return [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
-            *(["--standalone"] if standalone else []), *torchrun_args, "-m", "advisor.trials.harness", config]
+            *(["--standalone"] if standalone else []), *torchrun_args, "-m", "advisor.trials.process.harness", config]
 
 
 def merge_ranks(folder: Path, world_size: int, read_result: Callable[[Path], dict],

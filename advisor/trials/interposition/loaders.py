@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from advisor.trials.uint8_copies import mark, plan_of, rewrite_dataset
+from advisor.trials.interposition.uint8_copies import mark, plan_of, rewrite_dataset
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
@@ -159,7 +159,7 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
                              taken: Callable[[], set[str]] | None = None) -> Callable[[], None]:
     """Wrap `DataLoader.__init__` so the training loader (`training`: its site and ordinal; every loader
     when None) gets the knobs and every loader is recorded; returns an undo. `taken()`: the knobs a
-    framework's own settings took (`advisor.trials.frameworks`), which no DataLoader gets again."""
+    framework's own settings took (`advisor.trials.interposition.frameworks`), which no DataLoader gets again."""
     import dataclasses
 
     import torch.utils.data

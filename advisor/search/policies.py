@@ -1,0 +1,238 @@
+"""The session's policies beside its loop: pairs (a reverted change as the base of a second move),
+re-measures (the best beside a candidate when the machine changed, the best against the runner-up before
+the end) and knobs that were not applicable (never kept, never a base). Torch-free."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.trials.knobs import Knobs
+from advisor.search.bounds import trial_bound
+from advisor.search.drift import at_load, load_text, machine_changed, mean_load, pair_changed, same_load
+from advisor.trials.record.measurement import noise
+from advisor.search.state import SessionOptions, best_row, save, trial_row
+from advisor.search.predictions import remember_graph, reprice
+from advisor.search.decision import decide
+from advisor.search.strategy import Proposal, SearchSpace, knobs_key, propose, turned
+from advisor.trials.record import TrialResult, load_trial
+from advisor.search.trials import TrialRunner, diagnose_trial, figures_text, measure_record, measured, own_bound, \
+    recorded_losses, run_one, trial_record
+
+
+# A change this much slower or less (or within 1.5 × its noise) can still pay with a second move: a small
+# cost on its own is what a change that pays only in a pair reads, give or take the noise.
+PAIR_FLOOR = 0.10
+CONFIRM_TRIALS = 2  # the best and the runner-up, each measured once more before the session ends
+
+
+def reserve(options: SessionOptions, remeasure: bool) -> int:
+    """Trials kept back for confirming the best against the runner-up (with a budget that allows it)."""
+    return CONFIRM_TRIALS if remeasure and options.max_trials >= 4 * CONFIRM_TRIALS else 0
+
+
+def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+                 record: dict[str, Any], index: int, log: Callable[[str], None], remeasure: bool):
+    """When the measurements say the machine changed (`advisor.search.drift`), run the best once more,
+    right after the candidate: (its row, its measurement, the candidate's measurement at the load it was
+    measured at, why); the measurements None when that run failed; None when nothing changed or the
+    budget has no room."""
+    if not remeasure or len(state["trials"]) + 2 > options.max_trials:
+        return None
+    top = best_row(state)
+    runs = [trial_record(out / top["folder"]), *(trial_record(out / f) for f in state["pooled"].get(top["name"], []))]
+    changed = machine_changed(runs, record)
+    if changed is None:
+        return None
+    log(f"  {changed}: measuring the best ({top['name']}) again beside it")
+    knobs = Knobs.from_dict(in_effect(top))
+    proposal = Proposal("confirm", f"{first_change(top['change'])} (the best, measured again)", "best-again",
+                        knobs, 0.0)
+    fresh, fresh_record, fresh_measure = run_one(run, state, index + 1, proposal, "best-again", log)
+    row = trial_row(index + 1, fresh, fresh_record, proposal, state, fresh_measure if fresh.ok else None,
+                    own_bound(fresh, fresh_measure) if fresh.ok else None)
+    row.update(decision="measured" if fresh.ok else "failed", load=load_text(fresh_record),
+               reason=f"{top['name']} again, beside trial {index:02d}: {changed}" if fresh.ok else
+               f"trial {fresh.status}: {fresh.message}")
+    log(f"  {figures_text(row, state['unit'])}: the best as measured now")
+    if not fresh.ok:
+        return row, None, None, changed
+    # The load may have moved again by the time the best ran: the best's runs at the candidate's load
+    # decide where there are some (this one, or earlier ones); else the candidate's windows at this one's.
+    matched = same_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
+    if matched is not None:
+        return row, measure_record(matched[0]), measure_record(matched[1]), changed
+    candidate = measure_record([dict(record, steps=at_load(record, mean_load(fresh_record)))])
+    return row, fresh_measure, candidate, changed
+
+
+def runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of every run of a setting that measured, latest first."""
+    key = knobs_key(knobs)
+    return [trial_record(out / t["folder"]) for t in reversed(state["trials"])
+            if t["status"] == "ok" and t.get("samples_per_s") and knobs_key(t["knobs"]) == key]
+
+
+def first_change(change: str) -> str:
+    """A row's change as first tried, without what a re-measure added to it."""
+    for suffix in (" (confirming the best)", " (the best, measured again)", " (again)"):
+        change = change.removesuffix(suffix)
+    return change
+
+
+def pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
+    """Whether a reverted change is a base for a second move: its loss was fine, it was not clearly slower,
+    and it moved the bound or addressed it."""
+    if decision.keep or decision.reason.startswith("loss") or row["decision"] != "reverted":
+        return False
+    moved = row.get("bound") is not None and row.get("bound") != bound.name
+    return decision.gain > -max(1.5 * decision.noise, PAIR_FLOOR) and (moved or bool(row.get("helps_now")))
+
+
+def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any], options: SessionOptions,
+                  space: SearchSpace) -> Proposal | None:
+    """The move the candidate's own trace calls for next, made on top of it, as one change: the first
+    proposal from the candidate (reverted changes included) that turns other knobs than `first` did."""
+    best = best_row(state)
+    # Both what was proposed and what the candidate ran with: a pair never holds two values of one knob.
+    first_turned = turned(best["knobs"], first.knobs) | turned(best["knobs"], candidate.knobs)
+    diagnosis = diagnose_trial(candidate)
+    remember_graph(state, candidate.name, diagnosis)
+    measurement = measure_record([trial_record(candidate.path)])
+    bound = trial_bound(candidate.status, diagnosis, measurement)
+    base = candidate.knobs.to_dict()
+    advised = {r.id for r in diagnosis.recommendations} if diagnosis is not None else set()
+    # What the candidate's trace advises comes before a blind experiment, whatever their predicted gains.
+    ranked = sorted(propose(diagnosis, bound, candidate, state, options, space, retry_reverted=True),
+                    key=lambda p: (not p.helps_now, p.recommendation not in advised, -p.predicted_gain))
+    for p in ranked:
+        second = turned(base, p.knobs)
+        if second and not second & first_turned:
+            pair = Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
+                            f"{first.slug}-and-{p.slug}", p.knobs, first.predicted_gain + p.predicted_gain,
+                            first.bound, first.helps_now)
+            return reprice([pair], state, best["name"], best["knobs"])[0]  # both moves simulated together
+    return None
+
+
+def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: SearchSpace) -> Proposal | None:
+    """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet:
+    a change noise made read slower than it is gets its second move before the session ends."""
+    paired = state.setdefault("paired", [])
+    rows = [t for t in state["trials"][1:] if t["decision"] == "reverted" and t["status"] == "ok"
+            and t.get("samples_per_s") and "+" not in (t.get("recommendation") or "+")
+            and t.get("recommendation") != "confirm" and not t["reason"].startswith("loss")
+            and t["name"] not in paired]
+    for row in sorted(rows, key=lambda t: -t["samples_per_s"]):
+        paired.append(row["name"])
+        first = Proposal(row["recommendation"], row["change"].removesuffix(" (again)"),
+                         row["name"][3:].removesuffix("-again"), Knobs.from_dict(row["knobs"]),
+                         row.get("predicted_gain") or 0.0, None, bool(row.get("helps_now")))
+        pair = pair_proposal(load_trial(out / row["folder"]), first, state, options, space)
+        if pair is not None:
+            return pair
+    return None
+
+
+def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
+                  reference_losses: list[float], log: Callable[[str], None], remeasure: bool) -> TrialResult:
+    """Before the session ends, measure the best and the runner-up (the other setting that measured fastest)
+    once more, when the runner-up is within the noise of the best or ahead of it, and keep whichever the
+    pooled runs say is faster. Returns the best."""
+    if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
+        return best
+    top, runner_up = best_row(state), runner_up_row(state)
+    if runner_up is None:
+        return best
+    best_measure = measured(out, state, best)
+    earlier = [out / runner_up["folder"], *(out / f for f in state["pooled"].get(runner_up["name"], []))]
+    runner_measure = measure_record([trial_record(f) for f in earlier])
+    if runner_measure.samples_per_s < best_measure.samples_per_s * (1 - noise(best_measure, runner_measure)):
+        return best  # clearly behind: nothing to confirm
+    confirmed, runs = {}, {}
+    for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
+                         (runner_up, earlier)):
+        knobs = Knobs.from_dict(in_effect(row))
+        proposal = Proposal("confirm", f"{first_change(row['change'])} (confirming the best)", "confirm", knobs, 0.0)
+        index = len(state["trials"])
+        log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
+        result, record, _ = run_one(run, state, index, proposal, f"confirm-{row['name'][:2]}", log)
+        pooled = measured(out, state, result, folders) if result.ok else None
+        new = trial_row(index, result, record, proposal, state, pooled, own_bound(result, pooled))
+        new.update(decision="measured" if result.ok else "failed",
+                   reason=f"{row['name']} again, pooled with its earlier runs" if result.ok else
+                   f"trial {result.status}: {result.message}")
+        state["trials"].append(new)
+        if result.ok:
+            state["pooled"][result.name] = [os.path.relpath(f, out) for f in folders]
+            runs[row["name"]] = runs_of(out, state, row["knobs"])  # every run of the setting, latest first
+        confirmed[row["name"]] = (result, pooled, new)
+        save(state)
+    (kept, kept_m, kept_row), (other, other_m, other_row) = confirmed[top["name"]], confirmed[runner_up["name"]]
+    if kept_m is None or other_m is None:  # a confirming run failed: the best stands as it was decided
+        for row in (kept_row, other_row):
+            if row["decision"] == "measured":
+                row.update(decision="reverted", reason=row["reason"] + "; the other run failed, nothing changes")
+        save(state)
+        return best
+    changed = pair_changed(runs[top["name"]], runs[runner_up["name"]])
+    if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
+        matched = same_load(runs[top["name"]], runs[runner_up["name"]])
+        if matched is None:  # no load holds both: the two measured last, the runner-up's windows at the best's load
+            latest = runs[runner_up["name"]][0]
+            matched = (runs[top["name"]][:1], [dict(latest, steps=at_load(latest, mean_load(runs[top["name"]][0])))])
+        kept_m, other_m = measure_record(matched[0]), measure_record(matched[1])
+        other_row["drift"] = changed
+    losses = recorded_losses(other.path)
+    decision = decide(kept_m, other_m, losses, reference_losses, options.min_gain)
+    winner, winner_row = (other, other_row) if decision.keep else (kept, kept_row)
+    winner_row.update(decision="kept")
+    (kept_row if decision.keep else other_row).update(decision="reverted")
+    other_row.update(gain=decision.gain, noise=decision.noise, reason=other_row["reason"] + f": {decision.reason}"
+                     + (f" ({changed}: decided on the runs of both measured at one load)" if changed else ""))
+    log(f"  confirmed: {first_change(winner_row['change'])} is the best "
+        f"({figures_text(winner_row, state.get('unit') or 'samples/s')})")
+    state["best"] = winner.name
+    state["final_knobs"] = applied_only(winner).knobs.to_dict()
+    save(state)
+    return winner
+
+
+def runner_up_row(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The other setting that measured fastest; never a change that was not applicable (it measured a
+    setting already run, not another one)."""
+    top = best_row(state)
+    others = [t for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
+              and t["decision"] != "not applicable" and knobs_key(in_effect(t)) != knobs_key(in_effect(top))]
+    return max(others, key=lambda t: t["samples_per_s"], default=None)
+
+
+def refused_knobs(outcomes: dict[str, str] | None, knobs: dict[str, Any]) -> dict[str, None]:
+    """The knobs a trial set and found not applicable, as settings that leave the user's value."""
+    return {k: None for k, v in (outcomes or {}).items()
+            if str(v).startswith("not applicable") and knobs.get(k) is not None}
+
+
+def in_effect(row: dict[str, Any]) -> dict[str, Any]:
+    """The knobs a trial's row ran with: those it found not applicable left at the user's value."""
+    return {**row["knobs"], **refused_knobs(row.get("outcomes"), row["knobs"])}
+
+
+def applied_only(result: TrialResult) -> TrialResult:
+    """The trial as the base of what follows: a knob it found not applicable (a compile that failed beside
+    a change that paid) is dropped, so the next trials do not carry it and the patch does not write it."""
+    refused = refused_knobs(result.knob_outcomes, result.knobs.to_dict())
+    return dataclasses.replace(result, knobs=dataclasses.replace(result.knobs, **refused)) if refused else result
+
+
+def not_applicable(row: dict[str, Any], proposal: Proposal, state: dict[str, Any]) -> str | None:
+    """Why the change could not be made at all (every knob it turns was not applicable), else None."""
+    knobs = turned(best_row(state)["knobs"], proposal.knobs)
+    outcomes = row.get("outcomes") or {}
+    refused = [f"{k}: {outcomes[k].removeprefix('not applicable: ')}" for k in sorted(knobs)
+               if str(outcomes.get(k, "")).startswith("not applicable")]
+    if row["status"] != "ok" or not knobs or len(refused) < len(knobs):
+        return None
+    return "; ".join(refused)

@@ -1,0 +1,163 @@
+"""The trials of a session: how one runs (in a subprocess, or by another runner), what it measured, and
+its row's figures and decision as the log shows them. Torch-free: trials run elsewhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.trials.knobs import Knobs
+from advisor.trials.record.storage import number
+from advisor.search.bounds import trial_bound
+from advisor.trials.record.measurement import Measurement, job, measure
+from advisor.search.state import SessionOptions, save
+from advisor.search.strategy import Proposal
+from advisor.trials.record import TRIAL_FILE, TrialResult
+from advisor.trials.process.processes import end_trial_processes, trial_processes
+from advisor.trials.process.runner import run_trial
+
+TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
+
+
+def trial_record(folder: Path) -> dict[str, Any]:
+    """The trial.json of a trial folder."""
+    return json.loads((Path(folder) / TRIAL_FILE).read_text())
+
+
+def recorded_losses(folder: Path | str) -> list[float]:
+    """Losses returned by the profiled steps of a trial."""
+    record = trial_record(Path(folder))
+    losses = (number(s, "loss") for s in record.get("steps", []) if isinstance(s, dict) and s.get("recorded"))
+    return [x for x in losses if x is not None]
+
+
+def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[Path] = ()) -> Measurement:
+    """A trial's steady-state measurement, pooled with earlier runs of the same settings; of the whole
+    job for a data-parallel trial (each rank's runs pooled, the ranks summed)."""
+    folders = [result.path, *extra, *(out / f for f in state["pooled"].get(result.name, []))]
+    return measure_record([trial_record(folder) for folder in folders])
+
+
+def measure_record(records: list[dict[str, Any]]) -> Measurement:
+    """The measurement of one or more records of the same settings (every rank's, when there are ranks)."""
+    ranks = [r.get("ranks") for r in records]
+    if all(isinstance(rs, list) and rs for rs in ranks):
+        width = min(len(rs) for rs in ranks)
+        return job([measure(rs[i].get("steps", []) for rs in ranks) for i in range(width)])
+    return measure(r.get("steps", []) for r in records)
+
+
+def diagnose_trial(result: TrialResult):
+    """The diagnosis (with recommendations) of a trial's trace; None when it has no trace. A data-parallel
+    trial is diagnosed as a job: its straggler's figures, with the job's bound and advice (a rank that
+    waits for another is not what to fix)."""
+    from advisor.analysis.analyze import analyze_path
+    from advisor.analysis.job import job_diagnosis, jobs_of
+    from advisor.code.lint import script_findings
+
+    if not any(result.path.glob("*.pt.trace.json*")):
+        return None
+    diagnoses = analyze_path(result.path, linter=script_findings)
+    jobs = jobs_of(diagnoses) if len(diagnoses) > 1 else []
+    return job_diagnosis(jobs[0]) if jobs else diagnoses[0]
+
+
+def lint_script(script: Path) -> list[dict] | None:
+    """`advisor lint` findings on the script, for the report; None when it cannot be checked."""
+    from advisor.code.lint import LintError, lint_file
+
+    try:
+        return [f.to_dict() for f in lint_file(script)]
+    except LintError:
+        return None
+
+
+def subprocess_runner(target: str, out: Path, options: SessionOptions, state: dict[str, Any],
+                      progress: Callable[[Any], None] | None = None) -> TrialRunner:
+    """Trials of the script in fresh subprocesses (the CLI's way), in `out/trials/<name>`; the DataLoader
+    knobs go to the training loader the baseline found. The trial in flight is in the record (its
+    process and token), so that `--resume` after a kill can end what it left behind."""
+    def started(name: str) -> Callable[[int, str], None]:
+        def record(pid: int, token: str) -> None:
+            state["running_trial"] = {"name": name, "pid": pid, "token": token}
+            save(state)
+        return record
+
+    def run(name: str, knobs: Knobs, against: dict[str, Any] | None = None) -> TrialResult:
+        try:
+            return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
+                             wait=options.wait, warmup=options.warmup, device=options.device,
+                             script_args=options.script_args, timeout_s=trial_time_limit(options, knobs),
+                             memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
+                             step=options.step, loader=state.get("training_loader"), on_start=started(name),
+                             nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
+                             on_progress=progress, ray_address=options.ray_address, nnodes=options.nnodes,
+                             against=against)
+        finally:
+            state["running_trial"] = None
+
+    run.adaptive = options.windows > 0  # type: ignore[attr-defined]  # its windows can follow a comparison
+    return run
+
+
+COMPILE_ALLOWANCE_S = 600.0  # torch.compile of a large model takes minutes on its first steps
+
+
+def trial_time_limit(options: SessionOptions, knobs: Knobs) -> float:
+    """Seconds a trial may take: --timeout, and as long again (at least COMPILE_ALLOWANCE_S more) for one
+    that compiles, whose first steps hold the compile."""
+    return options.timeout_s + (max(options.timeout_s, COMPILE_ALLOWANCE_S) if knobs.compile else 0.0)
+
+
+def end_left_behind(state: dict[str, Any], log: Callable[[str], None]) -> None:
+    """End the processes of the trial a killed session left running (only those that carry its token)."""
+    running = state.get("running_trial")
+    if isinstance(running, dict) and isinstance(running.get("pid"), int) and isinstance(running.get("token"), str):
+        if trial_processes(running["pid"], running["token"]):
+            log(f"ending the processes of trial {running.get('name')}, left running when the session stopped")
+            end_trial_processes(running["pid"], running["token"])
+    state["running_trial"] = None
+
+
+def run_one(run: TrialRunner, state: dict[str, Any], index: int, proposal: Proposal | None, slug: str,
+         log: Callable[[str], None], target: Any = None) -> tuple[TrialResult, dict[str, Any], Measurement]:
+    """Run one trial (its windows measured until they settle the comparison with `target`, an
+    `advisor.trials.record.adaptive.Against`, where the runner can); return it, its record and its own measurement."""
+    knobs = Knobs() if proposal is None else proposal.knobs
+    if target is not None and getattr(run, "adaptive", False):
+        result = run(f"{index:02d}-{slug}", knobs, against=target.to_dict())
+    else:
+        result = run(f"{index:02d}-{slug}", knobs)
+    record = trial_record(result.path)
+    return result, record, measure_record([record])
+
+
+def figures_text(row: dict[str, Any], unit: str) -> str:
+    """A trial's samples/s (or steps/s: the session's `unit`) with its interval, for the log."""
+    if not row.get("samples_per_s"):
+        return f"{row['status']}: {row.get('message') or ''}".strip()
+    interval = row.get("interval")
+    spread = f" (95%: {interval[0]:.1f}–{interval[1]:.1f})" if interval else ""
+    return f"{row['samples_per_s']:.1f} {unit}{spread}"
+
+
+def predicted_text(row: dict[str, Any]) -> str:
+    """What was predicted beside what was measured, for the log line of a trial."""
+    if row.get("predicted_samples_gain") is None or row.get("gain") is None:
+        return ""
+    return f" (predicted {100 * row['predicted_samples_gain']:+.0f}%, measured {100 * row['gain']:+.0f}%)"
+
+
+def own_bound(result: TrialResult, measurement: Measurement):
+    """A trial's own bound (what bound it, once measured), for its row."""
+    return trial_bound(result.status, diagnose_trial(result) if result.ok else None, measurement)
+
+
+def decide_row(row: dict[str, Any], result: TrialResult, decision, inconclusive: bool) -> None:
+    """Fill in a row's decision from the trial's status and the keep/revert decision."""
+    if decision is None:
+        row.update(decision="failed", reason=f"trial {result.status}: {result.message}")
+        return
+    row.update(decision="kept" if decision.keep else "reverted", gain=decision.gain, noise=decision.noise,
+               reason=f"inconclusive, measured again: {decision.reason}" if inconclusive else decision.reason)

@@ -1,0 +1,1 @@
+"""The process that runs a trial: the harness inside it, the step driver, and the runners outside it."""
