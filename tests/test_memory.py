@@ -225,7 +225,7 @@ def test_leaky_example_grows_every_step(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # Out of memory under a cap, and the configuration that fits
 
-CAP = 1600 * 2**20  # 1.6 GiB of writable memory: the user's batch of 16 needs about 2 GiB
+CAP = 1450 * 2**20  # 1.45 GiB of writable memory above torch's own: the user's batch of 16 needs about 1.9 GiB
 
 
 def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_cap(tmp_path):

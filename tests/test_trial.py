@@ -94,7 +94,7 @@ def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
     summary = output[output.index("Ladder"):].splitlines()  # the log lines before it are the terminal's to wrap
     assert "…" not in output, output
     whole_at(summary)
-    assert "Next:" in output and "s left" not in output and "warm-up" not in output
+    assert "Next:" in output and "s left" not in output and "warm-up step" not in output
     folder = out / "trials" / "00-baseline"
     record = trial_record(folder)
     assert record["schema"] == SCHEMA and record["status"] == "ok"
