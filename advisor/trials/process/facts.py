@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from advisor.trials.process.activations import proc_status_bytes
+
 
 class SetupProblem(Exception):
     """The trial cannot start (e.g. no CUDA device for --device cuda): a message, no traceback."""
@@ -170,18 +172,12 @@ def cap_memory(limit: int, device_type: str) -> dict[str, Any]:
         torch.cuda.set_per_process_memory_fraction(fraction, index)
         return {"device": f"cuda:{index}", "bytes": min(limit, total), "what": "device memory",
                 "how": f"torch.cuda.set_per_process_memory_fraction({fraction:.4g}) of {total} bytes"}
-    held = writable_bytes()
+    held = proc_status_bytes().get("data_bytes", 0)  # VmData: what RLIMIT_DATA counts
     resource.setrlimit(resource.RLIMIT_DATA, (held + limit, held + limit))
     return {"device": "cpu", "bytes": limit, "held_bytes": held,
             "what": "the process's writable memory (heap and anonymous mappings) beyond what torch held before the script ran",
             "how": f"RLIMIT_DATA at {held + limit} bytes"}
 
-
-def writable_bytes() -> int:
-    """This process's writable private memory now (VmData: what RLIMIT_DATA counts), in bytes."""
-    import psutil
-
-    return psutil.Process().memory_info().data
 
 
 def peak_rss_bytes() -> int:
