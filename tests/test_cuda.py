@@ -88,7 +88,8 @@ def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path, monkeypatc
     assert diagnosis.platform == "gpu" and diagnosis.copies.pinned_us > 0 and diagnosis.copies.pageable_us == 0
 
 
-def test_fp16_autocast_runs_with_its_grad_scaler(tmp_path):
+def test_fp16_autocast_runs_with_its_grad_scaler(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the script writes observed.json in the folder the trial runs from
     script = gpu_script(tmp_path)
     result = run_trial(f"{script}:train_step", Knobs(amp="fp16"), tmp_path / "t", steps=3, device="cuda")
     assert result.ok, result.message
@@ -169,7 +170,8 @@ def kernel_names(folder) -> list[str]:
     return names
 
 
-def test_tf32_and_cudnn_benchmark_are_set_on_the_device(tmp_path):
+def test_tf32_and_cudnn_benchmark_are_set_on_the_device(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the script writes observed.json in the folder the trial runs from
     script = write_script(tmp_path, MODEL_SCRIPT)
     result = run_trial(f"{script}:train_step", Knobs(tf32=True, cudnn_benchmark=True), tmp_path / "t", steps=3,
                        device="cuda")

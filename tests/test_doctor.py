@@ -169,3 +169,12 @@ def test_gpu_check_packs_a_session_within_its_budget_baseline_traces_first(tmp_p
     assert {f"image_classifier/{p.relative_to(session)}" for p in files if p not in traces} <= names
     assert f"image_classifier/{baseline.relative_to(session)}" in names
     assert sorted(left_out) == sorted(str(p.relative_to(session)) for p in traces if p != baseline)
+
+
+def test_a_check_may_record_a_detail_called_name():
+    """NVML's facts hold the device's `name`: the check records it beside its own (this raised a TypeError on
+    the first real GPU, and the nvml check failed)."""
+    from advisor.doctor.checks import ok
+
+    check = ok("nvml", "NVML reads NVIDIA H200", name="NVIDIA H200", driver="580.159.04")
+    assert check.name == "nvml" and check.details == {"name": "NVIDIA H200", "driver": "580.159.04"}

@@ -74,8 +74,8 @@ class CheckFailed(Exception):
         self.summary, self.fix, self.breaks, self.details = summary, fix, breaks, details
 
 
-def ok(name: str, summary: str, **details: Any) -> Check:
-    """A check that passed."""
+def ok(name: str, summary: str, /, **details: Any) -> Check:
+    """A check that passed (positional-only: a detail may itself be called `name`, as NVML's device name is)."""
     return Check(name, OK, summary, details=details)
 
 
