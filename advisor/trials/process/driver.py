@@ -280,6 +280,8 @@ class StepDriver:
         if load is not None:
             step["load"] = load  # on the step that closed its window: other processes' share beside it
         step.update(self.memory.allocator_now())
+        if self.knobs.compile:
+            step["graphs"] = compiled_graphs()  # a graph first counted in a window step compiled while measured
         self.steps_file.write(dumps(step) + "\n")
 
     # --- how it ended --------------------------------------------------------------------------------
@@ -306,3 +308,13 @@ class StepDriver:
         result["model_dtypes"] = self.memory.model_dtypes
         result.setdefault("times", {}).update(self.times)
         return {**self.interposition.outcomes, **self.interposition.outcomes_after_steps()}
+
+
+def compiled_graphs() -> int | None:
+    """How many graphs dynamo has compiled in this process so far (its own counter); None if unreadable."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters.get("stats", {}).get("unique_graphs", 0))
+    except Exception:  # a figure we could not take must not fail the step
+        return None

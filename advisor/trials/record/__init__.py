@@ -57,7 +57,7 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
     steps           [{index, wall_s, call_s, data_s, loader, recorded, phase, window?, batch_size, batch_size_source,
                       loss, load?, rss_bytes,
                       vms_bytes, data_bytes, cuda_allocated_bytes?, cuda_max_allocated_bytes?, cuda_max_reserved_bytes?,
-                      profiler_allocated_bytes?}]
+                      profiler_allocated_bytes?, graphs?}]
                     wall_s is the span ProfilerStep#index: from the end of the previous step to the end
                     of this call (the user's data loading plus the call); call_s is the call alone (with
                     no step function: wall_s less data_s); data_s is the time spent in DataLoader
@@ -70,7 +70,10 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     machine's CPU and of the GPU's SM time other processes used beside that window
                     (advisor.trials.process.machine_load; gpu_other null where NVML cannot say);
                     profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
-                    end of the step: live bytes of the CPU allocator counted from the profiler's start
+                    end of the step: live bytes of the CPU allocator counted from the profiler's start;
+                    graphs (the compile knob on): dynamo's graphs compiled in the process by the step's end
+    compile         null, or with the compile knob applied: {graphs, graph_breaks, break_reasons, compile_s,
+                     window_graphs?} (`compile_summary`; window_graphs > 0: a recompile inside the windows)
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes, peak_data_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
@@ -87,7 +90,8 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     memory_growth: {bytes_per_step, r2, median_difference_bytes, steps, source,
                       first_index} or null (`memory_growth`): least-squares slope of the steps'
                       cuda_allocated_bytes, else of the profiled steps' profiler_allocated_bytes, else
-                      of rss_bytes (first step left out); a leak has slope ≈ median difference > 0
+                      of rss_bytes (the measured windows' steps, else all but the first); a leak has slope ≈
+                      median difference > 0
                     memory_breakdown: null, or where memory was at an out-of-memory failure
                       (when "at failure") or after the last step (when "end"):
                       {when, parameters, gradients, optimizer_state, activations (bytes; activations
@@ -117,7 +121,6 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import statistics
@@ -131,6 +134,7 @@ from advisor.trials.record.measurement import measure
 from advisor.trials.process.distributed import merge_ranks, rank_files
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
 from advisor.trials.record.storage import number, write_json_atomic
+from advisor.trials.record.memory import add_profiler_memory, memory_growth
 
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"
@@ -258,88 +262,6 @@ def summarize(steps: list[dict[str, Any]], harness: dict[str, Any], profiler_pea
     return summary
 
 
-def memory_growth(steps: list[dict[str, Any]], skip: int = 1) -> dict[str, Any] | None:
-    """Memory growth per step: least-squares slope of per-step memory over the step index, with R².
-
-    The most precise figure the steps have: `cuda_allocated_bytes` (the CUDA allocator's), else the
-    profiled steps' `profiler_allocated_bytes` (the CPU allocator's live bytes from the trace), else
-    `rss_bytes` (with the profiler recording, its own buffers add to the resident set every step).
-    For CUDA and rss the first `skip` steps are left out: they allocate what every later step reuses
-    (optimizer state, allocator pools). None with fewer than 3 points.
-    """
-    if any("cuda_allocated_bytes" in s for s in steps):
-        source, candidates = "cuda_allocated_bytes", steps[skip:]
-    elif sum("profiler_allocated_bytes" in s for s in steps) >= 3:
-        source, candidates = "profiler_allocated_bytes", steps
-    else:
-        source, candidates = "rss_bytes", steps[skip:]
-    points = [(s["index"], s[source]) for s in candidates if isinstance(s.get(source), (int, float))]
-    if len(points) < 3:
-        return None
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    sxx = sum((x - mean_x) ** 2 for x, _ in points)
-    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
-    syy = sum((y - mean_y) ** 2 for _, y in points)
-    slope = sxy / sxx if sxx else 0.0
-    r2 = (sxy * sxy / (sxx * syy)) if sxx and syy else 0.0
-    # A leak adds about the same every step; a one-time allocation (optimizer state created at the first
-    # optimizer step) is one jump: the median difference between consecutive steps tells them apart.
-    differences = [b[1] - a[1] for a, b in zip(points, points[1:])]
-    return {"bytes_per_step": slope, "r2": r2, "median_difference_bytes": statistics.median(differences),
-            "steps": n, "source": source, "first_index": points[0][0]}
-
-
-def profiler_memory(trace_path: Path) -> tuple[int | None, dict[int, int]]:
-    """From the trace's CPU `[memory]` events (profile_memory=True): the largest `Total Allocated`, and
-    per `ProfilerStep#N` the `Total Allocated` at the step's end.
-
-    The profiler counts only allocations made while it records, so the per-step figure is the CPU
-    allocator's live bytes relative to the profiler's start: exact for growth, unlike the resident set,
-    which the profiler's own event buffers inflate step after step.
-    """
-    try:
-        opener = gzip.open if trace_path.suffix == ".gz" else open
-        with opener(trace_path, "rt") as f:
-            events = json.load(f).get("traceEvents", [])
-    except (OSError, ValueError, EOFError):
-        return None, {}
-    memory = sorted(
-        (e["ts"], e["args"]["Total Allocated"])
-        for e in events
-        if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and "Total Allocated" in e["args"]
-        and e["args"].get("Device Type", 0) == 0 and isinstance(e.get("ts"), (int, float))
-    )
-    ends = {}
-    for e in events:
-        name = str(e.get("name", ""))
-        if e.get("ph") == "X" and name.startswith("ProfilerStep#") and name[13:].isdigit():
-            ends[int(name[13:])] = e["ts"] + e.get("dur", 0)
-    by_step, position, current = {}, 0, None
-    for step, end in sorted(ends.items(), key=lambda item: item[1]):
-        while position < len(memory) and memory[position][0] <= end:
-            current = memory[position][1]
-            position += 1
-        if current is not None:
-            by_step[step] = current
-    return (max(v for _, v in memory) if memory else None), by_step
-
-
-def add_profiler_memory(steps: list[dict[str, Any]], trace_paths: list[Path]) -> int | None:
-    """Give each profiled step its `profiler_allocated_bytes`; return the traces' peak `Total Allocated`."""
-    peaks, by_step = [], {}
-    for path in trace_paths:
-        peak, figures = profiler_memory(path)
-        if peak is not None:
-            peaks.append(peak)
-        by_step.update(figures)
-    for step in steps:
-        if step.get("index") in by_step:
-            step["profiler_allocated_bytes"] = by_step[step["index"]]
-    return max(peaks, default=None)
-
-
 def read_steps(path: Path) -> list[dict[str, Any]]:
     """The step records the harness appended; a torn last line (a killed trial) is dropped."""
     steps = []
@@ -373,9 +295,14 @@ def user_values(dataloaders: list[dict[str, Any]], threads: int | None, ddp: dic
 
 def compile_summary(compiled: dict[str, Any] | None, steps: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What torch.compile cost and did: `compile_s`, the time the steps before the measured ones took beyond
-    the steady state (the compile runs in them; it is never in samples/s), with dynamo's graphs and breaks."""
+    the steady state (the compile runs in them; it is never in samples/s), with dynamo's graphs and breaks,
+    and `window_graphs`: graphs compiled during the measured windows (a recompile that samples/s holds)."""
     if not compiled:
         return None
+    counted = [(s.get("phase"), s["graphs"]) for s in steps if s.get("graphs") is not None]
+    first_window = next((i for i, (phase, _) in enumerate(counted) if phase == "window"), None)
+    if first_window:  # graphs at the last window step beyond those at the step before the first
+        compiled = {**compiled, "window_graphs": counted[-1][1] - counted[first_window - 1][1]}
     steady = [s["wall_s"] for s in steps if s.get("phase") == "window"] or \
         [s["wall_s"] for s in steps if s.get("phase") == "profiled"]
     before = [s["wall_s"] for s in steps if s.get("phase") not in ("window", "profiled")]
