@@ -23,7 +23,7 @@ def conv_session(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("data", "*.ipynb"))
     out = root / "session"
     done = run_advisor("profile", "examples/conv_classifier.py:train_step", "--device", "cpu", "--out", str(out),
-                       "--max-trials", "6", "--steps", "2", "--windows", "2", "--window", "0.3",
+                       "--max-trials", "8", "--steps", "2", "--windows", "2", "--window", "0.3",
                        "--keep-effective-batch", cwd=root, timeout=900)  # the batch is not what this is about
     assert done.returncode == 0, done.stdout + done.stderr
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from trial_helpers import trial_record, write_script
 
-from advisor.search.drift import DURING, SINCE, apart, machine_changed, mean_load, window_loads
+from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, machine_changed, window_loads
 from advisor.search.session import run_session
 from advisor.search.trials import measure_record
 from advisor.search.state import SessionOptions
@@ -113,12 +113,18 @@ def test_the_load_says_when_the_machine_changed():
     assert machine_changed([record([0.1] * 4)], record([0.12] * 4)) is None
 
 
+def test_the_chained_speedup_multiplies_the_kept_gains_only():
+    rows = [{"decision": "baseline"}, {"decision": "kept", "gain": 0.5}, {"decision": "reverted", "gain": 1.0},
+            {"decision": "kept", "gain": None}, {"decision": "kept", "gain": 1.0}]  # a re-measure has no gain
+    assert chained(rows) == pytest.approx(3.0)
+
+
 @pytest.fixture(scope="module")
 def drifted(tmp_path_factory):
     """A session replayed on the H100 surface at 10% window noise under a strong drift (up to 4× slower)."""
     points = load_surface(SURFACE)
     sessions = []
-    for seed in (1,):  # a seed whose load changes several times in the session
+    for seed in (1, 9):  # seeds whose load changes several times in the session; 9's baseline ran loaded
         out = tmp_path_factory.mktemp(f"drift-{seed}")
         state = run_session(f"{SURFACE.resolve()}:replay", out, SessionOptions(max_trials=len(points) // 3),
                             runner=ReplayRunner(points, out, 0.10, seed, drift=3.0), script=False,
@@ -142,11 +148,10 @@ def test_under_drift_the_best_is_measured_again_beside_the_candidate(drifted):
             if row["decision"] in ("kept", "reverted") and beside["samples_per_s"]:
                 # Decided against the best as measured beside it, or at the candidate's load: never against
                 # a figure measured at another load.
-                level = mean_load(trial_record(out / row["folder"]))
                 same = [trial_record(out / t["folder"]) for t in rows[:i + 2]
                         if t["knobs"] == beside["knobs"] and t.get("samples_per_s")]
-                at_level = [r for r in same if not apart(mean_load(r), level)]
-                allowed = [beside["samples_per_s"]] + ([measure_record(at_level).samples_per_s] if at_level else [])
+                matched = at_one_load(same, [trial_record(out / row["folder"])])
+                allowed = [beside["samples_per_s"]] + ([measure_record(matched[0]).samples_per_s] if matched else [])
                 used = row["samples_per_s"] / (1 + row["gain"])
                 assert any(used == pytest.approx(x) for x in allowed), (used, allowed)
     assert again >= 2
@@ -157,6 +162,52 @@ def test_under_drift_the_best_is_measured_again_beside_the_candidate(drifted):
         found.append(recorded_sps(trial_record(out / row["folder"])["replayed_from"]) / best)
         assert len(state["trials"]) <= len(points) // 3
     assert min(found) >= 0.95
+
+
+def test_a_candidate_never_measured_at_the_best_load_runs_again_beside_it(drifted):
+    _, sessions = drifted
+    seen = 0
+    for out, state in sessions:
+        rows = state["trials"]
+        for i, row in enumerate(rows):
+            if "not measured at the load the best ran at, measured again" not in (row.get("reason") or ""):
+                continue
+            seen += 1
+            best, again = rows[i + 1], rows[i + 2]
+            assert row["decision"] == "reverted" and best["change"].endswith("(the best, measured again)")
+            assert again["change"] == f"{row['change']} (again)" and again["decision"] in ("kept", "reverted")
+            assert again["reason"].endswith("(beside the best, at one load)")
+            # Decided on the two measured at one load: the candidate's first, loaded run is not pooled in.
+            assert not state["pooled"].get(again["name"])
+    assert seen >= 1
+
+
+def served_sps(out: Path, row: dict) -> float:
+    """The surface's own samples/s of the setting a replayed row was served."""
+    return recorded_sps(trial_record(out / row["folder"])["replayed_from"])
+
+
+def test_the_speedup_compares_baseline_and_best_at_one_load(drifted):
+    """A baseline measured while the machine was loaded and a best measured quietly read as a bogus speedup;
+    the session takes both at one load, and says so."""
+    _, sessions = drifted
+    bases, worst_direct = set(), 0.0
+    for out, state in sessions:
+        rows = {t["name"]: t for t in state["trials"]}
+        base = state["trials"][0]
+        truth = served_sps(out, rows[state["best"]]) / served_sps(out, base)
+        direct = rows[state["best"]]["samples_per_s"] / base["samples_per_s"]
+        bases.add(state["speedup_basis"])
+        assert abs(state["speedup"] / truth - 1) < 0.25, (state["speedup"], truth)
+        if state["speedup_basis"] == "direct":
+            assert state["speedup"] == pytest.approx(direct)
+            continue
+        error, direct_error = abs(state["speedup"] / truth - 1), abs(direct / truth - 1)
+        assert error < 0.10 and error < direct_error, (state["speedup"], direct, truth)
+        assert any("measured while the machine's load differed" in note and f"×{direct:.2f}" in note
+                   for note in state["notes"])
+        worst_direct = max(worst_direct, direct / truth)
+    assert "one load" in bases and worst_direct > 2  # seed 9: the loaded baseline read ×25 against ×8.4
 
 
 def test_a_replayed_session_reports_its_simulated_time_and_shares(drifted):

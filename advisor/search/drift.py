@@ -113,39 +113,6 @@ def pair_changed(best_runs: list[dict[str, Any]], other_runs: list[dict[str, Any
                                                          if best_disagrees(other_runs) else None)
 
 
-def same_load(best_runs: list[dict[str, Any]], other_runs: list[dict[str, Any]]) -> tuple[list, list] | None:
-    """The runs of each setting measured at one load (not `apart`), at the load of the latest run of
-    the other setting that has a match; None where no load level holds runs of both."""
-    for latest in other_runs:
-        level = mean_load(latest)
-        if level is None:
-            return None
-        near = [[r for r in runs if (m := mean_load(r)) is not None and not apart(m, level)]
-                for runs in (best_runs, other_runs)]
-        if near[0] and near[1]:
-            return near[0], near[1]
-    return None
-
-
-def at_load(record: dict[str, Any], level: float | None) -> list[dict[str, Any]]:
-    """The record's steps, less the windows whose load is `apart` from `level` (the load
-    the best was measured again at), when at least two windows are left; else all of them."""
-    steps = record.get("steps") or []
-    if level is None:
-        return steps
-    groups, source = window_groups(steps)
-    if source != "windows":
-        return steps
-    kept = []
-    for group in groups:
-        load = window_loads({"steps": group})
-        if load and not apart(load[-1], level):
-            kept.append(group)
-    if len(kept) < 2 or len(kept) == len(groups):
-        return steps
-    return [s for s in steps if s.get("phase") != "window"] + [s for g in kept for s in g]
-
-
 def mean_load(record: dict[str, Any]) -> float | None:
     """The mean load beside a trial's windows (None where it reported none)."""
     loads = window_loads(record)
@@ -160,3 +127,43 @@ def load_text(record: dict[str, Any]) -> str | None:
     low, high = min(loads), max(loads)
     span = f"{100 * low:.0f}%" if math.isclose(low, high, abs_tol=0.005) else f"{100 * low:.0f}–{100 * high:.0f}%"
     return f"others held {span} of the machine from it"
+
+
+def chained(rows: list[dict[str, Any]]) -> float:
+    """The session's speedup as the product of its kept changes' gains, each measured against the best as
+    measured close to it in time (the chain that a load changing between baseline and best cannot bend)."""
+    ratio = 1.0
+    for row in rows:
+        if row.get("decision") == "kept" and _number(row.get("gain")):
+            ratio *= 1 + row["gain"]
+    return ratio
+
+
+def steps_at(record: dict[str, Any], level: float) -> list[dict[str, Any]] | None:
+    """The record's steps with only the windows that ran at `level` (not `apart` from it); None where fewer
+    than two did."""
+    steps = record.get("steps") or []
+    groups, source = window_groups(steps)
+    if source != "windows":
+        return None
+    kept = [g for g in groups if (loads := window_loads({"steps": g})) and not apart(loads[-1], level)]
+    if len(kept) < 2:
+        return None
+    return [s for s in steps if s.get("phase") != "window"] + [s for g in kept for s in g]
+
+
+def at_one_load(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]]) -> tuple[list, list] | None:
+    """Two settings' runs, each cut to its windows at the quietest load that both ran two windows at; None
+    where no load level holds windows of both."""
+    for level in sorted({load for run in a_runs + b_runs for load in window_loads(run)}):
+        a = [dict(r, steps=steps) for r in a_runs if (steps := steps_at(r, level))]
+        b = [dict(r, steps=steps) for r in b_runs if (steps := steps_at(r, level))]
+        if a and b:
+            return a, b
+    return None
+
+
+def steady(record: dict[str, Any]) -> bool:
+    """Whether every window of a trial ran at one load (none known: taken as one)."""
+    loads = window_loads(record)
+    return not loads or not apart(max(loads), min(loads))

@@ -11,8 +11,9 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import trial_bound
-from advisor.search.drift import at_load, load_text, machine_changed, mean_load, pair_changed, same_load
-from advisor.trials.record.measurement import noise
+from advisor.search.drift import apart, at_one_load, chained, load_text, machine_changed, mean_load, pair_changed, \
+    steady
+from advisor.trials.record.measurement import Measurement, noise
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.predictions import remember_graph, reprice
 from advisor.search.decision import decide
@@ -26,6 +27,7 @@ from advisor.search.trials import TrialRunner, diagnose_trial, figures_text, mea
 # cost on its own is what a change that pays only in a pair reads, give or take the noise.
 PAIR_FLOOR = 0.10
 CONFIRM_TRIALS = 2  # the best and the runner-up, each measured once more before the session ends
+SAME_SPEEDUP = 0.05  # the speedup at one load this close to the direct one: the direct one is said
 
 
 def reserve(options: SessionOptions, remeasure: bool) -> int:
@@ -59,13 +61,54 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     log(f"  {figures_text(row, state['unit'])}: the best as measured now")
     if not fresh.ok:
         return row, None, None, changed
-    # The load may have moved again by the time the best ran: the best's runs at the candidate's load
-    # decide where there are some (this one, or earlier ones); else the candidate's windows at this one's.
-    matched = same_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
+    # The load may have moved again by the time the best ran: the two decide on their windows at one load
+    # (this run of the best or earlier ones); where none ran at one load the candidate's measurement is None.
+    matched = at_one_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
+    if matched is None:
+        return row, fresh_measure, None, changed
+    return row, measure_record(matched[0]), measure_record(matched[1]), changed
+
+
+def beside_fresh_best(out: Path, state: dict[str, Any], best: dict[str, Any], fresh_best: Measurement,
+                      candidate_runs: list[dict[str, Any]]) -> tuple[Measurement, Measurement]:
+    """A candidate run again after the best was measured at another load: the best's and the candidate's
+    windows at one load where there are some, else the best as measured last and the candidate's latest run."""
+    matched = at_one_load(runs_of(out, state, best["knobs"]), candidate_runs)
     if matched is not None:
-        return row, measure_record(matched[0]), measure_record(matched[1]), changed
-    candidate = measure_record([dict(record, steps=at_load(record, mean_load(fresh_record)))])
-    return row, fresh_measure, candidate, changed
+        return measure_record(matched[0]), measure_record(matched[1])
+    return fresh_best, measure_record(candidate_runs[:1])
+
+
+def session_speedup(out: Path, state: dict[str, Any], reference: dict[str, Any]) -> tuple[float | None, str]:
+    """The best's samples/s over the baseline's, and how it was had: "one load" (every run of the two, cut to
+    their windows at the quietest load both ran two windows at), "direct" (their own figures: where no load
+    is known, where they give the same within SAME_SPEEDUP, or where the two ran at one load and nothing
+    else did), or "chained" (the product of the kept changes' gains, each measured beside the best of its
+    time)."""
+    best = best_row(state)
+    if not best.get("samples_per_s") or not reference.get("samples_per_s"):
+        return None, "direct"
+    direct = best["samples_per_s"] / reference["samples_per_s"]
+    pair = [trial_record(out / row["folder"]) for row in (best, reference)]
+    levels = [mean_load(record) for record in pair]
+    if None in levels:
+        return direct, "direct"
+    matched = at_one_load(runs_of(out, state, best["knobs"]), runs_of(out, state, reference["knobs"]))
+    fast, slow = (measure_record(m).samples_per_s for m in matched) if matched else (None, None)
+    if fast and slow:
+        return (direct, "direct") if abs(fast / slow / direct - 1) <= SAME_SPEEDUP else (fast / slow, "one load")
+    if all(steady(record) for record in pair) and not apart(*levels):
+        return direct, "direct"
+    return chained(state["trials"]), "chained"
+
+
+def speedup_note(state: dict[str, Any], reference: dict[str, Any]) -> str:
+    """The note that says the speedup was not read off the baseline's and the best's own figures, and why."""
+    how = {"one load": "from their windows at one load",
+           "chained": "the product of the kept changes' gains, each measured beside the best of its time"}
+    direct = best_row(state)["samples_per_s"] / reference["samples_per_s"]
+    return (f"The baseline and the best were measured while the machine's load differed: the speedup "
+            f"×{state['speedup']:.2f} is {how[state['speedup_basis']]}; their own figures give ×{direct:.2f}.")
 
 
 def runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -179,10 +222,9 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
         return best
     changed = pair_changed(runs[top["name"]], runs[runner_up["name"]])
     if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
-        matched = same_load(runs[top["name"]], runs[runner_up["name"]])
-        if matched is None:  # no load holds both: the two measured last, the runner-up's windows at the best's load
-            latest = runs[runner_up["name"]][0]
-            matched = (runs[top["name"]][:1], [dict(latest, steps=at_load(latest, mean_load(runs[top["name"]][0])))])
+        matched = at_one_load(runs[top["name"]], runs[runner_up["name"]])
+        if matched is None:  # no load holds windows of both: the two as measured last
+            matched = (runs[top["name"]][:1], runs[runner_up["name"]][:1])
         kept_m, other_m = measure_record(matched[0]), measure_record(matched[1])
         other_row["drift"] = changed
     losses = recorded_losses(other.path)

@@ -42,7 +42,7 @@ from advisor.trials.process.targets import absolute_step, absolute_target, parse
 from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_left_behind, figures_text, lint_script, \
     measured, own_bound, predicted_text, recorded_losses, run_one, subprocess_runner
 from advisor.search.policies import applied_only, beside_best, confirm_best, late_pair, not_applicable, pair_proposal, \
-    pairs_on, refused_knobs, reserve
+    pairs_on, refused_knobs, reserve, beside_fresh_best, session_speedup, speedup_note
 
 
 
@@ -276,8 +276,9 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         save(state)
     best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
     _bound_of(out, state, best)
-    best_sps, base_sps = best_row(state)["samples_per_s"], reference["samples_per_s"]
-    state["speedup"] = best_sps / base_sps if base_sps and best_sps else None
+    state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
+    if state["speedup_basis"] != "direct":
+        state["notes"].append(speedup_note(state, reference))
     state["notes"].extend(batch_notes(state, options))
     state["time"] = session_time(out, state)
     state["status"] = "done"
@@ -298,8 +299,11 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log, target)
     losses = recorded_losses(result.path)
     beside = beside_best(run, out, state, options, record, index, log, remeasure) if result.ok else None
-    if beside is not None and beside[1] is not None:  # the machine changed: decide on the best measured beside
-        best_measure, measurement = beside[1], beside[2]
+    # The machine changed: decide on the best measured beside; where none of the candidate's windows ran at
+    # the load the best ran at then (`unmatched`), the candidate runs again beside it before anything is decided.
+    unmatched = beside is not None and beside[1] is not None and beside[2] is None
+    if beside is not None and beside[1] is not None:
+        best_measure, measurement = beside[1], beside[2] or measurement
     decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
                        addresses_bound=proposal.helps_now) if result.ok else None)
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
@@ -309,10 +313,14 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     refused = not_applicable(row, proposal, state)
     partly = bool(refused_knobs(row.get("outcomes"), row["knobs"]))
     # A trial whose windows followed the comparison measured to its cap already: no new process for it.
-    again = (decision is not None and decision.inconclusive and remeasure and not partly  # not what was proposed
-             and not getattr(run, "adaptive", False) and beside is None
-             and len(state["trials"]) + 2 <= options.max_trials)
-    decide_row(row, result, decision, again)
+    again = decision is not None and remeasure and not partly and (  # partly: not what was proposed
+        (decision.inconclusive and not getattr(run, "adaptive", False) and beside is None
+         and len(state["trials"]) + 2 <= options.max_trials)
+        or (unmatched and len(state["trials"]) + 3 <= options.max_trials))
+    if unmatched:
+        why = "not measured at the load the best ran at" + (", measured again" if again else "")
+        decision = dataclasses.replace(decision, keep=False, inconclusive=False, reason=f"{why}: {decision.reason}")
+    decide_row(row, result, decision, again and not unmatched)
     row["base"] = state.get("best")  # what the change was measured against: the model's calibration reads it
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
         row.update(decision="not applicable", reason=refused)
@@ -336,21 +344,26 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         # A gain the noise could hide: run the same settings once more and decide on both runs'
         # windows together (twice the windows, about 1/√2 of the noise).
         save(state)
-        first = result
+        first, first_record = result, record
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change}, again")
         result, record, _ = run_one(run, state, index, proposal, f"{proposal.slug}-again", log)
-        measurement = measured(out, state, result, [first.path])
+        if unmatched and result.ok:  # beside the best just measured: the two at one load, not pooled
+            best_measure, measurement = beside_fresh_best(out, state, best_row(state), best_measure,
+                                                          [record, first_record])
+        else:
+            measurement = measured(out, state, result, [first.path])
         losses = recorded_losses(result.path) + recorded_losses(first.path)
         decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
                            addresses_bound=proposal.helps_now) if result.ok else None)
         row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
         decide_row(row, result, decision, False)
-        row.update(change=f"{proposal.change} (again)", reason=row["reason"] + " (both runs)", base=state.get("best"))
+        row.update(change=f"{proposal.change} (again)", base=state.get("best"),
+                   reason=row["reason"] + (" (beside the best, at one load)" if unmatched else " (both runs)"))
         state["trials"].append(row)
         state["prediction_error"] = prediction_error(state)
         log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
-        if decision is not None and decision.keep:
+        if decision is not None and decision.keep and not unmatched:
             state["pooled"][result.name] = [os.path.relpath(first.path, out)]
     return result, decision
 

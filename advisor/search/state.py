@@ -8,6 +8,8 @@ session.json (schema "advisor.session/1"):
      "training_loader": {site, ordinal, index} of the loader that feeds the steps (from the baseline) | null,
      "unit": "samples/s" | "steps/s" (no step knew its batch size; "samples_per_s" fields then hold steps/s),
      "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
+     "speedup_basis": "direct" (the best's samples/s over the baseline's) | "one load" (their runs at one load)
+       | "chained" (the product of the kept rows' gains: the two never ran at one load; a note says so),
      "bound": {"name", "label", "evidence"} of the best trial after the last trial,
      "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
                  ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s",
