@@ -79,7 +79,7 @@ def summary(state: dict) -> str:
     again = [t["name"] for t in state["trials"] if t.get("drift")]
     timing = time_text(state.get("time")) or "no times"
     return (f"best {best['name']} ({Knobs.from_dict(best['knobs']).label() or 'as written'}), "
-            f"×{state.get('speedup') or 0:.2f}; measured again (load changed) after: {', '.join(again) or 'none'}; "
+            f"×{state.get('speedup') or 0:.2f} ({state.get('speedup_basis')}); measured again (load changed) after: {', '.join(again) or 'none'}; "
             f"{timing}")
 
 
