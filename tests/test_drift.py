@@ -133,27 +133,31 @@ def drifted(tmp_path_factory):
     return points, sessions
 
 
+def rows_where(sessions, keep):
+    """(folder, rows, index, row) of every row of the sessions that `keep` holds for."""
+    for out, state in sessions:
+        for i, row in enumerate(state["trials"]):
+            if keep(row):
+                yield out, state["trials"], i, row
+
+
 def test_under_drift_the_best_is_measured_again_beside_the_candidate(drifted):
     points, sessions = drifted
     again = 0
-    for out, state in sessions:
-        rows = state["trials"]
-        for i, row in enumerate(rows):
-            if not row.get("drift") or row.get("recommendation") == "confirm":
-                continue
-            again += 1
-            beside = rows[i + 1]  # the best, measured right after the candidate
-            assert beside["recommendation"] == "confirm" and f"beside trial {row['index']:02d}" in beside["reason"]
-            assert "measured the best again beside it" in row["reason"] and row["reason"].startswith(row["drift"])
-            if row["decision"] in ("kept", "reverted") and beside["samples_per_s"]:
-                # Decided against the best as measured beside it, or at the candidate's load: never against
-                # a figure measured at another load.
-                same = [trial_record(out / t["folder"]) for t in rows[:i + 2]
-                        if t["knobs"] == beside["knobs"] and t.get("samples_per_s")]
-                matched = at_one_load(same, [trial_record(out / row["folder"])])
-                allowed = [beside["samples_per_s"]] + ([measure_record(matched[0]).samples_per_s] if matched else [])
-                used = row["samples_per_s"] / (1 + row["gain"])
-                assert any(used == pytest.approx(x) for x in allowed), (used, allowed)
+    for out, rows, i, row in rows_where(sessions, lambda r: r.get("drift") and r.get("recommendation") != "confirm"):
+        again += 1
+        beside = rows[i + 1]  # the best, measured right after the candidate
+        assert beside["recommendation"] == "confirm" and f"beside trial {row['index']:02d}" in beside["reason"]
+        assert "measured the best again beside it" in row["reason"] and row["reason"].startswith(row["drift"])
+        if row["decision"] in ("kept", "reverted") and beside["samples_per_s"]:
+            # Decided against the best as measured beside it, or on the windows of both at one load: never
+            # against a figure measured at another load.
+            same = [trial_record(out / t["folder"]) for t in rows[:i + 2]
+                    if t["knobs"] == beside["knobs"] and t.get("samples_per_s")]
+            matched = at_one_load(same, [trial_record(out / row["folder"])])
+            allowed = [beside["samples_per_s"]] + ([measure_record(matched[0]).samples_per_s] if matched else [])
+            used = row["samples_per_s"] / (1 + row["gain"])
+            assert any(used == pytest.approx(x) for x in allowed), (used, allowed)
     assert again >= 2
     best = max(recorded_sps(p.folder) for p in points)
     found = []
@@ -166,19 +170,16 @@ def test_under_drift_the_best_is_measured_again_beside_the_candidate(drifted):
 
 def test_a_candidate_never_measured_at_the_best_load_runs_again_beside_it(drifted):
     _, sessions = drifted
+    pooled = {name: runs for _, state in sessions for name, runs in state["pooled"].items()}
     seen = 0
-    for out, state in sessions:
-        rows = state["trials"]
-        for i, row in enumerate(rows):
-            if "not measured at the load the best ran at, measured again" not in (row.get("reason") or ""):
-                continue
-            seen += 1
-            best, again = rows[i + 1], rows[i + 2]
-            assert row["decision"] == "reverted" and best["change"].endswith("(the best, measured again)")
-            assert again["change"] == f"{row['change']} (again)" and again["decision"] in ("kept", "reverted")
-            assert again["reason"].endswith("(beside the best, at one load)")
-            # Decided on the two measured at one load: the candidate's first, loaded run is not pooled in.
-            assert not state["pooled"].get(again["name"])
+    for _, rows, i, row in rows_where(sessions, lambda r: "not measured at the load the best ran at, measured again"
+                                      in (r.get("reason") or "")):
+        seen += 1
+        best, again = rows[i + 1], rows[i + 2]
+        assert row["decision"] == "reverted" and best["change"].endswith("(the best, measured again)")
+        assert again["change"] == f"{row['change']} (again)" and again["decision"] in ("kept", "reverted")
+        assert again["reason"].endswith("(beside the best, at one load)")
+        assert not pooled.get(again["name"])  # decided beside the best: the first, loaded run is not pooled in
     assert seen >= 1
 
 
