@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from trial_helpers import trial_record, write_script
 
-from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, machine_changed, window_loads
+from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, holds_across_loads, machine_changed, window_loads
 from advisor.search.session import run_session
 from advisor.search.trials import measure_record
 from advisor.search.state import SessionOptions
@@ -111,6 +111,17 @@ def test_the_load_says_when_the_machine_changed():
     assert machine_changed([record([0.1] * 4)], record([0.1, 0.1, 0.6, 0.6])) == DURING
     assert machine_changed([record([0.1] * 4)], record([0.6] * 4)) == SINCE
     assert machine_changed([record([0.1] * 4)], record([0.12] * 4)) is None
+
+
+def test_a_decision_across_two_loads_holds_only_where_the_load_worked_against_it():
+    def record(load):
+        return {"steps": [{"wall_s": 0.1, "batch_size": 8, "window": 0, "phase": "window",
+                           "load": {"waited": load, "other_cpu": load, "gpu_other": None}}]}
+
+    busy, quiet = record(0.6), record(0.0)
+    assert holds_across_loads(True, busy, quiet) and not holds_across_loads(True, quiet, busy)  # faster, and busier
+    assert holds_across_loads(False, quiet, busy) and not holds_across_loads(False, busy, quiet)  # slower, and quieter
+    assert not holds_across_loads(True, {"steps": []}, quiet)  # no load known: nothing holds
 
 
 def test_the_chained_speedup_multiplies_the_kept_gains_only():

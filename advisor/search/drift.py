@@ -167,3 +167,12 @@ def steady(record: dict[str, Any]) -> bool:
     """Whether every window of a trial ran at one load (none known: taken as one)."""
     loads = window_loads(record)
     return not loads or not apart(max(loads), min(loads))
+
+
+def holds_across_loads(keep: bool, candidate: dict[str, Any], best: dict[str, Any]) -> bool:
+    """Whether a decision between runs at two loads holds anyway: the candidate had less of the machine than
+    the best and still measured faster (kept), or more of it and still measured slower (reverted)."""
+    mine, theirs = mean_load(candidate), mean_load(best)
+    if mine is None or theirs is None:
+        return False
+    return mine > theirs if keep else mine < theirs
