@@ -203,6 +203,9 @@ def once_every_rank_runs(folder, action) -> threading.Thread:
 
 def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(cluster, tmp_path):
     script = ranks_script(tmp_path, fail_at=4, failure="hang")
+    # A shell starts background jobs (`make test &`) with SIGINT ignored, and the test workers inherit that:
+    # this process's own Ctrl-C would never arrive. A terminal's Ctrl-C reaches Python's handler, as here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = once_every_rank_runs(tmp_path / "t", lambda: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C
     with pytest.raises(KeyboardInterrupt):
         try:
@@ -210,6 +213,7 @@ def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(clus
                       nnodes=2, ray_address=cluster.address, timeout_s=300)
         finally:
             thread.join()
+            signal.signal(signal.SIGINT, previous)
     record = trial_record(tmp_path / "t")
     assert record["status"] == "interrupted" and "every node" in record["message"]
     assert_cleaned_up(record)
