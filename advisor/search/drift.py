@@ -13,9 +13,8 @@ between them, and the change reads as the knob's effect. Two signs say the machi
 - the windows themselves: the candidate's first and second halves differ beyond their noise (a step in
   speed no knob made, as the machine changed under the trial), or the best's runs disagree beyond it.
 
-Then the session runs the best once more beside the candidate and decides on that run (and on the
-candidate's windows measured at the same load, when the load changed within its trial). Pure functions
-over trial records.
+Then the session runs the best once more beside the candidate and decides on the windows of both that ran
+at one load (`at_one_load`); where none did, the candidate runs again. Pure functions over trial records.
 """
 
 from __future__ import annotations
@@ -91,9 +90,9 @@ def best_disagrees(best_runs: list[dict[str, Any]]) -> bool:
 def machine_changed(best_runs: list[dict[str, Any]], candidate: dict[str, Any]) -> str | None:
     """Why the candidate must be compared with the best measured again beside it, or None.
     `best_runs`: the best's records, latest first."""
-    loads = window_loads(candidate)
-    if loads and apart(max(loads), min(loads)):
+    if not steady(candidate):
         return DURING
+    loads = window_loads(candidate)
     before = window_loads(best_runs[0]) if best_runs else []
     if loads and before and apart(statistics.fmean(loads), statistics.fmean(before)):
         return SINCE

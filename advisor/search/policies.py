@@ -11,12 +11,12 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import trial_bound
-from advisor.search.drift import apart, at_one_load, chained, load_text, machine_changed, mean_load, pair_changed, \
-    steady
+from advisor.search.drift import apart, at_one_load, chained, holds_across_loads, load_text, machine_changed, \
+    mean_load, pair_changed, steady
 from advisor.trials.record.measurement import Measurement, noise
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.predictions import remember_graph, reprice
-from advisor.search.decision import decide
+from advisor.search.decision import Decision, decide
 from advisor.search.strategy import Proposal, SearchSpace, knobs_key, propose, turned
 from advisor.trials.record import TrialResult, load_trial
 from advisor.search.trials import TrialRunner, diagnose_trial, figures_text, measure_record, measured, own_bound, \
@@ -38,9 +38,9 @@ def reserve(options: SessionOptions, remeasure: bool) -> int:
 def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
                  record: dict[str, Any], index: int, log: Callable[[str], None], remeasure: bool):
     """When the measurements say the machine changed (`advisor.search.drift`), run the best once more,
-    right after the candidate: (its row, its measurement, the candidate's measurement at the load it was
-    measured at, why); the measurements None when that run failed; None when nothing changed or the
-    budget has no room."""
+    right after the candidate: (its row, the best's and the candidate's measurements at one load, why); both
+    measurements None when that run failed, the candidate's alone (with the best's as just measured) when
+    none of its windows ran at a load the best ran at; None when nothing changed or the budget has no room."""
     if not remeasure or len(state["trials"]) + 2 > options.max_trials:
         return None
     top = best_row(state)
@@ -63,27 +63,41 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
         return row, None, None, changed
     # The load may have moved again by the time the best ran: the two decide on their windows at one load
     # (this run of the best or earlier ones); where none ran at one load the candidate's measurement is None.
-    matched = at_one_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
-    if matched is None:
-        return row, fresh_measure, None, changed
-    return row, measure_record(matched[0]), measure_record(matched[1]), changed
+    matched = measured_at_one_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
+    return (row, *(matched or (fresh_measure, None)), changed)
+
+
+def measured_at_one_load(a_runs: list[dict[str, Any]],
+                         b_runs: list[dict[str, Any]]) -> tuple[Measurement, Measurement] | None:
+    """The measurements of two settings' runs cut to their windows at one load (`drift.at_one_load`), or None."""
+    matched = at_one_load(a_runs, b_runs)
+    return (measure_record(matched[0]), measure_record(matched[1])) if matched is not None else None
+
+
+def across_loads(decision: Decision, candidate: dict[str, Any], best: dict[str, Any], again: bool) -> Decision:
+    """A decision between a candidate and the best run at two loads: it stands where the load only worked
+    against it, with no trial left to measure again; else nothing is kept (the candidate runs `again`)."""
+    if not again and holds_across_loads(decision.keep, candidate, best):
+        side = "less" if decision.keep else "more"  # of the machine than the best had
+        return dataclasses.replace(decision, inconclusive=False, reason=f"{decision.reason}; measured with {side} "
+                                   "of the machine than the best, which only worked against this result")
+    why = "not measured at the load the best ran at" + (", measured again" if again else "")
+    return dataclasses.replace(decision, keep=False, inconclusive=False, reason=f"{why}: {decision.reason}")
 
 
 def beside_fresh_best(out: Path, state: dict[str, Any], best: dict[str, Any], fresh_best: Measurement,
                       candidate_runs: list[dict[str, Any]]) -> tuple[Measurement, Measurement]:
     """A candidate run again after the best was measured at another load: the best's and the candidate's
     windows at one load where there are some, else the best as measured last and the candidate's latest run."""
-    matched = at_one_load(runs_of(out, state, best["knobs"]), candidate_runs)
-    if matched is not None:
-        return measure_record(matched[0]), measure_record(matched[1])
-    return fresh_best, measure_record(candidate_runs[:1])
+    return (measured_at_one_load(runs_of(out, state, best["knobs"]), candidate_runs)
+            or (fresh_best, measure_record(candidate_runs[:1])))
 
 
 def session_speedup(out: Path, state: dict[str, Any], reference: dict[str, Any]) -> tuple[float | None, str]:
     """The best's samples/s over the baseline's, and how it was had: "one load" (every run of the two, cut to
     their windows at the quietest load both ran two windows at), "direct" (their own figures: where no load
-    is known, where they give the same within SAME_SPEEDUP, or where the two ran at one load and nothing
-    else did), or "chained" (the product of the kept changes' gains, each measured beside the best of its
+    is known, where they give the same within SAME_SPEEDUP, or where the two ran at one load in too few windows
+    to cut), or "chained" (the product of the kept changes' gains, each measured beside the best of its
     time)."""
     best = best_row(state)
     if not best.get("samples_per_s") or not reference.get("samples_per_s"):
@@ -93,8 +107,8 @@ def session_speedup(out: Path, state: dict[str, Any], reference: dict[str, Any])
     levels = [mean_load(record) for record in pair]
     if None in levels:
         return direct, "direct"
-    matched = at_one_load(runs_of(out, state, best["knobs"]), runs_of(out, state, reference["knobs"]))
-    fast, slow = (measure_record(m).samples_per_s for m in matched) if matched else (None, None)
+    matched = measured_at_one_load(runs_of(out, state, best["knobs"]), runs_of(out, state, reference["knobs"]))
+    fast, slow = (m.samples_per_s for m in matched) if matched else (None, None)
     if fast and slow:
         return (direct, "direct") if abs(fast / slow / direct - 1) <= SAME_SPEEDUP else (fast / slow, "one load")
     if all(steady(record) for record in pair) and not apart(*levels):
@@ -222,10 +236,8 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
         return best
     changed = pair_changed(runs[top["name"]], runs[runner_up["name"]])
     if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
-        matched = at_one_load(runs[top["name"]], runs[runner_up["name"]])
-        if matched is None:  # no load holds windows of both: the two as measured last
-            matched = (runs[top["name"]][:1], runs[runner_up["name"]][:1])
-        kept_m, other_m = measure_record(matched[0]), measure_record(matched[1])
+        kept_m, other_m = (measured_at_one_load(runs[top["name"]], runs[runner_up["name"]])  # else the two
+                           or (measure_record(runs[top["name"]][:1]), measure_record(runs[runner_up["name"]][:1])))
         other_row["drift"] = changed
     losses = recorded_losses(other.path)
     decision = decide(kept_m, other_m, losses, reference_losses, options.min_gain)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import trial_bound
-from advisor.search.drift import holds_across_loads, load_text
+from advisor.search.drift import load_text
 from advisor.search.timing import session_time
 from advisor.trials.record.adaptive import against
 from advisor.trials.record.measurement import Measurement
@@ -42,7 +42,7 @@ from advisor.trials.process.targets import absolute_step, absolute_target, parse
 from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_left_behind, figures_text, lint_script, \
     measured, own_bound, predicted_text, recorded_losses, run_one, subprocess_runner, trial_record
 from advisor.search.policies import applied_only, beside_best, confirm_best, late_pair, not_applicable, pair_proposal, \
-    pairs_on, refused_knobs, reserve, beside_fresh_best, session_speedup, speedup_note
+    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note
 
 
 
@@ -317,13 +317,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         (decision.inconclusive and not getattr(run, "adaptive", False) and beside is None
          and len(state["trials"]) + 2 <= options.max_trials)
         or (unmatched and len(state["trials"]) + 3 <= options.max_trials))
-    if unmatched and not again and holds_across_loads(decision.keep, record, trial_record(out / beside[0]["folder"])):
-        side = "less" if decision.keep else "more"  # of the machine than the best had: the load worked against it
-        decision = dataclasses.replace(decision, inconclusive=False, reason=f"{decision.reason}; measured with {side} "
-                                       "of the machine than the best, which only worked against this result")
-    elif unmatched:
-        why = "not measured at the load the best ran at" + (", measured again" if again else "")
-        decision = dataclasses.replace(decision, keep=False, inconclusive=False, reason=f"{why}: {decision.reason}")
+    if unmatched:
+        decision = across_loads(decision, record, trial_record(out / beside[0]["folder"]), again)
     decide_row(row, result, decision, again and not unmatched)
     row["base"] = state.get("best")  # what the change was measured against: the model's calibration reads it
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
