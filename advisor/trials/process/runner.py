@@ -122,10 +122,10 @@ def run_trial(
         return complete_record(record, out, started, nproc_per_node)
 
     config = _harness_config(record, out, step_module, loader)
+    child_env = _child_environment(env, device, record["token"])
     if ray_address is not None:
         from advisor.trials.process.ray_job import run_ray_job
 
-        child_env = _child_environment(env, device, record["token"])
         # The ranks run in their node's environment, with what the trial adds to ours (and our thread count).
         shipped = {k: v for k, v in child_env.items() if os.environ.get(k) != v or k == "OMP_NUM_THREADS"}
         return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
@@ -134,7 +134,6 @@ def run_trial(
     # happens (advisor.trials.process.distributed.one_rank_on_demand); one that reads torchrun's variables before
     # that call fails on the first read, and runs again under torchrun (one rank).
     torchrun = nproc_per_node > 1
-    child_env = _child_environment(env, device, record["token"])
     write_json_atomic(out / TRIAL_FILE, record)
     record["nproc_per_node"] = nproc_per_node
     attempt = 0
