@@ -19,7 +19,7 @@ from advisor import cli
 from advisor.analysis.bound import BOUNDS
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.record import SCHEMA, load_trial
-from advisor.trials.process.processes import group_members
+from advisor.trials.process.processes import TRIAL_NODE, TRIAL_TOKEN, end_trial_processes, group_members
 from advisor.trials.process.runner import run_trial
 
 pytestmark = pytest.mark.slow
@@ -452,3 +452,24 @@ def test_a_loop_without_a_target_has_one_span_per_step_it_timed(tmp_path):
 
     (diagnosis,) = analyze_path(result.path)
     assert len(diagnosis.steps) == 4
+
+
+def test_a_node_ends_its_own_ranks_not_those_of_another_node_on_the_same_machine():
+    """Two nodes of a Ray job on one machine: their ranks carry the trial's one token. The node that finishes
+    first ends its own processes only (it once ended rank 0 of the other node before it wrote its result)."""
+    token = os.urandom(8).hex()
+
+    def rank(node: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                env={**os.environ, TRIAL_TOKEN: token, TRIAL_NODE: node})
+
+    mine, theirs = rank("0"), rank("1")
+    try:
+        end_trial_processes(mine.pid, token, "0")
+        assert mine.wait(timeout=10) is not None and theirs.poll() is None
+        end_trial_processes(theirs.pid, token)  # the whole trial: every node's
+        assert theirs.wait(timeout=10) is not None
+    finally:
+        for process in (mine, theirs):
+            process.kill()
+            process.wait()

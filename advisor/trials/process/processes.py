@@ -26,12 +26,16 @@ def group_members(pgid: int) -> list[int]:
 
 
 TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
+# Beside the token, in a Ray job's ranks: which node's. Several nodes of one cluster can share a machine, and a
+# node that has finished must not end the ranks of another that is still writing its result.
+TRIAL_NODE = "ADVISOR_TRIAL_NODE"
 
 
-def trial_processes(pgid: int, token: str | None = None) -> list[Any]:
+def trial_processes(pgid: int, token: str | None = None, node: str | None = None) -> list[Any]:
     """The live processes of a trial: its process group, the descendants of its first process, and any
     process whose environment carries the trial's token (a daemon that double-forked out of both). With
-    a token, only processes that carry it: a recycled process id is never taken for the trial's."""
+    a token, only processes that carry it: a recycled process id is never taken for the trial's. With a
+    `node`, none that another node of the job started."""
     import psutil
 
     found: dict[int, Any] = {}
@@ -52,17 +56,20 @@ def trial_processes(pgid: int, token: str | None = None) -> list[Any]:
                 continue
             if token and proc.environ().get(TRIAL_TOKEN) != token:
                 continue
+            if node is not None and proc.environ().get(TRIAL_NODE, node) != node:
+                continue
             processes.append(proc)
         except psutil.Error:
             continue
     return processes
 
 
-def end_trial_processes(pgid: int, token: str | None = None) -> None:
-    """End a trial: SIGTERM to all its processes (`trial_processes`), a moment to exit, then SIGKILL."""
+def end_trial_processes(pgid: int, token: str | None = None, node: str | None = None) -> None:
+    """End a trial (or its `node`'s part): SIGTERM to all its processes (`trial_processes`), a moment to exit,
+    then SIGKILL."""
     import psutil
 
-    processes = trial_processes(pgid, token)
+    processes = trial_processes(pgid, token, node)
     if not processes:
         return
     for send in (signal.SIGTERM, signal.SIGKILL):

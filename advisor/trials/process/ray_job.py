@@ -103,6 +103,7 @@ class NodeAgent:
 
     def __init__(self, token: str):
         self.token = token
+        self.node: str | None = None  # the job's node this agent runs (its ranks carry it as TRIAL_NODE)
         self.processes: list[Any] = []
 
     def where(self) -> dict[str, Any]:
@@ -125,8 +126,10 @@ class NodeAgent:
         import sys
         import tempfile
 
+        from advisor.trials.process.processes import TRIAL_NODE
         from advisor.trials.process.runner import HARNESS_ENTRY
 
+        self.node = str(node_rank)
         scratch = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
         # Not under torchrun: each rank dies with this agent (the parent it is told), as a lone trial does.
         config = dict(config, out_dir=str(scratch), torchrun=False, parent=os.getpid())
@@ -142,7 +145,7 @@ class NodeAgent:
                             "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size),
                             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
                             "TORCHELASTIC_RUN_ID": self.token, "MASTER_ADDR": master["ip"],
-                            "MASTER_PORT": str(master["port"])}
+                            "MASTER_PORT": str(master["port"]), TRIAL_NODE: self.node}
                 with open(scratch / f"output.rank{rank}.log", "wb") as out:
                     self.processes.append(subprocess.Popen(
                         [sys.executable, "-c", HARNESS_ENTRY, json.dumps(config)], cwd=Path(config["script"]).parent,
@@ -155,11 +158,12 @@ class NodeAgent:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def stop(self) -> None:
-        """End this node's ranks and whatever they started (DataLoader workers): those with the trial's token."""
+        """End this node's ranks and whatever they started (DataLoader workers): those with the trial's token
+        and this node's (another node of the job may share the machine, its ranks still at work)."""
         from advisor.trials.process.processes import end_trial_processes
 
         for process in self.processes:
-            end_trial_processes(process.pid, self.token)
+            end_trial_processes(process.pid, self.token, self.node)
 
 
 # --------------------------------------------------------------------------------------------------
