@@ -309,7 +309,9 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
     row["load"] = load_text(record)
     if (row.get("compile") or {}).get("compile_s") is not None:
-        row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], best_row(state), row)
+        # Against the best as the decision measured it (beside the candidate, when the machine changed).
+        before = dict(best_row(state), samples_per_s=best_measure.samples_per_s)
+        row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], before, row)
     refused = not_applicable(row, proposal, state)
     partly = bool(refused_knobs(row.get("outcomes"), row["knobs"]))
     # A trial whose windows followed the comparison measured to its cap already: no new process for it.
