@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.trials.process import profiler
 from advisor.trials.process.distributed import all_measured, rank_files
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.step import StepInterposition
@@ -77,7 +78,7 @@ def start_profiler(schedule: StepSchedule, index: int, device_type: str, out_dir
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device_type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = torch.profiler.profile(
+    prof = profiler.profile(
         activities=activities,
         schedule=torch.profiler.schedule(wait=schedule.wait, warmup=schedule.warmup, active=schedule.active,
                                          repeat=1),

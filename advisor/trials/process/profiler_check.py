@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from advisor.trials.process import profiler
+
 PROBE_STEPS = 3
 PROBE_TIMEOUT_S = 240.0  # torch's import, CUDA's start and a profiled step: seconds, minutes on a busy machine
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -109,7 +111,7 @@ def probe(device_type: str, folder: Path) -> dict[str, Any]:
     log = folder / "profiler-stderr.txt"
     trace = folder / "probe.pt.trace.json"
     with stderr_into(log):
-        with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        with profiler.profile(activities=activities, profile_memory=True) as prof:
             for _ in range(PROBE_STEPS):
                 step()
         prof.export_chrome_trace(str(trace))
