@@ -95,27 +95,27 @@ def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
 @pytest.mark.slow
 def test_session_on_the_char_transformer_decides_on_what_it_measured(tmp_path):
     out = tmp_path / "session"
-    state = run_session(f"{TEXT}:train_step", out, SessionOptions(steps=2, max_trials=2, device="cpu", windows=2, window_s=0.3,
-                                                             script_args=("--context", "64")), command="test",
-                        log=lambda m: None)
+    # torch.compile is left out: on a CPU it takes a minute or more, and its trials are test_conv_session's.
+    options = SessionOptions(steps=2, max_trials=2, device="cpu", windows=2, window_s=0.3,
+                             script_args=("--context", "64"), skip=("compile",))
+    state = run_session(f"{TEXT}:train_step", out, options, command="test", log=lambda m: None)
     assert state["status"] == "done"
-    # Compute-bound: torch.compile addresses it, and bf16 autocast too where the CPU computes bf16 natively
-    # and the trace's matmul share calls for it; the one the what-if model (its priors: nothing was measured
-    # yet) prices higher goes first. Which that is depends on the CPU (CI's has picked compile). On a CPU
-    # without bf16 instructions (emulated bf16 is slower than fp32) AMP is never tried.
+    assert not any(t["knobs"].get("compile") for t in state["trials"])
+    # Compute-bound: bf16 autocast addresses it where the CPU computes bf16 natively and the trace's matmul
+    # share calls for it, and is tried first unless the what-if model (its priors: nothing was measured yet)
+    # prices another compute change higher. On a CPU without bf16 instructions (emulated bf16 is slower than
+    # fp32) AMP is never tried.
     tried = [t["recommendation"] for t in state["trials"][1:]]
     cpu = (state["device"] or {}).get("cpu") or {}
     if cpu.get("bf16_instructions") and state["trials"][1]["tried_under"] == "compute":
         baseline, first = state["trials"][0], state["trials"][1]
         advised = {r.id for r in analyze_path(out / baseline["folder"])[0].recommendations}
-        priced = {name: step_share(predicted_change(state, baseline["name"], baseline["knobs"],
-                                                    {**baseline["knobs"], **turn}, params={}))
-                  for name, turn in (("amp", {"amp": "bf16"}), ("compile", {"compile": True}))
-                  if name != "amp" or "amp" in advised}  # AMP where the trace's matmul share calls for it
-        assert first["recommendation"] == max(priced, key=priced.get), (priced, first)
-        assert first["predicted_gain"] == pytest.approx(priced[first["recommendation"]]), (priced, first)
-        if first["recommendation"] == "amp":
-            assert first["knobs"]["amp"] == "bf16"
+        if "amp" in advised:
+            amp = step_share(predicted_change(state, baseline["name"], baseline["knobs"],
+                                              {**baseline["knobs"], "amp": "bf16"}, params={}))
+            assert first["recommendation"] == "amp" or first["predicted_gain"] >= amp, (amp, first)
+            if first["recommendation"] == "amp":
+                assert first["knobs"]["amp"] == "bf16" and first["predicted_gain"] == pytest.approx(amp), first
     elif cpu.get("bf16_instructions"):  # a busy machine can make the baseline measure another bound
         assert tried and state["trials"][1]["tried_under"] in (*BOUNDS, None), state["trials"][1]
     else:
