@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from trial_helpers import trial_record, write_script
 
-from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, holds_across_loads, machine_changed, window_loads
+from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, contention, holds_across_loads, machine_changed, \
+    window_loads
 from advisor.search.session import run_session
 from advisor.search.trials import measure_record
 from advisor.search.state import SessionOptions
@@ -24,6 +25,7 @@ from advisor.search.timing import SHARES, session_time
 from advisor.trials.record.adaptive import Against, against, settled
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.replay import ReplayRunner, load_surface
+from advisor.trials.process.machine_load import taken_share
 from advisor.trials.process.replay_drift import LoadDrift
 from advisor.trials.record.schedule import StepSchedule
 from conftest import SURFACES, run_advisor
@@ -320,7 +322,63 @@ def test_a_cpu_job_switched_on_during_a_trial_makes_the_session_measure_again(tm
     assert beside["recommendation"] == "confirm" and beside["knobs"] == rows[0]["knobs"]
     assert "beside trial 01" in beside["reason"]
     loads = [s["load"] for s in trial_record(tmp_path / "s" / candidate["folder"])["steps"] if s.get("load")]
-    assert loads and all(0 <= x["waited"] <= 1 and 0 <= x["other_cpu"] <= 1 for x in loads)
+    assert loads and all(0 <= x[k] <= 1 for x in loads for k in ("taken", "waited", "other_cpu"))
     time = state["time"]
     assert not time["simulated"] and time["reruns_s"] > 0 and time["measurement_s"] > 0 and time["startup_s"] > 0
     assert sum(time[k] for k in SHARES) <= time["wall_s"] + 1e-6
+
+
+LOAD_PROBE = """
+import json, os, sys, time
+from advisor.trials.process.machine_load import LoadMeter
+
+os.sched_setaffinity(0, {int(sys.argv[1])})  # one core: the worker and the stranger below compete for it
+
+
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def worker(seconds, detach):
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0) if detach else None
+        return pid
+    if detach and os.fork():  # the stranger: its parent exits, so it is not this process's child
+        os._exit(0)
+    spin(seconds)
+    os._exit(0)
+
+
+own = worker(1.5, detach=False)  # the trial's own DataLoader worker
+meter = LoadMeter()
+spin(1.0)
+mine = meter.sample()
+os.waitpid(own, 0)
+worker(1.5, detach=True)
+meter = LoadMeter()
+spin(1.0)
+print(json.dumps({"own_worker": mine, "stranger": meter.sample()}))
+"""
+
+
+def test_a_trials_own_workers_are_not_load_and_another_process_is(tmp_path):
+    cpu = min(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(cpu)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loads = json.loads(done.stdout)
+    mine, stranger = loads["own_worker"], loads["stranger"]
+    # Beside its own busy worker on one core the trial's thread waits about half its time, but none of that
+    # is load; a process that is not the trial's takes about half the core from it.
+    assert mine["waited"] > mine["taken"], loads
+    assert stranger["taken"] > 0.3 and stranger["taken"] > mine["taken"], loads
+    assert contention(mine) == mine["taken"] and contention({"waited": 0.4, "other_cpu": 0.1}) == 0.4
+
+
+def test_the_share_taken_counts_what_was_asked_up_to_the_cores():
+    assert taken_share(run_s=2.0, wait_s=1.0, cpu_s=2.0) == 0.0  # three busy on two cores, alone: nothing taken
+    assert taken_share(run_s=1.0, wait_s=1.0, cpu_s=2.0) == 0.5  # two busy on two cores, half of it taken
+    assert taken_share(run_s=0.5, wait_s=0.0, cpu_s=2.0) == 0.0  # one thread, never waiting
+    assert taken_share(run_s=0.0, wait_s=0.0, cpu_s=2.0) is None

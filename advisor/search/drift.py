@@ -5,8 +5,9 @@ Every decision compares two trials run one after another. On a shared machine ot
 between them, and the change reads as the knob's effect. Two signs say the machine changed:
 
 - the load beside the windows (`advisor.trials.process.machine_load`): the share of the machine the trial got,
-  1 − its contention (the share of its ready time its threads waited for a CPU, or where that is not
-  known other processes' share of the CPU; and other processes' share of the GPU where NVML tells). It
+  1 − its contention (the share of the CPU its processes asked for that others took, its own workers'
+  demand not counted; or where that is not known other processes' share of the CPU; and other processes'
+  share of the GPU where NVML tells). It
   changed by a factor LOAD_RATIO or more within the candidate's windows, or between the best's latest
   run and the candidate. A ratio, not a difference: on a saturated machine the trial gets 18% of the
   CPU instead of 25% when another job starts, and that is as large a change as 70% instead of 100%;
@@ -39,9 +40,10 @@ def _number(value: Any) -> bool:
 
 
 def contention(load: dict[str, Any]) -> float:
-    """How much of the machine others held from a trial beside one window: its wait for a CPU (else other
-    processes' CPU share), or other processes' GPU share where that is larger."""
-    cpu = load.get("waited") if _number(load.get("waited")) else load.get("other_cpu")
+    """How much of the machine others held from a trial beside one window: the share of the CPU it asked
+    for that others took (records before it: its wait for a CPU; else other processes' CPU share), or
+    other processes' GPU share where that is larger."""
+    cpu = next((load[k] for k in ("taken", "waited", "other_cpu") if _number(load.get(k))), None)
     shares = [v for v in (cpu, load.get("gpu_other")) if _number(v)]
     return min(1.0, max(0.0, max(shares))) if shares else 0.0
 

@@ -3,10 +3,15 @@
 A shared machine's other jobs slow a trial as much as a knob speeds it up; the session can tell the two
 apart only if it knows the load changed. `LoadMeter.sample()` says, for the time since its last sample:
 
-- `waited`: the share of the time the trial process's threads were ready to run that they spent waiting
-  for a CPU (Linux's /proc/self/task/*/schedstat): contention as the trial meets it. On a saturated
+- `taken`: the share of the CPU the trial could have used that others took: its threads' and its
+  DataLoader workers' run and wait times (Linux's /proc/PID/task/*/schedstat), against what they asked
+  for, capped at the cores it may use: 1 − run / min(run + wait, cores × interval). Contention as the
+  trial meets it, less what it does to itself: three busy processes on two cores wait a third of their
+  time on a machine of their own, and a change of workers is not a change of the machine. On a saturated
   machine other processes' share of the CPU cannot grow, but the trial's wait still does when another job
-  starts; 1 − waited is the share of the CPU the machine gives the trial;
+  starts;
+- `waited`: the share of the time the trial process's own threads were ready to run that they spent
+  waiting for a CPU (its workers' demand counts as contention here: kept for the record);
 - `other_cpu`: the share of the machine's CPU time that processes outside the trial used (the system's
   busy time, psutil.cpu_times, less the trial process's own and its live children's: DataLoader workers
   are the trial's, not load);
@@ -20,6 +25,7 @@ millisecond (a walk over the trial's children), a small part of a window.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 
@@ -48,16 +54,16 @@ def _own_cpu() -> float:
     return own
 
 
-def _scheduled() -> tuple[float, float]:
-    """Nanoseconds this process's threads ran, and waited to run, so far (0, 0 where Linux does not say)."""
+def _scheduled(pid: int | str = "self") -> tuple[float, float]:
+    """Nanoseconds a process's threads ran, and waited to run, so far (0, 0 where Linux does not say)."""
     run = wait = 0.0
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return run, wait
     for tid in tasks:
         try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 fields = f.read().split()
             run, wait = run + float(fields[0]), wait + float(fields[1])
         except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
@@ -65,27 +71,63 @@ def _scheduled() -> tuple[float, float]:
     return run, wait
 
 
+def _tree_scheduled() -> dict[int, tuple[float, float]]:
+    """Per process of the trial (itself and its live children: DataLoader workers), nanoseconds its threads
+    ran and waited to run so far."""
+    return {pid: _scheduled(pid) for pid in (os.getpid(), *_children())}
+
+
+def taken_share(run_s: float, wait_s: float, cpu_s: float) -> float | None:
+    """The share of the CPU time a trial asked for (its run + wait, at most `cpu_s`: its cores × the
+    interval) that it did not get: others took it. None where it asked for none."""
+    asked = min(run_s + wait_s, cpu_s) if cpu_s > 0 else run_s + wait_s
+    if asked <= 0:
+        return None
+    return round(min(1.0, max(0.0, 1 - run_s / asked)), 4)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class LoadMeter:
     """Other processes' share of the CPU (and of the GPU, where NVML tells) between successive samples."""
 
     def __init__(self, gpu_index: int | None = None):
         self.gpu = _NvmlOthers(gpu_index) if gpu_index is not None else None
-        self.last = self._now()
+        self.cores = _cores()
+        self.last, self.last_tree = self._now(), _tree_scheduled()
 
-    def _now(self) -> tuple[float, float, float, float, float]:
+    def _now(self) -> tuple[float, float, float, float, float, float]:
         busy, total = _busy_and_total()
         run, wait = _scheduled()
-        return busy, total, _own_cpu(), run, wait
+        return busy, total, _own_cpu(), run, wait, time.monotonic()
+
+    def _tree_since(self) -> tuple[float, float]:
+        """Seconds the trial's processes ran and waited since the previous sample (a worker that started
+        meanwhile counts from its start; one that ended is gone with its last interval)."""
+        tree = _tree_scheduled()
+        run = wait = 0.0
+        for pid, (r, w) in tree.items():
+            r0, w0 = self.last_tree.get(pid, (0.0, 0.0))
+            run, wait = run + max(0.0, r - r0), wait + max(0.0, w - w0)
+        self.last_tree = tree
+        return run / 1e9, wait / 1e9
 
     def sample(self) -> dict[str, Any]:
-        """{"waited": share | None, "other_cpu": share, "gpu_other": share | None} since the previous sample."""
+        """{"taken": share | None, "waited": share | None, "other_cpu": share, "gpu_other": share | None}
+        since the previous sample."""
         now = self._now()
-        busy, total, own, run, wait = (max(0.0, a - b) for a, b in zip(now, self.last))  # a thread may have ended
+        busy, total, own, run, wait, elapsed = (max(0.0, a - b) for a, b in zip(now, self.last))  # a thread may have ended
         self.last = now
+        tree_run, tree_wait = self._tree_since()
         other = max(0.0, busy - own) / total if total > 0 else 0.0
         waited = round(wait / (run + wait), 4) if run + wait > 0 else None
-        return {"waited": waited, "other_cpu": round(min(1.0, other), 4),
-                "gpu_other": self.gpu.sample() if self.gpu else None}
+        return {"taken": taken_share(tree_run, tree_wait, self.cores * elapsed), "waited": waited,
+                "other_cpu": round(min(1.0, other), 4), "gpu_other": self.gpu.sample() if self.gpu else None}
 
 
 class _NvmlOthers:

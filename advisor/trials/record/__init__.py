@@ -66,8 +66,10 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     phase: "wait" (skipped: the first --wait steps and the batches the workers queued
                     before the first step), "warmup", "profiled" (recorded: in the trace), "settle"
                     (the queue refilled while the trace was written), "window" (measured, in window k);
-                    load, on the step that closed a window: {other_cpu, gpu_other} the shares of the
-                    machine's CPU and of the GPU's SM time other processes used beside that window
+                    load, on the step that closed a window: {taken, waited, other_cpu, gpu_other}: the
+                    share of the CPU the trial's processes asked for that others took, the share of its
+                    own threads' ready time they waited, the shares of the machine's CPU and of the GPU's
+                    SM time other processes used beside that window
                     (advisor.trials.process.machine_load; gpu_other null where NVML cannot say);
                     profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
                     end of the step: live bytes of the CPU allocator counted from the profiler's start;
