@@ -97,7 +97,7 @@ def test_session_on_the_char_transformer_decides_on_what_it_measured(tmp_path):
     out = tmp_path / "session"
     # torch.compile is left out: on a CPU it takes a minute or more, and its trials are test_conv_session's.
     options = SessionOptions(steps=2, max_trials=2, device="cpu", windows=2, window_s=0.3,
-                             script_args=("--context", "64"), skip=("compile",))
+                             script_args=("--context", "64", "--batch-size", "8"), skip=("compile",))
     state = run_session(f"{TEXT}:train_step", out, options, command="test", log=lambda m: None)
     assert state["status"] == "done"
     assert not any(t["knobs"].get("compile") for t in state["trials"])

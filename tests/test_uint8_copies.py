@@ -154,6 +154,9 @@ def test_a_real_trial_learns_exactly_as_without_the_knob_and_the_patch_runs(tmp_
     """The image classifier with two workers, with and without 8-bit copies: the same loss at every step."""
     root = tmp_path / "copy"
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("*.ipynb", "data"))
+    # The example's images, made once for every test (each file written whole, so tests may share them).
+    (ROOT / "examples" / "data").mkdir(exist_ok=True)
+    (root / "examples" / "data").symlink_to(ROOT / "examples" / "data", target_is_directory=True)
     target = f"{root / 'examples' / 'image_classifier.py'}:train_step"
     runs = {}
     for name, knobs in (("plain", Knobs(num_workers=2)), ("bytes", Knobs(num_workers=2, uint8_copies=True))):
