@@ -4,6 +4,7 @@ arguments. Each ends with a clear error or a finished record and report; nothing
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -68,7 +69,9 @@ QUICK = SessionOptions(steps=2, wait=1, warmup=0, device="cpu", windows=1, windo
 
 def test_a_nan_loss_baseline_ends_with_a_report(tmp_path):
     out = tmp_path / "session"
-    state = run_session(f"{tiny(tmp_path, nan_above=0)}:train_step", out, QUICK, log=lambda m: None)
+    # Two trials: the baseline, and one change measured after it (its loss is as non-finite).
+    state = run_session(f"{tiny(tmp_path, nan_above=0)}:train_step", out, dataclasses.replace(QUICK, max_trials=2),
+                        log=lambda m: None)
     assert state["status"] == "done" and state["trials"][0]["decision"] == "baseline"
     saved = strict_json(out / "session.json")
     assert saved["trials"][0]["loss"] is None and saved["trials"][0]["non_finite"]["loss"] == "nan"

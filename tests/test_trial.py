@@ -86,7 +86,7 @@ def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")  # as an 80-column terminal, or a pipe, gets it
     out = tmp_path / "run"
     code = cli.main(["profile", str(EXAMPLES / "image_classifier.py:train_step"), "--steps", "3", "--out", str(out),
-                     "--device", "cpu", "--no-apply", "--", "--epochs", "5"])
+                     "--device", "cpu", "--no-apply", "--windows", "2", "--window", "0.3", "--", "--epochs", "5"])
     assert code == 0
     output = capsys.readouterr().out
     assert "Recommendations" in output  # the baseline's diagnosis
