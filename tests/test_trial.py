@@ -233,14 +233,18 @@ def test_out_of_memory_under_a_memory_cap(tmp_path):
     assert not group_members(record["pid"])
 
 
-def test_timeout_kills_the_trial_and_its_workers(tmp_path, trial_startup_s):
+def test_timeout_kills_the_trial_its_workers_and_a_child_that_left_the_process_group(tmp_path, monkeypatch,
+                                                                                     trial_startup_s):
+    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = write_script(tmp_path, """
-        import time
+        import subprocess, sys, time
         import torch
         from torch.utils.data import DataLoader
 
         def train_step(x):
             if x[0] >= 4:
+                child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+                open("child.pid", "w").write(str(child.pid))
                 time.sleep(60)
             return x.sum()
 
@@ -256,8 +260,10 @@ def test_timeout_kills_the_trial_and_its_workers(tmp_path, trial_startup_s):
     assert time.monotonic() - started < limit + 12  # ended at the limit, not when the step would have
     assert result.status == "timeout" and f"time limit of {limit} s" in result.message
     record = trial_record(result.path)
-    assert [s["index"] for s in record["steps"]] == [0, 1]
-    assert not group_members(record["pid"])
+    assert [s["index"] for s in record["steps"]] == [0, 1]  # it hung in step 2
+    assert not group_members(record["pid"])  # the trial and its DataLoader workers
+    child = int((tmp_path / "child.pid").read_text())  # and the child in a session of its own
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 def test_ctrl_c_marks_the_trial_interrupted_and_leaves_no_processes(tmp_path, trial_startup_s):
@@ -398,30 +404,6 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
         pytest.skip("this machine has a CUDA device")
     assert result.status == "error" and result.message == "--device cuda: no CUDA device is available to this process"
     assert result.traceback is None
-
-
-def test_timeout_also_ends_a_child_that_left_the_process_group(tmp_path, monkeypatch, trial_startup_s):
-    monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
-    script = write_script(tmp_path, """
-        import subprocess, sys, time
-
-        def train_step(x):
-            if x == 3:
-                child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-                open("child.pid", "w").write(str(child.pid))
-                time.sleep(60)
-            return 0.0
-
-        if __name__ == "__main__":
-            for x in range(10):
-                train_step(x)
-    """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, timeout_s=round(3 * trial_startup_s + 6),
-                       device="cpu")
-    assert result.status == "timeout"
-    assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1, 2]  # it hung in step 3
-    child = int((tmp_path / "child.pid").read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_loop_without_a_target_has_one_span_per_step_it_timed(tmp_path):
