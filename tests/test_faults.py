@@ -64,7 +64,8 @@ def strict_json(path: Path) -> dict:
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
-QUICK = SessionOptions(steps=2, wait=1, warmup=0, device="cpu", windows=1, window_s=0.1, max_trials=5)
+# torch.compile left out: these sessions are about faults, and a compile is 5 s of each trial that tries it.
+QUICK = SessionOptions(steps=2, wait=1, warmup=0, device="cpu", windows=1, window_s=0.1, max_trials=5, skip=("compile",))
 
 
 def test_a_nan_loss_baseline_ends_with_a_report(tmp_path):
@@ -132,7 +133,8 @@ def test_sigkill_of_the_advisor_mid_trial_then_resume_leaves_nothing_behind(tmp_
     script = tiny(tmp_path, sleep=0.05)
     out = tmp_path / "session"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step", "--out",
-                                str(out), "--device", "cpu", "--steps", "30", "--windows", "0", "--max-trials", "2"],
+                                str(out), "--device", "cpu", "--steps", "30", "--windows", "0", "--max-trials", "2",
+                                "--skip", "compile"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Wait for the second trial's steps: the baseline is finished and recorded by then.
     deadline = time.monotonic() + 20 + 8 * trial_startup_s
@@ -293,7 +295,8 @@ def test_a_session_interrupted_writes_its_report_and_resumes_from_another_folder
     tiny(tmp_path / "work", sleep=0.05)
     out = tmp_path / "session"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", "tiny.py:train_step", "--out",
-                                str(out), "--device", "cpu", "--steps", "2", "--windows", "0", "--max-trials", "2"],
+                                str(out), "--device", "cpu", "--steps", "2", "--windows", "0", "--max-trials", "2",
+                                "--skip", "compile"],
                                cwd=tmp_path / "work", preexec_fn=ctrl_c_reaches_it,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30 + 8 * trial_startup_s
