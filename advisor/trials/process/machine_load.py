@@ -54,7 +54,7 @@ def _own_cpu() -> float:
     return own
 
 
-def _scheduled(pid: int | str = "self") -> tuple[float, float]:
+def _scheduled(pid: int) -> tuple[float, float]:
     """Nanoseconds a process's threads ran, and waited to run, so far (0, 0 where Linux does not say)."""
     run = wait = 0.0
     try:
@@ -101,29 +101,27 @@ class LoadMeter:
         self.cores = _cores()
         self.last, self.last_tree = self._now(), _tree_scheduled()
 
-    def _now(self) -> tuple[float, float, float, float, float, float]:
+    def _now(self) -> tuple[float, float, float, float]:
         busy, total = _busy_and_total()
-        run, wait = _scheduled()
-        return busy, total, _own_cpu(), run, wait, time.monotonic()
+        return busy, total, _own_cpu(), time.monotonic()
 
-    def _tree_since(self) -> tuple[float, float]:
-        """Seconds the trial's processes ran and waited since the previous sample (a worker that started
-        meanwhile counts from its start; one that ended is gone with its last interval)."""
-        tree = _tree_scheduled()
-        run = wait = 0.0
-        for pid, (r, w) in tree.items():
-            r0, w0 = self.last_tree.get(pid, (0.0, 0.0))
-            run, wait = run + max(0.0, r - r0), wait + max(0.0, w - w0)
+    def _tree_since(self) -> dict[int, tuple[float, float]]:
+        """Per process of the trial, seconds its threads ran and waited since the previous sample (a worker
+        that started meanwhile counts from its start; one that ended is gone with its last interval)."""
+        tree, before = _tree_scheduled(), self.last_tree
         self.last_tree = tree
-        return run / 1e9, wait / 1e9
+        return {pid: (max(0.0, r - before.get(pid, (0.0, 0.0))[0]) / 1e9,
+                      max(0.0, w - before.get(pid, (0.0, 0.0))[1]) / 1e9) for pid, (r, w) in tree.items()}
 
     def sample(self) -> dict[str, Any]:
         """{"taken": share | None, "waited": share | None, "other_cpu": share, "gpu_other": share | None}
         since the previous sample."""
         now = self._now()
-        busy, total, own, run, wait, elapsed = (max(0.0, a - b) for a, b in zip(now, self.last))  # a thread may have ended
+        busy, total, own, elapsed = (max(0.0, a - b) for a, b in zip(now, self.last))
         self.last = now
-        tree_run, tree_wait = self._tree_since()
+        spent = self._tree_since()
+        run, wait = spent.get(os.getpid(), (0.0, 0.0))  # this process's own threads
+        tree_run, tree_wait = sum(r for r, _ in spent.values()), sum(w for _, w in spent.values())
         other = max(0.0, busy - own) / total if total > 0 else 0.0
         waited = round(wait / (run + wait), 4) if run + wait > 0 else None
         return {"taken": taken_share(tree_run, tree_wait, self.cores * elapsed), "waited": waited,
