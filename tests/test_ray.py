@@ -26,6 +26,7 @@ from advisor.analysis.job import jobs_of
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.ray_job import SINGLE_MACHINE_VARIABLE, connect
 from advisor.trials.process.runner import run_trial
+from advisor.trials.process.zygote import ZYGOTE_ENTRY
 from conftest import run_advisor
 
 pytestmark = pytest.mark.slow
@@ -35,9 +36,17 @@ ray = pytest.importorskip("ray")
 
 
 def ray_processes() -> list[psutil.Process]:
-    """This process (the driver) and everything it started: the cluster's processes, their workers, the ranks."""
+    """This process (the driver) and everything it started: the cluster's processes, their workers, the ranks;
+    not the zygote this process's local trials are forked from (advisor.trials.process.zygote), nor its children."""
     me = psutil.Process()
-    return [me, *me.children(recursive=True)]
+    found = [me]
+    for proc in me.children():
+        try:
+            if ZYGOTE_ENTRY not in proc.cmdline():
+                found += [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
 
 
 def off_loopback() -> list[tuple]:

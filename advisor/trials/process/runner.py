@@ -1,4 +1,5 @@
-"""One trial in a fresh subprocess: `run_trial` starts `advisor.trials.process.harness` in a new process group
+"""One trial in a process of its own: `run_trial` starts `advisor.trials.process.harness` in a new process group
+(forked from the zygote, `advisor.trials.process.zygote`, where it can be; else a fresh `python -c`)
 with the script, the step and the knobs, waits (time limit, Ctrl-C), ends every process of the trial
 (DataLoader workers and daemons included), and completes its record (`advisor.trials.record`).
 
@@ -30,6 +31,7 @@ from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, Tr
 from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.process.targets import TargetNotFound, locate_target, parse_step, parse_target
 from advisor.trials.process.processes import TRIAL_TOKEN, end_trial_processes, interrupts_held, sigterm_as_interrupt
+from advisor.trials.process.zygote import start_trial as start_forked
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
 HARNESS_ENTRY = "import sys; from advisor.trials.process.harness import main; main(sys.argv[1:])"
@@ -139,10 +141,10 @@ def run_trial(
     attempt = 0
     while True:
         config["torchrun"] = torchrun
-        command = _harness_command(python or sys.executable, json.dumps(config), nproc_per_node, torchrun_args,
-                                   torchrun)
-        code = _run_process(command, Path(config["cwd"]), child_env, out, record, timeout_s=timeout_s,
-                            on_start=on_start, started=started, nproc_per_node=nproc_per_node, on_progress=on_progress)
+        start = _trial_starter(python or sys.executable, config, nproc_per_node, torchrun_args, torchrun, child_env,
+                               timeout_s)
+        code = _run_process(start, out, record, timeout_s=timeout_s, on_start=on_start, started=started,
+                            nproc_per_node=nproc_per_node, on_progress=on_progress)
         crash = crash_message(out, nproc_per_node)
         if record["status"] == "running" and not torchrun and needs_torchrun(out, script):
             torchrun = True
@@ -281,25 +283,35 @@ def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_arg
     return torchrun_command(python, nproc_per_node, list(torchrun_args), config)
 
 
-def _run_process(command: list[str], cwd: Path, env: dict[str, str], out: Path, record: dict[str, Any], *,
-                 timeout_s: float, on_start: Callable[[int, str], None] | None, started: float,
-                 nproc_per_node: int, on_progress: Callable[[TrialProgress], None] | None = None) -> int:
+def _trial_starter(python: str, config: dict[str, Any], nproc_per_node: int, torchrun_args: Sequence[str],
+                   torchrun: bool, env: dict[str, str], timeout_s: float) -> Callable[[Path], Any]:
+    """How the trial's process starts, given its log: forked from the zygote where it can be
+    (`advisor.trials.process.zygote`), else a fresh process in a new process group."""
+    cwd = config["cwd"]
+
+    def start(log_path: Path) -> Any:
+        forked = None if torchrun else start_forked(python, config, cwd, env, str(log_path), timeout_s)
+        if forked is not None:
+            return forked
+        command = _harness_command(python, json.dumps(config), nproc_per_node, torchrun_args, torchrun)
+        with open(log_path, "wb") as log:
+            return subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)  # one killpg ends it and its workers
+
+    return start
+
+
+def _run_process(start: Callable[[Path], Any], out: Path, record: dict[str, Any], *, timeout_s: float,
+                 on_start: Callable[[int, str], None] | None, started: float, nproc_per_node: int,
+                 on_progress: Callable[[TrialProgress], None] | None = None) -> int:
     """Start the trial's process (its pid into the record), wait for it up to its time limit (then status
     "timeout"), end every process of the trial, and return its exit code. Ctrl-C (or SIGTERM) ends them,
     completes the record as "interrupted" and re-raises KeyboardInterrupt."""
     proc = None
     previous_sigterm = sigterm_as_interrupt()
     try:
-        with open(out / LOG_FILE, "wb") as log:
-            proc = subprocess.Popen(
-                command,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # its own process group: one killpg ends it and its workers
-            )
+        (out / LOG_FILE).write_bytes(b"")
+        proc = start(out / LOG_FILE)
         record["pid"] = proc.pid
         write_json_atomic(out / TRIAL_FILE, record)
         if on_start is not None:
@@ -336,7 +348,7 @@ def _progress_watch(out: Path, record: dict[str, Any], nproc_per_node: int) -> P
     return ProgressWatch(record["name"], out / names["steps"], out / names["schedule"], record["schedule"])
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, watch: ProgressWatch | None,
+def _wait(proc: Any, timeout_s: float, watch: ProgressWatch | None,
           on_progress: Callable[[TrialProgress], None] | None) -> None:
     """Wait for the trial's process up to its time limit (subprocess.TimeoutExpired past it), telling
     `on_progress` where the trial is as it goes, and "done" once it has ended however it ended."""

@@ -1,0 +1,102 @@
+"""Trials forked from the zygote (advisor.trials.process.zygote) are the processes fresh ones would be."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from trial_helpers import trial_record, write_script
+
+from advisor.trials.knobs import Knobs
+from advisor.trials.process.runner import run_trial
+from advisor.trials.process.zygote import FRESH_VARIABLE
+
+# The step writes down, once, what its process is.
+FACTS = """
+    import json, os, signal, sys
+    import numpy as np
+    import torch
+
+    written = []
+
+    def train_step(x):
+        if not written:
+            with open("/proc/self/environ", "rb") as f:
+                shown = dict(v.split(b"=", 1) for v in f.read().split(b"\\0") if b"=" in v)
+            facts = {"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "pgid": os.getpgid(0),
+                     "cwd": os.getcwd(), "argv0": sys.argv[0], "path": sys.path,
+                     "token": os.environ.get("ADVISOR_TRIAL"),
+                     "proc_token": shown.get(b"ADVISOR_TRIAL", b"").decode(),
+                     "draw": float(np.random.random()),
+                     "sigint": str(signal.getsignal(signal.SIGINT)), "sigpipe": str(signal.getsignal(signal.SIGPIPE)),
+                     "environ": {k: v for k, v in os.environ.items() if k not in ("ADVISOR_TRIAL", "ADVISOR_FRESH_TRIALS")},
+                     "flags": list(sys.flags)}
+            open(f"facts-{os.getpid()}.json", "w").write(json.dumps(facts))
+            print("hello from the step")
+            written.append(1)
+        return (x * 2).sum()
+
+    if __name__ == "__main__":
+        for _ in range(100):
+            train_step(torch.ones(4))
+"""
+
+
+def _trial_facts(script, folder, tmp_path):
+    result = run_trial(f"{script}:train_step", Knobs(), folder, steps=2, wait=0, warmup=0, windows=0, device="cpu")
+    assert result.status == "ok", result.message
+    record = trial_record(result.path)
+    facts = json.loads((tmp_path / f"facts-{record['pid']}.json").read_text())
+    assert "hello from the step" in (result.path / "output.log").read_text()
+    return record, facts
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
+def test_a_forked_trial_is_the_process_a_fresh_one_would_be(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, FACTS)
+    forked = [_trial_facts(script, tmp_path / f"forked{i}", tmp_path) for i in range(2)]
+    monkeypatch.setenv(FRESH_VARIABLE, "1")
+    fresh = _trial_facts(script, tmp_path / "fresh", tmp_path)
+
+    zygote = forked[0][1]["ppid"]
+    assert zygote != os.getpid() and forked[1][1]["ppid"] == zygote  # both forked, from one zygote
+    assert fresh[1]["ppid"] == os.getpid()  # and the fresh one is the runner's child
+    for record, facts in forked + [fresh]:
+        # a session and process group of its own, found by its token in /proc as a fresh process is
+        assert facts["pid"] == facts["sid"] == facts["pgid"] == record["pid"]
+        assert facts["token"] == facts["proc_token"] == record["token"]
+        assert facts["cwd"] == str(tmp_path) and facts["argv0"] == str(script)
+        for same in ("path", "sigint", "sigpipe", "environ", "flags"):
+            assert facts[same] == fresh[1][same], same
+    assert forked[0][1]["draw"] != forked[1][1]["draw"]  # numpy seeded anew, as a fresh process's is
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
+def test_a_zygote_that_died_is_replaced_and_its_trial_ends_with_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, FACTS.replace("return (x * 2).sum()", """if os.path.exists("hang"):
+            time.sleep(60)
+        return (x * 2).sum()""").replace("import json, os", "import json, os, time"))
+    first = _trial_facts(script, tmp_path / "first", tmp_path)[1]
+    (tmp_path / "hang").touch()
+    os.kill(first["ppid"], signal.SIGKILL)  # the zygote, between trials
+    started = time.monotonic()
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "second", steps=2, wait=0, warmup=0, windows=0,
+                       device="cpu", timeout_s=60, on_start=lambda pid, token: _kill_parent_soon(pid))
+    # Forked from a new zygote, which then died too: the trial followed it, long before its time limit.
+    assert result.status == "error" and time.monotonic() - started < 40, result.message
+    record = trial_record(result.path)
+    assert record["pid"] != first["pid"]
+
+
+def _kill_parent_soon(pid):
+    import psutil
+
+    zygote = psutil.Process(pid).ppid()
+    assert zygote != os.getpid()
+    time.sleep(3)  # in the step that hangs by now, or on its way there
+    os.kill(zygote, signal.SIGKILL)
