@@ -5,7 +5,7 @@ others did:
 
   doctor         `advisor doctor --device cuda --json`
   cuda tests     tests/test_cuda.py: each knob's CUDA branch (memory cap, autocast, pinned non_blocking copies,
-                 8-bit copies, TF32, cudnn.benchmark, compile, DDP on NCCL, the profiler's check), and the
+                 8-bit copies, TF32, cudnn.benchmark, compile, trials forked from the zygote, DDP on NCCL, the profiler's check), and the
                  8-bit copies of torchvision pipelines (tests/test_uint8_transforms.py)
   session image  `advisor profile examples/image_classifier.py:train_step --device cuda`, at most 8 trials
   grid image     a small grid of the same step (DataLoader workers × pinned non_blocking copies), its best

@@ -218,3 +218,21 @@ def test_compile_runs_triton_kernels_on_the_device(tmp_path):
     record = trial_record(result.path)
     assert record["compile"]["graphs"] >= 1 and record["compile"]["compile_s"] is not None
     assert any(name.startswith("triton_") for name in kernel_names(result.path)), "Triton's kernels ran"
+
+
+def test_trials_forked_from_the_zygote_run_on_the_gpu(tmp_path, monkeypatch):
+    # The zygote imported torch but never touched CUDA: each forked trial initializes it afresh.
+    import os
+
+    from advisor.analysis.analyze import analyze_file
+
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, GPU_SCRIPT.replace("GROW_AT", "-1").replace("GROW_BYTES", "0").replace(
+        '"matmul_dtype": str(model(x).dtype)', '"parent": __import__("os").getppid()'))
+    parents = []
+    for i in range(2):
+        result = run_trial(f"{script}:train_step", Knobs(), tmp_path / f"t{i}", steps=3, device="cuda")
+        assert result.ok, result.message
+        assert analyze_file(sorted(result.path.glob("*.pt.trace.json*"))[0]).platform == "gpu"
+        parents.append(json.loads((tmp_path / "observed.json").read_text())["parent"])
+    assert parents[0] == parents[1] != os.getpid()  # both forked, from one zygote
