@@ -20,6 +20,8 @@ FACTS = """
     import numpy as np
     import torch
 
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.SGD([weight], lr=0.1)  # as training scripts do (it imports torch._dynamo)
     written = []
 
     def train_step(x):

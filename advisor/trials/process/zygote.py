@@ -217,6 +217,11 @@ def serve(argv: list[str]) -> None:
     import torch  # noqa: F401  (the point of this process)
     import advisor.trials.process.harness  # noqa: F401
 
+    try:  # torch.optim's optimizers import dynamo in their constructor: about 1 s of nearly every trial
+        import torch._dynamo  # noqa: F401
+    except ImportError:
+        pass
+
     slot = _token_slot()
     os.write(replies, ((READY if slot else "no token slot") + "\n").encode())
     if not slot:
