@@ -1,6 +1,7 @@
 """The what-if model on real traces: each transformation against a recorded trace of the same step with that
 knob set (the H100 surface's neighbours, the H100 char transformer's fp32 and bf16 traces, the CPU trials
-of sample_runs), calibration from measured pairs, and the session's predictions."""
+of sample_runs: the char transformer's AMP and batch, the conv classifier's channels_last, compile, fused
+optimizer and AMP), calibration from measured pairs, and the session's predictions."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from advisor.trials.knobs import Knobs
 DATA = Path(__file__).parent / "data"
 SURFACE = DATA / "surfaces" / "h100-image-classifier"
 CPU = Path(__file__).parents[1] / "sample_runs" / "char_transformer" / "trials"
+CONV = Path(__file__).parents[1] / "sample_runs" / "conv_classifier"
 POINTS = ("fp32-b32-w0-pageable", "fp32-b32-w0-pin", "fp32-b64-w0-pageable", "fp32-b32-w2-pageable",
           "fp32-b32-w4-pageable", "bf16-b32-w0-pageable")
 
@@ -103,6 +105,55 @@ def test_amp_on_a_cpu_with_bf16_instructions_both_ways():
     assert predict(amp, {"amp": False}) < 0
     params = calibrate([(base, {"amp": True}, measured)])
     assert predict(base, {"amp": True}, params) == pytest.approx(measured, abs=0.03)
+
+
+def _conv_pair(name: str):
+    """(base graph, graph of the trial, the change, its measured gain) of a trial of the CPU conv session."""
+    state = json.loads((CONV / "session.json").read_text())
+    rows = {t["name"]: t for t in state["trials"]}
+    row = rows[name]
+    base, after = (step_graph(_diagnosis(CONV / rows[n]["folder"])) for n in (row["base"], name))
+    changed = {k: v for k, v in row["knobs"].items() if v is not None and rows[row["base"]]["knobs"].get(k) != v}
+    return base, after, {k: bool(v) for k, v in changed.items()}, row["gain"]
+
+
+def test_compile_on_a_cpu_convnet_is_corrected_by_what_it_measured():
+    # The prior reads compile as fusing the step's non-matrix work; on this CPU's convnet it bought nothing.
+    base, after, change, measured = _conv_pair("02-try-compile")
+    assert change == {"compile": True} and measured < 0.02
+    assert predict(base, change) > 0.1  # the prior's figure: far from what was measured
+    params = calibrate([(base, change, measured)])
+    assert predict(base, change, params) == pytest.approx(measured, abs=0.03)
+    # and what the compiled trace recorded: the device time hardly moved, as the calibrated graph says
+    assert transform(base, "compile", True, params["compile"]).device_s == pytest.approx(after.device_s, rel=0.1)
+
+
+def test_a_fused_optimizer_cuts_the_optimizers_host_time_and_no_more():
+    base, after, change, measured = _conv_pair("03-try-fused-optimizer")
+    assert change == {"fused_optimizer": True} and after.optimizer_s <= base.optimizer_s
+    predicted = predict(base, change)
+    # The optimizer's step is under 1% of this step: the graph predicts a small gain, with the measured sign.
+    assert 0 < predicted <= base.optimizer_s / base.step_s + 1e-9 and measured > 0
+
+
+def test_channels_last_on_a_cpu_has_no_layout_kernels_to_remove():
+    # On the CPU, NCHW costs inside the convolutions and pools (oneDNN's reorders, the slower pool), not in
+    # conversion kernels of their own: the graph has nothing to take away and predicts nothing, and a
+    # measured gain cannot calibrate it (the session keeps the rules' figure for this change).
+    base, after, change, measured = _conv_pair("01-try-channels-last")
+    assert change == {"channels_last": True} and measured > 0.05
+    assert base.layout_s == 0 and predict(base, change) == 0
+    assert calibrate([(base, change, measured)]) == {}
+    assert after.device_s < base.device_s  # where the gain was: the device's (here the CPU's) own time
+
+
+def test_amp_on_a_cpu_convnet_predicts_the_sign_and_calibration_the_size():
+    base, after, change, measured = _conv_pair("04-amp-bf16")
+    if not after.amp:
+        pytest.skip("recorded on a CPU without bf16 instructions")
+    assert change == {"amp": True} and predict(base, change) > 0 and measured > 0
+    params = calibrate([(base, change, measured)])
+    assert predict(base, change, params) == pytest.approx(measured, abs=0.03)
 
 
 def test_model_changes_and_the_session_error():
