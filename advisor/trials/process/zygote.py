@@ -85,6 +85,9 @@ class Zygote:
             reply = self._reply(60.0)
         except (OSError, subprocess.TimeoutExpired):
             return None
+        except BaseException:  # Ctrl-C mid-exchange: its next replies could be taken for another request's
+            self.proc.kill()
+            raise
         if not reply or not reply.isdigit():
             return None
         self.busy = True
