@@ -102,3 +102,33 @@ def _kill_parent_soon(pid):
     assert zygote != os.getpid()
     time.sleep(3)  # in the step that hangs by now, or on its way there
     os.kill(zygote, signal.SIGKILL)
+
+
+def _scalars(run_dir):
+    """{tag: [(step, value), ...]} and the writer's pid, from the one event file of a TensorBoard run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = run_dir.glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    scalars = {tag: [(e.step, round(e.value, 6)) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return scalars, int(events.name.split(".")[-2])
+
+
+def test_the_sessions_tensorboard_run_is_written_in_a_child_of_the_zygote_the_same(tmp_path, monkeypatch):
+    # The advisor then never imports torch itself: TensorBoard's writer is torch's, the zygote has torch.
+    from advisor import cli
+    from advisor.report import write_tensorboard
+
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, FACTS)
+    out = tmp_path / "session"
+    code = cli.main(["profile", f"{script}:train_step", "--device", "cpu", "--max-trials", "2", "--only", "threads",
+                     "--steps", "2", "--wait", "0", "--warmup", "0", "--windows", "2", "--window", "0.2",
+                     "--out", str(out)])
+    assert code == 0
+    forked, writer = _scalars(out / "trials" / "session")
+    assert writer != os.getpid() and forked["throughput/samples_per_s"]
+    write_tensorboard(out)  # the same run, written here
+    here, writer = _scalars(out / "trials" / "session")
+    assert writer == os.getpid() and here == forked

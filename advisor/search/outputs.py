@@ -124,6 +124,9 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     state["core_use"] = core_use(state)
     save(state)  # the report reads session.json: it must already name the patch
     from advisor.report import write_report, write_tensorboard
+    from advisor.trials.process.zygote import call_forked
 
     write_report(out, out / "report.html")
-    write_tensorboard(out)
+    # TensorBoard's writer is torch's: written where the trials' zygote has torch imported already, else here.
+    if not call_forked("advisor.report", "write_tensorboard", [str(out)]):
+        write_tensorboard(out)

@@ -21,7 +21,10 @@ in place, where /proc reads it (and its own exec'd children inherit it as any va
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
+import signal
+import uuid
 import os
 import select
 import subprocess
@@ -75,11 +78,14 @@ class Zygote:
         except subprocess.TimeoutExpired:  # it could not import torch in the trial's time: a fresh process tries
             self.ready = False
 
-    def fork(self, config: dict[str, Any], cwd: str, env: dict[str, str], log_path: str) -> ForkedTrial | None:
-        """A child running the harness with `config`; None when the zygote has gone."""
-        config = {**config, "parent": self.proc.pid}  # the harness ends with its parent: that is the zygote now
+    def fork(self, config: dict[str, Any] | None, cwd: str, env: dict[str, str], log_path: str,
+             call: tuple[str, str, list[str]] | None = None) -> ForkedTrial | None:
+        """A child running the harness with `config` (or `call`: module, function, its string arguments); None
+        when the zygote has gone."""
+        if config is not None:  # the harness ends with its parent: that is the zygote now
+            config = {**config, "parent": self.proc.pid}
         request = {"argv": [json.dumps(config)], "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL},
-                   "log": log_path}
+                   "log": log_path, "call": call}
         try:
             os.write(self.requests, (json.dumps(request) + "\n").encode())
             reply = self._reply(60.0)
@@ -185,6 +191,25 @@ def _zygote_for(python: str, key: tuple, env: dict[str, str], timeout_s: float) 
     return _zygote
 
 
+def call_forked(module: str, function: str, args: list[str]) -> bool:
+    """Run `module.function(*args)` in a child of this process's zygote, where torch is imported already
+    (the TensorBoard run, say, spares the advisor importing torch itself); False where there is no idle
+    zygote to fork it, or the call failed there: the caller then runs it here."""
+    with _lock:
+        if _zygote is None or _zygote.busy or not _zygote.alive():
+            return False
+        env = dict(_zygote_key[1]) if _zygote_key else {}
+        env[TRIAL_TOKEN] = uuid.uuid4().hex
+        child = _zygote.fork(None, os.getcwd(), env, os.devnull, call=(module, function, list(args)))
+        if child is None:
+            return False
+        try:
+            return child.wait() == 0
+        except BaseException:  # Ctrl-C: the child (in a session of its own) must not outlive the call
+            os.killpg(child.pid, signal.SIGKILL)
+            raise
+
+
 @atexit.register
 def _retire() -> None:
     """Let the zygote go (it ends once idle), if there is one."""
@@ -247,6 +272,12 @@ def serve(argv: list[str]) -> None:
             for fd in (requests, replies):
                 os.close(fd)
             _become_trial(request, slot, started_w)
+            if request["call"]:  # an exception ends the process as `python -c` would: a traceback, exit code 1
+                module, function, args = request["call"]
+                getattr(importlib.import_module(module), function)(*args)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
             from advisor.trials.process.harness import main
 
             main(sys.argv[1:])  # ends the process itself (os._exit); an exception ends it as `python -c` would
