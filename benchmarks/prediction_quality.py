@@ -44,7 +44,11 @@ CPU_PAIRS = (("char_transformer", "00-baseline", "01-amp-bf16", "amp"),
              ("char_transformer", "02-batch-64", "03-batch-128", "batch_size"),
              ("image_classifier", "00-baseline", "01-workers-2", "num_workers"),
              ("image_classifier", "01-workers-2", "02-amp-bf16", "amp"),
-             ("image_classifier", "01-workers-2", "03-batch-64", "batch_size"))
+             ("image_classifier", "01-workers-2", "03-batch-64", "batch_size"),
+             ("conv_classifier", "00-baseline", "01-try-channels-last", "channels_last"),
+             ("conv_classifier", "01-try-channels-last", "02-try-compile", "compile"),
+             ("conv_classifier", "01-try-channels-last", "03-try-fused-optimizer", "fused_optimizer"),
+             ("conv_classifier", "03-try-fused-optimizer", "04-amp-bf16", "amp"))
 TRACES = ROOT / "tests" / "data" / "traces"
 MAX_ERROR = 0.10
 MIN_SIGN = 0.85
@@ -141,7 +145,7 @@ def other_pairs() -> list[str]:
         trials = ROOT / "sample_runs" / session / "trials"
         da, db = (analyze_file(next((trials / n).glob("*.pt.trace.json*"))) for n in (a, b))
         ga, gb = step_graph(da), step_graph(db)
-        value = {"amp": (False, True), "batch_size": (ga.batch, gb.batch), "num_workers": (ga.workers, gb.workers)}[knob]
+        value = {"batch_size": (ga.batch, gb.batch), "num_workers": (ga.workers, gb.workers)}.get(knob, (False, True))
         for x, y, g, v in ((a, b, ga, value[1]), (b, a, gb, value[0])):
             measured = (gb.samples_per_s / ga.samples_per_s if x == a else ga.samples_per_s / gb.samples_per_s) - 1
             lines.append(f"  cpu {session} {x} → {y}: predicted {100 * predict(g, {knob: v}):+.0f}%, "
