@@ -310,7 +310,6 @@ def _run_process(start: Callable[[Path], Any], out: Path, record: dict[str, Any]
     proc = None
     previous_sigterm = sigterm_as_interrupt()
     try:
-        (out / LOG_FILE).write_bytes(b"")
         proc = start(out / LOG_FILE)
         record["pid"] = proc.pid
         write_json_atomic(out / TRIAL_FILE, record)

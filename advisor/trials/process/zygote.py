@@ -1,8 +1,10 @@
 """Trials forked from a process that has imported torch once (a zygote), instead of each starting Python
-and importing torch afresh: about 1.2 s sooner per trial on a CPU machine, more with CUDA's libraries.
+and importing torch afresh: about 2 s sooner per trial on a CPU machine (torch, and the `torch._dynamo` that
+torch.optim's optimizers import), more with CUDA's libraries.
 
 The parent side (`start_trial`) is torch-free. A zygote is started as the trial itself would be (the same
-interpreter, environment and `-c` entry), imports torch and the harness, and then forks one child per trial.
+interpreter, environment and `-c` entry), imports torch, dynamo and the harness, and then forks one child per
+trial.
 The child makes itself what a fresh trial process is: a process group and session of its own, its output
 into the trial's log, the folder the trial runs in, the trial's token, the harness's argv; and then runs the
 harness exactly as `python -c HARNESS_ENTRY CONFIG` would, exit code and all.
@@ -23,14 +25,14 @@ from __future__ import annotations
 import atexit
 import importlib
 import json
-import signal
-import uuid
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import Any
 
 from advisor.trials.process.processes import TRIAL_TOKEN
@@ -82,10 +84,10 @@ class Zygote:
              call: tuple[str, str, list[str]] | None = None) -> ForkedTrial | None:
         """A child running the harness with `config` (or `call`: module, function, its string arguments); None
         when the zygote has gone."""
-        if config is not None:  # the harness ends with its parent: that is the zygote now
-            config = {**config, "parent": self.proc.pid}
-        request = {"argv": [json.dumps(config)], "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL},
-                   "log": log_path, "call": call}
+        # The harness ends with its parent: that is the zygote now.
+        argv = [] if config is None else [json.dumps({**config, "parent": self.proc.pid})]
+        request = {"argv": argv, "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL}, "log": log_path,
+                   "call": call}
         try:
             os.write(self.requests, (json.dumps(request) + "\n").encode())
             reply = self._reply(60.0)
@@ -132,17 +134,24 @@ class Zygote:
 
     def _reply(self, timeout: float | None) -> str | None:
         """The zygote's next line (None at its end); subprocess.TimeoutExpired after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self.buffer:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self.replies], [], [], left)[0]:
-                raise subprocess.TimeoutExpired("zygote", timeout or 0)
-            chunk = os.read(self.replies, 4096)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode()
+        line, self.buffer = _next_line(self.replies, self.buffer, timeout)
+        return line
+
+
+def _next_line(fd: int, buffer: bytes, timeout: float | None = None) -> tuple[str | None, bytes]:
+    """The next line read from `fd` after what `buffer` holds, and what is left (None at the pipe's end);
+    subprocess.TimeoutExpired after `timeout` s."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while b"\n" not in buffer:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not select.select([fd], [], [], left)[0]:
+            raise subprocess.TimeoutExpired("zygote", timeout or 0)
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None, buffer
+        buffer += chunk
+    line, rest = buffer.split(b"\n", 1)
+    return line.decode(), rest
 
 
 _lock = threading.Lock()
@@ -198,9 +207,8 @@ def call_forked(module: str, function: str, args: list[str]) -> bool:
     with _lock:
         if _zygote is None or _zygote.busy or not _zygote.alive():
             return False
-        env = dict(_zygote_key[1]) if _zygote_key else {}
-        env[TRIAL_TOKEN] = uuid.uuid4().hex
-        child = _zygote.fork(None, os.getcwd(), env, os.devnull, call=(module, function, list(args)))
+        child = _zygote.fork(None, os.getcwd(), {TRIAL_TOKEN: uuid.uuid4().hex}, os.devnull,
+                             call=(module, function, list(args)))
         if child is None:
             return False
         try:
@@ -243,7 +251,6 @@ def serve(argv: list[str]) -> None:
 
     die_with_parent(parent)  # a zygote outlives no advisor (its children then follow it)
     import torch  # noqa: F401  (the point of this process)
-    import advisor.trials.process.harness  # noqa: F401
 
     try:  # torch.optim's optimizers import dynamo in their constructor: about 1 s of nearly every trial
         import torch._dynamo  # noqa: F401
@@ -256,12 +263,9 @@ def serve(argv: list[str]) -> None:
         return
     buffer = b""
     while True:
-        while b"\n" not in buffer:
-            chunk = os.read(requests, 65536)
-            if not chunk:
-                return
-            buffer += chunk
-        line, buffer = buffer.split(b"\n", 1)
+        line, buffer = _next_line(requests, buffer)
+        if line is None:
+            return
         request = json.loads(line)
         started_r, started_w = os.pipe()
         sys.stdout.flush()
@@ -295,7 +299,7 @@ def _become_trial(request: dict[str, Any], slot: int, started: int) -> None:
     import ctypes
 
     os.setsid()
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # as the runner's open(log, "wb")
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
