@@ -110,8 +110,11 @@ class LoadMeter:
         that started meanwhile counts from its start; one that ended is gone with its last interval)."""
         tree, before = _tree_scheduled(), self.last_tree
         self.last_tree = tree
-        return {pid: (max(0.0, r - before.get(pid, (0.0, 0.0))[0]) / 1e9,
-                      max(0.0, w - before.get(pid, (0.0, 0.0))[1]) / 1e9) for pid, (r, w) in tree.items()}
+        spent = {}
+        for pid, (r, w) in tree.items():
+            r0, w0 = before.get(pid, (0.0, 0.0))
+            spent[pid] = (max(0.0, r - r0) / 1e9, max(0.0, w - w0) / 1e9)
+        return spent
 
     def sample(self) -> dict[str, Any]:
         """{"taken": share | None, "waited": share | None, "other_cpu": share, "gpu_other": share | None}
