@@ -86,7 +86,7 @@ from advisor.escape import strings_without_surrogates
 from advisor.files import is_regular
 from advisor.shapes import TRIAL, conform_record, read_record
 from advisor.analysis.reading import trace_files
-from advisor.analysis.trace import collector_paused, load_trace
+from advisor.analysis.trace import Trace, collector_paused, load_trace
 
 SCHEMA = "advisor.analysis/1"
 
@@ -122,15 +122,16 @@ Linter = Callable[[Path], list[dict] | None]
 
 
 def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | None = None, *,
-                 timelines: bool = False) -> Diagnosis:
+                 timelines: bool = False, trace: Trace | None = None) -> Diagnosis:
     """Load one trace, diagnose it and attach its ranked recommendations.
 
     `linter`: lints the script the trial.json beside the trace names (the CLI, the notebook API and the
     session pass one; the report none, as it opens nothing outside the session folder it reads). `timelines`:
-    see `advisor.analysis.diagnosis.diagnose`."""
+    see `advisor.analysis.diagnosis.diagnose`. `trace`: the file already loaded (`load_trace(path)`), for a
+    caller that reads it again (the report's hotspots)."""
     trial, problems = read_trial_record(Path(path))
     with collector_paused():
-        diagnosis = diagnose(load_trace(path), steps, trial, timelines=timelines)
+        diagnosis = diagnose(trace or load_trace(path), steps, trial, timelines=timelines)
     if linter is not None and trial and trial.get("script"):
         diagnosis.extra["lint"] = linter(Path(trial["script"]))
     missing = diagnosis.missing

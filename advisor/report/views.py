@@ -87,9 +87,10 @@ def trace_view(path: Path) -> TraceView:
 def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | None) -> TraceView:
     # Not linted: the script trial.json names lies outside the session folder. Timelines: a rank's step is
     # drawn beside the other ranks'.
-    d = analyze_file(path, timelines=True)
+    trace = load_trace(path)
+    d = analyze_file(path, timelines=True, trace=trace)
     f = diagnosis_to_dict(d)
-    found = hotspots(load_trace(path), len(d.steps), d.step_time_us)
+    found = hotspots(trace, len(d.steps), d.step_time_us)
     shares = d.breakdown_share
     labels = role_labels(d)
     breakdown = tuple((labels[r], ms(d.breakdown_us[r] / 1000), pct(shares[r]))

@@ -3,6 +3,7 @@ its row's figures and decision as the log shows them. Torch-free: trials run els
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -52,13 +53,22 @@ def diagnose_trial(result: TrialResult):
     """The diagnosis (with recommendations) of a trial's trace; None when it has no trace. A data-parallel
     trial is diagnosed as a job: its straggler's figures, with the job's bound and advice (a rank that
     waits for another is not what to fix)."""
+    traces = sorted(result.path.glob("*.pt.trace.json*"))
+    if not traces:
+        return None
+    stats = [(p.name, p.stat()) for p in [*traces, result.path / TRIAL_FILE] if p.is_file()]
+    return _diagnose_folder(result.path.resolve(), tuple((name, s.st_mtime_ns, s.st_size) for name, s in stats))
+
+
+# A trial is diagnosed for its own row and again each time it is the best the search goes on from: once per
+# state of its files (a trial folder written again is diagnosed again). Diagnoses are never modified.
+@functools.lru_cache(maxsize=16)
+def _diagnose_folder(folder: Path, _stamps: tuple):
     from advisor.analysis.analyze import analyze_path
     from advisor.analysis.job import job_diagnosis, jobs_of
     from advisor.code.lint import script_findings
 
-    if not any(result.path.glob("*.pt.trace.json*")):
-        return None
-    diagnoses = analyze_path(result.path, linter=script_findings)
+    diagnoses = analyze_path(folder, linter=script_findings)
     jobs = jobs_of(diagnoses) if len(diagnoses) > 1 else []
     return job_diagnosis(jobs[0]) if jobs else diagnoses[0]
 
