@@ -74,8 +74,12 @@ def cluster():
     # The two "nodes" share this machine's cores, as two ranks of one torchrun node do (torchrun gives them one
     # thread each): the driver's setting travels to the ranks.
     saved_threads, os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS"), "1"
+    # A node killed by the node-lost test is found dead after a few refused health checks, not Ray's default
+    # of five checks 3 s apart. A slow answer still has the default time to come on a busy machine.
+    health = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 500,
+              "health_check_failure_threshold": 4}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
-                                                            "include_dashboard": False})
+                                                            "include_dashboard": False, "_system_config": health})
     try:
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
