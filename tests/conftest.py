@@ -40,6 +40,35 @@ def run_advisor(*args: str, cwd: Path | None = None, timeout: float = 120, env: 
                           text=True, timeout=timeout, env=full_env)
 
 
+def advisor_main(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`advisor ARGS` as the console script runs it (`advisor.cli.main`), in this process, its output
+    captured: for tests of what the command does rather than of its process (exit codes of a killed or
+    interrupted advisor, imports, stray processes), which `run_advisor` runs. This process's trials are forked
+    from its own zygote (advisor.trials.process.zygote), which a new process would start again."""
+    import contextlib
+    import io
+
+    from advisor import cli
+
+    # Text streams over bytes, as a process's are: `--json` writes its bytes to sys.stdout.buffer.
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.update(env or {})
+    os.chdir(cwd or ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    text = [stream.buffer.getvalue().decode("utf-8", "replace") for stream in (out, err)]
+    return subprocess.CompletedProcess(["advisor", *args], code, *text)
+
+
 @pytest.fixture(scope="session")
 def trial_startup_s(tmp_path_factory) -> float:
     """Seconds a trivial trial with two DataLoader workers takes here, start to finish: time limits in tests

@@ -17,7 +17,7 @@ from advisor.analysis.bound import BOUNDS
 from advisor.report.views import trace_view
 from advisor.report.tensorboard import trial_text
 from advisor.analysis.trace import load_trace
-from conftest import SAMPLE_RUNS, SURFACES, TRACES, gpu_trace, run_advisor
+from conftest import SAMPLE_RUNS, SURFACES, TRACES, gpu_trace, advisor_main
 from trace_builder import H100, V100, TraceBuilder
 
 FP32 = "h100-char-transformer-fp32.pt.trace.json.gz"
@@ -76,7 +76,7 @@ def test_every_recommendation_names_its_bound_and_when_it_helps(name):
 
 
 def test_json_carries_the_bound_and_when_each_recommendation_helps():
-    proc = run_advisor("analyze", "--json", str(gpu_trace(FP32)))
+    proc = advisor_main("analyze", "--json", str(gpu_trace(FP32)))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     (t,) = doc["traces"]
@@ -91,9 +91,9 @@ def test_json_carries_the_bound_and_when_each_recommendation_helps():
 
 def test_terminal_and_report_show_the_bound(tmp_path):
     path = gpu_trace(IMAGES)
-    text = " ".join(run_advisor("analyze", str(path)).stdout.split())
+    text = " ".join(advisor_main("analyze", str(path)).stdout.split())
     assert re.search(r"Bound: input pipeline \(DataLoader\) — 9\d% of the step waiting on the DataLoader", text)
-    proc = run_advisor("report", str(path), "-o", str(tmp_path / "r.html"))
+    proc = advisor_main("report", str(path), "-o", str(tmp_path / "r.html"))
     assert proc.returncode == 0, proc.stderr
     html = (tmp_path / "r.html").read_text()
     assert re.search(r"Bound: input pipeline \(DataLoader\) — 9\d% of the step waiting on the DataLoader", html)
@@ -102,9 +102,9 @@ def test_terminal_and_report_show_the_bound(tmp_path):
 
 
 def test_text_and_report_say_what_helps_only_later(tmp_path):
-    text = run_advisor("analyze", str(gpu_trace(FP32))).stdout
+    text = advisor_main("analyze", str(gpu_trace(FP32))).stdout
     assert "helps once CPU/launch overhead is fixed" in " ".join(text.split())
-    proc = run_advisor("report", str(gpu_trace(FP32)), "-o", str(tmp_path / "r.html"))
+    proc = advisor_main("report", str(gpu_trace(FP32)), "-o", str(tmp_path / "r.html"))
     assert proc.returncode == 0, proc.stderr
     assert "helps once CPU/launch overhead is fixed" in (tmp_path / "r.html").read_text()
 
@@ -185,7 +185,7 @@ def test_mtia_is_an_accelerator_with_its_own_runtime_and_no_nvidia_or_cpu_advice
     assert d.bound == "input" and ids(d) == ["more-workers"]
     assert any("MTIA kernel names" in m for m in d.missing)
     assert any("host-to-device copies" in m for m in d.missing)
-    text = " ".join(run_advisor("analyze", str(path)).stdout.split())
+    text = " ".join(advisor_main("analyze", str(path)).stdout.split())
     assert "MTIA runtime" in text and "MTIA accelerator" in text
     assert "CPU only" not in text and "CUDA" not in text and "Tensor Core" not in text
 
@@ -334,7 +334,7 @@ def test_host_wait_on_pageable_copies_is_the_whole_call(tmp_path):
                 wait += calls[i + 1]["dur"]
     assert d.copies.host_wait_us == pytest.approx(wait / len(d.steps), rel=1e-6)
     assert d.copies.host_wait_us > 10 * d.copies.sync_wait_us, "the synchronize is the small part"
-    text = " ".join(run_advisor("analyze", str(gpu_trace(IMAGES))).stdout.split())
+    text = " ".join(advisor_main("analyze", str(gpu_trace(IMAGES))).stdout.split())
     assert f"{d.copies.host_wait_us / 1000:.2f} ms over 2 copies" in text
 
 
@@ -434,7 +434,7 @@ def test_degenerate_traces_get_figures_but_no_advice(tmp_path, build, says):
     assert d.bound is None and d.recommendations == ()
     assert says in d.bound_evidence[0]
     assert any(says in m for m in d.missing)
-    text = " ".join(run_advisor("analyze", str(path)).stdout.split())
+    text = " ".join(advisor_main("analyze", str(path)).stdout.split())
     assert "Bound: cannot say" in text and says in text and "Use a larger batch" not in text
 
 
@@ -499,7 +499,7 @@ def test_a_window_fed_from_the_queue_still_shows_the_loader_bound(tmp_path):
     first = d.recommendations[0]
     assert first.id == "more-workers" and first.helps_now
     assert first.predicted_gain == pytest.approx(0.9 * d.loader_steady_share)
-    text = " ".join(run_advisor("analyze", str(tmp_path / "trial")).stdout.split())
+    text = " ".join(advisor_main("analyze", str(tmp_path / "trial")).stdout.split())
     assert "Finding: the DataLoader's queue ran dry" in text
 
 
@@ -552,39 +552,39 @@ def test_folder_with_other_json_files_skips_them_and_says_so(tmp_path):
     shutil.copy(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz"), tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"lr": 0.1, "epochs": 3}))
     (tmp_path / "notes.json").write_text("not json at all")
-    proc = run_advisor("analyze", str(tmp_path))
+    proc = advisor_main("analyze", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert "Skipped" in text and "config.json" in text and "notes.json" in text
-    doc = json.loads(run_advisor("analyze", "--json", str(tmp_path)).stdout)
+    doc = json.loads(advisor_main("analyze", "--json", str(tmp_path)).stdout)
     assert [t["source"].split("/")[-1] for t in doc["traces"]] == ["mi250-rocm-minitoy.pt.trace.json.gz"]
     assert sorted(s["path"].split("/")[-1] for s in doc["skipped"]) == ["config.json", "notes.json"]
     assert len(analyze_path(tmp_path)) == 1
     out = tmp_path / "report" / "r.html"
-    proc = run_advisor("report", str(tmp_path), "-o", str(out))
+    proc = advisor_main("report", str(tmp_path), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "Skipped <code>config.json</code>" in out.read_text()
 
 
 def test_folder_of_only_other_json_is_an_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"lr": 0.1}))
-    proc = run_advisor("analyze", str(tmp_path))
+    proc = advisor_main("analyze", str(tmp_path))
     assert proc.returncode == 2 and "no torch.profiler trace" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_a_file_that_is_not_a_trace_is_still_an_error_when_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"lr": 0.1}))
-    proc = run_advisor("analyze", str(tmp_path / "config.json"))
+    proc = advisor_main("analyze", str(tmp_path / "config.json"))
     assert proc.returncode == 2 and "not a torch.profiler trace" in proc.stderr
 
 
 def test_text_shows_rank_and_world_size():
-    text = " ".join(run_advisor("analyze", str(gpu_trace("a100-rank3-of-8.pt.trace.json.gz"))).stdout.split())
+    text = " ".join(advisor_main("analyze", str(gpu_trace("a100-rank3-of-8.pt.trace.json.gz"))).stdout.split())
     assert "Rank 3 of 8 (nccl)" in text
     built = diagnosis_to_dict(analyze_file(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz")))
     assert built["distributed"] is None
-    assert "Rank" not in run_advisor("analyze", str(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz"))).stdout
+    assert "Rank" not in advisor_main("analyze", str(gpu_trace("mi250-rocm-minitoy.pt.trace.json.gz"))).stdout
 
 
 def test_the_loader_queue_finding_of_a_real_trial_reads_its_waits_in_milliseconds():
@@ -639,7 +639,7 @@ def test_a_trace_without_step_spans_gets_no_batch_advice_and_says_why(tmp_path):
     d = analyze_file(stripped)
     assert d.whole_trace and len(d.steps) == 1 and d.bound == "host"
     assert "larger-batch" not in ids(d)
-    text = " ".join(run_advisor("analyze", str(stripped)).stdout.split())
+    text = " ".join(advisor_main("analyze", str(stripped)).stdout.split())
     assert "the whole trace is one step" in text and "no batch-size advice" in text
 
 
@@ -667,10 +667,10 @@ def test_a_single_rank_file_is_one_trace_and_its_folder_is_the_job(tmp_path):
     folder = tmp_path / "ranks"
     folder.mkdir()
     shutil.copy(trace, folder / trace.name)
-    single = run_advisor("analyze", str(folder / trace.name))
+    single = advisor_main("analyze", str(folder / trace.name))
     assert single.returncode == 0 and "Data-parallel job" not in single.stdout
-    assert json.loads(run_advisor("analyze", "--json", str(folder / trace.name)).stdout)["jobs"] == []
-    whole = run_advisor("analyze", str(folder))
+    assert json.loads(advisor_main("analyze", "--json", str(folder / trace.name)).stdout)["jobs"] == []
+    whole = advisor_main("analyze", str(folder))
     assert "Data-parallel job" in whole.stdout and "Ranks without a trace here: 0, 1, 2, 4, 5, 6, 7" in whole.stdout
 
 

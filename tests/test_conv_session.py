@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from advisor.trials.knobs import APPLIED
-from conftest import ROOT, run_advisor
+from conftest import ROOT, advisor_main
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,9 @@ def conv_session(tmp_path_factory) -> Path:
     # The two knobs this is about (the batch, the loader and AMP are other tests'): each alone, their pair,
     # and a confirming re-measure fit in 6 trials. Batch 8: still compute-bound, in steps short enough for
     # windows of several steps on a busy machine.
-    done = run_advisor("profile", "examples/conv_classifier.py:train_step", "--device", "cpu", "--out", str(out),
+    done = advisor_main("profile", "examples/conv_classifier.py:train_step", "--device", "cpu", "--out", str(out),
                        "--max-trials", "6", "--steps", "2", "--windows", "2", "--window", "0.3",
-                       "--only", "channels_last,compile", "--", "--batch-size", "8", cwd=root, timeout=900)
+                       "--only", "channels_last,compile", "--", "--batch-size", "8", cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 

@@ -28,7 +28,7 @@ from advisor.trials.process.replay import ReplayRunner, load_surface
 from advisor.trials.process.machine_load import taken_share
 from advisor.trials.process.replay_drift import LoadDrift
 from advisor.trials.record.schedule import StepSchedule
-from conftest import SURFACES, run_advisor
+from conftest import SURFACES, advisor_main
 
 SURFACE = SURFACES / "h100-image-classifier"
 
@@ -238,11 +238,11 @@ def test_a_replayed_session_reports_its_simulated_time_and_shares(drifted):
 
 def test_the_cli_replays_under_drift_and_prints_the_time(tmp_path):
     out = tmp_path / "s"
-    bad = run_advisor("profile", "--replay", str(SURFACE), "--replay-drift", "1", "--out", str(out))
+    bad = advisor_main("profile", "--replay", str(SURFACE), "--replay-drift", "1", "--out", str(out))
     assert bad.returncode != 0 and "--replay-drift: only with --replay-noise" in bad.stderr
-    bad = run_advisor("profile", "--replay", str(SURFACE), "--replay-noise", "0.1", "--replay-drift", "-1")
+    bad = advisor_main("profile", "--replay", str(SURFACE), "--replay-noise", "0.1", "--replay-drift", "-1")
     assert bad.returncode != 0 and "--replay-drift: a load strength" in bad.stderr
-    done = run_advisor("profile", "--replay", str(SURFACE), "--replay-noise", "0.1", "--replay-drift", "1",
+    done = advisor_main("profile", "--replay", str(SURFACE), "--replay-noise", "0.1", "--replay-drift", "1",
                        "--seed", "2", "--max-trials", "4", "--out", str(out))
     assert done.returncode == 0, done.stderr
     state = json.loads((out / "session.json").read_text())

@@ -528,12 +528,12 @@ def test_advice_after_a_session_agrees_with_what_it_measured(browser, tmp_path: 
 def test_failed_baseline_shows_the_users_traceback(browser, tmp_path: Path):
     """A session whose script fails at once: the page says what failed, with the user's traceback, and draws
     no ladder, charts, best trial or advice."""
-    from conftest import run_advisor
+    from conftest import advisor_main
 
     script = tmp_path / "broken.py"
     script.write_text('import torch\n\ndef load_rows(path):\n    with open(path) as f:\n        return list(f)\n\n'
                       'rows = load_rows("missing.csv")\n')
-    done = run_advisor("profile", str(script), "--device", "cpu", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    done = advisor_main("profile", str(script), "--device", "cpu", "--out", str(tmp_path / "run"), cwd=tmp_path)
     assert done.returncode != 0
     session = json.loads((tmp_path / "run" / "session.json").read_text())
     assert session["status"] == "failed" and session["cwd"] == str(tmp_path)

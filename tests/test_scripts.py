@@ -20,7 +20,7 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.code.patch import PATCH_NAME, write_patch
 from advisor.search.outputs import step_function
 from advisor.trials.process.runner import run_trial
-from conftest import ROOT, run_advisor
+from conftest import ROOT, advisor_main
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -41,8 +41,8 @@ def repository(tmp_path: Path) -> Path:
 def baseline(repo: Path, script: str, tmp_path: Path, *script_args: str) -> dict:
     """`advisor profile SCRIPT --no-apply` with no target, through the real CLI: the session record."""
     out = tmp_path / "session"
-    done = run_advisor("profile", str(repo / script), "--out", str(out), *QUICK,
-                       *(("--", *script_args) if script_args else ()), timeout=300)
+    done = advisor_main("profile", str(repo / script), "--out", str(out), *QUICK,
+                       *(("--", *script_args) if script_args else ()))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     state = json.loads((out / "session.json").read_text())
     state["_dir"] = str(out)
@@ -236,7 +236,7 @@ def test_a_session_that_fails_ends_with_its_record_and_a_report(tmp_path):
         raise RuntimeError("the data set is missing")
     """)
     out = tmp_path / "session"
-    done = run_advisor("profile", str(script), "--out", str(out), "--device", "cpu", timeout=120)
+    done = advisor_main("profile", str(script), "--out", str(out), "--device", "cpu")
     assert done.returncode == 1 and "the data set is missing" in done.stderr
     state = json.loads((out / "session.json").read_text())
     assert state["status"] == "failed" and any("the data set is missing" in n for n in state["notes"])

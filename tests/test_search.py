@@ -25,7 +25,7 @@ from advisor.search.strategy import SearchSpace, fit_memory, next_batch_size, pr
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.process.runner import run_trial
-from conftest import ROOT, SURFACES, run_advisor, whole_at
+from conftest import ROOT, SURFACES, advisor_main, whole_at
 
 SURFACE = SURFACES / "h100-image-classifier"
 
@@ -367,8 +367,8 @@ def test_knobs_that_pay_only_together_are_found_under_noise(tmp_path, name, seed
 def test_the_cli_replays_under_noise_with_a_seed_and_refuses_a_bad_spread(tmp_path):
     runs = []
     for name in ("a", "b"):
-        done = run_advisor("profile", "--replay", str(SURFACE), "--replay-noise", "0.05", "--seed", "4",
-                           "--max-trials", "4", "--out", str(tmp_path / name), timeout=300, env={"COLUMNS": "80"})
+        done = advisor_main("profile", "--replay", str(SURFACE), "--replay-noise", "0.05", "--seed", "4",
+                           "--max-trials", "4", "--out", str(tmp_path / name), env={"COLUMNS": "80"})
         assert done.returncode == 0, done.stderr[-2000:]
         # Piped at 80 columns: the ladder is a list, nothing cut, no progress display.
         lines = done.stdout[done.stdout.index("Ladder"):].splitlines()  # the log lines before it: the terminal's
@@ -379,6 +379,6 @@ def test_the_cli_replays_under_noise_with_a_seed_and_refuses_a_bad_spread(tmp_pa
         assert state["replay_noise"] == 0.05 and state["replay_seed"] == 4
         runs.append([(t["change"], t["samples_per_s"]) for t in state["trials"]])
     assert runs[0] == runs[1]  # the same seed replays the same session
-    bad = run_advisor("profile", "--replay", str(SURFACE), "--replay-noise", "2", "--out", str(tmp_path / "c"))
+    bad = advisor_main("profile", "--replay", str(SURFACE), "--replay-noise", "2", "--out", str(tmp_path / "c"))
     assert bad.returncode == 2 and "--replay-noise: a relative spread in [0, 1)" in bad.stderr
     assert not (tmp_path / "c").exists()

@@ -15,7 +15,7 @@ from advisor.search.space import KNOB_NAMES, check_steering, knob_names, try_set
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import surface_space, turned
 from advisor.trials.process.replay import ReplayRunner, load_surface
-from conftest import ROOT, SURFACES, run_advisor
+from conftest import ROOT, SURFACES, advisor_main, run_advisor
 
 SURFACE = SURFACES / "h100-image-classifier"
 
@@ -109,12 +109,12 @@ def test_a_change_that_was_not_applicable_is_never_the_runner_up(tmp_path):
 
 
 def test_the_cli_refuses_an_unknown_knob_in_one_line_and_creates_nothing(tmp_path):
-    done = run_advisor("profile", "--replay", str(SURFACE), "--skip", "compile,warp_speed", "--out",
+    done = advisor_main("profile", "--replay", str(SURFACE), "--skip", "compile,warp_speed", "--out",
                        str(tmp_path / "x"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--skip: unknown knob 'warp_speed' (known: amp, batch_size, num_workers" in done.stderr
     assert not (tmp_path / "x").exists()
-    resumed = run_advisor("profile", "--resume", str(tmp_path / "x"), "--only", "amp")
+    resumed = advisor_main("profile", "--resume", str(tmp_path / "x"), "--only", "amp")
     assert resumed.returncode == 2 and "a resumed session keeps the ones it started with" in resumed.stderr
 
 
