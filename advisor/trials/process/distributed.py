@@ -209,12 +209,17 @@ def all_measured(done: bool) -> bool:
     return bool(vote.item() > 0.5)
 
 
-def torchrun_command(python: str, nproc_per_node: int, torchrun_args: list[str], config: str) -> list[str]:
-    """The command that starts a trial's ranks: torchrun (standalone unless rendezvous options are given)
-    running the harness as a module on each rank."""
+def torchrun_module(nproc_per_node: int, torchrun_args: list[str], config: str) -> list[str]:
+    """What `python -m` runs to start a trial's ranks: torchrun (standalone unless rendezvous options are
+    given) running the harness as a module on each rank."""
     standalone = not any(a.startswith(("--rdzv", "--nnodes", "--master")) for a in torchrun_args)
-    return [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
-            *(["--standalone"] if standalone else []), *torchrun_args, "-m", "advisor.trials.process.harness", config]
+    return ["torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *(["--standalone"] if standalone else []),
+            *torchrun_args, "-m", "advisor.trials.process.harness", config]
+
+
+def torchrun_command(python: str, nproc_per_node: int, torchrun_args: list[str], config: str) -> list[str]:
+    """The command that starts a trial's ranks (`torchrun_module` under `python -m`)."""
+    return [python, "-m", *torchrun_module(nproc_per_node, torchrun_args, config)]
 
 
 def merge_ranks(folder: Path, world_size: int, read_result: Callable[[Path], dict],

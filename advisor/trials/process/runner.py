@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.process.distributed import crash_message, needs_torchrun, rank_files, torchrun_command
+from advisor.trials.process.distributed import crash_message, needs_torchrun, rank_files, torchrun_command, \
+    torchrun_module
 from advisor.trials.knobs import Knobs
 from advisor.trials.record.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
@@ -285,12 +286,17 @@ def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_arg
 
 def _trial_starter(python: str, config: dict[str, Any], nproc_per_node: int, torchrun_args: Sequence[str],
                    torchrun: bool, env: dict[str, str], timeout_s: float) -> Callable[[Path], Any]:
-    """How the trial's process starts, given its log: forked from the zygote where it can be
-    (`advisor.trials.process.zygote`), else a fresh process in a new process group."""
+    """How the trial's process starts, given its log: forked from the zygote where it can be (the harness, or
+    torchrun that starts the ranks: `advisor.trials.process.zygote`), else a fresh process in a new process
+    group."""
     cwd = config["cwd"]
 
     def start(log_path: Path) -> Any:
-        forked = None if torchrun else start_forked(python, config, cwd, env, str(log_path), timeout_s)
+        if torchrun:
+            module = torchrun_module(nproc_per_node, list(torchrun_args), json.dumps(config))
+            forked = start_forked(python, None, cwd, env, str(log_path), timeout_s, module=module)
+        else:
+            forked = start_forked(python, config, cwd, env, str(log_path), timeout_s)
         if forked is not None:
             return forked
         command = _harness_command(python, json.dumps(config), nproc_per_node, torchrun_args, torchrun)

@@ -9,9 +9,12 @@ The child makes itself what a fresh trial process is: a process group and sessio
 into the trial's log, the folder the trial runs in, the trial's token, the harness's argv; and then runs the
 harness exactly as `python -c HARNESS_ENTRY CONFIG` would, exit code and all.
 
+A data-parallel trial forks torchrun itself (`module`: `python -m torch.distributed.run ...` as the child
+runs it), which spares the launcher's own import of torch; torchrun then starts each rank as a fresh process.
+
 What a fork cannot give is served by a fresh process instead (`start_trial` returns None): another
 environment than the zygote's (torch and its libraries read some variables at import), torchrun's ranks and
-Ray's (their own launchers), a trial while another is in flight, a platform other than Linux, and
+Ray's (their own launchers start them), a trial while another is in flight, a platform other than Linux, and
 `ADVISOR_FRESH_TRIALS=1` (the user's way to turn it off).
 
 The token: /proc/<pid>/environ shows the environment a process was *exec*'d with, so a forked child would
@@ -81,13 +84,13 @@ class Zygote:
             self.ready = False
 
     def fork(self, config: dict[str, Any] | None, cwd: str, env: dict[str, str], log_path: str,
-             call: tuple[str, str, list[str]] | None = None) -> ForkedTrial | None:
-        """A child running the harness with `config` (or `call`: module, function, its string arguments); None
-        when the zygote has gone."""
+             call: tuple[str, str, list[str]] | None = None, module: list[str] | None = None) -> ForkedTrial | None:
+        """A child running the harness with `config` (or `call`: module, function, its string arguments; or
+        `module`: a module and its arguments, run as `python -m` runs it); None when the zygote has gone."""
         # The harness ends with its parent: that is the zygote now.
         argv = [] if config is None else [json.dumps({**config, "parent": self.proc.pid})]
         request = {"argv": argv, "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL}, "log": log_path,
-                   "call": call}
+                   "call": call, "module": module}
         try:
             os.write(self.requests, (json.dumps(request) + "\n").encode())
             reply = self._reply(60.0)
@@ -160,10 +163,11 @@ _zygote_key: tuple | None = None
 _refused: set[tuple] = set()  # zygotes that could not start: those trials start fresh
 
 
-def start_trial(python: str, config: dict[str, Any], cwd: str, env: dict[str, str], log_path: str,
-                timeout_s: float) -> ForkedTrial | None:
-    """The trial forked from a zygote for `python` and `env` (started if need be); None where a fresh process
-    must run it (see the module's docstring)."""
+def start_trial(python: str, config: dict[str, Any] | None, cwd: str, env: dict[str, str], log_path: str,
+                timeout_s: float, module: list[str] | None = None) -> ForkedTrial | None:
+    """The trial forked from a zygote for `python` and `env` (started if need be): the harness with `config`,
+    or `module` (its name and arguments, as `python -m` takes them); None where a fresh process must run it
+    (see the module's docstring)."""
     token = env.get(TRIAL_TOKEN, "")
     if sys.platform != "linux" or env.get(FRESH_VARIABLE) == "1" or len(token) != len(PLACEHOLDER):
         return None
@@ -175,7 +179,7 @@ def start_trial(python: str, config: dict[str, Any], cwd: str, env: dict[str, st
             zygote = _zygote_for(python, key, env, timeout_s)
             if zygote is None:
                 return None
-            forked = zygote.fork(config, cwd, env, log_path)
+            forked = zygote.fork(config, cwd, env, log_path, module=module)
             if forked is not None:
                 return forked
             _retire()
@@ -276,6 +280,12 @@ def serve(argv: list[str]) -> None:
             for fd in (requests, replies):
                 os.close(fd)
             _become_trial(request, slot, started_w)
+            if request["module"]:  # as `python -m NAME ARGS`: its exit code, or an exception's traceback and 1
+                import runpy
+
+                sys.argv = list(request["module"])  # runpy makes argv[0] the module's file, as -m does
+                runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+                return
             if request["call"]:  # an exception ends the process as `python -c` would: a traceback, exit code 1
                 module, function, args = request["call"]
                 getattr(importlib.import_module(module), function)(*args)
