@@ -330,6 +330,11 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert "is not a function name or Class.method" in capsys.readouterr().err
     assert cli.main(["profile", f"{script}:train_step", "--memory-limit", "lots"]) == 2
     assert "--memory-limit: cannot read 'lots'" in capsys.readouterr().err
+    nul = tmp_path / "nul.py"
+    nul.write_bytes(b"def train_step(x):\n    return x\0\n")  # refused before parsing: no file or line in the error
+    assert cli.main(["profile", f"{nul}:train_step", "--out", str(tmp_path / "n")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"advisor: error: {nul}: cannot parse the script:") and "\n" not in err, err
 
 
 def test_a_trial_killed_by_sigkill_counts_as_out_of_memory(tmp_path):

@@ -227,14 +227,18 @@ def _new_record(*, name: str, target: str | None, step: str | None, script: Path
 def _locate_step(script: Path, defined_in: Path, func: str | None) -> None:
     """Parse the script and the file that defines the step, and find the step there (TargetNotFound when
     it is not); a file that does not parse is an AdvisorError."""
+    parsed = script
     try:
         tree = ast.parse(script.read_text(), filename=str(script))
         if defined_in != script:
+            parsed = defined_in
             tree = ast.parse(defined_in.read_text(), filename=str(defined_in))
         if func is not None:
             locate_target(tree, func)
     except SyntaxError as exc:
-        raise AdvisorError(f"{exc.filename}:{exc.lineno}: cannot parse the script: {exc.msg}") from None
+        # A null byte is refused before parsing starts: no file or line in the error.
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename and exc.lineno else str(parsed)
+        raise AdvisorError(f"{where}: cannot parse the script: {exc.msg}") from None
 
 
 def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, Any] | None,
