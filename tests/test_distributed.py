@@ -17,6 +17,7 @@ from advisor.search.state import SessionOptions
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.processes import TRIAL_TOKEN
 from advisor.trials.process.runner import run_trial
+from advisor.trials.process.zygote import ZYGOTE_ENTRY
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -43,8 +44,13 @@ RANKS = """
     if __name__ == "__main__":
         dist.init_process_group("gloo")
         model = DistributedDataParallel(torch.nn.Linear(16, 16))
+        with open(f"/proc/{os.getppid()}/stat") as f:  # the parent of torchrun's agent, which started this rank
+            launcher_parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{launcher_parent}/cmdline", "rb") as f:
+            launcher_parent = f.read().decode(errors="replace").split("\\0")
         with open(os.path.join(os.path.dirname(__file__), f"ddp.rank{dist.get_rank()}.json"), "w") as f:
-            json.dump({"view": model.gradient_as_bucket_view, "bucket": model.bucket_bytes_cap}, f)
+            json.dump({"view": model.gradient_as_bucket_view, "bucket": model.bucket_bytes_cap,
+                       "launcher_parent": launcher_parent}, f)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         for step in range(100_000):
             train_step(model, optimizer, torch.randn(8, 16), step)
@@ -84,7 +90,10 @@ def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path):
     assert record["knob_outcomes"]["ddp_gradient_as_bucket_view"] == APPLIED
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"ddp.rank{rank}.json").read_text())
-        assert seen == {"view": True, "bucket": 50 * 2**20}
+        assert {k: seen[k] for k in ("view", "bucket")} == {"view": True, "bucket": 50 * 2**20}
+        # torchrun was forked from this process's zygote (it spares the launcher's import of torch); the ranks
+        # are torchrun's own, fresh processes.
+        assert ZYGOTE_ENTRY in seen["launcher_parent"], seen["launcher_parent"]
     assert record["user_values"]["ddp_gradient_as_bucket_view"] is False
     assert not left_behind(record["token"])
 
