@@ -120,7 +120,8 @@ def phase_doctor(run: Run) -> dict[str, Any]:
 
 # The 8-bit copies of torchvision pipelines after a real copy (skipped where torchvision is not installed).
 TORCHVISION_ON_CUDA = "tests/test_uint8_transforms.py::test_after_a_real_copy_to_the_gpu_the_numbers_are_the_same"
-TEST_LINE = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
+# A test's id may hold spaces and commas in its parameters ("...[v1 ImageNet, PIL augmentations] PASSED").
+TEST_LINE = re.compile(r"^(tests/\S+::.+?)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 
 
 def phase_tests(run: Run) -> dict[str, Any]:

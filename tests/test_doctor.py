@@ -178,3 +178,21 @@ def test_a_check_may_record_a_detail_called_name():
 
     check = ok("nvml", "NVML reads NVIDIA H200", name="NVIDIA H200", driver="580.159.04")
     assert check.name == "nvml" and check.details == {"name": "NVIDIA H200", "driver": "580.159.04"}
+
+
+def test_gpu_check_counts_each_test_of_a_verbose_run_whatever_its_parameters():
+    """The outcome of every line pytest -v writes, also for ids with spaces and commas (a real GPU run counted
+    15 of its 22 passed tests: the torchvision pipelines' ids were dropped)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    lines = ["tests/test_cuda.py::test_ddp_trial_on_nccl PASSED                       [  4%]",
+             "tests/test_uint8_transforms.py::test_after[v1 ImageNet, PIL augmentations] PASSED [ 60%]",
+             "tests/test_uint8_transforms.py::test_after[custom Dataset returning the transform's call] FAILED [ 90%]",
+             "tests/test_cuda.py::test_fp16 SKIPPED (needs a CUDA device)             [ 95%]",
+             "PASSED tests/test_cuda.py::test_summary_line_is_not_a_test"]
+    found = dict(m.groups() for m in map(gpu_check.TEST_LINE.match, lines) if m)
+    assert found == {"tests/test_cuda.py::test_ddp_trial_on_nccl": "PASSED",
+                     "tests/test_uint8_transforms.py::test_after[v1 ImageNet, PIL augmentations]": "PASSED",
+                     "tests/test_uint8_transforms.py::test_after[custom Dataset returning the transform's call]": "FAILED",
+                     "tests/test_cuda.py::test_fp16": "SKIPPED"}
