@@ -71,6 +71,20 @@ def describe_os_error(exc: OSError) -> str:
             errno.ELOOP: "too many levels of symbolic links"}.get(exc.errno, (exc.strerror or str(exc)).lower())
 
 
+def file_stamps(paths: list[Path]) -> tuple[tuple[str, int, int], ...]:
+    """(name, mtime in ns, size) of each of `paths` that is a file: the key of a cache of what was read from
+    them, so that a file written again, added or removed is read again."""
+    stamps = []
+    for path in paths:
+        try:
+            found = path.stat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(found.st_mode):
+            stamps.append((path.name, found.st_mtime_ns, found.st_size))
+    return tuple(stamps)
+
+
 def regular_traces_in(folder: Path | str) -> list[Path]:
     """The `*.pt.trace.json*` files directly in a trial folder that are regular files inside it (a link that
     leads out of the folder, or a FIFO, is left out), sorted by name."""

@@ -131,7 +131,7 @@ def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | No
     caller that reads it again (the report's hotspots)."""
     trial, problems = read_trial_record(Path(path))
     with collector_paused():
-        diagnosis = diagnose(trace or load_trace(path), steps, trial, timelines=timelines)
+        diagnosis = diagnose(load_trace(path) if trace is None else trace, steps, trial, timelines=timelines)
     if linter is not None and trial and trial.get("script"):
         diagnosis.extra["lint"] = linter(Path(trial["script"]))
     missing = diagnosis.missing

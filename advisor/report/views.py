@@ -11,6 +11,7 @@ from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.trace import load_trace
+from advisor.files import file_stamps
 from advisor.report import charts
 from advisor.report.formatting import gb, ms, pct
 from advisor.report.hotspots import Hotspot, hotspots
@@ -75,16 +76,14 @@ def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
 def trace_view(path: Path) -> TraceView:
     """Diagnose one trace file (with its trial record, if any) and format it for the templates."""
     path = Path(path).resolve()
-    stat = path.stat()
-    trial = path.parent / "trial.json"
-    trial_stamp = trial.stat().st_mtime_ns if trial.is_file() else None
-    return _trace_view(path, stat.st_mtime_ns, stat.st_size, trial_stamp)
+    path.stat()  # a trace that is not there is an OSError here, as reading it would be
+    return _trace_view(path, file_stamps([path, path.parent / "trial.json"]))
 
 
 # A session writes its HTML report and then its TensorBoard runs from the same traces: diagnose each once.
-# Keyed by the files' modification times, so a rewritten trace or trial record is diagnosed again.
+# Keyed by the files' stamps, so a rewritten trace or trial record is diagnosed again.
 @lru_cache(maxsize=64)
-def _trace_view(path: Path, _mtime_ns: int, _size: int, _trial_mtime_ns: int | None) -> TraceView:
+def _trace_view(path: Path, _stamps: tuple) -> TraceView:
     # Not linted: the script trial.json names lies outside the session folder. Timelines: a rank's step is
     # drawn beside the other ranks'.
     trace = load_trace(path)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.files import file_stamps
 from advisor.trials.knobs import Knobs
 from advisor.trials.record.storage import number
 from advisor.search.bounds import trial_bound
@@ -56,8 +57,7 @@ def diagnose_trial(result: TrialResult):
     traces = sorted(result.path.glob("*.pt.trace.json*"))
     if not traces:
         return None
-    stats = [(p.name, p.stat()) for p in [*traces, result.path / TRIAL_FILE] if p.is_file()]
-    return _diagnose_folder(result.path.resolve(), tuple((name, s.st_mtime_ns, s.st_size) for name, s in stats))
+    return _diagnose_folder(result.path.resolve(), file_stamps([*traces, result.path / TRIAL_FILE]))
 
 
 # A trial is diagnosed for its own row and again each time it is the best the search goes on from: once per
