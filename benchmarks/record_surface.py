@@ -60,12 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--no-session", action="store_true", help="record only; run no session afterwards")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="start no new point after this many seconds (a lent machine's command has a limit; "
+                             "a later run resumes)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     grid = list(itertools.product(values(args.amp), values(args.batch, int), values(args.workers, int),
                                   values(args.copies)))
+    begun = time.monotonic()
     for point in grid:
         name = point_name(*point)
+        if args.deadline is not None and time.monotonic() - begun > args.deadline:
+            print(f"{name}: not started, past the deadline of {args.deadline:g} s", flush=True)
+            continue
         if (out / name / TRIAL_FILE).exists():
             print(f"{name}: recorded already", flush=True)
             continue
