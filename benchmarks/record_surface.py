@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import random
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--no-session", action="store_true", help="record only; run no session afterwards")
+    parser.add_argument("--order", default="shuffled", choices=("shuffled", "grid"),
+                        help="shuffled (a fixed seed, so a resumed recording goes on in the same order): a machine "
+                             "that drifts while recording does not line up with the grid's outer knob")
     parser.add_argument("--deadline", type=float, default=None,
                         help="start no new point after this many seconds (a lent machine's command has a limit; "
                              "a later run resumes)")
@@ -67,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     grid = list(itertools.product(values(args.amp), values(args.batch, int), values(args.workers, int),
                                   values(args.copies)))
+    if args.order == "shuffled":
+        random.Random(0).shuffle(grid)
     begun = time.monotonic()
     for point in grid:
         name = point_name(*point)
