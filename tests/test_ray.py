@@ -10,14 +10,18 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+from session_checks import assert_decisions_follow_measurements
 from test_distributed import DDP_EXAMPLE, left_behind, ranks_script
 from trial_helpers import trial_record
 
@@ -111,12 +115,13 @@ def assert_cleaned_up(record: dict) -> None:
 
 @pytest.fixture(scope="module")
 def session(cluster, tmp_path_factory):
-    """A session of 3 trials run by the command line, a driver of its own (which keeps itself on loopback)."""
+    """A session of 2 trials (the baseline and the move its job's bound calls for) run by the command line, a
+    driver of its own (which keeps itself on loopback)."""
     out = tmp_path_factory.mktemp("ray") / "session"
     env = {k: v for k, v in os.environ.items() if k != SINGLE_MACHINE_VARIABLE}
     done = subprocess.run([sys.executable, "-m", "advisor.cli", "profile", "--ray", cluster.address, "--nnodes", "2",
                            "--nproc-per-node", "1", "--steps", "2", "--wait", "1", "--warmup", "1", "--device", "cpu",
-                           "--windows", "2", "--window", "0.3", "--max-trials", "3", "--out", str(out),
+                           "--windows", "2", "--window", "0.3", "--max-trials", "2", "--out", str(out),
                            str(DDP_EXAMPLE), "--", "--slow-rank", "1"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -140,13 +145,14 @@ def test_each_trial_is_the_two_node_job_with_every_rank_brought_back(session):
     assert job.straggler is not None and job.straggler.rank == 1 and job.straggler.bound == "input"
 
 
-def test_a_session_of_three_trials_decides_on_the_jobs_figures(session):
+def test_a_session_on_ray_decides_on_the_jobs_figures(session):
     out, state = session
-    assert state["status"] == "done" and len(state["trials"]) == 3 and (out / "report.html").is_file()
+    assert state["status"] == "done" and len(state["trials"]) == 2 and (out / "report.html").is_file()
     assert state["trials"][0]["samples_per_s"] == pytest.approx(
         trial_record(out / state["trials"][0]["folder"])["summary"]["samples_per_s"], rel=0.05)
     # The job's bound is rank 1's loader, not rank 0's waiting in the all-reduce.
     assert state["trials"][1]["recommendation"] == "more-workers" and state["trials"][1]["tried_under"] == "input"
+    assert_decisions_follow_measurements(state)  # kept or reverted on the job's samples/s and its noise
     for row in state["trials"]:
         record = trial_record(out / row["folder"])
         assert record["world_size"] == 2 and len(record["ray"]["nodes"]) == 2
@@ -237,6 +243,7 @@ def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(clus
 def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_path):
     script = ranks_script(tmp_path, fail_at=4, failure="hang")
     worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
+    scratch_before = set(Path(tempfile.gettempdir()).glob("advisor-ray-*"))
     thread = once_every_rank_runs(tmp_path / "t", lambda: cluster.remove_node(worker, allow_graceful=False))
     try:
         trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
@@ -249,6 +256,12 @@ def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_
     assert trial.status == "error" and re.match(r"node [01] \(127\.0\.0\.1\) was lost mid-trial", trial.message), \
         trial.message
     assert_cleaned_up(trial_record(trial.path))
+    # The node that lived removed its scratch folder; the lost one could not (on a real cluster it is another
+    # machine's): here they share /tmp, so the test takes away the one it left.
+    left = set(Path(tempfile.gettempdir()).glob("advisor-ray-*")) - scratch_before
+    assert len(left) <= 1, left
+    for folder in left:
+        shutil.rmtree(folder)
 
 
 def test_no_ray_socket_leaves_loopback(cluster):
