@@ -73,7 +73,8 @@ def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
     for knob, line in (("channels_last", "model = model.to(memory_format=torch.channels_last)"),
                        ("compile", "model = torch.compile(model)"), ("amp", "torch.autocast(")):
         assert (line in text) == bool(final.get(knob)), knob
-    run = subprocess.run([sys.executable, "examples/conv_classifier.py", "--max-steps", "3"], cwd=root,
-                         capture_output=True, text=True, timeout=600)
+    # The session's batch: a compiled model then reuses the kernels its trials compiled for that shape.
+    run = subprocess.run([sys.executable, "examples/conv_classifier.py", "--max-steps", "3", "--batch-size", "8"],
+                         cwd=root, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "loss" in run.stdout
