@@ -78,6 +78,20 @@ def test_a_forked_trial_is_the_process_a_fresh_one_would_be(tmp_path, monkeypatc
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
+def test_a_switch_to_another_environment_and_back_forks_from_the_zygote_kept_for_each(tmp_path, monkeypatch):
+    """A zygote serves one environment; the last two are kept, so switching back starts none."""
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, FACTS)
+    first = _trial_facts(script, tmp_path / "first", tmp_path)[1]
+    monkeypatch.setenv("ADVISOR_TEST_SWITCH", "1")  # read by nothing, but an environment of its own
+    other = _trial_facts(script, tmp_path / "other", tmp_path)[1]
+    monkeypatch.delenv("ADVISOR_TEST_SWITCH")
+    back = _trial_facts(script, tmp_path / "back", tmp_path)[1]
+    assert other["ppid"] != first["ppid"] and other["environ"]["ADVISOR_TEST_SWITCH"] == "1"
+    assert back["ppid"] == first["ppid"] and "ADVISOR_TEST_SWITCH" not in back["environ"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
 def test_a_zygote_that_died_is_replaced_and_its_trial_ends_with_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     script = write_script(tmp_path, FACTS.replace("return (x * 2).sum()", """if os.path.exists("hang"):

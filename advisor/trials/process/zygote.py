@@ -4,7 +4,7 @@ torch.optim's optimizers import), more with CUDA's libraries.
 
 The parent side (`start_trial`) is torch-free. A zygote is started as the trial itself would be (the same
 interpreter, environment and `-c` entry), imports torch, dynamo and the harness, and then forks one child per
-trial.
+trial. A zygote serves one environment; the last two environments' zygotes are kept (`MAX_ZYGOTES`).
 The child makes itself what a fresh trial process is: a process group and session of its own, its output
 into the trial's log, the folder the trial runs in, the trial's token, the harness's argv; and then runs the
 harness exactly as `python -c HARNESS_ENTRY CONFIG` would, exit code and all.
@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 from advisor.trials.process.processes import TRIAL_TOKEN
@@ -158,8 +159,11 @@ def _next_line(fd: int, buffer: bytes, timeout: float | None = None) -> tuple[st
 
 
 _lock = threading.Lock()
-_zygote: Zygote | None = None
-_zygote_key: tuple | None = None
+# The zygotes of the last environments trials ran in, least recently used first: a caller that switches
+# between two (a test with `--device cuda` or another compiler, a notebook that sets a variable and unsets it)
+# does not start one each time. Each holds torch imported (see DESIGN.md), so no more than two are kept.
+MAX_ZYGOTES = 2
+_zygotes: OrderedDict[tuple, Zygote] = OrderedDict()
 _refused: set[tuple] = set()  # zygotes that could not start: those trials start fresh
 
 
@@ -173,7 +177,7 @@ def start_trial(python: str, config: dict[str, Any] | None, cwd: str, env: dict[
         return None
     key = (python, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TRIAL)))
     with _lock:
-        if key in _refused or (_zygote is not None and _zygote.busy):
+        if key in _refused or any(z.busy for z in _zygotes.values()):
             return None
         for _ in range(2):  # a zygote that has gone since the last trial is replaced once
             zygote = _zygote_for(python, key, env, timeout_s)
@@ -182,37 +186,44 @@ def start_trial(python: str, config: dict[str, Any] | None, cwd: str, env: dict[
             forked = zygote.fork(config, cwd, env, log_path, module=module)
             if forked is not None:
                 return forked
-            _retire()
+            _retire(key)
         return None
 
 
 def _zygote_for(python: str, key: tuple, env: dict[str, str], timeout_s: float) -> Zygote | None:
-    """The zygote for `key`, started if need be (the one for another key let go); None if it cannot start."""
-    global _zygote, _zygote_key
-    if _zygote is not None and (_zygote_key != key or not _zygote.alive()):
-        _retire()
-    if _zygote is None:
+    """The zygote for `key`, started if need be (the least recently used let go beyond MAX_ZYGOTES); None if
+    it cannot start."""
+    zygote = _zygotes.get(key)
+    if zygote is not None and not zygote.alive():
+        _retire(key)
+        zygote = None
+    if zygote is None:
         try:
-            _zygote = Zygote(python, {k: v for k, v in env.items() if k not in PER_TRIAL}, timeout_s)
+            zygote = Zygote(python, {k: v for k, v in env.items() if k not in PER_TRIAL}, timeout_s)
         except OSError:
-            _zygote = None
-        if _zygote is None or not _zygote.ready:
+            zygote = None
+        if zygote is None or not zygote.ready:
             _refused.add(key)
-            _retire()
+            if zygote is not None:
+                zygote.close()
             return None
-        _zygote_key = key
-    return _zygote
+        _zygotes[key] = zygote
+        while len(_zygotes) > MAX_ZYGOTES:
+            _retire(next(iter(_zygotes)))
+    _zygotes.move_to_end(key)
+    return zygote
 
 
 def call_forked(module: str, function: str, args: list[str]) -> bool:
-    """Run `module.function(*args)` in a child of this process's zygote, where torch is imported already
-    (the TensorBoard run, say, spares the advisor importing torch itself); False where there is no idle
-    zygote to fork it, or the call failed there: the caller then runs it here."""
+    """Run `module.function(*args)` in a child of this process's zygote (the one its last trial came from),
+    where torch is imported already (the TensorBoard run, say, spares the advisor importing torch itself);
+    False where there is no idle zygote to fork it, or the call failed there: the caller then runs it here."""
     with _lock:
-        if _zygote is None or _zygote.busy or not _zygote.alive():
+        zygote = next(reversed(_zygotes.values()), None)
+        if zygote is None or zygote.busy or not zygote.alive():
             return False
-        child = _zygote.fork(None, os.getcwd(), {TRIAL_TOKEN: uuid.uuid4().hex}, os.devnull,
-                             call=(module, function, list(args)))
+        child = zygote.fork(None, os.getcwd(), {TRIAL_TOKEN: uuid.uuid4().hex}, os.devnull,
+                            call=(module, function, list(args)))
         if child is None:
             return False
         try:
@@ -222,13 +233,18 @@ def call_forked(module: str, function: str, args: list[str]) -> bool:
             raise
 
 
+def _retire(key: tuple) -> None:
+    """Let the zygote for `key` go (it ends once idle), if there is one."""
+    zygote = _zygotes.pop(key, None)
+    if zygote is not None:
+        zygote.close()
+
+
 @atexit.register
-def _retire() -> None:
-    """Let the zygote go (it ends once idle), if there is one."""
-    global _zygote
-    if _zygote is not None:
-        _zygote.close()
-    _zygote = None
+def _retire_all() -> None:
+    """Let every zygote go."""
+    for key in list(_zygotes):
+        _retire(key)
 
 
 def _wait_gone(pid: int) -> None:
