@@ -23,7 +23,7 @@ from advisor.search.session import run_session
 from advisor.search.strategy import SearchSpace
 from advisor.trials.process.processes import TRIAL_TOKEN
 from advisor.trials.process.runner import run_trial
-from conftest import ROOT, run_advisor
+from conftest import ROOT, advisor_main
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +80,8 @@ def test_a_nan_loss_baseline_ends_with_a_report(tmp_path):
     record = strict_json(out / "trials" / "00-baseline" / "trial.json")
     assert all(s["non_finite"]["loss"] == "nan" for s in record["steps"])
     assert (out / "report.html").is_file()
-    assert run_advisor("report", str(out), "-o", str(tmp_path / "again.html")).returncode == 0
-    assert run_advisor("analyze", str(out / "trials" / "00-baseline")).returncode == 0
+    assert advisor_main("report", str(out), "-o", str(tmp_path / "again.html")).returncode == 0
+    assert advisor_main("analyze", str(out / "trials" / "00-baseline")).returncode == 0
 
 
 def test_a_nan_loss_in_a_later_trial_is_reverted_and_the_session_reports(tmp_path):
@@ -109,7 +109,7 @@ def test_resume_moves_aside_what_it_did_not_make_and_leaves_a_linked_trials_alon
     stranger = out / "trials" / "notes-of-mine"
     stranger.mkdir()
     (stranger / "keep.txt").write_text("mine")
-    done = run_advisor("profile", "--resume", str(out), timeout=120)
+    done = advisor_main("profile", "--resume", str(out))
     assert done.returncode == 0, done.stderr
     assert (out / "trials" / ".set-aside" / "notes-of-mine" / "keep.txt").read_text() == "mine"
     # trials/ as a link to a folder outside: refused, and nothing there is touched.
@@ -117,7 +117,7 @@ def test_resume_moves_aside_what_it_did_not_make_and_leaves_a_linked_trials_alon
     (outside / "precious").mkdir(parents=True)
     (out / "trials").rename(tmp_path / "moved-trials")
     (out / "trials").symlink_to(outside)
-    done = run_advisor("profile", "--resume", str(out), timeout=120)
+    done = advisor_main("profile", "--resume", str(out))
     assert done.returncode == 2 and "symbolic link" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in outside.iterdir()) == ["precious"]
 
@@ -151,7 +151,7 @@ def test_sigkill_of_the_advisor_mid_trial_then_resume_leaves_nothing_behind(tmp_
     while time.monotonic() < deadline and trial_left(running["token"]):
         time.sleep(0.2)
     assert not trial_left(running["token"]), "the trial outlived the advisor that started it"
-    done = run_advisor("profile", "--resume", str(out), timeout=300)
+    done = advisor_main("profile", "--resume", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
     after = json.loads((out / "session.json").read_text())
     assert after["status"] == "done" and after["running_trial"] is None
@@ -267,7 +267,7 @@ def test_resuming_a_finished_session_says_it_is_done_and_changes_nothing(tmp_pat
     out = one_trial_session(tmp_path)
     before = (out / "session.json").read_bytes()
     for _ in range(2):
-        done = run_advisor("profile", "--resume", str(out), timeout=120)
+        done = advisor_main("profile", "--resume", str(out))
         assert done.returncode == 0, done.stderr
         assert f"{out}: this session is done (1 trial(s), best 00-baseline); nothing to resume" in done.stdout
     assert (out / "session.json").read_bytes() == before  # no stop note appended again
@@ -275,16 +275,16 @@ def test_resuming_a_finished_session_says_it_is_done_and_changes_nothing(tmp_pat
 
 def test_resume_of_a_folder_without_a_session_fails_in_one_line_and_leaves_nothing(tmp_path):
     missing = tmp_path / "no-such-session"
-    done = run_advisor("profile", "--resume", str(missing))
+    done = advisor_main("profile", "--resume", str(missing))
     assert done.returncode == 2 and "no such folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not missing.exists()
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     tiny(scripts)
-    done = run_advisor("profile", "--resume", str(scripts))
+    done = advisor_main("profile", "--resume", str(scripts))
     assert done.returncode == 2 and "not a session folder" in done.stderr, done.stderr
     assert sorted(p.name for p in scripts.iterdir()) == ["tiny.py"]  # no lock left behind
-    done = run_advisor("profile", str(scripts), "--device", "cpu")
+    done = advisor_main("profile", str(scripts), "--device", "cpu")
     assert done.returncode == 2 and f"{scripts}: is a folder, not a script" in done.stderr, done.stderr
 
 
@@ -310,7 +310,7 @@ def test_a_session_interrupted_writes_its_report_and_resumes_from_another_folder
     state = json.loads((out / "session.json").read_text())
     assert state["status"] == "interrupted" and (out / "report.html").is_file()
     assert Path(state["target"]).is_absolute() or Path(state["target"].rpartition(":")[0]).is_absolute()
-    done = run_advisor("profile", "--resume", str(out), cwd=tmp_path, timeout=300)
+    done = advisor_main("profile", "--resume", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "no such file" not in done.stdout + done.stderr
     assert json.loads((out / "session.json").read_text())["status"] == "done"
