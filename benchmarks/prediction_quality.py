@@ -1,9 +1,10 @@
 """Benchmark: how close the predicted change of samples/s comes to the measured one, knob by knob.
 
 On each H100 surface in tests/data/surfaces (52 settings recorded from 10 steps each, and the same
-grid recorded again from steady-state windows, 47 settings; each a real trace with its figures), every setting predicts each neighbour that differs from it in one knob (the next or the
-previous value of workers or batch, AMP on or off, pinned copies on or off), and the prediction is set
-against the two settings' measured samples/s. Three predictors:
+grid recorded again from steady-state windows, 47 settings; each a real trace with its figures), every
+setting predicts each neighbour that differs from it in one knob (the next or the previous value of
+workers or batch, AMP on or off, pinned copies on or off), and the prediction is set against the two
+settings' measured samples/s. Three predictors:
 
 - before: what the rules' recommendations predicted (how proposals were ordered before the what-if
   model); they predict only the moves a search makes (more workers, a larger batch, AMP on, pinning on);
