@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     begun = time.monotonic()
     for point in grid:
         name = point_name(*point)
-        if args.deadline is not None and time.monotonic() - begun > args.deadline:
-            print(f"{name}: not started, past the deadline of {args.deadline:g} s", flush=True)
-            continue
         if (out / name / TRIAL_FILE).exists():
             print(f"{name}: recorded already", flush=True)
+            continue
+        if args.deadline is not None and time.monotonic() - begun > args.deadline:
+            print(f"{name}: not started, past the deadline of {args.deadline:g} s", flush=True)
             continue
         started = time.monotonic()
         result = run_trial(args.target, point_knobs(*point), out / name, name=name, steps=args.steps,
