@@ -12,10 +12,11 @@ harness exactly as `python -c HARNESS_ENTRY CONFIG` would, exit code and all.
 A data-parallel trial forks torchrun itself (`module`: `python -m torch.distributed.run ...` as the child
 runs it), which spares the launcher's own import of torch; torchrun then starts each rank as a fresh process.
 
-What a fork cannot give is served by a fresh process instead (`start_trial` returns None): another
-environment than the zygote's (torch and its libraries read some variables at import), torchrun's ranks and
-Ray's (their own launchers start them), a trial while another is in flight, a platform other than Linux, and
-`ADVISOR_FRESH_TRIALS=1` (the user's way to turn it off).
+A trial in another environment than a zygote's is forked from a zygote of its own (torch and its libraries
+read some variables at import). What a fork cannot give is served by a fresh process instead (`start_trial`
+returns None): torchrun's ranks and Ray's (their own launchers start them), a trial while another is in
+flight, a zygote that could not start, a platform other than Linux, and `ADVISOR_FRESH_TRIALS=1` (the user's
+way to turn it off).
 
 The token: /proc/<pid>/environ shows the environment a process was *exec*'d with, so a forked child would
 show the zygote's and could not be found by the trial's token (`advisor.trials.process.processes`). The
