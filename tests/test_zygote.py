@@ -60,9 +60,19 @@ def _trial_facts(script, folder, tmp_path):
 def test_a_forked_trial_is_the_process_a_fresh_one_would_be(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     script = write_script(tmp_path, FACTS)
-    forked = [_trial_facts(script, tmp_path / f"forked{i}", tmp_path) for i in range(2)]
-    monkeypatch.setenv(FRESH_VARIABLE, "1")
-    fresh = _trial_facts(script, tmp_path / "fresh", tmp_path)
+    # Ctrl-C as the advisor has it when each trial starts, not when the zygote did: the first with it ignored
+    # (a shell's background job), which a fresh process inherits; the others with Python's handler.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forked = [_trial_facts(script, tmp_path / "forked0", tmp_path)]
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        forked.append(_trial_facts(script, tmp_path / "forked1", tmp_path))
+        monkeypatch.setenv(FRESH_VARIABLE, "1")
+        fresh = _trial_facts(script, tmp_path / "fresh", tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert forked[0][1]["sigint"] == str(signal.SIG_IGN)
+    forked[0][1]["sigint"] = fresh[1]["sigint"]  # compared with the fresh one's below, as the rest is
 
     zygote = forked[0][1]["ppid"]
     assert zygote != os.getpid() and forked[1][1]["ppid"] == zygote  # both forked, from one zygote

@@ -6,7 +6,8 @@ The parent side (`start_trial`) is torch-free. A zygote is started as the trial 
 interpreter, environment and `-c` entry), imports torch, dynamo and the harness, and then forks one child per
 trial. A zygote serves one environment; the last two environments' zygotes are kept (`MAX_ZYGOTES`).
 The child makes itself what a fresh trial process is: a process group and session of its own, its output
-into the trial's log, the folder the trial runs in, the trial's token, the harness's argv; and then runs the
+into the trial's log, the folder the trial runs in, the trial's token, the harness's argv, Ctrl-C ignored or
+handled as the advisor's is at that moment (a fresh process inherits it then); and then runs the
 harness exactly as `python -c HARNESS_ENTRY CONFIG` would, exit code and all.
 
 A data-parallel trial forks torchrun itself (`module`: `python -m torch.distributed.run ...` as the child
@@ -91,8 +92,11 @@ class Zygote:
         `module`: a module and its arguments, run as `python -m` runs it); None when the zygote has gone."""
         # The harness ends with its parent: that is the zygote now.
         argv = [] if config is None else [json.dumps({**config, "parent": self.proc.pid})]
+        # A fresh process would inherit Ctrl-C ignored if the advisor ignores it now (a shell's background job),
+        # and Python's handler otherwise, whatever it was when the zygote started.
         request = {"argv": argv, "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL}, "log": log_path,
-                   "call": call, "module": module}
+                   "call": call, "module": module,
+                   "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
         try:
             os.write(self.requests, (json.dumps(request) + "\n").encode())
             reply = self._reply(60.0)
@@ -336,6 +340,7 @@ def _become_trial(request: dict[str, Any], slot: int, started: int) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    signal.signal(signal.SIGINT, signal.SIG_IGN if request.get("sigint_ignored") else signal.default_int_handler)
     token = request["env"][TRIAL_TOKEN].encode()
     ctypes.memmove(slot, token, len(token))
     sys.argv = ["-c", *request["argv"]]
