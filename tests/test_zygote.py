@@ -96,9 +96,11 @@ def test_a_switch_to_another_environment_and_back_forks_from_the_zygote_kept_for
     monkeypatch.setenv("ADVISOR_TEST_SWITCH", "1")  # read by nothing, but an environment of its own
     other = _trial_facts(script, tmp_path / "other", tmp_path)[1]
     monkeypatch.delenv("ADVISOR_TEST_SWITCH")
+    monkeypatch.setenv("COLUMNS", "77")  # the terminal's width: each trial's own, from the same zygote
     back = _trial_facts(script, tmp_path / "back", tmp_path)[1]
     assert other["ppid"] != first["ppid"] and other["environ"]["ADVISOR_TEST_SWITCH"] == "1"
     assert back["ppid"] == first["ppid"] and "ADVISOR_TEST_SWITCH" not in back["environ"]
+    assert back["environ"]["COLUMNS"] == "77" and first["environ"]["COLUMNS"] != "77"
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")

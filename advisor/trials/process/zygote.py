@@ -47,8 +47,9 @@ ZYGOTE_ENTRY = "import sys; from advisor.trials.process.zygote import serve; ser
 FRESH_VARIABLE = "ADVISOR_FRESH_TRIALS"  # "1": every trial in a fresh process
 PLACEHOLDER = "0" * 32  # a trial's token is uuid4().hex: 32 characters
 # Variables that change from one trial (or one test under pytest) to the next and that nothing reads at import:
-# a zygote serves trials whose environments differ in these alone, each child taking its own values.
-PER_TRIAL = (TRIAL_TOKEN, "PYTEST_CURRENT_TEST")
+# a zygote serves trials whose environments differ in these alone, each child taking its own values. The
+# terminal's size is read where a console is made; a trial's own console is made after the fork.
+PER_TRIAL = (TRIAL_TOKEN, "PYTEST_CURRENT_TEST", "COLUMNS", "LINES")
 READY = "ready"
 
 
