@@ -10,7 +10,7 @@ from pathlib import Path
 
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.runner import run_trial
-from conftest import run_advisor
+from conftest import advisor_main
 
 MLP = '''
 import torch
@@ -90,9 +90,9 @@ def test_a_compile_that_fails_is_not_applicable_and_the_session_goes_on(tmp_path
     out = tmp_path / "session"
     # Beside compile, one knob that applies: the round goes on past the failed compile, and a pair would show
     # whether it is proposed again.
-    done = run_advisor("profile", f"{script}:train_step", "--device", "cpu", "--out", str(out), "--max-trials", "4",
-                       "--steps", "2", "--windows", "2", "--window", "0.3", "--only", "compile,channels_last",
-                       env={"CXX": "/nonexistent/c++"}, timeout=600)
+    done = advisor_main("profile", f"{script}:train_step", "--device", "cpu", "--out", str(out), "--max-trials", "4",
+                        "--steps", "2", "--windows", "2", "--window", "0.3", "--only", "compile,channels_last",
+                        env={"CXX": "/nonexistent/c++"})
     assert done.returncode == 0, done.stdout + done.stderr
     state = json.loads((out / "session.json").read_text())
     assert state["status"] == "done"

@@ -15,7 +15,7 @@ from advisor.search.space import KNOB_NAMES, check_steering, knob_names, try_set
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import surface_space, turned
 from advisor.trials.process.replay import ReplayRunner, load_surface
-from conftest import ROOT, SURFACES, advisor_main, run_advisor
+from conftest import ROOT, SURFACES, advisor_main
 
 SURFACE = SURFACES / "h100-image-classifier"
 
@@ -120,10 +120,9 @@ def test_the_cli_refuses_an_unknown_knob_in_one_line_and_creates_nothing(tmp_pat
 
 def test_a_real_cpu_session_tries_8_bit_copies_second_and_never_compiles(tmp_path):
     out = tmp_path / "real"
-    done = run_advisor("profile", str(ROOT / "examples" / "image_classifier.py"), "--device", "cpu",
-                       "--try", "uint8_copies", "--skip", "compile", "--max-trials", "2", "--windows", "2",
-                       "--window", "0.3", "--steps", "2", "--wait", "1", "--out", str(out), timeout=600,
-                       env={"COLUMNS": "100"})
+    done = advisor_main("profile", str(ROOT / "examples" / "image_classifier.py"), "--device", "cpu",
+                        "--try", "uint8_copies", "--skip", "compile", "--max-trials", "2", "--windows", "2",
+                        "--window", "0.3", "--steps", "2", "--wait", "1", "--out", str(out), env={"COLUMNS": "100"})
     assert done.returncode == 0, done.stderr[-3000:]
     state = json.loads((out / "session.json").read_text())
     second = state["trials"][1]
