@@ -465,20 +465,22 @@ def test_a_node_ends_its_own_ranks_not_those_of_another_node_on_the_same_machine
 def test_the_profiler_starts_without_importing_inductor_and_traces_the_same(tmp_path):
     # torch.profiler's start asks torch for `_inductor`, which imports it (about a second of every trial);
     # ours does not, its trace holds the operators and the memory events, and torch's lazy import is put back.
+    # One process: first as a trial that never compiles, then after the script has imported inductor itself.
     probe = ("import sys, torch\n"
              "from advisor.trials.process import profiler\n"
-             "if sys.argv[1] == 'compiled':\n"
-             "    import torch._inductor\n"
              "x = torch.ones(64, 64)\n"
-             "with profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as p:\n"
-             "    (x @ x).relu().sum()\n"
-             "p.export_chrome_trace(sys.argv[2])\n"
-             "print('torch._inductor' in sys.modules, torch._lazy_modules >= {'_inductor'})\n")
-    for case, imported in (("plain", "False True"), ("compiled", "True True")):
+             "for case in ('plain', 'compiled'):\n"
+             "    if case == 'compiled':\n"
+             "        import torch._inductor\n"
+             "    with profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as p:\n"
+             "        (x @ x).relu().sum()\n"
+             "    p.export_chrome_trace(f'{sys.argv[1]}/{case}.json')\n"
+             "    print('torch._inductor' in sys.modules, torch._lazy_modules >= {'_inductor'})\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["False True", "True True"], out.stdout
+    for case in ("plain", "compiled"):
         trace = tmp_path / f"{case}.json"
-        out = subprocess.run([sys.executable, "-c", probe, case, str(trace)], capture_output=True, text=True,
-                             timeout=120, cwd=REPO)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.split("\n")[0] == imported, out.stdout
         names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
         assert {"aten::mm", "aten::relu", "aten::sum", "[memory]"} <= names, sorted(map(str, names))[:40]
