@@ -17,6 +17,7 @@ from advisor.trials.record.measurement import Measurement, noise
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.predictions import remember_graph, reprice
 from advisor.search.decision import Decision, decide
+from advisor.search.simplify import takes_off
 from advisor.search.strategy import Proposal, SearchSpace, knobs_key, propose, turned
 from advisor.trials.record import TrialResult, load_trial
 from advisor.search.trials import TrialRunner, diagnose_trial, figures_text, measure_record, measured, own_bound, \
@@ -181,6 +182,7 @@ def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: 
     rows = [t for t in state["trials"][1:] if t["decision"] == "reverted" and t["status"] == "ok"
             and t.get("samples_per_s") and "+" not in (t.get("recommendation") or "+")
             and t.get("recommendation") != "confirm" and not t["reason"].startswith("loss")
+            and not takes_off(str(t.get("recommendation")))  # a knob taken off: no base
             and t["name"] not in paired]
     for row in sorted(rows, key=lambda t: -t["samples_per_s"]):
         paired.append(row["name"])

@@ -41,6 +41,8 @@ from advisor.trials.process.runner import TrialFailed
 from advisor.trials.process.targets import absolute_step, absolute_target, parse_target
 from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_left_behind, figures_text, lint_script, \
     measured, own_bound, predicted_text, recorded_losses, run_one, subprocess_runner, trial_record
+from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, \
+    without_proposal
 from advisor.search.policies import applied_only, beside_best, confirm_best, late_pair, not_applicable, pair_proposal, \
     pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note
 
@@ -235,7 +237,9 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     while True:
         diagnosis, best_measure, bound = _bound_of(out, state, best)
         asked = pending_try(options, state, best.knobs, diagnosis)  # the user's --try settings come first
-        proposals = [asked] if asked else propose(diagnosis, bound, best, state, options, space)
+        unproven = [] if asked else unproven_knobs(state)  # then a knob the best holds without a gain of its own
+        proposals = ([asked] if asked else [without_proposal(state, best.knobs, unproven[0])] if unproven
+                     else propose(diagnosis, bound, best, state, options, space))
         if not proposals:  # before the round ends: the fastest reverted change not yet paired, with its next move
             late = late_pair(out, state, options, space)
             proposals = [late] if late is not None else []
@@ -256,7 +260,14 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
                                else f"a round over the knobs; the bound is {bound.label}")
         result, decision = _try(run, out, state, options, proposal, why, best_measure, reference_losses, log,
                                 remeasure)
-        if (decision is not None and not decision.keep and "+" not in proposal.recommendation
+        swap = (swap_proposal(state, best.knobs, proposal) if decision is not None and not decision.keep
+                and result.ok and not decision.reason.startswith("loss") else None)
+        if swap is not None and len(state["trials"]) < options.max_trials - reserve(options, remeasure):
+            # Model knobs interact: one that did not pay beside another the best holds is tried in its place.
+            now = measured(out, state, load_trial(out / best_row(state)["folder"]))
+            result, decision = _try(run, out, state, options, swap, swap.why, now, reference_losses, log, remeasure)
+        elif (decision is not None and not decision.keep and "+" not in proposal.recommendation
+                and not takes_off(proposal.recommendation)
                 and pairs_on(decision, next(t for t in state["trials"] if t["name"] == result.name), bound)):
             # Noise hides a small first step, and some changes pay only with a second (pinned copies with
             # more workers): a change that moved the bound, or addressed it, without paying is a base for
@@ -306,6 +317,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         best_measure, measurement = beside[1], beside[2] or measurement
     decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
                        addresses_bound=proposal.helps_now) if result.ok else None)
+    if decision is not None and simplifies(proposal):
+        decision = keep_simpler(decision, options.min_gain)
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
     row["load"] = load_text(record)
     if (row.get("compile") or {}).get("compile_s") is not None:

@@ -1,0 +1,119 @@
+"""The best without a model knob whose own gain was never shown: knobs interact, and one kept early can cost
+once another is kept on top of it (on a CPU, torch.compile paid +4% in fp32 and cost 20% once bf16 was kept
+on top; the session never learned it, as nothing took the knob off again).
+
+A model knob (`MODEL_KNOBS`: compile, channels_last, ...) in the best is *unproven* when it came in
+- in a kept pair whose first move, tried alone from the same best, was reverted (the pair's gain may be
+  all its second move's), or
+- in a change kept by less than twice its noise, with another change kept on top of it since.
+The session then measures the best without it once, and keeps the simpler setting unless it is measured
+slower (`keep_simpler`): a knob that costs compile time or a layout change earns its place by a
+measurement.
+
+A model knob reverted on top of a best that holds another one is tried once more in that one's place
+(`swap_proposal`): on this CPU channels_last cost 6% beside torch.compile and paid 24% without it, so a
+search that never took compile off again kept the slower of the two. Pure and torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from advisor.search.decision import Decision
+from advisor.search.state import best_row
+from advisor.search.strategy import Proposal, turned
+from advisor.trials.knobs import MODEL_KNOBS, Knobs
+
+RECOMMENDATION = "without"  # the recommendation of a trial that takes a knob off: "without-compile"
+CHANGES = {"compile": "torch.compile", "channels_last": "channels_last", "fused_optimizer": "the fused optimizer",
+           "tf32": "TF32 matmuls", "cudnn_benchmark": "cudnn.benchmark"}
+
+
+def unproven_knobs(state: dict[str, Any]) -> list[str]:
+    """The model knobs the best holds whose own gain was never shown (see the module), each once."""
+    tried = {str(t.get("recommendation")).split(f"{RECOMMENDATION}-", 1)[1] for t in state["trials"]
+             if takes_off(str(t.get("recommendation")))}
+    found: list[str] = []
+    for depth, (base, row) in enumerate(_kept_chain(state)):  # the latest change first
+        came_in = {k for k in turned(base["knobs"], row["knobs"]) if k in MODEL_KNOBS and row["knobs"].get(k)}
+        pair = turned(base["knobs"], row["knobs"])
+        for knob in sorted(came_in - tried - set(found)):
+            alone_reverted = "+" in str(row.get("recommendation") or "") and any(
+                t.get("base") == base["name"] and t["decision"] == "reverted" and t["status"] == "ok"
+                and knob in turned(base["knobs"], t["knobs"]) and turned(base["knobs"], t["knobs"]) < pair
+                for t in state["trials"])
+            narrow = (depth > 0 and row.get("gain") is not None and row.get("noise") is not None
+                      and row["gain"] < 2 * row["noise"])
+            if alone_reverted or narrow:
+                found.append(knob)
+    return found
+
+
+def _kept_chain(state: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(the best it was kept on, the row that first kept a setting), from the best back to the baseline."""
+    rows = {t["name"]: t for t in state["trials"]}
+    chain = []
+    row = _first_with(state, best_row(state)["knobs"])
+    while row is not None and row.get("base") in rows:
+        base = _first_with(state, rows[row["base"]]["knobs"])  # a re-measure stands for where it was first kept
+        if base is None or base["name"] == row["name"]:
+            break
+        chain.append((base, row))
+        row = base
+    return chain
+
+
+def _first_with(state: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] | None:
+    """The first row that measured these settings as the baseline or kept them."""
+    return next((t for t in state["trials"] if t["knobs"] == knobs and t["decision"] in ("baseline", "kept")), None)
+
+
+def without_proposal(state: dict[str, Any], knobs: Knobs, knob: str) -> Proposal:
+    """The best's settings without `knob` (the script's own value back), as a change to measure."""
+    change = CHANGES.get(knob, knob)
+    return Proposal(f"{RECOMMENDATION}-{knob}", f"without {change}", f"without-{knob.replace('_', '-')}",
+                    dataclasses.replace(knobs, **{knob: None}), 0.0, None, helps_now=False,
+                    why=f"{change} came in without a gain of its own; the simpler setting, unless slower")
+
+
+def swap_proposal(state: dict[str, Any], knobs: Knobs, reverted: Proposal) -> Proposal | None:
+    """The model knob `reverted` turned on, with a model knob of the best (`knobs`) off instead; None where it
+    turned something else, the best holds no other model knob, or each swap was tried."""
+    added = turned(knobs, reverted.knobs)
+    knob = next(iter(added)) if len(added) == 1 else None
+    if knob not in MODEL_KNOBS or not getattr(reverted.knobs, knob) or takes_off(reverted.recommendation):
+        return None
+    tried = {t.get("recommendation") for t in state["trials"]}
+    for held in MODEL_KNOBS:
+        recommendation = f"{reverted.recommendation}-{RECOMMENDATION}-{held}"
+        if held != knob and getattr(knobs, held) and recommendation not in tried:
+            change = CHANGES.get(held, held)
+            return Proposal(recommendation, f"{reverted.change} {RECOMMENDATION} {change}",
+                            f"{reverted.slug}-{RECOMMENDATION}-{held.replace('_', '-')}",
+                            dataclasses.replace(reverted.knobs, **{held: None}), reverted.predicted_gain,
+                            reverted.bound, reverted.helps_now,
+                            why=f"it did not pay beside {change}, which the best holds")
+    return None
+
+
+def simplifies(proposal: Proposal) -> bool:
+    """Whether the proposal only takes a knob off the best (`without_proposal`)."""
+    return proposal.recommendation.startswith(f"{RECOMMENDATION}-")
+
+
+def takes_off(recommendation: str) -> bool:
+    """Whether a change takes a model knob off the best (alone, or in another knob's place): never a pair's
+    base, and that knob is not taken off again."""
+    return recommendation.startswith(f"{RECOMMENDATION}-") or f"-{RECOMMENDATION}-" in recommendation
+
+
+def keep_simpler(decision: Decision, min_gain: float) -> Decision:
+    """A setting with a knob fewer is kept unless it measured slower (beyond its noise and the least gain
+    kept), or its loss moved; otherwise the decision stands. Never measured again for a small gain."""
+    decision = dataclasses.replace(decision, inconclusive=False)
+    if decision.keep or decision.reason.startswith(("loss", "no throughput")) \
+            or decision.gain < -max(min_gain, decision.noise):
+        return decision
+    return Decision(True, f"{100 * decision.gain:+.1f}%, not slower (noise {100 * decision.noise:.1f}%): "
+                    "the simpler setting", decision.gain, decision.noise)

@@ -1,0 +1,88 @@
+"""A model knob the best holds without a gain of its own is taken off once, and the simpler setting kept
+unless it measures slower (advisor.search.simplify), on the recorded CPU session of the conv example."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from advisor.search.decision import Decision
+from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, without_proposal
+from advisor.search.strategy import Proposal
+from advisor.trials.knobs import Knobs
+from conftest import SAMPLE_RUNS
+
+CONV = SAMPLE_RUNS / "conv_classifier" / "session.json"
+
+
+def conv_session() -> dict:
+    return json.loads(CONV.read_text())
+
+
+def test_a_knob_kept_within_twice_its_noise_is_unproven_once_another_is_kept_on_top():
+    state = conv_session()
+    rows = {t["name"]: t for t in state["trials"]}
+    fused, amp = rows["03-try-fused-optimizer"], rows["04-amp-bf16"]
+    assert fused["decision"] == amp["decision"] == "kept" and fused["gain"] < 2 * fused["noise"]
+    assert rows["01-try-channels-last"]["gain"] > 2 * rows["01-try-channels-last"]["noise"]
+    assert state["best"] == amp["name"] and unproven_knobs(state) == ["fused_optimizer"]
+    # Before AMP was kept on top, the narrow keep was the latest change: nothing to take off yet.
+    state["trials"] = state["trials"][:4]
+    state["best"] = fused["name"]
+    assert unproven_knobs(state) == []
+
+
+def test_the_knob_is_taken_off_the_best_once():
+    state = conv_session()
+    best = Knobs.from_dict(next(t for t in state["trials"] if t["name"] == state["best"])["knobs"])
+    proposal = without_proposal(state, best, "fused_optimizer")
+    assert simplifies(proposal) and proposal.change == "without the fused optimizer"
+    assert proposal.knobs == Knobs(amp="bf16", channels_last=True)  # the rest of the best stays
+    row = dict(copy.deepcopy(state["trials"][-1]), name="05-without-fused-optimizer", decision="reverted",
+               recommendation=proposal.recommendation, knobs=proposal.knobs.to_dict(), base=state["best"])
+    state["trials"].append(row)
+    assert unproven_knobs(state) == []  # measured without it once: it is not taken off again
+
+
+def test_a_pair_whose_first_move_alone_was_reverted_leaves_that_knob_unproven():
+    # The knob grid's session (benchmarks/knob_grid.py): torch.compile alone was reverted, compile + bf16 kept.
+    state = conv_session()
+    rows = {t["name"]: t for t in state["trials"]}
+    compiled = dict(rows["02-try-compile"], base="01-try-channels-last", recommendation="compile")
+    pair = dict(rows["04-amp-bf16"], name="03-compile-and-amp-bf16", recommendation="compile+amp", decision="kept",
+                knobs=dict(compiled["knobs"], amp="bf16"), base="01-try-channels-last")
+    state["trials"] = [rows["00-baseline"], rows["01-try-channels-last"], compiled, pair]
+    state["best"] = pair["name"]
+    assert compiled["decision"] == "reverted" and unproven_knobs(state) == ["compile"]
+    pair["recommendation"] = "compile"  # kept alone (on its own gain): proven
+    assert unproven_knobs(state) == []
+
+
+def test_the_simpler_setting_is_kept_unless_it_measured_slower():
+    within = Decision(False, "-1.0% samples/s is within the noise (noise 4.0%)", -0.01, 0.04, inconclusive=False)
+    kept = keep_simpler(within, 0.03)
+    assert kept.keep and "not slower" in kept.reason and not kept.inconclusive
+    slower = Decision(False, "-6.0% samples/s: slower (noise 4.0%)", -0.06, 0.04)
+    assert not keep_simpler(slower, 0.03).keep
+    loss = Decision(False, "loss moved from 1 to 2 (more than 0.25)", 0.0, 0.04)
+    assert not keep_simpler(loss, 0.03).keep
+    faster = Decision(True, "+9.0% samples/s (noise 4.0%)", 0.09, 0.04, inconclusive=False)
+    assert keep_simpler(faster, 0.03) == faster
+
+
+def test_a_model_knob_reverted_beside_another_is_tried_once_in_its_place():
+    state = conv_session()
+    rows = {t["name"]: t for t in state["trials"]}
+    compiled = rows["02-try-compile"]  # torch.compile, reverted on top of channels_last
+    assert compiled["decision"] == "reverted" and compiled["base"] == "01-try-channels-last"
+    best = Knobs.from_dict(rows[compiled["base"]]["knobs"])
+    reverted = Proposal("try", "--try compile", "try-compile", Knobs.from_dict(compiled["knobs"]), 0.0)
+    swap = swap_proposal(state, best, reverted)
+    assert swap.knobs == Knobs(compile=True) and swap.change == "--try compile without channels_last"
+    assert takes_off(swap.recommendation) and not simplifies(swap)
+    state["trials"].append(dict(compiled, name="03-swap", recommendation=swap.recommendation))
+    assert swap_proposal(state, best, reverted) is None  # once
+    # Nothing to swap: the best holds no other model knob, or the change turned more than one knob.
+    assert swap_proposal(conv_session(), Knobs(), reverted) is None
+    both = Proposal("try", "x", "x", Knobs(compile=True, fused_optimizer=True, channels_last=True), 0.0)
+    assert swap_proposal(conv_session(), best, both) is None
