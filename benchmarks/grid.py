@@ -36,7 +36,12 @@ def measure_grid(target: str, values: dict[str, list], knobs_of, folder: Path) -
 
 def remeasure(target: str, grid_knobs: Knobs, advisor_knobs: Knobs, folder: Path) -> tuple[float, float]:
     """Median samples/s of the grid's and the advisor's best, each measured REMEASURE times, alternately
-    (so that drift in the machine's load hits both alike)."""
+    (so that drift in the machine's load hits both alike); one figure for both where the session found the
+    grid's best setting itself (two medians of one setting differ by the noise alone)."""
+    if grid_knobs.to_dict() == advisor_knobs.to_dict():
+        print("  the session's best is the grid's best setting: measured once for both")
+        same = statistics.median(measure(target, grid_knobs, folder, f"both-{r}") for r in range(REMEASURE))
+        return same, same
     grid, advisor = [], []
     for r in range(REMEASURE):
         grid.append(measure(target, grid_knobs, folder, f"grid-{r}"))

@@ -4,7 +4,8 @@ convolutional example (examples/conv_classifier.py, compute-bound here).
 The grid runs every combination of AMP {off, bf16 where the CPU computes bf16} × channels_last {off, on} ×
 torch.compile {off, on} × batch {32, 64, 128} as real trials (compile time is not in samples/s: it runs in
 the steps before the measured windows). The session runs with a budget of a third of the grid's points.
-Both winners are re-measured alternately and their medians compared.
+Both winners are re-measured alternately and their medians compared (one figure for both where the session
+found the grid's best setting itself).
 
 Floor (issue 25): the session reaches at least 95% of the grid's best samples/s with at most a third of the
 grid's points. It also prints what the session found and what it cost in time, compile included.
