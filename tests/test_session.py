@@ -33,13 +33,14 @@ def copy_trial(src: Path, dst: Path) -> Path:
 @pytest.mark.slow
 def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     out = tmp_path / "session"
-    options = SessionOptions(steps=2, max_trials=3, device="cpu", windows=2, window_s=0.3)
+    # The baseline and the first change: which change comes first, and its decision, are the claims.
+    options = SessionOptions(steps=2, max_trials=2, device="cpu", windows=2, window_s=0.3)
     state = run_session(f"{IMAGE}:train_step", out, options, command="test", log=lambda m: None)
     assert state["status"] == "done"
     saved = json.loads((out / SESSION_FILE).read_text())
     assert saved["trials"] == state["trials"]
     names = [t["name"] for t in saved["trials"]]
-    assert names[0] == "00-baseline" and len(names) <= 3
+    assert names[0] == "00-baseline" and len(names) <= 3  # with the best measured again, where the load moved
     for t in saved["trials"]:
         assert (out / t["folder"] / "trial.json").exists()
         assert t["decision"] in ("baseline", "kept", "reverted", "failed")
