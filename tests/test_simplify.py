@@ -35,7 +35,7 @@ def test_a_knob_kept_within_twice_its_noise_is_unproven_once_another_is_kept_on_
 def test_the_knob_is_taken_off_the_best_once():
     state = conv_session()
     best = Knobs.from_dict(next(t for t in state["trials"] if t["name"] == state["best"])["knobs"])
-    proposal = without_proposal(state, best, "fused_optimizer")
+    proposal = without_proposal(best, "fused_optimizer")
     assert simplifies(proposal) and proposal.change == "without the fused optimizer"
     assert proposal.knobs == Knobs(amp="bf16", channels_last=True)  # the rest of the best stays
     row = dict(copy.deepcopy(state["trials"][-1]), name="05-without-fused-optimizer", decision="reverted",

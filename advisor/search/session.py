@@ -238,7 +238,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         diagnosis, best_measure, bound = _bound_of(out, state, best)
         asked = pending_try(options, state, best.knobs, diagnosis)  # the user's --try settings come first
         unproven = [] if asked else unproven_knobs(state)  # then a knob the best holds without a gain of its own
-        proposals = ([asked] if asked else [without_proposal(state, best.knobs, unproven[0])] if unproven
+        proposals = ([asked] if asked else [without_proposal(best.knobs, unproven[0])] if unproven
                      else propose(diagnosis, bound, best, state, options, space))
         if not proposals:  # before the round ends: the fastest reverted change not yet paired, with its next move
             late = late_pair(out, state, options, space)
@@ -260,24 +260,24 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
                                else f"a round over the knobs; the bound is {bound.label}")
         result, decision = _try(run, out, state, options, proposal, why, best_measure, reference_losses, log,
                                 remeasure)
-        swap = (swap_proposal(state, best.knobs, proposal) if decision is not None and not decision.keep
-                and result.ok and not decision.reason.startswith("loss") else None)
-        if swap is not None and len(state["trials"]) < options.max_trials - reserve(options, remeasure):
+        second, second_why = None, ""  # a next move on a change that did not pay, measured against the best
+        if decision is not None and not decision.keep and result.ok and not decision.reason.startswith("loss"):
             # Model knobs interact: one that did not pay beside another the best holds is tried in its place.
-            now = measured(out, state, load_trial(out / best_row(state)["folder"]))
-            result, decision = _try(run, out, state, options, swap, swap.why, now, reference_losses, log, remeasure)
-        elif (decision is not None and not decision.keep and "+" not in proposal.recommendation
+            second = swap_proposal(state, best.knobs, proposal)
+            second_why = second.why if second is not None else ""
+        if (second is None and decision is not None and not decision.keep and "+" not in proposal.recommendation
                 and not takes_off(proposal.recommendation)
                 and pairs_on(decision, next(t for t in state["trials"] if t["name"] == result.name), bound)):
             # Noise hides a small first step, and some changes pay only with a second (pinned copies with
             # more workers): a change that moved the bound, or addressed it, without paying is a base for
             # the move its own trace calls for next, measured together against the best.
-            pair = pair_proposal(result, proposal, state, options, space)
+            second = pair_proposal(result, proposal, state, options, space)
             state.setdefault("paired", []).append(result.name)
-            if pair is not None and len(state["trials"]) < options.max_trials - reserve(options, remeasure):
-                now = measured(out, state, load_trial(out / best_row(state)["folder"]))  # the best as measured last
-                result, decision = _try(run, out, state, options, pair, f"together with {proposal.change}",
-                                        now, reference_losses, log, remeasure)
+            second_why = f"together with {proposal.change}"
+        if second is not None and len(state["trials"]) < options.max_trials - reserve(options, remeasure):
+            now = measured(out, state, load_trial(out / best_row(state)["folder"]))  # the best as measured last
+            result, decision = _try(run, out, state, options, second, second_why, now, reference_losses, log,
+                                    remeasure)
         if decision is not None and decision.keep:
             best = applied_only(result)
             state["best"] = result.name

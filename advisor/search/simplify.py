@@ -36,12 +36,12 @@ def unproven_knobs(state: dict[str, Any]) -> list[str]:
              if takes_off(str(t.get("recommendation")))}
     found: list[str] = []
     for depth, (base, row) in enumerate(_kept_chain(state)):  # the latest change first
-        came_in = {k for k in turned(base["knobs"], row["knobs"]) if k in MODEL_KNOBS and row["knobs"].get(k)}
-        pair = turned(base["knobs"], row["knobs"])
+        changed = turned(base["knobs"], row["knobs"])
+        came_in = {k for k in changed if k in MODEL_KNOBS and row["knobs"].get(k)}
         for knob in sorted(came_in - tried - set(found)):
             alone_reverted = "+" in str(row.get("recommendation") or "") and any(
                 t.get("base") == base["name"] and t["decision"] == "reverted" and t["status"] == "ok"
-                and knob in turned(base["knobs"], t["knobs"]) and turned(base["knobs"], t["knobs"]) < pair
+                and knob in turned(base["knobs"], t["knobs"]) and turned(base["knobs"], t["knobs"]) < changed
                 for t in state["trials"])
             narrow = (depth > 0 and row.get("gain") is not None and row.get("noise") is not None
                       and row["gain"] < 2 * row["noise"])
@@ -69,7 +69,7 @@ def _first_with(state: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] 
     return next((t for t in state["trials"] if t["knobs"] == knobs and t["decision"] in ("baseline", "kept")), None)
 
 
-def without_proposal(state: dict[str, Any], knobs: Knobs, knob: str) -> Proposal:
+def without_proposal(knobs: Knobs, knob: str) -> Proposal:
     """The best's settings without `knob` (the script's own value back), as a change to measure."""
     change = CHANGES.get(knob, knob)
     return Proposal(f"{RECOMMENDATION}-{knob}", f"without {change}", f"without-{knob.replace('_', '-')}",
