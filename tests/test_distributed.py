@@ -91,8 +91,8 @@ def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path):
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"ddp.rank{rank}.json").read_text())
         assert {k: seen[k] for k in ("view", "bucket")} == {"view": True, "bucket": 50 * 2**20}
-        # torchrun was forked from this process's zygote (it spares the launcher's import of torch); the ranks
-        # are torchrun's own, fresh processes.
+        # torchrun was forked from this process's zygote (it spares the launcher's import of torch), and the ranks
+        # from torchrun (tests/test_zygote.py: a forked rank is what a fresh one would be).
         assert ZYGOTE_ENTRY in seen["launcher_parent"], seen["launcher_parent"]
     assert record["user_values"]["ddp_gradient_as_bucket_view"] is False
     assert not left_behind(record["token"])

@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from test_distributed import left_behind
 from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
@@ -158,3 +159,78 @@ def test_the_sessions_tensorboard_run_is_written_in_a_child_of_the_zygote_the_sa
     write_tensorboard(out)  # the same run, written here
     here, writer = _scalars(out / "trials" / "session")
     assert writer == os.getpid() and here == forked
+
+
+# Each rank writes down, once, what its process is (its command line shows whether it was exec'd or forked).
+RANK_FACTS = """
+    import json, os, signal, sys
+    import numpy as np
+    import torch, torch.distributed as dist
+
+    written = []
+
+    def train_step(x):
+        if not written:
+            with open("/proc/self/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            facts = {"pid": os.getpid(), "sid": os.getsid(0), "pgid": os.getpgid(0), "cmdline": cmdline,
+                     "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "token": os.environ.get("ADVISOR_TRIAL"),
+                     "threads": torch.get_num_threads(), "draw": float(np.random.random()),
+                     "signals": {name: str(signal.getsignal(getattr(signal, name)))
+                                 for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGPIPE")},
+                     "unbuffered": [type(s.buffer).__name__ for s in (sys.stdout, sys.stderr)],
+                     "environ": {k: v for k, v in os.environ.items() if k != "ADVISOR_FRESH_TRIALS"}}
+            with open(f"facts-{os.environ['RANK']}-{os.getpid()}.json", "w") as f:
+                f.write(json.dumps(facts))
+            written.append(1)
+        loss = x.sum()
+        dist.all_reduce(loss)
+        return loss
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        for _ in range(100):
+            train_step(torch.ones(4))
+"""
+
+
+def _rank_facts(script, folder, tmp_path):
+    result = run_trial(f"{script}:train_step", Knobs(), folder, steps=2, wait=0, warmup=0, windows=0, device="cpu",
+                       nproc_per_node=2)
+    assert result.status == "ok", result.message
+    facts = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("facts-*.json"))]
+    for path in tmp_path.glob("facts-*.json"):
+        path.unlink()
+    return trial_record(result.path), facts
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked ranks are Linux's")
+def test_a_forked_rank_is_the_process_a_fresh_rank_would_be(tmp_path, monkeypatch):
+    """torchrun's ranks are forked from its agent (advisor.trials.process.forked_ranks), sparing each its import
+    of torch; with ADVISOR_FRESH_TRIALS=1 torchrun starts them afresh. Either way a rank is the same process."""
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, RANK_FACTS)
+    forked_record, forked = _rank_facts(script, tmp_path / "forked", tmp_path)
+    monkeypatch.setenv(FRESH_VARIABLE, "1")
+    fresh_record, fresh = _rank_facts(script, tmp_path / "fresh", tmp_path)
+    assert len(forked) == len(fresh) == 2
+    for facts in forked:  # the agent's command line: it was forked from the zygote, the rank from it
+        assert "advisor.trials.process.zygote" in facts["cmdline"], facts["cmdline"]
+    for facts in fresh:
+        assert "-m\0advisor.trials.process.harness" in facts["cmdline"], facts["cmdline"]
+    # Values torchrun draws anew for each job (its run's id, its store's port, its error files' folder); and
+    # inductor's cache folder, which inductor writes into the environment where it first looks it up (the
+    # zygote's imports did; a fresh rank does once it compiles, the same folder).
+    drawn = {"ADVISOR_TRIAL", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
+             "TORCHINDUCTOR_CACHE_DIR"}
+    for record, ranks in ((forked_record, forked), (fresh_record, fresh)):
+        for rank in ranks:
+            assert rank["pid"] == rank["sid"] == rank["pgid"]  # a session of its own, as torchrun starts a rank
+            assert rank["token"] == record["token"] and rank["cwd"] == str(tmp_path)
+            assert rank["threads"] == 1  # torchrun's OMP_NUM_THREADS=1 for several ranks a node, taken
+            rank["environ"] = {k: v for k, v in rank["environ"].items() if k not in drawn}
+    for one, other in zip(forked, fresh):
+        for same in ("argv", "path", "signals", "unbuffered", "environ"):
+            assert one[same] == other[same], same
+    assert forked[0]["draw"] != forked[1]["draw"]  # numpy seeded anew in each rank
+    assert not left_behind(forked_record["token"])

@@ -211,10 +211,11 @@ def all_measured(done: bool) -> bool:
 
 def torchrun_module(nproc_per_node: int, torchrun_args: list[str], config: str) -> list[str]:
     """What `python -m` runs to start a trial's ranks: torchrun (standalone unless rendezvous options are
-    given) running the harness as a module on each rank."""
+    given) running the harness as a module on each rank, each rank forked from torchrun's own process
+    (`advisor.trials.process.forked_ranks`)."""
     standalone = not any(a.startswith(("--rdzv", "--nnodes", "--master")) for a in torchrun_args)
-    return ["torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *(["--standalone"] if standalone else []),
-            *torchrun_args, "-m", "advisor.trials.process.harness", config]
+    return ["advisor.trials.process.forked_ranks", f"--nproc-per-node={nproc_per_node}",
+            *(["--standalone"] if standalone else []), *torchrun_args, "-m", "advisor.trials.process.harness", config]
 
 
 def torchrun_command(python: str, nproc_per_node: int, torchrun_args: list[str], config: str) -> list[str]:

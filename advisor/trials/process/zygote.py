@@ -10,12 +10,13 @@ into the trial's log, the folder the trial runs in, the trial's token, the harne
 handled as the advisor's is at that moment (a fresh process inherits it then); and then runs the
 harness exactly as `python -c HARNESS_ENTRY CONFIG` would, exit code and all.
 
-A data-parallel trial forks torchrun itself (`module`: `python -m torch.distributed.run ...` as the child
-runs it), which spares the launcher's own import of torch; torchrun then starts each rank as a fresh process.
+A data-parallel trial forks torchrun itself (`module`: `python -m advisor.trials.process.forked_ranks ...`
+as the child runs it), which spares the launcher's own import of torch; torchrun then forks each rank from
+its own process (`advisor.trials.process.forked_ranks`).
 
 A trial in another environment than a zygote's is forked from a zygote of its own (torch and its libraries
 read some variables at import). What a fork cannot give is served by a fresh process instead (`start_trial`
-returns None): torchrun's ranks and Ray's (their own launchers start them), a trial while another is in
+returns None): Ray's ranks (its own actors start them), a trial while another is in
 flight, a zygote that could not start, a platform other than Linux, and `ADVISOR_FRESH_TRIALS=1` (the user's
 way to turn it off).
 
@@ -345,11 +346,16 @@ def _become_trial(request: dict[str, Any], slot: int, started: int) -> None:
     token = request["env"][TRIAL_TOKEN].encode()
     ctypes.memmove(slot, token, len(token))
     sys.argv = ["-c", *request["argv"]]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()  # as a fresh process's would be: seeded anew, not the zygote's state
+    reseed()
     os.write(started, b"1")
     os.close(started)
+
+
+def reseed() -> None:
+    """In a forked child: numpy's global random state seeded anew, as a fresh process's is, not the parent's."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _token_slot() -> int:
