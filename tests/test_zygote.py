@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+import uuid
 
 import pytest
 from test_distributed import left_behind
@@ -13,7 +16,8 @@ from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.runner import run_trial
-from advisor.trials.process.zygote import FRESH_VARIABLE
+from advisor.trials.process.processes import TRIAL_TOKEN
+from advisor.trials.process.zygote import FRESH_VARIABLE, start_trial
 
 # The step writes down, once, what its process is.
 FACTS = """
@@ -234,3 +238,23 @@ def test_a_forked_rank_is_the_process_a_fresh_rank_would_be(tmp_path, monkeypatc
             assert one[same] == other[same], same
     assert forked[0]["draw"] != forked[1]["draw"]  # numpy seeded anew in each rank
     assert not left_behind(forked_record["token"])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
+@pytest.mark.parametrize("body", ["import sys; print('out'); sys.exit(3)", "raise SystemExit('bye')",
+                                  "print('out'); raise ValueError('broke')", "print('out')"])
+def test_a_module_forked_ends_as_python_m_would(tmp_path, body):
+    """What the zygote runs as `python -m` (torchrun's launcher) ends as a fresh `python -m` would: its exit code,
+    its output, an exception's traceback; at once, without Python's finalisation of what the zygote imported."""
+    (tmp_path / "ending.py").write_text(body + "\n")
+    fresh = subprocess.run([sys.executable, "-m", "ending"], cwd=tmp_path, capture_output=True, text=True)
+    env = {**os.environ, TRIAL_TOKEN: uuid.uuid4().hex}
+    forked = start_trial(sys.executable, None, str(tmp_path), env, str(tmp_path / "log"), 60, module=["ending"])
+    assert forked is not None and forked.pid != os.getpid()
+    assert forked.wait(60) == fresh.returncode
+    # The same lines, but for a traceback's frames (the fresh one's start in runpy's -m, the forked one's in
+    # the zygote).
+    def unindented(text):
+        return sorted(line for line in text.splitlines() if not line.startswith(" "))
+
+    assert unindented((tmp_path / "log").read_text()) == unindented(fresh.stdout + fresh.stderr)

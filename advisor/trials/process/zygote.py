@@ -291,8 +291,8 @@ def serve(argv: list[str]) -> None:
     buffer = b""
     while True:
         line, buffer = _next_line(requests, buffer)
-        if line is None:
-            return
+        if line is None:  # told to go: at once, without Python's finalisation of torch and dynamo (1.5 s of CPU)
+            os._exit(0)
         request = json.loads(line)
         started_r, started_w = os.pipe()
         sys.stdout.flush()
@@ -303,12 +303,8 @@ def serve(argv: list[str]) -> None:
             for fd in (requests, replies):
                 os.close(fd)
             _become_trial(request, slot, started_w)
-            if request["module"]:  # as `python -m NAME ARGS`: its exit code, or an exception's traceback and 1
-                import runpy
-
-                sys.argv = list(request["module"])  # runpy makes argv[0] the module's file, as -m does
-                runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-                return
+            if request["module"]:
+                _run_as_main(request["module"])
             if request["call"]:  # an exception ends the process as `python -c` would: a traceback, exit code 1
                 module, function, args = request["call"]
                 getattr(importlib.import_module(module), function)(*args)
@@ -325,6 +321,29 @@ def serve(argv: list[str]) -> None:
         os.write(replies, f"{pid}\n".encode())
         _, status = os.waitpid(pid, 0)
         os.write(replies, f"{pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def _run_as_main(argv: list[str]) -> None:
+    """In the forked child: `python -m NAME ARGS` (argv), its exit code, or an exception's traceback and 1; then
+    the process ends at once, as the harness's does. Python's own finalisation of a process that holds torch and
+    dynamo took torchrun's launcher 1.5 s of CPU after its ranks had ended."""
+    import runpy
+    import traceback
+
+    code = 0
+    try:
+        sys.argv = list(argv)  # runpy makes argv[0] the module's file, as -m does
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+        if not isinstance(exit.code, (int, type(None))):
+            print(exit.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _become_trial(request: dict[str, Any], slot: int, started: int) -> None:
