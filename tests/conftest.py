@@ -69,6 +69,18 @@ def advisor_main(*args: str, cwd: Path | None = None, env: dict | None = None) -
     return subprocess.CompletedProcess(["advisor", *args], code, *text)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def environment_as_it_was():
+    """Each module leaves the environment as it found it: what its in-process work wrote there (ray.init's
+    RAY_* and PYTHONBREAKPOINT, inductor's TORCHINDUCTOR_CACHE_DIR) would otherwise reach the next module's
+    trials, and give each of them a zygote of its own (one per environment)."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def trial_startup_s(tmp_path_factory) -> float:
     """Seconds a trivial trial with two DataLoader workers takes here, start to finish: time limits in tests
