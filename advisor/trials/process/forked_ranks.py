@@ -53,7 +53,7 @@ class ForkedRank(subprocess.Popen):
 
                 main(command[4:])  # ends the process itself (os._exit)
             except SystemExit as exit:
-                code = exit.code if isinstance(exit.code, int) else 1
+                code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
             except BaseException:
                 traceback.print_exc()  # as `python -m` reports an exception: its traceback, exit code 1
             finally:
