@@ -23,10 +23,9 @@ import os
 import signal
 import subprocess
 import sys
-import traceback
 import warnings
 
-from advisor.trials.process.zygote import FRESH_VARIABLE, reseed
+from advisor.trials.process.zygote import FRESH_VARIABLE, end_as_python, reseed
 
 HARNESS_MODULE = "advisor.trials.process.harness"
 
@@ -45,21 +44,8 @@ class ForkedRank(subprocess.Popen):
         with warnings.catch_warnings():  # Python 3.12 warns of fork in a process with threads (the agent's)
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                _become_rank(bound, command)
-                from advisor.trials.process.harness import main
-
-                main(command[4:])  # ends the process itself (os._exit)
-            except SystemExit as exit:
-                code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
-            except BaseException:
-                traceback.print_exc()  # as `python -m` reports an exception: its traceback, exit code 1
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        if pid == 0:  # the harness ends the process itself (os._exit); anything else as `python -m` would
+            end_as_python(lambda: _run_rank(bound, command))
         self.pid = pid
         self._child_created = True
         self._close_pipe_fds(*(bound[name] for name in ("p2cread", "p2cwrite", "c2pread", "c2pwrite",
@@ -70,8 +56,8 @@ class ForkedRank(subprocess.Popen):
 _EXECUTE_CHILD = inspect.signature(subprocess.Popen._execute_child)
 
 
-def _become_rank(bound: dict, command: list[str]) -> None:
-    """In the forked child: what `command`, exec'd by Popen with these arguments, would be."""
+def _run_rank(bound: dict, command: list[str]) -> None:
+    """In the forked child: what `command`, exec'd by Popen with these arguments, would be; then the harness."""
     if bound["start_new_session"]:
         os.setsid()
     for target, fd in ((0, bound["p2cread"]), (1, bound["c2pwrite"]), (2, bound["errwrite"])):
@@ -108,6 +94,7 @@ def _become_rank(bound: dict, command: list[str]) -> None:
 
     sys.argv = [harness.__file__, *command[4:]]
     reseed()
+    harness.main(command[4:])
 
 
 def main(argv: list[str]) -> None:

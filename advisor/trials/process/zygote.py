@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 from advisor.trials.process.processes import TRIAL_TOKEN
 
@@ -304,13 +304,10 @@ def serve(argv: list[str]) -> None:
                 os.close(fd)
             _become_trial(request, slot, started_w)
             if request["module"]:
-                _run_as_main(request["module"])
-            if request["call"]:  # an exception ends the process as `python -c` would: a traceback, exit code 1
+                end_as_python(lambda: _run_as_main(request["module"]))
+            if request["call"]:
                 module, function, args = request["call"]
-                getattr(importlib.import_module(module), function)(*args)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(0)
+                end_as_python(lambda: getattr(importlib.import_module(module), function)(*args))
             from advisor.trials.process.harness import main
 
             main(sys.argv[1:])  # ends the process itself (os._exit); an exception ends it as `python -c` would
@@ -324,16 +321,22 @@ def serve(argv: list[str]) -> None:
 
 
 def _run_as_main(argv: list[str]) -> None:
-    """In the forked child: `python -m NAME ARGS` (argv), its exit code, or an exception's traceback and 1; then
-    the process ends at once, as the harness's does. Python's own finalisation of a process that holds torch and
-    dynamo took torchrun's launcher 1.5 s of CPU after its ranks had ended."""
+    """In the forked child: `python -m NAME ARGS` (argv)."""
     import runpy
+
+    sys.argv = list(argv)  # runpy makes argv[0] the module's file, as -m does
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+
+
+def end_as_python(run: Callable[[], object]) -> NoReturn:
+    """In a forked child: `run()`, then end the process as Python would (exit code 0, SystemExit's code or
+    message, an exception's traceback and 1), but at once: Python's own finalisation of a process that holds
+    torch and dynamo took torchrun's launcher 1.5 s of CPU after its ranks had ended."""
     import traceback
 
     code = 0
     try:
-        sys.argv = list(argv)  # runpy makes argv[0] the module's file, as -m does
-        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+        run()
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
         if not isinstance(exit.code, (int, type(None))):
