@@ -11,10 +11,10 @@ session.json and each trial's Diagnosis, as in the HTML report.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
-from advisor.analysis.breakdown import ROLES
 from advisor.escape import for_markdown as md
 from advisor.report.formatting import step_time_s
 
@@ -53,6 +53,8 @@ def session_series(rows: list[dict], diagnoses: dict, unit: str = "samples/s") -
     `diagnoses` maps a trial index to its Diagnosis (trials without a trace are left out). `throughput/
     <unit>_kept` is the ladder: after each trial, the samples/s of the setting the session kept (the
     baseline's until a change is kept)."""
+    from advisor.analysis.breakdown import ROLES
+
     rate = unit.replace("/", "_per_")
     series: dict[str, dict[int, float]] = {}
 
@@ -82,11 +84,10 @@ def session_series(rows: list[dict], diagnoses: dict, unit: str = "samples/s") -
             if not tag.startswith("breakdown/") or any(points.values())}
 
 
-def write_tensorboard(session_dir: Path) -> list[Path]:
-    """Write the session run (DIR/trials/session) and return it with the trial folders that hold traces
-    (the profiler plugin's runs); re-running replaces the earlier event files."""
-    from torch.utils.tensorboard import SummaryWriter  # torch only here: the rest of the report is torch-free
-
+def session_run(session_dir: Path) -> dict:
+    """What the session run holds, torch-free: its folder (`run`), `scalars` as [tag, trial index, value] and
+    `texts` as [trial index, markdown], and the trial folders with traces (`trace_runs`, the profiler plugin's
+    runs). Each trial folder's own event files, from before it was part of a session, are removed here."""
     from advisor.report.session_folder import load_session, trial_folder, trial_traces
     from advisor.report.views import trace_view
 
@@ -103,22 +104,43 @@ def write_tensorboard(session_dir: Path) -> list[Path]:
         traces = trial_traces(session_dir, row)
         if traces:
             views[int(row["index"])] = trace_view(traces[0])
-            trace_runs.append(folder)
+            trace_runs.append(str(folder))
         rows.append(row)
-    run = session_dir / "trials" / SESSION_RUN
-    if run.is_symlink():  # the session folder is input: never write through a link out of it
-        run.unlink()
-    elif run.is_dir():
-        shutil.rmtree(run)  # written only here
-    writer = SummaryWriter(log_dir=str(run))
+    diagnoses = {i: v.diagnosis for i, v in views.items()}
+    scalars = [[tag, index, value] for tag, points in session_series(rows, diagnoses, unit).items()
+               for index, value in sorted(points.items())]
+    texts = [[int(row["index"]), trial_text(row, views.get(int(row["index"])), unit)] for row in rows]
+    return {"run": str(session_dir / "trials" / SESSION_RUN), "scalars": scalars, "texts": texts,
+            "trace_runs": trace_runs}
+
+
+def write_run(run: dict) -> None:
+    """Write a `session_run` with torch's SummaryWriter, replacing the run written before."""
+    from torch.utils.tensorboard import SummaryWriter  # torch only here: the rest of the report is torch-free
+
+    folder = Path(run["run"])
+    if folder.is_symlink():  # the session folder is input: never write through a link out of it
+        folder.unlink()
+    elif folder.is_dir():
+        shutil.rmtree(folder)  # written only here
+    writer = SummaryWriter(log_dir=str(folder))
     try:
-        diagnoses = {i: v.diagnosis for i, v in views.items()}
-        for tag, points in session_series(rows, diagnoses, unit).items():
-            for index, value in sorted(points.items()):
-                writer.add_scalar(tag, value, global_step=index)
-        for row in rows:
-            writer.add_text("trials", trial_text(row, views.get(int(row["index"])), unit),
-                            global_step=int(row["index"]))
+        for tag, index, value in run["scalars"]:
+            writer.add_scalar(tag, value, global_step=index)
+        for index, text in run["texts"]:
+            writer.add_text("trials", text, global_step=index)
     finally:
         writer.close()
-    return [run, *trace_runs]
+
+
+def write_run_json(run: str) -> None:
+    """`write_run` of a run given as JSON text (a call into a process that has torch: `call_forked`)."""
+    write_run(json.loads(run))
+
+
+def write_tensorboard(session_dir: Path) -> list[Path]:
+    """Write the session run (DIR/trials/session) and return it with the trial folders that hold traces
+    (the profiler plugin's runs); re-running replaces the earlier event files."""
+    run = session_run(session_dir)
+    write_run(run)
+    return [Path(run["run"]), *map(Path, run["trace_runs"])]

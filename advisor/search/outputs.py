@@ -123,10 +123,12 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
         state["patch_root"] = None if written is None else str(repository_root(script))  # where `patch -p1` runs
     state["core_use"] = core_use(state)
     save(state)  # the report reads session.json: it must already name the patch
-    from advisor.report import write_report, write_tensorboard
+    from advisor.report import write_report
+    from advisor.report.tensorboard import session_run, write_run
     from advisor.trials.process.zygote import call_forked
 
     write_report(out, out / "report.html")
+    run = session_run(out)  # here, from the traces' views the HTML report has just made
     # TensorBoard's writer is torch's: written where the trials' zygote has torch imported already, else here.
-    if not call_forked("advisor.report", "write_tensorboard", [str(out)]):
-        write_tensorboard(out)
+    if not call_forked("advisor.report.tensorboard", "write_run_json", [json.dumps(run)]):
+        write_run(run)
