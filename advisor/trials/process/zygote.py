@@ -3,8 +3,9 @@ and importing torch afresh: about 2 s sooner per trial on a CPU machine (torch, 
 torch.optim's optimizers import), more with CUDA's libraries.
 
 The parent side (`start_trial`) is torch-free. A zygote is started as the trial itself would be (the same
-interpreter, environment and `-c` entry), imports torch, dynamo and the harness, and then forks one child per
-trial. A zygote serves one environment; the last two environments' zygotes are kept (`MAX_ZYGOTES`).
+interpreter, environment and `-c` entry), imports torch, dynamo and the harness, moves what they made to the
+garbage collector's permanent generation (`gc.freeze`: a trial's collections and object scans skip it), and
+then forks one child per trial. A zygote serves one environment; the last two environments' zygotes are kept (`MAX_ZYGOTES`).
 The child makes itself what a fresh trial process is: a process group and session of its own, its output
 into the trial's log, the folder the trial runs in, the trial's token, the harness's argv, Ctrl-C ignored or
 handled as the advisor's is at that moment (a fresh process inherits it then); and then runs the
@@ -29,6 +30,7 @@ in place, where /proc reads it (and its own exec'd children inherit it as any va
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -283,6 +285,9 @@ def serve(argv: list[str]) -> None:
         import torch._dynamo  # noqa: F401
     except ImportError:
         pass
+    # What the imports made (some 320,000 objects) goes to the collector's permanent generation: each trial's
+    # scans of live objects (its modules and optimizers, 80 ms each) and full collections (190 ms) skip it.
+    gc.freeze()
 
     slot = _token_slot()
     os.write(replies, ((READY if slot else "no token slot") + "\n").encode())
