@@ -19,6 +19,11 @@ os.environ["COLUMNS"] = "250"
 # transformer trial measured 4.3 samples/s beside a busy torch process, 57.6 when both wait passively (103.7
 # alone). Set before torch is imported, inherited by every trial.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A trial that compiles would start inductor's pool of compile workers: a side process and a worker per core,
+# each importing torch, where the other test worker already has the second core (the conv session and the
+# model-knob tests: 57 CPU-s with the pool, 44 without). The trials' kernels compile in their own process, as
+# TORCHINDUCTOR_COMPILE_THREADS=1 has them; what a trial records of its compile is the same.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 DATA = ROOT / "tests" / "data"
 TRACES = DATA / "traces"  # real GPU traces (tests/data/README.md says where each came from)
 SURFACES = DATA / "surfaces"  # recorded response surfaces, replayed by the search tests
