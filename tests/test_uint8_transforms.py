@@ -8,6 +8,8 @@ exactly as without it, and a real session measures it."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import random
 import re
@@ -21,9 +23,24 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, random_split
 
-torchvision = pytest.importorskip("torchvision")
-from torchvision import datasets, transforms as T  # noqa: E402
-from torchvision.transforms import v2  # noqa: E402
+if importlib.util.find_spec("torchvision") is None:
+    pytest.skip("needs torchvision", allow_module_level=True)
+
+
+class Imported:
+    """A torchvision module imported where a test first uses it: the test worker that collects this file but
+    runs none of it is spared importing torchvision (2 s: it imports all its models)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_"):  # pytest's collection looks for markers and mocks: no reason to import
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self.name), attribute)
+
+
+datasets, T, v2 = (Imported(f"torchvision.{name}") for name in ("datasets", "transforms", "transforms.v2"))
 
 from advisor.trials.knobs import APPLIED, Knobs  # noqa: E402
 from advisor.trials.process.runner import run_trial  # noqa: E402
