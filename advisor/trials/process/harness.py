@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import builtins
 import faulthandler
+import gc
 import importlib.machinery
 import importlib.util
 import json
@@ -314,10 +315,12 @@ def main(argv: list[str]) -> int:
     crash_file = open(out_dir / rank_files(world_size, rank)["crash"], "w")
     faulthandler.enable(file=crash_file, all_threads=True)
     result = run(config)
+    # Workers are ended directly: letting the collector shut down a loader whose worker failed waits 5 s for
+    # each worker to join. No collection from here on, then: one can come at any allocation (10 s of a
+    # failed two-worker trial under load), and the process ends without one.
+    gc.disable()
     result.update(rank=rank, world_size=world_size)
     write_json_atomic(out_dir / rank_files(world_size, rank)["result"], result)
-    # Workers are ended directly: letting the collector shut down a loader whose worker failed waits
-    # seconds for each worker to join.
     stop_children()
     sys.stdout.flush()
     sys.stderr.flush()
