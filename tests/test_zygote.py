@@ -258,3 +258,14 @@ def test_a_module_forked_ends_as_python_m_would(tmp_path, body):
         return sorted(line for line in text.splitlines() if not line.startswith(" "))
 
     assert unindented((tmp_path / "log").read_text()) == unindented(fresh.stdout + fresh.stderr)
+
+
+def test_a_request_beyond_the_pipes_buffer_reaches_the_zygote_whole(tmp_path):
+    """A session's TensorBoard run travels to the zygote's child in its request (`call_forked`); a long
+    session's is larger than the pipe's 64 KiB buffer. The child gets every byte."""
+    (tmp_path / "sized.py").write_text("import pathlib, sys\npathlib.Path('size').write_text(str(len(sys.argv[1])))\n")
+    env = {**os.environ, TRIAL_TOKEN: uuid.uuid4().hex}
+    forked = start_trial(sys.executable, None, str(tmp_path), env, str(tmp_path / "log"), 60,
+                         module=["sized", "x" * 300_000])
+    assert forked is not None and forked.wait(60) == 0, (tmp_path / "log").read_text()
+    assert (tmp_path / "size").read_text() == "300000"

@@ -102,7 +102,9 @@ class Zygote:
                    "call": call, "module": module,
                    "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
         try:
-            os.write(self.requests, (json.dumps(request) + "\n").encode())
+            data = (json.dumps(request) + "\n").encode()
+            while data:  # a request beyond the pipe's buffer (a session's TensorBoard run) may take several writes
+                data = data[os.write(self.requests, data):]
             reply = self._reply(60.0)
         except (OSError, subprocess.TimeoutExpired):
             return None
