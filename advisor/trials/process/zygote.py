@@ -5,7 +5,8 @@ torch.optim's optimizers import), more with CUDA's libraries.
 The parent side (`start_trial`) is torch-free. A zygote is started as the trial itself would be (the same
 interpreter, environment and `-c` entry), imports torch, dynamo and the harness, moves what they made to the
 garbage collector's permanent generation (`gc.freeze`: a trial's collections and object scans skip it), and
-then forks one child per trial. A zygote serves one environment; the last two environments' zygotes are kept (`MAX_ZYGOTES`).
+then forks one child per trial. A zygote serves one environment; the last two environments' zygotes are kept
+(`MAX_ZYGOTES`).
 The child makes itself what a fresh trial process is: a process group and session of its own, its output
 into the trial's log, the folder the trial runs in, the trial's token, the harness's argv, Ctrl-C ignored or
 handled as the advisor's is at that moment (a fresh process inherits it then); and then runs the
