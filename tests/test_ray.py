@@ -1,8 +1,10 @@
-"""Trials on a Ray cluster: a local cluster of two Ray nodes (1 CPU each, every Ray process on 127.0.0.1),
+"""Trials on a Ray cluster: a local cluster of two Ray nodes (2 CPUs each, every Ray process on 127.0.0.1),
 started once for the module; each trial is the whole 2-node × 1-rank gloo job, placed by Ray, its records
 brought back through Ray. A session on the DDP example (its baseline: one trace per rank, the job's figures,
-the straggler named), a failing rank, a hanging rank, Ctrl-C, a node lost mid-trial; after each, every CPU
-of the cluster is free and no rank process is left; no Ray socket leaves loopback."""
+the straggler named), a failing rank, a hanging rank, Ctrl-C, a node lost mid-trial; after each, the trial's
+placement group is removed and no rank process is left, and once no trial runs every CPU of the cluster is
+free; no Ray socket leaves loopback. The hanging rank's trial waits out its time limit beside the session's
+second trial and the tests after it, on the second CPU of each node."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -37,6 +40,8 @@ pytestmark = pytest.mark.slow
 # Before ray is imported (as `connect` does for a cluster on loopback): 127.0.0.1 stays 127.0.0.1.
 os.environ[SINGLE_MACHINE_VARIABLE] = "0"
 ray = pytest.importorskip("ray")
+# A trial takes one CPU on each node: the hanging rank's trial idles out its time limit on the second.
+NODE_CPUS = 2
 
 
 def ray_processes() -> list[psutil.Process]:
@@ -82,10 +87,10 @@ def cluster():
     # of five checks 3 s apart. A slow answer still has the default time to come on a busy machine.
     health = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 500,
               "health_check_failure_threshold": 4}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1",
                                                             "include_dashboard": False, "_system_config": health})
     try:
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         connect(cluster.address)  # this process is a driver too: the in-process trials', and to read the resources
         yield cluster
@@ -105,27 +110,76 @@ def cluster():
 
 
 def assert_cleaned_up(record: dict) -> None:
-    """Every CPU of the cluster is free again (the placement group removed, the agents gone), no rank is left."""
+    """The trial's placement group is removed (its CPUs given back, its agents gone), no rank is left."""
+    group = record["ray"]["placement_group"]
     deadline = time.monotonic() + 20
-    while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
+    while ray.util.placement_group_table().get(group, {}).get("state") != "REMOVED" and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"] == 2.0
+    assert ray.util.placement_group_table()[group]["state"] == "REMOVED"
     assert not left_behind(record["token"])
 
 
+def assert_every_cpu_free() -> None:
+    """Once no trial runs: every CPU of the cluster is free (nothing else holds one)."""
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU") != 2.0 * NODE_CPUS and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"] == 2.0 * NODE_CPUS
+
+
+def first_trial_done(out: Path, driver: subprocess.Popen) -> dict:
+    """The record of the session's first trial once it has ended (the session's driver still running)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and driver.poll() is None:
+        for path in sorted(out.glob("trials/*/trial.json")):
+            try:
+                record = json.loads(path.read_text())
+            except ValueError:  # being written
+                continue
+            if record["status"] != "running":
+                return record
+        time.sleep(0.2)
+    raise AssertionError(f"the session's first trial did not end (driver exit code {driver.poll()})")
+
+
 @pytest.fixture(scope="module")
-def session(cluster, tmp_path_factory):
+def runs(cluster, tmp_path_factory):
     """A session of 2 trials (the baseline and the move its job's bound calls for) run by the command line, a
-    driver of its own (which keeps itself on loopback)."""
+    driver of its own (which keeps itself on loopback); and, from the end of its baseline, a trial whose rank 1
+    hangs at step 4 (this process its driver), with a time limit set from that baseline's start-up: the
+    session, its hanging trial (a Future) and that limit."""
     out = tmp_path_factory.mktemp("ray") / "session"
     env = {k: v for k, v in os.environ.items() if k != SINGLE_MACHINE_VARIABLE}
-    done = subprocess.run([sys.executable, "-m", "advisor.cli", "profile", "--ray", cluster.address, "--nnodes", "2",
-                           "--nproc-per-node", "1", "--steps", "2", "--wait", "1", "--warmup", "1", "--device", "cpu",
-                           "--windows", "2", "--window", "0.3", "--max-trials", "2", "--out", str(out),
-                           str(DDP_EXAMPLE), "--", "--slow-rank", "1"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return out, json.loads((out / "session.json").read_text())
+    command = [sys.executable, "-m", "advisor.cli", "profile", "--ray", cluster.address, "--nnodes", "2",
+               "--nproc-per-node", "1", "--steps", "2", "--wait", "1", "--warmup", "1", "--device", "cpu",
+               "--windows", "2", "--window", "0.3", "--max-trials", "2", "--out", str(out),
+               str(DDP_EXAMPLE), "--", "--slow-rank", "1"]
+    output = out.with_name("driver.log")  # a file: a pipe nobody reads while the session runs would fill up
+    with open(output, "w") as log:
+        driver = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with ThreadPoolExecutor(max_workers=1) as background:
+        try:
+            times = first_trial_done(out, driver)["times"]
+            # Time enough to reach step 4 at the baseline's start-up, with room for a machine grown busier since
+            # (twice that and 5 s was too little beside a CPU-bound process).
+            limit = round(3 * (times["first_step_at"] - times["started_at"]) + 10)
+            script = ranks_script(tmp_path_factory.mktemp("hang"), fail_at=4, failure="hang")
+            hanging = background.submit(run_trial, f"{script}:train_step", Knobs(), script.parent / "t", steps=10,
+                                        device="cpu", nproc_per_node=1, nnodes=2, ray_address=cluster.address,
+                                        timeout_s=limit)
+            driver.wait(timeout=600)
+            assert driver.returncode == 0, output.read_text()[-4000:]
+            yield out, json.loads((out / "session.json").read_text()), hanging, limit
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+
+
+@pytest.fixture(scope="module")
+def session(runs):
+    """The session's folder and its session.json."""
+    return runs[:2]
 
 
 def test_each_trial_is_the_two_node_job_with_every_rank_brought_back(session):
@@ -167,21 +221,6 @@ def test_a_failing_rank_is_named_with_its_traceback_and_node(cluster, tmp_path):
     assert trial.message.startswith("rank 1 (node 1, 127.0.0.1): ValueError in step 4: rank one broke"), trial.message
     assert "rank one broke" in trial.traceback and "in train_step" in trial.traceback
     assert_cleaned_up(trial_record(trial.path))
-
-
-def test_a_hanging_rank_ends_at_the_time_limit(cluster, session, tmp_path):
-    out, state = session
-    times = trial_record(out / state["trials"][0]["folder"])["times"]
-    # Time enough to reach step 4 at the session's baseline's start-up, with room for a machine grown busier
-    # since (twice that and 5 s was too little beside a CPU-bound process).
-    limit = round(3 * (times["first_step_at"] - times["started_at"]) + 10)
-    script = ranks_script(tmp_path, fail_at=4, failure="hang")
-    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
-                      nnodes=2, ray_address=cluster.address, timeout_s=limit)
-    assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message
-    record = trial_record(trial.path)
-    assert [len(r["steps"]) >= 4 for r in record["ranks"]] == [True, True]  # what the ranks measured came back
-    assert_cleaned_up(record)
 
 
 def test_without_ray_the_option_says_how_to_install_it(tmp_path):
@@ -240,6 +279,18 @@ def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(clus
     assert_cleaned_up(record)
 
 
+def test_a_hanging_rank_ends_at_the_time_limit(runs):
+    # Its trial has run beside the session's second trial and the tests above (a CPU of each node its own).
+    hanging: Future
+    _, _, hanging, limit = runs
+    trial = hanging.result(timeout=limit + 120)
+    assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message
+    record = trial_record(trial.path)
+    assert [len(r["steps"]) >= 4 for r in record["ranks"]] == [True, True]  # what the ranks measured came back
+    assert_cleaned_up(record)
+    assert_every_cpu_free()  # the session, the failing rank's trial and this one all gave theirs back
+
+
 def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_path):
     script = ranks_script(tmp_path, fail_at=4, failure="hang")
     worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
@@ -250,12 +301,13 @@ def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_
                           nnodes=2, ray_address=cluster.address, timeout_s=300)
     finally:
         thread.join()
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")  # the cluster as the module started it
+        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")  # the cluster as the module started it
         cluster.wait_for_nodes()
     assert worker not in cluster.list_all_nodes()
     assert trial.status == "error" and re.match(r"node [01] \(127\.0\.0\.1\) was lost mid-trial", trial.message), \
         trial.message
     assert_cleaned_up(trial_record(trial.path))
+    assert_every_cpu_free()
     # The node that lived removed its scratch folder; the lost one could not (on a real cluster it is another
     # machine's): here they share /tmp, so the test takes away the one it left.
     left = set(Path(tempfile.gettempdir()).glob("advisor-ray-*")) - scratch_before

@@ -3,7 +3,8 @@
 `run_trial(..., ray_address=ADDRESS, nnodes=N, nproc_per_node=G)` prepares the trial as for torchrun (its
 record, the harness's config) and hands it to `run_ray_job`, which
 
-1. reserves a placement group of N bundles, STRICT_SPREAD (one per node), each G ranks' CPUs (and GPUs);
+1. reserves a placement group of N bundles, STRICT_SPREAD (one per node), each G ranks' CPUs (and GPUs),
+   and names it in the record (`ray.placement_group`);
 2. starts a `NodeAgent` actor in each bundle: the agent of bundle 0 names its node's address and a free
    port (MASTER_ADDR, MASTER_PORT), and every agent starts its G ranks as torchrun would, each the harness
    with torch.distributed's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
@@ -181,12 +182,14 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     world_size = nnodes * nproc_per_node
-    record.update(nproc_per_node=nproc_per_node, ray={"address": address, "nnodes": nnodes, "nodes": []})
-    write_json_atomic(out / TRIAL_FILE, record)
     gpus = nproc_per_node if record["device"] == "cuda" or (
         record["device"] == "auto" and ray.cluster_resources().get("GPU")) else 0
     bundle = {"CPU": nproc_per_node, **({"GPU": gpus} if gpus else {})}
     group = placement_group([bundle] * nnodes, strategy="STRICT_SPREAD")
+    # The placement group's id: `ray.util.placement_group_table()` tells whether the trial gave its CPUs back.
+    record.update(nproc_per_node=nproc_per_node, ray={"address": address, "nnodes": nnodes, "nodes": [],
+                                                      "placement_group": group.id.hex()})
+    write_json_atomic(out / TRIAL_FILE, record)
     agents: list[Any] = []
     deadline = time.monotonic() + timeout_s
     if on_start is not None:  # a killed session's --resume ends whatever this machine still runs of the trial
