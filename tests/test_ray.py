@@ -85,10 +85,12 @@ def cluster():
     saved_threads, os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS"), "1"
     # A node killed by the node-lost test is found dead after a few refused health checks, not Ray's default
     # of five checks 3 s apart. A slow answer still has the default time to come on a busy machine.
-    health = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 500,
-              "health_check_failure_threshold": 4}
+    # No idle workers started for each driver that connects (Ray's default, for tasks): each trial's agents are
+    # actors, which start workers of their own (the module: 66 -> 57 CPU-s).
+    system = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 500,
+              "health_check_failure_threshold": 4, "prestart_worker_first_driver": False}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1",
-                                                            "include_dashboard": False, "_system_config": health})
+                                                            "include_dashboard": False, "_system_config": system})
     try:
         cluster.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
