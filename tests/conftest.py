@@ -75,14 +75,18 @@ def advisor_main(*args: str, cwd: Path | None = None, env: dict | None = None) -
 
 
 # The test files that take longest, longest first (seconds of one worker in a fresh clone's `make test` here:
-# Ray 62, the report 39, ... the search 16); the rest follow in alphabetical order. The two workers take files
-# in this order as each runs short (`--no-loadscope-reorder`), so the last files to start are short and the
-# workers end together. xdist's own order, by number of tests, put the files of one or two real sessions
-# last: a worker ran the 34 s conv session alone at the end, 25 s after the other had finished.
-LONGEST_FIRST = ("test_ray.py", "test_report.py", "test_api.py", "test_conv_session.py", "test_faults.py",
-                 "test_trial.py", "test_zygote.py", "test_frameworks.py", "test_uint8_transforms.py",
-                 "test_doctor.py", "test_memory.py", "test_distributed.py", "test_session.py", "test_steering.py",
-                 "test_patch.py", "test_drift.py", "test_scripts.py", "test_search.py", "test_analyze_fuzz.py")
+# the report 56 with its browser checks, the conv session 45, Ray 45, ... the search 16); the rest follow in
+# alphabetical order. The two workers take files in this order as each runs short (`--no-loadscope-reorder`),
+# so the last files to start are short and the workers end together. xdist's own order, by number of tests,
+# put the files of one or two real sessions last: a worker ran the 34 s conv session alone at the end, 25 s
+# after the other had finished. Ray goes first: its idle waits (time limits, a node's health checks) leave
+# the other worker the cores.
+LONGEST_FIRST = ("test_ray.py", "test_report.py", "test_conv_session.py", "test_api.py", "test_faults.py",
+                 "test_trial.py", "test_frameworks.py", "test_zygote.py", "test_uint8_transforms.py",
+                 "test_distributed.py", "test_analyze_fuzz.py", "test_doctor.py", "test_patch.py", "test_session.py",
+                 "test_drift.py", "test_model_knobs.py", "test_search.py", "test_steering.py",
+                 "test_analyze_advice.py", "test_memory.py", "test_uint8_copies.py", "test_memory_advice.py",
+                 "test_scripts.py")
 
 
 def pytest_collection_modifyitems(items: list) -> None:
