@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # model-knob tests: 57 CPU-s with the pool, 44 without). The trials' kernels compile in their own process, as
 # TORCHINDUCTOR_COMPILE_THREADS=1 has them; what a trial records of its compile is the same.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# No test downloads from a hub (none is reachable): the Hugging Face libraries are told so. Set for the whole suite,
+# not by the frameworks' module: a variable that differs between modules gives the trials a zygote of its own.
+os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
 DATA = ROOT / "tests" / "data"
 TRACES = DATA / "traces"  # real GPU traces (tests/data/README.md says where each came from)
 SURFACES = DATA / "surfaces"  # recorded response surfaces, replayed by the search tests
