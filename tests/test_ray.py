@@ -161,7 +161,9 @@ def runs(cluster, tmp_path_factory):
         driver = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     with ThreadPoolExecutor(max_workers=1) as background:
         try:
-            times = first_trial_done(out, driver)["times"]
+            baseline = first_trial_done(out, driver)
+            assert baseline["status"] == "ok", baseline.get("message")
+            times = baseline["times"]
             # Time enough to reach step 4 at the baseline's start-up, with room for a machine grown busier since
             # (twice that and 5 s was too little beside a CPU-bound process).
             limit = round(3 * (times["first_step_at"] - times["started_at"]) + 10)
