@@ -258,8 +258,8 @@ def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_c
     assert summary["peak_data_bytes"] < held + CAP
 
 
-# The advisor tries bf16 after an out-of-memory trial only where the CPU computes it (`recovery_plan`); emulated,
-# this one step took 21 s here against the baseline's 6 s.
+# The advisor tries bf16 after an out-of-memory trial only where the CPU computes it (`recovery_plan`); emulated
+# on an AMD EPYC without bf16 instructions, this one step took 21 s against the baseline's 6 s.
 @pytest.mark.skipif(not cpu_computes_bf16(), reason="the CPU has no bf16 instructions: the advisor does not try bf16")
 def test_bf16_autocast_halves_the_activations_and_the_users_batch_fits_under_the_same_cap(tmp_path):
     target = f"{EXAMPLES / 'memory_hungry.py'}:train_step"
