@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -133,11 +133,8 @@ def first_trial_done(out: Path, driver: subprocess.Popen) -> dict:
     """The record of the session's first trial once it has ended (the session's driver still running)."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and driver.poll() is None:
-        for path in sorted(out.glob("trials/*/trial.json")):
-            try:
-                record = json.loads(path.read_text())
-            except ValueError:  # being written
-                continue
+        for path in sorted(out.glob("trials/*/trial.json")):  # written whole (write_json_atomic)
+            record = trial_record(path.parent)
             if record["status"] != "running":
                 return record
         time.sleep(0.2)
@@ -285,7 +282,6 @@ def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(clus
 
 def test_a_hanging_rank_ends_at_the_time_limit(runs):
     # Its trial has run beside the session's second trial and the tests above (a CPU of each node its own).
-    hanging: Future
     _, _, hanging, limit = runs
     trial = hanging.result(timeout=limit + 120)
     assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message
