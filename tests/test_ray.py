@@ -192,6 +192,9 @@ def test_each_trial_is_the_two_node_job_with_every_rank_brought_back(session):
     assert [n["ranks"] for n in nodes] == [[0], [1]] and len({n["node_id"] for n in nodes}) == 2  # STRICT_SPREAD
     assert sorted(name.split(".")[0] for name in baseline["trace_files"]) == ["trial_rank0", "trial_rank1"]
     assert "--- rank 1 on node 1 ---" in (out / state["trials"][0]["folder"] / "output.log").read_text()
+    # The ranks run at the driver's priority (this process's, which the CLI's inherits), not Ray's nice 15
+    # for its workers (beside two CPU-bound processes, their first step took 63 s at nice 15, 2.4 s quiet).
+    assert baseline["device_facts"]["cpu"]["niceness"] == os.nice(0)
     # The job's samples/s (both ranks'), and the job's analysis: rank 1's slow loader makes it the straggler.
     rates = [r["summary"]["samples_per_s"] for r in baseline["ranks"]]
     assert baseline["summary"]["samples_per_s"] == pytest.approx(sum(rates))

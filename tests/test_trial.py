@@ -99,6 +99,7 @@ def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
     record = trial_record(folder)
     assert record["schema"] == SCHEMA and record["status"] == "ok"
     assert record["script_args"] == ["--epochs", "5"]
+    assert record["device_facts"]["cpu"]["niceness"] == os.nice(0)  # the trial runs at the advisor's priority
     check_trace_matches_trial(folder, record)
     assert record["user_values"] == {
         "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,

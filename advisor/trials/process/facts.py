@@ -48,7 +48,7 @@ def cpuinfo() -> tuple[str, set[str]]:
 
 
 def cpu_facts() -> dict[str, Any]:
-    """CPU model, core counts, RAM and the matrix instructions bf16 speed depends on."""
+    """CPU model, core counts, RAM, the matrix instructions bf16 speed depends on, and this process's nice value."""
     import psutil
     import torch
 
@@ -60,6 +60,7 @@ def cpu_facts() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "ram_bytes": psutil.virtual_memory().total,
         "bf16_instructions": bf16_instructions(flags, os.environ),
+        "niceness": os.nice(0),  # what share of a busy CPU it gets; a trial has the advisor's own, on Ray too
     }
 
 

@@ -8,7 +8,8 @@ record, the harness's config) and hands it to `run_ray_job`, which
 2. starts a `NodeAgent` actor in each bundle: the agent of bundle 0 names its node's address and a free
    port (MASTER_ADDR, MASTER_PORT), and every agent starts its G ranks as torchrun would, each the harness
    with torch.distributed's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-   MASTER_ADDR, MASTER_PORT), writing into a scratch folder on its own node;
+   MASTER_ADDR, MASTER_PORT), writing into a scratch folder on its own node; agents and ranks run at the
+   driver's priority (its nice value), not at the nice 15 Ray gives its workers;
 3. gets every agent's files back as the agent's return value (Ray's object store: no shared filesystem),
    writes them into the trial folder under the names a local data-parallel trial has, and completes the
    record as for torchrun (`complete_record`: every rank's steps, the job's samples/s, one trace per rank).
@@ -40,6 +41,11 @@ RAY_MISSING = "--ray needs the ray package on this machine and every node: pip i
 FAILURE_GRACE_S = 10.0  # how long the other nodes' ranks get to fail after a rank failed, before they are stopped
 COLLECT_S = 30.0  # how long stopped agents get to hand back what their ranks wrote
 PLACEMENT_S = 120.0  # how long a trial waits for the cluster to place its bundles (at most its time limit)
+# Ray starts its workers, and so our agents and the ranks they start, at nice 15: wherever anything else runs
+# on a node, the ranks would get a sliver of the CPU and measure slow. The variable, in the agent's runtime
+# environment, gives it (and its ranks) the driver's own priority, as a local trial's processes have; Ray's
+# job supervisor sets it to 0 for a job's driver in the same way.
+NICENESS_VARIABLE = "RAY_worker_niceness"
 
 
 def import_ray() -> Any:
@@ -203,6 +209,7 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
             return _complete(record, out, started, world_size, {})
         agent_class = ray.remote(NodeAgent)
         agents = [agent_class.options(num_cpus=nproc_per_node, num_gpus=gpus, max_concurrency=2,
+                                      runtime_env={"env_vars": {NICENESS_VARIABLE: str(os.nice(0))}},
                                       scheduling_strategy=PlacementGroupSchedulingStrategy(
                                           group, placement_group_bundle_index=i)).remote(record["token"])
                   for i in range(nnodes)]

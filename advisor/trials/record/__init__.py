@@ -52,7 +52,8 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     (its log kept as output.attempt1.log)
     traceback       the user's traceback text (our frames left out), else absent
     device_facts    {type: "cpu"|"cuda", torch, python, platform,
-                     cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions},
+                     cpu: {model, logical_cores, physical_cores, torch_threads, ram_bytes, bf16_instructions,
+                          niceness (the trial's nice value: the advisor's own, under --ray too)},
                      gpu: {name, compute_capability, total_memory_bytes, ..., nvml: {...}} (CUDA only)}
     steps           [{index, wall_s, call_s, data_s, loader, recorded, phase, window?, batch_size, batch_size_source,
                       loss, load?, rss_bytes,
