@@ -111,14 +111,21 @@ def cluster():
     assert not ray_processes()[1:], "the Ray cluster left processes behind"
 
 
+def scratch_folders(record: dict) -> set[Path]:
+    """The trial's scratch folders on this machine (both nodes' here), where its ranks write."""
+    return set(Path(tempfile.gettempdir()).glob(f"advisor-ray-{record['token']}-*"))
+
+
 def assert_cleaned_up(record: dict) -> None:
-    """The trial's placement group is removed (its CPUs given back, its agents gone), no rank is left."""
+    """The trial's placement group is removed (its CPUs given back, its agents gone), no rank is left, and no
+    scratch folder."""
     group = record["ray"]["placement_group"]
     deadline = time.monotonic() + 20
     while ray.util.placement_group_table().get(group, {}).get("state") != "REMOVED" and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ray.util.placement_group_table()[group]["state"] == "REMOVED"
     assert not left_behind(record["token"])
+    assert not scratch_folders(record)
 
 
 def assert_every_cpu_free() -> None:
@@ -297,7 +304,6 @@ def test_a_hanging_rank_ends_at_the_time_limit(runs):
 def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_path):
     script = ranks_script(tmp_path, fail_at=4, failure="hang")
     worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
-    scratch_before = set(Path(tempfile.gettempdir()).glob("advisor-ray-*"))
     thread = once_every_rank_runs(tmp_path / "t", lambda: cluster.remove_node(worker, allow_graceful=False))
     try:
         trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
@@ -309,14 +315,15 @@ def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_
     assert worker not in cluster.list_all_nodes()
     assert trial.status == "error" and re.match(r"node [01] \(127\.0\.0\.1\) was lost mid-trial", trial.message), \
         trial.message
-    assert_cleaned_up(trial_record(trial.path))
-    assert_every_cpu_free()
     # The node that lived removed its scratch folder; the lost one could not (on a real cluster it is another
     # machine's): here they share /tmp, so the test takes away the one it left.
-    left = set(Path(tempfile.gettempdir()).glob("advisor-ray-*")) - scratch_before
+    record = trial_record(trial.path)
+    left = scratch_folders(record)
     assert len(left) <= 1, left
     for folder in left:
         shutil.rmtree(folder)
+    assert_cleaned_up(record)
+    assert_every_cpu_free()
 
 
 def test_no_ray_socket_leaves_loopback(cluster):

@@ -109,9 +109,13 @@ class NodeAgent:
     """One node's share of a trial (a Ray actor in one bundle): starts its ranks, waits, hands back their files."""
 
     def __init__(self, token: str):
+        import threading
+
         self.token = token
         self.node: str | None = None  # the job's node this agent runs (its ranks carry it as TRIAL_NODE)
         self.processes: list[Any] = []
+        self.running = False
+        self.cleaned = threading.Event()  # `run` has ended its ranks and removed its scratch folder
 
     def where(self) -> dict[str, Any]:
         """This node: its address, Ray's id for it, and a port free on it (for rank 0's store)."""
@@ -136,8 +140,8 @@ class NodeAgent:
         from advisor.trials.process.processes import TRIAL_NODE
         from advisor.trials.process.runner import HARNESS_ENTRY
 
-        self.node = str(node_rank)
-        scratch = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
+        self.node, self.running = str(node_rank), True
+        scratch = Path(tempfile.mkdtemp(prefix=f"advisor-ray-{self.token}-"))  # the token: whose it is
         # Not under torchrun: each rank dies with this agent (the parent it is told), as a lone trial does.
         config = dict(config, out_dir=str(scratch), torchrun=False, parent=os.getpid())
         try:
@@ -161,10 +165,18 @@ class NodeAgent:
             files = {p.name: p.read_bytes() for p in scratch.iterdir() if p.is_file()}
             return {"codes": codes, "files": files}
         finally:
-            self.stop()
+            self._end_ranks()
             shutil.rmtree(scratch, ignore_errors=True)
+            self.cleaned.set()
 
     def stop(self) -> None:
+        """End this node's ranks, and return once `run` has cleaned up after them: the driver kills this
+        actor next, which would otherwise leave the scratch folder behind."""
+        self._end_ranks()
+        if self.running:
+            self.cleaned.wait(COLLECT_S)
+
+    def _end_ranks(self) -> None:
         """End this node's ranks and whatever they started (DataLoader workers): those with the trial's token
         and this node's (another node of the job may share the machine, its ranks still at work)."""
         from advisor.trials.process.processes import end_trial_processes
