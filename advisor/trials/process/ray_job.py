@@ -114,7 +114,6 @@ class NodeAgent:
         self.token = token
         self.node: str | None = None  # the job's node this agent runs (its ranks carry it as TRIAL_NODE)
         self.processes: list[Any] = []
-        self.running = False
         self.cleaned = threading.Event()  # `run` has ended its ranks and removed its scratch folder
 
     def where(self) -> dict[str, Any]:
@@ -140,7 +139,7 @@ class NodeAgent:
         from advisor.trials.process.processes import TRIAL_NODE
         from advisor.trials.process.runner import HARNESS_ENTRY
 
-        self.node, self.running = str(node_rank), True
+        self.node = str(node_rank)
         scratch = Path(tempfile.mkdtemp(prefix=f"advisor-ray-{self.token}-"))  # the token: whose it is
         # Not under torchrun: each rank dies with this agent (the parent it is told), as a lone trial does.
         config = dict(config, out_dir=str(scratch), torchrun=False, parent=os.getpid())
@@ -173,7 +172,7 @@ class NodeAgent:
         """End this node's ranks, and return once `run` has cleaned up after them: the driver kills this
         actor next, which would otherwise leave the scratch folder behind."""
         self._end_ranks()
-        if self.running:
+        if self.node is not None:  # `run` has started (it names the node first)
             self.cleaned.wait(COLLECT_S)
 
     def _end_ranks(self) -> None:
