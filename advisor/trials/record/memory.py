@@ -4,10 +4,11 @@ live bytes read from the profiled steps' traces. Torch-free."""
 from __future__ import annotations
 
 import gzip
-import json
 import statistics
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 
 def memory_growth(steps: list[dict[str, Any]], skip: int = 1) -> dict[str, Any] | None:
@@ -47,6 +48,34 @@ def memory_growth(steps: list[dict[str, Any]], skip: int = 1) -> dict[str, Any] 
             "steps": n, "source": source, "first_index": points[0][0]}
 
 
+class _MemoryArgs(msgspec.Struct, gc=False):
+    total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
+    device_type: Any = msgspec.field(name="Device Type", default=0)
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields of a trace event read here; the rest of each event is skipped while decoding, and its
+    args are decoded only for a `[memory]` event."""
+
+    name: Any = ""
+    ph: Any = None
+    ts: Any = None
+    dur: Any = 0
+    args: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _Trace(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] = []
+
+
+def _memory_args(args: msgspec.Raw) -> _MemoryArgs | None:
+    """A `[memory]` event's allocator figures, or None where its args are not an object of them."""
+    try:
+        return msgspec.json.decode(args, type=_MemoryArgs) if args else None
+    except msgspec.DecodeError:
+        return None
+
+
 def profiler_memory(trace_path: Path) -> tuple[int | None, dict[int, int]]:
     """From the trace's CPU `[memory]` events (profile_memory=True): the largest `Total Allocated`, and
     per `ProfilerStep#N` the `Total Allocated` at the step's end.
@@ -57,21 +86,22 @@ def profiler_memory(trace_path: Path) -> tuple[int | None, dict[int, int]]:
     """
     try:
         opener = gzip.open if trace_path.suffix == ".gz" else open
-        with opener(trace_path, "rt") as f:
-            events = json.load(f).get("traceEvents", [])
-    except (OSError, ValueError, EOFError):
+        with opener(trace_path, "rb") as f:
+            events = msgspec.json.decode(f.read(), type=_Trace).traceEvents
+    except (OSError, ValueError, EOFError, msgspec.DecodeError):
         return None, {}
-    memory = sorted(
-        (e["ts"], e["args"]["Total Allocated"])
-        for e in events
-        if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and "Total Allocated" in e["args"]
-        and e["args"].get("Device Type", 0) == 0 and isinstance(e.get("ts"), (int, float))
-    )
+    memory = []
+    for e in events:
+        if e.name == "[memory]" and isinstance(e.ts, (int, float)):
+            figures = _memory_args(e.args)
+            if figures is not None and isinstance(figures.total_allocated, (int, float)) and figures.device_type == 0:
+                memory.append((e.ts, figures.total_allocated))
+    memory.sort()
     ends = {}
     for e in events:
-        name = str(e.get("name", ""))
-        if e.get("ph") == "X" and name.startswith("ProfilerStep#") and name[13:].isdigit():
-            ends[int(name[13:])] = e["ts"] + e.get("dur", 0)
+        name = str(e.name)
+        if e.ph == "X" and name.startswith("ProfilerStep#") and name[13:].isdigit() and isinstance(e.ts, (int, float)):
+            ends[int(name[13:])] = e.ts + (e.dur or 0)
     by_step, position, current = {}, 0, None
     for step, end in sorted(ends.items(), key=lambda item: item[1]):
         while position < len(memory) and memory[position][0] <= end:
