@@ -25,6 +25,7 @@ import pytest
 from PIL import Image
 
 from advisor.errors import AdvisorError
+from advisor.report import charts, views
 from advisor.report import render_session_report, render_trace_report, write_report, write_tensorboard
 from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, chromium,
                             free_port, recorded_session, rewrite_trace_names, run_chromium, ten_trial_specs)
@@ -142,8 +143,19 @@ def test_session_report_in_chromium(browser, session_dir: Path, tmp_path: Path):
 
 
 def test_session_report_is_deterministic_and_reads_only_the_folder(session_dir: Path):
-    """The same session folder gives the same bytes (stable chart ids, no timestamps)."""
-    assert render_session_report(session_dir) == render_session_report(session_dir)
+    """The same session folder gives the same bytes (stable chart ids, no timestamps), its charts drawn
+    again; drawn once more for the same figures, a chart is the one drawn before."""
+    first = render_session_report(session_dir)
+    charts.DRAWN.clear()
+    views._trace_view.cache_clear()  # its traces diagnosed again too
+    assert render_session_report(session_dir) == first
+    drawn = dict(charts.DRAWN)
+    assert drawn and render_session_report(session_dir) == first
+    assert all(charts.DRAWN[key] is uri for key, uri in drawn.items())
+    series = [("cpu", (0.0, 1.0, 2.0), (0.0, 2e9, 1e9))]
+    uri = charts.memory_timeline_chart(series, None, cumulative=False)
+    assert charts.memory_timeline_chart(list(series), None, cumulative=False) is uri
+    assert charts.memory_timeline_chart([("cpu", (0.0, 1.0, 2.0), (0.0, 2e9, 3e9))], None, cumulative=False) != uri
 
 
 def test_interrupted_session_reports_the_trials_so_far(tmp_path: Path):

@@ -4,12 +4,18 @@ Embedding the SVG as a base64 image (not inline markup) makes it inert: a label 
 folder name cannot become an element of the report page, whatever it contains. Mathtext is off so a `$`
 in a name is drawn as a dollar sign. Text stays text in the SVG (`svg.fonttype = 'none'`), which keeps
 each chart to a few tens of kilobytes.
+
+A chart is a function of its figures alone, and drawing one takes tens of milliseconds: each is drawn once
+per process for the same figures (`memoized`), so a report written again, a session's TensorBoard run after
+its report, or a notebook that shows a trial again, reuses it.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
+from typing import Callable
 
 import matplotlib
 
@@ -36,6 +42,25 @@ ROLE_COLORS = {
 DECISION_COLORS = {"baseline": "#4c78a8", "kept": "#54a24b", "reverted": "#bab0ac", "failed": "#e45756"}
 
 
+CHARTS_KEPT = 128  # about 20 KB each
+DRAWN: dict[tuple[str, str], str] = {}  # (chart, repr of its arguments) -> its data URI, oldest first
+
+
+def memoized(draw: Callable[..., str]) -> Callable[..., str]:
+    """`draw`, remembering in DRAWN the charts it drew by the repr of their arguments (plain data: lists,
+    dicts, numbers, strings), the oldest forgotten first."""
+    @functools.wraps(draw)
+    def chart(*args, **kwargs) -> str:
+        key = (draw.__name__, repr((args, kwargs)))
+        if key not in DRAWN:
+            if len(DRAWN) >= CHARTS_KEPT:
+                del DRAWN[next(iter(DRAWN))]
+            DRAWN[key] = draw(*args, **kwargs)
+        return DRAWN[key]
+
+    return chart
+
+
 def svg_data_uri(fig: Figure) -> str:
     """The figure as a base64 `data:image/svg+xml` URI; closes the figure."""
     buf = io.BytesIO()
@@ -51,6 +76,7 @@ def _figure(rows: int) -> tuple[Figure, object]:
     return fig, ax
 
 
+@memoized
 def breakdown_chart(labels: list[str], breakdown_ms: list[dict[str, float]], roles: tuple[str, ...],
                     role_labels: dict[str, str]) -> str:
     """Stacked horizontal bars: each bar one trial (or trace), each segment a role's ms per step."""
@@ -73,6 +99,7 @@ def breakdown_chart(labels: list[str], breakdown_ms: list[dict[str, float]], rol
         return svg_data_uri(fig)
 
 
+@memoized
 def throughput_chart(labels: list[str], samples_per_s: list[float | None], decisions: list[str],
                      unit: str = "samples/s", intervals: list | None = None) -> str:
     """Horizontal bars of steady-state samples/s (or steps/s: `unit`) per trial, coloured by the decision,
@@ -111,6 +138,7 @@ def _interval(interval: object, value: float | None) -> tuple[float, float] | No
 CAPACITY_SCALE = 0.2
 
 
+@memoized
 def memory_chart(labels: list[str], peak_bytes: list[float | None], capacity_bytes: float | None,
                  sources: list[str]) -> str:
     """Peak memory per trial (GB) against the device capacity (dashed line) when it is known and a peak comes
@@ -140,6 +168,7 @@ def memory_chart(labels: list[str], peak_bytes: list[float | None], capacity_byt
         return svg_data_uri(fig)
 
 
+@memoized
 def memory_timeline_chart(series: list[tuple[str, tuple[float, ...], tuple[float, ...]]],
                           capacity_bytes: float | None, cumulative: bool) -> str:
     """Allocated memory over the trace (one line per device), against capacity when it is known."""
@@ -159,6 +188,7 @@ def memory_timeline_chart(series: list[tuple[str, tuple[float, ...], tuple[float
         return svg_data_uri(fig)
 
 
+@memoized
 def rank_timeline_chart(labels: list[str], segments: list[list], highlight: int | None,
                         role_labels: dict[str, str]) -> str:
     """One step per rank, side by side in time: each bar a rank, each segment [role, start_us, end_us] the

@@ -8,6 +8,7 @@ Data flows one way: the report reads what the session wrote (session.json, trial
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -55,6 +56,8 @@ def ladder_rows(rows: list[dict]) -> list[dict]:
     return ladder
 
 
+# One per process: an environment compiles each template it loads (about 50 ms a template) and keeps it.
+@functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """The jinja2 environment: autoescape always on, undefined names are errors, figure filters."""
     env = jinja2.Environment(
