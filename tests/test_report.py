@@ -21,6 +21,7 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
+import msgspec
 import pytest
 from PIL import Image
 
@@ -328,7 +329,7 @@ def _get_json(url: str):
         body = response.read()
         if response.headers.get("Content-Encoding") == "gzip":  # the profiler plugin's trace and memory views
             body = gzip.decompress(body)
-        return json.loads(body)
+        return msgspec.json.decode(body)  # the trace views are megabytes: json.loads took seconds
 
 
 def test_tensorboard_server_shows_the_session_run_and_each_trials_profile(tmp_path: Path):
