@@ -521,7 +521,8 @@ def test_hand_edited_session_json_renders_or_is_one_line(tmp_path_factory, data)
         assert "\n" not in str(exc) and str(exc).startswith(str(folder / "session.json"))
         return
     event("rendered" + (" (saying what it could not read)" if 'id="unread"' in html else ""))
-    assert "<h2>Ladder</h2>" in html
+    # No row left measured (each one's decision or samples/s edited away): the page says what failed instead.
+    assert "<h2>Ladder</h2>" in html or "<dt>What failed</dt>" in html
 
 
 # --- a handful through a real process: no traceback, one line or figures ----------------------------
