@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # model-knob tests: 57 CPU-s with the pool, 44 without). The trials' kernels compile in their own process, as
 # TORCHINDUCTOR_COMPILE_THREADS=1 has them; what a trial records of its compile is the same.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Inductor writes its cache folder into the environment where it first looks it up: once a test's in-process
+# work did (the timm test's), the module's later trials differed from the earlier ones by that variable and
+# got a zygote of their own. Set from the start, to the folder inductor would choose.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
 # No test downloads from a hub (none is reachable): the Hugging Face libraries are told so. Set for the whole suite,
 # not by the frameworks' module: a variable that differs between modules gives the trials a zygote of its own.
 os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"

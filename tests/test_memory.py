@@ -227,11 +227,14 @@ def test_leaky_example_grows_every_step(tmp_path):
 # Out of memory under a cap, and the configuration that fits
 
 CAP = 1450 * 2**20  # 1.45 GiB of writable memory above torch's own: the user's batch of 16 needs about 1.9 GiB
+# Two OpenMP threads, so that the memory of thread stacks and arenas is alike on any machine; where torch runs
+# two already, the environment stays the suite's (a variable of its own would start a zygote for these trials).
+TWO_THREADS = None if torch.get_num_threads() == 2 else dict(os.environ, OMP_NUM_THREADS="2")
 
 
 def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_cap(tmp_path):
     target = f"{EXAMPLES / 'memory_hungry.py'}:train_step"
-    env = dict(os.environ, OMP_NUM_THREADS="2")  # the memory of thread stacks and arenas stays alike
+    env = TWO_THREADS
     baseline = run_trial(target, Knobs(), tmp_path / "base", steps=1, wait=1, warmup=0, device="cpu",
                          memory_limit=CAP, env=env)
     assert baseline.status == "oom", baseline.message
@@ -263,7 +266,7 @@ def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_c
 @pytest.mark.skipif(not cpu_computes_bf16(), reason="the CPU has no bf16 instructions: the advisor does not try bf16")
 def test_bf16_autocast_halves_the_activations_and_the_users_batch_fits_under_the_same_cap(tmp_path):
     target = f"{EXAMPLES / 'memory_hungry.py'}:train_step"
-    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env = TWO_THREADS
     bf16 = run_trial(target, Knobs(amp="bf16"), tmp_path / "bf16", steps=1, wait=0, warmup=0, device="cpu",
                      memory_limit=CAP, env=env, profile=False)
     assert bf16.ok and bf16.batch_size == 16, bf16.message
