@@ -6,8 +6,8 @@ in a name is drawn as a dollar sign. Text stays text in the SVG (`svg.fonttype =
 each chart to a few tens of kilobytes.
 
 A chart is a function of its figures alone, and drawing one takes tens of milliseconds: each is drawn once
-per process for the same figures (`memoized`), so a report written again, a session's TensorBoard run after
-its report, or a notebook that shows a trial again, reuses it.
+per process for the same figures (`memoized`), so a report written again, or a notebook that shows a trial
+again, reuses it.
 """
 
 from __future__ import annotations
