@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import code
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from conftest import whole_at
 from trial_helpers import EXAMPLES, REPO, ctrl_c_reaches_it, median_trace_step, profiler_step_durations, trial_record, \
     write_script
 
+import advisor
 from advisor import cli
 from advisor.analysis.bound import BOUNDS
 from advisor.trials.knobs import APPLIED, Knobs
@@ -26,7 +28,8 @@ pytestmark = pytest.mark.slow
 
 # A step that calls a matmul and records what it saw into observed.json next to the script.
 KNOB_SCRIPT = """
-    import json, sys
+    import code, json, sys
+    import advisor
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -44,7 +47,8 @@ KNOB_SCRIPT = """
             self.optimizer.step()
             l = self.loader
             with open("observed.json", "w") as f:
-                json.dump({"matmul_dtype": str((x @ x.T).dtype), "argv": sys.argv[1:],
+                json.dump({"matmul_dtype": str((x @ x.T).dtype), "argv": sys.argv[1:], "code": code.__file__,
+                           "advisor": advisor.__file__,
                            "loader": [l.batch_size, l.num_workers, l.pin_memory, l.persistent_workers, l.prefetch_factor]}, f)
             return loss
 
@@ -163,6 +167,9 @@ def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path, monkeyp
     assert observed["matmul_dtype"] == "torch.bfloat16"
     assert observed["loader"] == [8, 1, False, True, 3]  # pin_memory is left alone on the CPU
     assert observed["argv"] == ["--flag"]
+    # The trial imports this advisor, and the standard library's `code` (pdb's), not the advisor's `code`
+    # subpackage: PYTHONPATH holds the folder above the package, never the package's own.
+    assert observed["advisor"] == advisor.__file__ and observed["code"] == code.__file__
     assert result.batch_size == 8
     record = trial_record(result.path)
     assert record["user_values"] == {

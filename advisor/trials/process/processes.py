@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -23,6 +24,18 @@ def group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
     return members
+
+
+# The folder that holds the advisor package (a checkout's top, or site-packages), not the package's own folder:
+# on PYTHONPATH that would put its subpackages (`code`, `analysis`, ...) before the standard library's and the
+# user's modules of the same names.
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+
+
+def advisor_importable(environ: dict[str, str]) -> str:
+    """The PYTHONPATH of a process the advisor starts with `environ`: this advisor first, so that a checkout
+    run without installing is the one its trials import."""
+    return os.pathsep.join(filter(None, [PACKAGE_ROOT, environ.get("PYTHONPATH")]))
 
 
 TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from advisor.trials.process import profiler
+from advisor.trials.process.processes import advisor_importable
 
 PROBE_STEPS = 3
 PROBE_TIMEOUT_S = 240.0  # torch's import, CUDA's start and a profiled step: seconds, minutes on a busy machine
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _CUPTI_ERROR = re.compile(r"CUPTI_ERROR_[A-Z_]+")
 CUPTI_PERMISSION = "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"
 CUPTI_PERMISSION_FIX = (
@@ -174,7 +174,7 @@ def cuda_profiler_problem(device: str, timeout_s: float = PROBE_TIMEOUT_S) -> st
     could not finish (the baseline then says what is wrong)."""
     if device == "cpu" or (device == "auto" and not nvidia_driver_present()):
         return None
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=advisor_importable(os.environ))
     try:
         done = subprocess.run([sys.executable, "-m", "advisor.trials.process.profiler_check", device], capture_output=True,
                               text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)

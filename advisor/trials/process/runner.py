@@ -31,10 +31,10 @@ from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, Tr
     complete_record
 from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.process.targets import TargetNotFound, locate_target, parse_step, parse_target
-from advisor.trials.process.processes import TRIAL_TOKEN, end_trial_processes, interrupts_held, sigterm_as_interrupt
+from advisor.trials.process.processes import TRIAL_TOKEN, advisor_importable, end_trial_processes, interrupts_held, \
+    sigterm_as_interrupt
 from advisor.trials.process.zygote import start_trial as start_forked
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the advisor package
 HARNESS_ENTRY = "import sys; from advisor.trials.process.harness import main; main(sys.argv[1:])"
 
 
@@ -272,7 +272,7 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
 def _child_environment(env: dict[str, str] | None, device: str, token: str) -> dict[str, str]:
     """The trial process's environment: `env` (or ours), this advisor importable, the trial's token."""
     child_env = dict(os.environ if env is None else env)
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
+    child_env["PYTHONPATH"] = advisor_importable(child_env)
     child_env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
         child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
