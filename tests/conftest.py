@@ -83,6 +83,38 @@ def advisor_main(*args: str, cwd: Path | None = None, env: dict | None = None) -
     return subprocess.CompletedProcess(["advisor", *args], code, *text)
 
 
+def run_script(script: Path | str, *args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` run from `cwd` on the CPU, as a user runs a script a patch changed: forked from this
+    worker's zygote, as its trials are (torch and dynamo imported already: 4 s less CPU than a fresh Python on
+    this machine), else a fresh process. stdout and stderr come together, in both fields. The child finds
+    `tests.as_script` where its trials find the advisor: in the checkout, whose tests/ is beside the package."""
+    import signal
+    import uuid
+
+    from advisor.trials.process.runner import _child_environment
+    from advisor.trials.process.zygote import start_trial
+
+    env = _child_environment(None, "cpu", uuid.uuid4().hex)  # a trial's: it finds the trials' zygote
+    command = [str(script), *args]
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "output.log"
+        child = start_trial(sys.executable, None, str(cwd), env, str(log), timeout,
+                            module=["tests.as_script", *command])
+        if child is None:  # another trial in flight, or no zygote here
+            done = subprocess.run([sys.executable, *command], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            code, text = done.returncode, done.stdout
+        else:
+            try:
+                code = child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                raise
+            text = log.read_text(errors="replace")
+    return subprocess.CompletedProcess([sys.executable, *command], code, text, text)
+
+
 # The test files that take longest, longest first (seconds of one worker in a fresh clone's `make test` here:
 # the report 56 with its browser checks, the conv session 45, Ray 45, ... the search 16); the rest follow in
 # alphabetical order. The two workers take files in this order as each runs short (`--no-loadscope-reorder`),

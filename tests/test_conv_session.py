@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from advisor.trials.knobs import APPLIED
-from conftest import ROOT, advisor_main
+from conftest import ROOT, advisor_main, run_script
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,6 @@ def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
                        ("compile", "model = torch.compile(model)"), ("amp", "torch.autocast(")):
         assert (line in text) == bool(final.get(knob)), knob
     # The session's batch: a compiled model then reuses the kernels its trials compiled for that shape.
-    run = subprocess.run([sys.executable, "examples/conv_classifier.py", "--max-steps", "3", "--batch-size", "8"],
-                         cwd=root, capture_output=True, text=True, timeout=600)
+    run = run_script("examples/conv_classifier.py", "--max-steps", "3", "--batch-size", "8", cwd=root)
     assert run.returncode == 0, run.stderr
     assert "loss" in run.stdout

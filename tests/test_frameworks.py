@@ -13,10 +13,10 @@ import contextlib
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 from test_scripts import changed_lines, repository
 from trial_helpers import write_script
 
@@ -66,8 +66,7 @@ def patch_lines(run: dict) -> tuple[list[str], list[str]]:
 
 def run_patched(run: dict, *args: str) -> None:
     """The patched script runs to its end (a few steps), from the work folder."""
-    done = subprocess.run([sys.executable, str(run["script"]), *args], cwd=run["work"], capture_output=True,
-                          text=True, timeout=600)
+    done = run_script(run["script"], *args, cwd=run["work"])
     assert done.returncode == 0, done.stderr[-3000:]
 
 

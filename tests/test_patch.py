@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.code.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
 from advisor.code.patch.plan import plan_patch
+from conftest import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -207,8 +207,7 @@ def test_patched_example_runs(tmp_path):
         (tmp_path / "data").symlink_to(EXAMPLES / "data")
     apply(tmp_path, suggest_patch(script, "train_step", Knobs(amp="bf16", batch_size=64, num_workers=2),
                                   USER_VALUES))
-    run = subprocess.run([sys.executable, str(script), "--epochs", "1"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)
+    run = run_script(script, "--epochs", "1", cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     # 384 images at batch 64 (drop_last) is 6 steps: the example prints steps 0 and 4, never 8.
     assert "epoch 0 step 4 loss" in run.stdout and "step 8" not in run.stdout, run.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 
@@ -20,7 +19,7 @@ from torch.utils.data import DataLoader
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.runner import run_trial
 from advisor.trials.interposition.uint8_copies import BytePlan, ByteCopies, byte_plan, mark
-from conftest import ROOT
+from conftest import ROOT, run_script
 from trial_helpers import apply_bytes_patch
 
 DATASETS = '''
@@ -172,7 +171,6 @@ def test_a_real_trial_learns_exactly_as_without_the_knob_and_the_patch_runs(tmp_
     text = apply_bytes_patch(script, root, plan, runs["bytes"]["user_values"])
     assert "np.asarray(image, dtype=np.uint8)" in text and "(pixels - 0.5) / 0.25" not in text
     assert "(images.to(device).float() / 255 - 0.5) / 0.25" in text
-    ran = subprocess.run([sys.executable, str(script), "--epochs", "1"], cwd=root, capture_output=True, text=True,
-                         timeout=300)
+    ran = run_script(script, "--epochs", "1", cwd=root, timeout=300)
     assert ran.returncode == 0, ran.stderr
     assert "loss" in ran.stdout

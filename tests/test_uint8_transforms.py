@@ -14,8 +14,6 @@ import json
 import random
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -45,7 +43,7 @@ datasets, T, v2 = (Imported(f"torchvision.{name}") for name in ("datasets", "tra
 from advisor.trials.knobs import APPLIED, Knobs  # noqa: E402
 from advisor.trials.process.runner import run_trial  # noqa: E402
 from advisor.trials.interposition.uint8_copies import ByteCopies, mark, plan_of, rewrite_dataset  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, run_script  # noqa: E402
 from trial_helpers import apply_bytes_patch  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet's
@@ -266,8 +264,7 @@ V1_NAMED_SCRIPT = V2_SCRIPT.replace("from torchvision.transforms import v2",
 
 
 def losses(script: Path) -> list[str]:
-    ran = subprocess.run([sys.executable, str(script)], cwd=script.parent, capture_output=True, text=True,
-                         timeout=300)
+    ran = run_script(script, cwd=script.parent, timeout=300)
     assert ran.returncode == 0, ran.stderr
     return re.findall(r"loss (\S+)", ran.stdout)
 
@@ -333,7 +330,6 @@ def test_a_timm_trial_learns_exactly_as_without_the_knob_and_its_patch_runs(timm
     assert "transforms.PILToTensor()," in text and "transforms.Normalize(" not in text
     assert ("images = (images.to(device).float() / 255 - torch.tensor(IMAGENET_MEAN, device=device).view(-1, 1, 1))"
             " / torch.tensor(IMAGENET_STD, device=device).view(-1, 1, 1)") in text
-    patched = subprocess.run([sys.executable, str(script), "--steps", "3"], cwd=folder, capture_output=True,
-                             text=True, timeout=300)
+    patched = run_script(script, "--steps", "3", cwd=folder, timeout=300)
     assert patched.returncode == 0, patched.stderr
     assert patched.stdout.count("loss") == 3
