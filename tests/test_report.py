@@ -278,9 +278,9 @@ def test_write_report_picks_session_or_traces_and_names_bad_input(tmp_path: Path
 def test_cli_report_writes_html_and_tensorboard(tmp_path: Path):
     """`advisor report DIR --tensorboard` and `advisor report TRACE -o FILE`; a bad path is one line, exit 2."""
     session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "advisor.cli", "report", *a], capture_output=True,
-                                    text=True, timeout=120, env=env, cwd=tmp_path)
+    from conftest import advisor_main
+
+    run = lambda *a: advisor_main("report", *a, cwd=tmp_path)
     done = run(str(session_dir), "--tensorboard")
     assert done.returncode == 0, done.stderr
     assert (session_dir / "report.html").is_file()
