@@ -74,7 +74,7 @@ def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
     if final:  # the patch is relative to the folder the session names (the script's, outside a repository)
         where = root / Path(state["patch_root"]).relative_to(conv_session.parent)
     else:  # the pair measured within this CPU's noise: no patch; the pair's, as the session writes one
-        assert not patch.exists() and state["patch_root"] is None
+        assert not patch.exists() and state.get("patch_root") is None
         final = {k: v for k, v in state["trials"][1]["knobs"].items() if v is not None}
         where = script.parent
         patch = tmp_path / "pair.patch"
