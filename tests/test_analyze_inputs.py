@@ -222,3 +222,22 @@ def test_pattern_table_is_plain_regex():
     for _, vendor, pattern in TENSOR_CORE_PATTERNS:
         re.compile(pattern)
         assert vendor in ("nvidia", "amd")
+
+
+def test_a_trace_read_again_is_parsed_once_and_a_file_written_again_is_read_again(tmp_path):
+    import os
+    import shutil
+
+    from advisor.analysis.trace import load_trace
+
+    path = tmp_path / "t.pt.trace.json.gz"
+    shutil.copy2(gpu_trace("h100-char-transformer-fp32.pt.trace.json.gz"), path)
+    first = load_trace(path)
+    assert load_trace(path) is first and analyze_file(path).step_time_us == analyze_file(path).step_time_us
+    # Another trace written over it, its modification time set back to the first's: read again all the same.
+    stamp = path.stat()
+    shutil.copyfile(gpu_trace("h100-char-transformer-bf16.pt.trace.json.gz"), path)
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    second = load_trace(path)
+    assert second is not first and second.event_count != first.event_count
+    assert second.event_count == load_trace(gpu_trace("h100-char-transformer-bf16.pt.trace.json.gz")).event_count

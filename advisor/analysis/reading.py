@@ -76,6 +76,11 @@ def prefetch(path: Path) -> None:
     _prefetched[path] = (thread, box)
 
 
+def drop_prefetched(path: Path) -> None:
+    """Forget a prefetch of `path` whose bytes are no longer needed (its trace was parsed before)."""
+    _prefetched.pop(Path(path), None)
+
+
 def read_bytes(path: Path) -> bytes:
     """The JSON text of a trace file, gunzipped if needed, with clear errors for broken files."""
     pending = _prefetched.pop(Path(path), None)

@@ -10,6 +10,10 @@ that store nanoseconds are converted here, once.
 from __future__ import annotations
 
 import gc
+import os
+import stat
+import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +22,7 @@ import msgspec
 
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
-from advisor.analysis.reading import read_bytes
+from advisor.analysis.reading import drop_prefetched, read_bytes
 from advisor.analysis.validation import check_sizes, check_times, usable_steps
 from advisor.errors import NotATrace, TraceError
 
@@ -197,15 +201,53 @@ def _start_outer_first(e: Event) -> tuple[float, float]:
 
 
 def load_trace(path: Path | str) -> Trace:
-    """Read one trace file (.json or .json.gz) into a Trace; raise TraceError naming the problem."""
+    """Read one trace file (.json or .json.gz) into a Trace; raise TraceError naming the problem. The Trace
+    may be shared with the process's other readers of that file (see `_loaded`): read it, never change it."""
     path = Path(path)
+    key = _file_key(path)
+    with _loaded_lock:
+        kept = _loaded.get(key) if key is not None else None
+        if kept is not None:
+            _loaded.move_to_end(key)
+    if kept is not None:
+        drop_prefetched(path)
+        return kept[0]
     raw = read_bytes(path)
+    size = len(raw)
     with collector_paused():
         doc = decode(path, raw)
         del raw
         if not doc.traceEvents:
             raise TraceError(path, "trace has no events ('traceEvents' is empty)")
-        return build_trace(path, doc)
+        trace = build_trace(path, doc)
+    if key is not None and size <= KEPT_BYTES:
+        with _loaded_lock:
+            _loaded[key] = (trace, size)
+            while len(_loaded) > KEPT_TRACES or sum(n for _, n in _loaded.values()) > KEPT_BYTES:
+                _loaded.popitem(last=False)
+    return trace
+
+
+# A process that reads one trace again parses it once: a notebook's analyze() run again, the report's views
+# and the session's diagnoses of one trial, the analysis after `advisor analyze` of a folder. Keyed by the
+# file's identity and stamps (ctime too, which no copy sets), so a file written again is read again. Bounded:
+# the last KEPT_TRACES files, at most KEPT_BYTES of JSON text together (a parsed trace takes about twice its
+# text: 122 MB of memory for the 54 MB of a V100 trace with memory events).
+KEPT_TRACES = 8
+KEPT_BYTES = 128 * 2**20
+_loaded: OrderedDict[tuple, tuple[Trace, int]] = OrderedDict()
+_loaded_lock = threading.Lock()
+
+
+def _file_key(path: Path) -> tuple | None:
+    """The cache key of a regular file (its path as given, identity and stamps); None for anything else."""
+    try:
+        found = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    return (str(path), found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
 
 
 @contextmanager
