@@ -24,9 +24,9 @@ import msgspec
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
 from advisor.analysis.reading import drop_prefetched, read_bytes
-from advisor.files import read_regular
 from advisor.analysis.validation import check_sizes, check_times, usable_steps
 from advisor.errors import NotATrace, TraceError
+from advisor.files import read_regular
 
 
 class MemorySample(msgspec.Struct, frozen=True, gc=False):
