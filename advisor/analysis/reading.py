@@ -57,7 +57,7 @@ _prefetched: dict[Path, tuple[threading.Thread, list]] = {}
 def prefetch(path: Path) -> None:
     """Start reading (and gunzipping) a trace file on a background thread.
 
-    zlib releases the GIL, so the CLI can import the analysis modules meanwhile; `read_bytes` picks the
+    zlib releases the GIL, so the CLI can import the analysis modules meanwhile; `read_file` picks the
     result up (or re-raises its error).
     """
     path = Path(path)
@@ -67,7 +67,8 @@ def prefetch(path: Path) -> None:
 
     def work():
         try:
-            box.append(_read_bytes(path))
+            raw = _stored_bytes(path)
+            box.append((raw, json_text(path, raw)))
         except BaseException as exc:  # handed to the reader on the main thread
             box.append(exc)
 
@@ -76,16 +77,12 @@ def prefetch(path: Path) -> None:
     _prefetched[path] = (thread, box)
 
 
-def drop_prefetched(path: Path) -> None:
-    """Forget a prefetch of `path` whose bytes are no longer needed (its trace was parsed before)."""
-    _prefetched.pop(Path(path), None)
-
-
-def read_bytes(path: Path) -> bytes:
-    """The JSON text of a trace file, gunzipped if needed, with clear errors for broken files."""
+def read_file(path: Path) -> tuple[bytes, bytes | None]:
+    """A trace file's bytes as stored (gzipped or not), with clear errors for a file that cannot be read; and
+    their JSON text where a prefetch has gunzipped them already (else None: `json_text` makes it)."""
     pending = _prefetched.pop(Path(path), None)
     if pending is None:
-        return _read_bytes(path)
+        return _stored_bytes(path), None
     thread, box = pending
     thread.join()
     if isinstance(box[0], BaseException):
@@ -115,7 +112,7 @@ def inflated_limit(path: Path, compressed_size: int) -> int:
     return max(INFLATED_FLOOR, MAX_INFLATION * compressed_size)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _stored_bytes(path: Path) -> bytes:
     try:
         raw = read_regular(path)
     except OSError as exc:
@@ -127,6 +124,12 @@ def _read_bytes(path: Path) -> bytes:
         raise TraceError(path, f"not a usable path ({exc})") from None
     if not raw:
         raise TraceError(path, "empty file")
+    return raw
+
+
+def json_text(path: Path, raw: bytes) -> bytes:
+    """The JSON text of a trace file's stored bytes: gunzipped within the bound, with clear errors for broken
+    gzip data."""
     if raw[:2] == b"\x1f\x8b":
         raw = inflate(path, raw, inflated_limit(path, len(raw)))
         if not raw:

@@ -10,8 +10,6 @@ that store nanoseconds are converted here, once.
 from __future__ import annotations
 
 import gc
-import os
-import stat
 import threading
 import zlib
 from collections import OrderedDict
@@ -23,10 +21,9 @@ import msgspec
 
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
-from advisor.analysis.reading import drop_prefetched, read_bytes
+from advisor.analysis.reading import json_text, read_file
 from advisor.analysis.validation import check_sizes, check_times, usable_steps
 from advisor.errors import NotATrace, TraceError
-from advisor.files import read_regular
 
 
 class MemorySample(msgspec.Struct, frozen=True, gc=False):
@@ -206,19 +203,20 @@ def load_trace(path: Path | str) -> Trace:
     """Read one trace file (.json or .json.gz) into a Trace; raise TraceError naming the problem. The Trace
     may be shared with the process's other readers of that file (see `_loaded`): read it, never change it."""
     path = Path(path)
-    key = _file_key(path)
+    raw, text = read_file(path)
+    # Keyed by what was read: the path as given (the Trace records it), the size and the CRC-32 of the bytes.
+    key = (str(path), len(raw), zlib.crc32(raw)) if len(raw) <= KEPT_BYTES else None
     with _loaded_lock:
         kept = _loaded.get(key) if key is not None else None
         if kept is not None:
             _loaded.move_to_end(key)
-    if kept is not None:
-        drop_prefetched(path)
-        return kept[0]
-    raw = read_bytes(path)
-    size = len(raw)
+            return kept[0]
+    text = json_text(path, raw) if text is None else text
+    del raw
+    size = len(text)
     with collector_paused():
-        doc = decode(path, raw)
-        del raw
+        doc = decode(path, text)
+        del text
         if not doc.traceEvents:
             raise TraceError(path, "trace has no events ('traceEvents' is empty)")
         trace = build_trace(path, doc)
@@ -232,29 +230,16 @@ def load_trace(path: Path | str) -> Trace:
 
 # A process that reads one trace again parses it once: a notebook's analyze() run again, the report's views
 # and the session's diagnoses of one trial, the analysis after `advisor analyze` of a folder. Keyed by the
-# file's bytes (their CRC-32: 31 ms for 54 MB of JSON that take 1.4 s to parse), not its stamps: the kernel
-# stamps files from a clock that moves every few milliseconds, and a file rewritten within one tick at the
-# same size (a byte changed) would look unchanged. Bounded:
+# file's bytes as read (their CRC-32, which any change of one byte or of a few in a row changes: 31 ms for 54 MB
+# of JSON that take 1.4 s to parse), not its stamps: the kernel stamps files from a clock that moves every few
+# milliseconds, and a file rewritten within one tick at the same size (a byte changed) would look unchanged.
+# A hit skips the gunzip too. Bounded:
 # the last KEPT_TRACES files, at most KEPT_BYTES of JSON text together (a parsed trace takes about twice its
 # text: 122 MB of memory for the 54 MB of a V100 trace with memory events).
 KEPT_TRACES = 8
 KEPT_BYTES = 128 * 2**20
 _loaded: OrderedDict[tuple, tuple[Trace, int]] = OrderedDict()
 _loaded_lock = threading.Lock()
-
-
-def _file_key(path: Path) -> tuple | None:
-    """The cache key of a regular file: its path as given (the Trace records it), its size and the CRC-32 of
-    its bytes (which any change of one byte, or of a few in a row, changes); None for anything else, or a file
-    too large to keep."""
-    try:
-        found = os.stat(path)
-        if not stat.S_ISREG(found.st_mode) or found.st_size > KEPT_BYTES:
-            return None
-        data = read_regular(path)
-        return (str(path), len(data), zlib.crc32(data))
-    except (OSError, ValueError):
-        return None
 
 
 @contextmanager
