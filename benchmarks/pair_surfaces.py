@@ -1,4 +1,4 @@
-"""Response surfaces where two knobs pay only together, made from real trial folders with set throughputs.
+"""Response surfaces where knobs pay only together, made from real trial folders with set throughputs.
 
 The recorded H100 surface binds on the loader everywhere, so one knob at a time finds its best. Real GPUs
 have pairs: pinned copies pay only with more workers (and more workers only with pinned copies), bf16
@@ -12,6 +12,15 @@ best that needs two moves:
   workers +3.5%, both together +77%; AMP and a larger batch cost a little (the loader binds).
 - `amp_batch` (18 points, from `sample_runs/char_transformer`, a CPU with bf16 instructions, compute-bound):
   bf16 alone −2%, batch 32 → 64 alone −2%, both +40% (batch 128 with bf16: +30%); workers change nothing.
+- `four_changes` (100 points, from the H100 surface: fp32/bf16 × batch 32–512 × workers 0–14 × pageable/
+  pinned, the script's own settings batch 32 with 4 workers, as the image classifier of seed 004): a step
+  whose loader and training thread each hold part of it (`_partial_bound`), so that its best (bf16, batch 512,
+  14 workers, pinned copies: ×3.7) needs four changes together. From the baseline bf16 alone reads +0.4%
+  and pinned copies +4% (noise hides both); with the loader fed (14 workers) pinned copies pay +37%, bf16
+  +15% and batch 128 → 512 +12%. Each point's steps keep the share of time the loop waits for data that
+  its bound gives.
+- `four_changes_holes`: the same with a tenth of its settings removed (never the script's own): a trial
+  there fails, as a live setting that runs out of memory or crashes.
 
     build_surface(name, folder) -> (points folder, {settings: samples/s})
 """
@@ -20,6 +29,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import random
 import shutil
 from pathlib import Path
 
@@ -52,16 +63,54 @@ def _amp_batch() -> dict[tuple, tuple[Path, float]]:
     return grid
 
 
-SURFACES = {"pinning_workers": _pinning_workers, "amp_batch": _amp_batch}
+def _partial_bound(amp: str | None, batch: int, workers: int, pin: bool) -> tuple[float, float]:
+    """(samples/s, the training thread's share of the step) of a step that the loader and the training
+    thread each partly bind: the loader's time per sample (its workers, a little faster per sample with a
+    larger batch), the training thread's (a fixed cost per step, bf16's casts among it; its compute, less in
+    bf16; its copies, staged on the thread when pageable); with workers, the larger of the two and 30% of
+    the other (their overlap is partial), without, both in turn."""
+    loader = 1 / ({0: 150, 2: 310, 4: 600, 8: 1150, 14: 1950}[workers] * (1 + 0.05 * math.log2(batch / 32)))
+    train = (0.010 + (0.004 if amp else 0.0)) / batch + (2.5e-4 if amp else 4.0e-4) + (0.5e-4 if pin else 3.0e-4)
+    step = loader + train if workers == 0 else max(loader, train) + 0.3 * min(loader, train)
+    return 1 / step, min(1.0, train / step)
 
 
-def set_point(source: Path, folder: Path, settings: tuple, rate: float) -> None:
+FOUR_CHANGES_USER = {"batch_size": 32, "num_workers": 4, "pin_memory": False, "persistent_workers": True,
+                     "prefetch_factor": None}
+
+
+def _four_changes(holes: bool = False) -> dict[tuple, tuple[Path, float, float]]:
+    """(amp, batch, workers, pinned) → (real folder, samples/s, busy share); `holes`: a tenth left out."""
+    grid = {}
+    for amp, batch, workers, pin in itertools.product((None, "bf16"), (32, 64, 128, 256, 512), (0, 2, 4, 8, 14),
+                                                      (False, True)):
+        source = H100 / f"{amp or 'fp32'}-b{min(batch, 128 if amp is None or workers == 0 else 64)}-w{workers}-" \
+                        f"{'pin' if pin else 'pageable'}"
+        grid[(amp, batch, workers, pin)] = (source, *_partial_bound(amp, batch, workers, pin))
+    if holes:  # a tenth of the settings, never the script's own, drawn once
+        own = (None, 32, 4, False)
+        for settings in random.Random("holes").sample(sorted(set(grid) - {own}, key=str), len(grid) // 10):
+            del grid[settings]
+    return grid
+
+
+SURFACES = {"pinning_workers": _pinning_workers, "amp_batch": _amp_batch, "four_changes": _four_changes,
+            "four_changes_holes": lambda: _four_changes(holes=True)}
+USER_VALUES = {"four_changes": FOUR_CHANGES_USER, "four_changes_holes": FOUR_CHANGES_USER}
+
+
+def set_point(source: Path, folder: Path, settings: tuple, rate: float, busy: float | None = None,
+              user_values: dict | None = None) -> None:
     """Copy a real trial folder to `folder` as the point `settings` = (amp, batch, workers, pinned), its
-    samples/s `rate` (the recorded steps' times scaled to it, their shape kept)."""
+    samples/s `rate` (the recorded steps' times scaled to it, their shape kept); `busy`: the share of each
+    step the training thread held (the rest waiting for data), where the surface sets it; `user_values`:
+    the script's own settings, where they are not the source's."""
     amp, batch, workers, pin = settings
     shutil.copytree(source, folder, ignore=shutil.ignore_patterns("events.out.tfevents.*", "output.log"))
     path = folder / "trial.json"
     record = json.loads(path.read_text())
+    if user_values is not None:
+        record["user_values"] = dict(user_values)
     record["knobs"] = {**(record.get("knobs") or {}), "amp": amp, "batch_size": batch, "num_workers": workers,
                        "persistent_workers": True if workers else None, "pin_memory": pin, "non_blocking": pin}
     steps = [s for s in record.get("steps") or [] if "window" not in s]
@@ -70,7 +119,9 @@ def set_point(source: Path, folder: Path, settings: tuple, rate: float) -> None:
     scale = (was / rate) * (batch / (recorded[0].get("batch_size") or batch))
     for s in steps:
         s["wall_s"] *= scale
-        if s.get("call_s") is not None:
+        if busy is not None:
+            s["call_s"] = s["wall_s"] * busy
+        elif s.get("call_s") is not None:
             s["call_s"] *= scale
         s["batch_size"] = batch
     record["steps"] = steps
@@ -82,8 +133,8 @@ def set_point(source: Path, folder: Path, settings: tuple, rate: float) -> None:
 def build_surface(name: str, folder: Path) -> tuple[Path, dict[tuple, float]]:
     """Write the surface `name` of SURFACES into `folder`; its points' settings and samples/s."""
     grid = SURFACES[name]()
-    for settings, (source, rate) in grid.items():
+    for settings, (source, rate, *busy) in grid.items():
         amp, batch, workers, pin = settings
         set_point(source, folder / f"{amp or 'fp32'}-b{batch}-w{workers}-{'pin' if pin else 'pageable'}",
-                  settings, rate)
-    return folder, {s: rate for s, (_, rate) in grid.items()}
+                  settings, rate, *busy, user_values=USER_VALUES.get(name))
+    return folder, {s: rate for s, (_, rate, *_) in grid.items()}
