@@ -137,7 +137,7 @@ def drifted(tmp_path_factory):
     """A session replayed on the H100 surface at 10% window noise under a strong drift (up to 4× slower)."""
     points = load_surface(SURFACE)
     sessions = []
-    for seed in (1, 9):  # seeds whose load changes several times in the session; 9's baseline ran loaded
+    for seed in (18, 19):  # seeds whose load changes several times in the session; 19's baseline ran loaded
         out = tmp_path_factory.mktemp(f"drift-{seed}")
         state = run_session(f"{SURFACE.resolve()}:replay", out, SessionOptions(max_trials=len(points) // 3),
                             runner=ReplayRunner(points, out, 0.10, seed, drift=3.0), script=False,
@@ -218,10 +218,10 @@ def test_the_speedup_compares_baseline_and_best_at_one_load(drifted):
             continue
         error, direct_error = abs(state["speedup"] / truth - 1), abs(direct / truth - 1)
         assert error < 0.10 and error < direct_error, (state["speedup"], direct, truth)
-        assert any("measured while the machine's load differed" in note and f"×{direct:.2f}" in note
-                   for note in state["notes"])
+        assert any(("measured while the machine's load differed" in note or "one right after the other" in note)
+                   and f"×{direct:.2f}" in note for note in state["notes"])
         worst_direct = max(worst_direct, direct / truth)
-    assert "one load" in bases and worst_direct > 2  # seed 9: the loaded baseline read ×25 against ×8.4
+    assert "one load" in bases and worst_direct > 2  # seed 19: its own figures read ×4.2 the true speedup
 
 
 def test_a_replayed_session_reports_its_simulated_time_and_shares(drifted):

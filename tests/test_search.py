@@ -3,6 +3,7 @@ it, and whole sessions replayed on a response surface recorded on a real H100.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import statistics
@@ -202,6 +203,28 @@ def test_a_change_reverted_under_one_bound_is_tried_again_once_the_bound_moves()
     moved = propose(Traced("compute", recs), Bound("compute"), best_trial(Knobs(num_workers=8)), state, options,
                     SearchSpace())
     assert moved[0].recommendation == "amp" and moved[0].helps_now
+    # Under the same bound: clearly slower on the best it was tried on, AMP waits while the best is that best,
+    # and is measured again once the best outgrew it (by RETRY_GROWTH) or, had it read within its noise, once
+    # the best is another setting.
+    base = dict(gpu_state()["trials"][0], name="00-baseline", samples_per_s=100.0)
+    slower = dict(tried(Knobs(amp="bf16"), "amp", "reverted", "input"), name="01-amp-bf16", base="00-baseline",
+                  gain=-0.2, noise=0.05)
+    state = dict(gpu_state(), trials=[base, slower])
+    same = dict(base, name="02-workers-8", knobs=Knobs(num_workers=8).to_dict(), samples_per_s=110.0)
+    proposals = propose(Traced("input", recs), Bound("input"),
+                        dataclasses.replace(best_trial(Knobs(num_workers=8)), name="02-workers-8"),
+                        dict(state, trials=[base, slower, same]), options, SearchSpace())
+    assert "amp" not in [p.recommendation for p in proposals]
+    grown = dict(same, samples_per_s=130.0)
+    proposals = propose(Traced("input", recs), Bound("input"),
+                        dataclasses.replace(best_trial(Knobs(num_workers=8)), name="02-workers-8"),
+                        dict(state, trials=[base, slower, grown]), options, SearchSpace())
+    assert "amp" in [p.recommendation for p in proposals]
+    within = dict(slower, gain=0.01)
+    proposals = propose(Traced("input", recs), Bound("input"),
+                        dataclasses.replace(best_trial(Knobs(num_workers=8)), name="02-workers-8"),
+                        dict(state, trials=[base, within, same]), options, SearchSpace())
+    assert "amp" in [p.recommendation for p in proposals]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -110,8 +110,19 @@ def pair_changed(best_runs: list[dict[str, Any]], other_runs: list[dict[str, Any
     with their earlier ones (both lists latest first), or None."""
     if not best_runs or not other_runs:
         return None
-    return machine_changed(best_runs, other_runs[0]) or ("the runner-up's own runs disagree"
-                                                         if best_disagrees(other_runs) else None)
+    return (machine_changed(best_runs, other_runs[0])
+            or ("the runner-up's own runs disagree" if best_disagrees(other_runs) else None)
+            or (SPANNED if spans_loads(best_runs + other_runs) else None))
+
+
+SPANNED = "their runs ran at different loads"
+
+
+def spans_loads(runs: list[dict[str, Any]]) -> bool:
+    """Whether some of these runs had shares of the machine LOAD_RATIO or more apart (pooled, their figures
+    would mix loads)."""
+    levels = [level for run in runs if (level := mean_load(run)) is not None]
+    return len(levels) > 1 and apart(max(levels), min(levels))
 
 
 def mean_load(record: dict[str, Any]) -> float | None:

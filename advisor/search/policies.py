@@ -18,7 +18,8 @@ from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.predictions import remember_graph, reprice
 from advisor.search.decision import Decision, decide
 from advisor.search.simplify import takes_off
-from advisor.search.strategy import Proposal, SearchSpace, knobs_key, propose, turned
+from advisor.search.strategy import Proposal, SearchSpace, knobs_key, merged_moves, moved_on, moves_of, \
+    on_best, propose, turned
 from advisor.trials.record import TrialResult, load_trial
 from advisor.search.trials import TrialRunner, diagnose_trial, figures_text, measure_record, measured, own_bound, \
     recorded_losses, run_one, trial_record
@@ -117,13 +118,50 @@ def session_speedup(out: Path, state: dict[str, Any], reference: dict[str, Any])
     return chained(state["trials"]), "chained"
 
 
-def speedup_note(state: dict[str, Any], reference: dict[str, Any]) -> str:
-    """The note that says the speedup was not read off the baseline's and the best's own figures, and why."""
+def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side: bool = False) -> str:
+    """The note that says how the speedup was read: off runs of the baseline and the best made one right after
+    the other at the end (`side_by_side`), or not off their own figures, and why."""
     how = {"one load": "from their windows at one load",
            "chained": "the product of the kept changes' gains, each measured beside the best of its time"}
     direct = best_row(state)["samples_per_s"] / reference["samples_per_s"]
+    if side_by_side:
+        return (f"The baseline and the best were measured again one right after the other before the session "
+                f"ended: the speedup ×{state['speedup']:.2f} is read from every run of the two at one load, so it "
+                f"does not depend on what the machine did in between (their first figures give ×{direct:.2f}).")
     return (f"The baseline and the best were measured while the machine's load differed: the speedup "
             f"×{state['speedup']:.2f} is {how[state['speedup_basis']]}; their own figures give ×{direct:.2f}.")
+
+
+SPEEDUP_TRIALS = 2  # the baseline and the best, once more each, one right after the other
+
+
+def speedup_runs(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+                 reference: dict[str, Any], log: Callable[[str], None], remeasure: bool) -> bool:
+    """Before the session ends, where the budget allows, measure the baseline and then the best once more, one
+    right after the other, so that the claimed speedup rests on runs of both at one load (`session_speedup`
+    reads every run of the two cut to their windows at one load), not on what the machine did between the
+    baseline's first run and the best's. Whether they ran."""
+    top = best_row(state)
+    if (not remeasure or options.max_trials - len(state["trials"]) < SPEEDUP_TRIALS
+            or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))):
+        return False
+    ran = []
+    for row, what in ((reference, "the baseline"), (top, "the best")):
+        knobs = Knobs.from_dict(in_effect(row))
+        proposal = Proposal("confirm", f"{first_change(row['change'])} (for the speedup at one load)", "speedup",
+                            knobs, 0.0)
+        index = len(state["trials"])
+        log(f"trial {index:02d}: {what} ({row['name']}) once more, for the speedup at one load")
+        result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row['name'][:2]}", log)
+        new = trial_row(index, result, record, proposal, state, measurement if result.ok else None,
+                        own_bound(result, measurement) if result.ok else None)
+        new.update(decision="measured" if result.ok else "failed", load=load_text(record),
+                   reason=f"{row['name']} again, {'right before the best' if row is reference else 'right after the baseline'}"
+                   ", for the speedup at one load" if result.ok else f"trial {result.status}: {result.message}")
+        state["trials"].append(new)
+        save(state)
+        ran.append(result.ok)
+    return all(ran)
 
 
 def runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -150,66 +188,158 @@ def pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
 
 
 def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any], options: SessionOptions,
-                  space: SearchSpace) -> Proposal | None:
-    """The move the candidate's own trace calls for next, made on top of it, as one change: the first
-    proposal from the candidate (reverted changes included) that turns other knobs than `first` did."""
-    best = best_row(state)
-    # Both what was proposed and what the candidate ran with: a pair never holds two values of one knob.
-    first_turned = turned(best["knobs"], first.knobs) | turned(best["knobs"], candidate.knobs)
+                  space: SearchSpace, best: Knobs, why: str | None = None) -> Proposal | None:
+    """The move the candidate's own trace calls for next, made with `first`'s moves on the best as it is now
+    (`best`), as one change: the first proposal from there (reverted changes included) that moves other knobs
+    than `first` does, and is not a move measured clearly slower on the best while the bound held."""
+    user = state.get("user_values") or {}
+    first_moves = first.move_dict
+    if not first_moves:
+        return None
     diagnosis = diagnose_trial(candidate)
     remember_graph(state, candidate.name, diagnosis)
     measurement = measure_record([trial_record(candidate.path)])
     bound = trial_bound(candidate.status, diagnosis, measurement)
-    base = candidate.knobs.to_dict()
+    # What the second move is proposed from: the best with the first move made (the candidate, when the best
+    # has not moved since it ran), with the candidate's diagnosis: the bound the first move left.
+    base = dataclasses.replace(best, **first_moves)
+    batch = first_moves.get("batch_size") or best.batch_size or user.get("batch_size") or candidate.batch_size
+    source = dataclasses.replace(candidate, knobs=base, batch_size=batch)
     advised = {r.id for r in diagnosis.recommendations} if diagnosis is not None else set()
+    first_knobs = set(first_moves) | ({"persistent_workers"} if "num_workers" in first_moves else set())
     # What the candidate's trace advises comes before a blind experiment, whatever their predicted gains.
-    ranked = sorted(propose(diagnosis, bound, candidate, state, options, space, retry_reverted=True),
+    ranked = sorted(propose(diagnosis, bound, source, state, options, space, retry_reverted=True),
                     key=lambda p: (not p.helps_now, p.recommendation not in advised, -p.predicted_gain))
+    best_sps = best_row(state).get("samples_per_s")
     for p in ranked:
-        second = turned(base, p.knobs)
-        if second and not second & first_turned:
-            pair = Proposal(f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
-                            f"{first.slug}-and-{p.slug}", p.knobs, first.predicted_gain + p.predicted_gain,
-                            first.bound, first.helps_now)
-            return reprice([pair], state, best["name"], best["knobs"])[0]  # both moves simulated together
+        second = p.move_dict
+        if not second or set(second) & first_knobs or clearly_slower(state, second, bound.name, best_sps):
+            continue
+        moves = merged_moves(first_moves, second)
+        if moves is None:
+            continue
+        pair = on_best(best, moves, f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
+                       f"{first.slug}-and-{p.slug}", first.predicted_gain + p.predicted_gain, first.bound,
+                       first.helps_now, why=why)
+        return reprice([pair], state, best_row(state)["name"], best)[0]  # both moves simulated together
     return None
 
 
-def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: SearchSpace) -> Proposal | None:
-    """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet:
-    a change noise made read slower than it is gets its second move before the session ends."""
+# A move measured this many times its noise slower on the best is not a pair's second move while the bound holds.
+SLOWER_NOISES = 3.0
+
+
+def clearly_slower(state: dict[str, Any], moves: dict[str, Any], bound: str | None, best_sps: float | None) -> bool:
+    """Whether these moves (or part of them) were measured alone clearly slower (beyond SLOWER_NOISES × its
+    noise) on a best the current one has not outgrown, while this bound held."""
+    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
+    for t in state["trials"]:
+        if (t.get("decision") != "reverted" or t.get("gain") is None or t.get("noise") is None
+                or "+" in str(t.get("recommendation")) or t.get("tried_under") != bound
+                or t["gain"] >= -SLOWER_NOISES * t["noise"] or moved_on(state, t, best_sps)):
+            continue
+        base = rows.get(t["base"]) if t.get("base") else None
+        slower = {k: v for k, v in moves_of(t, base["knobs"] if base else None).items() if k != "persistent_workers"}
+        if slower and slower.items() <= moves.items():
+            return True
+    return False
+
+
+ORDERED = ("num_workers", "batch_size", "threads", "accumulation_steps", "prefetch_factor", "ddp_bucket_cap_mb")
+
+
+def still_moves(moves: dict[str, Any], before: dict[str, Any], best: Knobs, user: dict[str, Any]) -> dict[str, Any]:
+    """A recorded change's moves (made from the settings `before`) that are still moves on the best now: not
+    what the best holds already and, for a knob with an order (workers, batch), in the same direction."""
+    now = best.to_dict()
+    kept = {}
+    for knob, value in moves.items():
+        current = now.get(knob) if now.get(knob) is not None else user.get(knob)
+        was = before.get(knob) if before.get(knob) is not None else user.get(knob)
+        if value == current:
+            continue
+        if knob in ORDERED and None not in (value, current, was) and (value > was) != (value > current):
+            continue  # the best went past it already
+        kept[knob] = value
+    if "persistent_workers" in kept and "num_workers" not in kept:
+        del kept["persistent_workers"]
+    return kept
+
+
+def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: SearchSpace,
+              best: Knobs) -> Proposal | None:
+    """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet,
+    its moves made on the best as it is now: a change noise made read slower than it is gets its second move
+    before the session ends."""
     paired = state.setdefault("paired", [])
-    rows = [t for t in state["trials"][1:] if t["decision"] == "reverted" and t["status"] == "ok"
-            and t.get("samples_per_s") and "+" not in (t.get("recommendation") or "+")
-            and t.get("recommendation") != "confirm" and not t["reason"].startswith("loss")
-            and not takes_off(str(t.get("recommendation")))  # a knob taken off: no base
-            and t["name"] not in paired]
-    for row in sorted(rows, key=lambda t: -t["samples_per_s"]):
+    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
+    user = state.get("user_values") or {}
+    reverted = [t for t in state["trials"][1:] if t["decision"] == "reverted" and t["status"] == "ok"
+                and t.get("samples_per_s") and "+" not in (t.get("recommendation") or "+")
+                and t.get("recommendation") != "confirm" and not t["reason"].startswith("loss")
+                and not takes_off(str(t.get("recommendation")))  # a knob taken off: no base
+                and t["name"] not in paired]
+    for row in sorted(reverted, key=lambda t: -t["samples_per_s"]):
         paired.append(row["name"])
-        first = Proposal(row["recommendation"], row["change"].removesuffix(" (again)"),
-                         row["name"][3:].removesuffix("-again"), Knobs.from_dict(row["knobs"]),
-                         row.get("predicted_gain") or 0.0, None, bool(row.get("helps_now")))
-        pair = pair_proposal(load_trial(out / row["folder"]), first, state, options, space)
+        before = rows[row["base"]]["knobs"] if row.get("base") in rows else {}
+        moves = still_moves(moves_of(row, before), before, best, user)
+        if not {k for k in moves if k != "persistent_workers"}:
+            continue  # the best holds it already, or went past it
+        same = all(best.to_dict().get(k) == before.get(k) for k in moves)
+        change = row["change"].removesuffix(" (again)") if same else moves_text(moves)
+        first = on_best(best, moves, row["recommendation"], change, row["name"][3:].removesuffix("-again"),
+                        row.get("predicted_gain") or 0.0, None, bool(row.get("helps_now")))
+        pair = pair_proposal(load_trial(out / row["folder"]), first, state, options, space, best)
         if pair is not None:
             return pair
     return None
+
+
+def moves_text(moves: dict[str, Any]) -> str:
+    """Moves in words, where a recorded change's own words no longer fit the best they are made on."""
+    words = {"amp": lambda v: f"AMP {v}" if v else "AMP off", "num_workers": lambda v: f"workers →{v}",
+             "batch_size": lambda v: f"batch →{v}", "threads": lambda v: f"threads →{v}"}
+    pinned = bool(moves.get("pin_memory") and moves.get("non_blocking"))
+    parts = ["pin_memory + non_blocking copies"] if pinned else []
+    for knob, value in moves.items():
+        if knob == "persistent_workers" or (pinned and knob in ("pin_memory", "non_blocking")):
+            continue
+        parts.append(words[knob](value) if knob in words else f"{knob}={value}")
+    return " + ".join(parts)
 
 
 def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                   reference_losses: list[float], log: Callable[[str], None], remeasure: bool) -> TrialResult:
     """Before the session ends, measure the best and the runner-up (the other setting that measured fastest)
     once more, when the runner-up is within the noise of the best or ahead of it, and keep whichever the
-    pooled runs say is faster. Returns the best."""
+    pooled runs say is faster; again while the two stay within the noise of each other, up to CONFIRM_ROUNDS
+    rounds, as the budget allows (each round's runs pooled with the earlier ones). Returns the best."""
+    for _ in range(CONFIRM_ROUNDS):
+        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, remeasure)
+        if not unsettled:
+            break
+    return best
+
+
+CONFIRM_ROUNDS = 3  # at most: a budget left over is spent telling the two fastest settings apart
+
+
+def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
+                   reference_losses: list[float], log: Callable[[str], None],
+                   remeasure: bool) -> tuple[TrialResult, bool]:
+    """One round of `confirm_best`: (the best, whether the two are still within the noise of each other)."""
     if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
-        return best
+        return best, False
     top, runner_up = best_row(state), runner_up_row(state)
     if runner_up is None:
-        return best
+        return best, False
     best_measure = measured(out, state, best)
     earlier = [out / runner_up["folder"], *(out / f for f in state["pooled"].get(runner_up["name"], []))]
     runner_measure = measure_record([trial_record(f) for f in earlier])
-    if runner_measure.samples_per_s < best_measure.samples_per_s * (1 - noise(best_measure, runner_measure)):
-        return best  # clearly behind: nothing to confirm
+    spans = pair_changed(runs_of(out, state, top["knobs"]), runs_of(out, state, runner_up["knobs"]))
+    if spans is None and runner_measure.samples_per_s < best_measure.samples_per_s * (
+            1 - noise(best_measure, runner_measure)):
+        return best, False  # clearly behind, measured at one load: nothing to confirm
     confirmed, runs = {}, {}
     for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
                          (runner_up, earlier)):
@@ -235,7 +365,7 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
             if row["decision"] == "measured":
                 row.update(decision="reverted", reason=row["reason"] + "; the other run failed, nothing changes")
         save(state)
-        return best
+        return best, False
     changed = pair_changed(runs[top["name"]], runs[runner_up["name"]])
     if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
         kept_m, other_m = (measured_at_one_load(runs[top["name"]], runs[runner_up["name"]])  # else the two
@@ -243,6 +373,15 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
         other_row["drift"] = changed
     losses = recorded_losses(other.path)
     decision = decide(kept_m, other_m, losses, reference_losses, options.min_gain)
+    if (not decision.keep and decision.gain > 0 and changed is None
+            and not decision.reason.startswith(("loss", "no throughput"))
+            and changed_knobs(other_row, state) - changed_knobs(kept_row, state) <= NEUTRAL):
+        # Both measured again at one load, and the runner-up changes nothing the best leaves alone but how
+        # batches reach the step: the faster pooled figure is the better bet (the best's lead was itself within
+        # the noise). A runner-up that changes what is computed (AMP, the batch, the model) must beat the best
+        # beyond the noise, and under a load that moved the best stays unless beaten beyond it.
+        decision = dataclasses.replace(decision, keep=True, reason=f"{decision.reason}; the faster as measured, "
+                                       "and it changes no more of what the step computes")
     winner, winner_row = (other, other_row) if decision.keep else (kept, kept_row)
     winner_row.update(decision="kept")
     (kept_row if decision.keep else other_row).update(decision="reverted")
@@ -253,7 +392,17 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     state["best"] = winner.name
     state["final_knobs"] = applied_only(winner).knobs.to_dict()
     save(state)
-    return winner
+    return applied_only(winner), abs(decision.gain) <= decision.noise
+
+
+# Knobs that change how batches reach the step, not what it computes.
+NEUTRAL = frozenset({"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "non_blocking", "threads"})
+
+
+def changed_knobs(row: dict[str, Any], state: dict[str, Any]) -> set[str]:
+    """The script's own settings a trial's knobs change."""
+    user = state.get("user_values") or {}
+    return {k for k, v in in_effect(row).items() if v is not None and v != user.get(k)}
 
 
 def runner_up_row(state: dict[str, Any]) -> dict[str, Any] | None:

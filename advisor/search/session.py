@@ -34,7 +34,7 @@ from advisor.search.outputs import batch_notes, finish_outputs, out_of_memory_no
 from advisor.search.predictions import prediction_error, remember_graph
 from advisor.search.space import pending_try, user_space
 from advisor.search.decision import decide
-from advisor.search.strategy import Proposal, SearchSpace, propose, recovery_plan, turned
+from advisor.search.strategy import Proposal, SearchSpace, check_on_best, propose, recovery_plan, turned
 from advisor.trials.process.profiler_check import cuda_profiler_problem
 from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.process.runner import TrialFailed
@@ -44,7 +44,8 @@ from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_l
 from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, \
     without_proposal
 from advisor.search.policies import applied_only, beside_best, confirm_best, late_pair, not_applicable, pair_proposal, \
-    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note
+    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, \
+    speedup_runs
 
 
 
@@ -185,6 +186,7 @@ def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[st
         if (json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried
                 or not space.permits(turned({}, proposal.knobs))):
             continue
+        check_on_best(proposal, Knobs())
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change} (the baseline ran out of memory)")
         result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log)
@@ -232,7 +234,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         what = "no configuration fits in memory" if first.status == "oom" else f"baseline trial {first.status}"
         raise TrialFailed(f"{what}: {first.message} (trial folder {first.path})")
     reference_losses = recorded_losses(out / reference["folder"])
-    best = load_trial(out / best_row(state)["folder"])
+    best = applied_only(load_trial(out / best_row(state)["folder"]))
     remeasure = getattr(run, "remeasure", True)
     while True:
         diagnosis, best_measure, bound = _bound_of(out, state, best)
@@ -241,7 +243,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         proposals = ([asked] if asked else [without_proposal(best.knobs, unproven[0])] if unproven
                      else propose(diagnosis, bound, best, state, options, space))
         if not proposals:  # before the round ends: the fastest reverted change not yet paired, with its next move
-            late = late_pair(out, state, options, space)
+            late = late_pair(out, state, options, space, best.knobs)
             proposals = [late] if late is not None else []
         if not proposals:
             state["notes"].append("stopped: a full round over the knobs kept nothing more"
@@ -258,8 +260,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         proposal = proposals[0]
         why = proposal.why or (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
                                else f"a round over the knobs; the bound is {bound.label}")
-        result, decision = _try(run, out, state, options, proposal, why, best_measure, reference_losses, log,
-                                remeasure)
+        result, decision = _try(run, out, state, options, proposal, why, best.knobs, best_measure,
+                                reference_losses, log, remeasure)
         second, second_why = None, ""  # a next move on a change that did not pay, measured against the best
         if decision is not None and not decision.keep and result.ok and not decision.reason.startswith("loss"):
             # Model knobs interact: one that did not pay beside another the best holds is tried in its place.
@@ -271,13 +273,24 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             # Noise hides a small first step, and some changes pay only with a second (pinned copies with
             # more workers): a change that moved the bound, or addressed it, without paying is a base for
             # the move its own trace calls for next, measured together against the best.
-            second = pair_proposal(result, proposal, state, options, space)
+            second = pair_proposal(result, proposal, state, options, space, best.knobs)
             state.setdefault("paired", []).append(result.name)
             second_why = f"together with {proposal.change}"
-        if second is not None and len(state["trials"]) < options.max_trials - reserve(options, remeasure):
+        first_result = result
+        for _ in range(PAIR_TRIES):
+            if second is None or len(state["trials"]) >= options.max_trials - reserve(options, remeasure):
+                break
             now = measured(out, state, load_trial(out / best_row(state)["folder"]))  # the best as measured last
-            result, decision = _try(run, out, state, options, second, second_why, now, reference_losses, log,
-                                    remeasure)
+            result, decision = _try(run, out, state, options, second, second_why, best.knobs, now,
+                                    reference_losses, log, remeasure)
+            if result.ok or "+" not in second.recommendation:
+                break
+            # A pair that could not run (a setting that fails) gives way to the nearest one of its direction: the
+            # first move with its next second move.
+            failed = second
+            second = pair_proposal(first_result, proposal, state, options, space, best.knobs,
+                                   why=f"in place of {failed.change}, which failed")
+            second_why = second.why if second is not None else ""
         if decision is not None and decision.keep:
             best = applied_only(result)
             state["best"] = result.name
@@ -286,10 +299,11 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             best = applied_only(load_trial(out / best_row(state)["folder"]))
         save(state)
     best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
+    side_by_side = speedup_runs(run, out, state, options, reference, log, remeasure)
     _bound_of(out, state, best)
     state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
-    if state["speedup_basis"] != "direct":
-        state["notes"].append(speedup_note(state, reference))
+    if state["speedup_basis"] != "direct" or side_by_side:
+        state["notes"].append(speedup_note(state, reference, side_by_side))
     state["notes"].extend(batch_notes(state, options))
     state["time"] = session_time(out, state)
     state["status"] = "done"
@@ -297,11 +311,17 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     finish_outputs(out, state)
 
 
+PAIR_TRIES = 2  # a pair that fails gives way once to the next second move of the same first move
+GIVES_WAY = "in place of "  # a proposal's `why` that names the setting it stands in for (one that failed)
+
+
 def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, proposal: Proposal, why: str,
-         best_measure: Measurement, reference_losses: list[float], log: Callable[[str], None],
+         best_knobs: Knobs, best_measure: Measurement, reference_losses: list[float], log: Callable[[str], None],
          remeasure: bool) -> tuple[TrialResult, Any]:
-    """Run a proposal, decide it against the best and record its row; an inconclusive gain is measured once
-    more and decided on both runs together. Returns the (last) result and its decision."""
+    """Run a proposal made on the best (`best_knobs`, measured as `best_measure`), decide it against that best
+    and record its row; an inconclusive gain is measured once more and decided on both runs together. Returns
+    the (last) result and its decision."""
+    check_on_best(proposal, best_knobs)
     index = len(state["trials"])
     predicted = samples_gain(proposal.predicted_gain)  # the unit the measured change will have
     log(f"trial {index:02d}: {proposal.change} ({why}; predicted "
@@ -336,6 +356,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         decision = across_loads(decision, record, trial_record(out / beside[0]["folder"]), again)
     decide_row(row, result, decision, again and not unmatched)
     row["base"] = state.get("best")  # what the change was measured against: the model's calibration reads it
+    if proposal.why and proposal.why.startswith(GIVES_WAY):  # the setting it stands in for, said in the row
+        row["reason"] = f"{proposal.why}; {row['reason']}"
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
         row.update(decision="not applicable", reason=refused)
         decision = dataclasses.replace(decision, keep=False, inconclusive=False) if decision is not None else None

@@ -22,7 +22,7 @@ from typing import Any
 
 from advisor.search.decision import Decision
 from advisor.search.state import best_row
-from advisor.search.strategy import Proposal, turned
+from advisor.search.strategy import Proposal, on_best, turned
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 
 RECOMMENDATION = "without"  # the recommendation of a trial that takes a knob off: "without-compile"
@@ -72,9 +72,9 @@ def _first_with(state: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] 
 def without_proposal(knobs: Knobs, knob: str) -> Proposal:
     """The best's settings without `knob` (the script's own value back), as a change to measure."""
     change = CHANGES.get(knob, knob)
-    return Proposal(f"{RECOMMENDATION}-{knob}", f"without {change}", f"without-{knob.replace('_', '-')}",
-                    dataclasses.replace(knobs, **{knob: None}), 0.0, None, helps_now=False,
-                    why=f"{change} came in without a gain of its own; the simpler setting, unless slower")
+    return on_best(knobs, {knob: None}, f"{RECOMMENDATION}-{knob}", f"without {change}",
+                   f"without-{knob.replace('_', '-')}", 0.0, None, helps_now=False,
+                   why=f"{change} came in without a gain of its own; the simpler setting, unless slower")
 
 
 def swap_proposal(state: dict[str, Any], knobs: Knobs, reverted: Proposal) -> Proposal | None:
@@ -89,11 +89,10 @@ def swap_proposal(state: dict[str, Any], knobs: Knobs, reverted: Proposal) -> Pr
         recommendation = f"{reverted.recommendation}-{RECOMMENDATION}-{held}"
         if held != knob and getattr(knobs, held) and recommendation not in tried:
             change = CHANGES.get(held, held)
-            return Proposal(recommendation, f"{reverted.change} {RECOMMENDATION} {change}",
-                            f"{reverted.slug}-{RECOMMENDATION}-{held.replace('_', '-')}",
-                            dataclasses.replace(reverted.knobs, **{held: None}), reverted.predicted_gain,
-                            reverted.bound, reverted.helps_now,
-                            why=f"it did not pay beside {change}, which the best holds")
+            return on_best(knobs, {knob: getattr(reverted.knobs, knob), held: None}, recommendation,
+                           f"{reverted.change} {RECOMMENDATION} {change}",
+                           f"{reverted.slug}-{RECOMMENDATION}-{held.replace('_', '-')}", reverted.predicted_gain,
+                           reverted.bound, reverted.helps_now, why=f"it did not pay beside {change}, which the best holds")
     return None
 
 

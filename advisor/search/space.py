@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Iterable
 
 from advisor.errors import AdvisorError
-from advisor.search.strategy import Proposal, SearchSpace
+from advisor.search.strategy import Proposal, SearchSpace, on_best
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 
 TRY = "try"  # the recommendation id of a trial the user asked for with --try
@@ -121,8 +121,8 @@ def pending_try(options: Any, state: dict[str, Any], best: Knobs, diagnosis: Any
         if change in done:
             continue
         values = try_settings(text)
-        knobs = dataclasses.replace(best, **values)
         advised = [r for r in getattr(diagnosis, "recommendations", ()) if set(r.knobs) & set(values)]
-        return Proposal(TRY, change, "try-" + Knobs(**values).label(), knobs, sum(r.predicted_gain for r in advised),
-                        None, False, why="asked for with --try" + ("" if advised else "; no advice predicts its gain"))
+        return on_best(best, values, TRY, change, "try-" + Knobs(**values).label(),
+                       sum(r.predicted_gain for r in advised), None, False,
+                       why="asked for with --try" + ("" if advised else "; no advice predicts its gain"))
     return None

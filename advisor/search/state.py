@@ -15,6 +15,8 @@ session.json (schema "advisor.session/1"):
                  ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s",
                  "samples_per_s", "interval" ([low, high], about 95%), "measured" ("windows"|"blocks"|"steps"),
                  "peak_memory_bytes", "peak_memory_source", "capacity_bytes", "loss", "speedup", "gain",
+                 "moves" ({knob: value} the change made on the best it was measured against, its "base"; null for
+                 the baseline and re-measures), "base" (the name of that best),
                  "predicted_gain" (share of step time the change was predicted to save), "predicted_samples_gain"
                  (the same prediction as a change in samples/s, the unit of "gain"), "noise", "tried_under"
                  (the best trial's bound when this was tried),
@@ -260,6 +262,8 @@ def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, st
         "loss": result.loss,
         "speedup": (sps / base_sps) if sps and base_sps else None,
         "gain": None,
+        # What the change moved (knob → value) on the best it was made on; None for the baseline and re-measures.
+        "moves": dict(proposal.moves) if proposal is not None and proposal.base is not None else None,
         "predicted_gain": None if proposal is None else proposal.predicted_gain,
         "predicted_samples_gain": None if proposal is None else samples_gain(proposal.predicted_gain),
         "noise": None,

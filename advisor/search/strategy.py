@@ -26,6 +26,11 @@ that failed) is not proposed again. No setting is measured twice (except to sett
 bound held is tried again only once the bound has moved (and the base it would be applied to has
 changed with it). Candidate values come from a `SearchSpace`: free for live trials, or those a
 recorded surface holds. Pure functions over the session record.
+
+Every proposal, whatever path makes it (first moves, pairs, late pairs, swaps, re-tries, recoveries, the
+user's --try), is made by `on_best`: the current best's settings with its *moves* (knob → value) applied.
+A change proposed again later carries its moves, never the settings of its time; `check_on_best` holds
+each trial to that before it runs (`ProposalError`: a bug of the search, never the user's).
 """
 
 from __future__ import annotations
@@ -55,6 +60,63 @@ class Proposal:
     bound: str | None = None
     helps_now: bool = True
     why: str | None = None  # why it is tried, where not the bound (a setting the user asked for)
+    base: Knobs | None = None  # the best's settings it was made on; None: a re-measure of a setting, not a move
+    moves: tuple[tuple[str, Any], ...] = ()  # knob → value, each knob once: knobs == base + moves
+
+    @property
+    def move_dict(self) -> dict[str, Any]:
+        """The moves as a mapping."""
+        return dict(self.moves)
+
+
+class ProposalError(RuntimeError):
+    """A proposal that breaks the search's invariant (a bug of the search, not of the user's script)."""
+
+
+def on_best(best: Knobs, moves: dict[str, Any], recommendation: str, change: str, slug: str,
+            predicted_gain: float, bound: str | None = None, helps_now: bool = True,
+            why: str | None = None) -> Proposal:
+    """The one way a proposal is made: the best's settings `best` with `moves` (knob → value) applied."""
+    return Proposal(recommendation, change, slug, dataclasses.replace(best, **moves), predicted_gain, bound,
+                    helps_now, why, best, tuple(sorted(moves.items())))
+
+
+def merged_moves(*groups: dict[str, Any]) -> dict[str, Any] | None:
+    """Several changes' moves as one change; None where two give one knob different values (a pair never
+    holds two values of one knob)."""
+    merged: dict[str, Any] = {}
+    for moves in groups:
+        for knob, value in moves.items():
+            if knob in merged and merged[knob] != value:
+                return None
+            merged[knob] = value
+    return merged
+
+
+def check_on_best(proposal: Proposal, best: Knobs) -> None:
+    """The invariant of every trial the search proposes: made on `best` (the best the decision compares
+    against), its knobs the base with its moves applied, each knob moved once, and a move that changes
+    something. A re-measure (no base) is exempt."""
+    if proposal.base is None:
+        return
+    knobs = [k for k, _ in proposal.moves]
+    if len(set(knobs)) != len(knobs):
+        raise ProposalError(f"{proposal.change}: two values of one knob in one trial ({knobs})")
+    if proposal.base != best:
+        raise ProposalError(f"{proposal.change}: made on {proposal.base.label()}, but the best is {best.label()}")
+    if proposal.knobs != dataclasses.replace(proposal.base, **proposal.move_dict):
+        raise ProposalError(f"{proposal.change}: its knobs are not its base with its moves applied")
+    if proposal.knobs == best and proposal.moves:
+        raise ProposalError(f"{proposal.change}: its moves change nothing on the best")
+
+
+def moves_of(row: dict[str, Any], base_knobs: dict[str, Any] | None) -> dict[str, Any]:
+    """A recorded trial's moves: as its row says, or (a record from before rows kept them) what its knobs
+    turned from the best it was measured against."""
+    if isinstance(row.get("moves"), dict):
+        return dict(row["moves"])
+    before = base_knobs or {}
+    return {k: v for k, v in row["knobs"].items() if v != before.get(k)}
 
 
 @dataclass(frozen=True)
@@ -142,6 +204,7 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
     refused = not_applicable_knobs(state)
+    best_sps = next((t.get("samples_per_s") for t in state["trials"] if t.get("name") == best.name), None)
     out = []
     for p in found:
         if p is None or knobs_key(p.knobs) in tried or turned(best.knobs, p.knobs) & refused:
@@ -149,7 +212,7 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         if not space.permits(turned(best.knobs, p.knobs)):
             continue  # outside what the user lets the search turn (--only, --skip)
         if (not retry_reverted and p.recommendation != "more-workers"
-                and reverted_under(state, p.recommendation, bound.name)):
+                and reverted_under(state, p, bound.name, best_sps)):
             continue  # it did not help while this bound held; it is tried again once the bound moves
         out.append(dataclasses.replace(p, helps_now=bound.name is not None and p.bound == bound.name))
     # The what-if model's figure where it can simulate the change (the rules' otherwise): the order within
@@ -171,10 +234,39 @@ def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
             if str(v).startswith("not applicable")}
 
 
-def reverted_under(state: dict[str, Any], recommendation: str, bound: str | None) -> bool:
-    """Whether a change of this kind was tried and not kept while the same bound held."""
-    return any(t.get("recommendation") == recommendation and t.get("decision") in ("reverted", "failed")
-               and t.get("status") != "oom" and t.get("tried_under") == bound for t in state["trials"])
+# The bound has moved, for a change reverted under it, once the best is this much faster than the best it was
+# reverted on, though the bound's name stayed: where the loader and the training thread each hold part of the
+# step, feeding the loader makes the training side's changes (AMP, pinned copies) worth measuring again.
+RETRY_GROWTH = 0.25
+
+
+def moved_on(state: dict[str, Any], row: dict[str, Any], best_sps: float | None) -> bool:
+    """Whether the best has outgrown the best `row` was measured against (by RETRY_GROWTH)."""
+    base = next((t for t in state["trials"] if t.get("name") == row.get("base")), None)
+    base_sps = base.get("samples_per_s") if base else None
+    return bool(best_sps and base_sps and best_sps >= (1 + RETRY_GROWTH) * base_sps)
+
+
+def reverted_under(state: dict[str, Any], proposal: Proposal, bound: str | None,
+                   best_sps: float | None = None) -> bool:
+    """Whether the proposal's move (the same kind of change, to the same values) was tried and not kept while
+    the same bound held, on a best the current one (`best_sps`) has not since outgrown. A next step of a ladder
+    (batch 128→256 after 64→128 was reverted) is another move."""
+    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
+    moves = proposal.move_dict
+    for t in state["trials"]:
+        if (t.get("recommendation") != proposal.recommendation or t.get("decision") not in ("reverted", "failed")
+                or t.get("status") == "oom" or t.get("tried_under") != bound or moved_on(state, t, best_sps)):
+            continue
+        base = rows.get(t["base"]) if t.get("base") else None
+        # A move that read within its noise (or could not be measured) on another best is not known to fail
+        # on this one: only one measured clearly slower waits for the bound to move.
+        unknown = t.get("gain") is None or t.get("noise") is None or t["gain"] > -t["noise"]
+        if unknown and base is not None and proposal.base is not None and base["knobs"] != proposal.base.to_dict():
+            continue
+        if moves_of(t, base["knobs"] if base else None).items() <= moves.items():
+            return True
+    return False
 
 
 def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any], space: SearchSpace,
@@ -196,15 +288,17 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     target = next((w for w in sorted(ladder) if w > floor), None)
     if target is None:
         return None
+    errored = failed_settings(state, knobs, "num_workers")
+    why = f"in place of workers {floor}, which failed ({errored[floor]}): the next count" if floor in errored else None
     gain = rec.predicted_gain if rec is not None else 0.5
-    changed = dataclasses.replace(knobs, num_workers=target, persistent_workers=True)
+    moves: dict[str, Any] = {"num_workers": target, "persistent_workers": True}
     threads = knobs.threads or state["user_values"].get("threads")
     change = f"workers {current}→{target}"
     if (not accelerator and threads and threads + target > cores and max(1, cores - target) < threads
             and space.permits({"threads"})):
-        changed = dataclasses.replace(changed, threads=max(1, cores - target))
-        change += f", threads {threads}→{changed.threads}"
-    return Proposal("more-workers", change, f"workers-{target}", changed, gain, "input")
+        moves["threads"] = max(1, cores - target)
+        change += f", threads {threads}→{moves['threads']}"
+    return on_best(knobs, moves, "more-workers", change, f"workers-{target}", gain, "input", why=why)
 
 
 def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: SearchSpace,
@@ -219,7 +313,7 @@ def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: Sea
     gain = sum(r.predicted_gain for r in found) if found else (0.05 if bound.name == "copy" else ROUND_GAIN)
     change, slug = (("pin_memory + non_blocking copies", "pinned-copies") if len(wanted) == 2 else
                     (f"{wanted[0]} alone", wanted[0].replace("_", "-")))
-    return Proposal("pin-memory", change, slug, dataclasses.replace(knobs, **{k: True for k in wanted}), gain, "copy")
+    return on_best(knobs, {k: True for k in wanted}, "pin-memory", change, slug, gain, "copy")
 
 
 def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerator: bool) -> Proposal | None:
@@ -233,8 +327,8 @@ def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerato
     target = max(1, cores - workers)
     if current <= target:
         return None
-    return Proposal("fewer-threads", f"threads {current}→{target} beside {workers} workers", f"threads-{target}",
-                    dataclasses.replace(knobs, threads=target), 0.1, "input")
+    return on_best(knobs, {"threads": target}, "fewer-threads", f"threads {current}→{target} beside {workers} workers",
+                   f"threads-{target}", 0.1, "input")
 
 
 def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, Any]) -> Proposal | None:
@@ -252,7 +346,7 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
         dtype, gain = ("bf16" if gpu.get("bf16_supported") else "fp16"), ROUND_GAIN
     if space.amp is not None and dtype not in space.amp:
         return None
-    return Proposal("amp", f"AMP {dtype}", f"amp-{dtype}", dataclasses.replace(knobs, amp=dtype), gain, "compute")
+    return on_best(knobs, {"amp": dtype}, "amp", f"AMP {dtype}", f"amp-{dtype}", gain, "compute")
 
 
 def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: SearchSpace) -> Proposal | None:
@@ -260,8 +354,7 @@ def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: S
     step's time), cudnn.benchmark (convolutions of fixed shapes)."""
     if rec is None or getattr(knobs, knob) or not space.allows(knob):
         return None
-    return Proposal(rec.id, change, knob.replace("_", "-"), dataclasses.replace(knobs, **{knob: True}),
-                    rec.predicted_gain, rec.bound)
+    return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)
 
 
 def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
@@ -272,8 +365,8 @@ def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> 
         return None
     gain = rec.predicted_gain if rec is not None else ROUND_GAIN
     target = "copy" if rec is not None or bound.name == "copy" else "input"
-    return Proposal("fewer-copy-bytes", "8-bit images, converted on the device", "uint8-copies",
-                    dataclasses.replace(knobs, uint8_copies=True), gain, target)
+    return on_best(knobs, {"uint8_copies": True}, "fewer-copy-bytes", "8-bit images, converted on the device",
+                   "uint8-copies", gain, target)
 
 
 def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
@@ -284,7 +377,7 @@ def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace
         return None
     gain = graphs.predicted_gain if graphs is not None else ROUND_GAIN
     target = "host" if graphs is not None or bound.name == "host" else "compute"
-    return Proposal("compile", "torch.compile", "compile", dataclasses.replace(knobs, compile=True), gain, target)
+    return on_best(knobs, {"compile": True}, "compile", "torch.compile", "compile", gain, target)
 
 
 def tf32_proposal(rec: Any, amp: Any, knobs: Knobs, state: dict[str, Any], space: SearchSpace) -> Proposal | None:
@@ -294,8 +387,7 @@ def tf32_proposal(rec: Any, amp: Any, knobs: Knobs, state: dict[str, Any], space
         return None
     if amp is not None and not any(t.get("recommendation") == "amp" for t in state["trials"]):
         return None
-    return Proposal("tf32", "TF32 matmuls", "tf32", dataclasses.replace(knobs, tf32=True), rec.predicted_gain,
-                    "compute")
+    return on_best(knobs, {"tf32": True}, "tf32", "TF32 matmuls", "tf32", rec.predicted_gain, "compute")
 
 
 def ddp_proposal(rec: Any, bound: Bound, knobs: Knobs, options: Any) -> Proposal | None:
@@ -305,14 +397,14 @@ def ddp_proposal(rec: Any, bound: Bound, knobs: Knobs, options: Any) -> Proposal
     if getattr(options, "nproc_per_node", 1) <= 1:
         return None
     wanted = dict(rec.knobs) if rec is not None else {"ddp_gradient_as_bucket_view": True}
-    changed = dataclasses.replace(knobs, **wanted)
-    if changed == knobs:
+    wanted = {k: v for k, v in wanted.items() if getattr(knobs, k) != v}
+    if not wanted:
         return None
     gain = rec.predicted_gain if rec is not None else (0.05 if bound.name == "communication" else ROUND_GAIN)
     change = "DDP " + ", ".join(f"{k.removeprefix('ddp_')}={v}" for k, v in wanted.items())
     slug = "-".join(k.removeprefix("ddp_").replace("_", "-") + ("" if v is True else f"-{v}".lower())
                     for k, v in wanted.items())
-    return Proposal("ddp-buckets", change, f"ddp-{slug}", changed, gain, "communication")
+    return on_best(knobs, wanted, "ddp-buckets", change, f"ddp-{slug}", gain, "communication")
 
 
 def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
@@ -378,13 +470,42 @@ def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], opt
     failed = [t["knobs"]["batch_size"] for t in state["trials"]
               if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
     failed_above = min((b for b in failed if b > current), default=None)
-    size = next_batch_size(current, points, state["trials"][0].get("capacity_bytes"), options.memory_safety,
-                           failed_above, space.batch_sizes)
+    capacity = state["trials"][0].get("capacity_bytes")
+    size = next_batch_size(current, points, capacity, options.memory_safety, failed_above, space.batch_sizes)
+    # A size whose trial failed otherwise than out of memory (a crash, a setting that cannot run) gives way to
+    # the next one of the same direction, and so does one that read within the noise (a step of the ladder too
+    # small for the noise to show; the next is twice as large): the row says so.
+    passed = {**within_noise(state, best.knobs, "batch_size"),
+              **{b: f"failed ({why})" for b, why in failed_settings(state, best.knobs, "batch_size").items()}}
+    why = None
+    while size is not None and size in passed:
+        why = f"in place of batch {size}, which {passed[size]}: the next size"
+        size = next_batch_size(size, points, capacity, options.memory_safety, failed_above, space.batch_sizes)
     if size is None:
         return None
     gain = rec.predicted_gain if rec is not None else (0.1 if bound.name == "host" else ROUND_GAIN)
-    return Proposal("larger-batch", f"batch {current}→{size}", f"batch-{size}",
-                    dataclasses.replace(best.knobs, batch_size=size), gain, "host")
+    return on_best(best.knobs, {"batch_size": size}, "larger-batch", f"batch {current}→{size}", f"batch-{size}",
+                   gain, "host", why=why)
+
+
+def within_noise(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
+    """The values of `knob` measured on these settings otherwise and reverted, but not clearly slower (the
+    change within its noise): value → what it read."""
+    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
+    return {t["knobs"].get(knob): f"read {100 * t['gain']:+.0f}%, within its noise" for t in state["trials"]
+            if t["status"] == "ok" and t.get("decision") == "reverted" and t.get("gain") is not None
+            and t.get("noise") is not None and t["gain"] > -t["noise"] and t.get("knobs")
+            and "+" not in str(t.get("recommendation"))
+            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
+
+
+def failed_settings(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
+    """The values of `knob` whose trial, on these settings otherwise, failed other than out of memory: value →
+    why."""
+    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
+    return {t["knobs"].get(knob): (t.get("message") or t["status"]) for t in state["trials"]
+            if t["status"] not in ("ok", "oom") and t.get("knobs")
+            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
 
 
 # --- out of memory --------------------------------------------------------------------------------------
@@ -397,15 +518,16 @@ def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
         dtype = "bf16" if (facts.get("gpu") or {}).get("bf16_supported") else "fp16"
     else:  # CPU autocast is bf16 only, and only worth it where the CPU computes bf16
         dtype = "bf16" if ((facts.get("cpu") or {}).get("bf16_instructions")) else None
-    plan = []
+    plan, baseline = [], Knobs()  # each made on the baseline: the best while nothing fits
     if dtype:
-        plan.append(Proposal("oom-amp", f"AMP {dtype}", f"amp-{dtype}", Knobs(amp=dtype), 0.0, "memory"))
+        plan.append(on_best(baseline, {"amp": dtype}, "oom-amp", f"AMP {dtype}", f"amp-{dtype}", 0.0, "memory"))
     for k in (2, 4, 8):
         if batch and batch % k == 0:
-            plan.append(Proposal("oom-accumulation", f"micro-batches {batch // k}×{k}", f"accumulate-{k}",
-                                 Knobs(accumulation_steps=k), 0.0, "memory"))
+            plan.append(on_best(baseline, {"accumulation_steps": k}, "oom-accumulation",
+                                f"micro-batches {batch // k}×{k}", f"accumulate-{k}", 0.0, "memory"))
     for f in (2, 4, 8):
         if batch and batch // f >= 1:
-            plan.append(Proposal("oom-smaller-batch", f"batch {batch}→{batch // f} (smaller effective batch)",
-                                 f"batch-{batch // f}", Knobs(batch_size=batch // f), 0.0, "memory"))
+            plan.append(on_best(baseline, {"batch_size": batch // f}, "oom-smaller-batch",
+                                f"batch {batch}→{batch // f} (smaller effective batch)", f"batch-{batch // f}", 0.0,
+                                "memory"))
     return plan
