@@ -20,8 +20,8 @@ from session_checks import assert_every_trial_on_its_best
 from advisor.search.policies import late_pair
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
-from advisor.search.strategy import ProposalError, SearchSpace, check_on_best, merged_moves, on_best, \
-    surface_space
+from advisor.search.proposal import ProposalError, check_on_best, merged_moves, on_best
+from advisor.search.strategy import surface_space
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.replay import ReplayRunner, load_surface
 from conftest import ROOT, SURFACES

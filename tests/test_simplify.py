@@ -8,7 +8,7 @@ import json
 
 from advisor.search.decision import Decision
 from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, without_proposal
-from advisor.search.strategy import Proposal
+from advisor.search.proposal import Proposal
 from advisor.trials.knobs import Knobs
 from conftest import SAMPLE_RUNS
 

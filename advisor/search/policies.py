@@ -18,8 +18,9 @@ from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.predictions import remember_graph, reprice
 from advisor.search.decision import Decision, decide
 from advisor.search.simplify import takes_off
-from advisor.search.strategy import Proposal, SearchSpace, knobs_key, merged_moves, moved_on, moves_of, \
-    on_best, propose, turned
+from advisor.search.history import moved_on
+from advisor.search.proposal import Proposal, merged_moves, moves_of, on_best
+from advisor.search.strategy import SearchSpace, knobs_key, propose, turned
 from advisor.trials.record import TrialResult, load_trial
 from advisor.search.trials import TrialRunner, diagnose_trial, figures_text, measure_record, measured, own_bound, \
     recorded_losses, run_one, trial_record

@@ -34,7 +34,8 @@ from advisor.search.outputs import batch_notes, finish_outputs, out_of_memory_no
 from advisor.search.predictions import prediction_error, remember_graph
 from advisor.search.space import pending_try, user_space
 from advisor.search.decision import decide
-from advisor.search.strategy import Proposal, SearchSpace, check_on_best, propose, recovery_plan, turned
+from advisor.search.proposal import Proposal, check_on_best
+from advisor.search.strategy import SearchSpace, propose, recovery_plan, turned
 from advisor.trials.process.profiler_check import cuda_profiler_problem
 from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.process.runner import TrialFailed

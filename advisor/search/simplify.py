@@ -22,7 +22,8 @@ from typing import Any
 
 from advisor.search.decision import Decision
 from advisor.search.state import best_row
-from advisor.search.strategy import Proposal, on_best, turned
+from advisor.search.proposal import Proposal, on_best
+from advisor.search.strategy import turned
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 
 RECOMMENDATION = "without"  # the recommendation of a trial that takes a knob off: "without-compile"

@@ -13,7 +13,8 @@ import dataclasses
 from typing import Any, Iterable
 
 from advisor.errors import AdvisorError
-from advisor.search.strategy import Proposal, SearchSpace, on_best
+from advisor.search.proposal import Proposal, on_best
+from advisor.search.strategy import SearchSpace
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 
 TRY = "try"  # the recommendation id of a trial the user asked for with --try

@@ -12,7 +12,8 @@ session.json (schema "advisor.session/1"):
        | "chained" (the product of the kept rows' gains: the two never ran at one load; a note says so),
      "bound": {"name", "label", "evidence"} of the best trial after the last trial,
      "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
-                 ("baseline"|"kept"|"reverted"|"failed"), "reason", "batch_size", "median_step_s",
+                 ("baseline"|"kept"|"reverted"|"failed"; "measured": the baseline or the best run again at the
+                 end, for the speedup at one load), "reason", "batch_size", "median_step_s",
                  "samples_per_s", "interval" ([low, high], about 95%), "measured" ("windows"|"blocks"|"steps"),
                  "peak_memory_bytes", "peak_memory_source", "capacity_bytes", "loss", "speedup", "gain",
                  "moves" ({knob: value} the change made on the best it was measured against, its "base"; null for

@@ -27,10 +27,9 @@ bound held is tried again only once the bound has moved (and the base it would b
 changed with it). Candidate values come from a `SearchSpace`: free for live trials, or those a
 recorded surface holds. Pure functions over the session record.
 
-Every proposal, whatever path makes it (first moves, pairs, late pairs, swaps, re-tries, recoveries, the
-user's --try), is made by `on_best`: the current best's settings with its *moves* (knob → value) applied.
-A change proposed again later carries its moves, never the settings of its time; `check_on_best` holds
-each trial to that before it runs (`ProposalError`: a bug of the search, never the user's).
+Every proposal is made by `advisor.search.proposal.on_best`: the best of now with its moves applied.
+What the session learned of each move (reverted under a bound, within its noise, failed) is
+`advisor.search.history`'s.
 """
 
 from __future__ import annotations
@@ -42,81 +41,12 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
+from advisor.search.history import failed_settings, reverted_under, within_noise
+from advisor.search.proposal import Proposal, on_best
 from advisor.search.predictions import reprice
 from advisor.trials.process.replay import SETTINGS, SurfacePoint
 
 ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured experiment, tried last
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """A candidate next trial: the change, the knobs it gives, why, and the bound it addresses."""
-
-    recommendation: str
-    change: str
-    slug: str
-    knobs: Knobs
-    predicted_gain: float
-    bound: str | None = None
-    helps_now: bool = True
-    why: str | None = None  # why it is tried, where not the bound (a setting the user asked for)
-    base: Knobs | None = None  # the best's settings it was made on; None: a re-measure of a setting, not a move
-    moves: tuple[tuple[str, Any], ...] = ()  # knob → value, each knob once: knobs == base + moves
-
-    @property
-    def move_dict(self) -> dict[str, Any]:
-        """The moves as a mapping."""
-        return dict(self.moves)
-
-
-class ProposalError(RuntimeError):
-    """A proposal that breaks the search's invariant (a bug of the search, not of the user's script)."""
-
-
-def on_best(best: Knobs, moves: dict[str, Any], recommendation: str, change: str, slug: str,
-            predicted_gain: float, bound: str | None = None, helps_now: bool = True,
-            why: str | None = None) -> Proposal:
-    """The one way a proposal is made: the best's settings `best` with `moves` (knob → value) applied."""
-    return Proposal(recommendation, change, slug, dataclasses.replace(best, **moves), predicted_gain, bound,
-                    helps_now, why, best, tuple(sorted(moves.items())))
-
-
-def merged_moves(*groups: dict[str, Any]) -> dict[str, Any] | None:
-    """Several changes' moves as one change; None where two give one knob different values (a pair never
-    holds two values of one knob)."""
-    merged: dict[str, Any] = {}
-    for moves in groups:
-        for knob, value in moves.items():
-            if knob in merged and merged[knob] != value:
-                return None
-            merged[knob] = value
-    return merged
-
-
-def check_on_best(proposal: Proposal, best: Knobs) -> None:
-    """The invariant of every trial the search proposes: made on `best` (the best the decision compares
-    against), its knobs the base with its moves applied, each knob moved once, and a move that changes
-    something. A re-measure (no base) is exempt."""
-    if proposal.base is None:
-        return
-    knobs = [k for k, _ in proposal.moves]
-    if len(set(knobs)) != len(knobs):
-        raise ProposalError(f"{proposal.change}: two values of one knob in one trial ({knobs})")
-    if proposal.base != best:
-        raise ProposalError(f"{proposal.change}: made on {proposal.base.label()}, but the best is {best.label()}")
-    if proposal.knobs != dataclasses.replace(proposal.base, **proposal.move_dict):
-        raise ProposalError(f"{proposal.change}: its knobs are not its base with its moves applied")
-    if proposal.knobs == best and proposal.moves:
-        raise ProposalError(f"{proposal.change}: its moves change nothing on the best")
-
-
-def moves_of(row: dict[str, Any], base_knobs: dict[str, Any] | None) -> dict[str, Any]:
-    """A recorded trial's moves: as its row says, or (a record from before rows kept them) what its knobs
-    turned from the best it was measured against."""
-    if isinstance(row.get("moves"), dict):
-        return dict(row["moves"])
-    before = base_knobs or {}
-    return {k: v for k, v in row["knobs"].items() if v != before.get(k)}
 
 
 @dataclass(frozen=True)
@@ -232,41 +162,6 @@ def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
     """The knobs an earlier trial of the session found not applicable to this script or device."""
     return {k for t in state["trials"] for k, v in (t.get("outcomes") or {}).items()
             if str(v).startswith("not applicable")}
-
-
-# The bound has moved, for a change reverted under it, once the best is this much faster than the best it was
-# reverted on, though the bound's name stayed: where the loader and the training thread each hold part of the
-# step, feeding the loader makes the training side's changes (AMP, pinned copies) worth measuring again.
-RETRY_GROWTH = 0.25
-
-
-def moved_on(state: dict[str, Any], row: dict[str, Any], best_sps: float | None) -> bool:
-    """Whether the best has outgrown the best `row` was measured against (by RETRY_GROWTH)."""
-    base = next((t for t in state["trials"] if t.get("name") == row.get("base")), None)
-    base_sps = base.get("samples_per_s") if base else None
-    return bool(best_sps and base_sps and best_sps >= (1 + RETRY_GROWTH) * base_sps)
-
-
-def reverted_under(state: dict[str, Any], proposal: Proposal, bound: str | None,
-                   best_sps: float | None = None) -> bool:
-    """Whether the proposal's move (the same kind of change, to the same values) was tried and not kept while
-    the same bound held, on a best the current one (`best_sps`) has not since outgrown. A next step of a ladder
-    (batch 128→256 after 64→128 was reverted) is another move."""
-    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
-    moves = proposal.move_dict
-    for t in state["trials"]:
-        if (t.get("recommendation") != proposal.recommendation or t.get("decision") not in ("reverted", "failed")
-                or t.get("status") == "oom" or t.get("tried_under") != bound or moved_on(state, t, best_sps)):
-            continue
-        base = rows.get(t["base"]) if t.get("base") else None
-        # A move that read within its noise (or could not be measured) on another best is not known to fail
-        # on this one: only one measured clearly slower waits for the bound to move.
-        unknown = t.get("gain") is None or t.get("noise") is None or t["gain"] > -t["noise"]
-        if unknown and base is not None and proposal.base is not None and base["knobs"] != proposal.base.to_dict():
-            continue
-        if moves_of(t, base["knobs"] if base else None).items() <= moves.items():
-            return True
-    return False
 
 
 def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any], space: SearchSpace,
@@ -486,26 +381,6 @@ def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], opt
     gain = rec.predicted_gain if rec is not None else (0.1 if bound.name == "host" else ROUND_GAIN)
     return on_best(best.knobs, {"batch_size": size}, "larger-batch", f"batch {current}→{size}", f"batch-{size}",
                    gain, "host", why=why)
-
-
-def within_noise(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
-    """The values of `knob` measured on these settings otherwise and reverted, but not clearly slower (the
-    change within its noise): value → what it read."""
-    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
-    return {t["knobs"].get(knob): f"read {100 * t['gain']:+.0f}%, within its noise" for t in state["trials"]
-            if t["status"] == "ok" and t.get("decision") == "reverted" and t.get("gain") is not None
-            and t.get("noise") is not None and t["gain"] > -t["noise"] and t.get("knobs")
-            and "+" not in str(t.get("recommendation"))
-            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
-
-
-def failed_settings(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
-    """The values of `knob` whose trial, on these settings otherwise, failed other than out of memory: value →
-    why."""
-    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
-    return {t["knobs"].get(knob): (t.get("message") or t["status"]) for t in state["trials"]
-            if t["status"] not in ("ok", "oom") and t.get("knobs")
-            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
 
 
 # --- out of memory --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from advisor.trials.record.storage import number
 from advisor.search.bounds import trial_bound
 from advisor.trials.record.measurement import Measurement, job, measure
 from advisor.search.state import SessionOptions, save
-from advisor.search.strategy import Proposal
+from advisor.search.proposal import Proposal
 from advisor.trials.record import TRIAL_FILE, TrialResult
 from advisor.trials.process.processes import end_trial_processes, trial_processes
 from advisor.trials.process.runner import run_trial

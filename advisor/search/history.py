@@ -1,0 +1,67 @@
+"""What the session has learned of each move, for the strategy: whether a move was reverted under the bound
+that holds, on a best the current one has not outgrown (then it waits for the bound to move), and which
+values of a ladder knob read within their noise or failed on the best's other settings (then the ladder
+goes on past them). Pure functions over the session record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.search.proposal import Proposal, moves_of
+from advisor.trials.knobs import Knobs
+
+
+# The bound has moved, for a change reverted under it, once the best is this much faster than the best it was
+# reverted on, though the bound's name stayed: where the loader and the training thread each hold part of the
+# step, feeding the loader makes the training side's changes (AMP, pinned copies) worth measuring again.
+RETRY_GROWTH = 0.25
+
+
+def moved_on(state: dict[str, Any], row: dict[str, Any], best_sps: float | None) -> bool:
+    """Whether the best has outgrown the best `row` was measured against (by RETRY_GROWTH)."""
+    base = next((t for t in state["trials"] if t.get("name") == row.get("base")), None)
+    base_sps = base.get("samples_per_s") if base else None
+    return bool(best_sps and base_sps and best_sps >= (1 + RETRY_GROWTH) * base_sps)
+
+
+def reverted_under(state: dict[str, Any], proposal: Proposal, bound: str | None,
+                   best_sps: float | None = None) -> bool:
+    """Whether the proposal's move (the same kind of change, to the same values) was tried and not kept while
+    the same bound held, on a best the current one (`best_sps`) has not since outgrown. A next step of a ladder
+    (batch 128→256 after 64→128 was reverted) is another move."""
+    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
+    moves = proposal.move_dict
+    for t in state["trials"]:
+        if (t.get("recommendation") != proposal.recommendation or t.get("decision") not in ("reverted", "failed")
+                or t.get("status") == "oom" or t.get("tried_under") != bound or moved_on(state, t, best_sps)):
+            continue
+        base = rows.get(t["base"]) if t.get("base") else None
+        # A move that read within its noise (or could not be measured) on another best is not known to fail
+        # on this one: only one measured clearly slower waits for the bound to move.
+        unknown = t.get("gain") is None or t.get("noise") is None or t["gain"] > -t["noise"]
+        if unknown and base is not None and proposal.base is not None and base["knobs"] != proposal.base.to_dict():
+            continue
+        if moves_of(t, base["knobs"] if base else None).items() <= moves.items():
+            return True
+    return False
+
+
+def within_noise(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
+    """The values of `knob` measured on these settings otherwise and reverted, but not clearly slower (the
+    change within its noise): value → what it read."""
+    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
+    return {t["knobs"].get(knob): f"read {100 * t['gain']:+.0f}%, within its noise" for t in state["trials"]
+            if t["status"] == "ok" and t.get("decision") == "reverted" and t.get("gain") is not None
+            and t.get("noise") is not None and t["gain"] > -t["noise"] and t.get("knobs")
+            and "+" not in str(t.get("recommendation"))
+            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
+
+
+def failed_settings(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
+    """The values of `knob` whose trial, on these settings otherwise, failed other than out of memory: value →
+    why."""
+    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
+    return {t["knobs"].get(knob): (t.get("message") or t["status"]) for t in state["trials"]
+            if t["status"] not in ("ok", "oom") and t.get("knobs")
+            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
