@@ -44,7 +44,8 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     right after the candidate: (its row, the best's and the candidate's measurements at one load, why); both
     measurements None when that run failed, the candidate's alone (with the best's as just measured) when
     none of its windows ran at a load the best ran at; None when nothing changed or the budget has no room."""
-    if not remeasure or len(state["trials"]) + 2 > options.max_trials:
+    # Within the budget less the trials kept back for confirming the best at the end.
+    if not remeasure or len(state["trials"]) + 2 > options.max_trials - reserve(options, remeasure):
         return None
     top = best_row(state)
     runs = [trial_record(out / top["folder"]), *(trial_record(out / f) for f in state["pooled"].get(top["name"], []))]
@@ -185,7 +186,10 @@ def pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
     if decision.keep or decision.reason.startswith("loss") or row["decision"] != "reverted":
         return False
     moved = row.get("bound") is not None and row.get("bound") != bound.name
-    return decision.gain > -max(1.5 * decision.noise, PAIR_FLOOR) and (moved or bool(row.get("helps_now")))
+    # A gain the noise hid (positive, within it) is a base too: two changes each within the noise alone can
+    # pay together beyond it (pinned copies and bf16 beside a fed loader).
+    hidden = 0 < decision.gain <= decision.noise
+    return decision.gain > -max(1.5 * decision.noise, PAIR_FLOOR) and (moved or hidden or bool(row.get("helps_now")))
 
 
 def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any], options: SessionOptions,
