@@ -13,7 +13,7 @@ sessions' median claim (the baseline and the best measured again one right after
 session ends), and keeps the same changes as the quiet sessions. This needs a machine nobody else uses:
 on a shared one, "quiet" is not.
 
-    .venv/bin/python benchmarks/drift_live.py [--runs 3] [--max-trials 10] [--toggle 20] [--again 3]
+    .venv/bin/python benchmarks/drift_live.py [--runs 3] [--max-trials 16] [--toggle 20] [--again 3]
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def summary(state: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--max-trials", type=int, default=10)
+    parser.add_argument("--max-trials", type=int, default=16)
     parser.add_argument("--toggle", type=float, default=20.0, help="seconds the load is on, then off")
     parser.add_argument("--again", type=int, default=3, help="quiet re-measures of each final setting (median)")
     args = parser.parse_args()

@@ -33,9 +33,17 @@ CONFIRM_TRIALS = 2  # the best and the runner-up, each measured once more before
 SAME_SPEEDUP = 0.05  # the speedup at one load this close to the direct one: the direct one is said
 
 
+SPEEDUP_BUDGET = 16  # from this budget on (the default), a trial is kept back for the baseline beside the best
+
+
 def reserve(options: SessionOptions, remeasure: bool) -> int:
-    """Trials kept back for confirming the best against the runner-up (with a budget that allows it)."""
-    return CONFIRM_TRIALS if remeasure and options.max_trials >= 4 * CONFIRM_TRIALS else 0
+    """Trials kept back for the end (with a budget that allows it): the best and the runner-up, to confirm the
+    best; with SPEEDUP_BUDGET trials or more, the baseline once more before them, so that the speedup is read
+    beside the best (a smaller budget spends that trial on the search, and measures the baseline again only
+    where a trial is left)."""
+    if not remeasure or options.max_trials < 4 * CONFIRM_TRIALS:
+        return 0
+    return CONFIRM_TRIALS + (1 if options.max_trials >= SPEEDUP_BUDGET else 0)
 
 
 def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
@@ -137,33 +145,52 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
 SPEEDUP_TRIALS = 2  # the baseline and the best, once more each, one right after the other
 
 
-def speedup_runs(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-                 reference: dict[str, Any], log: Callable[[str], None], remeasure: bool) -> bool:
-    """Before the session ends, where the budget allows, measure the baseline and then the best once more, one
-    right after the other, so that the claimed speedup rests on runs of both at one load (`session_speedup`
-    reads every run of the two cut to their windows at one load), not on what the machine did between the
-    baseline's first run and the best's. Whether they ran."""
+def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+                   reference: dict[str, Any], log: Callable[[str], None], remeasure: bool) -> str | None:
+    """Before the best is confirmed, where the budget allows the best a run right after it, measure the
+    baseline once more, so that the claimed speedup rests on runs of both at one load (`session_speedup` reads
+    every run of the two cut to their windows at one load), not on what the machine did between the
+    baseline's first run and the best's. The name of its row, or None."""
     top = best_row(state)
     if (not remeasure or options.max_trials - len(state["trials"]) < SPEEDUP_TRIALS
             or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))):
+        return None
+    row = _speedup_run(run, state, reference, "the baseline", "right before the best", log)
+    return row["name"] if row["decision"] == "measured" else None
+
+
+def best_after(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, baseline: str,
+               log: Callable[[str], None]) -> bool:
+    """The best once more right after the baseline's run for the speedup, unless confirming it ran it since;
+    whether the best has a run after the baseline's."""
+    rows = state["trials"]
+    after = rows[next(i for i, t in enumerate(rows) if t["name"] == baseline) + 1:]
+    key = knobs_key(in_effect(best_row(state)))
+    if any(t["status"] == "ok" and knobs_key(t["knobs"]) == key for t in after):
+        return True
+    if options.max_trials - len(rows) < 1:
         return False
-    ran = []
-    for row, what in ((reference, "the baseline"), (top, "the best")):
-        knobs = Knobs.from_dict(in_effect(row))
-        proposal = Proposal("confirm", f"{first_change(row['change'])} (for the speedup at one load)", "speedup",
-                            knobs, 0.0)
-        index = len(state["trials"])
-        log(f"trial {index:02d}: {what} ({row['name']}) once more, for the speedup at one load")
-        result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row['name'][:2]}", log)
-        new = trial_row(index, result, record, proposal, state, measurement if result.ok else None,
-                        own_bound(result, measurement) if result.ok else None)
-        new.update(decision="measured" if result.ok else "failed", load=load_text(record),
-                   reason=f"{row['name']} again, {'right before the best' if row is reference else 'right after the baseline'}"
-                   ", for the speedup at one load" if result.ok else f"trial {result.status}: {result.message}")
-        state["trials"].append(new)
-        save(state)
-        ran.append(result.ok)
-    return all(ran)
+    return _speedup_run(run, state, best_row(state), "the best", "right after the baseline", log)["decision"] == \
+        "measured"
+
+
+def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], what: str, where: str,
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    """Run a setting of the session once more, for the speedup at one load; its row."""
+    knobs = Knobs.from_dict(in_effect(row))
+    proposal = Proposal("confirm", f"{first_change(row['change'])} (for the speedup at one load)", "speedup",
+                        knobs, 0.0)
+    index = len(state["trials"])
+    log(f"trial {index:02d}: {what} ({row['name']}) once more, for the speedup at one load")
+    result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row['name'][:2]}", log)
+    new = trial_row(index, result, record, proposal, state, measurement if result.ok else None,
+                    own_bound(result, measurement) if result.ok else None)
+    new.update(decision="measured" if result.ok else "failed", load=load_text(record),
+               reason=f"{row['name']} again, {where}, for the speedup at one load" if result.ok
+               else f"trial {result.status}: {result.message}")
+    state["trials"].append(new)
+    save(state)
+    return new
 
 
 def runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dict[str, Any]]:

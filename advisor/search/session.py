@@ -46,7 +46,7 @@ from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, tak
     without_proposal
 from advisor.search.policies import applied_only, beside_best, confirm_best, late_pair, not_applicable, pair_proposal, \
     pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, \
-    speedup_runs
+    baseline_again, best_after
 
 
 
@@ -299,8 +299,9 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         elif state["best"] != best.name:  # the best, measured again beside a candidate, stays the best
             best = applied_only(load_trial(out / best_row(state)["folder"]))
         save(state)
+    baseline = baseline_again(run, out, state, options, reference, log, remeasure)
     best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
-    side_by_side = speedup_runs(run, out, state, options, reference, log, remeasure)
+    side_by_side = baseline is not None and best_after(run, out, state, options, baseline, log)
     _bound_of(out, state, best)
     state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
     if state["speedup_basis"] != "direct" or side_by_side:
