@@ -142,7 +142,6 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
             f"×{state['speedup']:.2f} is {how[state['speedup_basis']]}; their own figures give ×{direct:.2f}.")
 
 
-SPEEDUP_TRIALS = 2  # the baseline and the best, once more each, one right after the other
 
 
 def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
@@ -152,7 +151,8 @@ def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     every run of the two cut to their windows at one load), not on what the machine did between the
     baseline's first run and the best's. The name of its row, or None."""
     top = best_row(state)
-    if (not remeasure or options.max_trials - len(state["trials"]) < SPEEDUP_TRIALS
+    # Never in the place of the confirmation's two trials: it is the best that the user banks on.
+    if (not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + 1
             or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))):
         return None
     row = _speedup_run(run, state, reference, "the baseline", "right before the best", log)
