@@ -44,9 +44,9 @@ from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_l
     measured, own_bound, predicted_text, recorded_losses, run_one, subprocess_runner, trial_record
 from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, \
     without_proposal
-from advisor.search.policies import applied_only, beside_best, confirm_best, late_pair, not_applicable, pair_proposal, \
-    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, \
-    baseline_again, best_after
+from advisor.search.policies import applied_only, beside_best, late_pair, not_applicable, pair_proposal, \
+    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note
+from advisor.search.ending import baseline_again, best_after, confirm_best
 
 
 
