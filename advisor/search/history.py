@@ -50,18 +50,21 @@ def reverted_under(state: dict[str, Any], proposal: Proposal, bound: str | None,
 def within_noise(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
     """The values of `knob` measured on these settings otherwise and reverted, but not clearly slower (the
     change within its noise): value → what it read."""
-    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
+    others = _all_but(knobs.to_dict(), knob)
     return {t["knobs"].get(knob): f"read {100 * t['gain']:+.0f}%, within its noise" for t in state["trials"]
             if t["status"] == "ok" and t.get("decision") == "reverted" and t.get("gain") is not None
             and t.get("noise") is not None and t["gain"] > -t["noise"] and t.get("knobs")
-            and "+" not in str(t.get("recommendation"))
-            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
+            and "+" not in str(t.get("recommendation")) and _all_but(t["knobs"], knob) == others}
 
 
 def failed_settings(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
     """The values of `knob` whose trial, on these settings otherwise, failed other than out of memory: value →
     why."""
-    others = {k: v for k, v in knobs.to_dict().items() if k not in (knob, "persistent_workers")}
+    others = _all_but(knobs.to_dict(), knob)
     return {t["knobs"].get(knob): (t.get("message") or t["status"]) for t in state["trials"]
-            if t["status"] not in ("ok", "oom") and t.get("knobs")
-            and {k: v for k, v in t["knobs"].items() if k not in (knob, "persistent_workers")} == others}
+            if t["status"] not in ("ok", "oom") and t.get("knobs") and _all_but(t["knobs"], knob) == others}
+
+
+def _all_but(knobs: dict[str, Any], knob: str) -> dict[str, Any]:
+    """The settings other than `knob` (persistent_workers goes with the workers)."""
+    return {k: v for k, v in knobs.items() if k not in (knob, "persistent_workers")}

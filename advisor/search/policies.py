@@ -141,8 +141,6 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
             f"×{state['speedup']:.2f} is {how[state['speedup_basis']]}; their own figures give ×{direct:.2f}.")
 
 
-
-
 def runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dict[str, Any]]:
     """The records of every run of a setting that measured, latest first."""
     key = knobs_key(knobs)
@@ -192,10 +190,11 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
     # What the candidate's trace advises comes before a blind experiment, whatever their predicted gains.
     ranked = sorted(propose(diagnosis, bound, source, state, options, space, retry_reverted=True),
                     key=lambda p: (not p.helps_now, p.recommendation not in advised, -p.predicted_gain))
-    best_sps = best_row(state).get("samples_per_s")
+    top = best_row(state)
     for p in ranked:
         second = p.move_dict
-        if not second or set(second) & first_knobs or clearly_slower(state, second, bound.name, best_sps):
+        if not second or set(second) & first_knobs or clearly_slower(state, second, bound.name,
+                                                                      top.get("samples_per_s")):
             continue
         moves = merged_moves(first_moves, second)
         if moves is None:
@@ -203,7 +202,7 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
         pair = on_best(best, moves, f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
                        f"{first.slug}-and-{p.slug}", first.predicted_gain + p.predicted_gain, first.bound,
                        first.helps_now, why=why)
-        return reprice([pair], state, best_row(state)["name"], best)[0]  # both moves simulated together
+        return reprice([pair], state, top["name"], best)[0]  # both moves simulated together
     return None
 
 
