@@ -77,7 +77,9 @@ def test_without_convolutions_or_a_gpu_each_knob_says_what_it_did(tmp_path):
     assert outcomes["cudnn_benchmark"].startswith("not applicable") and "CUDA" in outcomes["cudnn_benchmark"]
     assert outcomes["fused_optimizer"] == APPLIED
     record = json.loads((tmp_path / "t" / "trial.json").read_text())
-    assert record["optimizers"] == [{"class": "Adam", "user": {"fused": None, "foreach": None}, "ran": "fused"}]
+    built_at = next(i for i, line in enumerate(MLP.splitlines(), 1) if "optim.Adam" in line)
+    assert record["optimizers"] == [{"class": "Adam", "user": {"fused": None, "foreach": None}, "ran": "fused",
+                                     "site": f"{script}:{built_at}"}]
     assert record["user_values"]["fused_optimizer"] is False
     assert record["compile"] is None
     assert knobs.label() == "channels-last+fused-optimizer+tf32+cudnn-benchmark"

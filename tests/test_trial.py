@@ -108,6 +108,7 @@ def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
     assert record["user_values"] == {
         "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
         "threads": record["device_facts"]["cpu"]["torch_threads"],  # the script leaves torch's own default
+        "fused_optimizer": False,  # it builds its optimizer as torch's default does
     }
     summary = record["summary"]
     assert summary["batch_size"] == 32 and summary["samples_per_s"] > 0 and summary["loss"] > 0
@@ -174,7 +175,7 @@ def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path, monkeyp
     record = trial_record(result.path)
     assert record["user_values"] == {
         "batch_size": 4, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
-        "threads": record["device_facts"]["cpu"]["torch_threads"],
+        "threads": record["device_facts"]["cpu"]["torch_threads"], "fused_optimizer": False,
     }
     outcomes = record["knob_outcomes"]
     for knob in ("amp", "batch_size", "num_workers", "persistent_workers", "prefetch_factor"):

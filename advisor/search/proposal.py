@@ -77,6 +77,15 @@ def check_on_best(proposal: Proposal, best: Knobs) -> None:
         raise ProposalError(f"{proposal.change}: its moves change nothing on the best")
 
 
+def own_moves(moves: dict[str, Any], best: Knobs, user: dict[str, Any]) -> dict[str, Any]:
+    """The moves that set a knob to what it is in effect already: the best's value, else the script's own
+    (its autocast, its fused optimizer, its loader's workers...). A proposal holding one is never made: it
+    would measure and credit what the script did all along."""
+    now = best.to_dict()
+    return {k: v for k, v in moves.items()
+            if k != "persistent_workers" and (now.get(k) if now.get(k) is not None else user.get(k)) == v}
+
+
 def moves_of(row: dict[str, Any], base_knobs: dict[str, Any] | None) -> dict[str, Any]:
     """A recorded trial's moves: as its row says, or (a record from before rows kept them) what its knobs
     turned from the best it was measured against."""

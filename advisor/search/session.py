@@ -32,7 +32,7 @@ from advisor.search.state import SESSION_FILE, SessionOptions, best_row, discard
 from advisor.report.formatting import compile_text
 from advisor.search.outputs import batch_notes, finish_outputs, out_of_memory_note
 from advisor.search.predictions import prediction_error, remember_graph
-from advisor.search.space import pending_try, user_space
+from advisor.search.space import own_text, pending_try, user_space
 from advisor.search.decision import decide
 from advisor.search.proposal import Proposal, check_on_best
 from advisor.search.strategy import SearchSpace, propose, recovery_plan, turned
@@ -148,6 +148,7 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
     state["device"] = record.get("device_facts")
     state["memory_cap"] = record.get("memory_cap")
     state["user_values"] = record.get("user_values") or {}
+    state["own_settings"] = record.get("own_settings") or {}
     state["training_loader"] = record.get("training_loader")
     state["sites"] = record.get("sites") or {}
     state["unit"] = measurement.unit
@@ -162,6 +163,9 @@ def _baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], None
                     own_bound(baseline, measurement) if baseline.ok else None)  # the report's verdict shows it
     row["decision"] = "baseline" if baseline.ok else "failed"
     row["reason"] = "the user's own settings" if baseline.ok else f"{baseline.status}: {baseline.message}"
+    if state["own_settings"]:
+        row["reason"] += f"; the script's own: {own_text(state['own_settings'], state)}"
+        log(f"  the script's own: {own_text(state['own_settings'], state)}")
     row["speedup"] = 1.0 if baseline.ok else None
     state["trials"].append(row)
     state["baseline"] = state["best"] = baseline.name

@@ -10,10 +10,11 @@ table): one clear error for a name that is not one, listing those that are. Torc
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterable
 
 from advisor.errors import AdvisorError
-from advisor.search.proposal import Proposal, on_best
+from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.strategy import SearchSpace
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 
@@ -122,8 +123,33 @@ def pending_try(options: Any, state: dict[str, Any], best: Knobs, diagnosis: Any
         if change in done:
             continue
         values = try_settings(text)
+        own = own_moves(values, best, state.get("user_values") or {})
+        if own and own == {k: v for k, v in values.items() if k != "persistent_workers"}:
+            note = f"{change}: not run, the script has it already ({own_text(own, state)})"
+            if note not in state["notes"]:
+                state["notes"].append(note)
+            continue
+        values = {k: v for k, v in values.items() if k not in own}
         advised = [r for r in getattr(diagnosis, "recommendations", ()) if set(r.knobs) & set(values)]
         return on_best(best, values, TRY, change, "try-" + Knobs(**values).label(),
                        sum(r.predicted_gain for r in advised), None, False,
                        why="asked for with --try" + ("" if advised else "; no advice predicts its gain"))
     return None
+
+
+def own_text(knobs: dict[str, Any] | Any, state: dict[str, Any]) -> str:
+    """The script's own settings of these knobs as the baseline row says them: "bf16 autocast, train.py line 84"."""
+    own = state.get("own_settings") or {}
+    parts = []
+    for knob in knobs:
+        setting = own.get(knob) if isinstance(own.get(knob), dict) else None
+        if setting is None:
+            parts.append(f"{knob}={(state.get('user_values') or {}).get(knob)!r}")
+            continue
+        site = setting.get("site")
+        where = ""
+        if isinstance(site, str) and site.rpartition(":")[2].isdigit():
+            path, _, line = site.rpartition(":")
+            where = f", {os.path.basename(path)} line {line}"
+        parts.append(f"{setting.get('what') or knob}{where}")
+    return "; ".join(parts)

@@ -4,7 +4,9 @@ session.json (schema "advisor.session/1"):
 
     {"schema", "target", "script", "command", "options": {SessionOptions}, "status": "running"|"done"|
      "interrupted"|"failed", "started_at", "updated_at", "device": {device facts of the baseline},
-     "user_values": {the user's own knob values}, "memory_cap": {what --memory-limit capped, as in trial.json} | null,
+     "user_values": {the user's own knob values}, "own_settings": {knob: {"value", "what", "site" ("file.py:LINE" |
+       null)}} of the settings the script makes itself (its autocast, a fused optimizer, a compiled model; read in
+       the baseline's run), "memory_cap": {what --memory-limit capped, as in trial.json} | null,
      "training_loader": {site, ordinal, index} of the loader that feeds the steps (from the baseline) | null,
      "unit": "samples/s" | "steps/s" (no step knew its batch size; "samples_per_s" fields then hold steps/s),
      "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
@@ -119,7 +121,7 @@ def new_state(target: str, script: str | None, out: Path, options: SessionOption
     return {
         "schema": SCHEMA, "target": target, "script": script, "command": command, "cwd": os.getcwd(), "lint": lint,
         "options": options.to_dict(), "status": "running", "started_at": now, "updated_at": now,
-        "device": None, "user_values": {}, "memory_cap": None, "baseline": None, "best": None,
+        "device": None, "user_values": {}, "own_settings": {}, "memory_cap": None, "baseline": None, "best": None,
         "final_knobs": None, "speedup": None, "bound": None, "unit": "samples/s", "training_loader": None,
         "trials": [], "recommendations": [], "notes": [],
         "patch": None, "pooled": {}, "running_trial": None, "_dir": str(out),

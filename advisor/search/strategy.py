@@ -42,7 +42,7 @@ from typing import Any, Callable
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.history import failed_settings, reverted_under, within_noise
-from advisor.search.proposal import Proposal, on_best
+from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.predictions import reprice
 from advisor.trials.process.replay import SETTINGS, SurfacePoint
 
@@ -136,9 +136,12 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     refused = not_applicable_knobs(state)
     best_sps = next((t.get("samples_per_s") for t in state["trials"] if t.get("name") == best.name), None)
     out = []
+    user = state.get("user_values") or {}
     for p in found:
         if p is None or knobs_key(p.knobs) in tried or turned(best.knobs, p.knobs) & refused:
             continue
+        if own_moves(p.move_dict, best.knobs, user):
+            continue  # the script has it already: never proposed, never credited
         if not space.permits(turned(best.knobs, p.knobs)):
             continue  # outside what the user lets the search turn (--only, --skip)
         if (not retry_reverted and p.recommendation != "more-workers"
@@ -405,4 +408,5 @@ def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
             plan.append(on_best(baseline, {"batch_size": batch // f}, "oom-smaller-batch",
                                 f"batch {batch}→{batch // f} (smaller effective batch)", f"batch-{batch // f}", 0.0,
                                 "memory"))
-    return plan
+    user = state.get("user_values") or {}
+    return [p for p in plan if not own_moves(p.move_dict, baseline, user)]

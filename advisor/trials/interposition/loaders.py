@@ -32,7 +32,7 @@ _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ad
 # Installed packages are not the user's code either: a DataLoader that transformers' Trainer or accelerate
 # builds, a backward that Lightning calls, are placed at the line of the user's code that called into them
 # (`trainer.train()`), which is what a patch can change and where the framework's settings are made.
-_INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (
+INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (
     sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *getattr(site, "getsitepackages", list)())})
 
 
@@ -134,7 +134,7 @@ def user_frame() -> Any:
     frame = inspect.currentframe()
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        ours = filename.startswith((_TORCH_DIR, _OUR_DIR, *_INSTALLED))
+        ours = filename.startswith((_TORCH_DIR, _OUR_DIR, *INSTALLED))
         if not ours and not frame.f_code.co_filename.startswith("<"):
             return frame
         frame = frame.f_back

@@ -19,6 +19,7 @@ from typing import Any
 
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 from advisor.trials.interposition.gradients import patched_attribute
+from advisor.trials.interposition.loaders import user_site
 
 
 def optimizer_classes() -> list[type]:
@@ -44,9 +45,8 @@ class FusedOptimizers:
         self.depth = 0
 
     def install(self) -> None:
-        """Wrap the constructors for the rest of the trial."""
-        if not self.requested:
-            return
+        """Wrap the constructors for the rest of the trial (also when not requested: the script's own
+        `fused=True` is recorded in every trial)."""
         for cls in optimizer_classes():
             if "__init__" in vars(cls):
                 self.stack.enter_context(patched_attribute(cls, "__init__", self._constructor(cls.__init__)))
@@ -73,10 +73,12 @@ class FusedOptimizers:
         return __init__
 
     def _build(self, original: Any, names: Any, optimizer: Any, params: Any, args: tuple, kwargs: dict) -> None:
-        params = list(params)
         user = {"fused": kwargs.get("fused"), "foreach": kwargs.get("foreach")}
-        entry = {"class": type(optimizer).__name__, "user": user, "ran": None, "why": None}
+        entry = {"class": type(optimizer).__name__, "user": user, "ran": None, "why": None, "site": user_site()}
         self.built.append(entry)
+        if not self.requested:
+            return original(optimizer, params, *args, **kwargs)
+        params = list(params)
         if user["fused"]:
             entry["ran"] = "fused"
             entry["why"] = "the script builds it fused already"
@@ -115,4 +117,4 @@ class FusedOptimizers:
 
     def record(self) -> list[dict[str, Any]] | None:
         """Per optimizer built: its class, the script's fused/foreach and which implementation ran."""
-        return [{k: e[k] for k in ("class", "user", "ran")} for e in self.built] or None
+        return [{k: e[k] for k in ("class", "user", "ran", "site")} for e in self.built] or None

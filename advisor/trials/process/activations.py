@@ -91,9 +91,14 @@ def model_tensor_bytes(device_type: str) -> dict[str, Any]:
 
 
 def _never_fails(hook: Callable[..., None]) -> Callable[..., None]:
-    """A module hook whose errors are swallowed: a measurement must never break the user's step."""
+    """A module hook whose errors are swallowed: a measurement must never break the user's step. Inside a
+    region torch.compile traces (a model the script compiled itself) it does nothing: dynamo would trace
+    the recorder's own state into the graph, and refuses to."""
+    import torch
 
     def safe(*args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         try:
             hook(*args)
         except Exception:

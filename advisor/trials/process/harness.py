@@ -53,6 +53,7 @@ from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, da
     training_loader
 from advisor.trials.process.loop import LoopInterposition, capture_losses, mark_closures
 from advisor.trials.interposition.model import ModelInterposition, compile_failure, is_compile_error
+from advisor.trials.interposition.own_settings import OwnSettings
 from advisor.trials.interposition.optimizers import FusedOptimizers
 from advisor.trials.interposition.uint8_copies import ByteCopies
 from advisor.trials.process.distributed import DDPKnobs, one_rank_on_demand, rank_files, rank_of
@@ -142,7 +143,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
     result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
-    driver = loop = model = optimizers = copies = trainer = None
+    driver = loop = model = optimizers = copies = trainer = own = None
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
     started = time.time()
@@ -161,6 +162,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         ddp.install()
         if not config.get("torchrun"):
             one_rank_on_demand(result)
+        own = OwnSettings(knobs)  # its hook first: it reads the model before the knobs change it
+        own.install()
         model = ModelInterposition(knobs, device_type)
         model.install()
         optimizers = FusedOptimizers(knobs)
@@ -174,7 +177,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
         result["sites"] = sites
-        capture_losses(lambda loss: setattr(driver, "last_loss", loss), sites)
+        capture_losses(lambda loss: (setattr(driver, "last_loss", loss), own.backward_ran()), sites)
         mark_closures()
         source = Path(script).read_text()
         if target and not step_module:
@@ -234,6 +237,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["user_model"] = model_user_values(model, optimizers)
             result["compile"] = model.compile_record() if model is not None else None
             result["optimizers"] = optimizers.record() if optimizers is not None else None
+            result["own_settings"] = own.record(result["optimizers"]) if own is not None else None
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]
             result["training_loader"] = None if trains is None else {

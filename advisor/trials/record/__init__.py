@@ -281,11 +281,14 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
 
 
 def user_values(dataloaders: list[dict[str, Any]], threads: int | None, ddp: dict[str, Any] | None = None,
-                model: dict[str, Any] | None = None, framework: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                model: dict[str, Any] | None = None, framework: dict[str, Any] | None = None,
+                own: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The user's own values of the knobs: the training loader's (else the first loader's), torch's threads,
     DistributedDataParallel's arguments where the script wraps its model in it, and the model knobs a trial
     changed (channels_last, compile, fused_optimizer, tf32, cudnn_benchmark); where a framework's settings
-    feed the loader (TrainingArguments), the script's values there, not those of the loader it built."""
+    feed the loader (TrainingArguments), the script's values there, not those of the loader it built; and
+    the settings the script made itself, seen in the running trial (`own`: its autocast, a compiled model,
+    a fused optimizer, its own accumulation; `advisor.trials.interposition.own_settings`)."""
     loader = next((d for d in dataloaders if d.get("training")), dataloaders[0] if dataloaders else None)
     values = {k: loader["user"].get(k) for k in DATALOADER_KNOBS} if loader is not None else {}
     if threads is not None:
@@ -293,6 +296,7 @@ def user_values(dataloaders: list[dict[str, Any]], threads: int | None, ddp: dic
     values.update({k: v for k, v in (ddp or {}).items() if k.startswith("ddp_")})
     values.update(model or {})
     values.update({k: v for k, v in ((framework or {}).get("user") or {}).items() if k != "accumulation_steps"})
+    values.update({k: s["value"] for k, s in (own or {}).items()})
     return values or None
 
 
@@ -346,8 +350,9 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["model_dtypes"] = harness.get("model_dtypes")
     record["single_rank_job"] = bool(record.get("single_rank_job") or harness.get("single_rank_job"))
     record["accumulation"] = harness.get("accumulation")
+    record["own_settings"] = harness.get("own_settings") or {}
     record["user_values"] = user_values(record["dataloaders"], harness.get("user_threads"), harness.get("user_ddp"),
-                                        harness.get("user_model"), harness.get("framework"))
+                                        harness.get("user_model"), harness.get("framework"), record["own_settings"])
     record["framework"] = harness.get("framework")
     record["compile"] = compile_summary(harness.get("compile"), rank_steps[0])
     record["optimizers"] = harness.get("optimizers")
