@@ -186,3 +186,19 @@ def test_a_recommendation_is_never_cut_mid_phrase():
             assert any(phrase in line for line in lines), (width, phrase, lines)
             if not r.helps_now:
                 assert any(f"helps once {r.helps_once} is fixed" in line for line in lines), (width, lines)
+
+
+def test_two_trials_in_turns_each_have_a_line_until_both_end():
+    """The baseline and the best run side by side at a session's end, each reporting from its own thread: one
+    display, a line each, gone once both are done."""
+    from advisor.trials.record.progress import TrialProgress
+
+    screen = io.StringIO()
+    display = TrialProgressDisplay(Console(file=screen, force_terminal=True, width=100))
+    display.update(TrialProgress("14-speedup-00", "window", 1, 3, 4.0, 6.0))
+    display.update(TrialProgress("15-speedup-12", "warm-up", 1, 2, 2.0, 9.0))
+    assert len(display.tasks) == 2 and display.progress is not None
+    display.update(TrialProgress("14-speedup-00", "done", elapsed_s=10.0))
+    assert list(display.tasks) == ["15-speedup-12"] and display.progress is not None
+    display.update(TrialProgress("15-speedup-12", "done", elapsed_s=11.0))
+    assert display.tasks == {} and display.progress is None and display.last_duration_s == 11.0

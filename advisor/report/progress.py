@@ -9,6 +9,7 @@ estimate (the script's set-up costs each trial about the same).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from rich.console import Console
@@ -21,41 +22,57 @@ def _seconds(value: float) -> str:
 
 
 class TrialProgressDisplay:
-    """Shows each trial's progress as it comes (`update`), on `console`; one line per running trial."""
+    """Shows each trial's progress as it comes (`update`), on `console`; one line per running trial (two run at
+    once where their windows are taken in turns, each reporting from its own thread)."""
 
     def __init__(self, console: Console):
         self.console = console
         self.progress: Progress | None = None
-        self.task: Any = None
+        self.tasks: dict[str, Any] = {}  # trial name -> its line
         self.last_duration_s: float | None = None  # the previous trial's, start to end
+        self.lock = threading.Lock()
 
     def update(self, p: Any) -> None:
-        """Show a trial's progress (a TrialProgress); its "done" ends the line."""
-        if p.phase == "done":
-            self.close()
-            self.last_duration_s = p.elapsed_s
-            return
-        remaining = p.remaining_s
-        if p.phase == "starting" and self.last_duration_s is not None:
-            remaining = max(0.0, self.last_duration_s - p.elapsed_s)  # as long as the last trial, at a guess
-        number = p.trial.split("-", 1)[0]
-        description = f"trial {number}: {p.describe()}"
-        estimate = "" if remaining is None else _seconds(remaining)
-        total = None if remaining is None else p.elapsed_s + remaining
-        if self.progress is None:
-            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                                     TextColumn("{task.fields[estimate]}"), TimeElapsedColumn(),
-                                     console=self.console, transient=True)
-            self.progress.start()
-            self.task = self.progress.add_task(description, total=total, estimate=estimate)
-        self.progress.update(self.task, description=description, total=total, completed=p.elapsed_s,
-                             estimate=estimate)
+        """Show a trial's progress (a TrialProgress); its "done" ends its line."""
+        with self.lock:
+            if p.phase == "done":
+                self._end(p.trial)
+                self.last_duration_s = p.elapsed_s
+                return
+            remaining = p.remaining_s
+            if p.phase == "starting" and self.last_duration_s is not None:
+                remaining = max(0.0, self.last_duration_s - p.elapsed_s)  # as long as the last trial, at a guess
+            number = p.trial.split("-", 1)[0]
+            description = f"trial {number}: {p.describe()}"
+            estimate = "" if remaining is None else _seconds(remaining)
+            total = None if remaining is None else p.elapsed_s + remaining
+            if self.progress is None:
+                self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
+                                         TextColumn("{task.fields[estimate]}"), TimeElapsedColumn(),
+                                         console=self.console, transient=True)
+                self.progress.start()
+            if p.trial not in self.tasks:
+                self.tasks[p.trial] = self.progress.add_task(description, total=total, estimate=estimate)
+            self.progress.update(self.tasks[p.trial], description=description, total=total, completed=p.elapsed_s,
+                                 estimate=estimate)
+
+    def _end(self, trial: str) -> None:
+        """End a trial's line; the display with the last (erased: the session prints the results in their place)."""
+        task = self.tasks.pop(trial, None)
+        if self.progress is not None and task is not None:
+            self.progress.remove_task(task)
+        if self.progress is not None and not self.tasks:
+            self.progress.stop()
+            self.progress = None
 
     def close(self) -> None:
-        """End the line (it is erased: the session prints the trial's result in its place)."""
-        if self.progress is not None:
-            self.progress.stop()
-        self.progress, self.task = None, None
+        """End every line."""
+        with self.lock:
+            for trial in list(self.tasks):
+                self._end(trial)
+            if self.progress is not None:
+                self.progress.stop()
+                self.progress = None
 
 
 def progress_display(console: Console) -> Callable[[Any], None] | None:

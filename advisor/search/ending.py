@@ -1,11 +1,14 @@
-"""The end of a session: the baseline measured once more right before the best, so that the speedup is read
-at one load, and the best confirmed against the runner-up (the other setting that measured fastest), both
-measured again and pooled with their runs while the budget allows. Torch-free."""
+"""The end of a session: the best confirmed against the runner-up (the other setting that measured fastest),
+both measured again and pooled with their runs while the budget allows; then the speedup read at one load.
+Where the runner can run two trials at once (`run.paired`: the CLI's subprocesses), the baseline and the best
+run side by side, their windows in turns (`speedup_in_turns`, `advisor.trials.record.turns`); elsewhere the
+baseline runs once more right before the best (`baseline_again`, `best_after`). Torch-free."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,10 +20,11 @@ from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.strategy import knobs_key
 from advisor.search.trials import TrialRunner, figures_text, measure_record, measured, own_bound, recorded_losses, \
-    run_one, trial_record
+    run_one, trial_record, trial_time_limit
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import TrialResult
-from advisor.trials.record.measurement import noise
+from advisor.trials.record.measurement import Measurement, noise
+from advisor.trials.record.turns import finished, start_turns, windows_log
 
 
 def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
@@ -73,13 +77,15 @@ def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], w
 
 
 def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
-                  reference_losses: list[float], log: Callable[[str], None], remeasure: bool) -> TrialResult:
+                  reference_losses: list[float], log: Callable[[str], None], remeasure: bool,
+                  leave: int = 0) -> TrialResult:
     """Before the session ends, measure the best and the runner-up (the other setting that measured fastest)
     once more, when the runner-up is within the noise of the best or ahead of it, and keep whichever the
     pooled runs say is faster; again while the two stay within the noise of each other, up to CONFIRM_ROUNDS
-    rounds, as the budget allows (each round's runs pooled with the earlier ones). Returns the best."""
+    rounds, as the budget allows, `leave` trials aside (each round's runs pooled with the earlier ones). Returns
+    the best."""
     for _ in range(CONFIRM_ROUNDS):
-        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, remeasure)
+        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, remeasure, leave)
         if not unsettled:
             break
     return best
@@ -90,9 +96,9 @@ CONFIRM_ROUNDS = 3  # at most: a budget left over is spent telling the two faste
 
 def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                    reference_losses: list[float], log: Callable[[str], None],
-                   remeasure: bool) -> tuple[TrialResult, bool]:
+                   remeasure: bool, leave: int = 0) -> tuple[TrialResult, bool]:
     """One round of `confirm_best`: (the best, whether the two are still within the noise of each other)."""
-    if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
+    if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + leave:
         return best, False
     top, runner_up = best_row(state), runner_up_row(state)
     if runner_up is None:
@@ -105,20 +111,33 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
             1 - noise(best_measure, runner_measure)):
         return best, False  # clearly behind, measured at one load: nothing to confirm
     confirmed, runs = {}, {}
-    for row, folders in ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
-                         (runner_up, earlier)):
-        knobs = Knobs.from_dict(in_effect(row))
-        proposal = Proposal("confirm", f"{first_change(row['change'])} (confirming the best)", "confirm", knobs, 0.0)
+    both = ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
+            (runner_up, earlier))
+    proposals = [(Proposal("confirm", f"{first_change(row['change'])} (confirming the best)", "confirm",
+                           Knobs.from_dict(in_effect(row)), 0.0), f"confirm-{row['name'][:2]}") for row, _ in both]
+    in_turns = pairs(run) and fit_together([top, runner_up], state)
+    if in_turns:  # side by side, their windows in turns: a load that comes and goes falls on both alike
         index = len(state["trials"])
-        log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
-        result, record, _ = run_one(run, state, index, proposal, f"confirm-{row['name'][:2]}", log)
-        pooled = measured(out, state, result, folders) if result.ok else None
+        log(f"trials {index:02d}-{index + 1:02d}: {top['name']} and {runner_up['name']} side by side, their windows "
+            "in turns, to confirm the best against the runner-up")
+        paired = run_pair(run, out, state, options, proposals)
+    for i, ((row, folders), (proposal, slug)) in enumerate(zip(both, proposals)):
+        index = len(state["trials"])
+        if in_turns:
+            result, record, _ = paired[i]
+        else:
+            log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
+            result, record, _ = run_one(run, state, index, proposal, slug, log)
+        # Windows in turns are at one load by construction: the two are decided on those runs alone.
+        folders = [] if in_turns else folders
+        pooled = (measured(out, state, result, folders) if folders else paired[i][2]) if result.ok else None
         new = trial_row(index, result, record, proposal, state, pooled, own_bound(result, pooled))
         new.update(decision="measured" if result.ok else "failed",
-                   reason=f"{row['name']} again, pooled with its earlier runs" if result.ok else
+                   reason=(f"{row['name']} again, its windows in turns with the other's" if in_turns else
+                           f"{row['name']} again, pooled with its earlier runs") if result.ok else
                    f"trial {result.status}: {result.message}")
         state["trials"].append(new)
-        if result.ok:
+        if result.ok and folders:
             state["pooled"][result.name] = [os.path.relpath(f, out) for f in folders]
             runs[row["name"]] = runs_of(out, state, row["knobs"])  # every run of the setting, latest first
         confirmed[row["name"]] = (result, pooled, new)
@@ -130,7 +149,7 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
                 row.update(decision="reverted", reason=row["reason"] + "; the other run failed, nothing changes")
         save(state)
         return best, False
-    changed = pair_changed(runs[top["name"]], runs[runner_up["name"]])
+    changed = None if in_turns else pair_changed(runs[top["name"]], runs[runner_up["name"]])
     if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
         kept_m, other_m = (measured_at_one_load(runs[top["name"]], runs[runner_up["name"]])  # else the two
                            or (measure_record(runs[top["name"]][:1]), measure_record(runs[runner_up["name"]][:1])))
@@ -176,3 +195,90 @@ def runner_up_row(state: dict[str, Any]) -> dict[str, Any] | None:
     others = [t for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
               and t["decision"] != "not applicable" and knobs_key(in_effect(t)) != knobs_key(in_effect(top))]
     return max(others, key=lambda t: t["samples_per_s"], default=None)
+
+
+PAIR_TRIALS = 2  # the baseline and the best, side by side
+MEMORY_HEADROOM = 0.9  # two trials at once only where both peaks fit in this share of what is free
+
+
+def pairs(run: TrialRunner) -> bool:
+    """Whether the runner runs two trials at once, their windows in turns."""
+    return bool(getattr(run, "paired", False))
+
+
+def fit_together(rows: list[dict[str, Any]], state: dict[str, Any]) -> bool:
+    """Whether two settings' trials fit in memory at once: on a GPU both peaks in its capacity, on the CPU in
+    the memory free now (measured peaks; a setting with none is taken to fit)."""
+    peaks = [row.get("peak_memory_bytes") or 0 for row in rows]
+    if (state.get("device") or {}).get("type") == "cuda":
+        capacity = max((row.get("capacity_bytes") or 0 for row in rows), default=0)
+        return not capacity or sum(peaks) <= MEMORY_HEADROOM * capacity
+    import psutil
+
+    return sum(peaks) <= MEMORY_HEADROOM * psutil.virtual_memory().available
+
+
+def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+             proposals: list[tuple[Proposal, str]]) -> list[tuple[TrialResult, dict[str, Any], Measurement]]:
+    """Two settings run at once, each a trial of its own, their measurement windows in turns: the first's
+    first, then one of the other's, and so on, the one whose turn it is not waiting before its next step."""
+    index = len(state["trials"])
+    names = [f"{index + i:02d}-{slug}" for i, (_, slug) in enumerate(proposals)]
+    wait_s = max(trial_time_limit(options, p.knobs) for p, _ in proposals)
+    ends = start_turns(out / "turns" / names[0], names[0], names[1], wait_s)
+    results: list[Any] = [None, None]
+
+    def go(i: int) -> None:
+        try:
+            results[i] = run(names[i], proposals[i][0].knobs, turns=ends[i].to_dict())
+        except BaseException as exc:  # re-raised in the session's thread
+            results[i] = exc
+        finally:
+            finished(ends[i])  # however it ended, the other trial no longer waits for its turns
+
+    threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(PAIR_TRIALS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
+    done = []
+    for result in results:
+        record = trial_record(result.path)
+        done.append((result, record, measure_record([record])))
+    return done
+
+
+def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+                     reference: dict[str, Any], log: Callable[[str], None]) -> float | None:
+    """The baseline and the best run side by side at the end, their windows in turns, so that a load that
+    comes and goes falls on both alike: the best's samples/s over the baseline's in those windows, or None
+    (no budget left, the two would not fit in memory at once, the best is the baseline, a run failed)."""
+    top = best_row(state)
+    if (options.max_trials - len(state["trials"]) < PAIR_TRIALS
+            or knobs_key(in_effect(top)) == knobs_key(in_effect(reference)) or not fit_together([top, reference], state)):
+        return None
+    proposals = [(Proposal("confirm", f"{first_change(row['change'])} (for the speedup, windows in turns)", "speedup",
+                           Knobs.from_dict(in_effect(row)), 0.0), f"speedup-{row['name'][:2]}")
+                 for row in (reference, top)]
+    index = len(state["trials"])
+    log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) side "
+        "by side, their windows in turns, for the speedup at one load")
+    done = run_pair(run, out, state, options, proposals)
+    for i, ((result, record, measurement), (proposal, _), row) in enumerate(zip(done, proposals, (reference, top))):
+        other = (top, reference)[i]
+        new = trial_row(index + i, result, record, proposal, state, measurement if result.ok else None,
+                        own_bound(result, measurement) if result.ok else None)
+        new.update(decision="measured" if result.ok else "failed", load=load_text(record),
+                   reason=f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at "
+                   "one load" if result.ok else f"trial {result.status}: {result.message}")
+        state["trials"].append(new)
+    save(state)
+    base, best = (m for _, _, m in done)
+    turns = windows_log(out / "turns" / done[0][0].name)
+    if not all(r.ok for r, _, _ in done) or not base.samples_per_s or not best.samples_per_s or \
+            len({name for name, *_ in turns}) < PAIR_TRIALS:
+        return None
+    return best.samples_per_s / base.samples_per_s

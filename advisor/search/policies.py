@@ -35,14 +35,15 @@ SAME_SPEEDUP = 0.05  # the speedup at one load this close to the direct one: the
 SPEEDUP_BUDGET = 16  # from this budget on (the default), a trial is kept back for the baseline beside the best
 
 
-def reserve(options: SessionOptions, remeasure: bool) -> int:
+def reserve(options: SessionOptions, remeasure: bool, paired: bool = False) -> int:
     """Trials kept back for the end (with a budget that allows it): the best and the runner-up, to confirm the
     best; with SPEEDUP_BUDGET trials or more, the baseline once more before them, so that the speedup is read
-    beside the best (a smaller budget spends that trial on the search, and measures the baseline again only
-    where a trial is left)."""
+    beside the best, or (`paired`: a runner of two trials at once) the baseline and the best side by side, their
+    windows in turns. A smaller budget spends those on the search, and measures the speedup at one load only
+    where trials are left."""
     if not remeasure or options.max_trials < 4 * CONFIRM_TRIALS:
         return 0
-    return CONFIRM_TRIALS + (1 if options.max_trials >= SPEEDUP_BUDGET else 0)
+    return CONFIRM_TRIALS + ((2 if paired else 1) if options.max_trials >= SPEEDUP_BUDGET else 0)
 
 
 def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
@@ -133,6 +134,11 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
     how = {"one load": "from their windows at one load",
            "chained": "the product of the kept changes' gains, each measured beside the best of its time"}
     direct = best_row(state)["samples_per_s"] / reference["samples_per_s"]
+    if state.get("speedup_basis") == "in turns":
+        return (f"The baseline and the best were measured again side by side before the session ended, their "
+                f"windows in turns (one measuring while the other waited): the speedup ×{state['speedup']:.2f} is "
+                f"read from those windows, so a load that came and went fell on both alike (their first figures "
+                f"give ×{direct:.2f}).")
     if side_by_side:
         return (f"The baseline and the best were measured again one right after the other before the session "
                 f"ended: the speedup ×{state['speedup']:.2f} is read from every run of the two at one load, so it "

@@ -45,8 +45,8 @@ from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_l
 from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, \
     without_proposal
 from advisor.search.policies import applied_only, beside_best, late_pair, not_applicable, pair_proposal, \
-    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note
-from advisor.search.ending import baseline_again, best_after, confirm_best
+    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, SPEEDUP_BUDGET
+from advisor.search.ending import PAIR_TRIALS, baseline_again, best_after, confirm_best, pairs, speedup_in_turns
 
 
 
@@ -254,7 +254,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             state["notes"].append("stopped: a full round over the knobs kept nothing more"
                                   if len(state["trials"]) > 1 else "stopped: nothing to try")
             break
-        if len(state["trials"]) >= options.max_trials - reserve(options, remeasure):
+        if len(state["trials"]) >= options.max_trials - reserve(options, remeasure, pairs(run)):
             if options.max_trials > 1:  # one trial is a diagnosis-only run, not a budget that ran out
                 state["notes"].append(f"stopped after {options.max_trials} trials (--max-trials) with "
                                       f"{len(proposals)} change(s) left to try")
@@ -303,13 +303,24 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         elif state["best"] != best.name:  # the best, measured again beside a candidate, stays the best
             best = applied_only(load_trial(out / best_row(state)["folder"]))
         save(state)
-    baseline = baseline_again(run, out, state, options, reference, log, remeasure)
-    best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
-    side_by_side = baseline is not None and best_after(run, out, state, options, baseline, log)
+    in_turns = None
+    if pairs(run):  # the baseline and the best side by side, windows in turns, after the best is confirmed
+        best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure,
+                            leave=PAIR_TRIALS if options.max_trials >= SPEEDUP_BUDGET else 0)
+        in_turns = speedup_in_turns(run, out, state, options, reference, log) if remeasure else None
+        side_by_side = False
+    else:
+        baseline = baseline_again(run, out, state, options, reference, log, remeasure)
+        best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure)
+        side_by_side = baseline is not None and best_after(run, out, state, options, baseline, log)
     _bound_of(out, state, best)
-    state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
-    if state["speedup_basis"] != "direct" or side_by_side:
-        state["notes"].append(speedup_note(state, reference, side_by_side))
+    if in_turns is not None:
+        state["speedup"], state["speedup_basis"] = in_turns, "in turns"
+        state["notes"].append(speedup_note(state, reference))
+    else:
+        state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
+        if state["speedup_basis"] != "direct" or side_by_side:
+            state["notes"].append(speedup_note(state, reference, side_by_side))
     state["notes"].extend(batch_notes(state, options))
     state["time"] = session_time(out, state)
     state["status"] = "done"

@@ -11,7 +11,8 @@ session.json (schema "advisor.session/1"):
      "unit": "samples/s" | "steps/s" (no step knew its batch size; "samples_per_s" fields then hold steps/s),
      "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
      "speedup_basis": "direct" (the best's samples/s over the baseline's) | "one load" (their runs at one load)
-       | "chained" (the product of the kept rows' gains: the two never ran at one load; a note says so),
+       | "chained" (the product of the kept rows' gains: the two never ran at one load; a note says so)
+       | "in turns" (the two run side by side at the end, their windows in turns: advisor.trials.record.turns),
      "bound": {"name", "label", "evidence"} of the best trial after the last trial,
      "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
                  ("baseline"|"kept"|"reverted"|"failed"; "measured": the baseline or the best run again at the

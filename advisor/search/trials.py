@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -88,26 +89,35 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
     """Trials of the script in fresh subprocesses (the CLI's way), in `out/trials/<name>`; the DataLoader
     knobs go to the training loader the baseline found. The trial in flight is in the record (its
     process and token), so that `--resume` after a kill can end what it left behind."""
+    recording = threading.Lock()  # two trials in turns start, and end, at once
+
     def started(name: str) -> Callable[[int, str], None]:
         def record(pid: int, token: str) -> None:
-            state["running_trial"] = {"name": name, "pid": pid, "token": token}
-            save(state)
+            with recording:
+                state["running_trial"] = {"name": name, "pid": pid, "token": token}
+                save(state)
         return record
 
-    def run(name: str, knobs: Knobs, against: dict[str, Any] | None = None) -> TrialResult:
+    def run(name: str, knobs: Knobs, against: dict[str, Any] | None = None,
+            turns: dict[str, Any] | None = None) -> TrialResult:
+        # Windows in turns with another trial: it waits while the other measures, so it may take twice as long.
+        limit = trial_time_limit(options, knobs) * (2 if turns else 1)
         try:
             return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
                              wait=options.wait, warmup=options.warmup, device=options.device,
-                             script_args=options.script_args, timeout_s=trial_time_limit(options, knobs),
+                             script_args=options.script_args, timeout_s=limit,
                              memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
                              on_progress=progress, ray_address=options.ray_address, nnodes=options.nnodes,
-                             against=against)
+                             against=against, turns=turns)
         finally:
-            state["running_trial"] = None
+            with recording:
+                state["running_trial"] = None
 
     run.adaptive = options.windows > 0  # type: ignore[attr-defined]  # its windows can follow a comparison
+    # Two trials at once, their windows in turns (advisor.trials.record.turns): one process each, on one node.
+    run.paired = options.windows > 0 and options.nproc_per_node <= 1 and options.ray_address is None  # type: ignore[attr-defined]
     return run
 
 

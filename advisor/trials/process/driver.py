@@ -28,6 +28,7 @@ from advisor.trials.process.distributed import all_measured, rank_files
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, leading_dimension
+from advisor.trials.record.turns import Turns, finished, pass_turn, wait_for_turn
 from advisor.trials.record.schedule import StepSchedule
 from advisor.trials.process.step_memory import StepMemory
 from advisor.trials.record.storage import dumps, write_json_atomic
@@ -94,6 +95,9 @@ def start_profiler(schedule: StepSchedule, index: int, device_type: str, out_dir
     return prof
 
 
+PAUSED_S = 0.01  # a wait for the turn longer than this let the loader's workers fill their queue
+
+
 class StepDriver:
     """Times, profiles, measures and records each step; ends the script once the trial is measured."""
 
@@ -120,6 +124,9 @@ class StepDriver:
         self.last_loss: Any = None  # the last scalar a backward ran from (the loss, when the step returns none)
         self.memory = StepMemory(device_type)
         self.load_meter: Any = None  # the machine's load beside each window, from the first window on
+        # Windows taken in turns with another trial (advisor.trials.record.turns), or None: measured alone.
+        self.turns = Turns.from_dict((config.get("measure") or {}).get("turns"))
+        self.window_began: float | None = None  # epoch seconds the current window's first step began
         # One set of files per rank in a data-parallel trial (advisor.trials.process.distributed).
         self.files = rank_files(config.get("world_size", 1), config.get("rank", 0))
         self.steps_file = open(self.out_dir / self.files["steps"], "a", buffering=1)
@@ -229,9 +236,13 @@ class StepDriver:
         if self.index == 0:
             self.memory.take_model_dtypes()
         phase = self.schedule.phase(self.index)
-        window, load = self.schedule.window, None
-        if phase == "window" and self.schedule.count_window_step(wall, batch) and self.load_meter is not None:
-            load = self.load_meter.sample()  # the load beside the window that just closed
+        window, load, closed = self.schedule.window, None, False
+        if phase == "window":
+            if self.window_began is None:
+                self.window_began = time.time() - wall
+            closed = self.schedule.count_window_step(wall, batch)
+            if closed and self.load_meter is not None:
+                load = self.load_meter.sample()  # the load beside the window that just closed
         self.record(wall, call, waited, fed, batch, batch_source, loss, phase, window, load)
         self.index += 1
         if self.index == self.schedule.total:
@@ -242,11 +253,27 @@ class StepDriver:
             self.done = all_measured(self.schedule.measured())
         if self.load_meter is None and self.schedule.windows and self.schedule.phase(self.index) == "window":
             self.load_meter = self._load_meter()
+        if self.turns is not None and (closed or (phase != "window" and self.schedule.phase(self.index) == "window")):
+            self._take_turn(window if closed else None)
         self.period_start = time.perf_counter()
         if self.done:
             self.memory.record_end()
             self.finish()
             raise TrialComplete()
+
+    def _take_turn(self, closed: int | None) -> None:
+        """Windows in turns: pass the turn after window `closed` (None: before the first window), wait for it
+        to come back, then settle again before the next window counts."""
+        if closed is not None:
+            pass_turn(self.turns, closed, self.window_began or time.time(), time.time())
+            self.window_began = None
+        if self.done:
+            finished(self.turns)
+            return
+        if wait_for_turn(self.turns) > PAUSED_S:
+            self.schedule.resettle(self.index)
+        if self.load_meter is not None:
+            self.load_meter.sample()  # the pause is not the next window's load: the other trial ran in it
 
     def _load_meter(self) -> Any:
         """A meter of the machine's load from now on; None where psutil cannot read it."""
@@ -298,6 +325,8 @@ class StepDriver:
         """Stop the profiler and write what the steps measured into a trial result; returns the step
         interposition's knob outcomes (those decided while the steps ran and after them)."""
         self.memory.stop_recording(self.index, complete=False)
+        if self.turns is not None:
+            finished(self.turns)  # ended, measured or not: the other trial measures without waiting for it
         try:
             self.finish()
         except Exception as exc:  # a profiler that cannot stop must not hide the trial's result

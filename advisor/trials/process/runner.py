@@ -81,6 +81,7 @@ def run_trial(
     ray_address: str | None = None,
     nnodes: int = 1,
     against: dict[str, Any] | None = None,
+    turns: dict[str, Any] | None = None,
 ) -> TrialResult:
     """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
 
@@ -95,7 +96,8 @@ def run_trial(
     several nodes), each profiled (`advisor.trials.process.distributed`). `ray_address`: the job of `nnodes` ×
     `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.process.ray_job`).
     `against` (`advisor.trials.record.adaptive.Against` as a dict): measure windows until they settle the
-    comparison with the best, up to its cap.
+    comparison with the best, up to its cap. `turns` (`advisor.trials.record.turns.Turns` as a dict): its windows
+    alternate with another trial's, one measuring while the other waits.
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
@@ -115,6 +117,8 @@ def run_trial(
     schedule = {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s}
     if against and windows:
         schedule["against"] = against
+    if turns and windows:
+        schedule["turns"] = turns
     record = _new_record(name=name or out.name, target=func, step=step, script=script, script_args=script_args,
                          device=device, knobs=knobs, schedule=schedule, profiled=profile, memory_limit=memory_limit,
                          started=started)
@@ -261,7 +265,7 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
         "memory_limit": record["memory_limit"],
         "profile": record["profiled"],
         "measure": {"windows": schedule["windows"], "window_s": schedule["window_s"],
-                    "against": schedule.get("against")},
+                    "against": schedule.get("against"), "turns": schedule.get("turns")},
         "parent": os.getpid(),
         # The folder the command was run from, as `python path/to/script.py` would run in: a relative
         # path the user gives (--data data/) or the script writes (output_dir="out") means the same there.

@@ -39,6 +39,7 @@ class StepSchedule:
         self.groups: list[tuple[float, float]] = []  # (samples, seconds) of each closed window
         self.window_samples = 0.0
         self.verdict: str | None = None  # what settled an adaptive trial's windows
+        self.settle_until = 0  # after a pause (windows taken in turns): steps before this one settle again
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> StepSchedule:
@@ -65,7 +66,12 @@ class StepSchedule:
             return "warmup"
         if index < self.total:
             return "profiled"
-        return "settle" if index < self.total + self.settle else "window"
+        return "settle" if index < max(self.total + self.settle, self.settle_until) else "window"
+
+    def resettle(self, index: int) -> None:
+        """The trial paused before step `index` (another measured meanwhile): its workers' queue refilled, so
+        as many steps as the queue holds settle again before the next window counts."""
+        self.settle_until = index + self.queue_depth
 
     def first_profiled(self, index: int) -> bool:
         """Whether the step with this index is the first the profiler records."""

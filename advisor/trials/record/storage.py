@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,8 @@ def number(record: dict[str, Any], key: str) -> float | None:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write a record as strict JSON via a temporary file and a rename: readers never see half a file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One temporary file per thread too: a session's two trials in turns record their start at once.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "w") as f:
         f.write(dumps(data, indent=2))
         f.flush()

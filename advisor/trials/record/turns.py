@@ -1,0 +1,104 @@
+"""Alternating windows: two warm trials that take turns to measure, so that both see the same load.
+
+Before a session ends, its baseline and its best run side by side (`advisor.search.ending`): both start,
+both run their profiled steps, then each measurement window of one is followed by one of the other, the
+trial whose turn it is not sleeping before its next step meanwhile (its DataLoader workers fill their queue
+and stop). A load that comes and goes then falls on both alike, window by window, and the speedup is read
+off windows measured seconds apart, not off runs minutes apart. After a pause a trial runs its loader's
+queue depth of steps again before its next window counts (`StepSchedule.resettle`): the batches queued
+while it slept would make its loader look free.
+
+The turn is a file in a folder both trials know: `turn` holds the name of the trial that measures now; a
+trial passes it on after each window, and writes `done-NAME` once it has measured all its windows (the
+other then measures without waiting). `windows.log` holds a line per window measured (name, window,
+start, end: epoch seconds), which shows the windows did not overlap. A trial waits at most `wait_s` for
+its turn (the other may have failed), then measures anyway. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.002  # how often a waiting trial reads the turn: small beside a window of a second or more
+TURN_FILE, LOG_FILE = "turn", "windows.log"
+
+
+@dataclass(frozen=True)
+class Turns:
+    """Where two trials take turns, and which of the two this one is."""
+
+    folder: str
+    me: str
+    other: str
+    wait_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the trial's config, trial.json's `schedule.turns`)."""
+        return {"folder": self.folder, "me": self.me, "other": self.other, "wait_s": self.wait_s}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Turns | None":
+        """Back from JSON; None for a trial that measures alone."""
+        if not isinstance(data, dict) or not data.get("folder"):
+            return None
+        return cls(str(data["folder"]), str(data["me"]), str(data["other"]), float(data.get("wait_s") or 60.0))
+
+
+def start_turns(folder: Path, first: str, second: str, wait_s: float) -> tuple[Turns, Turns]:
+    """A fresh turn folder whose first turn is `first`'s; the two trials' ends of it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(folder / TURN_FILE, first)
+    return Turns(str(folder), first, second, wait_s), Turns(str(folder), second, first, wait_s)
+
+
+def _write(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def wait_for_turn(turns: Turns) -> float:
+    """Sleep until it is this trial's turn, the other has measured all its windows, or `wait_s` passed;
+    the seconds waited."""
+    folder, began = Path(turns.folder), time.monotonic()
+    while time.monotonic() - began < turns.wait_s:
+        try:
+            if (folder / TURN_FILE).read_text() == turns.me or (folder / f"done-{turns.other}").exists():
+                break
+        except OSError:
+            pass  # between the other's write and its rename
+        time.sleep(POLL_S)
+    return time.monotonic() - began
+
+
+def pass_turn(turns: Turns, window: int, started: float, ended: float) -> None:
+    """This trial measured window `window` from `started` to `ended` (epoch seconds): log it, pass the turn."""
+    folder = Path(turns.folder)
+    with open(folder / LOG_FILE, "a") as log:
+        log.write(f"{turns.me} {window} {started:.6f} {ended:.6f}\n")
+    _write(folder / TURN_FILE, turns.other)
+
+
+def finished(turns: Turns) -> None:
+    """This trial measured all its windows: the other need not wait for it again."""
+    folder = Path(turns.folder)
+    (folder / f"done-{turns.me}").write_text("")
+    _write(folder / TURN_FILE, turns.other)
+
+
+def windows_log(folder: Path) -> list[tuple[str, int, float, float]]:
+    """The windows measured in turn: (trial, window, start, end), in the order they were logged."""
+    try:
+        lines = (Path(folder) / LOG_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 4:
+            out.append((parts[0], int(parts[1]), float(parts[2]), float(parts[3])))
+    return out
