@@ -14,6 +14,7 @@ import libcst as cst
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.frameworks import rewrite_frameworks
+from advisor.code.patch.layout import fit, formatted, line_width
 from advisor.code.patch.loaders import loader_changes, rewrite_dataloaders
 from advisor.code.patch.byte_step import rewrite_step_bytes
 from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes
@@ -135,7 +136,7 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
             notes.append(f"not written into {path}: the file is not inside {root}; make the final settings "
                          "listed in this report where your code configures the package that file belongs to")
             continue
-        text = after.code
+        text = formatted(fit(after, sources[path], line_width(path, root)).code, sources[path], path, root)
         try:
             compile(text, str(path), "exec", dont_inherit=True)
         except SyntaxError as exc:  # a bug here, never the user's: their file parsed
