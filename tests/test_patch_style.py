@@ -170,21 +170,31 @@ def test_the_width_is_the_projects_own(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_issues_convnet_patched_learns_the_same(tmp_path):
-    """The per-channel patch run for real: the same losses, step by step, as the original."""
+def test_the_issues_convnet_gets_the_8_bit_copies_and_its_patch_learns_the_same(tmp_path):
+    """The issue's convnet (refused before): a real trial applies the 8-bit copies; the patch made from the
+    plan it recorded, run for real, prints the same losses, step by step, as the original."""
+    import json
+
+    from advisor.trials.knobs import APPLIED
+    from advisor.trials.process.runner import run_trial
+
     script = formatted_project(tmp_path / "project", "convnet_constants.py", SCRIPTS, black=True)
-    tmp_path = script.parent
-    original = run_script(script, cwd=tmp_path, timeout=300)
+    result = run_trial(f"{script}:train_step", Knobs(uint8_copies=True), tmp_path / "trial", steps=3, wait=1,
+                       warmup=1, device="cpu")
+    assert result.ok, result.message
+    record = json.loads((tmp_path / "trial" / "trial.json").read_text())
+    assert record["knob_outcomes"]["uint8_copies"] == APPLIED
+    plan = record["uint8_plan"]
+    assert (plan["codes"], plan["views"]) == (["MEAN", "STD"], [[3, 1, 1], [3, 1, 1]])
+    original = run_script(script, cwd=script.parent, timeout=300)
     assert original.returncode == 0, original.stderr
-    plan = dataset_plan(script, "Pictures")
-    plan["file"] = str(script)
-    patch = plan_patch(script, "train_step", Knobs(uint8_copies=True), {}, root=tmp_path, uint8_plan=plan)
-    (tmp_path / "suggested.patch").write_text(patch.diff)
-    subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=tmp_path, check=True, capture_output=True)
+    patch = plan_patch(script, "train_step", Knobs(uint8_copies=True), {}, root=script.parent, uint8_plan=plan)
+    (script.parent / "suggested.patch").write_text(patch.diff)
+    subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=script.parent, check=True, capture_output=True)
     text = script.read_text()
     assert "images = normalized(images.to(device))" in text and "(img - MEAN) / STD" not in text
     assert "torch.as_tensor(MEAN, dtype=torch.float32, device=device)" in text
-    patched = run_script(script, cwd=tmp_path, timeout=300)
+    patched = run_script(script, cwd=script.parent, timeout=300)
     assert patched.returncode == 0, patched.stderr
     losses = [re.findall(r"loss (\S+)", run.stdout) for run in (original, patched)]
-    assert losses[0] == losses[1] and len(losses[0]) == 4
+    assert losses[0] == losses[1] and len(losses[0]) == 8

@@ -109,7 +109,7 @@ def _module_code(node: ast.AST, holder: Any) -> str | None:
     return f"{owner.__name__}.{node.attr}"
 
 
-def constants(mean: ast.AST, std: ast.AST, namespace: dict, holder: Any, numpy_image: bool,
+def constants(mean: ast.AST, std: ast.AST, numpy_image: bool, namespace: dict, holder: Any,
               after: list[tuple]) -> tuple[Constant, Constant] | str:
     """The normalization's two constants as the step applies them to the batch; `numpy_image`: the Dataset
     normalized an ndarray (else a tensor); `after`: the layout calls between the normalization and the

@@ -237,9 +237,9 @@ def byte_plan(cls: type, dataset: Any = None) -> BytePlan | str:
                 if returned is None:
                     return f"{where}: the float image is not what __getitem__ returns"
                 index, ops = returned
+                namespace = getattr(sys.modules.get(cls.__module__), "__dict__", {})  # the constants' module
                 made = (None, None) if normalization is None else constants(
-                    *normalization[:2], getattr(sys.modules.get(cls.__module__), "__dict__", {}), cls if dataset is None
-                    else dataset, normalization[2], after + ops)
+                    *normalization[:3], namespace, cls if dataset is None else dataset, after + ops)
                 if isinstance(made, str):
                     return f"{where}: {made}"
                 plan = BytePlan(f"{cls.__module__}.{cls.__qualname__}", file, line, index, scale,
@@ -265,7 +265,7 @@ def byte_plan(cls: type, dataset: Any = None) -> BytePlan | str:
                 text = ast.unparse(later).splitlines()[0]
                 return (f"line {first + later.lineno - 1} changes the float image after the conversion "
                         f"(`{text}`): moving the conversion would change the data")
-            normalization = (*found, numpy_image, ast.unparse(later))
+            normalization = (*found, numpy_image, ast.unparse(later))  # mean, std, on an ndarray, as written
         return f"{where}: no return follows the conversion on the function's top level"
     if "ToTensor" in source or "to_tensor" in source or "transform" in source:
         return (f"{cls.__name__}.__getitem__ converts through a transform that is not a torchvision pipeline held "
