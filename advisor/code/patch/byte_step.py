@@ -123,18 +123,28 @@ def _with_helpers(module: cst.Module, facts: ScriptFacts, function: str, helper:
     if not _imports_functools(body):  # among the standard library's imports, in order
         index = next((i for i, s in enumerate(body[:after_imports(body)]) if _sorts_after(s, "functools")),
                      after_imports(body))
-        body[index:index] = [cst.parse_statement("import functools").with_changes(
-            leading_lines=body[index].leading_lines if index < len(body) else [])]
-        if index + 1 < len(body):  # a blank line between the standard library's imports and the others
-            after = body[index + 1]
-            body[index + 1] = after.with_changes(leading_lines=[cst.EmptyLine()] if _sorts_after(after, "~") else [])
+        line = cst.parse_statement("import functools")
+        if index > 0 and _is_import(body[index - 1]) and not _sorts_after(body[index - 1], "~") \
+                and "__future__" not in cst.Module([]).code_for_node(body[index - 1]):
+            body[index:index] = [line]  # in the standard library's group, after its imports before it
+        elif index < len(body):  # the first import: the next one's blank lines its own, a blank after it
+            after = body[index]
+            blank = [cst.EmptyLine()] if _sorts_after(after, "~") else []  # isort's blank before the others
+            body[index:index + 1] = [line.with_changes(leading_lines=after.leading_lines),
+                                     after.with_changes(leading_lines=blank)]
+        else:
+            body.append(line)
     return module.with_changes(body=body)
+
+
+def _is_import(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], (cst.Import,
+                                                                                             cst.ImportFrom))
 
 
 def _sorts_after(statement: cst.BaseStatement, name: str) -> bool:
     """An import of a module that isort would put after `name`'s (a later standard one, or any other)."""
-    if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(statement.body[0], (cst.Import,
-                                                                                                 cst.ImportFrom)):
+    if not _is_import(statement):
         return False
     first = statement.body[0]
     if isinstance(first, cst.ImportFrom):
