@@ -102,13 +102,19 @@ def fit(module: cst.Module, original: str, width: int) -> cst.Module:
     """`module` with each statement the patch made longer than `width` reshaped (see the module's text), and
     a blank line between the imports and a statement the patch put right after them."""
     module = _blank_after_imports(module, original)
-    kept = {line.rstrip("\r") for line in original.split("\n")}
+    kept = {_bare(line) for line in original.split("\n")}
     lines = [line.rstrip("\r") for line in module.code.split("\n")]
-    long = {n for n, line in enumerate(lines, 1) if len(line) > width and line not in kept}
+    long = {n for n, line in enumerate(lines, 1) if len(line) > width and _bare(line) not in kept}
     if not long:
         return module
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     return wrapper.visit(_Fit(wrapper.resolve(PositionProvider), long, width, module.default_indent))
+
+
+def _bare(line: str) -> str:
+    """A line as the user wrote it, less the comma or parenthesis a patch may add after its last argument
+    (a keyword of its own on the next line): that user's line is left as it was, however long."""
+    return line.rstrip().rstrip(",)").rstrip()
 
 
 def _blank_after_imports(module: cst.Module, original: str) -> cst.Module:
