@@ -96,11 +96,16 @@ class Branch(Dataset):
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ds") / "shapes_of_datasets.py"
-    path.write_text(textwrap.dedent(DATASETS))
-    spec = importlib.util.spec_from_file_location("shapes_of_datasets", path)
+    return load_module(tmp_path_factory.mktemp("ds"), "shapes_of_datasets", DATASETS)
+
+
+def load_module(folder, name: str, source: str):
+    """`source` imported as the module `name` from a file (inspect reads the Datasets' source there)."""
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["shapes_of_datasets"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -109,14 +114,21 @@ def datasets(tmp_path_factory):
                                                      ("Astype", 1, False), ("TensorFloat", 0, True)])
 def test_the_same_numbers_reach_the_step(datasets, name, index, normalized):
     cls = getattr(datasets, name)
-    before = [b for b in DataLoader(cls(), batch_size=4)]
     plan = byte_plan(cls)
     assert isinstance(plan, BytePlan), plan
     assert plan.index == index and (plan.mean is not None) == normalized and plan.scale == 255.0
+    assert_same_numbers(cls(), plan)
+
+
+def assert_same_numbers(dataset, plan: BytePlan) -> None:
+    """The batches of `dataset` with its `__getitem__` rewritten by `plan`, converted by the step's `.to()`, are
+    the numbers (and dtype) its own batches were, in float32 and bf16 alike."""
+    cls, index = type(dataset), plan.index
+    before = [b for b in DataLoader(dataset, batch_size=4)]
     original = cls.__getitem__
     cls.__getitem__ = plan.function
     try:
-        after = [b for b in DataLoader(cls(), batch_size=4)]
+        after = [b for b in DataLoader(dataset, batch_size=4)]
     finally:
         cls.__getitem__ = original
     copies = ByteCopies(True)
@@ -124,10 +136,10 @@ def test_the_same_numbers_reach_the_step(datasets, name, index, normalized):
     for old, new in zip(before, after):
         image_old = old if index is None else old[index]
         image_new = new if index is None else new[index]
-        assert image_new.dtype == torch.uint8 and image_new.element_size() * 4 == image_old.element_size()
+        assert image_new.dtype == torch.uint8 and image_new.shape == image_old.shape
         mark(new, plan)
         got = moved_to(image_new, "cpu")  # the step's .to(device): the copy, then the conversion
-        assert got.dtype == torch.float32 and torch.equal(got, image_old)
+        assert got.dtype == image_old.dtype and torch.equal(got, image_old)
         assert torch.equal(got.to(torch.bfloat16), image_old.to(torch.bfloat16))
         if index is not None:  # the rest of the batch is untouched
             assert all(torch.equal(a, b) for i, (a, b) in enumerate(zip(old, new)) if i != index)
@@ -137,6 +149,114 @@ def test_the_same_numbers_reach_the_step(datasets, name, index, normalized):
     image = after[0] if index is None else after[0][index]
     reference = before[0] if index is None else before[0][index]
     assert torch.equal(moved_to(image, torch.float64), reference.to(torch.float64))
+
+
+CONSTANT_FORMS = '''
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+PIXELS = np.random.default_rng(1).integers(0, 256, (8, 12, 10, 3), dtype=np.uint8)
+MEAN, STD = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
+MEAN_LIST = [0.485, 0.456, 0.406]
+STD_LIST = [0.229, 0.224, 0.225]
+MEAN_TUPLE = (0.485, 0.456, 0.406)
+STD_TUPLE = (0.229, 0.224, 0.225)
+MEAN_T = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+STD_T = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+
+class Eight(Dataset):
+    def __len__(self):
+        return 8
+
+
+class TupleAssigned(Eight):  # the issue's: normalized channels-last, transposed to channels-first on return
+    def __getitem__(self, i):
+        img = np.float32(PIXELS[i]) / 255.0
+        img = (img - MEAN) / STD
+        return torch.from_numpy(img.transpose(2, 0, 1)), i % 3
+
+
+class Lists(Eight):  # numpy computes with a list in float64
+    def __getitem__(self, i):
+        img = np.asarray(PIXELS[i], dtype=np.float32) / 255.0
+        img = (img - MEAN_LIST) / STD_LIST
+        img = img.transpose(2, 0, 1)
+        return torch.from_numpy(img), i % 3
+
+
+class Tuples(Eight):  # channels-last throughout
+    def __getitem__(self, i):
+        img = PIXELS[i].astype(np.float32) / 255
+        img = (img - MEAN_TUPLE) / STD_TUPLE
+        return torch.from_numpy(img)
+
+
+class Inline(Eight):  # an array written in the statement, a scalar divisor
+    def __getitem__(self, i):
+        img = np.float32(PIXELS[i]) / 255.0
+        img = torch.from_numpy(img).permute(2, 0, 1)
+        img = (img - torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1)) / 0.25
+        return img, i
+
+
+class Tensors(Eight):  # normalized after the permute, by (3, 1, 1) tensors
+    def __getitem__(self, i):
+        x = torch.from_numpy(PIXELS[i]).permute(2, 0, 1).float() / 255
+        x = (x - MEAN_T) / STD_T
+        return x, i
+
+
+class ClassAttributes(Eight):  # transposed first, then normalized by the class's (3, 1, 1) arrays
+    MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)[:, None, None]
+    STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)[:, None, None]
+
+    def __getitem__(self, i):
+        img = np.float32(PIXELS[i]) / 255.0
+        img = img.transpose(2, 0, 1)
+        img = (img - self.MEAN) / self.STD
+        return torch.from_numpy(img), i
+
+
+class InitAttributes(Eight):  # tensors __init__ made from its arguments; normalized channels-last
+    def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+        self.mean = torch.tensor(mean)
+        self.std = torch.tensor(std)
+
+    def __getitem__(self, i):
+        t = torch.from_numpy(PIXELS[i])
+        x = t.float().div(255)
+        x = (x - self.mean) / self.std
+        x = x.permute(2, 0, 1).contiguous()
+        return x, i
+'''
+
+
+@pytest.fixture(scope="module")
+def constant_forms(tmp_path_factory):
+    return load_module(tmp_path_factory.mktemp("forms"), "constant_forms", CONSTANT_FORMS)
+
+
+@pytest.mark.parametrize("name, dtypes, codes, views", [
+    ("TupleAssigned", ("float32", "float32"), ("MEAN", "STD"), ([3, 1, 1], [3, 1, 1])),
+    ("Lists", ("float64", "float64"), ("MEAN_LIST", "STD_LIST"), ([3, 1, 1], [3, 1, 1])),
+    ("Tuples", ("float64", "float64"), ("MEAN_TUPLE", "STD_TUPLE"), (None, None)),
+    ("Inline", ("float32", None), ("torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1)", "0.25"), (None, None)),
+    ("Tensors", ("float32", "float32"), ("MEAN_T", "STD_T"), (None, None)),
+    ("ClassAttributes", ("float32", "float32"), ("ClassAttributes.MEAN", "ClassAttributes.STD"), (None, None)),
+    ("InitAttributes", ("float32", "float32"), (None, None), (None, None)),
+])
+def test_normalization_constants_in_the_forms_people_write_them(constant_forms, name, dtypes, codes, views):
+    """Module constants (tuple-assigned, lists, tuples, np.array, torch.tensor), an inline tensor, class
+    attributes and attributes __init__ set; normalized before or after the transpose to channels-first: the
+    model gets the same numbers, and the plan says how the patch names each constant."""
+    cls = getattr(constant_forms, name)
+    dataset = cls()
+    plan = byte_plan(cls, dataset)
+    assert isinstance(plan, BytePlan), plan
+    assert (plan.dtypes, plan.codes, plan.views) == (dtypes, codes, views)
+    assert_same_numbers(dataset, plan)
 
 
 @pytest.mark.parametrize("name, reason", [

@@ -17,6 +17,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, random_split
@@ -47,6 +48,7 @@ from conftest import ROOT, run_script  # noqa: E402
 from trial_helpers import apply_bytes_patch  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet's
+MEAN32 = [float(v) for v in np.float32(MEAN)]  # as a float32 array or tensor holds them
 SCRIPTS = ROOT / "tests" / "scripts"
 
 
@@ -91,6 +93,25 @@ class Touching(Holding):
         return image, label
 
 
+class ClassConstants(Holding):
+    """A Normalize built in `__init__` from the class's tuples."""
+
+    MEAN = tuple(MEAN)
+    STD = tuple(STD)
+
+    def __init__(self):
+        super().__init__(T.Compose([T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(self.MEAN, self.STD)]))
+
+
+class InitConstants(Holding):
+    """A Normalize built from arrays `__init__` set from its arguments."""
+
+    def __init__(self, mean=MEAN, std=STD):
+        self.mean, self.std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+        super().__init__(v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                                     v2.Normalize(self.mean, self.std)]))
+
+
 def fake(transform):
     return datasets.FakeData(8, (3, 20, 20), 10, transform=transform)
 
@@ -119,6 +140,13 @@ FORMS = {  # name: (Dataset, the image's index in a sample, conversion, mean)
     "custom Dataset": (lambda _: Holding(v1_augmented()), 1, "ToTensor()", MEAN),
     "custom Dataset returning the transform's call": (lambda _: Returning(v2_augmented()), 1,
                                                       "ToDtype(torch.float32, scale=True)", MEAN),
+    "v1 np.array constants": (lambda _: fake(T.Compose([T.ToTensor(), T.Normalize(
+        np.array(MEAN, np.float32), np.array(STD, np.float32))])), 0, "ToTensor()", MEAN32),
+    "v2 torch.tensor constants": (lambda _: fake(v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                                                             v2.Normalize(torch.tensor(MEAN), torch.tensor(STD))])),
+                                  0, "ToDtype(torch.float32, scale=True)", MEAN32),
+    "class attributes (tuples)": (lambda _: ClassConstants(), 1, "ToTensor()", MEAN),
+    "attributes __init__ set (arrays)": (lambda _: InitConstants(), 1, "ToDtype(torch.float32, scale=True)", MEAN32),
     "Subset": (lambda _: Subset(fake(v2_augmented()), [5, 1, 6, 2, 0, 3, 7, 4]), 0,
                "ToDtype(torch.float32, scale=True)", MEAN),
 }
@@ -272,8 +300,7 @@ def losses(script: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("source, changed, step, compared", [
     (V2_SCRIPT, "v2.ToDtype(torch.uint8, scale=True),",
-     'images = (images.to("cpu").float() * (1 / 255) - torch.tensor(MEAN, device="cpu").view(-1, 1, 1)) / '
-     'torch.tensor([0.229, 0.224, 0.225], device="cpu").view(-1, 1, 1)', True),
+     'images = normalized(images.to("cpu"))', True),
     (V1_NAMED_SCRIPT, "pipeline = Compose([RandomResizedCrop(16, scale=(0.5, 1.0)), PILToTensor()])",
      'images = (images.to("cpu").float() / 255 - 0.5) / 0.25', False),
 ], ids=["v2", "v1 imported by name"])
@@ -328,8 +355,9 @@ def test_a_timm_trial_learns_exactly_as_without_the_knob_and_its_patch_runs(timm
     script = folder / "timm_fakedata.py"
     text = apply_bytes_patch(script, folder, plan, runs["bytes"]["user_values"])
     assert "transforms.PILToTensor()," in text and "transforms.Normalize(" not in text
-    assert ("images = (images.to(device).float() / 255 - torch.tensor(IMAGENET_MEAN, device=device).view(-1, 1, 1))"
-            " / torch.tensor(IMAGENET_STD, device=device).view(-1, 1, 1)") in text
+    # The constants made once per device, by the script's own names; the step's line short.
+    assert "images = normalized(images.to(device))" in text and "@functools.cache\ndef normalization(device):" in text
+    assert "mean = torch.as_tensor(IMAGENET_MEAN, dtype=torch.float32, device=device)" in text
     patched = run_script(script, "--steps", "3", cwd=folder, timeout=300)
     assert patched.returncode == 0, patched.stderr
     assert patched.stdout.count("loss") == 3

@@ -7,20 +7,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from advisor.code.patch.model import MovedInput
-
 
 def rewrite_dataset_bytes(module: cst.Module, plan: dict) -> tuple[cst.Module, bool]:
     """The Dataset's `__getitem__` handing out the 8-bit image; whether the conversion was found."""
     rewrite = _DatasetBytes(plan)
     return module.visit(rewrite), rewrite.done
-
-
-def rewrite_step_bytes(module: cst.Module, target: str, plan: dict) -> tuple[cst.Module, bool]:
-    """In the step `target`: the batch's image converted and normalized where it is moved to the device."""
-    rewrite = _DeviceConversion(target.rsplit(".", 1)[-1], plan)
-    module = module.visit(rewrite)
-    return module, rewrite.done
 
 
 class _DatasetBytes(cst.CSTTransformer):
@@ -71,49 +62,12 @@ def _same(code: str, text: str) -> bool:
     return "".join(code.split()).replace("'", '"') == "".join(str(text).split()).replace("'", '"')
 
 
-class _DeviceConversion(MovedInput):
-    """`x = x.to(device)` of the batch fed to the model → `x = (x.to(device).float() / 255.0 - m) / s`; for a
-    torchvision pipeline, its Normalize's per-channel constants as float32 tensors on the batch's device."""
-
-    def __init__(self, function: str, plan: dict):
-        super().__init__(function)
-        self.plan = plan
-
-    def rewritten(self, moved: cst.Call) -> cst.BaseExpression:
-        """The batch's `x.to(device)` converted and normalized after the copy."""
-        plan, code = self.plan, cst.Module([]).code_for_node(moved)
-        mean, std = plan.get("mean"), plan.get("std")
-        if plan.get("kind") != "transform":
-            text = f"{code}.float() / {plan['scale']:g}"
-            if mean is not None:
-                text = f"({text} - {mean:g}) / {std:g}"
-            return cst.parse_expression(text)
-        scale = f"{plan['scale']:g}"
-        text = f"{code}.float() * (1 / {scale})" if plan.get("multiply") else f"{code}.float() / {scale}"
-        if mean is not None:
-            device = _device(moved)
-            where = f", device={device}" if device else ""
-            mean, std = plan.get("mean_code") or mean, plan.get("std_code") or std  # the script's own names
-            mean_text = repr(mean) if isinstance(mean, float) else f"torch.tensor({mean}{where}).view(-1, 1, 1)"
-            std_text = repr(std) if isinstance(std, float) else f"torch.tensor({std}{where}).view(-1, 1, 1)"
-            text = f"({text} - {mean_text}) / {std_text}"
-        return cst.parse_expression(text)
-
-
-def _device(moved: cst.Call) -> str | None:
-    """The device argument of `x.to(device, ...)` as written."""
-    for arg in moved.args:
-        if arg.keyword is None or arg.keyword.value == "device":
-            return cst.Module([]).code_for_node(arg.value)
-    return None
-
-
 def rewrite_pipeline_bytes(module: cst.Module, plan: dict) -> tuple[cst.Module, int, dict]:
     """A torchvision pipeline (`Compose([...])` whose transforms are the plan's, in order) made 8-bit:
     `ToTensor()` → `PILToTensor()` (v1), `ToDtype(torch.float32, ...)` → `ToDtype(torch.uint8, ...)` (v2), its
     `Normalize(...)` taken out; returns the module, how many such pipelines it holds (1 to be written), and
-    the Normalize's mean and std as written where they are module-level names (`mean_code`, `std_code`: the
-    step in the same file normalizes with them)."""
+    the Normalize's mean and std as written where they are module-level names (`codes`: the step in the same
+    file normalizes with them)."""
     finder = _Pipelines(list(plan.get("transforms") or []))
     module.visit(finder)
     if len(finder.found) != 1:
@@ -131,9 +85,15 @@ def _constants(module: cst.Module, normalize: cst.Call | None) -> dict:
         key = arg.keyword.value if arg.keyword is not None else ("mean", "std")[i]
         if isinstance(arg.value, cst.Name):
             named[key] = arg.value.value
-    top = {t.target.value for s in module.body if isinstance(s, cst.SimpleStatementLine) for a in s.body
-           if isinstance(a, cst.Assign) for t in a.targets if isinstance(t.target, cst.Name)}
-    return {f"{key}_code": name for key, name in named.items() if key in ("mean", "std") and name in top}
+    top = {n.value for s in module.body if isinstance(s, cst.SimpleStatementLine) for a in s.body
+           if isinstance(a, cst.Assign) for t in a.targets for n in _bound(t.target)}  # MEAN, STD = ... too
+    return {"codes": [named.get(key) if named.get(key) in top else None for key in ("mean", "std")]}
+
+
+def _bound(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _bound(e.value)]
+    return [target] if isinstance(target, cst.Name) else []
 
 
 def _last_name(node: cst.BaseExpression) -> str | None:

@@ -14,8 +14,10 @@ import libcst as cst
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.frameworks import rewrite_frameworks
+from advisor.code.patch.layout import fit, formatted, line_width
 from advisor.code.patch.loaders import loader_changes, rewrite_dataloaders
-from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes, rewrite_step_bytes
+from advisor.code.patch.byte_step import rewrite_step_bytes
+from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes
 from advisor.code.patch.model import model_changes, rewrite_inputs, rewrite_model
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
@@ -134,7 +136,7 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
             notes.append(f"not written into {path}: the file is not inside {root}; make the final settings "
                          "listed in this report where your code configures the package that file belongs to")
             continue
-        text = after.code
+        text = formatted(fit(after, sources[path], line_width(path, root)).code, sources[path], path, root)
         try:
             compile(text, str(path), "exec", dont_inherit=True)
         except SyntaxError as exc:  # a bug here, never the user's: their file parsed
@@ -162,7 +164,7 @@ def write_bytes(edited: dict, module_of, dataset_file: Path, step_path: Path, ta
     if found and target is not None:
         same = step_path == dataset_file
         step, moved = rewrite_step_bytes(dataset if same else edited.get(step_path) or module_of(step_path),
-                                         target, plan)
+                                         target, plan, same)
     if not (found and moved):
         return ["8-bit copies are not written: the conversion in the Dataset or the step's .to(device) of the "
                 f"batch was not found; keep {plan['uint8']} in the Dataset and convert after the copy"]
@@ -193,7 +195,7 @@ def write_pipeline_bytes(edited: dict, module_of, files: list[Path], step_path: 
                                                *module.body[at:]])
         step, moved = (None, False) if target is None else rewrite_step_bytes(
             module if step_path == path else edited.get(step_path) or module_of(step_path), target,
-            {**plan, **constants} if step_path == path else plan)
+            {**plan, **constants}, step_path == path)
         if not moved:
             return ["8-bit copies are not written: the step's .to(device) of the batch was not found; make the "
                     f"pipeline {plan['uint8']} without its Normalize and convert and normalize after the copy"]

@@ -25,6 +25,7 @@ operations in the same order, so the same numbers reach the model.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import sys
 import textwrap
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from advisor.trials.knobs import APPLIED, not_applicable
+from advisor.trials.interposition.uint8_constants import constants, layout_ops, makes_tensor
 
 MARK = "_advisor_uint8"  # the attribute a batch's 8-bit image tensor carries: its BytePlan
 LAYOUT_CALLS = ("from_numpy", "as_tensor", "tensor", "permute", "contiguous", "transpose", "unsqueeze")
@@ -46,8 +48,8 @@ class BytePlan:
     line: int  # of the conversion, in the user's file
     index: int | None  # the returned tuple's element that holds the image (None: the image alone)
     scale: float  # the conversion's divisor (255)
-    mean: float | None  # normalization constants, when the Dataset normalizes
-    std: float | None
+    mean: float | list | None  # normalization constants, when the Dataset normalizes (lists: in the batch's layout)
+    std: float | list | None
     conversion: str  # the float conversion as the user wrote it, e.g. "np.asarray(image, dtype=np.float32) / 255.0"
     uint8: str  # what it becomes, e.g. "np.asarray(image, dtype=np.uint8)"
     normalization: str | None  # the normalizing statement the rewrite removes, as written
@@ -58,13 +60,18 @@ class BytePlan:
     multiply: bool = False
     transforms: tuple[str, ...] = ()
     attribute: str | None = None
+    # Of a hand-written normalization (advisor.trials.interposition.uint8_constants), mean's and std's: the dtype
+    # the Dataset computed in (None: a number, in the image's), how module-level code names it, its shape there.
+    dtypes: tuple[str | None, str | None] = (None, None)
+    codes: tuple[str | None, str | None] = (None, None)
+    views: tuple[list[int] | None, list[int] | None] = (None, None)
 
     def to_dict(self) -> dict[str, Any]:
         """What the trial records (the patch writes the same change)."""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in
                 ((k, getattr(self, k)) for k in ("cls", "file", "line", "index", "scale", "mean", "std", "conversion",
                                                  "uint8", "normalization", "kind", "multiply", "transforms",
-                                                 "attribute"))}
+                                                 "attribute", "dtypes", "codes", "views"))}
 
     def convert(self, tensor: Any) -> Any:
         """The float tensor the Dataset made, from its 8-bit one (same float32 operations, same order)."""
@@ -79,21 +86,30 @@ class BytePlan:
             return x
         if self.kind == "transform":  # as torchvision's Normalize: constants as float32 tensors, per channel
             return x.sub_(_constant(self.mean, x)).div_(_constant(self.std, x))
-        return (x - self.mean) / _constant(self.std, x)
+        centred = x - self._applied(0, x)
+        return centred / self._applied(1, centred)
+
+    def _applied(self, k: int, like: Any) -> Any:
+        """mean (k=0) or std as the Dataset applied it to `like`: a number as numpy and torch apply a float
+        (the divisor as a tensor, see above), else a tensor in the dtype the Dataset computed in."""
+        value, dtype = (self.mean, self.std)[k], self.dtypes[k]
+        if dtype is None:
+            return value if k == 0 else _constant(value, like)
+        return _constant(value, like, dtype, shaped=False)
 
 
 _CONSTANTS: dict[tuple, Any] = {}  # the constants on each device, made once (not a copy per batch)
 
 
-def _constant(values: float | list[float], like: Any) -> Any:
+def _constant(values: float | list, like: Any, dtype: str | None = None, shaped: bool = True) -> Any:
     """`values` as torchvision's Normalize makes them: a tensor of `like`'s dtype on its device, (C, 1, 1) per
-    channel."""
+    channel; or (`shaped` False) in `dtype`, in the shape `values` has (the batch's layout)."""
     import torch
 
-    key = (tuple(values) if isinstance(values, list) else values, str(like.device), like.dtype)
+    key = (repr(values), str(like.device), dtype or like.dtype, shaped)
     if key not in _CONSTANTS:
-        tensor = torch.as_tensor(values, dtype=like.dtype, device=like.device)
-        _CONSTANTS[key] = tensor.view(-1, 1, 1) if tensor.ndim == 1 else tensor
+        tensor = torch.as_tensor(values, dtype=getattr(torch, dtype) if dtype else like.dtype, device=like.device)
+        _CONSTANTS[key] = tensor.view(-1, 1, 1) if tensor.ndim == 1 and shaped else tensor
     return _CONSTANTS[key]
 
 
@@ -162,23 +178,27 @@ def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _normalization(statement: ast.stmt, name: str) -> tuple[float, float] | None:
-    """`name = (name - A) / B` with constants A and B: (A, B)."""
-    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == name):
-        return None
-    value = statement.value
-    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) and isinstance(value.left, ast.BinOp) \
-            and isinstance(value.left.op, ast.Sub) and isinstance(value.left.left, ast.Name) \
-            and value.left.left.id == name:
-        mean, std = _number(value.left.right), _number(value.right)
-        if mean is not None and std:
-            return mean, std
+def _assigned(statement: ast.stmt, name: str) -> ast.AST | None:
+    """The value of `name = <value>`."""
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+            and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == name:
+        return statement.value
     return None
 
 
-def byte_plan(cls: type) -> BytePlan | str:
-    """How `cls.__getitem__` can hand out 8-bit images, or why it cannot (one line)."""
+def _normalization(statement: ast.stmt, name: str) -> tuple[ast.AST, ast.AST] | None:
+    """`name = (name - A) / B`, A and B not reading `name`: (A, B), read as constants in the trial."""
+    value = _assigned(statement, name)
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) and isinstance(value.left, ast.BinOp) \
+            and isinstance(value.left.op, ast.Sub) and isinstance(value.left.left, ast.Name) \
+            and value.left.left.id == name and name not in _names(value.left.right) | _names(value.right):
+        return value.left.right, value.right
+    return None
+
+
+def byte_plan(cls: type, dataset: Any = None) -> BytePlan | str:
+    """How `cls.__getitem__` can hand out 8-bit images, or why it cannot (one line); `dataset`, the instance,
+    holds the constants `__init__` set."""
     function = getattr(cls, "__getitem__", None)
     try:
         source = textwrap.dedent(inspect.getsource(function))
@@ -207,27 +227,45 @@ def byte_plan(cls: type) -> BytePlan | str:
         where = f"{cls.__name__}.__getitem__ (line {line})"
         if finder.other_calls:
             return f"{where}: the conversion is inside {finder.other_calls[0]}(...), which may change the numbers"
-        mean = std = normalization = None
-        rest = []
+        left = original.left if isinstance(original, ast.BinOp) else original.func.value
+        numpy_image = not (isinstance(left, ast.Call) and isinstance(left.func, ast.Attribute)
+                           and left.func.attr in ("float", "to")) and not makes_tensor(statement.value)
+        normalization, after, rest = None, [], []
         for later in body[i + 1:]:
             if isinstance(later, ast.Return):
-                index = returned_index(later, name)
-                if index is False:
+                returned = returned_element(later, name)
+                if returned is None:
                     return f"{where}: the float image is not what __getitem__ returns"
-                plan = BytePlan(f"{cls.__module__}.{cls.__qualname__}", file, line, index, scale, mean, std,
-                                ast.unparse(original), ast.unparse(replacement), normalization)
+                index, ops = returned
+                namespace = getattr(sys.modules.get(cls.__module__), "__dict__", {})  # the constants' module
+                made = (None, None) if normalization is None else constants(
+                    *normalization[:3], namespace, cls if dataset is None else dataset, after + ops)
+                if isinstance(made, str):
+                    return f"{where}: {made}"
+                plan = BytePlan(f"{cls.__module__}.{cls.__qualname__}", file, line, index, scale,
+                                *(None if c is None else c.values for c in made), ast.unparse(original),
+                                ast.unparse(replacement), normalization and normalization[3],
+                                dtypes=tuple(c and c.dtype for c in made), codes=tuple(c and c.code for c in made),
+                                views=tuple(c and c.view for c in made))
                 statement.value = new_value
                 node.body = [*body[:i + 1], *rest, later]
                 return _compiled(plan, tree, cls, file, first)
             if name not in _names(later):
                 rest.append(later)
                 continue
-            found = _normalization(later, name) if mean is None else None
+            value = _assigned(later, name)
+            ops = None if value is None else layout_ops(value, name)
+            if ops is not None:  # a layout change runs on the 8-bit image alike; the constants follow it
+                rest.append(later)
+                after += ops if normalization is not None else []
+                numpy_image = numpy_image and not makes_tensor(later)
+                continue
+            found = _normalization(later, name) if normalization is None else None
             if found is None:
                 text = ast.unparse(later).splitlines()[0]
                 return (f"line {first + later.lineno - 1} changes the float image after the conversion "
                         f"(`{text}`): moving the conversion would change the data")
-            (mean, std), normalization = found, ast.unparse(later)
+            normalization = (*found, numpy_image, ast.unparse(later))  # mean, std, on an ndarray, as written
         return f"{where}: no return follows the conversion on the function's top level"
     if "ToTensor" in source or "to_tensor" in source or "transform" in source:
         return (f"{cls.__name__}.__getitem__ converts through a transform that is not a torchvision pipeline held "
@@ -249,6 +287,18 @@ def returned_index(statement: ast.Return, name: str) -> int | None | bool:
     return False
 
 
+def returned_element(statement: ast.Return, name: str) -> tuple[int | None, list[tuple]] | None:
+    """Which element of the returned value is `name` within layout-only calls (None: alone), and those calls;
+    None when it is not returned so."""
+    value = statement.value
+    elements = value.elts if isinstance(value, ast.Tuple) else [value]
+    found = [(i, layout_ops(e, name)) for i, e in enumerate(elements) if e is not None]
+    hits = [(i, ops) for i, ops in found if ops is not None]
+    if len(hits) != 1 or any(name in _names(e) for i, e in enumerate(elements) if i != hits[0][0]):
+        return None
+    return (hits[0][0] if isinstance(value, ast.Tuple) else None), hits[0][1]
+
+
 def _compiled(plan: BytePlan, tree: ast.Module, cls: type, file: str, first: int) -> BytePlan:
     """The plan with the rewritten `__getitem__`, compiled in the Dataset's module (line numbers its own)."""
     tree = ast.fix_missing_locations(tree)
@@ -256,7 +306,7 @@ def _compiled(plan: BytePlan, tree: ast.Module, cls: type, file: str, first: int
     namespace: dict[str, Any] = {}
     module = sys.modules.get(cls.__module__)
     exec(compile(tree, file, "exec"), module.__dict__ if module is not None else {}, namespace)  # noqa: S102
-    return BytePlan(**{**plan.to_dict(), "function": namespace[tree.body[0].name]})
+    return dataclasses.replace(plan, function=namespace[tree.body[0].name])
 
 
 def rewrite_dataset(dataset: Any, site: str | None = None) -> tuple[BytePlan | None, str]:
@@ -270,7 +320,7 @@ def rewrite_dataset(dataset: Any, site: str | None = None) -> tuple[BytePlan | N
     pipeline = rewrite_pipeline(dataset, site)
     if pipeline is not None:
         return pipeline
-    plan = byte_plan(type(dataset))
+    plan = byte_plan(type(dataset), dataset)
     if isinstance(plan, str):
         return None, not_applicable(plan)
     type(dataset).__getitem__ = plan.function
