@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
 from advisor.trials.interposition.attention import FusedAttention
 from advisor.trials.interposition.attention_source import Refusal, Rewrite, find_attention
-from conftest import ROOT
+from conftest import ROOT, gpu_trace
 
 HEADER = '''
 import math
@@ -214,3 +215,20 @@ def test_the_gpt_examples_attention_is_rewritten():
     assert plan["last_line"] - plan["first_line"] == 4
     torch.testing.assert_close(model(tokens), before)
     fused.undo()
+
+
+def test_attention_share_on_gpu_traces_by_hand_and_by_implementation():
+    figures = {}
+    for name in ("h200-gpt-attention-by-hand", "h200-gpt-attention-sdpa", "h100-char-transformer-bf16",
+                 "h100-char-transformer-fp32", "resnet50-v100-workers0"):
+        diagnosis = analyze_file(gpu_trace(f"{name}.pt.trace.json.gz"))
+        figures[name] = (diagnosis_to_dict(diagnosis)["attention"], [r.id for r in diagnosis.recommendations])
+    hand, advice = figures["h200-gpt-attention-by-hand"]
+    assert hand["implementations"] == ["hand-written"] and hand["per_step"] == 4 and hand["fused_share"] == 0
+    assert 0.05 < hand["hand_written_share"] == hand["share"] < 1 and "sdpa" in advice
+    fused, advice = figures["h200-gpt-attention-sdpa"]
+    assert fused["implementations"] == ["cuDNN"] and fused["hand_written_share"] == 0 and "sdpa" not in advice
+    assert fused["ms_per_step"] < hand["ms_per_step"] / 2  # the fused kernels: a fraction of the time by hand
+    assert figures["h100-char-transformer-bf16"][0]["implementations"] == ["cuDNN"]
+    assert figures["h100-char-transformer-fp32"][0]["implementations"] == ["memory-efficient"]
+    assert figures["resnet50-v100-workers0"][0] is None  # no attention: no figure
