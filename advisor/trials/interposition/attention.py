@@ -16,6 +16,7 @@ from __future__ import annotations
 import __future__
 import inspect
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from advisor.trials.interposition.attention_source import Refusal, Rewrite, find_attention
@@ -96,6 +97,8 @@ class FusedAttention:
             filename = inspect.getsourcefile(forward)
         except (OSError, TypeError):
             return None  # no source (a C extension, a REPL): nothing to read
+        if filename is None or any(part in ("site-packages", "dist-packages") for part in Path(filename).parts):
+            return None  # an installed package's module: not the user's code to rewrite (nor to patch)
         source = textwrap.dedent("".join(lines))
         if not source.lstrip().startswith("def ") or "__class__" in forward.__code__.co_freevars:
             return None  # decorated, or it uses super() (a cell the recompiled function would not have)
