@@ -173,6 +173,14 @@ def test_weights_read_after_the_softmax_are_not_applicable_with_the_reason(tmp_p
     assert "attention_returns_weights.py:" in outcome and not fused.plans
 
 
+def test_a_mask_added_to_the_scores_is_not_applicable_with_the_line(tmp_path):
+    body = FORMS["no mask, no scale, product inside an expression"].replace(
+        "att = F.softmax", "att = att + self.pad[:t, :t]\n        att = F.softmax")
+    fused = FusedAttention()
+    fused.apply(load(tmp_path, body, "attention_additive")())
+    assert "changes the scores otherwise than a scale or a masked_fill" in fused.outcome() and not fused.plans
+
+
 def test_torch_attention_and_models_without_attention_are_not_applicable():
     fused = FusedAttention()
     fused.apply(torch.nn.Sequential(torch.nn.MultiheadAttention(16, 2), torch.nn.Linear(16, 4)))

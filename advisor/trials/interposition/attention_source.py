@@ -245,6 +245,10 @@ def attention_chain(body: list[ast.stmt], i: int, scores: tuple, buffer_kind: Ca
         else:
             break
         j += 1
+    if not softmaxed and j < len(body) and reads(body[j], names) and \
+            any("softmax" in text(later) for later in body[j:]):
+        return Refusal(f"line {body[j].lineno} changes the scores otherwise than a scale or a masked_fill with -inf "
+                       "before the softmax: the fused call is not proven the same", body[j].lineno)
     if not softmaxed:
         return None
     if j == len(body):
