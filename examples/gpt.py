@@ -100,13 +100,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    parser.add_argument("--log-every", type=int, default=20)
     args = parser.parse_args()
 
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dataset = RandomTokens(args.vocab, args.context)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True)
-    model = GPT(args.vocab, args.context).to(device)
+    model = GPT(args.vocab, args.context, dropout=args.dropout).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     model.train()
     for epoch in range(args.epochs):
@@ -117,8 +120,10 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            if step % 20 == 0:
-                print(f"epoch {epoch} step {step} loss {loss.item():.3f}")
+            if step % args.log_every == 0:
+                print(f"epoch {epoch} step {step} loss {loss.item():.6f}")
+            if args.max_steps is not None and step + 1 >= args.max_steps:
+                return
 
 
 if __name__ == "__main__":

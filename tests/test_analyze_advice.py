@@ -28,7 +28,7 @@ IMAGES = "h100-image-classifier-workers0.pt.trace.json.gz"
 BOUND_OF = {"more-workers": "input", "pin-memory": "copy", "non-blocking": "copy", "fewer-copy-bytes": "copy",
             "prefetch-to-device": "copy",
             "larger-batch": "host", "cuda-graphs": "host", "fused-optimizer": "host", "amp": "compute",
-            "channels-last": "compute", "tf32": "compute", "cudnn-benchmark": "compute", "memory-growth": "memory", "activation-checkpointing": "memory",
+            "channels-last": "compute", "tf32": "compute", "cudnn-benchmark": "compute", "sdpa": "compute", "memory-growth": "memory", "activation-checkpointing": "memory",
             "ddp-buckets": "communication", "no-sync-accumulation": "communication"}
 
 

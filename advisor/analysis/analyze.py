@@ -18,6 +18,8 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
              "dataloader_share", "dataloader_wait_share", "loader_steady_share",
              "gpu_utilization", "utilization_by_device",
              "tensor_core_share", "eligible_share", "eligible_op_share", "layout_share", "kernel_ms",
+             "attention": {"share", "hand_written_share", "fused_share", "ms_per_step", "per_step",
+                           "implementations": [str]} | null,
              "copies": {"pageable_ms", "pinned_ms", "unknown_ms", "count", "bytes", "synchronous",
                         "sync_wait_ms", "pageable_wait_ms", "host_wait_ms", "exposed_ms",
                         "overlap_with_kernels", "share"},
@@ -57,6 +59,10 @@ Copies: `sync_wait_ms` is the host's wait in synchronizes and blocking copy call
 removes), `pageable_wait_ms` its wait inside async copy calls from pageable memory (what pin_memory
 removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel running.
 `layout_share` is the share of kernel time in NCHW↔NHWC layout conversions (channels_last removes them).
+`attention` is attention's time per step and share of the step (`advisor.analysis.attention`): written by hand
+(matmul, softmax, matmul: what the `sdpa` knob fuses) or fused SDPA, with the implementations seen ("flash",
+"memory-efficient", "cuDNN", "math", "flash (CPU)", "hand-written"); on a GPU the kernels' time, on a CPU the
+operators'.
 `loader_steady_share` is the DataLoader share once its workers' queue ran dry, when the profiled window
 understated it (finding "loader-queue").
 `skipped_events` counts events the loader left out as odd but legal (ProfilerStep spans of zero length, or
@@ -202,6 +208,7 @@ def diagnosis_to_dict(d: Diagnosis) -> dict:
         "eligible_share": d.eligible_share if d.platform != "cpu" else d.extra.get("cpu_eligible_share"),
         "eligible_op_share": d.eligible_op_share,
         "layout_share": d.layout_share,
+        "attention": d.extra.get("attention"),
         "kernel_ms": _ms(d.kernel_us),
         "copies": {
             "pageable_ms": _ms(c.pageable_us), "pinned_ms": _ms(c.pinned_us), "unknown_ms": _ms(c.unknown_us),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from advisor.analysis import intervals as iv
+from advisor.analysis.attention import attention
 from advisor.analysis.bound import bound_time, degenerate, find_bound, loader_queue
 from advisor.analysis.breakdown import breakdown, gpu_utilization, role_intervals
 from advisor.analysis.communication import Communication, communication
@@ -169,6 +170,8 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         idle = iv.difference(roles["dataloader"], roles["kernel"], steps[0].start, steps[-1].end)
         extra["loader_idle_share"] = iv.length_within(idle, windows) / len(steps) / step_time if step_time else 0.0
     extra["conv_shapes_constant"] = conv_shapes_constant(trace, steps)
+    found = attention(trace, steps, platform, step_time)  # its share of the step, by hand or fused
+    extra["attention"] = found.to_dict() if found is not None else None
     main = utilization.get(devices[0].index) if devices and utilization else None
     if main is None and utilization:
         main = max(utilization.values())

@@ -129,3 +129,14 @@ def time_text(time: dict[str, Any] | None) -> str | None:
     if isinstance(time.get("to_best_s"), (int, float)) and isinstance(time.get("trials_to_best"), int):
         text += f"; the best first measured after {time['to_best_s']:.0f} s and {time['trials_to_best']} trial(s)"
     return text
+
+
+def attention_text(figure: dict | None) -> str | None:
+    """Attention's share of the step and how it is computed ('27.4% (1.96 ms, 4 a step): hand-written'), or
+    None where the trace shows no attention."""
+    if not figure:
+        return None
+    kinds = ", ".join(figure.get("implementations") or ()) or "fused"
+    split = (f"; {pct(figure['hand_written_share'])} by hand" if figure.get("hand_written_share")
+             and figure.get("fused_share") else "")
+    return f"{pct(figure['share'])} ({ms(figure['ms_per_step'])}, {figure['per_step']:.0f} a step): {kinds}{split}"

@@ -18,7 +18,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.job import Job, compute_us, exposed_us, jobs_of, own_us, rank_of
 from advisor.escape import for_terminal, output_stream
-from advisor.report.formatting import step_time_s, time_text
+from advisor.report.formatting import attention_text, gb as _gb, pct as _pct, step_time_s, time_text
 
 ROLE_LABELS = {
     "kernel": "GPU kernels", "memcpy": "memory copies", "memset": "memset", "communication": "communication",
@@ -122,14 +122,6 @@ def rank_line(d: Diagnosis) -> str | None:
     return f"Rank {info['rank']}{world}{backend}"
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _gb(x: float | None) -> str:
-    return "n/a" if x is None else f"{x / 1e9:.2f} GB"
-
-
 def device_line(d: Diagnosis) -> str:
     """'Tesla V100 (nvidia, sm 7.0, 34.1 GB)' or 'CPU only'."""
     dev = d.device
@@ -178,6 +170,8 @@ def figures_table(d: Diagnosis) -> Table:
         _row(t, f"{accelerator_name(d)} utilization", _pct(d.gpu_utilization))
     else:
         _row(t, "Matmul/conv operators share of step", _pct(d.extra.get("cpu_eligible_share")))
+    if attention_text(d.extra.get("attention")):
+        _row(t, "Attention share of step", attention_text(d.extra.get("attention")))
     for m in d.memory:
         if m.peak_allocated is not None:
             cap = f" of {_gb(m.capacity)}, {_pct(m.headroom)} free" if m.capacity else ""

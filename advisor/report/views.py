@@ -13,7 +13,7 @@ from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.trace import load_trace
 from advisor.files import file_stamps
 from advisor.report import charts
-from advisor.report.formatting import gb, ms, pct
+from advisor.report.formatting import attention_text, gb, ms, pct
 from advisor.report.hotspots import Hotspot, hotspots
 from advisor.report.terminal import ROLE_LABELS, accelerator_name, bound_line, device_line, rank_line, role_labels, \
     trace_label
@@ -63,6 +63,8 @@ def figure_rows(d: Diagnosis, f: dict) -> tuple[tuple[str, str], ...]:
         rows.append((f"{accelerator_name(d)} utilization", pct(f["gpu_utilization"])))
     else:
         rows.append(("Matmul/conv operators share of step", pct(f["eligible_share"])))
+    if attention_text(f.get("attention")):
+        rows.append(("Attention share of step", attention_text(f["attention"])))
     for m in f["memory"]:
         if m["peak_allocated"] is not None:
             cap = f" of {gb(m['capacity'])}, {pct(m['headroom'])} free" if m["capacity"] else ""

@@ -85,13 +85,14 @@ def core_use(state: dict[str, Any]) -> dict[str, Any] | None:
             "all_used": ranks * (workers + threads) >= cores}
 
 
-def best_uint8_plan(out: Path, state: dict[str, Any]) -> dict | None:
-    """The Dataset conversion the best trial's uint8_copies moved (its trial.json), or None."""
+def best_plan(out: Path, state: dict[str, Any], knob: str, field: str) -> Any:
+    """What the best trial recorded for the patch of `knob` (its trial.json `field`: the Dataset conversion
+    uint8_copies moved, the attention lines sdpa replaced), or None."""
     row = next((t for t in state["trials"] if t["name"] == state.get("best")), None)
-    if row is None or not (row.get("knobs") or {}).get("uint8_copies"):
+    if row is None or not (row.get("knobs") or {}).get(knob):
         return None
     try:
-        return json.loads((out / row["folder"] / "trial.json").read_text()).get("uint8_plan")
+        return json.loads((out / row["folder"] / "trial.json").read_text()).get(field)
     except (OSError, ValueError):
         return None
 
@@ -114,7 +115,9 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
             written, notes = write_patch(script, func, final, state["user_values"], out,
                                          root=repository_root(script), accumulation_steps=final.accumulation_steps,
                                          loader_site=(state.get("training_loader") or {}).get("site"),
-                                         step_file=step_file, uint8_plan=best_uint8_plan(out, state))
+                                         step_file=step_file,
+                                         uint8_plan=best_plan(out, state, "uint8_copies", "uint8_plan"),
+                                         attention_plan=best_plan(out, state, "sdpa", "attention_plan"))
             state["notes"].extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")

@@ -28,7 +28,7 @@ from advisor.trials.knobs import MODEL_KNOBS, Knobs
 
 RECOMMENDATION = "without"  # the recommendation of a trial that takes a knob off: "without-compile"
 CHANGES = {"compile": "torch.compile", "channels_last": "channels_last", "fused_optimizer": "the fused optimizer",
-           "tf32": "TF32 matmuls", "cudnn_benchmark": "cudnn.benchmark"}
+           "tf32": "TF32 matmuls", "cudnn_benchmark": "cudnn.benchmark", "sdpa": "scaled_dot_product_attention"}
 
 
 def unproven_knobs(state: dict[str, Any]) -> list[str]:

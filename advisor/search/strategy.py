@@ -13,7 +13,8 @@ trial's bound are tried first:
                loader, converted and normalized where the step moves them (a quarter of the bytes)
     host     → a larger batch (fewer, larger kernels per sample)
     compute  → AMP (bf16 where the device computes it, else fp16 with a GradScaler), channels_last
-               where convolutions take the step, torch.compile, TF32 where AMP did not pay (Ampere and
+               where convolutions take the step, scaled_dot_product_attention where attention written by
+               hand does, torch.compile, TF32 where AMP did not pay (Ampere and
                later), cuDNN autotuning for convolutions of fixed shapes; AMP with channels_last is the
                pair that pays most together, and the pairing below finds it
     host     → torch.compile (fused kernels), a fused optimizer where its step takes time
@@ -131,6 +132,7 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         tf32_proposal(recs.get("tf32"), recs.get("amp"), best.knobs, state, space),
         bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space),
         model_knob_proposal(recs.get("cudnn-benchmark"), "cudnn_benchmark", "cudnn.benchmark", best.knobs, space),
+        model_knob_proposal(recs.get("sdpa"), "sdpa", "scaled_dot_product_attention", best.knobs, space),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
     refused = not_applicable_knobs(state)
@@ -249,7 +251,7 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
 
 def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: SearchSpace) -> Proposal | None:
     """A knob one rule advises and names the bound of: channels_last (convolutions), a fused optimizer (its
-    step's time), cudnn.benchmark (convolutions of fixed shapes)."""
+    step's time), cudnn.benchmark (convolutions of fixed shapes), sdpa (attention written by hand)."""
     if rec is None or getattr(knobs, knob) or not space.allows(knob):
         return None
     return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)

@@ -9,7 +9,7 @@ step (once the current bound's time is gone the step is shorter, so its share th
 shorter no trace says). Predicted gains are deliberately rough; the optimization session measures the
 real effect.
 
-Rules live in one module per family: `loader` (DataLoader workers), `precision` (AMP, TF32, channels_last, cuDNN autotuning),
+Rules live in one module per family: `loader` (DataLoader workers), `precision` (AMP, TF32, channels_last, cuDNN autotuning, SDPA),
 `copies` (pinned memory, non_blocking, fewer bytes), `launch` (batch size, CUDA graphs, fused optimizer),
 `memory` (growth, activation checkpointing), `distributed` (DDP buckets, no_sync accumulation); the
 job-wide rules for several ranks (a straggler) are in `advisor.analysis.job`; each is listed in `RULES` (or `MEMORY_RULES`). Their
@@ -27,7 +27,7 @@ from advisor.analysis.rules.distributed import ddp_buckets, no_sync_accumulation
 from advisor.analysis.rules.launch import cuda_graphs, fused_optimizer, larger_batch
 from advisor.analysis.rules.loader import more_workers
 from advisor.analysis.rules.memory import activation_checkpointing, memory_growth
-from advisor.analysis.rules.precision import amp, channels_last, cudnn_benchmark, tf32
+from advisor.analysis.rules.precision import amp, channels_last, cudnn_benchmark, sdpa, tf32
 from advisor.analysis.rules.recommendation import Recommendation
 
 __all__ = ["Recommendation", "recommend", "RULES", "MEMORY_RULES"]
@@ -36,7 +36,7 @@ MIN_GAIN = 0.005  # below half a percent of the step, a change is not worth the 
 
 # One module per recommendation family (loader, precision, copies, launch, memory); a rule is listed here.
 RULES = (more_workers, amp, pin_memory, non_blocking, larger_batch, cuda_graphs, fused_optimizer, fewer_copy_bytes,
-         prefetch_to_device, channels_last, tf32, cudnn_benchmark, ddp_buckets, no_sync_accumulation)
+         prefetch_to_device, channels_last, tf32, cudnn_benchmark, sdpa, ddp_buckets, no_sync_accumulation)
 MEMORY_RULES = (memory_growth, activation_checkpointing)  # whether the run fits at all; no speed gain
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from advisor.code.patch.attention import write_attention
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.frameworks import rewrite_frameworks
@@ -48,7 +49,8 @@ def site_of(site: str | None) -> tuple[Path, int] | None:
 
 def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
                root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
-               step_file: Path | None = None, uint8_plan: dict | None = None) -> Patch:
+               step_file: Path | None = None, uint8_plan: dict | None = None,
+               attention_plan: list | None = None) -> Patch:
     """The change that applies `knobs` where the script sets them.
 
     `target`: the step function in `step_file` (default: the script) that autocast, non_blocking and
@@ -56,6 +58,8 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     loader is built (`file.py:LINE`; default: every DataLoader call of the script); its values are
     changed where they are set — in its call, a constant, a flag's default, a config in another module.
     The threads knob is `torch.set_num_threads(N)` after the script's imports, where CUDA is not available.
+    `attention_plan`: the attention lines the best trial's sdpa replaced (trial.json), written first, while
+    every file's lines are still those the trial read.
     """
     script = Path(script).resolve()
     root = Path(root).resolve() if root is not None else script.parent
@@ -70,6 +74,8 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
 
     edited: dict[Path, cst.Module] = {}
     notes: list[str] = []
+    if knobs.sdpa and attention_plan and not user_values.get("sdpa"):
+        notes += write_attention(edited, module_of, attention_plan)
     found = site_of(loader_site)
     loader_file, line = (found[0].resolve(), found[1]) if found else (script, None)
     elsewhere = Elsewhere(search_files(script, loader_file, root), loader_file)
@@ -209,18 +215,21 @@ def write_pipeline_bytes(edited: dict, module_of, files: list[Path], step_path: 
 def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
                   root: Path | None = None, accumulation_steps: int | None = None,
                   loader_site: str | None = None, step_file: Path | None = None,
-                  uint8_plan: dict | None = None) -> str:
+                  uint8_plan: dict | None = None, attention_plan: list | None = None) -> str:
     """The unified diff (`a/<rel>`, `b/<rel>` headers per file) that applies `knobs`; '' if none."""
     return plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
-                      loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan).diff
+                      loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan,
+                      attention_plan=attention_plan).diff
 
 
 def write_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, folder: Path, *,
                 root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
-                step_file: Path | None = None, uint8_plan: dict | None = None) -> tuple[Path | None, list[str]]:
+                step_file: Path | None = None, uint8_plan: dict | None = None,
+                attention_plan: list | None = None) -> tuple[Path | None, list[str]]:
     """Write `folder/suggested.patch`; return its path (None when nothing changes) and the patch's notes."""
     patch = plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
-                       loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan)
+                       loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan,
+                       attention_plan=attention_plan)
     if not patch.diff:
         return None, patch.notes
     path = Path(folder) / PATCH_NAME

@@ -1,5 +1,5 @@
-"""The knobs that change the model and how torch runs it: `channels_last`, `compile`, `tf32` and
-`cudnn_benchmark`. Inside the trial only (torch imported lazily).
+"""The knobs that change the model and how torch runs it: `channels_last`, `compile`, `tf32`,
+`cudnn_benchmark` and `sdpa` (`advisor.trials.interposition.attention`). Inside the trial only (torch imported lazily).
 
 They reach the model at its first call, through a global module forward pre-hook: the model exists by then
 (whether the script has a step function or only a loop), and the optimizer has no state yet, so nothing
@@ -27,9 +27,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from advisor.trials.interposition.attention import FusedAttention
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
-MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark")
+MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark", "sdpa")
 TF32_CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 
 
@@ -80,6 +81,7 @@ class ModelInterposition:
         self.depth = 0
         self.compiled: list[tuple[Any, bool, Any]] = []  # (module, had its own forward, that forward)
         self.layouts: list[Any] = []  # modules moved to channels_last
+        self.attention = FusedAttention()  # sdpa: the attention forwards rewritten
         self.undo_stack = contextlib.ExitStack()
         self.requested = any(getattr(knobs, name) for name in MODEL_KNOBS)
         if self.requested and device_type != "cuda":
@@ -129,6 +131,10 @@ class ModelInterposition:
             self._process_wide()
         if self.knobs.channels_last:
             self._channels_last(module)
+        if self.knobs.sdpa:  # before compile: the compiled forward traces the fused call
+            self.attention.apply(module)
+            self.user["sdpa"] = False
+            self.outcomes["sdpa"] = self.attention.outcome()
         if self.knobs.compile:
             self._compile(module)
 
@@ -227,6 +233,7 @@ class ModelInterposition:
         import torch
 
         self.undo_stack.close()
+        self.attention.undo()
         for module, own, forward in self.compiled:
             if own:
                 module.forward = forward

@@ -357,6 +357,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["compile"] = compile_summary(harness.get("compile"), rank_steps[0])
     record["optimizers"] = harness.get("optimizers")
     record["uint8_plan"] = harness.get("uint8_plan")  # how the Dataset was made to hand out 8-bit images
+    record["attention_plan"] = harness.get("attention_plan")  # the attention lines sdpa replaced, for the patch
     record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]
