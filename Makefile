@@ -11,7 +11,7 @@ install:
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,docs]'
 
 # Two workers, a file each at a time: most tests wait on trials that run in their own processes, and the
 # tests are written to hold on a busy machine (each worker is the other's busy neighbour). With Python's
@@ -51,7 +51,7 @@ wheels:
 	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 		print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['test'] \
 		if not r.startswith(('torch', 'timm')) or r.startswith('torch-tb-profiler')))" > $(WHEELS)/requirements.txt
-	$(PIP) download -q -d $(WHEELS) $(WHEELS_FOR) -r $(WHEELS)/requirements.txt "setuptools>=64" wheel
+	$(PIP) download -q -d $(WHEELS) $(WHEELS_FOR) -r $(WHEELS)/requirements.txt "setuptools>=77" wheel
 	$(PIP) wheel -q --no-deps -w $(WHEELS) .
 
 clean:
