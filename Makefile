@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install test fuzz demo bench gpu-check wheels clean
+.PHONY: install test fuzz docs demo bench gpu-check wheels clean
 
 # The PyPI builds a GPU user installs (CUDA-enabled; they run on a machine without a GPU), pinned first so
 # that the package's torch range resolves to them; the frameworks' tests need the matching torchvision.
@@ -28,6 +28,11 @@ FUZZ_EXAMPLES ?= 4000
 fuzz:
 	ADVISOR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_analyze_fuzz.py \
 		--hypothesis-show-statistics
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing page or an
+# anchor that is not there fails the build. `make test` builds it too (tests/test_docs.py).
+docs:
+	$(PY) -m mkdocs build --strict
 
 demo:
 	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --max-trials 8 --out runs/demo
@@ -55,4 +60,4 @@ wheels:
 	$(PIP) wheel -q --no-deps -w $(WHEELS) .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
