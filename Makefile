@@ -46,7 +46,7 @@ gpu-check:
 	$(PY) benchmarks/gpu_check.py $(if $(OUT),--out $(OUT))
 
 # This package's dependencies but torch, and the package itself, as wheels in $(WHEELS), for a GPU machine that
-# has torch but no network (README "On a GPU"). timm is left out with torch and torchvision (it requires both:
+# has torch but no network (docs/gpu.md). timm is left out with torch and torchvision (it requires both:
 # pip would fetch a torch); its tests are skipped where it is not installed. WHEELS_FOR targets another Python or platform, e.g.
 # WHEELS_FOR="--python-version 3.10 --platform manylinux2014_x86_64 --only-binary=:all:".
 WHEELS ?= wheels
