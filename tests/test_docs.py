@@ -3,7 +3,6 @@ every flag the README's and the site's command examples use exists, and the READ
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
@@ -17,15 +16,13 @@ from conftest import ROOT
 
 from advisor.cli import build_parser
 
+sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+from cli_reference import subcommands  # noqa: E402  (the site's hook: the parser's sub-commands by name)
+
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
 README = ROOT / "README.md"
 README_LINES = 150  # read in three minutes
 SCREEN = 40  # lines of a README section: one screen
-
-
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """advisor's sub-commands by name."""
-    return next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def test_the_site_builds_strictly_with_the_parsers_options(tmp_path):
@@ -39,7 +36,7 @@ def test_the_site_builds_strictly_with_the_parsers_options(tmp_path):
                 for p in PAGES}
     assert {"." if e == "" else e for e in expected} <= pages, sorted(expected - pages)
     cli = (site / "reference" / "cli" / "index.html").read_text()
-    for name, sub in subcommands(build_parser()).items():
+    for name, (sub, _) in subcommands(build_parser()).items():
         flags = [f for a in sub._actions for f in a.option_strings if f not in ("-h", "--help")]
         assert f"advisor {name}" in cli and all(f in cli for f in flags), name
     api = (site / "reference" / "api" / "index.html").read_text()
@@ -76,7 +73,7 @@ def make_targets(path: Path) -> list[str]:
 def test_command_examples_use_flags_that_exist():
     """Each example's options are the sub-command's; an example without placeholders parses as it stands."""
     parser = build_parser()
-    commands = {name: sub for name, sub in subcommands(parser).items()}
+    commands = {name: sub for name, (sub, _) in subcommands(parser).items()}
     checked, wrong = 0, []
     for path in [README, *PAGES]:
         for example, whole in command_examples(path):
