@@ -37,7 +37,8 @@ def render(session: Path, html: Path) -> None:
 def screenshot(html: Path, png: Path, chromium: str) -> None:
     """Headless Chromium's picture of the page, at WIDTH × HEIGHT."""
     with tempfile.TemporaryDirectory() as profile:  # a profile of its own: never the user's browser state
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--no-first-run", "--disable-background-networking", "--hide-scrollbars",
                         f"--user-data-dir={profile}", f"--window-size={WIDTH},{HEIGHT}",
                         f"--screenshot={png}", html.as_uri()],
                        check=True, capture_output=True, timeout=120)

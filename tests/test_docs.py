@@ -113,6 +113,21 @@ def test_the_readme_is_a_short_page():
     assert len(links) > 10 and all(link.exists() for link in links), [str(p) for p in links if not p.exists()]
 
 
+def test_the_readme_picture_is_made_again_from_a_recorded_session(tmp_path):
+    """docs/make_screenshot.py renders sample_runs/' session with `advisor report` and headless Chromium."""
+    from PIL import Image
+
+    out = tmp_path / "report.png"
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "make_screenshot.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    image = Image.open(out)
+    assert image.size == (1200, 1085) and out.stat().st_size < 300_000
+    # Not a blank page: the report's light background and its dark text and coloured badges both show.
+    colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is not None and len(colours) > 20
+
+
 def test_every_knob_has_a_line_in_the_readme_and_a_section_on_the_knobs_page():
     """A knob the search can turn is named in the README's list and heads a section of docs/knobs.md."""
     import dataclasses
