@@ -32,7 +32,7 @@ fuzz:
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing page or an
 # anchor that is not there fails the build. `make test` builds it too (tests/test_docs.py).
 docs:
-	$(PY) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 demo:
 	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --max-trials 8 --out runs/demo
