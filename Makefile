@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install test fuzz demo bench gpu-check wheels clean
+.PHONY: install test fuzz docs demo bench gpu-check wheels clean
 
 # The PyPI builds a GPU user installs (CUDA-enabled; they run on a machine without a GPU), pinned first so
 # that the package's torch range resolves to them; the frameworks' tests need the matching torchvision.
@@ -11,7 +11,7 @@ install:
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,docs]'
 
 # Two workers, a file each at a time: most tests wait on trials that run in their own processes, and the
 # tests are written to hold on a busy machine (each worker is the other's busy neighbour). With Python's
@@ -29,6 +29,11 @@ fuzz:
 	ADVISOR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_analyze_fuzz.py \
 		--hypothesis-show-statistics
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing page or an
+# anchor that is not there fails the build. `make test` builds it too (tests/test_docs.py).
+docs:
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 demo:
 	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --max-trials 8 --out runs/demo
 
@@ -41,7 +46,7 @@ gpu-check:
 	$(PY) benchmarks/gpu_check.py $(if $(OUT),--out $(OUT))
 
 # This package's dependencies but torch, and the package itself, as wheels in $(WHEELS), for a GPU machine that
-# has torch but no network (README "On a GPU"). timm is left out with torch and torchvision (it requires both:
+# has torch but no network (docs/gpu.md). timm is left out with torch and torchvision (it requires both:
 # pip would fetch a torch); its tests are skipped where it is not installed. WHEELS_FOR targets another Python or platform, e.g.
 # WHEELS_FOR="--python-version 3.10 --platform manylinux2014_x86_64 --only-binary=:all:".
 WHEELS ?= wheels
@@ -51,8 +56,8 @@ wheels:
 	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 		print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['test'] \
 		if not r.startswith(('torch', 'timm')) or r.startswith('torch-tb-profiler')))" > $(WHEELS)/requirements.txt
-	$(PIP) download -q -d $(WHEELS) $(WHEELS_FOR) -r $(WHEELS)/requirements.txt "setuptools>=64" wheel
+	$(PIP) download -q -d $(WHEELS) $(WHEELS_FOR) -r $(WHEELS)/requirements.txt "setuptools>=77" wheel
 	$(PIP) wheel -q --no-deps -w $(WHEELS) .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -1,7 +1,7 @@
 """The layout holds: packages import only what the architecture allows, no private name crosses a module,
 the analysis runs where torch cannot be imported, and the wheel ships every package.
 
-The allowed imports (README "Architecture" shows the same table):
+The allowed imports (DESIGN.md gives each package's in its section):
 
     shared    advisor.errors, files, shapes, escape: each other only (what every stage uses)
     analysis  shared                                  (torch-free: recorded traces → Diagnosis)
@@ -155,7 +155,7 @@ def test_the_wheel_lists_every_package():
     assert packages <= listed, sorted(packages - listed)
 
 
-# What the trials package holds, by what each module is (README "Architecture"): the knobs applied inside
+# What the trials package holds, by what each module is (DESIGN.md "trials/"): the knobs applied inside
 # a trial, the process that runs one, and its record; only the Knobs value stands beside them, since the
 # code stage reads it.
 TRIALS_LAYOUT = {"interposition", "process", "record"}

@@ -1,4 +1,4 @@
-"""Trace → Diagnosis: the figures of DESIGN.md "Figures and their definitions", assembled.
+"""Trace → Diagnosis: the figures of docs/figures.md, assembled.
 
 Each figure is computed by the module named for it — steps, breakdown, kernels (Tensor Cores), copies,
 launches, memory, bound — as pure functions over the parsed trace; `diagnose` calls them in turn and

@@ -1,6 +1,6 @@
 """Steps: the ProfilerStep spans, extended to the device work they launched, and which events fall in them.
 
-With no ProfilerStep spans the whole trace is one step, and the note says so (DESIGN.md "Figures").
+With no ProfilerStep spans the whole trace is one step, and the note says so (docs/figures.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ critical path is the loader's side or the training thread's call, whichever is l
     call = max(host, device + idle)                  (idle: moments the device waits on the host)
 
 Each knob is a transformation of the graph (`transform`), with one parameter (`PRIORS`) that a
-session calibrates from what it measured (`calibrate`). DESIGN.md "Predictions" states each one's
+session calibrates from what it measured (`calibrate`). docs/architecture/predictions.md states each one's
 assumptions. Pure functions; never imports torch.
 """
 

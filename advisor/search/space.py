@@ -3,8 +3,8 @@
 `--only` and `--skip` bound the search space: a proposal that would turn a knob outside it is not made
 (a change of two knobs, such as pinned memory with non_blocking copies or workers with fewer threads,
 keeps the part the user allows). `--try` settings run as trials right after the baseline, on top of the
-best so far, and are decided like any other change. The names are the `Knobs` fields (the README's
-table): one clear error for a name that is not one, listing those that are. Torch-free.
+best so far, and are decided like any other change. The names are the `Knobs` fields (docs/knobs.md,
+a section each): one clear error for a name that is not one, listing those that are. Torch-free.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ def _next_line(fd: int, buffer: bytes, timeout: float | None = None) -> tuple[st
 _lock = threading.Lock()
 # The zygotes of the last environments trials ran in, least recently used first: a caller that switches
 # between two (a test with `--device cuda` or another compiler, a notebook that sets a variable and unsets it)
-# does not start one each time. Each holds torch imported (see DESIGN.md), so no more than two are kept.
+# does not start one each time. Each holds torch imported (docs/architecture/trials.md), so no more than two are kept.
 MAX_ZYGOTES = 2
 _zygotes: OrderedDict[tuple, Zygote] = OrderedDict()
 _refused: set[tuple] = set()  # zygotes that could not start: those trials start fresh

@@ -1,0 +1,142 @@
+"""The documentation: the site builds with --strict and no warning, its command-line reference is the parser's,
+every flag the README's and the site's command examples use exists, and the README stays a short page."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+from advisor.cli import build_parser
+
+sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+from cli_reference import subcommands  # noqa: E402  (the site's hook: the parser's sub-commands by name)
+
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+README = ROOT / "README.md"
+README_LINES = 150  # read in three minutes
+SCREEN = 40  # lines of a README section: one screen
+
+
+def test_the_site_builds_strictly_with_the_parsers_options(tmp_path):
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's banner about its successor
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr[-3000:]
+    pages = {p.relative_to(site).parent.as_posix() for p in site.rglob("index.html")}
+    expected = {p.relative_to(ROOT / "docs").with_suffix("").as_posix().removesuffix("/index").removesuffix("index")
+                for p in PAGES}
+    assert {"." if e == "" else e for e in expected} <= pages, sorted(expected - pages)
+    cli = (site / "reference" / "cli" / "index.html").read_text()
+    for name, (sub, _) in subcommands(build_parser()).items():
+        flags = [f for a in sub._actions for f in a.option_strings if f not in ("-h", "--help")]
+        assert f"advisor {name}" in cli and all(f in cli for f in flags), name
+    api = (site / "reference" / "api" / "index.html").read_text()
+    assert all(f'id="advisor.api.{name}"' in api for name in ("analyze", "profile", "tune", "Session"))
+    schema = (site / "traces" / "index.html").read_text()
+    assert "advisor.analysis/1" in schema and "straggler" in schema  # the schema, from analyze.py's docstring
+
+
+def code_blocks(text: str) -> list[str]:
+    """The lines of every fenced code block, backslash continuations joined."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+    return [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+
+
+def command_examples(path: Path) -> list[tuple[str, bool]]:
+    """`advisor ...` command lines of a page, without a prompt or comment, each with whether it is a code
+    block's whole line (an example as run) rather than inline code (often a synopsis)."""
+    text = path.read_text()
+    lines = [(line, True) for line in code_blocks(text)]
+    lines += [(span, False) for span in re.findall(r"`((?:\.venv/bin/)?advisor [^`]+)`", text)]
+    commands = []
+    for line, whole in lines:
+        line = line.strip().removeprefix("$ ")
+        if re.match(r"(\.venv/bin/)?advisor (analyze|profile|lint|report|doctor)\b", line):
+            commands.append((line.split(" #")[0].strip(), whole))
+    return commands
+
+
+def make_targets(path: Path) -> list[str]:
+    """The `make TARGET` lines of a page's code blocks."""
+    return [m[1] for line in code_blocks(path.read_text()) if (m := re.match(r"\s*(?:\$ )?make ([\w-]+)", line))]
+
+
+def test_command_examples_use_flags_that_exist():
+    """Each example's options are the sub-command's; an example without placeholders parses as it stands."""
+    parser = build_parser()
+    commands = {name: sub for name, (sub, _) in subcommands(parser).items()}
+    checked, wrong = 0, []
+    for path in [README, *PAGES]:
+        for example, whole in command_examples(path):
+            words = shlex.split(example.replace("|", " "))
+            argv = words[1:words.index("--")] if "--" in words else words[1:]
+            known = {f for a in commands[argv[0]]._actions for f in a.option_strings} | {"--debug"}
+            flags = [w.strip("[]").split("=")[0] for w in argv[1:]
+                     if re.fullmatch(r"\[?--?[a-z][-a-z]*(=\S*)?\]?", w)]  # not a quoted value ("--nnodes 2")
+            wrong += [f"{path.name}: {example}: {f}" for f in flags if f not in known]
+            placeholders = re.search(r"[][|<>]|\b[A-Z]+\b", example)
+            if whole and not placeholders:
+                try:
+                    with contextlib.redirect_stderr(io.StringIO()) as error:
+                        parser.parse_args(argv)
+                except SystemExit:
+                    wrong.append(f"{path.name}: {example}: {error.getvalue().strip()}")
+            checked += 1
+    assert checked > 20 and not wrong, wrong
+
+
+def test_make_targets_in_examples_exist():
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    used = {t for path in [README, *PAGES] for t in make_targets(path)}
+    assert {"install", "test", "demo", "docs", "gpu-check"} <= used and used <= targets, used - targets
+
+
+def test_the_readme_is_a_short_page():
+    """At most 150 lines, no section longer than a screen, its picture small and checked in, its links live."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_LINES
+    sections = re.split(r"^## ", text, flags=re.M)
+    long = {s.splitlines()[0]: len(s.splitlines()) for s in sections[1:] if len(s.splitlines()) > SCREEN}
+    assert not long, long
+    picture = ROOT / re.search(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)[1]
+    assert picture.stat().st_size < 300_000 and picture.read_bytes()[:4] == b"\x89PNG"
+    links = [ROOT / target for target in re.findall(r"\]\(([^)#:]+)\)", text)]
+    assert len(links) > 10 and all(link.exists() for link in links), [str(p) for p in links if not p.exists()]
+
+
+def test_the_readme_picture_is_made_again_from_a_recorded_session(tmp_path):
+    """docs/make_screenshot.py renders sample_runs/' session with `advisor report` and headless Chromium."""
+    from PIL import Image
+
+    out = tmp_path / "report.png"
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "make_screenshot.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    image = Image.open(out)
+    assert image.size == (1200, 1085) and out.stat().st_size < 300_000
+    # Not a blank page: the report's light background and its dark text and coloured badges both show.
+    colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is not None and len(colours) > 20
+
+
+def test_every_knob_has_a_line_in_the_readme_and_a_section_on_the_knobs_page():
+    """A knob the search can turn is named in the README's list and heads a section of docs/knobs.md."""
+    import dataclasses
+
+    from advisor.trials.knobs import Knobs
+
+    listed = re.search(r"^## What it changes\n(.*?)^## ", README.read_text(), re.S | re.M)[1]
+    in_readme = set(re.findall(r"^- (.*)$", listed, re.M))
+    headings = re.findall(r"^## (.*)$", (ROOT / "docs" / "knobs.md").read_text(), re.M)
+    for knob in (field.name for field in dataclasses.fields(Knobs)):
+        assert any(f"`{knob}`" in line.split(":")[0] for line in in_readme), knob
+        assert any(f"`{knob}`" in heading for heading in headings), knob
