@@ -143,6 +143,7 @@ def test_a_cpu_session_on_a_script_with_its_own_autocast_and_fused_optimizer(tmp
         assert f"--try {knob}: not run, the script has it already ({what}, train.py line" in " ".join(state["notes"])
     assert not any(t["knobs"].get("amp") or t["knobs"].get("fused_optimizer") for t in state["trials"])
     assert "the script's own: bf16 autocast" in done.stdout
+    assert f"own: bf16 autocast, train.py line {amp_line}; fused AdamW" in (out / "report.html").read_text()
     patch = (out / "suggested.patch").read_text() if (out / "suggested.patch").exists() else ""
     assert "autocast" not in "".join(l for l in patch.splitlines(True) if l.startswith("+"))
     assert "fused" not in "".join(l for l in patch.splitlines(True) if l.startswith("+"))

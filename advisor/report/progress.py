@@ -59,11 +59,14 @@ class TrialProgressDisplay:
     def _end(self, trial: str) -> None:
         """End a trial's line; the display with the last (erased: the session prints the results in their place)."""
         task = self.tasks.pop(trial, None)
-        if self.progress is not None and task is not None:
-            self.progress.remove_task(task)
-        if self.progress is not None and not self.tasks:
+        if self.progress is None:
+            return
+        self.progress.refresh()  # its last state drawn before the line goes
+        if not self.tasks:
             self.progress.stop()
             self.progress = None
+        elif task is not None:
+            self.progress.remove_task(task)
 
     def close(self) -> None:
         """End every line."""
