@@ -155,7 +155,7 @@ def conform_record(record: dict, shape: dict) -> tuple[dict, list[str]]:
 _LOADER = {"num_workers": COUNT, "prefetch_factor": COUNT, "batch_size": COUNT, "pin_memory": FLAG,
            "persistent_workers": FLAG}
 KNOBS = {**_LOADER, "amp": TEXT, "accumulation_steps": COUNT, "non_blocking": FLAG, "channels_last": FLAG,
-         "compile": FLAG, "fused_optimizer": FLAG, "tf32": FLAG, "cudnn_benchmark": FLAG, "uint8_copies": FLAG}
+         "compile": FLAG, "fused_optimizer": FLAG, "tf32": FLAG, "cudnn_benchmark": FLAG, "uint8_copies": FLAG, "checkpointing": FLAG}
 
 # trial.json, as the analysis (diagnosis, rules, terminal, report) reads it.
 TRIAL = {

@@ -19,6 +19,9 @@ the first step made is left in the old layout. Each outermost module call of a m
   (`torch.backends.cudnn.benchmark = True`): process-wide, set at the same moment over what the script set
   itself; on the CPU there is neither TF32 nor cuDNN: not applicable.
 
+- `checkpointing`: the model's repeated blocks run under activation checkpointing
+  (`advisor.trials.interposition.checkpointing`); a model that repeats none: not applicable, and said so.
+
 `undo()` takes every change back (in-process trials run in the user's own notebook).
 """
 
@@ -27,9 +30,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from advisor.trials.interposition.checkpointing import CheckpointBlocks
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
-MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark")
+MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark", "checkpointing")
 TF32_CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 
 
@@ -80,6 +84,7 @@ class ModelInterposition:
         self.depth = 0
         self.compiled: list[tuple[Any, bool, Any]] = []  # (module, had its own forward, that forward)
         self.layouts: list[Any] = []  # modules moved to channels_last
+        self.checkpoints = CheckpointBlocks()
         self.undo_stack = contextlib.ExitStack()
         self.requested = any(getattr(knobs, name) for name in MODEL_KNOBS)
         if self.requested and device_type != "cuda":
@@ -129,6 +134,9 @@ class ModelInterposition:
             self._process_wide()
         if self.knobs.channels_last:
             self._channels_last(module)
+        if self.knobs.checkpointing:  # before compile: the compiled forward traces the checkpointed blocks
+            self.checkpoints.apply(module)
+            self.outcomes["checkpointing"] = self.checkpoints.outcome
         if self.knobs.compile:
             self._compile(module)
 
@@ -227,6 +235,7 @@ class ModelInterposition:
         import torch
 
         self.undo_stack.close()
+        self.checkpoints.undo()
         for module, own, forward in self.compiled:
             if own:
                 module.forward = forward

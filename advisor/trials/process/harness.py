@@ -233,6 +233,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
             result["compile"] = model.compile_record() if model is not None else None
+            result["checkpoint_plan"] = model.checkpoints.plan if model is not None else None
             result["optimizers"] = optimizers.record() if optimizers is not None else None
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]
