@@ -71,6 +71,6 @@ def checkpoint_pair(best: Any, state: dict[str, Any], space: Any, wanted: int | 
             return None
     proposal = on_best(best.knobs, {"checkpointing": True, "batch_size": target}, "checkpointing+larger-batch",
                        f"activation checkpointing of the {figures['block']} blocks + batch {current}→{target}",
-                       f"checkpointing-batch-{target}", gain, "memory")
+                       f"checkpointing-batch-{target}", gain, "host")  # ordered as the batch step it stands for
     measured = any(t.get("knobs") == proposal.knobs.to_dict() for t in state["trials"])
     return None if measured else proposal  # measured already: the plain batch step is next
