@@ -1,6 +1,7 @@
-"""The `checkpointing` knob on examples/gpt.py: the same numbers with and without it, the memory it frees in real
-CPU trials, and a `--memory-limit` session in which the larger batch fits only with it (picked from the
-trials' measured peaks), its decision, its record and its patch applied and run."""
+"""The `checkpointing` knob on examples/gpt.py: the same loss and gradients with and without it, not applicable
+where a model repeats no block, a `--memory-limit` session that pairs it with the batch the memory model says
+does not fit without it (decided on what the pair's trial measured), a trial's recorded plan written into the
+script and the patched script's loss curve, and its place in the out-of-memory recovery plan."""
 
 from __future__ import annotations
 
