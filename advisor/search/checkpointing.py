@@ -50,10 +50,12 @@ def checkpoint_pair(best: Any, state: dict[str, Any], space: Any, wanted: int | 
                     failed_above: int | None, gain: float) -> Proposal | None:
     """Checkpointing with the larger batch it makes fit, where the search wants `wanted` (the next size) and the
     memory model (`fits`, for a batch without checkpointing) or an out-of-memory trial says it does not fit."""
-    row = next((t for t in state["trials"] if t["name"] == best.name), None) or {}
-    figures = row.get("checkpoint_blocks")
     current = best.batch_size
-    if best.knobs.checkpointing or not figures or not current or not space.allows("checkpointing"):
+    if best.knobs.checkpointing or not current or not space.allows("checkpointing"):
+        return None
+    row = next((t for t in state["trials"] if t.get("name") == best.name), None) or {}
+    figures = row.get("checkpoint_blocks")
+    if not figures:
         return None
     target = failed_above if failed_above is not None else wanted
     if target is None or target <= current or (failed_above is None and fits(target)):
