@@ -149,7 +149,8 @@ def test_the_patch_from_a_trials_plan_applies_and_the_script_trains_as_before(tm
                       env=TWO_THREADS)
     assert trial.ok, trial.message
     plan = json.loads((trial.path / "trial.json").read_text())["checkpoint_plan"]
-    assert Path(plan["file"]) == script and (plan["holder"], plan["attribute"], plan["how"]) == ("GPT", "blocks", "loop")
+    assert Path(plan["file"]) == script
+    assert (plan["holder"], plan["attribute"], plan["how"]) == ("GPT", "blocks", "loop")
     patch = plan_patch(script, None, Knobs(checkpointing=True), {}, checkpoint_plan=plan)
     assert patch.notes == []
     before = first_losses(script)
