@@ -342,7 +342,7 @@ class Session:
 # In the notebook's process the optimizer and the Dataset are built already: only the model knobs reach them,
 # and not torch.compile: dynamo's caches and guards for the model's code stay in the process after the trial,
 # which no undo short of torch._dynamo.reset() (that would also drop the user's own compiled code) removes.
-IN_PROCESS_KNOBS = ("channels_last", "tf32", "cudnn_benchmark")
+IN_PROCESS_KNOBS = ("channels_last", "tf32", "cudnn_benchmark", "checkpointing")
 
 
 def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 16, device: str = "auto",

@@ -156,7 +156,7 @@ _LOADER = {"num_workers": COUNT, "prefetch_factor": COUNT, "batch_size": COUNT, 
            "persistent_workers": FLAG}
 KNOBS = {**_LOADER, "amp": TEXT, "accumulation_steps": COUNT, "non_blocking": FLAG, "channels_last": FLAG,
          "compile": FLAG, "fused_optimizer": FLAG, "tf32": FLAG, "cudnn_benchmark": FLAG, "uint8_copies": FLAG,
-         "sdpa": FLAG}
+         "sdpa": FLAG, "checkpointing": FLAG}
 
 # trial.json, as the analysis (diagnosis, rules, terminal, report) reads it.
 TRIAL = {

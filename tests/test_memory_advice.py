@@ -25,7 +25,7 @@ LEAKY = ROOT / "examples" / "leaky_loss.py"
 def test_out_of_memory_baseline_ends_in_a_configuration_that_fits(tmp_path):
     # 0.9 GiB of writable memory: the user's batch runs out, bf16 alone still does, and so do
     # micro-batches of 8 (2 × 8); micro-batches of 4 (4 × 4) fit.
-    options = SessionOptions(steps=1, wait=1, warmup=0, max_trials=4, memory_limit=parse_size("0.9G"), device="cpu",
+    options = SessionOptions(steps=1, wait=1, warmup=0, max_trials=5, memory_limit=parse_size("0.9G"), device="cpu",
                              windows=0)
     out = tmp_path / "session"
     state = run_session(f"{HUNGRY}:train_step", out, options, command="test", log=lambda m: None)
@@ -34,18 +34,24 @@ def test_out_of_memory_baseline_ends_in_a_configuration_that_fits(tmp_path):
     fitted = next(t for t in trials if t["decision"] == "kept")
     assert fitted["status"] == "ok"
     final = state["final_knobs"]
-    assert final["accumulation_steps"] and final["accumulation_steps"] > 1
-    # The effective batch is the user's: micro-batch × accumulation steps.
+    # Recovery tried the closest configurations first: AMP, then checkpointing the blocks (the batch as written),
+    # then micro-batches, never a smaller batch; the first that fits is kept.
+    changes = [t["recommendation"] for t in trials[1:]]
+    order = ["oom-amp", "oom-checkpointing", "oom-accumulation"]
+    assert "oom-smaller-batch" not in changes and "oom-checkpointing" in changes
+    assert changes == sorted(changes, key=order.index)
     user_batch = state["user_values"]["batch_size"]
     record = json.loads((out / fitted["folder"] / "trial.json").read_text())
     summary = record["summary"]
     assert summary["effective_batch_size"] == user_batch
-    assert summary["micro_batch_size"] * final["accumulation_steps"] == user_batch
-    # Recovery tried the closest configurations first: AMP before micro-batches, never a smaller batch.
-    changes = [t["recommendation"] for t in trials[1:]]
-    assert "oom-smaller-batch" not in changes
-    if "oom-amp" in changes:
-        assert changes.index("oom-amp") < changes.index("oom-accumulation")
+    patch = (out / "suggested.patch").read_text()
+    if fitted["recommendation"] == "oom-checkpointing":  # the user's batch in one step
+        assert final["checkpointing"] and not final["accumulation_steps"] and summary["batch_size"] == user_batch
+        assert "checkpoint_sequential(self.blocks, len(self.blocks), " in patch
+    else:  # micro-batch × accumulation steps
+        assert final["accumulation_steps"] and final["accumulation_steps"] > 1 and not final["checkpointing"]
+        assert summary["micro_batch_size"] * final["accumulation_steps"] == user_batch
+        assert "ACCUMULATION_STEPS" in patch
     assert any("ran out of memory" in n for n in state["notes"])
     ids = [r["id"] for r in state["recommendations"]]
     assert "activation-checkpointing" in ids
@@ -54,8 +60,6 @@ def test_out_of_memory_baseline_ends_in_a_configuration_that_fits(tmp_path):
     assert advice is not None and advice.id == "activation-checkpointing"
     assert "Block" in advice.title and "checkpoint(" in advice.code_change
     assert any("ran out of memory" in e for e in advice.evidence)
-    patch = (out / "suggested.patch").read_text()
-    assert "ACCUMULATION_STEPS" in patch
 
 
 def test_leaking_step_is_reported_with_its_growth_and_line(tmp_path):

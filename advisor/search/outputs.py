@@ -27,8 +27,8 @@ def out_of_memory_note(record: dict[str, Any]) -> str:
     where = f" (peak {peak / 2**20:.0f} MiB: {', '.join(parts)})" if peak and parts else (
         f" (peak {peak / 2**20:.0f} MiB)" if peak else "")
     return (f"The user's settings ran out of memory{where}; the session looked for the closest configuration "
-            "that fits: AMP, then micro-batches with gradient accumulation (same effective batch), then a "
-            "smaller batch.")
+            "that fits: AMP, then activation checkpointing of the repeated blocks (the same batch), then "
+            "micro-batches with gradient accumulation (same effective batch), then a smaller batch.")
 
 
 def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
@@ -87,7 +87,7 @@ def core_use(state: dict[str, Any]) -> dict[str, Any] | None:
 
 def best_plan(out: Path, state: dict[str, Any], knob: str, field: str) -> Any:
     """What the best trial recorded for the patch of `knob` (its trial.json `field`: the Dataset conversion
-    uint8_copies moved, the attention lines sdpa replaced), or None."""
+    uint8_copies moved, the attention lines sdpa replaced, the blocks checkpointing wrapped), or None."""
     row = next((t for t in state["trials"] if t["name"] == state.get("best")), None)
     if row is None or not (row.get("knobs") or {}).get(knob):
         return None
@@ -117,7 +117,8 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
                                          loader_site=(state.get("training_loader") or {}).get("site"),
                                          step_file=step_file,
                                          uint8_plan=best_plan(out, state, "uint8_copies", "uint8_plan"),
-                                         attention_plan=best_plan(out, state, "sdpa", "attention_plan"))
+                                         attention_plan=best_plan(out, state, "sdpa", "attention_plan"),
+                                          checkpoint_plan=best_plan(out, state, "checkpointing", "checkpoint_plan"))
             state["notes"].extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")

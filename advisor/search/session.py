@@ -189,7 +189,8 @@ def _recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[st
     tried = {json.dumps(t["knobs"], sort_keys=True) for t in state["trials"]}
     for proposal in recovery_plan(state):
         if (json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried
-                or not space.permits(turned({}, proposal.knobs))):
+                or not space.permits(turned({}, proposal.knobs))
+                or (proposal.knobs.checkpointing and not space.allows("checkpointing"))):
             continue
         check_on_best(proposal, Knobs())
         index = len(state["trials"])

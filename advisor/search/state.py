@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.search.checkpointing import checkpoint_figures
 from advisor.report.tensorboard import SESSION_RUN
 from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.record import TRIAL_MARKER
@@ -230,6 +231,16 @@ def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | N
     return total
 
 
+def capped_peak(record: dict[str, Any]) -> int | None:
+    """On the CPU under --memory-limit: the peak of what the cap counts (the data segment beyond what torch
+    held when the cap was set), the figure to hold against the limit; else None."""
+    cap = record.get("memory_cap") or {}
+    peak = (record.get("summary") or {}).get("peak_data_bytes")
+    if cap.get("device") != "cpu" or not peak or cap.get("held_bytes") is None:
+        return None
+    return max(0, peak - cap["held_bytes"])
+
+
 def samples_gain(step_share: float | None) -> float | None:
     """A share of step time saved as the change in samples/s it means (saving 79% of the step is ×4.8,
     +376%): the unit a measured gain has, so that prediction and measurement read side by side."""
@@ -263,6 +274,8 @@ def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, st
         "peak_memory_bytes": result.peak_memory_bytes,
         "peak_memory_source": result.peak_memory_source,
         "capacity_bytes": capacity_bytes(record, state["options"].get("memory_limit")),
+        "peak_capped_bytes": capped_peak(record),
+        "checkpoint_blocks": checkpoint_figures(record),  # what checkpointing would wrap, and its bytes
         "loss": result.loss,
         "speedup": (sps / base_sps) if sps and base_sps else None,
         "gain": None,

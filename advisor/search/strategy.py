@@ -19,7 +19,8 @@ trial's bound are tried first:
                pair that pays most together, and the pairing below finds it
     host     → torch.compile (fused kernels), a fused optimizer where its step takes time
     communication → DistributedDataParallel's arguments (bucket size, bucket views), with several ranks
-    memory   → the out-of-memory recovery plan (`recovery_plan`)
+    memory   → the out-of-memory recovery plan (`recovery_plan`); activation checkpointing with the
+               larger batch that does not fit without it (`advisor.search.checkpointing`)
 
 Changes for other bounds follow, so that a full round over the knobs is tried before the session
 ends. A knob a trial found not applicable (channels_last on a model without convolutions, a compile
@@ -42,6 +43,7 @@ from typing import Any, Callable
 
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
+from advisor.search.checkpointing import checkpoint_pair, recovery_move
 from advisor.search.history import failed_settings, reverted_under, within_noise
 from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.predictions import reprice
@@ -364,13 +366,21 @@ def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], opt
     current = best.batch_size
     if not current or (state.get("training_loader") or {}).get("batch_sampler"):
         return None  # a loader built with the script's batch_sampler takes no batch_size: nothing to try
-    points = [(t["batch_size"], t["peak_memory_bytes"]) for t in state["trials"]
+    # Against a CPU --memory-limit, the memory the cap counts (the data segment beyond torch's own).
+    points = [(t["batch_size"], t.get("peak_capped_bytes") or t["peak_memory_bytes"]) for t in state["trials"]
               if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
     # The batch size a trial asked for: one that ran out of memory in its first step measured none.
     failed = [t["knobs"]["batch_size"] for t in state["trials"]
               if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
     failed_above = min((b for b in failed if b > current), default=None)
     capacity = state["trials"][0].get("capacity_bytes")
+    gain = rec.predicted_gain if rec is not None else (0.1 if bound.name == "host" else ROUND_GAIN)
+    # The size the search wants, whether or not it fits: where it does not, checkpointing buys it.
+    wanted = next_batch_size(current, points, None, options.memory_safety, None, space.batch_sizes)
+    pair = checkpoint_pair(best, state, space, wanted, lambda b: not capacity or not points or
+                           fit_memory(points)(b) <= options.memory_safety * capacity, failed_above, gain)
+    if pair is not None:
+        return pair
     size = next_batch_size(current, points, capacity, options.memory_safety, failed_above, space.batch_sizes)
     # A size whose trial failed otherwise than out of memory (a crash, a setting that cannot run) gives way to
     # the next one of the same direction, and so does one that read within the noise (a step of the ladder too
@@ -383,7 +393,6 @@ def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], opt
         size = next_batch_size(size, points, capacity, options.memory_safety, failed_above, space.batch_sizes)
     if size is None:
         return None
-    gain = rec.predicted_gain if rec is not None else (0.1 if bound.name == "host" else ROUND_GAIN)
     return on_best(best.knobs, {"batch_size": size}, "larger-batch", f"batch {current}→{size}", f"batch-{size}",
                    gain, "host", why=why)
 
@@ -401,6 +410,9 @@ def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
     plan, baseline = [], Knobs()  # each made on the baseline: the best while nothing fits
     if dtype:
         plan.append(on_best(baseline, {"amp": dtype}, "oom-amp", f"AMP {dtype}", f"amp-{dtype}", 0.0, "memory"))
+    checkpointing = recovery_move(state, baseline)  # the batch as written, in one step
+    if checkpointing is not None:
+        plan.append(checkpointing)
     for k in (2, 4, 8):
         if batch and batch % k == 0:
             plan.append(on_best(baseline, {"accumulation_steps": k}, "oom-accumulation",

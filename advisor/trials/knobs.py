@@ -10,9 +10,10 @@ How each reaches the user's code, inside the trial only (by interposition: the s
 - `accumulation_steps` and fp16 loss scaling: `advisor.trials.interposition.gradients`.
 - `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.process.driver`), over a value the
   script set itself; DataLoader workers run one thread each as torch makes them.
-- `channels_last`, `compile`, `tf32`, `cudnn_benchmark`, `sdpa`: at the model's first call
-  (`advisor.trials.interposition.model`; sdpa's rewrite: `advisor.trials.interposition.attention`);
-  `fused_optimizer`: where the optimizer is built (`advisor.trials.interposition.optimizers`).
+- `channels_last`, `compile`, `tf32`, `cudnn_benchmark`, `sdpa`, `checkpointing`: at the model's first call
+  (`advisor.trials.interposition.model`; sdpa's rewrite: `advisor.trials.interposition.attention`; the
+  repeated blocks: `advisor.trials.interposition.checkpointing`); `fused_optimizer`: where the optimizer
+  is built (`advisor.trials.interposition.optimizers`).
 - `uint8_copies`: the training Dataset's `__getitem__` and the step's `.to(...)` of the batch
   (`advisor.trials.interposition.uint8_copies`).
 - DDP knobs (`ddp_bucket_cap_mb`, `ddp_gradient_as_bucket_view`, `ddp_static_graph`,
@@ -29,6 +30,7 @@ from typing import Any
 AMP_CHOICES = (None, "bf16", "fp16")
 DATALOADER_KNOBS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 MODEL_KNOBS = ("channels_last", "compile", "fused_optimizer", "tf32", "cudnn_benchmark", "sdpa")
+MEMORY_KNOBS = ("checkpointing",)  # a model knob that buys memory, not speed: proposed where memory binds
 DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_graph", "ddp_find_unused_parameters")
 APPLIED = "applied"
 
@@ -64,6 +66,7 @@ class Knobs:
     cudnn_benchmark: bool | None = None  # cuDNN picks the fastest convolution algorithm per shape (CUDA)
     sdpa: bool | None = None  # attention written by hand as F.scaled_dot_product_attention (its forward rewritten)
     uint8_copies: bool | None = None  # the loader hands out 8-bit images; float and normalize where they are moved
+    checkpointing: bool | None = None  # the model's repeated blocks under activation checkpointing (non-reentrant)
     ddp_bucket_cap_mb: int | None = None  # DistributedDataParallel's own arguments, on every rank
     ddp_gradient_as_bucket_view: bool | None = None
     ddp_static_graph: bool | None = None
@@ -117,7 +120,7 @@ def knobs_problem(knobs: Knobs) -> str | None:
     ):
         return f"num_workers must be an integer >= 0, not {knobs.num_workers!r}"
     for name in ("pin_memory", "persistent_workers", "non_blocking", "ddp_gradient_as_bucket_view", "ddp_static_graph",
-                 "ddp_find_unused_parameters", "uint8_copies", *MODEL_KNOBS):
+                 "ddp_find_unused_parameters", "uint8_copies", *MODEL_KNOBS, *MEMORY_KNOBS):
         value = getattr(knobs, name)
         if value is not None and not isinstance(value, bool):
             return f"{name} must be true or false, not {value!r}"

@@ -19,6 +19,7 @@ from advisor.code.patch.layout import fit, formatted, line_width
 from advisor.code.patch.loaders import loader_changes, rewrite_dataloaders
 from advisor.code.patch.byte_step import rewrite_step_bytes
 from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes
+from advisor.code.patch.checkpointing import manual_note, rewrite_checkpointing
 from advisor.code.patch.model import model_changes, rewrite_inputs, rewrite_model
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
@@ -50,13 +51,14 @@ def site_of(site: str | None) -> tuple[Path, int] | None:
 def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
                root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
                step_file: Path | None = None, uint8_plan: dict | None = None,
-               attention_plan: list | None = None) -> Patch:
+               attention_plan: list | None = None, checkpoint_plan: dict | None = None) -> Patch:
     """The change that applies `knobs` where the script sets them.
 
     `target`: the step function in `step_file` (default: the script) that autocast, non_blocking and
     gradient accumulation are written into (None: none of those). `loader_site`: where the training
     loader is built (`file.py:LINE`; default: every DataLoader call of the script); its values are
     changed where they are set — in its call, a constant, a flag's default, a config in another module.
+    `checkpoint_plan`: where the checkpointed blocks sit (the trial's record), for the checkpointing knob.
     The threads knob is `torch.set_num_threads(N)` after the script's imports, where CUDA is not available.
     `attention_plan`: the attention lines the best trial's sdpa replaced (trial.json), written first, while
     every file's lines are still those the trial read.
@@ -126,6 +128,8 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
                                       step_path, target, uint8_plan)
     elif knobs.uint8_copies and uint8_plan:
         notes += write_bytes(edited, module_of, Path(uint8_plan["file"]).resolve(), step_path, target, uint8_plan)
+    if knobs.checkpointing:
+        notes += write_checkpointing(edited, module_of, checkpoint_plan)
     if knobs.threads and knobs.threads != user_values.get("threads"):
         base = edited.get(script) or module_of(script)
         edited[script] = add_threads(base, knobs.threads)
@@ -157,6 +161,18 @@ def unwritten_loader(changes: dict, user_values: dict, site: str | None) -> str:
     where = f"it is built from the call at {site}" if site else "no DataLoader call of the script built it"
     return (f"{kept} is not written: {where}, inside a library the patch does not know; set it where your code "
             "configures that library's training DataLoader")
+
+
+def write_checkpointing(edited: dict, module_of, plan: dict | None) -> list[str]:
+    """The checkpointing change into `edited`: the blocks' calls in the forward that runs them; a note where not."""
+    path = Path(plan["file"]).resolve() if plan and plan.get("file") else None
+    if path is None or not path.is_file():
+        return [manual_note(plan or {})]
+    module, changed = rewrite_checkpointing(edited.get(path) or module_of(path), plan)
+    if not changed:
+        return [manual_note(plan)]
+    edited[path] = module
+    return []
 
 
 def write_bytes(edited: dict, module_of, dataset_file: Path, step_path: Path, target: str | None,
@@ -225,11 +241,12 @@ def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: d
 def write_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, folder: Path, *,
                 root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
                 step_file: Path | None = None, uint8_plan: dict | None = None,
-                attention_plan: list | None = None) -> tuple[Path | None, list[str]]:
+                attention_plan: list | None = None,
+                checkpoint_plan: dict | None = None) -> tuple[Path | None, list[str]]:
     """Write `folder/suggested.patch`; return its path (None when nothing changes) and the patch's notes."""
     patch = plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
                        loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan,
-                       attention_plan=attention_plan)
+                       attention_plan=attention_plan, checkpoint_plan=checkpoint_plan)
     if not patch.diff:
         return None, patch.notes
     path = Path(folder) / PATCH_NAME

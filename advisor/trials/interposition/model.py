@@ -19,6 +19,9 @@ the first step made is left in the old layout. Each outermost module call of a m
   (`torch.backends.cudnn.benchmark = True`): process-wide, set at the same moment over what the script set
   itself; on the CPU there is neither TF32 nor cuDNN: not applicable.
 
+- `checkpointing`: the model's repeated blocks run under activation checkpointing
+  (`advisor.trials.interposition.checkpointing`); a model that repeats none: not applicable, and said so.
+
 `undo()` takes every change back (in-process trials run in the user's own notebook).
 """
 
@@ -28,9 +31,10 @@ import contextlib
 from typing import Any
 
 from advisor.trials.interposition.attention import FusedAttention
+from advisor.trials.interposition.checkpointing import CheckpointBlocks
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
-MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark", "sdpa")
+MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark", "sdpa", "checkpointing")
 TF32_CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 
 
@@ -82,6 +86,7 @@ class ModelInterposition:
         self.compiled: list[tuple[Any, bool, Any]] = []  # (module, had its own forward, that forward)
         self.layouts: list[Any] = []  # modules moved to channels_last
         self.attention = FusedAttention()  # sdpa: the attention forwards rewritten
+        self.checkpoints = CheckpointBlocks()
         self.undo_stack = contextlib.ExitStack()
         self.requested = any(getattr(knobs, name) for name in MODEL_KNOBS)
         if self.requested and device_type != "cuda":
@@ -135,6 +140,9 @@ class ModelInterposition:
             self.attention.apply(module)
             self.user["sdpa"] = False
             self.outcomes["sdpa"] = self.attention.outcome()
+        if self.knobs.checkpointing:  # before compile: the compiled forward traces the checkpointed blocks
+            self.checkpoints.apply(module)
+            self.outcomes["checkpointing"] = self.checkpoints.outcome
         if self.knobs.compile:
             self._compile(module)
 
@@ -234,6 +242,7 @@ class ModelInterposition:
 
         self.undo_stack.close()
         self.attention.undo()
+        self.checkpoints.undo()
         for module, own, forward in self.compiled:
             if own:
                 module.forward = forward

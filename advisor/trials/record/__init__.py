@@ -77,6 +77,8 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     graphs (the compile knob on): dynamo's graphs compiled in the process by the step's end
     compile         null, or with the compile knob applied: {graphs, graph_breaks, break_reasons, compile_s,
                      window_graphs?} (`compile_summary`; window_graphs > 0: a recompile inside the windows)
+    checkpoint_plan null, or with the checkpointing knob applied: {holder, file, attribute, how ("loop" or
+                     "sequential"), block, count, names}: the module holding the checkpointed blocks
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes, peak_data_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
@@ -358,6 +360,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["optimizers"] = harness.get("optimizers")
     record["uint8_plan"] = harness.get("uint8_plan")  # how the Dataset was made to hand out 8-bit images
     record["attention_plan"] = harness.get("attention_plan")  # the attention lines sdpa replaced, for the patch
+    record["checkpoint_plan"] = harness.get("checkpoint_plan")  # where the checkpointed blocks sit, for the patch
     record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]

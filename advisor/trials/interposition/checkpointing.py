@@ -1,0 +1,107 @@
+"""The `checkpointing` knob: the model's repeated blocks run under activation checkpointing. Inside the
+trial only (torch imported lazily).
+
+At the model's first call (`advisor.trials.interposition.model` calls `checkpoint_blocks`) the blocks are the
+instances of the outermost repeated module class with submodules of its own: the same rule
+`advisor.trials.process.activations` names its `checkpoint_candidates` by (a transformer's `Block`s, not the
+`Linear`s or the `Sequential` inside each). Each block's forward becomes
+`torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)` where autograd records (in
+training; under `no_grad` it runs as it was): what the block saved for backward is freed after its forward and
+recomputed in backward, with the RNG state of the forward (dropout draws the same masks). The module is not
+replaced, so its hooks, its parameters and the optimizer's references stay as they were.
+
+The plan the patch writes from (`CheckpointPlan`) is where the blocks sit: the class of the module that holds
+them, its file, the attribute (`self.blocks`), and whether that is a list looped over or an `nn.Sequential`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.trials.knobs import APPLIED, not_applicable
+
+CONTAINERS = ("ModuleList", "ModuleDict")  # hold blocks but are never called: never the block
+
+
+def repeated_blocks(model: Any) -> list[tuple[str, Any]]:
+    """(qualified name, module) of the blocks to checkpoint: every instance of the repeated module classes
+    with submodules, outermost only (none inside another block); [] where the model repeats none."""
+    named = [(name, m) for name, m in model.named_modules() if name and type(m).__name__ not in CONTAINERS]
+    counts: dict[type, int] = {}
+    for _, m in named:
+        if next(m.children(), None) is not None:
+            counts[type(m)] = counts.get(type(m), 0) + 1
+    repeated = {kind for kind, count in counts.items() if count >= 2}
+    blocks: list[tuple[str, Any]] = []
+    for name, m in named:
+        if type(m) in repeated and not any(name.startswith(f"{outer}.") for outer, _ in blocks):
+            blocks.append((name, m))
+    return blocks
+
+
+def checkpoint_plan(model: Any, blocks: list[tuple[str, Any]]) -> dict[str, Any] | None:
+    """Where the blocks sit, for the patch: the module that holds them (its class and file) and the attribute."""
+    import inspect
+
+    import torch
+
+    parents = {name.rpartition(".")[0] for name, _ in blocks}
+    if len(parents) != 1:
+        return None
+    path = parents.pop()
+    holder_path, _, attribute = path.rpartition(".")
+    holder = model.get_submodule(holder_path) if holder_path else model
+    container = model.get_submodule(path) if path else model  # path "": the blocks are the model's children
+    try:
+        source = inspect.getsourcefile(type(holder))
+    except (TypeError, OSError):
+        source = None
+    return {"holder": type(holder).__name__, "file": source, "attribute": attribute,
+            "how": "sequential" if isinstance(container, torch.nn.Sequential) else "loop",
+            "block": type(blocks[0][1]).__name__, "count": len(blocks), "names": [n for n, _ in blocks][:8]}
+
+
+class CheckpointBlocks:
+    """Activation checkpointing of the repeated blocks, applied at the model's first call; `undo` restores them."""
+
+    def __init__(self) -> None:
+        self.wrapped: list[tuple[Any, bool, Any]] = []  # (block, had its own forward, that forward)
+        self.outcome: str | None = None
+        self.plan: dict[str, Any] | None = None
+
+    def apply(self, model: Any) -> None:
+        """Wrap the forward of each repeated block of `model` in a non-reentrant checkpoint."""
+        blocks = repeated_blocks(model)
+        if not blocks:
+            self.outcome = self.outcome or not_applicable(
+                f"the model ({type(model).__name__}) has no repeated blocks with layers of their own to checkpoint")
+            return
+        for _, block in blocks:
+            own = "forward" in block.__dict__
+            previous = block.__dict__.get("forward")
+            block.forward = checkpointed(block.forward)
+            self.wrapped.append((block, own, previous))
+        self.plan = checkpoint_plan(model, blocks)
+        self.outcome = APPLIED
+
+    def undo(self) -> None:
+        """Give every block its own forward back (an in-process trial's model is the user's)."""
+        for block, own, forward in self.wrapped:
+            if own:
+                block.forward = forward
+            else:
+                block.__dict__.pop("forward", None)
+        self.wrapped = []
+
+
+def checkpointed(forward: Any) -> Any:
+    """`forward` run under a non-reentrant activation checkpoint wherever autograd records."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def forward_checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return forward_checkpointed
