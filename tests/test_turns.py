@@ -59,6 +59,8 @@ def test_two_trials_take_turns_window_by_window(tmp_path):
     assert [name for name, *_ in log] == ["a", "b"] * WINDOWS, log
     assert [window for _, window, *_ in log] == [i for i in range(WINDOWS) for _ in "ab"]
     assert all(earlier[3] <= later[2] for earlier, later in zip(log, log[1:])), log  # never two at once
+    # a's first window waited for b to reach its windows: b's start-up and profiled steps ran before it
+    assert (tmp_path / "turns" / "ready-b").stat().st_mtime <= log[0][2] + 0.01
     for name in "ab":
         record = trial_record(tmp_path / name)
         assert record["schedule"]["turns"]["me"] == name and record["schedule"]["windows_measured"] == WINDOWS

@@ -270,7 +270,7 @@ class StepDriver:
         if self.done:
             finished(self.turns)
             return
-        if wait_for_turn(self.turns) > PAUSED_S:
+        if wait_for_turn(self.turns, first=closed is None) > PAUSED_S:
             self.schedule.resettle(self.index)
         if self.load_meter is not None:
             self.load_meter.sample()  # the pause is not the next window's load: the other trial ran in it

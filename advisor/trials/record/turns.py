@@ -10,7 +10,8 @@ while it slept would make its loader look free.
 
 The turn is a file in a folder both trials know: `turn` holds the name of the trial that measures now; a
 trial passes it on after each window, and writes `done-NAME` once it has measured all its windows (the
-other then measures without waiting). `windows.log` holds a line per window measured (name, window,
+other then measures without waiting). Neither measures its first window before both have reached theirs
+(`ready-NAME`): the other's start-up and profiled steps would run beside it. `windows.log` holds a line per window measured (name, window,
 start, end: epoch seconds), which shows the windows did not overlap. A trial waits at most `wait_s` for
 its turn (the other may have failed), then measures anyway. Torch-free.
 """
@@ -61,13 +62,18 @@ def _write(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
-def wait_for_turn(turns: Turns) -> float:
+def wait_for_turn(turns: Turns, first: bool = False) -> float:
     """Sleep until it is this trial's turn, the other has measured all its windows, or `wait_s` passed;
-    the seconds waited."""
+    the seconds waited. Before the `first` window, also until the other has reached its windows (its
+    start-up and profiled steps would run beside this one's first window)."""
     folder, began = Path(turns.folder), time.monotonic()
+    if first:
+        (folder / f"ready-{turns.me}").write_text("")
     while time.monotonic() - began < turns.wait_s:
+        if (folder / f"done-{turns.other}").exists():
+            break
         try:
-            if (folder / TURN_FILE).read_text() == turns.me or (folder / f"done-{turns.other}").exists():
+            if (folder / TURN_FILE).read_text() == turns.me and (not first or (folder / f"ready-{turns.other}").exists()):
                 break
         except OSError:
             pass  # between the other's write and its rename
