@@ -123,11 +123,12 @@ def run_script(script: Path | str, *args: str, cwd: Path, timeout: float = 600) 
 # after the other had finished. Ray goes first: its idle waits (time limits, a node's health checks) leave
 # the other worker the cores.
 LONGEST_FIRST = ("test_ray.py", "test_report.py", "test_conv_session.py", "test_api.py", "test_faults.py",
-                 "test_trial.py", "test_frameworks.py", "test_zygote.py", "test_uint8_transforms.py",
-                 "test_distributed.py", "test_analyze_fuzz.py", "test_doctor.py", "test_patch.py", "test_session.py",
-                 "test_drift.py", "test_model_knobs.py", "test_search.py", "test_steering.py",
-                 "test_analyze_advice.py", "test_memory.py", "test_uint8_copies.py", "test_memory_advice.py",
-                 "test_scripts.py")
+                 "test_trial.py", "test_checkpointing.py", "test_frameworks.py", "test_zygote.py",
+                 "test_uint8_transforms.py", "test_distributed.py", "test_session.py", "test_analyze_fuzz.py",
+                 "test_analyze_advice.py", "test_doctor.py", "test_steering.py", "test_proposals.py",
+                 "test_model_knobs.py", "test_patch_style.py", "test_drift.py", "test_turns.py", "test_own_settings.py",
+                 "test_search.py", "test_gpt_session.py", "test_memory_advice.py", "test_memory.py", "test_patch.py",
+                 "test_analyze_gpu_traces.py", "test_uint8_copies.py", "test_scripts.py")
 
 
 def pytest_collection_modifyitems(items: list) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.runner import run_trial
 from advisor.code.patch.plan import plan_patch
-from conftest import advisor_main
+from conftest import advisor_main, run_script
 from trial_helpers import EXAMPLES
 
 sys.path.insert(0, str(EXAMPLES))
@@ -128,16 +127,12 @@ def test_the_limited_session_pairs_checkpointing_with_the_batch_that_does_not_fi
 
 
 def first_losses(script: Path, prints: int = 3) -> list[float]:
-    """The first losses the script prints (steps 0, 20, 40) on a small configuration; the run is stopped there."""
-    command = [sys.executable, "-u", str(script), "--batch-size", "8", "--context", "32", "--vocab", "128"]
-    losses: list[float] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ, **TWO_THREADS)) as run:
-        for line in run.stdout:
-            losses += [float(x) for x in re.findall(r"loss ([0-9.]+)", line)]
-            if len(losses) == prints:
-                run.kill()
-                break
-    return losses
+    """The first losses the script prints (steps 0, 20, 40) on a small configuration, run as `python SCRIPT` runs
+    it (forked from this worker's zygote: torch is imported there already)."""
+    done = run_script(script, "--batch-size", "8", "--context", "32", "--vocab", "128",
+                      "--max-steps", str(20 * (prints - 1) + 1), cwd=script.parent)
+    assert done.returncode == 0, done.stdout[-2000:]
+    return [float(x) for x in re.findall(r"loss ([0-9.]+)", done.stdout)][:prints]
 
 
 def test_the_patch_from_a_trials_plan_applies_and_the_script_trains_as_before(tmp_path):
