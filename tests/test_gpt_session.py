@@ -8,14 +8,13 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from advisor.code.patch import suggest_patch
 from advisor.trials.knobs import APPLIED, Knobs
-from conftest import ROOT, advisor_main
+from conftest import ROOT, advisor_main, run_script
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +72,10 @@ def test_attention_share_by_hand_in_the_baseline_and_fused_with_sdpa(gpt_session
 
 def losses(script: Path) -> list[float]:
     """The first steps' losses of the GPT script, without dropout (its random draws differ in the fused call)."""
-    done = subprocess.run([sys.executable, str(script), "--dropout", "0", "--max-steps", "3", "--log-every", "1",
-                           "--batch-size", "4", "--context", "32"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    # As `python SCRIPT` runs it, forked from this worker's zygote (torch imported there already).
+    done = run_script(script, "--dropout", "0", "--max-steps", "3", "--log-every", "1", "--batch-size", "4",
+                      "--context", "32", cwd=script.parent, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
     return [float(x) for x in re.findall(r"loss (\S+)", done.stdout)]
 
 

@@ -108,15 +108,21 @@ def added_lines(before: str, after: str) -> dict[int, str]:
     return added
 
 
+FORMATTED: dict[Path, str] = {}  # a source as black lays it out at WIDTH: the same for every kind that patches it
+
+
 def formatted_project(folder: Path, name: str, source: Path, black: bool) -> Path:
     """A copy of the script in a project that configures ruff (and black), formatted by black at the
     project's width as such a project's files are."""
     folder.mkdir()
     (folder / "pyproject.toml").write_text((BLACK if black else "") + RUFF)
     script = folder / name
-    shutil.copyfile(source / name, script)
-    done = tool("black", "-q", "--line-length", str(WIDTH), name, cwd=folder)
-    assert done.returncode == 0, done.stderr
+    if source / name not in FORMATTED:
+        shutil.copyfile(source / name, script)
+        done = tool("black", "-q", "--line-length", str(WIDTH), name, cwd=folder)
+        assert done.returncode == 0, done.stderr
+        FORMATTED[source / name] = script.read_text()
+    script.write_text(FORMATTED[source / name])
     return script
 
 

@@ -72,7 +72,7 @@ def test_two_trials_take_turns_window_by_window(tmp_path):
 def test_a_trial_whose_partner_never_comes_measures_alone(tmp_path):
     """The other trial failed before its first window: after waiting `wait_s` for the turn, it measures."""
     script = write_script(tmp_path, TINY)
-    _, second = start_turns(tmp_path / "turns", "gone", "alone", wait_s=1.0)
+    _, second = start_turns(tmp_path / "turns", "gone", "alone", wait_s=0.3)
     result = trial(script, tmp_path / "alone", Knobs(), second)
     assert result.ok, result.message
     assert [name for name, *_ in windows_log(tmp_path / "turns")] == ["alone"] * WINDOWS
