@@ -147,3 +147,19 @@ def test_a_cpu_session_on_a_script_with_its_own_autocast_and_fused_optimizer(tmp
     patch = (out / "suggested.patch").read_text() if (out / "suggested.patch").exists() else ""
     assert "autocast" not in "".join(l for l in patch.splitlines(True) if l.startswith("+"))
     assert "fused" not in "".join(l for l in patch.splitlines(True) if l.startswith("+"))
+
+
+def test_what_nothing_predicted_says_no_prediction_not_zero(tmp_path):
+    """Issue 54: a change no rule or model predicted (a knob taken off again, a --try no advice speaks for, the
+    re-measures) records no prediction; the what-if model's and the rules' figures are still recorded."""
+    surface = SURFACES / "h100-image-classifier"
+    points = load_surface(surface)
+    out = tmp_path / "s"
+    state = run_session(f"{surface}:replay", out, SessionOptions(max_trials=10, tries=("tf32",)), log=lambda m: None,
+                        runner=ReplayRunner(points, out), script=False, space=surface_space(points))
+    rows = {t["name"]: t for t in state["trials"]}
+    tried = next(t for t in rows.values() if t["recommendation"] == "try")
+    assert tried["predicted_gain"] is None and tried["predicted_samples_gain"] is None
+    assert any(t["predicted_samples_gain"] is not None for t in rows.values() if t["recommendation"] != "try")
+    assert all(t["predicted_gain"] is None for t in rows.values() if t["recommendation"] in ("confirm", "best-again"))
+    assert "no prediction" in (out / "report.html").read_text()

@@ -43,7 +43,7 @@ def recovery_move(state: dict[str, Any], baseline: Knobs) -> Proposal | None:
         return None
     return on_best(baseline, {"checkpointing": True}, "oom-checkpointing",
                    f"activation checkpointing of the {figures['block']} blocks (the batch as written)",
-                   "checkpointing", 0.0, "memory")
+                   "checkpointing", 0.0, "memory", predicted=False)
 
 
 def checkpoint_pair(best: Any, state: dict[str, Any], space: Any, wanted: int | None, fits: Callable[[int], bool],

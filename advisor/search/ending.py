@@ -62,7 +62,7 @@ def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], w
     """Run a setting of the session once more, for the speedup at one load; its row."""
     knobs = Knobs.from_dict(in_effect(row))
     proposal = Proposal("confirm", f"{first_change(row['change'])} (for the speedup at one load)", "speedup",
-                        knobs, 0.0)
+                        knobs, 0.0, predicted=False)
     index = len(state["trials"])
     log(f"trial {index:02d}: {what} ({row['name']}) once more, for the speedup at one load")
     result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row['name'][:2]}", log)
@@ -114,7 +114,8 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     both = ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
             (runner_up, earlier))
     proposals = [(Proposal("confirm", f"{first_change(row['change'])} (confirming the best)", "confirm",
-                           Knobs.from_dict(in_effect(row)), 0.0), f"confirm-{row['name'][:2]}") for row, _ in both]
+                           Knobs.from_dict(in_effect(row)), 0.0, predicted=False), f"confirm-{row['name'][:2]}")
+                 for row, _ in both]
     in_turns = pairs(run) and fit_together([top, runner_up], state)
     if in_turns:  # side by side, their windows in turns: a load that comes and goes falls on both alike
         index = len(state["trials"])
@@ -258,10 +259,11 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     (no budget left, the two would not fit in memory at once, the best is the baseline, a run failed)."""
     top = best_row(state)
     if (options.max_trials - len(state["trials"]) < PAIR_TRIALS
-            or knobs_key(in_effect(top)) == knobs_key(in_effect(reference)) or not fit_together([top, reference], state)):
+            or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))
+            or not fit_together([top, reference], state)):
         return None
     proposals = [(Proposal("confirm", f"{first_change(row['change'])} (for the speedup, windows in turns)", "speedup",
-                           Knobs.from_dict(in_effect(row)), 0.0), f"speedup-{row['name'][:2]}")
+                           Knobs.from_dict(in_effect(row)), 0.0, predicted=False), f"speedup-{row['name'][:2]}")
                  for row in (reference, top)]
     index = len(state["trials"])
     log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) side "

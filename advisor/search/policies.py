@@ -63,7 +63,7 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     log(f"  {changed}: measuring the best ({top['name']}) again beside it")
     knobs = Knobs.from_dict(in_effect(top))
     proposal = Proposal("confirm", f"{first_change(top['change'])} (the best, measured again)", "best-again",
-                        knobs, 0.0)
+                        knobs, 0.0, predicted=False)
     fresh, fresh_record, fresh_measure = run_one(run, state, index + 1, proposal, "best-again", log)
     row = trial_row(index + 1, fresh, fresh_record, proposal, state, fresh_measure if fresh.ok else None,
                     own_bound(fresh, fresh_measure) if fresh.ok else None)
@@ -207,7 +207,7 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
             continue
         pair = on_best(best, moves, f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
                        f"{first.slug}-and-{p.slug}", first.predicted_gain + p.predicted_gain, first.bound,
-                       first.helps_now, why=why)
+                       first.helps_now, why=why, predicted=first.predicted and p.predicted)
         return reprice([pair], state, top["name"], best)[0]  # both moves simulated together
     return None
 
@@ -275,7 +275,8 @@ def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: 
         same = all(best.to_dict().get(k) == before.get(k) for k in moves)
         change = row["change"].removesuffix(" (again)") if same else moves_text(moves)
         first = on_best(best, moves, row["recommendation"], change, row["name"][3:].removesuffix("-again"),
-                        row.get("predicted_gain") or 0.0, None, bool(row.get("helps_now")))
+                        row.get("predicted_gain") or 0.0, None, bool(row.get("helps_now")),
+                        predicted=row.get("predicted_gain") is not None)
         pair = pair_proposal(load_trial(out / row["folder"]), first, state, options, space, best)
         if pair is not None:
             return pair

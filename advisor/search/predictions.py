@@ -120,7 +120,7 @@ def reprice(proposals: list[Any], state: dict[str, Any], name: str, knobs: Knobs
     out = []
     for p in proposals:
         change = predicted_change(state, name, knobs, p.knobs, params)
-        out.append(p if change is None else dataclasses.replace(p, predicted_gain=step_share(change)))
+        out.append(p if change is None else dataclasses.replace(p, predicted_gain=step_share(change), predicted=True))
     return out
 
 

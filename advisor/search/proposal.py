@@ -29,6 +29,9 @@ class Proposal:
     why: str | None = None  # why it is tried, where not the bound (a setting the user asked for)
     base: Knobs | None = None  # the best's settings it was made on; None: a re-measure of a setting, not a move
     moves: tuple[tuple[str, Any], ...] = ()  # knob → value, each knob once: knobs == base + moves
+    # Whether `predicted_gain` is a prediction (the what-if model's or a rule's); else only the proposal's place
+    # in the order (a round over the knobs, a knob taken off, a --try no advice speaks for): "no prediction".
+    predicted: bool = True
 
     @property
     def move_dict(self) -> dict[str, Any]:
@@ -42,10 +45,10 @@ class ProposalError(RuntimeError):
 
 def on_best(best: Knobs, moves: dict[str, Any], recommendation: str, change: str, slug: str,
             predicted_gain: float, bound: str | None = None, helps_now: bool = True,
-            why: str | None = None) -> Proposal:
+            why: str | None = None, predicted: bool = True) -> Proposal:
     """The one way a proposal is made: the best's settings `best` with `moves` (knob → value) applied."""
     return Proposal(recommendation, change, slug, dataclasses.replace(best, **moves), predicted_gain, bound,
-                    helps_now, why, best, tuple(sorted(moves.items())))
+                    helps_now, why, best, tuple(sorted(moves.items())), predicted)
 
 
 def merged_moves(*groups: dict[str, Any]) -> dict[str, Any] | None:

@@ -341,9 +341,10 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     the (last) result and its decision."""
     check_on_best(proposal, best_knobs)
     index = len(state["trials"])
-    predicted = samples_gain(proposal.predicted_gain)  # the unit the measured change will have
+    # The unit the measured change will have; None where nothing predicted it.
+    predicted = samples_gain(proposal.predicted_gain) if proposal.predicted else None
     log(f"trial {index:02d}: {proposal.change} ({why}; predicted "
-        + (f"{100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no gain figure)"))
+        + (f"{100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no prediction)"))
     target = against(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
     result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log, target)
     losses = recorded_losses(result.path)

@@ -75,7 +75,8 @@ def without_proposal(knobs: Knobs, knob: str) -> Proposal:
     change = CHANGES.get(knob, knob)
     return on_best(knobs, {knob: None}, f"{RECOMMENDATION}-{knob}", f"without {change}",
                    f"without-{knob.replace('_', '-')}", 0.0, None, helps_now=False,
-                   why=f"{change} came in without a gain of its own; the simpler setting, unless slower")
+                   why=f"{change} came in without a gain of its own; the simpler setting, unless slower",
+                   predicted=False)
 
 
 def swap_proposal(state: dict[str, Any], knobs: Knobs, reverted: Proposal) -> Proposal | None:
@@ -93,7 +94,8 @@ def swap_proposal(state: dict[str, Any], knobs: Knobs, reverted: Proposal) -> Pr
             return on_best(knobs, {knob: getattr(reverted.knobs, knob), held: None}, recommendation,
                            f"{reverted.change} {RECOMMENDATION} {change}",
                            f"{reverted.slug}-{RECOMMENDATION}-{held.replace('_', '-')}", reverted.predicted_gain,
-                           reverted.bound, reverted.helps_now, why=f"it did not pay beside {change}, which the best holds")
+                           reverted.bound, reverted.helps_now, predicted=reverted.predicted,
+                           why=f"it did not pay beside {change}, which the best holds")
     return None
 
 

@@ -133,7 +133,8 @@ def pending_try(options: Any, state: dict[str, Any], best: Knobs, diagnosis: Any
         advised = [r for r in getattr(diagnosis, "recommendations", ()) if set(r.knobs) & set(values)]
         return on_best(best, values, TRY, change, "try-" + Knobs(**values).label(),
                        sum(r.predicted_gain for r in advised), None, False,
-                       why="asked for with --try" + ("" if advised else "; no advice predicts its gain"))
+                       why="asked for with --try" + ("" if advised else "; no advice predicts its gain"),
+                       predicted=bool(advised))
     return None
 
 

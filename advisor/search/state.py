@@ -281,8 +281,10 @@ def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, st
         "gain": None,
         # What the change moved (knob → value) on the best it was made on; None for the baseline and re-measures.
         "moves": dict(proposal.moves) if proposal is not None and proposal.base is not None else None,
-        "predicted_gain": None if proposal is None else proposal.predicted_gain,
-        "predicted_samples_gain": None if proposal is None else samples_gain(proposal.predicted_gain),
+        # None where nothing predicted it ("no prediction"), not +0%: the figure only placed it in the order.
+        "predicted_gain": None if proposal is None or not proposal.predicted else proposal.predicted_gain,
+        "predicted_samples_gain": None if proposal is None or not proposal.predicted
+        else samples_gain(proposal.predicted_gain),
         "noise": None,
         "tried_under": state["bound"]["name"] if proposal is not None and state.get("bound") else None,
         "helps_now": None if proposal is None else proposal.helps_now,

@@ -200,7 +200,8 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
             and space.permits({"threads"})):
         moves["threads"] = max(1, cores - target)
         change += f", threads {threads}→{moves['threads']}"
-    return on_best(knobs, moves, "more-workers", change, f"workers-{target}", gain, "input", why=why)
+    return on_best(knobs, moves, "more-workers", change, f"workers-{target}", gain, "input", why=why,
+                   predicted=rec is not None)
 
 
 def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: SearchSpace,
@@ -215,7 +216,7 @@ def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: Sea
     gain = sum(r.predicted_gain for r in found) if found else (0.05 if bound.name == "copy" else ROUND_GAIN)
     change, slug = (("pin_memory + non_blocking copies", "pinned-copies") if len(wanted) == 2 else
                     (f"{wanted[0]} alone", wanted[0].replace("_", "-")))
-    return on_best(knobs, {k: True for k in wanted}, "pin-memory", change, slug, gain, "copy")
+    return on_best(knobs, {k: True for k in wanted}, "pin-memory", change, slug, gain, "copy", predicted=bool(found))
 
 
 def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerator: bool) -> Proposal | None:
@@ -230,7 +231,7 @@ def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerato
     if current <= target:
         return None
     return on_best(knobs, {"threads": target}, "fewer-threads", f"threads {current}→{target} beside {workers} workers",
-                   f"threads-{target}", 0.1, "input")
+                   f"threads-{target}", 0.1, "input", predicted=False)
 
 
 def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, Any]) -> Proposal | None:
@@ -248,7 +249,8 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
         dtype, gain = ("bf16" if gpu.get("bf16_supported") else "fp16"), ROUND_GAIN
     if space.amp is not None and dtype not in space.amp:
         return None
-    return on_best(knobs, {"amp": dtype}, "amp", f"AMP {dtype}", f"amp-{dtype}", gain, "compute")
+    return on_best(knobs, {"amp": dtype}, "amp", f"AMP {dtype}", f"amp-{dtype}", gain, "compute",
+                   predicted=rec is not None)
 
 
 def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: SearchSpace) -> Proposal | None:
@@ -268,7 +270,7 @@ def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> 
     gain = rec.predicted_gain if rec is not None else ROUND_GAIN
     target = "copy" if rec is not None or bound.name == "copy" else "input"
     return on_best(knobs, {"uint8_copies": True}, "fewer-copy-bytes", "8-bit images, converted on the device",
-                   "uint8-copies", gain, target)
+                   "uint8-copies", gain, target, predicted=rec is not None)
 
 
 def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
@@ -279,7 +281,8 @@ def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace
         return None
     gain = graphs.predicted_gain if graphs is not None else ROUND_GAIN
     target = "host" if graphs is not None or bound.name == "host" else "compute"
-    return on_best(knobs, {"compile": True}, "compile", "torch.compile", "compile", gain, target)
+    return on_best(knobs, {"compile": True}, "compile", "torch.compile", "compile", gain, target,
+                   predicted=graphs is not None)
 
 
 def tf32_proposal(rec: Any, amp: Any, knobs: Knobs, state: dict[str, Any], space: SearchSpace) -> Proposal | None:
@@ -306,7 +309,8 @@ def ddp_proposal(rec: Any, bound: Bound, knobs: Knobs, options: Any) -> Proposal
     change = "DDP " + ", ".join(f"{k.removeprefix('ddp_')}={v}" for k, v in wanted.items())
     slug = "-".join(k.removeprefix("ddp_").replace("_", "-") + ("" if v is True else f"-{v}".lower())
                     for k, v in wanted.items())
-    return on_best(knobs, wanted, "ddp-buckets", change, f"ddp-{slug}", gain, "communication")
+    return on_best(knobs, wanted, "ddp-buckets", change, f"ddp-{slug}", gain, "communication",
+                   predicted=rec is not None)
 
 
 def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
@@ -394,7 +398,7 @@ def batch_proposal(rec: Any, bound: Bound, best: Any, state: dict[str, Any], opt
     if size is None:
         return None
     return on_best(best.knobs, {"batch_size": size}, "larger-batch", f"batch {current}→{size}", f"batch-{size}",
-                   gain, "host", why=why)
+                   gain, "host", why=why, predicted=rec is not None)
 
 
 # --- out of memory --------------------------------------------------------------------------------------
@@ -409,18 +413,20 @@ def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
         dtype = "bf16" if ((facts.get("cpu") or {}).get("bf16_instructions")) else None
     plan, baseline = [], Knobs()  # each made on the baseline: the best while nothing fits
     if dtype:
-        plan.append(on_best(baseline, {"amp": dtype}, "oom-amp", f"AMP {dtype}", f"amp-{dtype}", 0.0, "memory"))
+        plan.append(on_best(baseline, {"amp": dtype}, "oom-amp", f"AMP {dtype}", f"amp-{dtype}", 0.0, "memory",
+                            predicted=False))
     checkpointing = recovery_move(state, baseline)  # the batch as written, in one step
     if checkpointing is not None:
         plan.append(checkpointing)
     for k in (2, 4, 8):
         if batch and batch % k == 0:
             plan.append(on_best(baseline, {"accumulation_steps": k}, "oom-accumulation",
-                                f"micro-batches {batch // k}×{k}", f"accumulate-{k}", 0.0, "memory"))
+                                f"micro-batches {batch // k}×{k}", f"accumulate-{k}", 0.0, "memory",
+                                predicted=False))
     for f in (2, 4, 8):
         if batch and batch // f >= 1:
             plan.append(on_best(baseline, {"batch_size": batch // f}, "oom-smaller-batch",
                                 f"batch {batch}→{batch // f} (smaller effective batch)", f"batch-{batch // f}", 0.0,
-                                "memory"))
+                                "memory", predicted=False))
     user = state.get("user_values") or {}
     return [p for p in plan if not own_moves(p.move_dict, baseline, user)]
