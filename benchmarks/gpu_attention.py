@@ -70,7 +70,7 @@ def train(gpt, device, fused: bool, amp: bool, steps: int, args, dropout: float,
     if end is not None:
         end.record()
         torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / steps if start is not None else float("nan")
+    ms = start.elapsed_time(end) / steps if start is not None and steps else float("nan")  # 0 steps: losses only
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
     if profile_to is not None:
         activities = [torch.profiler.ProfilerActivity.CPU] + (
