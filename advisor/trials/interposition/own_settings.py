@@ -101,10 +101,8 @@ class OwnSettings:
             return original_compile(*args, **kwargs)
 
         self.stack.enter_context(patched_attribute(torch, "compile", compile_))
-        from torch.nn.modules import module as module_hooks
-
-        self.forward_hook = module_hooks.register_module_forward_pre_hook(self._forward_starts)
-        self.stack.callback(lambda: self.forward_hook is not None and self.forward_hook.remove())
+        self._watch_calls()  # the model's first call; later ones only while the script's own autocast is open
+        self.stack.callback(self._stop_watching_calls)
         self.stack.callback(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
 
     def undo(self) -> None:
@@ -113,7 +111,21 @@ class OwnSettings:
 
     # --- what the script does -------------------------------------------------------------------------
 
+    def _watch_calls(self) -> None:
+        from torch.nn.modules import module as module_hooks
+
+        if self.forward_hook is None:
+            self.forward_hook = module_hooks.register_module_forward_pre_hook(self._forward_starts)
+
+    def _stop_watching_calls(self) -> None:
+        if self.forward_hook is not None:
+            self.forward_hook.remove()
+            self.forward_hook = None
+
     def _autocast_entered(self, context: Any) -> None:
+        if "amp" in self.settings:  # known already: nothing more to learn from autocasts
+            self.entered.append(None)
+            return
         dtype = DTYPES.get(str(getattr(context, "fast_dtype", "")))
         owner = autocast_owner()
         # With the amp knob on, a framework's autocast may be the knob's (the Trainer's precision set for it).
@@ -121,6 +133,8 @@ class OwnSettings:
         user = None if ours or not getattr(context, "_enabled", True) or dtype is None else \
             {"dtype": dtype, "what": f"{dtype} autocast" + (f" ({owner})" if owner else ""), "site": user_site()}
         self.entered.append(user)
+        if user is not None:
+            self._watch_calls()  # is it on while the model runs, with gradients?
 
     def _forward_starts(self, module: Any, args: Any) -> None:
         import torch
@@ -131,11 +145,10 @@ class OwnSettings:
             self.first_call_seen = True
             self._model_seen(module)
         user = next((e for e in reversed(self.entered) if e is not None), None)
-        if user is not None and "amp" not in self.settings and torch.is_grad_enabled():
+        if user is not None and torch.is_grad_enabled():
             self.settings["amp"] = own_setting(user["dtype"], user["what"], user["site"])
-        if "amp" in self.settings and self.forward_hook is not None:
-            self.forward_hook.remove()  # nothing more to learn from the model's calls
-            self.forward_hook = None
+        if "amp" in self.settings or user is None:
+            self._stop_watching_calls()  # no module call teaches more until the script's autocast opens again
 
     def _model_seen(self, module: Any) -> None:
         import torch
