@@ -57,6 +57,18 @@ def best_after(run: TrialRunner, out: Path, state: dict[str, Any], options: Sess
         "measured"
 
 
+def measured_row(state: dict[str, Any], index: int, result: TrialResult, record: dict[str, Any], proposal: Proposal,
+                 measurement: Measurement, reason: str) -> dict[str, Any]:
+    """The row of a setting run once more for the speedup ("measured", with its load), appended; `reason` where
+    it ran, its failure where it did not."""
+    new = trial_row(index, result, record, proposal, state, measurement if result.ok else None,
+                    own_bound(result, measurement) if result.ok else None)
+    new.update(decision="measured" if result.ok else "failed", load=load_text(record),
+               reason=reason if result.ok else f"trial {result.status}: {result.message}")
+    state["trials"].append(new)
+    return new
+
+
 def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], what: str, where: str,
                  log: Callable[[str], None]) -> dict[str, Any]:
     """Run a setting of the session once more, for the speedup at one load; its row."""
@@ -66,12 +78,8 @@ def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], w
     index = len(state["trials"])
     log(f"trial {index:02d}: {what} ({row['name']}) once more, for the speedup at one load")
     result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row['name'][:2]}", log)
-    new = trial_row(index, result, record, proposal, state, measurement if result.ok else None,
-                    own_bound(result, measurement) if result.ok else None)
-    new.update(decision="measured" if result.ok else "failed", load=load_text(record),
-               reason=f"{row['name']} again, {where}, for the speedup at one load" if result.ok
-               else f"trial {result.status}: {result.message}")
-    state["trials"].append(new)
+    new = measured_row(state, index, result, record, proposal, measurement,
+                       f"{row['name']} again, {where}, for the speedup at one load")
     save(state)
     return new
 
@@ -271,12 +279,8 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     done = run_pair(run, out, state, options, proposals)
     for i, ((result, record, measurement), (proposal, _), row) in enumerate(zip(done, proposals, (reference, top))):
         other = (top, reference)[i]
-        new = trial_row(index + i, result, record, proposal, state, measurement if result.ok else None,
-                        own_bound(result, measurement) if result.ok else None)
-        new.update(decision="measured" if result.ok else "failed", load=load_text(record),
-                   reason=f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at "
-                   "one load" if result.ok else f"trial {result.status}: {result.message}")
-        state["trials"].append(new)
+        measured_row(state, index + i, result, record, proposal, measurement,
+                     f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at one load")
     save(state)
     base, best = (m for _, _, m in done)
     turns = windows_log(out / "turns" / done[0][0].name)

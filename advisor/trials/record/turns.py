@@ -8,12 +8,12 @@ off windows measured seconds apart, not off runs minutes apart. After a pause a 
 queue depth of steps again before its next window counts (`StepSchedule.resettle`): the batches queued
 while it slept would make its loader look free.
 
-The turn is a file in a folder both trials know: `turn` holds the name of the trial that measures now; a
-trial passes it on after each window, and writes `done-NAME` once it has measured all its windows (the
-other then measures without waiting). Neither measures its first window before both have reached theirs
-(`ready-NAME`): the other's start-up and profiled steps would run beside it. `windows.log` holds a line per window measured (name, window,
-start, end: epoch seconds), which shows the windows did not overlap. A trial waits at most `wait_s` for
-its turn (the other may have failed), then measures anyway. Torch-free.
+The turn is a file in a folder both trials know: `turn` holds the name of the trial that measures now; a trial
+passes it on after each window, and writes `done-NAME` once it has measured all its windows (the other then
+measures without waiting). Neither measures its first window before both have reached theirs (`ready-NAME`):
+the other's start-up and profiled steps would run beside it. `windows.log` holds a line per window measured
+(name, window, start, end: epoch seconds), which shows the windows did not overlap. A trial waits at most
+`wait_s` for its turn (the other may have failed), then measures anyway. Torch-free.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def wait_for_turn(turns: Turns, first: bool = False) -> float:
         if (folder / f"done-{turns.other}").exists():
             break
         try:
-            if (folder / TURN_FILE).read_text() == turns.me and (not first or (folder / f"ready-{turns.other}").exists()):
+            mine = (folder / TURN_FILE).read_text() == turns.me
+            if mine and (not first or (folder / f"ready-{turns.other}").exists()):
                 break
         except OSError:
             pass  # between the other's write and its rename
