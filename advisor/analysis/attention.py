@@ -143,8 +143,10 @@ def in_steps(spans: list[tuple], steps: list[Step]) -> list[tuple]:
     return [s for s in spans if any(step.start <= s[1] < step.end for step in steps)]
 
 
-def device_time(trace: Trace, steps: list[Step], spans: list[tuple]) -> float:
-    """Kernel time launched from inside `spans` (by the runtime calls on their thread)."""
+def device_time(trace: Trace, kernels: list, spans: list[tuple]) -> float:
+    """Time of `kernels` (those in the steps) launched from inside `spans` (by the runtime calls on their thread)."""
+    if not spans:
+        return 0.0
     by_thread: dict = defaultdict(list)
     for tid, start, end, _ in spans:
         by_thread[tid].append((start, end))
@@ -152,7 +154,6 @@ def device_time(trace: Trace, steps: list[Step], spans: list[tuple]) -> float:
     for call in trace.runtime:
         if call.correlation is not None and any(s <= call.ts < e for s, e in by_thread.get(call.tid, ())):
             launched.add(call.correlation)
-    kernels = [k for k, inside in zip(trace.kernels, in_steps_mask(trace.kernels, steps)) if inside]
     return sum(k.dur for k in kernels if k.correlation in launched)
 
 
@@ -166,9 +167,9 @@ def attention(trace: Trace, steps: list[Step], platform: str, step_us: float) ->
         hand_us, fused_us = (iv.length_within(iv.from_spans((s, e) for _, s, e, _ in spans), windows)
                              for spans in (hand, fused))
     else:
-        hand_us, fused_us = device_time(trace, steps, hand), device_time(trace, steps, fused)
+        kernels = [k for k, inside in zip(trace.kernels, in_steps_mask(trace.kernels, steps)) if inside]
+        hand_us, fused_us = device_time(trace, kernels, hand), device_time(trace, kernels, fused)
         if not fused_us:  # fused kernels no operator launched: a compiled region, a CUDA graph
-            kernels = [k for k, inside in zip(trace.kernels, in_steps_mask(trace.kernels, steps)) if inside]
             by_name = sum(k.dur for k in kernels if FUSED_KERNEL.search(k.name))
             fused_us = by_name
     if not (hand_us or fused_us) or not steps or not step_us:
