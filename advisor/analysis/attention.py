@@ -99,12 +99,22 @@ def backward_of(name: str, names: tuple[str, ...]) -> bool:
     return name.startswith(BACKWARD) and name[len(BACKWARD):] in names
 
 
+def may_be_attention(name: str) -> bool:
+    """Whether an operator's name is one `attention_spans` looks at: a softmax or its backward, SDPA's operator,
+    its backward, or the operator it dispatched to."""
+    return (name in SOFTMAX or backward_of(name, SOFTMAX_BACKWARD) or name == FUSED or "AttentionBackward" in name
+            or "scaled_dot_product" in name or name.endswith(("_attention_forward", "_attention_backward")))
+
+
 def attention_spans(trace: Trace) -> tuple[list[tuple], list[tuple], set[str]]:
     """(hand-written spans, fused spans, implementations): each span (tid, start, end, whether a forward)."""
     by_thread: dict = defaultdict(list)
     for op in trace.ops:
         if op.cat == "cpu_op":
             by_thread[op.tid].append(op)
+    names = {op.name for ops in by_thread.values() for op in ops}
+    if not any(may_be_attention(name) for name in names):  # most traces: no operator below can match
+        return [], [], set()
     hand, fused, kinds = [], [], set()
     for tid, ops in by_thread.items():
         for group in siblings(ops):
@@ -170,7 +180,8 @@ def attention(trace: Trace, steps: list[Step], platform: str, step_us: float) ->
         kernels = [k for k, inside in zip(trace.kernels, in_steps_mask(trace.kernels, steps)) if inside]
         hand_us, fused_us = device_time(trace, kernels, hand), device_time(trace, kernels, fused)
         if not fused_us:  # fused kernels no operator launched: a compiled region, a CUDA graph
-            by_name = sum(k.dur for k in kernels if FUSED_KERNEL.search(k.name))
+            fused_names = {name for name in {k.name for k in kernels} if FUSED_KERNEL.search(name)}  # each name once
+            by_name = sum(k.dur for k in kernels if k.name in fused_names)
             fused_us = by_name
     if not (hand_us or fused_us) or not steps or not step_us:
         return None
