@@ -4,7 +4,7 @@ trial only (torch imported lazily).
 At the model's first call (`advisor.trials.interposition.model` calls `checkpoint_blocks`) the blocks are the
 instances of the outermost repeated module class with submodules of its own: the same rule
 `advisor.trials.process.activations` names its `checkpoint_candidates` by (a transformer's `Block`s, not the
-`Linear`s or the `Sequential` inside each). Each block's forward becomes
+`Linear`s or the `Sequential` inside each, nor an `nn.Sequential` that stacks them). Each block's forward becomes
 `torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)` where autograd records (in
 training; under `no_grad` it runs as it was): what the block saved for backward is freed after its forward and
 recomputed in backward, with the RNG state of the forward (dropout draws the same masks). The module is not
@@ -27,16 +27,33 @@ def repeated_blocks(model: Any) -> list[tuple[str, Any]]:
     """(qualified name, module) of the blocks to checkpoint: every instance of the repeated module classes
     with submodules, outermost only (none inside another block); [] where the model repeats none."""
     named = [(name, m) for name, m in model.named_modules() if name and type(m).__name__ not in CONTAINERS]
-    counts: dict[type, int] = {}
-    for _, m in named:
-        if next(m.children(), None) is not None:
-            counts[type(m)] = counts.get(type(m), 0) + 1
-    repeated = {kind for kind, count in counts.items() if count >= 2}
+    # An nn.Sequential that stacks blocks (two or more children of one repeated class) holds them as a
+    # ModuleList does: checkpointed whole, it would recompute every block at once and save nothing.
+    stacks = {id(m) for _, m in named if is_stack(m, repeated_classes(named))}
+    named = [(name, m) for name, m in named if id(m) not in stacks]
+    repeated = repeated_classes(named)
     blocks: list[tuple[str, Any]] = []
     for name, m in named:
         if type(m) in repeated and not any(name.startswith(f"{outer}.") for outer, _ in blocks):
             blocks.append((name, m))
     return blocks
+
+
+def repeated_classes(named: list[tuple[str, Any]]) -> set[type]:
+    """The classes with submodules of their own that occur twice or more among `named`."""
+    counts: dict[type, int] = {}
+    for _, m in named:
+        if next(m.children(), None) is not None:
+            counts[type(m)] = counts.get(type(m), 0) + 1
+    return {kind for kind, count in counts.items() if count >= 2}
+
+
+def is_stack(module: Any, repeated: set[type]) -> bool:
+    """An nn.Sequential with two or more children of one repeated class: a stack of blocks, not a block."""
+    if type(module).__name__ != "Sequential":
+        return False
+    kinds = [type(child) for child in module.children() if type(child) in repeated]
+    return any(kinds.count(kind) >= 2 for kind in set(kinds))
 
 
 def checkpoint_plan(model: Any, blocks: list[tuple[str, Any]]) -> dict[str, Any] | None:
