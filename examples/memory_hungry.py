@@ -3,15 +3,15 @@
 Attention written out as `softmax(q @ k.T / sqrt(d)) @ v` keeps a batch × heads × context × context
 matrix per layer for the backward pass, so activation memory grows with the square of the context and
 linearly with the batch, while the parameters stay small (0.8 MB). At the configured batch of 16 a
-profiled step keeps about 1.2 GB of activations and needs about 2 GB of writable memory on the CPU,
-so under `--memory-limit 1.6G` it runs out of memory. Under the same cap, micro-batches of 4 with
-gradient accumulation (the same effective batch of 16; under 0.8 GB) or bf16 autocast (half-size
-activations; about 1.2 GB) fit.
+profiled step holds about 1.7 GiB at its peak on the CPU, so under `--memory-limit 1.2G` it runs out of
+memory. Under the same cap, bf16 autocast (half-size activations; about 0.9 GiB), checkpointing the four
+blocks (about 0.85 GiB) or micro-batches of 4 with gradient accumulation (the same effective batch of 16;
+about 0.45 GiB) fit.
 
 The data is generated (a seeded sequence of repeating patterns), so nothing is downloaded.
 
     python examples/memory_hungry.py                                            # train standalone
-    advisor profile examples/memory_hungry.py:train_step --memory-limit 1.6G    # out of memory, then recovered
+    advisor profile examples/memory_hungry.py:train_step --memory-limit 1.2G    # out of memory, then recovered
 """
 
 from __future__ import annotations

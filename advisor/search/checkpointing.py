@@ -8,9 +8,8 @@ batch, and always with the batch it buys. Pure functions over the session record
   RAM or `--memory-limit`; or that size ran out of memory): checkpointing and that batch, as one change
   (`checkpoint_pair`). Its cost in time (about one more forward of the blocks) is measured like any change's,
   and the pair is kept only where it is faster than the best without it. Whether it fits is measured, not
-  predicted: the blocks' saved bytes are known, but what the profiler and the CPU allocator's heap add beside
-  them under a cap is not (measured on the CPU: 300 MB more in a profiled step with checkpointing than
-  without); a pair that runs out of memory is recorded as failed and not proposed again.
+  predicted (what the profiler adds beside the blocks' saved bytes is known only once it ran); a pair that
+  runs out of memory is recorded as failed and not proposed again.
 
 A row's `checkpoint_blocks` (`checkpoint_figures`, from its trial's activation record) says what there is to
 checkpoint: the repeated class, its count, and the bytes its blocks saved for backward at the trial's batch.

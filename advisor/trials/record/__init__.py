@@ -38,12 +38,15 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      ("better", "worse", "equivalent", "not better"; null at the cap) settled it
     profiled        false for a timing-only trial (no profiler, no trace)
     memory_limit    the --memory-limit in bytes, or null
-    memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how, held_bytes?}; on
+    memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how, held_bytes?,
+                    freed_blocks_returned?}; on
                     a CUDA device the caching allocator's share of device memory
                     (torch.cuda.set_per_process_memory_fraction), on the CPU the process's writable
                     memory (RLIMIT_DATA: heap and anonymous mappings; not the address space, of which
                     CUDA's libraries reserve far more than they use) beyond the `held_bytes` the process
-                    held before the script ran (torch's libraries), so the limit is set at bytes + held_bytes
+                    held before the script ran (torch's libraries), so the limit is set at bytes + held_bytes;
+                    freed_blocks_returned: glibc gives each freed block of 1 MiB or more back (the cap then
+                    counts what the step holds, not the allocator's free lists)
     status          "running" | "ok" | "error" | "oom" | "timeout" | "interrupted" | "target-not-found"
     message         one line saying what happened
     error_type      exception class name (error/oom), "NativeCrash" for a process or rank that crashed in
