@@ -1,7 +1,8 @@
-"""The `checkpointing` knob on examples/gpt.py: the same loss and gradients with and without it, not applicable
-where a model repeats no block, a `--memory-limit` session that pairs it with the batch the memory model says
-does not fit without it (decided on what the pair's trial measured), a trial's recorded plan written into the
-script and the patched script's loss curve, and its place in the out-of-memory recovery plan."""
+"""The `checkpointing` knob on examples/gpt.py: the same loss and gradients with and without it, the blocks found
+where a model stacks them, not applicable where a model repeats no block, a `--memory-limit` session whose batch
+fits only with checkpointing and ends with both, the proposal that pairs it with the batch the memory model puts
+over the limit, a trial's recorded plan written into the script and the patched script's loss curve, and its
+place in the out-of-memory recovery plan."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.search.state import capped_peak
+from types import SimpleNamespace
+
+from advisor.search.bounds import Bound
+from advisor.search.state import SessionOptions, capped_peak
+from advisor.search.strategy import SearchSpace, batch_proposal
 from advisor.search.strategy import recovery_plan
 from advisor.trials.interposition.checkpointing import repeated_blocks
 from advisor.trials.interposition.model import ModelInterposition
@@ -147,22 +152,34 @@ def test_a_batch_that_fits_only_with_checkpointing_ends_the_session_with_both(li
     assert "batch" not in "".join(line for line in diff.splitlines() if line.startswith("+"))  # 32 as written
 
 
-def test_the_limited_session_pairs_checkpointing_with_the_batch_that_does_not_fit_without_it(limit, tmp_path):
-    out = limited_session(tmp_path, limit, 16)
-    state = json.loads((out / "session.json").read_text())
-    baseline, pair = state["trials"][:2]
-    assert baseline["batch_size"] == 16 and baseline["checkpoint_blocks"]["block"] == "Block"
-    assert baseline["peak_capped_bytes"] < limit < 2 * baseline["peak_capped_bytes"] / 0.85  # 32 does not fit
-    assert pair["recommendation"] == "checkpointing+larger-batch", pair
-    assert pair["moves"] == {"batch_size": 32, "checkpointing": True}
-    assert pair["status"] == "ok" and pair["outcomes"]["checkpointing"] == APPLIED, pair
-    assert pair["peak_capped_bytes"] < limit
-    # Kept only where the pair is faster than the best without it, beyond the noise (decide's rule).
-    final = state["final_knobs"]
-    assert (pair["decision"] == "kept") == (final["checkpointing"] is True) == (final["batch_size"] == 32)
-    if pair["decision"] == "kept":
-        diff = (out / "suggested.patch").read_text()
-        assert "+            x = checkpoint(block, x, use_reentrant=False)\n" in diff
+def test_a_larger_batch_the_memory_model_puts_over_the_limit_comes_with_checkpointing():
+    # A best at batch 16 whose profiled steps held 180 MiB under a 230 MiB cap (as a limited session's baseline
+    # row records it): batch 32 does not fit without checkpointing, so the step to 32 comes with it; under a
+    # cap it fits, the plain step. Once the pair was measured, or where checkpointing is --skip'ped, no larger
+    # batch fits: nothing.
+    mib = 2**20
+    figures = {"block": "Block", "count": 4, "saved_bytes": 90 * mib, "block_bytes": 22 * mib,
+               "block_output_bytes": mib}
+    baseline = {"name": "00-baseline", "status": "ok", "batch_size": 16, "peak_memory_bytes": 900 * mib,
+                "peak_capped_bytes": 180 * mib, "capacity_bytes": 230 * mib, "checkpoint_blocks": figures,
+                "knobs": Knobs().to_dict()}
+    best = SimpleNamespace(name="00-baseline", knobs=Knobs(), batch_size=16)
+    options = SessionOptions(device="cpu")
+
+    def proposal(capacity: int, trials: tuple[dict, ...] = ()) -> object:
+        state = {"trials": [dict(baseline, capacity_bytes=capacity), *trials]}
+        return batch_proposal(None, Bound("host"), best, state, options, SearchSpace())
+
+    pair = proposal(230 * mib)
+    assert pair.recommendation == "checkpointing+larger-batch" and pair.move_dict == {"checkpointing": True,
+                                                                                    "batch_size": 32}
+    assert pair.knobs == Knobs(checkpointing=True, batch_size=32)
+    assert proposal(2**34).move_dict == {"batch_size": 32}  # it fits: the batch step alone is the change
+    measured = {"name": "01-checkpointing-batch-32", "status": "ok", "knobs": pair.knobs.to_dict()}
+    assert proposal(230 * mib, (measured,)) is None
+    state = {"trials": [baseline]}
+    assert batch_proposal(None, Bound("host"), best, state, options, SearchSpace(skip=frozenset({"checkpointing"}))) \
+        is None
 
 
 def first_losses(script: Path, prints: int = 3) -> list[float]:
