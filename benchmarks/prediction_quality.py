@@ -15,9 +15,14 @@ settings' measured samples/s. Three predictors:
 
 Figures: median absolute error in percentage points; sign agreement over every pair, and over the pairs
 whose measured change exceeds the noise of the two measurements (two standard errors of the difference:
-below it the measured sign is chance). Floors (issue 37), on the calibrated model: median absolute error
-≤ 10 points, sign right on ≥ 85% of the pairs beyond the noise. Exit code 1 if either misses on either
-surface. Each surface also prints the error a perfect predictor would have, from its measurements' noise.
+below it the measured sign is chance). Floor on these surfaces (issue 54), on the calibrated model: a median
+absolute error no more than 1.2 × the reference's (each setting was recorded once, ±15-20% apart at random:
+no predictor scores below that noise). Each surface also prints the error a perfect predictor would have,
+from its measurements' noise.
+
+Then the CPU truth surfaces (`tests/data/surfaces/cpu-*`, each setting measured three times: `cpu_surfaces`),
+with their own floors: median error ≤ 8 points, sign right on ≥ 85% of the pairs beyond the noise. Exit code
+1 if any surface misses its floor.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from advisor.search.strategy import ROUND_GAIN  # noqa: E402
 from advisor.trials.record.measurement import measure, noise  # noqa: E402
 from advisor.trials.record import TRIAL_FILE  # noqa: E402
 from advisor.trials.process.replay import load_surface  # noqa: E402
+import cpu_surfaces  # noqa: E402  (benchmarks/, beside this file)
 
 SURFACES = (ROOT / "tests" / "data" / "surfaces" / "h100-image-classifier",
             # The same grid recorded again as a session measures (5 steady-state windows of 1 s a setting, not
@@ -55,9 +61,10 @@ CPU_PAIRS = (("char_transformer", "00-baseline", "01-amp-bf16", "amp"),
              ("conv_classifier", "01-try-channels-last", "02-try-compile", "compile"),
              ("conv_classifier", "01-try-channels-last", "03-try-fused-optimizer", "fused_optimizer"),
              ("conv_classifier", "03-try-fused-optimizer", "04-amp-bf16", "amp"))
+# CPU truth (issue 54): every setting measured three times in shuffled order (`cpu_surfaces`).
+CPU_SURFACES = tuple(sorted(p.parent for p in (ROOT / "tests" / "data" / "surfaces").glob("cpu-*/surface.json")))
 TRACES = ROOT / "tests" / "data" / "traces"
-MAX_ERROR = 0.10
-MIN_SIGN = 0.85
+REFERENCE_RATIO = 1.2
 KNOBS = ("amp", "batch_size", "num_workers", "pinned")  # the order of a setting's key
 
 
@@ -166,7 +173,8 @@ def other_pairs() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    met = [evaluate(Path(surface)) for surface in (argv or SURFACES)]
+    surfaces = [Path(s) for s in argv] or [*SURFACES, *CPU_SURFACES]
+    met = [(cpu_surfaces.evaluate if (s / "surface.json").exists() else evaluate)(s) for s in surfaces]
     print("\n".join(other_pairs()))
     return 0 if all(met) else 1
 
@@ -223,9 +231,12 @@ def evaluate(surface: Path) -> bool:
           f"(settings' median relative standard error "
           f"{100 * statistics.median(p.measurement.relative_se or 0.0 for p in points.values()):.1f}%)")
     _, err, _, sign = scores([r for rs in tables["calibrated"].values() for r in rs])
-    ok = err is not None and err <= MAX_ERROR and sign is not None and sign >= MIN_SIGN
-    print(f"  floor (calibrated): median error {100 * err:.1f} pt (≤ {100 * MAX_ERROR:.0f}), sign beyond the noise "
-          f"{100 * (sign or 0):.0f}% (≥ {100 * MIN_SIGN:.0f}%): " + ("met" if ok else "MISSED"))
+    _, reference, _, _ = scores([r for rs in tables["reference"].values() for r in rs])
+    # Issue 54: on these surfaces (each setting recorded once) the floor is the reference's error, not a figure
+    # below the measurements' own noise.
+    ok = err is not None and reference is not None and err <= REFERENCE_RATIO * reference
+    print(f"  floor (calibrated): median error {100 * err:.1f} pt (≤ {REFERENCE_RATIO} × the reference's "
+          f"{100 * reference:.1f} pt), sign beyond the noise {100 * (sign or 0):.0f}%: " + ("met" if ok else "MISSED"))
     return ok
 
 

@@ -1,0 +1,68 @@
+"""The CPU truth surfaces (issue 54): how `benchmarks/record_surface.py` names and summarises a grid of any
+knobs with repeats, that each recorded surface's `surface.json` says what its runs measured, and how
+`benchmarks/cpu_surfaces.py` pairs its settings and leaves a knob without a transformation unpredicted."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.trials.knobs import Knobs
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import cpu_surfaces  # noqa: E402
+from record_surface import knob_axis, knob_points, summarize  # noqa: E402
+
+SURFACES = sorted(p.parent for p in (ROOT / "tests" / "data" / "surfaces").glob("cpu-*/surface.json"))
+
+
+def test_knob_axes_are_typed_as_the_knobs_and_name_their_settings():
+    assert knob_axis("num_workers=0,2") == ("num_workers", [0, 2])
+    assert knob_axis("uint8_copies=off,on") == ("uint8_copies", [False, True])
+    assert knob_axis("amp=off,bf16") == ("amp", [None, "bf16"])
+    with pytest.raises(SystemExit, match="--knob warp=1: expected NAME=V1,V2"):
+        knob_axis("warp=1")
+    points = knob_points([("num_workers", [0, 2]), ("amp", [None, "bf16"])])
+    assert [name for name, _ in points] == ["num_workers=0-amp=off", "num_workers=0-amp=bf16",
+                                            "num_workers=2-amp=off", "num_workers=2-amp=bf16"]
+    assert points[3][1] == Knobs(num_workers=2, amp="bf16", persistent_workers=True)
+
+
+def test_the_summary_is_each_settings_median_and_the_noise_floor_its_median_error(tmp_path):
+    for folder, rate in (("a-r1", 100.0), ("a-r2", 104.0), ("a-r3", 98.0), ("b-r1", 50.0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "trial.json").write_text(json.dumps(
+            {"status": "ok", "knobs": {"threads": 1}, "summary": {"samples_per_s": rate}}))
+    floor = summarize(tmp_path, {"a": ["a-r1", "a-r2", "a-r3"], "b": ["b-r1"], "c": ["c-r1"]})
+    doc = json.loads((tmp_path / "surface.json").read_text())
+    a, b = doc["settings"]  # c never ran: left out
+    assert (a["samples_per_s"], a["run_samples_per_s"], b["relative_sd"]) == (100.0, [100.0, 104.0, 98.0], None)
+    assert floor == doc["noise_floor"] == pytest.approx(statistics.stdev([100, 104, 98]) / 100 / 3 ** 0.5)
+
+
+@pytest.mark.parametrize("surface", SURFACES, ids=[s.name for s in SURFACES])
+def test_a_recorded_surface_says_what_its_runs_measured(surface):
+    doc = json.loads((surface / "surface.json").read_text())
+    assert doc["noise_floor"] < 0.05
+    for setting in doc["settings"]:
+        assert len(setting["runs"]) >= 3
+        records = [json.loads((surface / run / "trial.json").read_text()) for run in setting["runs"]]
+        assert all(r["status"] == "ok" and r["knobs"] == setting["knobs"] for r in records)
+        rates = [r["summary"]["samples_per_s"] for r in records]
+        assert setting["samples_per_s"] == statistics.median(rates)
+        assert list(Path(surface / setting["runs"][0]).glob("*.pt.trace.json*"))  # the model reads this one
+
+
+@pytest.mark.parametrize("surface", SURFACES, ids=[s.name for s in SURFACES])
+def test_pairs_differ_in_one_knob_and_threads_have_no_prediction(surface):
+    axes, settings = cpu_surfaces.load(surface)
+    pairs = cpu_surfaces.pairs_of(axes, settings)
+    assert pairs and all(sum(x != y for x, y in zip(a, b)) == 1 and a[axes.index(k)] != b[axes.index(k)]
+                         for a, b, k in pairs)
+    some = next(iter(settings.values()))
+    assert cpu_surfaces.model_change(some.graph, "threads", 1) is None  # no transformation: not +0 %
