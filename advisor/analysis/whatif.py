@@ -41,6 +41,10 @@ PRIORS: dict[str, float] = {
     "fused": 0.9,     # share of the optimizer's host time a fused kernel removes
     "compile": 0.5,   # share of the host work and of the non-matmul kernel time compile removes
 }
+# On a CPU, where the CPU is the device: channels_last acts on the convolutions themselves (oneDNN's NHWC
+# kernels; there are no layout conversion kernels to remove), p the share of their time it saves; compile
+# promises nothing before it is measured (on the recorded CPU conv classifier it lost 7-42%).
+PRIORS_CPU: dict[str, float] = {"channels_last": 0.35, "compile": 0.0}
 RANGES: dict[str, tuple[float, float]] = {
     "workers": (0.0, 1.0), "batch": (0.3, 1.5), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
     "uint8": (0.5, 8.0), "channels_last": (0.0, 1.0), "fused": (0.0, 1.0), "compile": (-0.5, 0.9),
@@ -67,6 +71,7 @@ class StepGraph:
     amp_ratio: float = 2.0  # the device's 16-bit matrix throughput over its fp32 (the AMP prior)
     copy_s: float = 0.0  # host-to-device copies, and the host's waits on them, with no kernel beside them
     layout_s: float = 0.0  # NCHW↔NHWC conversion kernels
+    conv_s: float = 0.0  # on a CPU: the convolution operators' time (channels_last acts on it)
     optimizer_s: float = 0.0  # the optimizer's step on the host
     amp: bool = False
     pinned: bool = False
@@ -155,6 +160,7 @@ def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
         # The CPU is the device: its operators' time grows with the batch, except the optimizer's step
         # (per parameter, not per sample), which is the host's own work, exposed.
         matmul = (extra.get("cpu_eligible_share") or 0.0) * traced * scale
+        conv = (extra.get("cpu_conv_share") or 0.0) * traced * scale
         optimizer = min(optimizer, call)
         host, device, idle = optimizer, call - optimizer, optimizer
         matmul, matmul_tc = (0.0, matmul) if knob_values(trial)["amp"] else (matmul, 0.0)
@@ -162,6 +168,7 @@ def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
         device = min(device_us * scale, call)
         idle = call - device
         host = min(call, (extra.get("host_busy_us_per_step") or 0.0) * scale)
+        conv = 0.0
         matmul = (diagnosis.eligible_share or 0.0) * diagnosis.kernel_us * scale
         matmul_tc = max(0.0, (diagnosis.eligible_op_share or 0.0) * diagnosis.kernel_us * scale - matmul)
     cores = ((trial.get("device_facts") or {}).get("cpu") or {}).get("logical_cores") or 1
@@ -174,7 +181,7 @@ def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
                      host_s=host, device_s=device, idle_s=idle, matmul_s=matmul, matmul_tc_s=matmul_tc,
                      amp_ratio=amp_ratio(trial, diagnosis.platform),
                      copy_s=min(device, copies.exposed_us * scale), layout_s=(diagnosis.layout_share or 0.0)
-                     * diagnosis.kernel_us * scale, optimizer_s=optimizer, amp=v["amp"],
+                     * diagnosis.kernel_us * scale, conv_s=conv, optimizer_s=optimizer, amp=v["amp"],
                      pinned=v["pinned"], uint8=v["uint8_copies"], platform=diagnosis.platform)
 
 
@@ -210,7 +217,7 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
         # Per step: the loader's batch, the kernels and copies grow with it; launches and Python do not.
         return dataclasses.replace(g, batch=int(value), produce_s=g.produce_s * k, device_s=g.device_s * k,
                                    matmul_s=g.matmul_s * k, matmul_tc_s=g.matmul_tc_s * k, copy_s=g.copy_s * k,
-                                   layout_s=g.layout_s * k)
+                                   layout_s=g.layout_s * k, conv_s=g.conv_s * k)
     if knob == "amp":
         if bool(value) == g.amp:
             return g
@@ -221,7 +228,9 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
         else:  # back to fp32: the matrix kernels leave the Tensor Cores
             saved = -(g.matmul_tc_s * (r - 1))
             moved = dict(matmul_s=g.matmul_tc_s * r + g.matmul_s, matmul_tc_s=0.0)
-        return dataclasses.replace(g, amp=bool(value), device_s=max(0.0, g.device_s - saved), **moved)
+        before = g.matmul_s + g.matmul_tc_s  # the convolutions among them move alike
+        conv = g.conv_s * (moved["matmul_s"] + moved["matmul_tc_s"]) / before if before > 0 else g.conv_s
+        return dataclasses.replace(g, amp=bool(value), device_s=max(0.0, g.device_s - saved), conv_s=conv, **moved)
     if knob in ("pinned", "pin_memory", "non_blocking", "uint8_copies"):
         flag = "uint8" if knob == "uint8_copies" else "pinned"
         if bool(value) == getattr(g, flag):
@@ -231,6 +240,9 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
         saved = g.copy_s * (1 - factor)
         return dataclasses.replace(g, device_s=max(0.0, g.device_s - saved), copy_s=g.copy_s * factor,
                                    **{flag: bool(value)})
+    if knob == "channels_last" and g.platform == "cpu":
+        saved = g.conv_s * p if value else 0.0
+        return dataclasses.replace(g, device_s=g.device_s - saved, conv_s=g.conv_s - saved)
     if knob == "channels_last":
         saved = g.layout_s * p if value else 0.0
         return dataclasses.replace(g, device_s=g.device_s - saved, layout_s=g.layout_s - saved)
@@ -245,9 +257,14 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
     raise ValueError(f"no transformation for the knob {knob!r}")
 
 
+def priors(g: StepGraph) -> dict[str, float]:
+    """The transformations' parameters before anything was measured, for the graph's platform."""
+    return {**PRIORS, **PRIORS_CPU} if g.platform == "cpu" else dict(PRIORS)
+
+
 def predict(g: StepGraph, changes: dict[str, Any], params: dict[str, float] | None = None) -> float:
     """The relative change of samples/s that setting `changes` (knob → value) gives, by the graph."""
-    params = {**PRIORS, **(params or {})}
+    params = {**priors(g), **(params or {})}
     after = g
     for knob, value in changes.items():
         after = transform(after, knob, value, params[KNOB_OF.get(knob, "copies")])
@@ -260,7 +277,7 @@ def fit(g: StepGraph, changes: dict[str, Any], measured: float, family: str,
     where the change does not depend on it (the part it transforms is not on the critical path)."""
     lo, hi = RANGES[family]
     grid = [lo + (hi - lo) * i / 60 for i in range(61)]
-    base = {**PRIORS, **(params or {})}
+    base = {**priors(g), **(params or {})}
     errors = [(abs(predict(g, changes, {**base, family: x}) - measured), x) for x in grid]
     values = [e for e, _ in errors]
     if max(values) - min(values) < 0.02:  # the parameter barely moves the prediction: nothing to learn
