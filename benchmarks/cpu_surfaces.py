@@ -107,6 +107,16 @@ def cell(s: tuple) -> str:
     return f"{n:3d} {100 * err:5.1f} pt {'—' if sign is None else f'{100 * sign:3.0f}%':>5}"
 
 
+def print_table(tables: dict[str, dict[str, list]], knobs: list[str] | tuple[str, ...], render, name_width: int,
+                cell_width: int) -> None:
+    """A line per knob, then "all": each predictor's rows for it as `render` gives them."""
+    print(f"  {'knob':<{name_width}}" + "".join(f"{name:>{cell_width}}" for name in tables))
+    for knob in (*knobs, "all"):
+        cells = [render([r for rs in table.values() for r in rs] if knob == "all" else table.get(knob, []))
+                 for table in tables.values()]
+        print(f"  {knob:<{name_width}}" + "".join(f"  {c}" for c in cells))
+
+
 def evaluate(surface: Path) -> bool:
     """Print one CPU surface's table by knob and its floors; whether the calibrated model meets them."""
     axes, settings = load(surface)
@@ -138,13 +148,7 @@ def evaluate(surface: Path) -> bool:
           f"median known to ±{100 * floor:.1f}%; calibrated from the baseline's {len(first)} pairs: "
           + ", ".join(f"{k} {v:.3g}" for k, v in sorted(params.items())) + ")")
     print("  each cell: pairs, median |predicted − measured| in points, sign right beyond the noise")
-    print(f"  {'knob':<14}" + "".join(f"{name:>22}" for name in tables))
-    for knob in (*axes, "all"):
-        cells = []
-        for table in tables.values():
-            rows = [r for rs in table.values() for r in rs] if knob == "all" else table.get(knob, [])
-            cells.append(cell(scores(rows)))
-        print(f"  {knob:<14}" + "".join(f"  {c}" for c in cells))
+    print_table(tables, axes, lambda rows: cell(scores(rows)), 14, 22)
     _, err, sign = scores([r for rs in tables["calibrated"].values() for r in rs])
     ok = err is not None and err <= MAX_ERROR and sign is not None and sign >= MIN_SIGN
     print(f"  floor (calibrated): median error {100 * (err or 0):.1f} pt (≤ {100 * MAX_ERROR:.0f}), sign beyond the "

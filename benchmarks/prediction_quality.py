@@ -214,13 +214,7 @@ def evaluate(surface: Path) -> bool:
           f"calibrated from the baseline's {len(first)} pairs: "
           + ", ".join(f"{k} {v:.3g}" for k, v in sorted(params.items())) + ")")
     print("  each cell: pairs, median |predicted − measured| in points, sign right (all), sign right (beyond noise)")
-    print(f"  {'knob':<12}" + "".join(f"{name:>29}" for name in tables))
-    for knob in (*KNOBS, "all"):
-        cells = []
-        for table in tables.values():
-            rows = [r for k, rs in table.items() for r in rs] if knob == "all" else table.get(knob, [])
-            cells.append(_cell(scores(rows)))
-        print(f"  {knob:<12}" + "".join(f"  {c}" for c in cells))
+    cpu_surfaces.print_table(tables, KNOBS, lambda rows: _cell(scores(rows)), 12, 29)
     flat = [(p, m) for rs in tables["calibrated"].values() for p, m, n in rs if abs(m) > n and abs(p) < 0.01]
     print(f"  of the calibrated model's pairs beyond the noise, {len(flat)} were predicted as no change (within ±1%): "
           f"{sum((p > 0) == (m > 0) for p, m in flat)} of their signs agree by chance")
