@@ -29,7 +29,8 @@ def repeated_blocks(model: Any) -> list[tuple[str, Any]]:
     named = [(name, m) for name, m in model.named_modules() if name and type(m).__name__ not in CONTAINERS]
     # An nn.Sequential that stacks blocks (two or more children of one repeated class) holds them as a
     # ModuleList does: checkpointed whole, it would recompute every block at once and save nothing.
-    stacks = {id(m) for _, m in named if is_stack(m, repeated_classes(named))}
+    repeated = repeated_classes(named)
+    stacks = {id(m) for _, m in named if is_stack(m, repeated)}
     named = [(name, m) for name, m in named if id(m) not in stacks]
     repeated = repeated_classes(named)
     blocks: list[tuple[str, Any]] = []
