@@ -15,13 +15,12 @@ from typing import Any, Callable
 from advisor.search.decision import decide
 from advisor.search.drift import load_text, pair_changed
 from advisor.search.policies import CONFIRM_TRIALS, applied_only, first_change, in_effect, measured_at_one_load, \
-    runs_of
+    once_more, runs_of
 from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.strategy import knobs_key
 from advisor.search.trials import TrialRunner, figures_text, measure_record, measured, own_bound, recorded_losses, \
     run_one, trial_record, trial_time_limit
-from advisor.trials.knobs import Knobs
 from advisor.trials.record import TrialResult
 from advisor.trials.record.measurement import Measurement, noise
 from advisor.trials.record.turns import finished, start_turns, windows_log
@@ -72,9 +71,7 @@ def measured_row(state: dict[str, Any], index: int, result: TrialResult, record:
 def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], what: str, where: str,
                  log: Callable[[str], None]) -> dict[str, Any]:
     """Run a setting of the session once more, for the speedup at one load; its row."""
-    knobs = Knobs.from_dict(in_effect(row))
-    proposal = Proposal("confirm", f"{first_change(row['change'])} (for the speedup at one load)", "speedup",
-                        knobs, 0.0, predicted=False)
+    proposal = once_more(row, "for the speedup at one load", "speedup")
     index = len(state["trials"])
     log(f"trial {index:02d}: {what} ({row['name']}) once more, for the speedup at one load")
     result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row['name'][:2]}", log)
@@ -121,9 +118,7 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     confirmed, runs = {}, {}
     both = ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
             (runner_up, earlier))
-    proposals = [(Proposal("confirm", f"{first_change(row['change'])} (confirming the best)", "confirm",
-                           Knobs.from_dict(in_effect(row)), 0.0, predicted=False), f"confirm-{row['name'][:2]}")
-                 for row, _ in both]
+    proposals = [(once_more(row, "confirming the best", "confirm"), f"confirm-{row['name'][:2]}") for row, _ in both]
     in_turns = pairs(run) and fit_together([top, runner_up], state)
     if in_turns:  # side by side, their windows in turns: a load that comes and goes falls on both alike
         index = len(state["trials"])
@@ -270,8 +265,7 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
             or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))
             or not fit_together([top, reference], state)):
         return None
-    proposals = [(Proposal("confirm", f"{first_change(row['change'])} (for the speedup, windows in turns)", "speedup",
-                           Knobs.from_dict(in_effect(row)), 0.0, predicted=False), f"speedup-{row['name'][:2]}")
+    proposals = [(once_more(row, "for the speedup, windows in turns", "speedup"), f"speedup-{row['name'][:2]}")
                  for row in (reference, top)]
     index = len(state["trials"])
     log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) side "

@@ -61,9 +61,7 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     if changed is None:
         return None
     log(f"  {changed}: measuring the best ({top['name']}) again beside it")
-    knobs = Knobs.from_dict(in_effect(top))
-    proposal = Proposal("confirm", f"{first_change(top['change'])} (the best, measured again)", "best-again",
-                        knobs, 0.0, predicted=False)
+    proposal = once_more(top, "the best, measured again", "best-again")
     fresh, fresh_record, fresh_measure = run_one(run, state, index + 1, proposal, "best-again", log)
     row = trial_row(index + 1, fresh, fresh_record, proposal, state, fresh_measure if fresh.ok else None,
                     own_bound(fresh, fresh_measure) if fresh.ok else None)
@@ -152,6 +150,12 @@ def runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dic
     key = knobs_key(knobs)
     return [trial_record(out / t["folder"]) for t in reversed(state["trials"])
             if t["status"] == "ok" and t.get("samples_per_s") and knobs_key(t["knobs"]) == key]
+
+
+def once_more(row: dict[str, Any], why: str, bound: str) -> Proposal:
+    """A setting of the session run again as it ran (its knobs in effect), `why` added to its first change."""
+    return Proposal("confirm", f"{first_change(row['change'])} ({why})", bound, Knobs.from_dict(in_effect(row)), 0.0,
+                    predicted=False)
 
 
 def first_change(change: str) -> str:
