@@ -269,13 +269,16 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         result, decision = _try(run, out, state, options, proposal, why, best.knobs, best_measure,
                                 reference_losses, log, remeasure)
         second, second_why = None, ""  # a next move on a change that did not pay, measured against the best
-        if decision is not None and not decision.keep and result.ok and not decision.reason.startswith("loss"):
+        row = next(t for t in state["trials"] if t["name"] == result.name) if result.ok else None
+        # A change found not applicable changed nothing: no swap or pair is made on it (it is never proposed again).
+        if (decision is not None and not decision.keep and row is not None and row["decision"] != "not applicable"
+                and not decision.reason.startswith("loss")):
             # Model knobs interact: one that did not pay beside another the best holds is tried in its place.
             second = swap_proposal(state, best.knobs, proposal)
             second_why = second.why if second is not None else ""
         if (second is None and decision is not None and not decision.keep and "+" not in proposal.recommendation
                 and not takes_off(proposal.recommendation)
-                and pairs_on(decision, next(t for t in state["trials"] if t["name"] == result.name), bound)):
+                and pairs_on(decision, row, bound)):
             # Noise hides a small first step, and some changes pay only with a second (pinned copies with
             # more workers): a change that moved the bound, or addressed it, without paying is a base for
             # the move its own trace calls for next, measured together against the best.
