@@ -1,5 +1,6 @@
 """A model knob the best holds without a gain of its own is taken off once, and the simpler setting kept
-unless it measures slower (advisor.search.simplify), on the recorded CPU session of the conv example."""
+unless it measures slower (advisor.search.simplify), on the recorded CPU session of the conv example and its
+recorded CPU surface."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import copy
 import json
 
 from advisor.search.decision import Decision
+from advisor.search.session import run_session
 from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, without_proposal
 from advisor.search.proposal import Proposal
+from advisor.search.state import SessionOptions
+from advisor.search.strategy import surface_space
 from advisor.trials.knobs import Knobs
-from conftest import SAMPLE_RUNS
+from advisor.trials.process.replay import ReplayRunner, load_surface
+from advisor.trials.record import load_trial
+from conftest import SAMPLE_RUNS, SURFACES
 
 CONV = SAMPLE_RUNS / "conv_classifier" / "session.json"
 
@@ -86,3 +92,51 @@ def test_a_model_knob_reverted_beside_another_is_tried_once_in_its_place():
     assert swap_proposal(conv_session(), Knobs(), reverted) is None
     both = Proposal("try", "x", "x", Knobs(compile=True, fused_optimizer=True, channels_last=True), 0.0)
     assert swap_proposal(conv_session(), best, both) is None
+
+
+NO_COMPILER = "not applicable: torch.compile failed: InvalidCxxCompiler: No working C++ compiler found"
+
+
+class NoCompiler(ReplayRunner):
+    """The conv example's CPU surface (fp32, batch 32) on a machine without a C++ compiler: a compile fails and
+    the step runs eagerly, so a trial is served the eager recording of its layout and says its compile was
+    not applicable, as a live trial does."""
+
+    def __init__(self, points, out):
+        super().__init__(points, out, noise=0.0)  # noise 0: every window is the recorded figure
+        # The replay tells settings apart by AMP, batch and loader knobs, not the layout: each layout its own runs.
+        self.layouts = {on: ({}, {}) for on in (False, True)}
+        for p in points:
+            self.layouts["channels_last=on" in p.folder.name][0].setdefault(p.settings, []).append(p)
+
+    def __call__(self, name, knobs, against=None):
+        self.by_settings, self.served = self.layouts[bool(knobs.channels_last)]
+        result = super().__call__(name, knobs, against)
+        if not knobs.compile:
+            return result
+        path = result.path / "trial.json"
+        record = json.loads(path.read_text())
+        record["knob_outcomes"]["compile"] = NO_COMPILER
+        path.write_text(json.dumps(record))
+        return load_trial(result.path)
+
+
+def test_a_change_found_not_applicable_is_never_swapped_in_for_a_kept_model_knob(tmp_path):
+    """A compile that failed beside a kept channels_last changed nothing: it is not tried again in
+    channels_last's place ('--try compile without channels_last'), nor proposed again at all."""
+    points = [p for p in load_surface(SURFACES / "cpu-conv-classifier")
+              if p.folder.name.startswith("amp=off-") and "-batch_size=32-compile=off-" in p.folder.name]
+    out = tmp_path / "s"
+    state = run_session("cpu-conv-classifier:replay", out,
+                        SessionOptions(max_trials=8, tries=("channels_last", "compile")), log=lambda m: None,
+                        runner=NoCompiler(points, out), script=False, space=surface_space(points))
+    rows = {t["name"]: t for t in state["trials"]}
+    changes = [t["change"] for t in state["trials"]]
+    # What made the swap before: channels_last kept, then compile on top of it, not applicable.
+    assert rows["01-try-channels-last"]["decision"] == "kept", changes
+    assert rows["02-try-compile"]["decision"] == "not applicable", changes
+    assert rows["02-try-compile"]["reason"] == "compile: " + NO_COMPILER.removeprefix("not applicable: ")
+    assert not any(str(t["change"]).startswith("--try compile without") for t in state["trials"]), changes
+    compiled = [t for t in state["trials"] if t["knobs"].get("compile")]
+    assert [t["name"] for t in compiled] == ["02-try-compile"], changes  # never proposed again, in any form
+    assert state["status"] == "done" and state["final_knobs"]["channels_last"] and not state["final_knobs"]["compile"]
