@@ -33,6 +33,9 @@ from typing import Any
 PRIORS: dict[str, float] = {
     "workers": 0.0,   # α: a worker's batch takes (1 + α·W) of one process alone (0: as fast, up to the cores)
     "batch": 1.0,     # γ: device and loader time per step grow as (B'/B)^γ
+    "batch_16": 1.0,  # ... where the matrix products run in 16 bits (AMP): a working set and units of their
+                      # own, so one precision's γ does not stand for the other's (the recorded CPU conv
+                      # surface: batch 32→64 lost 25% in fp32, nothing in bf16)
     "amp": 0.0,       # r: matmul/convolution kernels off the Tensor Cores run r× faster in 16 bits (0: the
                       # device's ratio of 16-bit matrix to fp32 throughput, `amp_ratio`)
     "copies": 2.0,    # pinned copies run this much faster than pageable ones
@@ -44,9 +47,12 @@ PRIORS: dict[str, float] = {
 # On a CPU, where the CPU is the device: channels_last acts on the convolutions themselves (oneDNN's NHWC
 # kernels; there are no layout conversion kernels to remove), p the share of their time it saves; compile
 # promises nothing before it is measured (on the recorded CPU conv classifier it lost 7-42%).
-PRIORS_CPU: dict[str, float] = {"channels_last": 0.35, "compile": 0.0}
+PRIORS_CPU: dict[str, float] = {"channels_last": 0.25, "compile": 0.0}
+# ... and compiled graphs keep only this share of channels_last's saving on a CPU (the recorded conv surface:
+# channels_last gained 44-60% without compile, 8-16% with it).
+COMPILED_LAYOUT = 0.25
 RANGES: dict[str, tuple[float, float]] = {
-    "workers": (0.0, 1.0), "batch": (0.3, 1.5), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
+    "workers": (0.0, 1.0), "batch": (0.3, 1.5), "batch_16": (0.3, 1.5), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
     "uint8": (0.5, 8.0), "channels_last": (0.0, 1.0), "fused": (0.0, 1.0), "compile": (-0.5, 0.9),
 }
 KNOB_OF = {"num_workers": "workers", "batch_size": "batch", "amp": "amp", "pinned": "copies", "pin_memory": "copies",
@@ -76,6 +82,9 @@ class StepGraph:
     amp: bool = False
     pinned: bool = False
     uint8: bool = False
+    channels_last: bool = False
+    compiled: bool = False
+    fused: bool = False
     platform: str = "gpu"
 
     @property
@@ -116,8 +125,10 @@ def steady_figures(trial: dict) -> tuple[float | None, float | None]:
 
 
 def knob_values(trial: dict) -> dict[str, Any]:
-    """The settings a trial ran with that the model transforms: the knobs over the user's values."""
+    """The settings a trial ran with that the model transforms: the knobs over the script's own settings
+    (its autocast, compiled model, fused optimizer) and its loader's values."""
     knobs, user = trial.get("knobs") or {}, trial.get("user_values") or {}
+    own = {k: (v or {}).get("value") for k, v in (trial.get("own_settings") or {}).items() if isinstance(v, dict)}
     loaders = trial.get("dataloaders") or []
     effective = (loaders[0].get("effective") if loaders else None) or {}
 
@@ -126,8 +137,11 @@ def knob_values(trial: dict) -> dict[str, Any]:
             if v is not None:
                 return v
         return default
+    def flag(name: str) -> bool:
+        return bool(next((v for v in (knobs.get(name), own.get(name), user.get(name)) if v is not None), False))
     summary = trial.get("summary") or {}
-    return {"amp": bool(knobs.get("amp")), "batch_size": int(value("batch_size", summary.get("batch_size") or 1)),
+    return {"amp": flag("amp"), "channels_last": flag("channels_last"), "compile": flag("compile"),
+            "fused_optimizer": flag("fused_optimizer"), "batch_size": int(value("batch_size", summary.get("batch_size") or 1)),
             "num_workers": int(value("num_workers", 0) or 0),
             "pinned": bool(value("pin_memory", False)) and bool(knobs.get("non_blocking")),
             "uint8_copies": bool(knobs.get("uint8_copies"))}
@@ -163,7 +177,7 @@ def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
         conv = (extra.get("cpu_conv_share") or 0.0) * traced * scale
         optimizer = min(optimizer, call)
         host, device, idle = optimizer, call - optimizer, optimizer
-        matmul, matmul_tc = (0.0, matmul) if knob_values(trial)["amp"] else (matmul, 0.0)
+        matmul, matmul_tc = (0.0, matmul) if v["amp"] else (matmul, 0.0)
     else:
         device = min(device_us * scale, call)
         idle = call - device
@@ -182,7 +196,8 @@ def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
                      amp_ratio=amp_ratio(trial, diagnosis.platform),
                      copy_s=min(device, copies.exposed_us * scale), layout_s=(diagnosis.layout_share or 0.0)
                      * diagnosis.kernel_us * scale, conv_s=conv, optimizer_s=optimizer, amp=v["amp"],
-                     pinned=v["pinned"], uint8=v["uint8_copies"], platform=diagnosis.platform)
+                     pinned=v["pinned"], uint8=v["uint8_copies"], channels_last=v["channels_last"],
+                     compiled=v["compile"], fused=v["fused_optimizer"], platform=diagnosis.platform)
 
 
 def amp_ratio(trial: dict, platform: str) -> float:
@@ -198,16 +213,48 @@ def amp_ratio(trial: dict, platform: str) -> float:
 
 
 def _host_cut(g: StepGraph, saved_host: float) -> StepGraph:
-    """The graph with `saved_host` seconds less host work: the exposed part of it (the share of host work
-    the device idled through) leaves the call's idle time too."""
+    """The graph with `saved_host` seconds less host work (negative: more): the exposed part of it (the
+    share of host work the device idled through) leaves the call's idle time too, or joins it."""
     saved_host = min(saved_host, g.host_s)
     exposed = saved_host * min(1.0, g.idle_s / g.host_s) if g.host_s > 0 else 0.0
     return dataclasses.replace(g, host_s=g.host_s - saved_host, idle_s=max(0.0, g.idle_s - exposed))
 
 
-def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
+def _cpu_layout_s(g: StepGraph) -> float:
+    """On a CPU, the time channels_last acts on: the device's, less the matrix products that are not
+    convolutions and the copies; none without convolutions."""
+    if g.conv_s <= 0:
+        return 0.0
+    return max(0.0, g.device_s - g.copy_s - max(0.0, g.matmul_s + g.matmul_tc_s - g.conv_s))
+
+
+def _layout_share(g: StepGraph, p: float) -> float:
+    """On a CPU, the share of the layout-sensitive time channels_last saves: p, or as much of it as compiled
+    graphs keep (`COMPILED_LAYOUT`)."""
+    return p * COMPILED_LAYOUT if g.compiled else p
+
+
+def _relayout(g: StepGraph, saved_before: float, saved_after: float) -> StepGraph:
+    """On a CPU, the graph whose layout-sensitive time had the share `saved_before` of it saved and now has
+    `saved_after` (both below 1)."""
+    acted = _cpu_layout_s(g)
+    if acted <= 0:
+        return g
+    ratio = (1 - min(saved_after, 0.9)) / (1 - min(saved_before, 0.9))
+    return dataclasses.replace(g, device_s=g.device_s + acted * (ratio - 1), conv_s=g.conv_s * ratio)
+
+
+def _undone(p: float) -> float:
+    """What a transformation that removed the share p of a time adds back to what is left when undone:
+    p / (1 - p) (p bounded short of 1, where nothing would be left to tell the time before)."""
+    p = min(p, 0.9)
+    return p / (1 - p)
+
+
+def transform(g: StepGraph, knob: str, value: Any, p: float, params: dict[str, float] | None = None) -> StepGraph:
     """The graph after setting one knob (a `KNOB_OF` key, or "pinned" for pin_memory with non_blocking)
-    to `value`, with the transformation's parameter `p` (see PRIORS)."""
+    to `value`, with the transformation's parameter `p` (see PRIORS), and the others' `params` where two
+    knobs interact (compile and channels_last on a CPU)."""
     if knob == "num_workers":
         a = p
         alone = g.produce_s / (1 + a * g.workers)
@@ -240,21 +287,44 @@ def transform(g: StepGraph, knob: str, value: Any, p: float) -> StepGraph:
         saved = g.copy_s * (1 - factor)
         return dataclasses.replace(g, device_s=max(0.0, g.device_s - saved), copy_s=g.copy_s * factor,
                                    **{flag: bool(value)})
-    if knob == "channels_last" and g.platform == "cpu":
-        saved = g.conv_s * p if value else 0.0
-        return dataclasses.replace(g, device_s=g.device_s - saved, conv_s=g.conv_s - saved)
     if knob == "channels_last":
-        saved = g.layout_s * p if value else 0.0
-        return dataclasses.replace(g, device_s=g.device_s - saved, layout_s=g.layout_s - saved)
-    if knob == "fused_optimizer":
-        return _host_cut(g, g.optimizer_s * p) if value else g
-    if knob == "compile":
-        if not value:
+        if bool(value) == g.channels_last:
             return g
-        cut = _host_cut(g, g.host_s * p)
-        other = max(0.0, g.device_s - g.matmul_s - g.copy_s)
-        return dataclasses.replace(cut, device_s=g.device_s - other * p)
+        if g.platform == "cpu":
+            # The layout-sensitive time (the convolutions and the normalisations and pools around them; on a
+            # CPU there are no conversion kernels of their own): the share p of it saved, or given back.
+            share = _layout_share(g, p)
+            return dataclasses.replace(_relayout(g, 0.0, share) if value else _relayout(g, share, 0.0),
+                                       channels_last=bool(value))
+        # On a GPU turning it off brings back conversion kernels the trace cannot show: no change predicted.
+        saved = g.layout_s * p if value else 0.0
+        return dataclasses.replace(g, channels_last=bool(value), device_s=g.device_s - saved,
+                                   layout_s=g.layout_s - saved)
+    if knob == "fused_optimizer":
+        if bool(value) == g.fused:
+            return g
+        saved = g.optimizer_s * p if value else -g.optimizer_s * _undone(p)
+        return dataclasses.replace(_host_cut(g, saved), fused=bool(value), optimizer_s=g.optimizer_s - saved)
+    if knob == "compile":
+        if bool(value) == g.compiled:
+            return g
+        # The share p of the host work and of the kernels that are neither matrix products nor copies (the
+        # ones compile fuses) is removed, or given back when turned off.
+        share = p if value else -_undone(p)
+        other = max(0.0, g.device_s - g.matmul_s - g.matmul_tc_s - g.copy_s)
+        after = dataclasses.replace(_host_cut(g, g.host_s * share), compiled=bool(value),
+                                    device_s=g.device_s - other * share)
+        if g.platform == "cpu" and g.channels_last:  # channels_last's saving, as much as compile leaves of it
+            layout_p = (params or priors(g))["channels_last"]
+            after = _relayout(after, _layout_share(g, layout_p), _layout_share(after, layout_p))
+        return after
     raise ValueError(f"no transformation for the knob {knob!r}")
+
+
+def family_of(g: StepGraph, knob: str) -> str:
+    """The parameter (a PRIORS key) of the transformation that sets `knob` on the graph `g`."""
+    family = KNOB_OF.get(knob, "copies")
+    return "batch_16" if family == "batch" and g.amp else family
 
 
 def priors(g: StepGraph) -> dict[str, float]:
@@ -267,7 +337,7 @@ def predict(g: StepGraph, changes: dict[str, Any], params: dict[str, float] | No
     params = {**priors(g), **(params or {})}
     after = g
     for knob, value in changes.items():
-        after = transform(after, knob, value, params[KNOB_OF.get(knob, "copies")])
+        after = transform(after, knob, value, params[family_of(after, knob)], params)
     return after.samples_per_s / g.samples_per_s - 1
 
 
@@ -295,7 +365,7 @@ def calibrate(observations: list[tuple[StepGraph, dict[str, Any], float]],
     family's parameter; the median of those stands."""
     found: dict[str, list[float]] = {}
     for g, changes, measured in observations:
-        families = {KNOB_OF.get(k, "copies") for k in changes}
+        families = {family_of(g, k) for k in changes}
         if len(families) != 1:
             continue  # a pair of knobs cannot say which of them did what
         family = families.pop()
