@@ -205,12 +205,16 @@ def test_a_replayed_session_predicts_calibrates_and_reports_its_error(tmp_path):
     assert "Predictions" in html and f"over {error['trials']} trial(s)" in html
 
 
-def _conv_surface(*names: str):
-    """(graph, median samples/s) of settings of the recorded CPU conv surface, by their setting names."""
-    doc = json.loads((DATA / "surfaces" / "cpu-conv-classifier" / "surface.json").read_text())
+def _cpu_surface(surface: str, *names: str):
+    """(graph, median samples/s) of settings of a recorded CPU truth surface, by their setting names."""
+    doc = json.loads((DATA / "surfaces" / surface / "surface.json").read_text())
     found = {s["name"]: s for s in doc["settings"]}
-    return [(step_graph(_diagnosis(DATA / "surfaces" / "cpu-conv-classifier" / found[n]["runs"][0])),
-             found[n]["samples_per_s"]) for n in names]
+    return [(step_graph(_diagnosis(DATA / "surfaces" / surface / found[n]["runs"][0])), found[n]["samples_per_s"])
+            for n in names]
+
+
+def _conv_surface(*names: str):
+    return _cpu_surface("cpu-conv-classifier", *names)
 
 
 def test_channels_last_and_compile_on_a_cpu_both_ways_and_together():
@@ -238,3 +242,23 @@ def test_a_batch_measured_in_fp32_does_not_stand_for_bf16():
     params = calibrate([(fp32, {"batch_size": 64}, r1 / r0 - 1)])
     assert r1 / r0 - 1 < -0.1 and predict(fp32, {"batch_size": 64}, params) == pytest.approx(r1 / r0 - 1, abs=0.03)
     assert abs(predict(bf16, {"batch_size": 64}, params)) < 0.02  # the bf16 exponent is still its prior
+
+
+def test_8_bit_images_spare_the_workers_and_nothing_without_them():
+    # The recorded CPU image surface: with two workers 8-bit images gained 7% at batch 32 (the float conversion
+    # and three quarters of the bytes leave the workers); without workers there is no copy nor worker to spare.
+    names = [f"num_workers={w}-batch_size=32-uint8_copies={u}-threads=2" for w in (0, 2) for u in ("off", "on")]
+    (w0, _), _, (w2, r0), (w2_uint8, r1) = _cpu_surface("cpu-image-classifier", *names)
+    assert predict(w0, {"uint8_copies": True}) == 0
+    assert r1 / r0 - 1 > 0.02 and predict(w2, {"uint8_copies": True}) > 0 and predict(w2_uint8, {"uint8_copies": False}) < 0
+
+
+def test_a_batch_measured_with_no_workers_does_not_stand_for_workers():
+    # The H100 steady surface: 32→64 gained 30% while the training thread loaded its own batches; with workers
+    # the same move lost 5% on average. A session's first batch pair calibrates the in-line loader's exponent only.
+    steady = DATA / "surfaces" / "h100-image-classifier-steady"
+    base, larger, workers = (step_graph(_diagnosis(steady / n))
+                             for n in ("fp32-b32-w0-pageable", "fp32-b64-w0-pageable", "fp32-b32-w4-pageable"))
+    params = calibrate([(base, {"batch_size": 64}, larger.samples_per_s / base.samples_per_s - 1)])
+    assert set(params) == {"batch_inline"} and params["batch_inline"] < 0.8
+    assert predict(workers, {"batch_size": 64}, params) == predict(workers, {"batch_size": 64})

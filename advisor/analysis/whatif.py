@@ -28,33 +28,40 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+# γ of the batch (device and loader time per step grow as (B'/B)^γ), one per precision and per loader
+# (`family_of`): a batch measured in fp32 does not stand for 16 bits (a working set and units of their own: on
+# the recorded CPU conv surface 32→64 lost 25% in fp32, nothing in bf16), nor one measured with the training
+# thread loading its own batches for worker processes (on the recorded H100 steady surface 32→64 gained 30%
+# with no workers, 5% less on average with them).
+BATCH_FAMILIES = ("batch", "batch_16", "batch_inline", "batch_16_inline")
 # Each transformation's parameter before the session measured anything, and the range calibration may
 # move it in.
 PRIORS: dict[str, float] = {
     "workers": 0.0,   # α: a worker's batch takes (1 + α·W) of one process alone (0: as fast, up to the cores)
-    "batch": 1.0,     # γ: device and loader time per step grow as (B'/B)^γ
-    "batch_16": 1.0,  # ... where the matrix products run in 16 bits (AMP): a working set and units of their
-                      # own, so one precision's γ does not stand for the other's (the recorded CPU conv
-                      # surface: batch 32→64 lost 25% in fp32, nothing in bf16)
+    **dict.fromkeys(BATCH_FAMILIES, 1.0),  # γ: time per sample constant
     "amp": 0.0,       # r: matmul/convolution kernels off the Tensor Cores run r× faster in 16 bits (0: the
                       # device's ratio of 16-bit matrix to fp32 throughput, `amp_ratio`)
     "copies": 2.0,    # pinned copies run this much faster than pageable ones
-    "uint8": 4.0,     # 8-bit images: a quarter of the bytes to copy
+    "uint8": 0.03,    # u: 8-bit images: the share of a worker's batch time that converting to float and passing
+                      # four times the bytes between processes took (with workers; the copy itself moves a
+                      # quarter of the bytes: `UINT8_BYTES`)
     "channels_last": 1.0,  # share of the layout conversions channels_last removes
     "fused": 0.9,     # share of the optimizer's host time a fused kernel removes
     "compile": 0.5,   # share of the host work and of the non-matmul kernel time compile removes
 }
-# On a CPU, where the CPU is the device: channels_last acts on the convolutions themselves (oneDNN's NHWC
-# kernels; there are no layout conversion kernels to remove), p the share of their time it saves; compile
-# promises nothing before it is measured (on the recorded CPU conv classifier it lost 7-42%).
+# On a CPU, where the CPU is the device: channels_last acts on the layout-sensitive time (the convolutions
+# and the normalisations and pools around them; there are no layout conversion kernels to remove), p the
+# share of it saved; compile promises nothing before it is measured (on the recorded CPU conv classifier it
+# lost 7-42%).
 PRIORS_CPU: dict[str, float] = {"channels_last": 0.25, "compile": 0.0}
 # ... and compiled graphs keep only this share of channels_last's saving on a CPU (the recorded conv surface:
 # channels_last gained 44-60% without compile, 8-16% with it).
 COMPILED_LAYOUT = 0.25
 RANGES: dict[str, tuple[float, float]] = {
-    "workers": (0.0, 1.0), "batch": (0.3, 1.5), "batch_16": (0.3, 1.5), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
-    "uint8": (0.5, 8.0), "channels_last": (0.0, 1.0), "fused": (0.0, 1.0), "compile": (-0.5, 0.9),
+    "workers": (0.0, 1.0), **dict.fromkeys(BATCH_FAMILIES, (0.3, 1.5)), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
+    "uint8": (-0.3, 0.5), "channels_last": (0.0, 1.0), "fused": (0.0, 1.0), "compile": (-0.5, 0.9),
 }
+UINT8_BYTES = 4.0  # a float32 image over its 8-bit one
 KNOB_OF = {"num_workers": "workers", "batch_size": "batch", "amp": "amp", "pinned": "copies", "pin_memory": "copies",
            "non_blocking": "copies", "uint8_copies": "uint8", "channels_last": "channels_last",
            "fused_optimizer": "fused", "compile": "compile"}
@@ -282,11 +289,17 @@ def transform(g: StepGraph, knob: str, value: Any, p: float, params: dict[str, f
         flag = "uint8" if knob == "uint8_copies" else "pinned"
         if bool(value) == getattr(g, flag):
             return g
-        # The exposed copy time divided by p (faster DMA, or fewer bytes); it stays before the forward.
-        factor = 1 / p if value else p
+        # The exposed copy time divided by p (faster DMA), or by UINT8_BYTES (fewer bytes); it stays before the
+        # forward. 8-bit images also spare the workers the float conversion and three quarters of the bytes
+        # they pass back: the share u of their batch time (none without workers).
+        ratio = UINT8_BYTES if flag == "uint8" else p
+        factor = 1 / ratio if value else ratio
         saved = g.copy_s * (1 - factor)
+        produce = g.produce_s
+        if flag == "uint8" and g.workers > 0:
+            produce *= (1 - p) if value else 1 / (1 - min(p, 0.9))
         return dataclasses.replace(g, device_s=max(0.0, g.device_s - saved), copy_s=g.copy_s * factor,
-                                   **{flag: bool(value)})
+                                   produce_s=produce, **{flag: bool(value)})
     if knob == "channels_last":
         if bool(value) == g.channels_last:
             return g
@@ -322,9 +335,12 @@ def transform(g: StepGraph, knob: str, value: Any, p: float, params: dict[str, f
 
 
 def family_of(g: StepGraph, knob: str) -> str:
-    """The parameter (a PRIORS key) of the transformation that sets `knob` on the graph `g`."""
+    """The parameter (a PRIORS key) of the transformation that sets `knob` on the graph `g`: the batch's by
+    the graph's precision and loader (see BATCH_FAMILIES)."""
     family = KNOB_OF.get(knob, "copies")
-    return "batch_16" if family == "batch" and g.amp else family
+    if family != "batch":
+        return family
+    return ("batch_16" if g.amp else "batch") + ("_inline" if g.workers == 0 else "")
 
 
 def priors(g: StepGraph) -> dict[str, float]:
@@ -362,7 +378,7 @@ def calibrate(observations: list[tuple[StepGraph, dict[str, Any], float]],
               params: dict[str, float] | None = None) -> dict[str, float]:
     """Parameters corrected by measured changes of this script on this device: each observation (the
     base's graph, the change, the measured relative change of samples/s) of a single knob gives its
-    family's parameter; the median of those stands."""
+    family's parameter (`family_of`: the batch's per precision and loader); the median of those stands."""
     found: dict[str, list[float]] = {}
     for g, changes, measured in observations:
         families = {family_of(g, k) for k in changes}
