@@ -83,7 +83,7 @@ def load_points(folder: Path) -> dict[tuple, Point]:
     """Every setting of a surface, keyed by (amp, batch, workers, pinned)."""
     out = {}
     for p in load_surface(folder):
-        amp, batch, workers, pin, nb, _ = p.settings
+        amp, batch, workers, pin, nb = p.settings[:5]
         trace = next(p.folder.glob("*.pt.trace.json*"))
         d = analyze_file(trace)
         record = json.loads((p.folder / TRIAL_FILE).read_text())

@@ -52,7 +52,12 @@ CASES = {(0.0, None): None, (0.10, None): (0.97, 0.85), (0.10, DRIFT): (0.97, 0.
 
 
 def recorded_sps(folder: Path) -> float:
-    """The samples/s a recorded trial measured."""
+    """The samples/s a recorded trial stands for: on a surface that measured each setting several times
+    (`record_surface.py --repeats`, its surface.json), the setting's median; else what the trial measured."""
+    summary = folder.parent / "surface.json"
+    if summary.exists():
+        doc = json.loads(summary.read_text())
+        return next(s["samples_per_s"] for s in doc["settings"] if folder.name in s["runs"])
     return json.loads((folder / "trial.json").read_text())["summary"]["samples_per_s"] or 0.0
 
 

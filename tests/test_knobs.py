@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.interposition.step import StepInterposition, non_blocking_cuda, non_blocking_to
 from advisor.trials.interposition.gradients import GradScaling
-from advisor.trials.interposition.loaders import install_dataloader_knobs, plan_loader_arguments
+from advisor.trials.interposition.loaders import (LoaderRecord, dataloader_outcomes, install_dataloader_knobs,
+                                                  plan_loader_arguments)
 
 USER = {
     "batch_size": 16,
@@ -69,6 +70,11 @@ def test_plan_reports_what_cannot_apply():
     assert effective["persistent_workers"] is False and effective["prefetch_factor"] is None
     effective, outcomes = plan_loader_arguments(USER, Knobs(pin_memory=True), accelerator=True)
     assert effective["pin_memory"] is True and outcomes["pin_memory"] == APPLIED
+    # 8-bit copies set off ask for the float images the Dataset builds already: nothing to apply, not "not
+    # applicable" (a recording's such outcome once kept a replayed search from ever trying them).
+    loader = LoaderRecord(user=dict(USER), effective=dict(USER), outcomes={}, steps=3)
+    assert dataloader_outcomes(Knobs(uint8_copies=False), [loader]) == {"uint8_copies": APPLIED}
+    assert dataloader_outcomes(Knobs(uint8_copies=True), [loader])["uint8_copies"].startswith("not applicable")
 
 
 def test_dataloader_is_built_with_the_knobs_and_records_the_users_values():

@@ -282,8 +282,10 @@ def test_surface_settings_and_space():
     assert space.workers == (0, 2, 4, 8, 14) and space.batch_sizes == (32, 64, 128) and space.amp == ("bf16",)
     assert space.pinned_copies
     user = points[0].user_values
-    assert settings_of({}, user) == (None, 32, 0, False, False, 1)
-    assert settings_of(Knobs(num_workers=8, persistent_workers=True).to_dict(), user) == (None, 32, 8, False, False, 1)
+    assert settings_of({}, user)[:6] == (None, 32, 0, False, False, 1)
+    assert settings_of(Knobs(num_workers=8, persistent_workers=True).to_dict(), user)[:6] == (None, 32, 8, False, False, 1)
+    assert not any(settings_of(Knobs(num_workers=8).to_dict(), user)[7:])  # no 8-bit copies nor model knob
+    assert space.model_knobs == () and space.skip == {"threads"}  # the H100 surface holds none of them
 
 
 def test_replay_finds_the_region_of_the_best_with_a_third_of_the_points(tmp_path):
@@ -314,6 +316,24 @@ def test_replay_of_a_setting_the_surface_lacks_is_a_failed_trial(tmp_path):
     served = runner("02-w8", Knobs(num_workers=8, persistent_workers=True))
     assert served.ok and trial_record(served.path)["name"] == "02-w8"
     assert served.samples_per_s == trial_record(SURFACE / "fp32-b32-w8-pageable")["summary"]["samples_per_s"]
+
+
+def test_a_cpu_truth_surface_replays_its_model_knobs_and_the_search_reaches_its_best(tmp_path):
+    # The CPU image surface varies threads and 8-bit copies, recorded three times a setting: the replay tells
+    # those apart, the search may turn them, and a recording's "off" knob says nothing of a trial that leaves
+    # it unset (its "not applicable" once kept the search from ever trying 8-bit copies).
+    surface = SURFACES / "cpu-image-classifier"
+    points = load_surface(surface)
+    space = surface_space(points)
+    assert space.model_knobs == ("uint8_copies",) and "threads" not in space.skip and space.workers == (0, 1, 2)
+    doc = json.loads((surface / "surface.json").read_text())
+    best_setting = max(doc["settings"], key=lambda s: s["samples_per_s"])
+    out = tmp_path / "replay"
+    state = replay(surface, out, 0.0, 0)
+    assert not any(str(v).startswith("not applicable") for t in state["trials"] for v in (t.get("outcomes") or {}).values())
+    best = next(t for t in state["trials"] if t["name"] == state["best"])
+    served = Path(trial_record(out / best["folder"])["replayed_from"]).name
+    assert served in best_setting["runs"], [(t["change"], t["decision"]) for t in state["trials"]]
 
 
 # --------------------------------------------------------------------------------------------------

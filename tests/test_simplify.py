@@ -4,6 +4,8 @@ recorded CPU surface."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import json
 
@@ -99,23 +101,19 @@ NO_COMPILER = "not applicable: torch.compile failed: InvalidCxxCompiler: No work
 
 class NoCompiler(ReplayRunner):
     """The conv example's CPU surface (fp32, batch 32) on a machine without a C++ compiler: a compile fails and
-    the step runs eagerly, so a trial is served the eager recording of its layout and says its compile was
+    the step runs eagerly, so a trial is served the eager recording of its setting and says its compile was
     not applicable, as a live trial does."""
 
     def __init__(self, points, out):
         super().__init__(points, out, noise=0.0)  # noise 0: every window is the recorded figure
-        # The replay tells settings apart by AMP, batch and loader knobs, not the layout: each layout its own runs.
-        self.layouts = {on: ({}, {}) for on in (False, True)}
-        for p in points:
-            self.layouts["channels_last=on" in p.folder.name][0].setdefault(p.settings, []).append(p)
 
     def __call__(self, name, knobs, against=None):
-        self.by_settings, self.served = self.layouts[bool(knobs.channels_last)]
-        result = super().__call__(name, knobs, against)
         if not knobs.compile:
-            return result
+            return super().__call__(name, knobs, against)
+        result = super().__call__(name, dataclasses.replace(knobs, compile=None), against)
         path = result.path / "trial.json"
         record = json.loads(path.read_text())
+        record["knobs"]["compile"] = True
         record["knob_outcomes"]["compile"] = NO_COMPILER
         path.write_text(json.dumps(record))
         return load_trial(result.path)

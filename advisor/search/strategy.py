@@ -41,7 +41,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from advisor.trials.knobs import Knobs
+from advisor.trials.knobs import MODEL_KNOBS, Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
 from advisor.search.history import failed_settings, reverted_under, within_noise
@@ -74,14 +74,17 @@ class SearchSpace:
 
 
 def surface_space(points: list[SurfacePoint]) -> SearchSpace:
-    """The values the search may try on a recorded surface (`advisor.trials.process.replay`): those it holds."""
+    """The values the search may try on a recorded surface (`advisor.trials.process.replay`): those it holds;
+    a model knob, 8-bit copies or the threads only where the surface holds both sides of it."""
     column = {name: {p.settings[i] for p in points} for i, name in enumerate(SETTINGS)}
+    pin, blocking = SETTINGS.index("pin_memory"), SETTINGS.index("non_blocking")
     return SearchSpace(
         workers=tuple(sorted(w for w in column["num_workers"] if isinstance(w, int))),
         batch_sizes=tuple(sorted(b for b in column["batch_size"] if isinstance(b, int))),
         amp=tuple(sorted(a for a in column["amp"] if a)),
-        pinned_copies=any(p.settings[3] and p.settings[4] for p in points),
-        model_knobs=(),
+        pinned_copies=any(p.settings[pin] and p.settings[blocking] for p in points),
+        model_knobs=tuple(k for k in (*MODEL_KNOBS, "uint8_copies") if len(column[k]) > 1),
+        skip=frozenset() if len(column["threads"]) > 1 else frozenset({"threads"}),
     )
 
 
@@ -181,10 +184,12 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
         return None
     user = state["user_values"]
     current = effective(knobs, user, "num_workers") or 0
-    base = {k: v for k, v in knobs.to_dict().items() if k not in ("num_workers", "persistent_workers")}
+    # What a workers change moves with it (the threads that make room for them on a CPU) is not its base.
+    moved = ("num_workers", "persistent_workers")
+    base = {k: v for k, v in knobs.to_dict().items() if k not in moved}
     past = [t["knobs"].get("num_workers") or 0 for t in state["trials"]
             if t.get("recommendation") == "more-workers" and t.get("tried_under") == bound.name
-            and {k: v for k, v in t["knobs"].items() if k not in ("num_workers", "persistent_workers")} == base]
+            and {k: v for k, v in t["knobs"].items() if k not in moved} == base]
     floor = max([current, *past])
     ladder = space.workers if space.workers is not None else worker_ladder(cores)
     target = next((w for w in sorted(ladder) if w > floor), None)
@@ -261,11 +266,13 @@ def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: S
     return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)
 
 
-def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
+def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace, cpu_workers: bool = False) -> Proposal | None:
     """8-bit images from the loader, converted where the step moves them: a quarter of the bytes to copy
     where the copies bind (the rule's figure), and the conversion out of the workers where the loader
-    binds (measured: no rule can tell the conversion's share of a worker's time)."""
-    if knobs.uint8_copies or not space.allows("uint8_copies") or (rec is None and bound.name not in ("input", "copy")):
+    binds, or on a CPU wherever there are workers (`cpu_workers`: they share the cores with the step, so what
+    leaves them pays whichever binds; measured: no rule can tell the conversion's share of a worker's time)."""
+    if knobs.uint8_copies or not space.allows("uint8_copies") or (
+            rec is None and bound.name not in ("input", "copy") and not cpu_workers):
         return None
     gain = rec.predicted_gain if rec is not None else ROUND_GAIN
     target = "copy" if rec is not None or bound.name == "copy" else "input"

@@ -312,8 +312,9 @@ def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, 
     for key in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies"):
         if getattr(knobs, key) is None:
             continue
-        if key == "accumulation_steps" and knobs.accumulation_steps == 1:
-            outcomes[key] = APPLIED  # one micro-step per cycle: nothing to change
+        if (key == "accumulation_steps" and knobs.accumulation_steps == 1) or (key == "uint8_copies"
+                                                                             and not knobs.uint8_copies):
+            outcomes[key] = APPLIED  # one micro-step per cycle, or float images as built: nothing to change
             continue
         # The training loader's reason first: "not the training loader" of the others is not why.
         seen = sorted((r.outcomes[key] for r in records if key in r.outcomes),

@@ -4,7 +4,8 @@ A surface is a folder of trial folders (any names), each a real `trial.json` and
 many knob settings of the same step (`benchmarks/record_surface.py` records one; `tests/data/surfaces/`
 holds one recorded on an H100). Given knobs, the runner serves the recorded trial whose settings they
 give (the knobs over the user's own values: AMP, batch size, workers, pinned memory, non_blocking
-copies, accumulation; worker persistence and prefetch depth are not told apart), copied into the
+copies, accumulation, threads, 8-bit copies and the model knobs; worker persistence and prefetch depth are not
+told apart), copied into the
 session's own folder under the session's trial name. With it the search is tested on real GPU
 measurements without a GPU.
 
@@ -38,12 +39,16 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.trials.record.storage import write_json_atomic
-from advisor.trials.knobs import Knobs
+from advisor.trials.knobs import MODEL_KNOBS, Knobs
 from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.record.adaptive import Against, settled
 from advisor.trials.process.replay_drift import LoadDrift, other_load
 
-SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps")
+# What tells two recorded settings apart: the loader's and the step's knobs, then the threads, 8-bit copies and
+# the model knobs (a CPU truth surface varies those).
+SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps", "threads",
+            "uint8_copies", *MODEL_KNOBS)
+SWITCHES = ("pin_memory", "non_blocking", "uint8_copies", *MODEL_KNOBS)  # off where neither knob nor script sets them
 
 
 @dataclass(frozen=True)
@@ -57,14 +62,14 @@ class SurfacePoint:
 
 def settings_of(knobs: dict[str, Any], user_values: dict[str, Any]) -> tuple:
     """What a trial ran with: each setting the knobs change, over the user's values (defaults where unset)."""
-    defaults = {"amp": None, "batch_size": None, "num_workers": 0, "pin_memory": False, "non_blocking": False,
-                "accumulation_steps": 1}
+    defaults = {"num_workers": 0, "accumulation_steps": 1}
     values = []
     for name in SETTINGS:
         value = knobs.get(name)
         if value is None:
             value = user_values.get(name)
-        values.append(defaults[name] if value is None else value)
+        value = defaults.get(name) if value is None else value
+        values.append(bool(value) if name in SWITCHES else value)
     return tuple(values)
 
 
@@ -128,7 +133,10 @@ class ReplayRunner:
         point = recordings[served % len(recordings)]  # a re-measure serves the next recording
         shutil.copytree(point.folder, folder)
         record = json.loads((folder / TRIAL_FILE).read_text())
-        record.update(name=name, knobs=knobs.to_dict(), replayed_from=str(point.folder))
+        asked = knobs.to_dict()
+        # The outcomes of the knobs this trial sets: a recording's knob set to "off" said nothing of this one.
+        outcomes = {k: v for k, v in (record.get("knob_outcomes") or {}).items() if asked.get(k) is not None}
+        record.update(name=name, knobs=asked, knob_outcomes=outcomes, replayed_from=str(point.folder))
         if self.noise is not None and record.get("status") == "ok":
             self._draw_windows(record, Against.from_dict(against))
         else:
