@@ -189,6 +189,13 @@ def test_the_bound_orders_the_round_and_workers_climb_past_a_size_that_did_not_h
     state = gpu_state([tried(Knobs(num_workers=4, persistent_workers=True), "more-workers", "reverted", "input")])
     proposals = propose(Traced("input", recs), Bound("input"), best_trial(two), state, options, SearchSpace())
     assert proposals[0].knobs.num_workers == 8
+    # On a 2-core CPU the first size (1 worker) moved the threads 2→1 with it and read within the noise: the
+    # next size (2) is the direction's next move, from the same best (the threads are not its base).
+    cpu = {**gpu_state([tried(Knobs(num_workers=1, persistent_workers=True, threads=1), "more-workers", "reverted",
+                              "input")], cores=2), "device": {"type": "cpu", "cpu": {"logical_cores": 2}}}
+    cpu["user_values"]["threads"] = 2
+    proposals = propose(Traced("input", recs), Bound("input"), best_trial(), cpu, options, SearchSpace(workers=(0, 1, 2)))
+    assert (proposals[0].knobs.num_workers, proposals[0].knobs.threads) == (2, 1)
 
 
 def test_a_change_reverted_under_one_bound_is_tried_again_once_the_bound_moves():

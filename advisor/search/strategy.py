@@ -185,7 +185,7 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     user = state["user_values"]
     current = effective(knobs, user, "num_workers") or 0
     # What a workers change moves with it (the threads that make room for them on a CPU) is not its base.
-    moved = ("num_workers", "persistent_workers")
+    moved = ("num_workers", "persistent_workers", "threads")
     base = {k: v for k, v in knobs.to_dict().items() if k not in moved}
     past = [t["knobs"].get("num_workers") or 0 for t in state["trials"]
             if t.get("recommendation") == "more-workers" and t.get("tried_under") == bound.name
