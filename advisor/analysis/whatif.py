@@ -144,11 +144,13 @@ def knob_values(trial: dict) -> dict[str, Any]:
             if v is not None:
                 return v
         return default
+
     def flag(name: str) -> bool:
         return bool(next((v for v in (knobs.get(name), own.get(name), user.get(name)) if v is not None), False))
     summary = trial.get("summary") or {}
     return {"amp": flag("amp"), "channels_last": flag("channels_last"), "compile": flag("compile"),
-            "fused_optimizer": flag("fused_optimizer"), "batch_size": int(value("batch_size", summary.get("batch_size") or 1)),
+            "fused_optimizer": flag("fused_optimizer"),
+            "batch_size": int(value("batch_size", summary.get("batch_size") or 1)),
             "num_workers": int(value("num_workers", 0) or 0),
             "pinned": bool(value("pin_memory", False)) and bool(knobs.get("non_blocking")),
             "uint8_copies": bool(knobs.get("uint8_copies"))}

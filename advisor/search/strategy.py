@@ -266,13 +266,11 @@ def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: S
     return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)
 
 
-def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace, cpu_workers: bool = False) -> Proposal | None:
+def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
     """8-bit images from the loader, converted where the step moves them: a quarter of the bytes to copy
     where the copies bind (the rule's figure), and the conversion out of the workers where the loader
-    binds, or on a CPU wherever there are workers (`cpu_workers`: they share the cores with the step, so what
-    leaves them pays whichever binds; measured: no rule can tell the conversion's share of a worker's time)."""
-    if knobs.uint8_copies or not space.allows("uint8_copies") or (
-            rec is None and bound.name not in ("input", "copy") and not cpu_workers):
+    binds (measured: no rule can tell the conversion's share of a worker's time)."""
+    if knobs.uint8_copies or not space.allows("uint8_copies") or (rec is None and bound.name not in ("input", "copy")):
         return None
     gain = rec.predicted_gain if rec is not None else ROUND_GAIN
     target = "copy" if rec is not None or bound.name == "copy" else "input"

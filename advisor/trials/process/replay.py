@@ -4,9 +4,8 @@ A surface is a folder of trial folders (any names), each a real `trial.json` and
 many knob settings of the same step (`benchmarks/record_surface.py` records one; `tests/data/surfaces/`
 holds one recorded on an H100). Given knobs, the runner serves the recorded trial whose settings they
 give (the knobs over the user's own values: AMP, batch size, workers, pinned memory, non_blocking
-copies, accumulation, threads, 8-bit copies and the model knobs; worker persistence and prefetch depth are not
-told apart), copied into the
-session's own folder under the session's trial name. With it the search is tested on real GPU
+copies, accumulation, threads, 8-bit copies and the model knobs; worker persistence and prefetch depth are
+not told apart), copied into the session's own folder under the session's trial name. With it the search is tested on real GPU
 measurements without a GPU.
 
 A surface may hold several recordings of one setting (folders with the same settings): a re-measure
