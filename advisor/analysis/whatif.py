@@ -57,6 +57,10 @@ PRIORS_CPU: dict[str, float] = {"channels_last": 0.25, "compile": 0.0}
 # ... and compiled graphs keep only this share of channels_last's saving on a CPU (the recorded conv surface:
 # channels_last gained 44-60% without compile, 8-16% with it).
 COMPILED_LAYOUT = 0.25
+# ... and at most this share of the layout-sensitive time (the conv surface: 31%): a share calibrated near 1 on
+# a trace where that time was small made undoing it explode (a live session predicted -87% for compile beside
+# channels_last, and measured -32%).
+CPU_LAYOUT_MAX = 0.6
 RANGES: dict[str, tuple[float, float]] = {
     "workers": (0.0, 1.0), **dict.fromkeys(BATCH_FAMILIES, (0.3, 1.5)), "amp": (0.3, 20.0), "copies": (0.5, 8.0),
     "uint8": (-0.3, 0.5), "channels_last": (0.0, 1.0), "fused": (0.0, 1.0), "compile": (-0.5, 0.9),
@@ -238,8 +242,9 @@ def _cpu_layout_s(g: StepGraph) -> float:
 
 
 def _layout_share(g: StepGraph, p: float) -> float:
-    """On a CPU, the share of the layout-sensitive time channels_last saves: p, or as much of it as compiled
-    graphs keep (`COMPILED_LAYOUT`)."""
+    """On a CPU, the share of the layout-sensitive time channels_last saves: p, at most CPU_LAYOUT_MAX, or as
+    much of it as compiled graphs keep (`COMPILED_LAYOUT`)."""
+    p = min(p, CPU_LAYOUT_MAX)
     return p * COMPILED_LAYOUT if g.compiled else p
 
 
