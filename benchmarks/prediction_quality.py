@@ -96,18 +96,7 @@ def load_points(folder: Path) -> dict[tuple, Point]:
 
 def neighbours(points: dict[tuple, Point]) -> list[tuple[tuple, tuple, str]]:
     """(from, to, knob): every ordered pair of settings that differ in one knob by one step of its values."""
-    values = {i: sorted({k[i] for k in points}) for i in range(4)}
-    pairs = []
-    for a in points:
-        for i, knob in enumerate(KNOBS):
-            ladder = values[i]
-            j = ladder.index(a[i])
-            for step in (-1, 1):
-                if 0 <= j + step < len(ladder):
-                    b = a[:i] + (ladder[j + step],) + a[i + 1:]
-                    if b in points:
-                        pairs.append((a, b, knob))
-    return pairs
+    return cpu_surfaces.pairs_of(list(KNOBS), points)
 
 
 def rules_prediction(point: Point, knob: str, forward: bool) -> float | None:

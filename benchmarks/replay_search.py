@@ -28,6 +28,7 @@ median ≥ 0.90; every session within a third of the surface's points.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -56,11 +57,19 @@ CASES = {(0.0, None): None, (0.10, None): (0.97, 0.85), (0.10, DRIFT): (0.97, 0.
 def recorded_sps(folder: Path) -> float:
     """The samples/s a recorded trial stands for: on a surface that measured each setting several times
     (`record_surface.py --repeats`, its surface.json), the setting's median; else what the trial measured."""
-    summary = folder.parent / "surface.json"
-    if summary.exists():
-        doc = json.loads(summary.read_text())
-        return next(s["samples_per_s"] for s in doc["settings"] if folder.name in s["runs"])
+    medians = setting_medians(folder.parent)
+    if medians:
+        return medians[folder.name]
     return json.loads((folder / "trial.json").read_text())["summary"]["samples_per_s"] or 0.0
+
+
+@functools.cache
+def setting_medians(surface: Path) -> dict[str, float]:
+    """Each run folder's setting median from a surface's surface.json (read once a surface); {} without one."""
+    summary = surface / "surface.json"
+    if not summary.exists():
+        return {}
+    return {run: s["samples_per_s"] for s in json.loads(summary.read_text())["settings"] for run in s["runs"]}
 
 
 def one_session(surface: Path, points: list, noise: float, seed: int, tmp: Path,

@@ -250,11 +250,11 @@ def _layout_share(g: StepGraph, p: float) -> float:
 
 def _relayout(g: StepGraph, saved_before: float, saved_after: float) -> StepGraph:
     """On a CPU, the graph whose layout-sensitive time had the share `saved_before` of it saved and now has
-    `saved_after` (both below 1)."""
+    `saved_after` (both `_layout_share`s: at most CPU_LAYOUT_MAX)."""
     acted = _cpu_layout_s(g)
     if acted <= 0:
         return g
-    ratio = (1 - min(saved_after, 0.9)) / (1 - min(saved_before, 0.9))
+    ratio = (1 - saved_after) / (1 - saved_before)
     return dataclasses.replace(g, device_s=g.device_s + acted * (ratio - 1), conv_s=g.conv_s * ratio)
 
 
@@ -304,7 +304,7 @@ def transform(g: StepGraph, knob: str, value: Any, p: float, params: dict[str, f
         saved = g.copy_s * (1 - factor)
         produce = g.produce_s
         if flag == "uint8" and g.workers > 0:
-            produce *= (1 - p) if value else 1 / (1 - min(p, 0.9))
+            produce *= (1 - p) if value else 1 + _undone(p)
         return dataclasses.replace(g, device_s=max(0.0, g.device_s - saved), copy_s=g.copy_s * factor,
                                    produce_s=produce, **{flag: bool(value)})
     if knob == "channels_last":
