@@ -4,6 +4,7 @@ it, and whole sessions replayed on a response surface recorded on a real H100.""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import shutil
 import statistics
@@ -21,6 +22,7 @@ from advisor.search.bounds import trial_bound
 from advisor.trials.record.measurement import measure, noise
 from advisor.search.state import SessionOptions
 from advisor.search.decision import decide
+from advisor.search.trials import measure_record, recorded_losses
 from advisor.search.strategy import SearchSpace, fit_memory, next_batch_size, propose, surface_space, \
     worker_ladder
 from advisor.search.session import run_session
@@ -29,6 +31,7 @@ from advisor.trials.process.runner import run_trial
 from conftest import ROOT, SURFACES, advisor_main, whole_at
 
 SURFACE = SURFACES / "h100-image-classifier"
+TRIALS = ROOT / "tests" / "data" / "trials" / "h200-conv-classifier"
 
 
 def steps_of(walls, batch=32, window_size=None, call=None):
@@ -83,6 +86,21 @@ def test_wait_share_is_the_time_outside_the_step():
     assert waiting.wait_share == pytest.approx(0.75)
 
 
+def test_a_loss_lower_because_training_went_further_is_no_reason_to_revert(tmp_path):
+    # Real records of an H200 session: with 14 workers the trial waited 29 steps for its loader before it profiled,
+    # the baseline 2, so its profiled steps were further into training and their loss lower (about 0.8 against 1.7).
+    folders = {}
+    for name in ("00-baseline", "05-workers-14"):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        (folders[name] / "trial.json").write_bytes(gzip.decompress((TRIALS / f"{name}.trial.json.gz").read_bytes()))
+    base, workers = (measure_record([trial_record(f)]) for f in folders.values())
+    reference, losses = (recorded_losses(f) for f in folders.values())
+    assert statistics.median(losses) < 0.75 * statistics.median(reference)  # what the old check reverted
+    decision = decide(base, workers, losses, reference, 0.03)
+    assert decision.keep and decision.gain > 0.3, decision.reason
+
+
 def test_decisions_follow_the_noise_and_the_loss():
     base = measure([steps_of([0.1, 0.11, 0.09, 0.1, 0.1, 0.11], window_size=2)])
     same = decide(base, base, [], [], 0.03)
@@ -90,7 +108,7 @@ def test_decisions_follow_the_noise_and_the_loss():
     faster = measure([steps_of([0.05, 0.055, 0.045, 0.05, 0.05, 0.055], window_size=2)])
     assert decide(base, faster, [1.0], [1.0], 0.03).keep
     assert not decide(base, faster, [float("nan")], [1.0], 0.03).keep
-    assert "loss moved" in decide(base, faster, [5.0], [1.0, 1.05], 0.03).reason
+    assert "loss rose" in decide(base, faster, [5.0], [1.0, 1.05], 0.03).reason
     assert "% samples/s (noise" in decide(base, faster, [1.0], [1.0], 0.03).reason
     # Steps that knew no batch size are measured, and decided, in steps/s.
     steps = measure([steps_of([0.1, 0.11, 0.09, 0.1, 0.1, 0.11], batch=None, window_size=2)])

@@ -72,7 +72,7 @@ def test_the_simpler_setting_is_kept_unless_it_measured_slower():
     assert kept.keep and "not slower" in kept.reason and not kept.inconclusive
     slower = Decision(False, "-6.0% samples/s: slower (noise 4.0%)", -0.06, 0.04)
     assert not keep_simpler(slower, 0.03).keep
-    loss = Decision(False, "loss moved from 1 to 2 (more than 0.25)", 0.0, 0.04)
+    loss = Decision(False, "loss rose from 1 to 2 (more than 0.25)", 0.0, 0.04)
     assert not keep_simpler(loss, 0.03).keep
     faster = Decision(True, "+9.0% samples/s (noise 4.0%)", 0.09, 0.04, inconclusive=False)
     assert keep_simpler(faster, 0.03) == faster

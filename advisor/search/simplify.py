@@ -112,7 +112,7 @@ def takes_off(recommendation: str) -> bool:
 
 def keep_simpler(decision: Decision, min_gain: float) -> Decision:
     """A setting with a knob fewer is kept unless it measured slower (beyond its noise and the least gain
-    kept), or its loss moved; otherwise the decision stands. Never measured again for a small gain."""
+    kept), or its loss rose; otherwise the decision stands. Never measured again for a small gain."""
     decision = dataclasses.replace(decision, inconclusive=False)
     if decision.keep or decision.reason.startswith(("loss", "no throughput")) \
             or decision.gain < -max(min_gain, decision.noise):
