@@ -107,3 +107,30 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns(tmp_path):
     log = windows_log(out / "turns" / rows[0]["name"])
     assert [name for name, *_ in log] == [r["name"] for r in rows] * WINDOWS, log
     assert speedup == rows[1]["samples_per_s"] / rows[0]["samples_per_s"] and "side by side" in said[0]
+
+
+def test_a_best_slower_than_the_baseline_in_turns_sends_the_session_back_to_it(tmp_path):
+    """A change kept on a measurement the load bent (here: batch 2, made the best by hand) reads slower than the
+    baseline when the two run side by side at the end: the session ends on the script's own settings."""
+    import dataclasses
+
+    from advisor.search.ending import speedup_in_turns
+    from advisor.search.session import run_session
+    from advisor.search.state import SessionOptions
+    from advisor.search.trials import subprocess_runner
+
+    script = write_script(tmp_path, TINY)
+    out, target = tmp_path / "session", f"{script}:train_step"
+    options = SessionOptions(steps=2, wait=1, warmup=1, device="cpu", max_trials=2, windows=WINDOWS, window_s=0.2,
+                             tries=("batch_size=2",))
+    state = run_session(target, out, options, log=lambda m: None)
+    baseline, small = state["trials"][:2]
+    assert small["knobs"]["batch_size"] == 2
+    state.update(best=small["name"], final_knobs=small["knobs"])  # as if the load had bent its measurement
+    more = dataclasses.replace(options, max_trials=4)
+    speedup = speedup_in_turns(subprocess_runner(target, out, more, state), out, state, more, baseline, lambda m: None)
+    rows = state["trials"][2:]
+    assert rows[1]["samples_per_s"] < rows[0]["samples_per_s"]  # batch 2 measured slower, at one load
+    assert speedup == 1.0 and state["best"] == baseline["name"] and state["final_knobs"] == baseline["knobs"]
+    assert rows[1]["decision"] == "reverted" and "the session ends on the script's own settings" in rows[1]["reason"]
+    assert any(small["name"] in note and "side by side" in note for note in state["notes"])

@@ -33,6 +33,9 @@ DURING = "the machine's load changed during this trial"
 SINCE = "the machine's load changed since the best was measured"
 STEPPED = "the trial's speed stepped between its first and second halves"
 BEST_DRIFTED = "the best's own runs disagree"
+# Windows a setting needs at one load for a decision on them: two leave their noise a guess from one difference
+# (a loaded live session kept batch 256 at "+40.7%, noise 27.7%" on two windows of each; it was 0.65× the best).
+AT_ONE_LOAD = 3
 
 
 def _number(value: Any) -> bool:
@@ -151,28 +154,31 @@ def chained(rows: list[dict[str, Any]]) -> float:
     return ratio
 
 
-def steps_at(record: dict[str, Any], level: float) -> list[dict[str, Any]] | None:
-    """The record's steps with only the windows that ran at `level` (not `apart` from it); None where fewer
-    than two did."""
+def steps_at(record: dict[str, Any], level: float) -> list[dict[str, Any]]:
+    """The record's steps with only the windows that ran at `level` (not `apart` from it): its other steps and
+    those windows (none where its windows were not kept apart)."""
     steps = record.get("steps") or []
     groups, source = window_groups(steps)
     if source != "windows":
-        return None
+        return []
     kept = [g for g in groups if (loads := window_loads({"steps": g})) and not apart(loads[-1], level)]
-    if len(kept) < 2:
-        return None
-    return [s for s in steps if s.get("phase") != "window"] + [s for g in kept for s in g]
+    return [s for s in steps if s.get("phase") != "window"] + [s for g in kept for s in g] if kept else []
 
 
 def at_one_load(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]]) -> tuple[list, list] | None:
-    """Two settings' runs, each cut to its windows at the quietest load that both ran two windows at; None
-    where no load level holds windows of both."""
+    """Two settings' runs, each cut to its windows at the quietest load that both ran AT_ONE_LOAD windows at
+    (their runs together); None where no load level holds that many of both."""
     for level in sorted({load for run in a_runs + b_runs for load in window_loads(run)}):
         a = [dict(r, steps=steps) for r in a_runs if (steps := steps_at(r, level))]
         b = [dict(r, steps=steps) for r in b_runs if (steps := steps_at(r, level))]
-        if a and b:
+        if _windows(a) >= AT_ONE_LOAD and _windows(b) >= AT_ONE_LOAD:
             return a, b
     return None
+
+
+def _windows(runs: list[dict[str, Any]]) -> int:
+    """The steady-state windows of these runs together."""
+    return sum(len(window_groups(r["steps"])[0]) for r in runs)
 
 
 def steady(record: dict[str, Any]) -> bool:

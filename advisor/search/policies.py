@@ -105,7 +105,7 @@ def beside_fresh_best(out: Path, state: dict[str, Any], best: dict[str, Any], fr
 
 def session_speedup(out: Path, state: dict[str, Any], reference: dict[str, Any]) -> tuple[float | None, str]:
     """The best's samples/s over the baseline's, and how it was had: "one load" (every run of the two, cut to
-    their windows at the quietest load both ran two windows at), "direct" (their own figures: where no load
+    their windows at the quietest load both ran AT_ONE_LOAD windows at), "direct" (their own figures: where no load
     is known, where they give the same within SAME_SPEEDUP, or where the two ran at one load in too few windows
     to cut), or "chained" (the product of the kept changes' gains, each measured beside the best of its
     time)."""

@@ -312,6 +312,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure,
                             leave=PAIR_TRIALS if options.max_trials >= SPEEDUP_BUDGET else 0)
         in_turns = speedup_in_turns(run, out, state, options, reference, log) if remeasure else None
+        if state["best"] != best.name:  # slower than the baseline in turns: the session went back to it
+            best = applied_only(load_trial(out / best_row(state)["folder"]))
         side_by_side = False
     else:
         baseline = baseline_again(run, out, state, options, reference, log, remeasure)
@@ -320,7 +322,8 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
     _bound_of(out, state, best)
     if in_turns is not None:
         state["speedup"], state["speedup_basis"] = in_turns, "in turns"
-        state["notes"].append(speedup_note(state, reference))
+        if state["best"] != reference["name"]:  # else the note of the way back says it
+            state["notes"].append(speedup_note(state, reference))
     else:
         state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
         if state["speedup_basis"] != "direct" or side_by_side:
