@@ -135,8 +135,8 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
     if state.get("speedup_basis") == "in turns":
         return (f"The baseline and the best were measured again side by side before the session ended, their "
                 f"windows in turns (one measuring while the other waited): the speedup ×{state['speedup']:.2f} is "
-                f"read from those windows, so a load that came and went fell on both alike (their first figures "
-                f"give ×{direct:.2f}).")
+                f"read from those windows at the quietest load both ran at, so a load that came and went fell on "
+                f"both alike (their first figures give ×{direct:.2f}).")
     if side_by_side:
         return (f"The baseline and the best were measured again one right after the other before the session "
                 f"ended: the speedup ×{state['speedup']:.2f} is read from every run of the two at one load, so it "

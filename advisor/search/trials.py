@@ -99,14 +99,15 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
         return record
 
     def run(name: str, knobs: Knobs, against: dict[str, Any] | None = None,
-            turns: dict[str, Any] | None = None) -> TrialResult:
+            turns: dict[str, Any] | None = None, windows: int | None = None) -> TrialResult:
         # Windows in turns with another trial: it waits while the other measures, so it may take twice as long.
-        limit = trial_time_limit(options, knobs) * (2 if turns else 1)
+        windows = windows or options.windows
+        limit = trial_time_limit(options, knobs) * (2 if turns else 1) + 2 * windows * options.window_s
         try:
             return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
                              wait=options.wait, warmup=options.warmup, device=options.device,
                              script_args=options.script_args, timeout_s=limit,
-                             memory_limit=options.memory_limit, windows=options.windows, window_s=options.window_s,
+                             memory_limit=options.memory_limit, windows=windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
                              on_progress=progress, ray_address=options.ray_address, nnodes=options.nnodes,
