@@ -81,9 +81,12 @@ def summary(state: dict) -> str:
     best = next(t for t in state["trials"] if t["name"] == state["best"])
     again = [t["name"] for t in state["trials"] if t.get("drift")]
     timing = time_text(state.get("time")) or "no times"
+    # The two runs the speedup is read from, where they ran in turns: their figures and the load beside them.
+    turns = [f"{t['name']} {t.get('samples_per_s') or 0:.0f} ({t.get('load') or 'no load known'})"
+             for t in state["trials"] if t.get("recommendation") == "confirm" and "for the speedup" in t["change"]]
     return (f"best {best['name']} ({Knobs.from_dict(best['knobs']).label() or 'as written'}), "
             f"×{state.get('speedup') or 0:.2f} ({state.get('speedup_basis')}); measured again (load changed) after: {', '.join(again) or 'none'}; "
-            f"{timing}")
+            f"{timing}" + (f"; speedup runs: {', '.join(turns)}" if turns else ""))
 
 
 def main() -> int:

@@ -169,7 +169,8 @@ def session_phase(run: Run, phase: str, target: str, folder: str, extra: list[st
     failed = [t["name"] for t in trials if t.get("status") not in ("ok", None)]
     what = (f"{len(trials)} trials, status {state.get('status')}, best {best.get('change') or best.get('name')} "
             f"{best.get('samples_per_s') or 0:.1f} {state.get('unit') or 'samples/s'} "
-            f"({best.get('speedup') or 0:.2f}x the baseline)")
+            f"({best.get('speedup') or 0:.2f}x the baseline; the session claims {state.get('speedup') or 0:.2f}x, "
+            f"{state.get('speedup_basis') or 'direct'})")
     if failed:
         what += f"; trials that failed: {', '.join(failed)}"
     if not trials or trials[0].get("status") != "ok":

@@ -115,6 +115,27 @@ def test_the_load_says_when_the_machine_changed():
     assert machine_changed([record([0.1] * 4)], record([0.12] * 4)) is None
 
 
+def test_a_speedup_in_turns_counts_only_at_the_quietest_load_the_two_ever_ran_at():
+    from advisor.search.ending import quiet_as_ever
+
+    def record(loads, wall=0.1):
+        steps = []
+        for w, load in enumerate(loads):
+            steps += [{"wall_s": wall, "batch_size": 8, "window": w, "phase": "window"} for _ in range(3)]
+            steps[-1]["load"] = {"waited": load, "other_cpu": load, "gpu_other": None}
+        return {"steps": steps}
+
+    earlier = [record([0.03] * 3), record([0.6, 0.04, 0.05])]  # the two settings' runs before the end
+    loaded = (record([0.1, 0.6, 0.62, 0.65]), record([0.3, 0.6, 0.64, 0.66], wall=0.05))  # both in turns, loaded
+    cut = at_one_load(*([r] for r in loaded))
+    assert cut is not None and not quiet_as_ever(cut, earlier + list(loaded))  # 0.6: they ran quieter before
+    quiet = (record([0.04, 0.6, 0.03, 0.05]), record([0.03, 0.62, 0.04, 0.04], wall=0.05))
+    cut = at_one_load(*([r] for r in quiet))
+    assert quiet_as_ever(cut, earlier + list(quiet)) and all(len(r["steps"]) == 9 for r in cut[0] + cut[1])
+    assert not quiet_as_ever(None, earlier)  # no load both ran three windows at
+    assert quiet_as_ever(None, [{"steps": []}])  # no load known at all: the windows in turns stand
+
+
 def test_a_decision_across_two_loads_holds_only_where_the_load_worked_against_it():
     def record(load):
         return {"steps": [{"wall_s": 0.1, "batch_size": 8, "window": 0, "phase": "window",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.runner import run_trial
 from advisor.trials.record.turns import start_turns, windows_log
@@ -113,8 +115,11 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns(tmp_path):
     ratios = [rows[1]["samples_per_s"] / rows[0]["samples_per_s"]]
     if at_one_load:
         ratios.append(at_one_load[0].samples_per_s / at_one_load[1].samples_per_s)
-    assert speedup in ratios, (speedup, ratios)
     assert "side by side" in said[0]
+    if speedup is None:  # a busy machine: every window in turns ran under more load than the two ran at before
+        assert "all ran under a load" in said[-1]
+        return
+    assert speedup in ratios, (speedup, ratios)
 
 
 def test_a_best_slower_than_the_baseline_in_turns_sends_the_session_back_to_it(tmp_path):
@@ -136,7 +141,10 @@ def test_a_best_slower_than_the_baseline_in_turns_sends_the_session_back_to_it(t
     assert small["knobs"]["batch_size"] == 2
     state.update(best=small["name"], final_knobs=small["knobs"])  # as if the load had bent its measurement
     more = dataclasses.replace(options, max_trials=4)
-    speedup = speedup_in_turns(subprocess_runner(target, out, more, state), out, state, more, baseline, lambda m: None)
+    said = []
+    speedup = speedup_in_turns(subprocess_runner(target, out, more, state), out, state, more, baseline, said.append)
+    if speedup is None and "all ran under a load" in said[-1]:
+        pytest.skip("a busy machine: every window in turns ran under more load than the two ran at before")
     rows = state["trials"][2:]
     assert rows[1]["samples_per_s"] < rows[0]["samples_per_s"]  # batch 2 measured slower, at one load
     assert speedup == 1.0 and state["best"] == baseline["name"] and state["final_knobs"] == baseline["knobs"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.search.decision import decide
-from advisor.search.drift import load_text, pair_changed
+from advisor.search.drift import apart, at_one_load, load_text, mean_load, pair_changed, window_loads
 from advisor.search.policies import CONFIRM_TRIALS, applied_only, first_change, in_effect, measured_at_one_load, \
     once_more, runs_of
 from advisor.search.proposal import Proposal
@@ -285,14 +285,30 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
         return None
     # Turns put a load that comes and goes on both alike, but not its effect: on a loaded 2-core machine the conv
     # example's steps ran at a fifth to a tenth of their quiet speed, by how much varying from one setting and one
-    # second to the next. So the speedup is read off the windows at the quietest load both ran at.
-    base, best = measured_at_one_load([done[0][1]], [done[1][1]]) or (done[0][2], done[1][2])
+    # second to the next. So the speedup is read off the windows at the quietest load both ran at, and only where
+    # that is the quietest the two ever ran at; else (None) from all their runs at one load (`session_speedup`).
+    matched = at_one_load([done[0][1]], [done[1][1]])
+    if not quiet_as_ever(matched, runs_of(out, state, in_effect(reference)) + runs_of(out, state, in_effect(top))):
+        log("  their windows in turns all ran under a load the two ran without before: the speedup is read from "
+            "all their runs at one load")
+        return None
+    base, best = (measure_record(side) for side in matched) if matched else (done[0][2], done[1][2])
     if not base.samples_per_s or not best.samples_per_s:
         return None
     speedup = best.samples_per_s / base.samples_per_s
     if speedup - 1 < -noise(base, best):
         return back_to_baseline(state, reference, top, speedup, log)
     return speedup
+
+
+def quiet_as_ever(matched: tuple[list, list] | None, runs: list[dict[str, Any]]) -> bool:
+    """Whether two runs cut to one load (`drift.at_one_load`; None: they share none) ran at the quietest load
+    that any of `runs` ran a window at (where no load is known, they did)."""
+    quietest = min((load for run in runs for load in window_loads(run)), default=None)
+    if quietest is None:
+        return True
+    levels = [level for run in (matched[0] + matched[1] if matched else []) if (level := mean_load(run)) is not None]
+    return bool(levels) and not apart(max(levels), quietest)
 
 
 def back_to_baseline(state: dict[str, Any], reference: dict[str, Any], top: dict[str, Any], speedup: float,
