@@ -8,7 +8,8 @@ together (pinned copies × workers, bf16 × batch), one whose best needs four ch
 workers, pinned copies, from a step the loader and the training thread each partly bind), and the same with
 a tenth of its settings removed, so that trials there fail. Each is replayed with
 `ReplayRunner(noise=S, seed=N, drift=D)`: every served trial's steady-state windows are drawn around the
-point's recorded samples/s with relative spread S, so each measurement (re-measures included) carries its
+setting's recorded samples/s (the median of its runs, the figure found/best judges by) with relative spread S,
+so each measurement (re-measures included) carries its
 own noise; with drift, a load that comes and goes (`advisor.trials.process.replay_drift`: spells of about 20
 simulated seconds, each quiet or slowing every step by up to 1 + D times). The budget is a third of the
 surface's points. Found/best is the recorded samples/s of the setting the session ends on over the

@@ -10,7 +10,9 @@ measurements without a GPU.
 
 A surface may hold several recordings of one setting (folders with the same settings): a re-measure
 serves the next one. With `noise` (0 included) each served trial's steady-state windows are drawn afresh
-around the recording's samples/s with that relative spread (a seeded generator: the same seed replays
+around the setting's samples/s (the median of its recordings, the truth a bench judges the session by: drawn
+around each recording's own figure, the setting's truth would change with how often it is served) with that
+relative spread (a seeded generator: the same seed replays
 the same session), so every measurement, re-measures included, carries independent noise as on a live
 machine, and a setting can be measured again (`remeasure`); at 0 every window is the recorded figure. With
 `noise` None the recording is served as it is, and with one recording per setting it cannot be measured
@@ -57,6 +59,7 @@ class SurfacePoint:
     folder: Path
     settings: tuple
     user_values: dict
+    samples_per_s: float | None = None  # what it measured (None where it measured nothing)
 
 
 def settings_of(knobs: dict[str, Any], user_values: dict[str, Any]) -> tuple:
@@ -86,7 +89,8 @@ def load_surface(folder: Path | str) -> list[SurfacePoint]:
         if not isinstance(record, dict) or record.get("schema") != TRIAL_SCHEMA:
             raise AdvisorError(f"{path}: not an {TRIAL_SCHEMA} document")
         user = record.get("user_values") or {}
-        points.append(SurfacePoint(path.parent, settings_of(record.get("knobs") or {}, user), user))
+        points.append(SurfacePoint(path.parent, settings_of(record.get("knobs") or {}, user), user,
+                                   (record.get("summary") or {}).get("samples_per_s")))
     if not points:
         raise AdvisorError(f"{folder}: holds no recorded trials (no */{TRIAL_FILE})")
     return points
@@ -98,7 +102,8 @@ NOISE_WINDOW_STEPS = 4  # steps in each
 
 class ReplayRunner:
     """Serves recorded trials for the session's knobs, into `out/trials/<name>`; with `noise`, each with
-    steady-state windows drawn around its recorded samples/s (relative spread `noise`, generator `seed`)."""
+    steady-state windows drawn around its setting's recorded samples/s (relative spread `noise`, generator
+    `seed`)."""
 
     def __init__(self, points: list[SurfacePoint], out: Path, noise: float | None = None, seed: int = 0,
                  drift: float | None = None):
@@ -110,6 +115,8 @@ class ReplayRunner:
         for p in points:
             self.by_settings.setdefault(p.settings, []).append(p)
         self.served: dict[tuple, int] = {}
+        self.truth = {settings: statistics.median(rates) for settings, recordings in self.by_settings.items()
+                      if (rates := [p.samples_per_s for p in recordings if p.samples_per_s])}
         self.noise = noise
         self.random = random.Random(seed)
         # Measuring a setting again counts new steps only where there are new ones to count.
@@ -137,7 +144,7 @@ class ReplayRunner:
         outcomes = {k: v for k, v in (record.get("knob_outcomes") or {}).items() if asked.get(k) is not None}
         record.update(name=name, knobs=asked, knob_outcomes=outcomes, replayed_from=str(point.folder))
         if self.noise is not None and record.get("status") == "ok":
-            self._draw_windows(record, Against.from_dict(against))
+            self._draw_windows(record, self.truth.get(wanted), Against.from_dict(against))
         else:
             self._retime(record, 0.0)
         write_json_atomic(folder / TRIAL_FILE, record)
@@ -164,15 +171,15 @@ class ReplayRunner:
                            "last_step_at": self.epoch + last, "ended_at": self.epoch + self.clock,
                            "duration_s": self.clock - start, "simulated": True}
 
-    def _draw_windows(self, record: dict[str, Any], target: Against | None = None) -> None:
-        """Replace the record's steady-state windows by windows drawn around its samples/s: each window's
+    def _draw_windows(self, record: dict[str, Any], truth: float | None, target: Against | None = None) -> None:
+        """Replace the record's steady-state windows by windows drawn around the setting's samples/s: each window's
         rate × (1 + noise · N(0, 1)) over the load at its time, its steps keeping the recorded share of
         time spent waiting for data (so the bound the session reads is the recording's). NOISE_WINDOWS
         of them; against a `target`, until they settle the comparison (at most its cap)."""
         from advisor.trials.record.measurement import measure
 
         summary = record.get("summary") or {}
-        rate, batch = summary.get("samples_per_s"), summary.get("batch_size")
+        rate, batch = truth, summary.get("batch_size")
         profiled = [s for s in record.get("steps") or [] if "window" not in s]
         if not rate or not batch:
             self._retime(record, 0.0)
