@@ -100,9 +100,11 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
 
     def run(name: str, knobs: Knobs, against: dict[str, Any] | None = None,
             turns: dict[str, Any] | None = None, windows: int | None = None) -> TrialResult:
-        # Windows in turns with another trial: it waits while the other measures, so it may take twice as long.
+        # Windows in turns with another trial: it waits while the other measures, so it may take twice as long,
+        # and as long again for each window beyond the session's (the speedup's runs take more).
         windows = windows or options.windows
-        limit = trial_time_limit(options, knobs) * (2 if turns else 1) + 2 * windows * options.window_s
+        limit = (trial_time_limit(options, knobs) * (2 if turns else 1)
+                 + 2 * max(0, windows - options.windows) * options.window_s)
         try:
             return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
                              wait=options.wait, warmup=options.warmup, device=options.device,

@@ -14,7 +14,7 @@ around the setting's samples/s (the median of its recordings, the truth a bench 
 around each recording's own figure, the setting's truth would change with how often it is served) with that
 relative spread (a seeded generator: the same seed replays
 the same session), so every measurement, re-measures included, carries independent noise as on a live
-machine, and a setting can be measured again (`remeasure`); at 0 every window is the recorded figure. With
+machine, and a setting can be measured again (`remeasure`); at 0 every window is that figure. With
 `noise` None the recording is served as it is, and with one recording per setting it cannot be measured
 again. Measured against the best (`against`, `advisor.trials.record.adaptive`), a served trial draws windows until
 they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.process.replay_drift`) a
