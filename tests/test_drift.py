@@ -129,8 +129,11 @@ def test_a_speedup_in_turns_counts_only_at_the_quietest_load_the_two_ever_ran_at
     loaded = (record([0.6, 0.62, 0.65]), record([0.6, 0.64, 0.66], wall=0.05))  # both in turns, loaded
     cut = at_one_load(*([r] for r in loaded))
     assert cut is not None and not quiet_as_ever(cut, earlier + list(loaded))  # 0.6: they ran quieter before
-    # Never cut at a heavier load than the quietest any of the runs ran at: there the speed is erratic.
+    # Never cut at a load past ERRATIC where they ran quieter: there the speed is erratic. Below it, the quietest
+    # level with three windows of each.
     assert at_one_load([record([0.1, 0.6, 0.62, 0.65])], [record([0.3, 0.6, 0.64, 0.66])]) is None
+    cut = at_one_load([record([0.0, 0.4, 0.42, 0.45])], [record([0.0, 0.4, 0.44, 0.46])])
+    assert cut is not None and all(min(window_loads(r)) >= 0.4 for r in cut[0] + cut[1])
     quiet = (record([0.04, 0.6, 0.03, 0.05]), record([0.03, 0.62, 0.04, 0.04], wall=0.05))
     cut = at_one_load(*([r] for r in quiet))
     assert quiet_as_ever(cut, earlier + list(quiet)) and all(len(r["steps"]) == 9 for r in cut[0] + cut[1])
