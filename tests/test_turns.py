@@ -3,9 +3,6 @@ load that comes and goes falls on both alike; and a trial whose partner never co
 
 from __future__ import annotations
 
-import json
-import threading
-
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.runner import run_trial
 from advisor.trials.record.turns import start_turns, windows_log
@@ -44,32 +41,6 @@ def trial(script, folder, knobs, turns):
                      windows=WINDOWS, window_s=0.2, turns=turns.to_dict())
 
 
-def test_two_trials_take_turns_window_by_window(tmp_path):
-    script = write_script(tmp_path, TINY)
-    ends = start_turns(tmp_path / "turns", "a", "b", wait_s=120)
-    results = {}
-    threads = [threading.Thread(target=lambda n, k, t: results.__setitem__(n, trial(script, tmp_path / n, k, t)),
-                                args=(name, knobs, end))
-               for name, knobs, end in (("a", Knobs(), ends[0]), ("b", Knobs(batch_size=32), ends[1]))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert all(r.ok for r in results.values()), {n: r.message for n, r in results.items()}
-    log = windows_log(tmp_path / "turns")
-    assert [name for name, *_ in log] == ["a", "b"] * WINDOWS, log
-    assert [window for _, window, *_ in log] == [i for i in range(WINDOWS) for _ in "ab"]
-    assert all(earlier[3] <= later[2] for earlier, later in zip(log, log[1:])), log  # never two at once
-    # a's first window waited for b to reach its windows: b's start-up and profiled steps ran before it
-    assert (tmp_path / "turns" / "ready-b").stat().st_mtime <= log[0][2] + 0.01
-    for name in "ab":
-        record = trial_record(tmp_path / name)
-        assert record["schedule"]["turns"]["me"] == name and record["schedule"]["windows_measured"] == WINDOWS
-        assert len({s["window"] for s in record["steps"] if s["phase"] == "window"}) == WINDOWS
-        assert (tmp_path / "turns" / f"done-{name}").exists()
-    assert json.loads((tmp_path / "b" / "trial.json").read_text())["summary"]["batch_size"] == 32
-
-
 def test_a_trial_whose_partner_never_comes_measures_alone(tmp_path):
     """The other trial failed before its first window: after waiting `wait_s` for the turn, it measures."""
     script = write_script(tmp_path, TINY)
@@ -106,8 +77,17 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     rows = state["trials"][3:]
     assert [r["knobs"]["batch_size"] for r in rows] == [None, 64] and all(r["decision"] == "measured" for r in rows)
     assert all("its windows in turns with" in r["reason"] for r in rows), rows
-    log = windows_log(out / "turns" / rows[0]["name"])
+    turns = out / "turns" / rows[0]["name"]
+    log = windows_log(turns)
     assert [name for name, *_ in log] == [r["name"] for r in rows] * SPEEDUP_WINDOWS * PAIR_WINDOWS, log  # twice
+    assert [window for _, window, *_ in log] == [i for i in range(SPEEDUP_WINDOWS * PAIR_WINDOWS) for _ in rows]
+    assert all(earlier[3] <= later[2] for earlier, later in zip(log, log[1:])), log  # never two at once
+    # the baseline's first window waited for the best to reach its windows: its start-up and profiled steps ran first
+    assert (turns / f"ready-{rows[1]['name']}").stat().st_mtime <= log[0][2] + 0.01
+    for row in rows:
+        record = trial_record(out / row["folder"])
+        assert record["schedule"]["turns"]["me"] == row["name"] and (turns / f"done-{row['name']}").exists()
+        assert record["schedule"]["windows_measured"] == SPEEDUP_WINDOWS * PAIR_WINDOWS
     # Off the windows at the quietest load both ran at: all of them, where the machine's load held still.
     at_one_load = measured_at_one_load([trial_record(out / r["folder"]) for r in rows[1:]],
                                        [trial_record(out / r["folder"]) for r in rows[:1]])
