@@ -208,7 +208,8 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the session on a recorded response surface (trial folders) instead of a script")
     parser.add_argument("--replay-noise", type=float, default=None, metavar="S",
                         help="with --replay: draw each served trial's steady-state windows around its setting's "
-                             "recorded samples/s (the median of its recordings) with relative spread S (0.05: 5%%; 0: each window the recorded figure), "
+                             "recorded samples/s (the median of its recordings) with relative spread S (0.05: 5%%; "
+                             "0: each window the recorded figure), "
                              "as a live machine's noise; without it, recordings are served as they are")
     parser.add_argument("--replay-drift", type=float, default=None, metavar="D",
                         help="with --replay-noise: a load that comes and goes across the session's simulated time "

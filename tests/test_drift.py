@@ -16,7 +16,7 @@ import pytest
 from trial_helpers import trial_record, write_script
 
 from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, contention, holds_across_loads, machine_changed, \
-    window_loads
+    quiet_as_ever, window_loads
 from advisor.search.session import run_session
 from advisor.search.trials import measure_record
 from advisor.search.state import SessionOptions
@@ -116,8 +116,6 @@ def test_the_load_says_when_the_machine_changed():
 
 
 def test_a_speedup_in_turns_counts_only_at_the_quietest_load_the_two_ever_ran_at():
-    from advisor.search.ending import quiet_as_ever
-
     def record(loads, wall=0.1):
         steps = []
         for w, load in enumerate(loads):

@@ -185,6 +185,16 @@ def at_one_load(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]]) -> t
     return None
 
 
+def quiet_as_ever(matched: tuple[list, list] | None, runs: list[dict[str, Any]]) -> bool:
+    """Whether two runs cut to one load (`at_one_load`; None: they share none) ran at the quietest load
+    that any of `runs` ran a window at (where no load is known, they did)."""
+    quietest = min((load for run in runs for load in window_loads(run)), default=None)
+    if quietest is None:
+        return True
+    levels = [level for run in (matched[0] + matched[1] if matched else []) if (level := mean_load(run)) is not None]
+    return bool(levels) and not apart(max(levels), quietest)
+
+
 def _windows(runs: list[dict[str, Any]]) -> int:
     """The steady-state windows of these runs together."""
     return sum(len(window_groups(r["steps"])[0]) for r in runs)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.search.decision import decide
-from advisor.search.drift import apart, at_one_load, load_text, mean_load, pair_changed, window_loads
+from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.policies import CONFIRM_TRIALS, applied_only, first_change, in_effect, measured_at_one_load, \
     once_more, runs_of
 from advisor.search.proposal import Proposal
@@ -237,8 +237,7 @@ def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: Sessio
 
     def go(i: int) -> None:
         try:
-            more = {"windows": windows} if windows else {}
-            results[i] = run(names[i], proposals[i][0].knobs, turns=ends[i].to_dict(), **more)
+            results[i] = run(names[i], proposals[i][0].knobs, turns=ends[i].to_dict(), windows=windows)
         except BaseException as exc:  # re-raised in the session's thread
             results[i] = exc
         finally:
@@ -301,22 +300,13 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     return speedup
 
 
-def quiet_as_ever(matched: tuple[list, list] | None, runs: list[dict[str, Any]]) -> bool:
-    """Whether two runs cut to one load (`drift.at_one_load`; None: they share none) ran at the quietest load
-    that any of `runs` ran a window at (where no load is known, they did)."""
-    quietest = min((load for run in runs for load in window_loads(run)), default=None)
-    if quietest is None:
-        return True
-    levels = [level for run in (matched[0] + matched[1] if matched else []) if (level := mean_load(run)) is not None]
-    return bool(levels) and not apart(max(levels), quietest)
-
-
 def back_to_baseline(state: dict[str, Any], reference: dict[str, Any], top: dict[str, Any], speedup: float,
                      log: Callable[[str], None]) -> float:
     """The best measured slower than the baseline in turns, beyond their noise: some kept change was kept on a
     measurement the load bent, and the two at one load are what the user banks on. The session ends on the
     script's own settings (the baseline), and says so; the speedup is then 1."""
-    said = f"read ×{speedup:.2f} of the baseline, their windows in turns: the session ends on the script's own settings"
+    said = (f"read ×{speedup:.2f} of the baseline, their windows in turns: the session ends on the script's own "
+            "settings")
     state["trials"][-1].update(decision="reverted", reason=state["trials"][-1]["reason"] + f"; {said}")
     state["notes"].append(f"The best the search kept ({top['name']}: {top['change']}), measured side by side with the "
                           f"baseline, {said} (a change it kept was measured while the load moved; a longer session, "

@@ -5,8 +5,8 @@ many knob settings of the same step (`benchmarks/record_surface.py` records one;
 holds one recorded on an H100). Given knobs, the runner serves the recorded trial whose settings they
 give (the knobs over the user's own values: AMP, batch size, workers, pinned memory, non_blocking
 copies, accumulation, threads, 8-bit copies and the model knobs; worker persistence and prefetch depth are
-not told apart), copied into the session's own folder under the session's trial name. With it the search is tested on real GPU
-measurements without a GPU.
+not told apart), copied into the session's own folder under the session's trial name. With it the search is
+tested on real GPU measurements without a GPU.
 
 A surface may hold several recordings of one setting (folders with the same settings): a re-measure
 serves the next one. With `noise` (0 included) each served trial's steady-state windows are drawn afresh
