@@ -31,7 +31,6 @@ in place, where /proc reads it (and its own exec'd children inherit it as any va
 from __future__ import annotations
 
 import atexit
-import gc
 import importlib
 import json
 import os
@@ -282,15 +281,9 @@ def serve(argv: list[str]) -> None:
     from advisor.trials.process.harness import die_with_parent
 
     die_with_parent(parent)  # a zygote outlives no advisor (its children then follow it)
-    import torch  # noqa: F401  (the point of this process)
+    from advisor.trials.process.harness import import_torch_and_freeze
 
-    try:  # torch.optim's optimizers import dynamo in their constructor: about 1 s of nearly every trial
-        import torch._dynamo  # noqa: F401
-    except ImportError:
-        pass
-    # What the imports made (some 320,000 objects) goes to the collector's permanent generation: each trial's
-    # scans of live objects (its modules and optimizers, 80 ms each) and full collections (190 ms) skip it.
-    gc.freeze()
+    import_torch_and_freeze()  # the point of this process
 
     slot = _token_slot()
     os.write(replies, ((READY if slot else "no token slot") + "\n").encode())
