@@ -84,6 +84,8 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     assert all(earlier[3] <= later[2] for earlier, later in zip(log, log[1:])), log  # never two at once
     # the baseline's first window waited for the best to reach its windows: its start-up and profiled steps ran first
     assert (turns / f"ready-{rows[1]['name']}").stat().st_mtime <= log[0][2] + 0.01
+    # the first to finish waited for the other's last window before it ended: its ending ran beside no window
+    assert trial_record(out / rows[0]["folder"])["times"]["last_step_at"] >= log[-1][3], log[-1]
     for row in rows:
         record = trial_record(out / row["folder"])
         assert record["schedule"]["turns"]["me"] == row["name"] and (turns / f"done-{row['name']}").exists()

@@ -28,7 +28,7 @@ from advisor.trials.process.distributed import all_measured, rank_files
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, leading_dimension
-from advisor.trials.record.turns import Turns, finished, pass_turn, wait_for_turn
+from advisor.trials.record.turns import Turns, finished, pass_turn, wait_for_the_other, wait_for_turn
 from advisor.trials.record.schedule import StepSchedule
 from advisor.trials.process.step_memory import StepMemory
 from advisor.trials.record.storage import dumps, write_json_atomic
@@ -269,6 +269,7 @@ class StepDriver:
             self.window_began = None
         if self.done:
             finished(self.turns)
+            wait_for_the_other(self.turns)
             return
         if wait_for_turn(self.turns, first=closed is None) > PAUSED_S:
             self.schedule.resettle(self.index)
