@@ -281,6 +281,8 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     save(state)
     turns = windows_log(out / "turns" / done[0][0].name)
     if not all(r.ok for r, _, _ in done) or len({name for name, *_ in turns}) < PAIR_TRIALS:
+        log("  " + ("a run in turns failed" if not all(r.ok for r, _, _ in done) else "the two did not take turns")
+            + ": the speedup is read from all their runs at one load")
         return None
     # Turns put a load that comes and goes on both alike, but not its effect: on a loaded 2-core machine the conv
     # example's steps ran at a fifth to a tenth of their quiet speed, by how much varying from one setting and one
@@ -293,6 +295,7 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
         return None
     base, best = (measure_record(side) for side in matched) if matched else (done[0][2], done[1][2])
     if not base.samples_per_s or not best.samples_per_s:
+        log("  no figure from the windows in turns: the speedup is read from all their runs at one load")
         return None
     speedup = best.samples_per_s / base.samples_per_s
     if speedup - 1 < -noise(base, best):
