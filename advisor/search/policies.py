@@ -134,9 +134,9 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
     direct = best_row(state)["samples_per_s"] / reference["samples_per_s"]
     if state.get("speedup_basis") == "in turns":
         return (f"The baseline and the best were measured again side by side before the session ended, their "
-                f"windows in turns (one measuring while the other waited): the speedup ×{state['speedup']:.2f} is "
-                f"read from those windows at the quietest load both ran at, so a load that came and went fell on "
-                f"both alike (their first figures give ×{direct:.2f}).")
+                f"windows in turns (one measuring while the other waited), at the quietest load both had run at: "
+                f"the speedup ×{state['speedup']:.2f} is read from those windows and every other run of the two at "
+                f"that load (their first figures give ×{direct:.2f}).")
     if side_by_side:
         return (f"The baseline and the best were measured again one right after the other before the session "
                 f"ended: the speedup ×{state['speedup']:.2f} is read from every run of the two at one load, so it "
