@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Terminal output of the CLI is checked as text: a wide terminal, so that a long temporary path (longer
 # still under pytest-xdist) never wraps in the middle of what a test looks for.
 os.environ["COLUMNS"] = "250"
-# The suite's two workers share the cores, and each trial's torch runs as many OpenMP threads as there are
-# cores. OpenMP threads that spin while they wait take the cores from the other worker's trial: a char
+# The suite's workers share the cores, and each trial's torch runs as many OpenMP threads as there are
+# cores. OpenMP threads that spin while they wait take the cores from another worker's trial: a char
 # transformer trial measured 4.3 samples/s beside a busy torch process, 57.6 when both wait passively (103.7
 # alone). Set before torch is imported, inherited by every trial.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -117,7 +117,7 @@ def run_script(script: Path | str, *args: str, cwd: Path, timeout: float = 600) 
 
 # The test files that take longest, longest first (seconds of one worker in a fresh clone's `make test` here:
 # the report 56 with its browser checks, the conv session 45, Ray 45, ... the search 16); the rest follow in
-# alphabetical order. The two workers take files in this order as each runs short (`--no-loadscope-reorder`),
+# alphabetical order. The workers take files in this order as each runs short (`--no-loadscope-reorder`),
 # so the last files to start are short and the workers end together. xdist's own order, by number of tests,
 # put the files of one or two real sessions last: a worker ran the 34 s conv session alone at the end, 25 s
 # after the other had finished. Ray goes first: its idle waits (time limits, a node's health checks) leave
