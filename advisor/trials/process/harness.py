@@ -310,8 +310,10 @@ def die_with_parent(parent: int | None) -> None:
 def import_torch_and_freeze() -> None:
     """Import torch and dynamo, then move what the imports made to the collector's permanent generation, as
     every trial process has it, forked from a zygote (`advisor.trials.process.zygote`) or not."""
-    import torch  # noqa: F401
-
+    try:
+        import torch  # noqa: F401
+    except Exception:  # the trial says what is wrong with torch where it imports it for the steps
+        return
     try:  # torch.optim's optimizers import dynamo in their constructor: about 1 s of nearly every trial
         import torch._dynamo  # noqa: F401
     except ImportError:
@@ -327,8 +329,6 @@ def main(argv: list[str]) -> int:
     """`harness CONFIG_JSON`: run one trial (or one rank of it, under torchrun) and write its result file
     (`harness.json`, or `harness.rank{R}.json`) into the trial folder."""
     config = json.loads(argv[0])
-    if not gc.get_freeze_count():  # a fresh process: as a forked trial starts
-        import_torch_and_freeze()
     rank, world_size = rank_of()
     config.update(rank=rank, world_size=world_size)
     if not config.get("torchrun"):  # under torchrun the parent is torchrun's agent, which ends its ranks itself
@@ -338,6 +338,8 @@ def main(argv: list[str]) -> int:
     # crash goes to this rank's crash file instead, so that the trial can say where it died.
     crash_file = open(out_dir / rank_files(world_size, rank)["crash"], "w")
     faulthandler.enable(file=crash_file, all_threads=True)
+    if not gc.get_freeze_count():  # a fresh process: as a forked trial starts
+        import_torch_and_freeze()
     result = run(config)
     # Workers are ended directly: letting the collector shut down a loader whose worker failed waits 5 s for
     # each worker to join. No collection from here on, then: one can come at any allocation (10 s of a
