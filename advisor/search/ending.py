@@ -281,9 +281,10 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
                      f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at one load")
     save(state)
     turns = windows_log(out / "turns" / done[0][0].name)
-    if not all(r.ok for r, _, _ in done) or len({name for name, *_ in turns}) < PAIR_TRIALS:
-        log("  " + ("a run in turns failed" if not all(r.ok for r, _, _ in done) else "the two did not take turns")
-            + ": the speedup is read from all their runs at one load")
+    failed = not all(r.ok for r, _, _ in done)
+    if failed or len({name for name, *_ in turns}) < PAIR_TRIALS:
+        log(f"  {'a run in turns failed' if failed else 'the two did not take turns'}: the speedup is read from all "
+            "their runs at one load")
         return None
     # Turns put a load that comes and goes on both alike, but not its effect: on a loaded 2-core machine the conv
     # example's steps ran at a fifth to a tenth of their quiet speed, by how much varying from one setting and one
