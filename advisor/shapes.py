@@ -198,7 +198,7 @@ SESSION = {
     "device": {}, "unit": TEXT, "bound": {"name": TEXT, "label": TEXT, "evidence": [TEXT]},
     "user_values": {}, "baseline": TEXT, "best": TEXT, "final_knobs": {}, "trials": [SESSION_ROW],
     "recommendations": [SESSION_RECOMMENDATION], "notes": [ANY], "patch": TEXT, "speedup": NUMBER,
-    "speedup_basis": TEXT, "lint": [LINT_FINDING],
+    "speedup_basis": TEXT, "speedup_pairs": COUNT, "lint": [LINT_FINDING],
     "memory_cap": {"bytes": NUMBER, "held_bytes": NUMBER, "what": TEXT, "device": TEXT, "how": TEXT,
                    "freed_blocks_returned": FLAG},
     "prediction_error": {"trials": COUNT, "median_abs": NUMBER, "sign_agreement": NUMBER}, "graphs": {},

@@ -52,16 +52,17 @@ def test_a_trial_whose_partner_never_comes_measures_alone(tmp_path):
 
 def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_slower_there_is_dropped(tmp_path):
     """A real session (batch 16→64, then 16→2, asked for with --try), then its end as a larger budget runs it: the
-    baseline and the best side by side, their windows in turns, the speedup off those windows. Then batch 2 made
+    baseline and the best side by side, their windows in turns, in two pairs, the speedup off those windows and the
+    two's earlier runs at that load. Then batch 2 made
     the best by hand, as if the load had bent its measurement: it reads slower than the baseline in turns, and
     the session ends on the script's own settings."""
     import dataclasses
 
-    from advisor.search.ending import SPEEDUP_WINDOWS, speedup_in_turns
-    from advisor.search.policies import in_effect, measured_at_one_load, runs_of
+    from advisor.search.ending import PAIR_TRIALS, SPEEDUP_WINDOWS, speedup_in_turns
+    from advisor.search.policies import in_effect, measured_at_one_load, runs_of, speedup_note
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
-    from advisor.search.trials import subprocess_runner
+    from advisor.search.trials import measure_record, subprocess_runner
 
     script = write_script(tmp_path, TINY)
     out, target = tmp_path / "session", f"{script}:train_step"
@@ -74,47 +75,52 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     kept, small = (next(t for t in state["trials"] if t["knobs"]["batch_size"] == batch) for batch in (64, 2))
     state.update(best=kept["name"], final_knobs=kept["knobs"])  # a busy machine may have hidden a 4x batch's gain
     ran = len(state["trials"])
-    more = dataclasses.replace(options, max_trials=ran + 2)
+    more = dataclasses.replace(options, max_trials=ran + 2 * PAIR_TRIALS)  # room for two pairs: two draws of each
     said = []
     speedup = speedup_in_turns(subprocess_runner(target, out, more, state), out, state, more, baseline, said.append)
     rows = state["trials"][ran:]
-    assert [r["knobs"]["batch_size"] for r in rows] == [None, 64] and all(r["decision"] == "measured" for r in rows)
+    assert [r["knobs"]["batch_size"] for r in rows] == [None, 64] * 2 and all(r["decision"] == "measured" for r in rows)
     assert all("its windows in turns with" in r["reason"] for r in rows), rows
-    turns = out / "turns" / rows[0]["name"]
-    log = windows_log(turns)
-    assert [name for name, *_ in log] == [r["name"] for r in rows] * SPEEDUP_WINDOWS * PAIR_WINDOWS, log  # twice
-    assert [window for _, window, *_ in log] == [i for i in range(SPEEDUP_WINDOWS * PAIR_WINDOWS) for _ in rows]
-    assert all(earlier[3] <= later[2] for earlier, later in zip(log, log[1:])), log  # never two at once
-    # the baseline's first window waited for the best to reach its windows: its start-up and profiled steps ran first
-    assert (turns / f"ready-{rows[1]['name']}").stat().st_mtime <= log[0][2] + 0.01
-    # the first to finish waited for the other's last window before it ended: its ending ran beside no window
-    assert trial_record(out / rows[0]["folder"])["times"]["last_step_at"] >= log[-1][3], log[-1]
-    for row in rows:
-        record = trial_record(out / row["folder"])
-        assert record["schedule"]["turns"]["me"] == row["name"] and (turns / f"done-{row['name']}").exists()
-        assert record["schedule"]["windows_measured"] == SPEEDUP_WINDOWS * PAIR_WINDOWS
+    # the windows of one pair at twice the session's, spread over the two pairs
+    windows = SPEEDUP_WINDOWS * PAIR_WINDOWS // 2
+    for pair in (rows[:2], rows[2:]):
+        turns = out / "turns" / pair[0]["name"]
+        log = windows_log(turns)
+        assert [name for name, *_ in log] == [r["name"] for r in pair] * windows, log
+        assert [window for _, window, *_ in log] == [i for i in range(windows) for _ in pair]
+        assert all(earlier[3] <= later[2] for earlier, later in zip(log, log[1:])), log  # never two at once
+        # the baseline's first window waited for the best to reach its windows: its start-up and profiled steps ran
+        # first
+        assert (turns / f"ready-{pair[1]['name']}").stat().st_mtime <= log[0][2] + 0.01
+        # the first to finish waited for the other's last window before it ended: its ending ran beside no window
+        assert trial_record(out / pair[0]["folder"])["times"]["last_step_at"] >= log[-1][3], log[-1]
+        for row in pair:
+            record = trial_record(out / row["folder"])
+            assert record["schedule"]["turns"]["me"] == row["name"] and (turns / f"done-{row['name']}").exists()
+            assert record["schedule"]["windows_measured"] == windows
+    assert "pair 1 of 2" in said[0] and "pair 2 of 2" in said[1], said
     # Off the windows at the quietest load both ran at, pooled with every earlier run of the two at that load (the
     # session's baseline, and the best's first run): all of them, where the machine's load held still.
     pooled = measured_at_one_load(runs_of(out, state, in_effect(kept)), runs_of(out, state, in_effect(baseline)))
-    at_one_load = measured_at_one_load([trial_record(out / r["folder"]) for r in rows[1:]],
-                                       [trial_record(out / r["folder"]) for r in rows[:1]])
-    ratios = [pooled[0].samples_per_s / pooled[1].samples_per_s] if pooled else \
-        [rows[1]["samples_per_s"] / rows[0]["samples_per_s"]] + \
-        ([at_one_load[0].samples_per_s / at_one_load[1].samples_per_s] if at_one_load else [])
+    at_one_load = measured_at_one_load([trial_record(out / r["folder"]) for r in rows[1::2]],
+                                       [trial_record(out / r["folder"]) for r in rows[::2]])
+    every = [measure_record([trial_record(out / r["folder"]) for r in side]) for side in (rows[1::2], rows[::2])]
+    ratios = [(m[0].samples_per_s / m[1].samples_per_s) for m in (pooled, at_one_load, every) if m]
     assert not (pooled and at_one_load) or len(pooled[0].windows) > len(at_one_load[0].windows)  # its first run too
-    assert "side by side" in said[0]
     if speedup is None:  # a busy machine: every window in turns ran under more load than the two ran at before
         assert "all ran under a load" in said[-1]
     else:
-        assert speedup in ratios, (speedup, ratios)
+        assert speedup == next(iter(ratios)), (speedup, ratios)  # the pooled figure, where there is one
+        note = speedup_note(dict(state, speedup=speedup, speedup_basis="in turns"), baseline)
+        assert state["speedup_pairs"] == 2 and "(in 2 pairs of processes)" in note, note
 
     state.update(best=small["name"], final_knobs=small["knobs"])
-    more = dataclasses.replace(options, max_trials=ran + 4)
+    more = dataclasses.replace(options, max_trials=ran + 3 * PAIR_TRIALS)  # room for one pair
     said = []
     speedup = speedup_in_turns(subprocess_runner(target, out, more, state), out, state, more, baseline, said.append)
     if speedup is None and "all ran under a load" in said[-1]:
         return  # a busy machine: every window in turns ran under more load than the two ran at before
-    rows = state["trials"][ran + 2:]
+    rows = state["trials"][ran + 2 * PAIR_TRIALS:]
     assert rows[1]["samples_per_s"] < rows[0]["samples_per_s"]  # batch 2 measured slower, at one load
     assert speedup == 1.0 and state["best"] == baseline["name"] and state["final_knobs"] == baseline["knobs"]
     assert rows[1]["decision"] == "reverted" and "the session ends on the script's own settings" in rows[1]["reason"]

@@ -83,14 +83,16 @@ def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], w
 
 def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                   reference_losses: list[float], log: Callable[[str], None], remeasure: bool,
-                  leave: int = 0) -> TrialResult:
+                  leave: int = 0, leave_later: int | None = None) -> TrialResult:
     """Before the session ends, measure the best and the runner-up (the other setting that measured fastest)
     once more, when the runner-up is within the noise of the best or ahead of it, and keep whichever the
     pooled runs say is faster; again while the two stay within the noise of each other, up to CONFIRM_ROUNDS
-    rounds, as the budget allows, `leave` trials aside (each round's runs pooled with the earlier ones). Returns
+    rounds, as the budget allows, `leave` trials aside (`leave_later` after the first round, else as many; each
+    round's runs pooled with the earlier ones). Returns
     the best."""
-    for _ in range(CONFIRM_ROUNDS):
-        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, remeasure, leave)
+    for number in range(CONFIRM_ROUNDS):
+        aside = leave if number == 0 or leave_later is None else leave_later
+        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, remeasure, aside)
         if not unsettled:
             break
     return best
@@ -203,6 +205,7 @@ def runner_up_row(state: dict[str, Any]) -> dict[str, Any] | None:
 
 PAIR_TRIALS = 2  # the baseline and the best, side by side
 SPEEDUP_WINDOWS = 2  # times a trial's windows, for the speedup in turns: what the user banks on, and quiet spells
+SPEEDUP_PAIRS = 3  # at most, as the budget allows: each pair one more draw of both settings' level
 MEMORY_HEADROOM = 0.9  # two trials at once only where both peaks fit in this share of what is free
 
 
@@ -261,51 +264,63 @@ def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: Sessio
 def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
                      reference: dict[str, Any], log: Callable[[str], None]) -> float | None:
     """The baseline and the best run side by side at the end, their windows in turns, so that a load that
-    comes and goes falls on both alike: where those windows ran at the quietest load the two ever ran at, the
-    best's samples/s over the baseline's in them and every other run of the two at that load; else None (no
-    budget left, the two would not fit in memory at once, the best is the baseline, a run failed)."""
+    comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS): where those
+    windows ran at the quietest load the two ever ran at, the best's samples/s over the baseline's in them and
+    every other run of the two at that load; else None (no budget left, the two would not fit in memory at once,
+    the best is the baseline, a run failed)."""
     top = best_row(state)
-    if (options.max_trials - len(state["trials"]) < PAIR_TRIALS
-            or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))
+    count = min(SPEEDUP_PAIRS, (options.max_trials - len(state["trials"])) // PAIR_TRIALS)
+    if (not count or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))
             or not fit_together([top, reference], state)):
         return None
-    proposals = [(once_more(row, "for the speedup, windows in turns", "speedup"), f"speedup-{row['name'][:2]}")
-                 for row in (reference, top)]
-    index = len(state["trials"])
-    log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) side "
-        "by side, their windows in turns, for the speedup at one load")
-    done = run_pair(run, out, state, options, proposals, SPEEDUP_WINDOWS * options.windows)
-    for i, ((result, record, measurement), (proposal, _), row) in enumerate(zip(done, proposals, (reference, top))):
-        other = (top, reference)[i]
-        measured_row(state, index + i, result, record, proposal, measurement,
-                     f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at one load")
-    save(state)
-    turns = windows_log(out / "turns" / done[0][0].name)
-    failed = not all(r.ok for r, _, _ in done)
-    if failed or len({name for name, *_ in turns}) < PAIR_TRIALS:
-        log(f"  {'a run in turns failed' if failed else 'the two did not take turns'}: the speedup is read from all "
-            "their runs at one load")
-        return None
+    # Each pair is one more draw of both settings' level: the speed a setting runs at moves with where its
+    # buffers land in memory. The conv example's best, built five times over in one quiet process, ran at
+    # 785-961 samples/s from one build to the next, each build steadier than that; one pair's claim moved by a
+    # fifth with the draw (×2.03-2.49 in five quiet pairs). The windows of
+    # one pair at twice a trial's are spread over the pairs.
+    windows = -(-SPEEDUP_WINDOWS * options.windows // count)
+    records: list[list[dict[str, Any]]] = [[], []]
+    for number in range(count):
+        index = len(state["trials"])
+        proposals = [(once_more(row, "for the speedup, windows in turns", "speedup"),
+                      f"speedup-{row['name'][:2]}") for row in (reference, top)]
+        log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) "
+            f"side by side, their windows in turns, for the speedup at one load"
+            + (f" (pair {number + 1} of {count})" if count > 1 else ""))
+        done = run_pair(run, out, state, options, proposals, windows)
+        for i, ((result, record, measurement), (proposal, _)) in enumerate(zip(done, proposals)):
+            row, other = (reference, top)[i], (top, reference)[i]
+            measured_row(state, index + i, result, record, proposal, measurement,
+                         f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at "
+                         "one load")
+            records[i].append(record)
+        save(state)
+        turns = windows_log(out / "turns" / done[0][0].name)
+        failed = not all(r.ok for r, _, _ in done)
+        if failed or len({name for name, *_ in turns}) < PAIR_TRIALS:
+            log(f"  {'a run in turns failed' if failed else 'the two did not take turns'}: the speedup is read "
+                "from all their runs at one load")
+            return None
     # Turns put a load that comes and goes on both alike, but not its effect: on a loaded 2-core machine the conv
     # example's steps ran at a fifth to a tenth of their quiet speed, by how much varying from one setting and one
     # second to the next. So the speedup is read off the windows at the quietest load both ran at, and only where
     # that is the quietest the two ever ran at; else (None) from all their runs at one load (`session_speedup`).
-    matched = at_one_load([done[0][1]], [done[1][1]])
-    if not quiet_as_ever(matched, runs_of(out, state, in_effect(reference)) + runs_of(out, state, in_effect(top))):
+    matched = at_one_load(*records)
+    reference_runs, top_runs = runs_of(out, state, in_effect(reference)), runs_of(out, state, in_effect(top))
+    if not quiet_as_ever(matched, reference_runs + top_runs):
         log("  their windows in turns all ran under a load the two ran without before: the speedup is read from "
             "all their runs at one load")
         return None
-    # Pooled with every earlier run of the two at that load: one process of a setting is one draw of its level.
-    # Quiet, the conv example's baseline ran at 284-388 samples/s from one process to the next (each steady within
-    # 3%), in turns with a best at its usual speed, so one pair's claim moved by a fifth with the draw.
-    pooled = measured_at_one_load(runs_of(out, state, in_effect(reference)), runs_of(out, state, in_effect(top)))
-    base, best = pooled or ((measure_record(side) for side in matched) if matched else (done[0][2], done[1][2]))
+    # Pooled with every earlier run of the two at that load: each is one more draw of its setting's level.
+    pooled = measured_at_one_load(reference_runs, top_runs)
+    base, best = pooled or (measure_record(side) for side in (matched or records))
     if not base.samples_per_s or not best.samples_per_s:
         log("  no figure from the windows in turns: the speedup is read from all their runs at one load")
         return None
     speedup = best.samples_per_s / base.samples_per_s
     if speedup - 1 < -noise(base, best):
         return back_to_baseline(state, reference, top, speedup, log)
+    state["speedup_pairs"] = count
     return speedup
 
 

@@ -33,17 +33,18 @@ SAME_SPEEDUP = 0.05  # the speedup at one load this close to the direct one: the
 
 
 SPEEDUP_BUDGET = 16  # from this budget on (the default), a trial is kept back for the baseline beside the best
+SPEEDUP_DRAWS = 2  # from that budget on, pairs of the baseline and the best in turns kept back: each one draw
 
 
 def reserve(options: SessionOptions, remeasure: bool, paired: bool = False) -> int:
     """Trials kept back for the end (with a budget that allows it): the best and the runner-up, to confirm the
     best; with SPEEDUP_BUDGET trials or more, the baseline once more before them, so that the speedup is read
-    beside the best, or (`paired`: a runner of two trials at once) the baseline and the best side by side, their
-    windows in turns. A smaller budget spends those on the search, and measures the speedup at one load only
-    where trials are left."""
+    beside the best, or (`paired`: a runner of two trials at once) SPEEDUP_DRAWS pairs of the baseline and the best
+    side by side, their windows in turns. A smaller budget spends those on the search, and measures the speedup
+    at one load only where trials are left."""
     if not remeasure or options.max_trials < 4 * CONFIRM_TRIALS:
         return 0
-    return CONFIRM_TRIALS + ((2 if paired else 1) if options.max_trials >= SPEEDUP_BUDGET else 0)
+    return CONFIRM_TRIALS + ((2 * SPEEDUP_DRAWS if paired else 1) if options.max_trials >= SPEEDUP_BUDGET else 0)
 
 
 def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
@@ -133,8 +134,9 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
            "chained": "the product of the kept changes' gains, each measured beside the best of its time"}
     direct = best_row(state)["samples_per_s"] / reference["samples_per_s"]
     if state.get("speedup_basis") == "in turns":
-        return (f"The baseline and the best were measured again side by side before the session ended, their "
-                f"windows in turns (one measuring while the other waited), at the quietest load both had run at: "
+        pairs = state.get("speedup_pairs") or 1
+        return (f"The baseline and the best were measured again side by side before the session ended"
+                f"{f' (in {pairs} pairs of processes)' if pairs > 1 else ''}, their windows in turns (one measuring while the other waited), at the quietest load both had run at: "
                 f"the speedup ×{state['speedup']:.2f} is read from those windows and every other run of the two at "
                 f"that load (their first figures give ×{direct:.2f}).")
     if side_by_side:

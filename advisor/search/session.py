@@ -45,7 +45,8 @@ from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_l
 from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, \
     without_proposal
 from advisor.search.policies import applied_only, beside_best, late_pair, not_applicable, pair_proposal, \
-    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, SPEEDUP_BUDGET
+    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, SPEEDUP_BUDGET, \
+    SPEEDUP_DRAWS
 from advisor.search.ending import PAIR_TRIALS, baseline_again, best_after, confirm_best, pairs, speedup_in_turns
 
 
@@ -309,8 +310,12 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         save(state)
     in_turns = None
     if pairs(run):  # the baseline and the best side by side, windows in turns, after the best is confirmed
+        # The first round before any pair for the speedup; a later one (the two still within the noise) only
+        # before the speedup's second pair, its second draw of the two settings' levels.
+        kept_back = options.max_trials >= SPEEDUP_BUDGET
         best = confirm_best(run, out, state, options, best, reference_losses, log, remeasure,
-                            leave=PAIR_TRIALS if options.max_trials >= SPEEDUP_BUDGET else 0)
+                            leave=PAIR_TRIALS if kept_back else 0,
+                            leave_later=PAIR_TRIALS * SPEEDUP_DRAWS if kept_back else 0)
         in_turns = speedup_in_turns(run, out, state, options, reference, log) if remeasure else None
         if state["best"] != best.name:  # slower than the baseline in turns: the session went back to it
             best = applied_only(load_trial(out / best_row(state)["folder"]))

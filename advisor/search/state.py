@@ -13,6 +13,7 @@ session.json (schema "advisor.session/1"):
      "speedup_basis": "direct" (the best's samples/s over the baseline's) | "one load" (their runs at one load)
        | "chained" (the product of the kept rows' gains: the two never ran at one load; a note says so)
        | "in turns" (the two run side by side at the end, their windows in turns: advisor.trials.record.turns),
+     "speedup_pairs": how many pairs of the two ran in turns for it (with "in turns"),
      "bound": {"name", "label", "evidence"} of the best trial after the last trial,
      "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
                  ("baseline"|"kept"|"reverted"|"failed"; "measured": the baseline or the best run again at the
