@@ -88,8 +88,7 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     once more, when the runner-up is within the noise of the best or ahead of it, and keep whichever the
     pooled runs say is faster; again while the two stay within the noise of each other, up to CONFIRM_ROUNDS
     rounds, as the budget allows, `leave` trials aside (`leave_later` after the first round, else as many; each
-    round's runs pooled with the earlier ones). Returns
-    the best."""
+    round's runs pooled with the earlier ones). Returns the best."""
     for number in range(CONFIRM_ROUNDS):
         aside = leave if number == 0 or leave_later is None else leave_later
         best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, remeasure, aside)
@@ -276,8 +275,8 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     # Each pair is one more draw of both settings' level: the speed a setting runs at moves with where its
     # buffers land in memory. The conv example's best, built five times over in one quiet process, ran at
     # 785-961 samples/s from one build to the next, each build steadier than that; one pair's claim moved by a
-    # fifth with the draw (×2.03-2.49 in five quiet pairs). The windows of
-    # one pair at twice a trial's are spread over the pairs.
+    # fifth with the draw (×2.03-2.49 in five quiet pairs). The windows of one pair at twice a trial's are spread
+    # over the pairs.
     windows = -(-SPEEDUP_WINDOWS * options.windows // count)
     records: list[list[dict[str, Any]]] = [[], []]
     for number in range(count):

@@ -135,10 +135,11 @@ def speedup_note(state: dict[str, Any], reference: dict[str, Any], side_by_side:
     direct = best_row(state)["samples_per_s"] / reference["samples_per_s"]
     if state.get("speedup_basis") == "in turns":
         pairs = state.get("speedup_pairs") or 1
-        return (f"The baseline and the best were measured again side by side before the session ended"
-                f"{f' (in {pairs} pairs of processes)' if pairs > 1 else ''}, their windows in turns (one measuring while the other waited), at the quietest load both had run at: "
-                f"the speedup ×{state['speedup']:.2f} is read from those windows and every other run of the two at "
-                f"that load (their first figures give ×{direct:.2f}).")
+        how_many = f" (in {pairs} pairs of processes)" if pairs > 1 else ""
+        return (f"The baseline and the best were measured again side by side before the session ended{how_many}, "
+                f"their windows in turns (one measuring while the other waited), at the quietest load both had run "
+                f"at: the speedup ×{state['speedup']:.2f} is read from those windows and every other run of the two "
+                f"at that load (their first figures give ×{direct:.2f}).")
     if side_by_side:
         return (f"The baseline and the best were measured again one right after the other before the session "
                 f"ended: the speedup ×{state['speedup']:.2f} is read from every run of the two at one load, so it "
