@@ -84,9 +84,12 @@ def summary(state: dict) -> str:
     # The two runs the speedup is read from, where they ran in turns: their figures and the load beside them.
     turns = [f"{t['name']} {t.get('samples_per_s') or 0:.0f} ({t.get('load') or 'no load known'})"
              for t in state["trials"] if t.get("recommendation") == "confirm" and "for the speedup" in t["change"]]
+    # A trial that failed, with its reason: a run in turns that failed leaves the speedup to the fallback.
+    failed = [f"{t['name']} ({t.get('reason')})" for t in state["trials"] if t.get("decision") == "failed"]
     return (f"best {best['name']} ({Knobs.from_dict(best['knobs']).label() or 'as written'}), "
             f"×{state.get('speedup') or 0:.2f} ({state.get('speedup_basis')}); measured again (load changed) after: {', '.join(again) or 'none'}; "
-            f"{timing}" + (f"; speedup runs: {', '.join(turns)}" if turns else ""))
+            f"{timing}" + (f"; speedup runs: {', '.join(turns)}" if turns else "")
+            + (f"; failed: {'; '.join(failed)}" if failed else ""))
 
 
 def main() -> int:

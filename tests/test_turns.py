@@ -115,13 +115,26 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
         assert state["speedup_pairs"] == 2 and "(in 2 pairs of processes)" in note, note
 
     state.update(best=small["name"], final_knobs=small["knobs"])
-    more = dataclasses.replace(options, max_trials=ran + 3 * PAIR_TRIALS)  # room for one pair
+    # Room for two pairs, and the second's baseline given a time limit it cannot start in: a pair that fails ends
+    # the pairs, and the speedup is read from the one before it.
+    more = dataclasses.replace(options, max_trials=ran + 4 * PAIR_TRIALS)
+    real, failing = (subprocess_runner(target, out, o, state) for o in (more, dataclasses.replace(more, timeout_s=0.5)))
+    doomed = f"{ran + 3 * PAIR_TRIALS:02d}-speedup-{baseline['name'][:2]}"
+
+    def run(name, knobs, **kwargs):
+        return (failing if name == doomed else real)(name, knobs, **kwargs)
+
+    run.paired = True
     said = []
-    speedup = speedup_in_turns(subprocess_runner(target, out, more, state), out, state, more, baseline, said.append)
+    speedup = speedup_in_turns(run, out, state, more, baseline, said.append)
+    rows = state["trials"][ran + 2 * PAIR_TRIALS:]
+    assert [r["name"] for r in rows][2] == doomed and rows[2]["decision"] == "failed", rows[2]
+    assert "timeout" in rows[2]["reason"], rows[2]["reason"]
+    assert any("a run in turns failed (pair 2): the speedup is read from the pairs before it" in line
+               for line in said), said
     if speedup is None and "all ran under a load" in said[-1]:
         return  # a busy machine: every window in turns ran under more load than the two ran at before
-    rows = state["trials"][ran + 2 * PAIR_TRIALS:]
     assert rows[1]["samples_per_s"] < rows[0]["samples_per_s"]  # batch 2 measured slower, at one load
     assert speedup == 1.0 and state["best"] == baseline["name"] and state["final_knobs"] == baseline["knobs"]
-    assert rows[1]["decision"] == "reverted" and "the session ends on the script's own settings" in rows[1]["reason"]
+    assert rows[-1]["decision"] == "reverted" and "the session ends on the script's own settings" in rows[-1]["reason"]
     assert any(small["name"] in note and "side by side" in note for note in state["notes"])

@@ -265,8 +265,9 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     """The baseline and the best run side by side at the end, their windows in turns, so that a load that
     comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS): where those
     windows ran at the quietest load the two ever ran at, the best's samples/s over the baseline's in them and
-    every other run of the two at that load; else None (no budget left, the two would not fit in memory at once,
-    the best is the baseline, a run failed)."""
+    every other run of the two at that load (a pair that fails or does not take turns ends them: the pairs
+    before it count); else None (no budget left, the two would not fit in memory at once, the best is the
+    baseline, the first pair failed)."""
     top = best_row(state)
     count = min(SPEEDUP_PAIRS, (options.max_trials - len(state["trials"])) // PAIR_TRIALS)
     if (not count or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))
@@ -292,14 +293,18 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
             measured_row(state, index + i, result, record, proposal, measurement,
                          f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at "
                          "one load")
-            records[i].append(record)
         save(state)
         turns = windows_log(out / "turns" / done[0][0].name)
         failed = not all(r.ok for r, _, _ in done)
         if failed or len({name for name, *_ in turns}) < PAIR_TRIALS:
-            log(f"  {'a run in turns failed' if failed else 'the two did not take turns'}: the speedup is read "
-                "from all their runs at one load")
+            why = "a run in turns failed" if failed else "the two did not take turns"
+            if records[0]:  # the pairs before it ran in turns: the speedup is read from those
+                log(f"  {why} (pair {number + 1}): the speedup is read from the pairs before it")
+                break
+            log(f"  {why}: the speedup is read from all their runs at one load")
             return None
+        for i, (_, record, _) in enumerate(done):
+            records[i].append(record)
     # Turns put a load that comes and goes on both alike, but not its effect: on a loaded 2-core machine the conv
     # example's steps ran at a fifth to a tenth of their quiet speed, by how much varying from one setting and one
     # second to the next. So the speedup is read off the windows at the quietest load both ran at, and only where
@@ -319,7 +324,7 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     speedup = best.samples_per_s / base.samples_per_s
     if speedup - 1 < -noise(base, best):
         return back_to_baseline(state, reference, top, speedup, log)
-    state["speedup_pairs"] = count
+    state["speedup_pairs"] = len(records[0])
     return speedup
 
 
