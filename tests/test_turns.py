@@ -138,3 +138,30 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     assert speedup == 1.0 and state["best"] == baseline["name"] and state["final_knobs"] == baseline["knobs"]
     assert rows[-1]["decision"] == "reverted" and "the session ends on the script's own settings" in rows[-1]["reason"]
     assert any(small["name"] in note and "side by side" in note for note in state["notes"])
+
+
+def test_both_trials_end_at_once_and_neither_loses_its_write_of_the_turn(tmp_path):
+    """The two trials of a pair end together (the first waits for the other's last window), and the session's
+    two threads mark each ended too: each writes the turn at once with the others. None of them fails."""
+    import threading
+
+    from advisor.trials.record.turns import TURN_FILE, finished
+
+    ends = start_turns(tmp_path / "turns", "a", "b", wait_s=1.0)
+    errors = []
+
+    def end_many(turns):
+        try:
+            for _ in range(2000):
+                finished(turns)
+        except OSError as exc:  # the other's rename took this one's partial file
+            errors.append(exc)
+
+    threads = [threading.Thread(target=end_many, args=(ends[i % 2],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:1]
+    assert (tmp_path / "turns" / TURN_FILE).read_text() in ("a", "b")
+    assert sorted(p.name for p in (tmp_path / "turns").iterdir()) == ["done-a", "done-b", TURN_FILE]

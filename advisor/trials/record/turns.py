@@ -21,6 +21,7 @@ measures anyway. Torch-free.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,10 @@ def start_turns(folder: Path, first: str, second: str, wait_s: float) -> tuple[T
 
 
 def _write(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
+    # A partial file of each writer's own: both trials (and the session's threads, as each trial ends) write the
+    # turn, at once when the two end together, and one's rename took the other's partial file from under it
+    # (a measured trial then ended in FileNotFoundError).
+    partial = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
     partial.write_text(text)
     os.replace(partial, path)
 
