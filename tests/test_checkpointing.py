@@ -107,7 +107,7 @@ def test_a_model_without_repeated_blocks_is_not_applicable_and_says_why():
 # --------------------------------------------------------------------------------------------------
 # Under a CPU --memory-limit: batch 32 fits only with checkpointing
 
-GPT_ARGS = ("--context", "64", "--vocab", "256")
+GPT_ARGS = ("--context", "128", "--vocab", "256")
 
 
 @pytest.fixture(scope="module")
