@@ -7,6 +7,7 @@ baseline runs once more right before the best (`baseline_again`, `best_after`). 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 from pathlib import Path
@@ -278,12 +279,12 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     # 785-961 samples/s from one build to the next, each build steadier than that; one pair's claim moved by a
     # fifth with the draw (×2.03-2.49 in five quiet pairs). The windows of one pair at twice a trial's are spread
     # over the pairs.
-    windows = -(-SPEEDUP_WINDOWS * options.windows // count)
+    windows = math.ceil(SPEEDUP_WINDOWS * options.windows / count)
+    proposals = [(once_more(row, "for the speedup, windows in turns", "speedup"), f"speedup-{row['name'][:2]}")
+                 for row in (reference, top)]
     records: list[list[dict[str, Any]]] = [[], []]
     for number in range(count):
         index = len(state["trials"])
-        proposals = [(once_more(row, "for the speedup, windows in turns", "speedup"),
-                      f"speedup-{row['name'][:2]}") for row in (reference, top)]
         log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) "
             f"side by side, their windows in turns, for the speedup at one load"
             + (f" (pair {number + 1} of {count})" if count > 1 else ""))
