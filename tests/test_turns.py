@@ -165,3 +165,24 @@ def test_both_trials_end_at_once_and_neither_loses_its_write_of_the_turn(tmp_pat
     assert not errors, errors[:1]
     assert (tmp_path / "turns" / TURN_FILE).read_text() in ("a", "b")
     assert sorted(p.name for p in (tmp_path / "turns").iterdir()) == ["done-a", "done-b", TURN_FILE]
+
+
+def test_a_paired_session_keeps_its_pairs_trials_back_from_every_path(tmp_path):
+    """With a runner of two trials at once, the trials kept back are the confirmation's and two pairs' (six of 16),
+    and the best measured again beside a drifted candidate keeps off them as the loop does: with only the
+    unpaired three kept from it, loaded sessions ran into the reserve and got one pair for their speedup."""
+    from advisor.search.policies import CONFIRM_TRIALS, SPEEDUP_DRAWS, beside_best, reserve
+    from advisor.search.state import SessionOptions
+
+    options = SessionOptions(device="cpu", max_trials=16)
+    assert reserve(options, True, False) == CONFIRM_TRIALS + 1
+    assert reserve(options, True, True) == CONFIRM_TRIALS + 2 * SPEEDUP_DRAWS == 6
+    assert reserve(options, False, True) == 0  # a replay without re-measures keeps nothing back
+
+    def paired(*args, **kwargs):
+        raise AssertionError("no trial may run here")
+
+    paired.paired = True
+    # Nine trials run: two more (the best again, then the candidate's next) would reach the sixth kept back.
+    state = {"trials": [{"name": f"{i:02d}"} for i in range(9)], "pooled": {}}
+    assert beside_best(paired, tmp_path, state, options, {}, 9, print, True) is None

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.policies import CONFIRM_TRIALS, applied_only, first_change, in_effect, measured_at_one_load, \
-    once_more, runs_of
+    once_more, pairs, runs_of
 from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.strategy import knobs_key
@@ -207,11 +207,6 @@ PAIR_TRIALS = 2  # the baseline and the best, side by side
 SPEEDUP_WINDOWS = 2  # times a trial's windows, for the speedup in turns: what the user banks on, and quiet spells
 SPEEDUP_PAIRS = 3  # at most, as the budget allows: each pair one more draw of both settings' level
 MEMORY_HEADROOM = 0.9  # two trials at once only where both peaks fit in this share of what is free
-
-
-def pairs(run: TrialRunner) -> bool:
-    """Whether the runner runs two trials at once, their windows in turns."""
-    return bool(getattr(run, "paired", False))
 
 
 def fit_together(rows: list[dict[str, Any]], state: dict[str, Any]) -> bool:

@@ -36,7 +36,12 @@ SPEEDUP_BUDGET = 16  # from this budget on (the default), a trial is kept back f
 SPEEDUP_DRAWS = 2  # from that budget on, pairs of the baseline and the best in turns kept back: each one draw
 
 
-def reserve(options: SessionOptions, remeasure: bool, paired: bool = False) -> int:
+def pairs(run: TrialRunner) -> bool:
+    """Whether the runner runs two trials at once, their windows in turns."""
+    return bool(getattr(run, "paired", False))
+
+
+def reserve(options: SessionOptions, remeasure: bool, paired: bool) -> int:
     """Trials kept back for the end (with a budget that allows it): the best and the runner-up, to confirm the
     best; with SPEEDUP_BUDGET trials or more, the baseline once more before them, so that the speedup is read
     beside the best, or (`paired`: a runner of two trials at once) SPEEDUP_DRAWS pairs of the baseline and the best
@@ -54,7 +59,7 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     measurements None when that run failed, the candidate's alone (with the best's as just measured) when
     none of its windows ran at a load the best ran at; None when nothing changed or the budget has no room."""
     # Within the budget less the trials kept back for confirming the best at the end.
-    if not remeasure or len(state["trials"]) + 2 > options.max_trials - reserve(options, remeasure):
+    if not remeasure or len(state["trials"]) + 2 > options.max_trials - reserve(options, remeasure, pairs(run)):
         return None
     top = best_row(state)
     runs = [trial_record(out / top["folder"]), *(trial_record(out / f) for f in state["pooled"].get(top["name"], []))]

@@ -45,9 +45,9 @@ from advisor.search.trials import TrialRunner, decide_row, diagnose_trial, end_l
 from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, takes_off, unproven_knobs, \
     without_proposal
 from advisor.search.policies import applied_only, beside_best, late_pair, not_applicable, pair_proposal, \
-    pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, SPEEDUP_BUDGET, \
-    SPEEDUP_DRAWS
-from advisor.search.ending import PAIR_TRIALS, baseline_again, best_after, confirm_best, pairs, speedup_in_turns
+    pairs, pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, \
+    SPEEDUP_BUDGET, SPEEDUP_DRAWS
+from advisor.search.ending import PAIR_TRIALS, baseline_again, best_after, confirm_best, speedup_in_turns
 
 
 
@@ -288,7 +288,7 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
             second_why = f"together with {proposal.change}"
         first_result = result
         for _ in range(PAIR_TRIES):
-            if second is None or len(state["trials"]) >= options.max_trials - reserve(options, remeasure):
+            if second is None or len(state["trials"]) >= options.max_trials - reserve(options, remeasure, pairs(run)):
                 break
             now = measured(out, state, load_trial(out / best_row(state)["folder"]))  # the best as measured last
             result, decision = _try(run, out, state, options, second, second_why, best.knobs, now,
