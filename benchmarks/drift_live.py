@@ -87,7 +87,7 @@ def summary(state: dict) -> str:
     # A trial that failed, with its reason: a run in turns that failed leaves the speedup to the fallback.
     failed = [f"{t['name']} ({t.get('reason')})" for t in state["trials"] if t.get("decision") == "failed"]
     return (f"best {best['name']} ({Knobs.from_dict(best['knobs']).label() or 'as written'}), "
-            f"×{state.get('speedup') or 0:.2f} ({state.get('speedup_basis')}); measured again (load changed) after: {', '.join(again) or 'none'}; "
+            f"×{state.get('speedup') or 0:.2f} ({state.get('speedup_basis')}, {state.get('speedup_pairs') or 0} pair(s)); measured again (load changed) after: {', '.join(again) or 'none'}; "
             f"{timing}" + (f"; speedup runs: {', '.join(turns)}" if turns else "")
             + (f"; failed: {'; '.join(failed)}" if failed else ""))
 
