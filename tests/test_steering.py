@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.search.ending import runner_up_row
+from advisor.search.ending import contender
 from advisor.search.session import run_session
 from advisor.search.space import KNOB_NAMES, check_steering, knob_names, try_settings
 from advisor.search.state import SessionOptions
@@ -98,14 +98,18 @@ def test_tries_run_right_after_the_baseline_and_skip_is_never_proposed(tmp_path)
 
 
 def test_a_change_that_was_not_applicable_is_never_the_runner_up(tmp_path):
-    state = replay(tmp_path / "s", SessionOptions(max_trials=5))
+    from types import SimpleNamespace
+
+    out = tmp_path / "s"
+    state = replay(out, SessionOptions(max_trials=5))
     state["best"] = state["trials"][0]["name"]
+    best = SimpleNamespace(name=state["best"], path=out / state["trials"][0]["folder"])
     fastest = max(state["trials"][1:], key=lambda t: t["samples_per_s"] or 0)
-    assert runner_up_row(state) is fastest
+    assert contender(out, state, best)[0] is fastest  # ahead of the best (the baseline here)
     # The same row, had its only knob been not applicable: it measured a setting already run.
     knob = sorted(turned(state["trials"][0]["knobs"], fastest["knobs"]))[0]
     fastest.update(decision="not applicable", outcomes={knob: "not applicable: the surface holds none"})
-    assert runner_up_row(state) is not fastest
+    assert (contender(out, state, best) or [None])[0] is not fastest
 
 
 def test_the_cli_refuses_an_unknown_knob_in_one_line_and_creates_nothing(tmp_path):

@@ -186,3 +186,36 @@ def test_a_paired_session_keeps_its_pairs_trials_back_from_every_path(tmp_path):
     # Nine trials run: two more (the best again, then the candidate's next) would reach the sixth kept back.
     state = {"trials": [{"name": f"{i:02d}"} for i in range(9)], "pooled": {}}
     assert beside_best(paired, tmp_path, state, options, {}, 9, print, True) is None
+
+
+def test_the_best_is_confirmed_against_the_setting_within_its_noise_not_a_steadier_one_clearly_behind(tmp_path):
+    """A drift_live session kept batch 64 at +10.8 % (noise 10.0 %) over AMP with channels_last (628 samples/s,
+    its windows spread wide), with a compile measured between the two (644, steady): the fastest other setting,
+    clearly behind the best (696, steady), was the runner-up, so nothing was confirmed. The runner-up is the
+    fastest setting not clearly behind the best: the one the best was kept over."""
+    import json
+    from types import SimpleNamespace
+
+    from advisor.search.ending import contender
+
+    def setting(name, knobs, rates):
+        """A trial folder whose windows (five steps of batch 32 each) ran at `rates`, and its row."""
+        steps = [{"phase": "window", "window": w, "batch_size": 32, "wall_s": 32 / rate}
+                 for w, rate in enumerate(rates) for _ in range(5)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trial.json").write_text(json.dumps({"name": name, "status": "ok", "steps": steps}))
+        return {"name": name, "folder": name, "status": "ok", "decision": "reverted", "knobs": knobs,
+                "samples_per_s": sum(rates) / len(rates)}
+
+    amp = {"amp": "bf16", "channels_last": True}
+    rows = [setting("00-baseline", {}, [340, 345, 343]),
+            setting("02-amp-bf16", amp, [560, 630, 700]),
+            setting("03-compile", dict(amp, compile=True), [640, 645, 648]),
+            setting("05-batch-64", dict(amp, batch_size=64), [694, 696, 698])]
+    state = {"trials": rows, "best": "05-batch-64", "pooled": {}}
+    best = SimpleNamespace(name="05-batch-64", path=tmp_path / "05-batch-64")
+    runner_up, folders = contender(tmp_path, state, best)
+    assert runner_up["name"] == "02-amp-bf16" and folders == [tmp_path / "02-amp-bf16"]
+    # Steady at its level, it is clearly behind too: nothing to confirm.
+    rows[1] = setting("02-amp-bf16-steady", amp, [626, 628, 630])
+    assert contender(tmp_path, state, best) is None
