@@ -139,6 +139,46 @@ def test_a_speedup_in_turns_counts_only_at_the_quietest_load_the_two_ever_ran_at
     assert quiet_as_ever(None, [{"steps": []}])  # no load known at all: the windows in turns stand
 
 
+def test_with_no_trial_left_to_measure_the_best_again_the_candidate_is_decided_at_one_load(tmp_path):
+    """A loaded drift_live session, out of room to run the best again beside batch 64, kept it at +178 % (noise
+    147 %) over a best measured under a CPU hog. Where the machine changed and no trial is left, the candidate is
+    decided on the windows the two ran at one load; where there are none, it stands only where the load worked
+    against it."""
+    from advisor.search.decision import decide
+    from advisor.search.policies import without_best_again
+
+    def setting(name, knobs, rates, load):
+        """A trial folder whose windows (five steps of batch 32 each) ran at `rates` beside `load`, and its row."""
+        steps = [{"phase": "window", "window": w, "batch_size": 32, "wall_s": 32 / rate / 5,
+                  "load": {"taken": load}} for w, rate in enumerate(rates) for _ in range(5)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trial.json").write_text(json.dumps({"name": name, "status": "ok", "steps": steps}))
+        return {"name": name, "folder": name, "status": "ok", "decision": "kept", "knobs": knobs,
+                "samples_per_s": sum(rates) / len(rates)}
+
+    def decide_on(best, candidate):
+        return decide(best, candidate, [], [], 0.03)
+
+    amp = {"amp": "bf16", "channels_last": True}
+    quiet_best = setting("04-channels-last", amp, [600, 676, 752], 0.02)
+    loaded_best = setting("07-best-again", amp, [180, 262, 340], 0.67)  # the best as measured again, under the hog
+    setting("09-batch-64", dict(amp, batch_size=64), [720, 728, 736], 0.02)
+    candidate = trial_record(tmp_path / "09-batch-64")
+    state = {"trials": [quiet_best, loaded_best], "best": "07-best-again", "pooled": {}}
+    against_loaded = decide_on(measure_record([trial_record(tmp_path / "07-best-again")]), measure_record([candidate]))
+    assert against_loaded.keep  # what the session did
+    decision, why = without_best_again(tmp_path, state, candidate, against_loaded, decide_on)
+    assert why == SINCE and not decision.keep and decision.gain == pytest.approx(728 / 676 - 1, abs=0.01)
+    # The best never ran at the candidate's load: kept only where the load worked against the candidate.
+    state["trials"] = [loaded_best]
+    decision, why = without_best_again(tmp_path, state, candidate, against_loaded, decide_on)
+    assert why == SINCE and not decision.keep and decision.reason.startswith("not measured at the load the best ran at")
+    # Nothing changed (the candidate ran beside the same load): the decision is as it was.
+    setting("10-busy", dict(amp, batch_size=64), [250, 255, 260], 0.67)
+    busy = trial_record(tmp_path / "10-busy")
+    assert without_best_again(tmp_path, state, busy, against_loaded, decide_on) == (against_loaded, None)
+
+
 def test_a_decision_across_two_loads_holds_only_where_the_load_worked_against_it():
     def record(load):
         return {"steps": [{"wall_s": 0.1, "batch_size": 8, "window": 0, "phase": "window",

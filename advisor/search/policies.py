@@ -61,8 +61,7 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     # Within the budget less the trials kept back for confirming the best at the end.
     if not remeasure or len(state["trials"]) + 2 > options.max_trials - reserve(options, remeasure, pairs(run)):
         return None
-    top = best_row(state)
-    runs = [trial_record(out / top["folder"]), *(trial_record(out / f) for f in state["pooled"].get(top["name"], []))]
+    top, runs = best_row(state), best_runs(out, state)
     changed = machine_changed(runs, record)
     if changed is None:
         return None
@@ -81,6 +80,29 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     # (this run of the best or earlier ones); where none ran at one load the candidate's measurement is None.
     matched = measured_at_one_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
     return (row, *(matched or (fresh_measure, None)), changed)
+
+
+def best_runs(out: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The best's records: its own run, then those pooled with it."""
+    top = best_row(state)
+    return [trial_record(out / top["folder"]), *(trial_record(out / f) for f in state["pooled"].get(top["name"], []))]
+
+
+def without_best_again(out: Path, state: dict[str, Any], record: dict[str, Any], decision: Decision,
+                       decide_on: Callable[[Measurement, Measurement], Decision]) -> tuple[Decision, str | None]:
+    """The decision on a candidate where the machine changed since the best ran, and no trial was left to run the
+    best again beside it (`beside_best`): made on the two settings' windows at one load where there are some
+    (`decide_on`), else standing only where the load worked against it (`across_loads`); with why the machine
+    changed (None: it did not, and the decision is as it was). A loaded drift_live session, out of room for the
+    best again, kept batch 64 at +178 % (noise 147 %) over a best measured under a CPU hog."""
+    changed = machine_changed(best_runs(out, state), record)
+    if changed is None:
+        return decision, None
+    top = best_row(state)
+    matched = measured_at_one_load(runs_of(out, state, top["knobs"]), [record])
+    if matched is not None:
+        return decide_on(*matched), changed
+    return across_loads(decision, record, trial_record(out / top["folder"]), False), changed
 
 
 def measured_at_one_load(a_runs: list[dict[str, Any]],

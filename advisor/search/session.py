@@ -46,7 +46,7 @@ from advisor.search.simplify import keep_simpler, simplifies, swap_proposal, tak
     without_proposal
 from advisor.search.policies import applied_only, beside_best, late_pair, not_applicable, pair_proposal, \
     pairs, pairs_on, refused_knobs, reserve, across_loads, beside_fresh_best, session_speedup, speedup_note, \
-    SPEEDUP_BUDGET, SPEEDUP_DRAWS
+    without_best_again, SPEEDUP_BUDGET, SPEEDUP_DRAWS
 from advisor.search.ending import PAIR_TRIALS, baseline_again, best_after, confirm_best, speedup_in_turns
 
 
@@ -367,6 +367,10 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         best_measure, measurement = beside[1], beside[2] or measurement
     decision = (decide(best_measure, measurement, losses, reference_losses, options.min_gain,
                        addresses_bound=proposal.helps_now) if result.ok else None)
+    unmeasured = None  # the machine changed, and no trial was left to run the best again beside the candidate
+    if beside is None and decision is not None and remeasure:
+        decision, unmeasured = without_best_again(out, state, record, decision, lambda b, c: decide(
+            b, c, losses, reference_losses, options.min_gain, addresses_bound=proposal.helps_now))
     if decision is not None and simplifies(proposal):
         decision = keep_simpler(decision, options.min_gain)
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
@@ -394,6 +398,9 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     if beside is not None:
         row["drift"] = beside[3]
         row["reason"] = f"{beside[3]}: measured the best again beside it; {row['reason']}"
+    elif unmeasured is not None:
+        row["drift"] = unmeasured
+        row["reason"] = f"{unmeasured}: no trial left to measure the best again beside it; {row['reason']}"
     state["trials"].append(row)
     if beside is not None:
         state["trials"].append(beside[0])
