@@ -398,8 +398,7 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
     if beside is not None:
         row["drift"] = beside[3]
         row["reason"] = f"{beside[3]}: measured the best again beside it; {row['reason']}"
-    elif unmeasured is not None:
-        row["drift"] = unmeasured
+    elif unmeasured is not None:  # not `drift`: that row field says the best was measured again beside it
         row["reason"] = f"{unmeasured}: no trial left to measure the best again beside it; {row['reason']}"
     state["trials"].append(row)
     if beside is not None:
