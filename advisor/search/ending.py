@@ -16,7 +16,7 @@ from typing import Any, Callable
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.policies import CONFIRM_TRIALS, applied_only, first_change, in_effect, measured_at_one_load, \
-    once_more, pairs, runs_of
+    once_more, pairs, run_folders, runs_of
 from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.strategy import knobs_key
@@ -112,8 +112,7 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
         return best, False
     runner_up, earlier = found
     confirmed, runs = {}, {}
-    both = ((top, [out / top["folder"], *(out / f for f in state["pooled"].get(top["name"], []))]),
-            (runner_up, earlier))
+    both = ((top, run_folders(out, state, top)), (runner_up, earlier))
     proposals = [(once_more(row, "confirming the best", "confirm"), f"confirm-{row['name'][:2]}") for row, _ in both]
     in_turns = pairs(run) and fit_together([top, runner_up], state)
     if in_turns:  # side by side, their windows in turns: a load that comes and goes falls on both alike
@@ -205,7 +204,7 @@ def contender(out: Path, state: dict[str, Any], best: TrialResult) -> tuple[dict
                 and (key not in fastest or t["samples_per_s"] > fastest[key]["samples_per_s"])):
             fastest[key] = t
     for rank, row in enumerate(sorted(fastest.values(), key=lambda t: -t["samples_per_s"])):
-        earlier = [out / row["folder"], *(out / f for f in state["pooled"].get(row["name"], []))]
+        earlier = run_folders(out, state, row)
         row_measure = measure_record([trial_record(f) for f in earlier])
         # The fastest other is confirmed too where its runs and the best's span a change of load (a slower one
         # then is no closer call than the fastest).

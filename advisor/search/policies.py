@@ -82,10 +82,14 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     return (row, *(matched or (fresh_measure, None)), changed)
 
 
+def run_folders(out: Path, state: dict[str, Any], row: dict[str, Any]) -> list[Path]:
+    """The folders of a row's runs: its own, then those pooled with it."""
+    return [out / row["folder"], *(out / f for f in state["pooled"].get(row["name"], []))]
+
+
 def best_runs(out: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
     """The best's records: its own run, then those pooled with it."""
-    top = best_row(state)
-    return [trial_record(out / top["folder"]), *(trial_record(out / f) for f in state["pooled"].get(top["name"], []))]
+    return [trial_record(folder) for folder in run_folders(out, state, best_row(state))]
 
 
 def without_best_again(out: Path, state: dict[str, Any], record: dict[str, Any], decision: Decision,
