@@ -21,6 +21,14 @@ best that needs two moves:
   its bound gives.
 - `four_changes_holes`: the same with a tenth of its settings removed (never the script's own): a trial
   there fails, as a live setting that runs out of memory or crashes.
+- `ridge` (90 points, from the H100 surface, the script's own settings batch 32 with no workers, as the
+  seed-004 image classifier a user tried on an H100): a ridge that one move at a time walks off. Batch alone
+  +1-8 %; at batch 32 more workers than 4 slow the step (−9 %, −13 %: each worker's batches cost the training
+  thread) where at batch 128 the same move gains +26 %; pinned copies cost −10 % at batch 32 (the pinning
+  thread sits in the loader's path) and gain +89 % at batch 128 with 14 workers (the pageable copies staged on
+  the training thread were its bound); bf16 +5 % under the loader bound. The best (bf16, batch 512, 14 workers,
+  pinned: ×4.85) needs batch ≥ 128, 14 workers and pinned copies together; fp32 alone reaches ×4.23; fp32 at
+  batch 512 runs out of memory (no point: the trial fails).
 
     build_surface(name, folder) -> (points folder, {settings: samples/s})
 """
@@ -94,9 +102,40 @@ def _four_changes(holes: bool = False) -> dict[tuple, tuple[Path, float, float]]
     return grid
 
 
+def _ridge_rate(amp: str | None, batch: int, workers: int, pin: bool) -> tuple[float, float]:
+    """(samples/s, the training thread's share of the step) of the ridge: per sample (ms), the loader (its
+    workers' rate, the pinning thread's cost per batch where copies are pinned) and the training thread (a
+    cost per step and per worker, its compute, less in bf16, its copies, staged on it when pageable); with
+    workers the larger of the two and a fifth of the other, without, both in turn."""
+    train = (14 + 2 * workers) / batch + (0.05 if amp else 0.35) + (0.1 if pin else 0.96)
+    if workers == 0:
+        step = 1.8 + train
+    else:
+        loader = 1000 / {2: 300, 4: 520, 8: 540, 14: 1530}[workers] + (16 / batch if pin else 0.0)
+        step = max(loader, train) + 0.2 * min(loader, train)
+    return 1000 / step, min(1.0, train / step)
+
+
+def _ridge() -> dict[tuple, tuple[Path, float, float]]:
+    """(amp, batch, workers, pinned) → (real folder, samples/s, busy share); fp32 at batch 512 does not fit."""
+    grid = {}
+    for amp, batch, workers, pin in itertools.product((None, "bf16"), (32, 64, 128, 256, 512), (0, 2, 4, 8, 14),
+                                                      (False, True)):
+        if amp is None and batch == 512:
+            continue
+        source = H100 / f"{amp or 'fp32'}-b{min(batch, 128 if amp is None or workers == 0 else 64)}-w{workers}-" \
+                        f"{'pin' if pin else 'pageable'}"
+        grid[(amp, batch, workers, pin)] = (source, *_ridge_rate(amp, batch, workers, pin))
+    return grid
+
+
 SURFACES = {"pinning_workers": _pinning_workers, "amp_batch": _amp_batch, "four_changes": _four_changes,
-            "four_changes_holes": lambda: _four_changes(holes=True)}
-USER_VALUES = {"four_changes": FOUR_CHANGES_USER, "four_changes_holes": FOUR_CHANGES_USER}
+            "four_changes_holes": lambda: _four_changes(holes=True), "ridge": _ridge}
+USER_VALUES = {"four_changes": FOUR_CHANGES_USER, "four_changes_holes": FOUR_CHANGES_USER,
+               "ridge": dict(FOUR_CHANGES_USER, num_workers=0, persistent_workers=False)}
+# The trials a session has on a built surface where a third of its points is more than a user gives: the
+# ridge's 19 (the budget the session that walked off it had).
+BUDGETS = {"ridge": 19}
 
 
 def set_point(source: Path, folder: Path, settings: tuple, rate: float, busy: float | None = None,

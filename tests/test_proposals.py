@@ -69,7 +69,8 @@ def test_a_late_pair_is_made_on_the_best_of_now(tmp_path, seed):
     bf16; the late pair of pinned copies then ran "pinned copies + batch 32→64" in fp32, on the settings the
     pinned copies were reverted from, not on the bf16 best. Every trial now holds what its best held."""
     state = replay(STEADY, tmp_path / "s", 0.10, seed)
-    assert assert_every_trial_on_its_best(state) >= 6
+    # Five or more moves checked: ranked by expected improvement, the session reaches the best in three.
+    assert assert_every_trial_on_its_best(state) >= 5
     rows = state["trials"]
     assert any(t["knobs"].get("amp") == "bf16" and t["decision"] == "kept" for t in rows), "the best moved to bf16"
     later = [t for t in rows if t.get("base") and t["knobs"].get("pin_memory")

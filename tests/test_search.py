@@ -198,8 +198,10 @@ def test_the_bound_orders_the_round_and_workers_climb_past_a_size_that_did_not_h
     recs = [rec("more-workers", 0.9), rec("amp", 0.3, {"amp": "bf16"}), rec("pin-memory", 0.12)]
     proposals = propose(Traced("input", recs), Bound("input"), best_trial(), gpu_state(), options, SearchSpace())
     assert proposals[0].recommendation == "more-workers" and proposals[0].knobs.num_workers == 2
-    # The other change for the loader's bound: 8-bit images, so that the workers stop converting (measured).
-    assert proposals[0].helps_now and [p.recommendation for p in proposals[1:] if p.helps_now] == ["fewer-copy-bytes"]
+    # The other changes for the loader's bound: the top of the workers' ladder (where the step between reads
+    # nothing) and 8-bit images, so that the workers stop converting (measured).
+    assert proposals[0].helps_now and [(p.recommendation, p.knobs.num_workers) for p in proposals[1:]
+                                       if p.helps_now] == [("more-workers", 14), ("fewer-copy-bytes", None)]
     pinned = next(p for p in proposals if p.recommendation == "pin-memory")
     assert pinned.knobs.pin_memory and pinned.knobs.non_blocking  # one change: either alone does little
     # 2 → 4 did not help while the loader still binds: the ladder goes on to 8 from the best (2).

@@ -16,6 +16,7 @@ from advisor.trials.record.measurement import Measurement
 from advisor.search.state import SessionOptions, best_row, trial_row
 from advisor.search.predictions import remember_graph, reprice
 from advisor.search.decision import Decision
+from advisor.search.expected import rank
 from advisor.search.simplify import takes_off
 from advisor.search.history import moved_on
 from advisor.search.proposal import Proposal, merged_moves, moves_of, on_best
@@ -213,9 +214,10 @@ def pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
 
 def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any], options: SessionOptions,
                   space: SearchSpace, best: Knobs, why: str | None = None) -> Proposal | None:
-    """The move the candidate's own trace calls for next, made with `first`'s moves on the best as it is now
-    (`best`), as one change: the first proposal from there (reverted changes included) that moves other knobs
-    than `first` does, and is not a move measured clearly slower on the best while the bound held."""
+    """The second move worth most with the candidate's first, made with `first`'s moves on the best as it is now
+    (`best`), as one change: of the proposals from the candidate's own trace (reverted changes included) that
+    move other knobs than `first` does and are not moves measured clearly slower on the best while the bound
+    held, the pair of the largest expected improvement, both moves simulated together."""
     user = state.get("user_values") or {}
     first_moves = first.move_dict
     if not first_moves:
@@ -229,13 +231,13 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
     base = dataclasses.replace(best, **first_moves)
     batch = first_moves.get("batch_size") or best.batch_size or user.get("batch_size") or candidate.batch_size
     source = dataclasses.replace(candidate, knobs=base, batch_size=batch)
-    advised = {r.id for r in diagnosis.recommendations} if diagnosis is not None else set()
     first_knobs = set(first_moves) | ({"persistent_workers"} if "num_workers" in first_moves else set())
-    # What the candidate's trace advises comes before a blind experiment, whatever their predicted gains.
-    ranked = sorted(propose(diagnosis, bound, source, state, options, space, retry_reverted=True),
-                    key=lambda p: (not p.helps_now, p.recommendation not in advised, -p.predicted_gain))
     top = best_row(state)
-    for p in ranked:
+    # Every second move from there, each with the first made on the best as one change, simulated together by
+    # the what-if model (its interactions: a larger batch lowers the per-sample cost of workers and copies) and
+    # ranked by expected improvement (`advisor.search.expected`), not by a fixed order of kinds.
+    found = []
+    for p in propose(diagnosis, bound, source, state, options, space, retry_reverted=True):
         second = p.move_dict
         if not second or set(second) & first_knobs or clearly_slower(state, second, bound.name,
                                                                       top.get("samples_per_s")):
@@ -243,11 +245,11 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
         moves = merged_moves(first_moves, second)
         if moves is None:
             continue
-        pair = on_best(best, moves, f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
-                       f"{first.slug}-and-{p.slug}", first.predicted_gain + p.predicted_gain, first.bound,
-                       first.helps_now, why=why, predicted=first.predicted and p.predicted)
-        return reprice([pair], state, top["name"], best)[0]  # both moves simulated together
-    return None
+        found.append(on_best(best, moves, f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
+                             f"{first.slug}-and-{p.slug}", first.predicted_gain + p.predicted_gain, first.bound,
+                             first.helps_now, why=why, predicted=first.predicted and p.predicted))
+    ranked = rank(reprice(found, state, top["name"], best), state)
+    return ranked[0] if ranked else None
 
 
 # A move measured this many times its noise slower on the best is not a pair's second move while the bound holds.

@@ -36,6 +36,7 @@ from advisor.search.space import own_text, pending_try, user_space
 from advisor.search.decision import decide
 from advisor.search.proposal import Proposal, check_on_best
 from advisor.search.strategy import SearchSpace, propose, recovery_plan, turned
+from advisor.search.expected import deferred_for, levers_left
 from advisor.trials.process.profiler_check import cuda_profiler_problem
 from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.process.runner import TrialFailed
@@ -259,16 +260,17 @@ def _sequence(run: TrialRunner, out: Path, options: SessionOptions, state: dict[
         if len(state["trials"]) >= options.max_trials - reserve(options, remeasure, pairs(run)):
             if options.max_trials > 1:  # one trial is a diagnosis-only run, not a budget that ran out
                 state["notes"].append(f"stopped after {options.max_trials} trials (--max-trials) with "
-                                      f"{len(proposals)} change(s) left to try")
+                                      f"{len(proposals)} change(s) left to try{levers_left(proposals, state)}")
             break
         if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
-            state["notes"].append(f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)")
+            state["notes"].append(f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)"
+                                  f"{levers_left(proposals, state)}")
             break
         proposal = proposals[0]
         why = proposal.why or (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
                                else f"a round over the knobs; the bound is {bound.label}")
         result, decision = _try(run, out, state, options, proposal, why, best.knobs, best_measure,
-                                reference_losses, log, remeasure)
+                                reference_losses, log, remeasure, proposals[1:])
         second, second_why = None, ""  # a next move on a change that did not pay, measured against the best
         row = next(t for t in state["trials"] if t["name"] == result.name) if result.ok else None
         # A change found not applicable changed nothing: no swap or pair is made on it (it is never proposed again).
@@ -346,10 +348,11 @@ GIVES_WAY = "in place of "  # a proposal's `why` that names the setting it stand
 
 def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, proposal: Proposal, why: str,
          best_knobs: Knobs, best_measure: Measurement, reference_losses: list[float], log: Callable[[str], None],
-         remeasure: bool) -> tuple[TrialResult, Any]:
+         remeasure: bool, others: list[Proposal] = ()) -> tuple[TrialResult, Any]:
     """Run a proposal made on the best (`best_knobs`, measured as `best_measure`), decide it against that best
-    and record its row; an inconclusive gain is measured once more and decided on both runs together. Returns
-    the (last) result and its decision."""
+    and record its row; an inconclusive gain is measured once more and decided on both runs together, unless a
+    lever of `others` (the proposals after it) not yet measured is worth more (`deferred_for`). Returns the
+    (last) result and its decision."""
     check_on_best(proposal, best_knobs)
     index = len(state["trials"])
     # The unit the measured change will have; None where nothing predicted it.
@@ -386,6 +389,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         (decision.inconclusive and not getattr(run, "adaptive", False) and beside is None
          and len(state["trials"]) + 2 <= options.max_trials)
         or (unmatched and len(state["trials"]) + 3 <= options.max_trials))
+    deferred = deferred_for(decision, proposal, others, state) if again and not unmatched else None
+    again = again and deferred is None
     if unmatched:
         decision = across_loads(decision, record, trial_record(out / beside[0]["folder"]), again)
     decide_row(row, result, decision, again and not unmatched)
@@ -400,6 +405,8 @@ def _try(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOpt
         row["reason"] = f"{beside[3]}: measured the best again beside it; {row['reason']}"
     elif unmeasured is not None:  # not `drift`: that row field says the best was measured again beside it
         row["reason"] = f"{unmeasured}: no trial left to measure the best again beside it; {row['reason']}"
+    if deferred is not None:
+        row["reason"] += f"; not measured again: {deferred}"
     state["trials"].append(row)
     if beside is not None:
         state["trials"].append(beside[0])

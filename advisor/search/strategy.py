@@ -44,6 +44,7 @@ from typing import Any, Callable
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
+from advisor.search.expected import rank
 from advisor.search.history import failed_settings, reverted_under, within_noise
 from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.predictions import reprice
@@ -126,6 +127,9 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     cores = max(1, ((facts.get("cpu") or {}).get("logical_cores") or 1) // max(1, options.nproc_per_node))
     found = [
         workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores, accelerator),
+        # The top of the ladder beside its next step: where a larger batch or pinned copies change what workers
+        # are worth, the step between may read nothing (the model and the expected improvement choose).
+        workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores, accelerator, top=True),
         copies_proposal(recs, bound, best.knobs, space, accelerator),
         amp_proposal(recs.get("amp"), best.knobs, space, facts),
         threads_proposal(best.knobs, state, cores, accelerator),
@@ -155,10 +159,9 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
                 and reverted_under(state, p, bound.name, best_sps)):
             continue  # it did not help while this bound held; it is tried again once the bound moves
         out.append(dataclasses.replace(p, helps_now=bound.name is not None and p.bound == bound.name))
-    # The what-if model's figure where it can simulate the change (the rules' otherwise): the order within
-    # the proposals that address the bound, and within the rest.
-    out = reprice(out, state, best.name, best.knobs)
-    return sorted(out, key=lambda p: (not p.helps_now, -p.predicted_gain))
+    # The what-if model's figure where it can simulate the change (the rules' otherwise), with its kind's
+    # spread: one scale, the expected improvement over the best (`advisor.search.expected`).
+    return rank(reprice(out, state, best.name, best.knobs), state)
 
 
 def turned(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any]) -> set[str]:
@@ -175,9 +178,9 @@ def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
 
 
 def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any], space: SearchSpace,
-                     cores: int, accelerator: bool = False) -> Proposal | None:
-    """More DataLoader workers while the loader binds: the next size up the ladder, past the sizes that
-    were tried from this setting under this bound and did not help. On the CPU the step's torch threads
+                     cores: int, accelerator: bool = False, top: bool = False) -> Proposal | None:
+    """More DataLoader workers while the loader binds: the next size up the ladder (`top`: its largest, where
+    that is not the next), past the sizes that were tried from this setting under this bound and did not help. On the CPU the step's torch threads
     make room for them (threads + workers within the cores): workers and threads fighting over the
     cores is slower than either alone."""
     if rec is None and bound.name != "input":
@@ -192,9 +195,10 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
             and {k: v for k, v in t["knobs"].items() if k not in moved} == base]
     floor = max([current, *past])
     ladder = space.workers if space.workers is not None else worker_ladder(cores)
-    target = next((w for w in sorted(ladder) if w > floor), None)
-    if target is None:
+    above = [w for w in sorted(ladder) if w > floor]
+    if not above or (top and len(above) < 2):
         return None
+    target = above[-1] if top else above[0]
     errored = failed_settings(state, knobs, "num_workers")
     why = f"in place of workers {floor}, which failed ({errored[floor]}): the next count" if floor in errored else None
     gain = rec.predicted_gain if rec is not None else 0.5

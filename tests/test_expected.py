@@ -1,0 +1,114 @@
+"""The search spends each trial where the most speed is likely (issue 66): every candidate on one scale, the
+expected improvement over the best; a lever the trace points at is measured before a move read within its noise
+is measured again; pairs are chosen by the what-if model's price of both moves together; and on a ridge that
+one move at a time walks off (replayed from real H100 trial folders), sessions end on its best."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from advisor.search.bounds import Bound
+from advisor.search.decision import Decision
+from advisor.search.expected import deferred_for, expected_improvement, levers_left, rank, spread, untried, value
+from advisor.search.proposal import on_best
+from advisor.search.state import SessionOptions
+from advisor.search.strategy import SearchSpace, propose, surface_space
+from advisor.trials.knobs import Knobs
+from advisor.trials.process.replay import load_surface
+from conftest import ROOT
+from test_proposals import replay
+from test_search import Traced, best_trial, gpu_state, rec
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from pair_surfaces import build_surface  # noqa: E402
+
+
+def test_expected_improvement_is_the_mean_of_the_gain_above_zero():
+    # E[max(0, X)], X ~ N(0, σ²) = σ/√(2π); a sure gain is itself; a sure loss is worth nothing.
+    assert expected_improvement(0.0, 0.2) == pytest.approx(0.2 / math.sqrt(2 * math.pi))
+    assert expected_improvement(0.3, 0.0) == 0.3 and expected_improvement(-0.3, 0.0) == 0.0
+    # Worth more with a larger mean, and with a wider spread at the same mean.
+    assert expected_improvement(0.1, 0.1) > expected_improvement(0.0, 0.1) > expected_improvement(-0.1, 0.1) > 0
+    assert expected_improvement(0.0, 0.3) > expected_improvement(0.0, 0.1)
+
+
+def test_a_lever_the_model_prices_at_zero_is_not_vetoed_by_the_rule_order():
+    """Under a loader bound on an H100, AMP (fp32 matrix products off the Tensor Cores) priced at +0 % and a
+    larger batch priced at +3 % that addresses the bound: the old order (the bound first, then the price) put
+    the batch first and AMP behind every move that "helps now"; on one scale AMP's wide spread is worth more."""
+    best = Knobs(num_workers=4, persistent_workers=True)
+    state = gpu_state()
+    amp = on_best(best, {"amp": "bf16"}, "amp", "AMP bf16", "amp-bf16", 0.0, "compute", helps_now=False)
+    batch = on_best(best, {"batch_size": 64}, "larger-batch", "batch 32→64", "batch-64", 0.03, "host", helps_now=True)
+    assert [p.recommendation for p in rank([batch, amp], state)] == ["amp", "larger-batch"]
+    # A change the trace says addresses the bound is wider (there is room): among equals it goes first.
+    workers = on_best(best, {"num_workers": 8}, "more-workers", "workers 4→8", "workers-8", 0.0, "input")
+    idle = on_best(best, {"num_workers": 8}, "more-workers", "workers 4→8", "workers-8", 0.0, "input",
+                   helps_now=False)
+    assert value(workers, state) > value(idle, state)
+
+
+def test_the_session_narrows_a_kind_of_change_by_its_own_predictions():
+    state = gpu_state()
+    prior = spread("amp", state)
+    state["trials"].append({"status": "ok", "recommendation": "amp", "predicted_samples_gain": 0.0, "gain": 0.01,
+                            "knobs": Knobs(amp="bf16").to_dict()})
+    assert spread("amp", state) < prior  # the model was right about AMP here: less to hope for, or fear
+    state["trials"].append({"status": "ok", "recommendation": "larger-batch", "predicted_samples_gain": 0.0,
+                            "gain": 0.9, "knobs": Knobs(batch_size=64).to_dict()})
+    assert spread("larger-batch", state) > spread("larger-batch", gpu_state())  # it missed the batch by 90 points
+    assert spread("amp+pin-memory", gpu_state()) > spread("amp", gpu_state())  # a pair: both moves' spreads
+
+
+def test_a_move_within_its_noise_waits_while_a_lever_is_unmeasured():
+    """Batch 32→128 read +3 % with 10 % noise. Measured again it could still turn out +10 %, but AMP and pinned
+    copies, which no trial measured yet, are worth more: the re-measure waits; once every lever was measured,
+    it is worth its trial."""
+    best = Knobs(num_workers=4, persistent_workers=True)
+    state = gpu_state()
+    batch = on_best(best, {"batch_size": 128}, "larger-batch", "batch 32→128", "batch-128", 0.03, "host")
+    amp = on_best(best, {"amp": "bf16"}, "amp", "AMP bf16", "amp-bf16", 0.0, "compute", helps_now=False)
+    within = Decision(False, "+3.0% samples/s is within the noise", 0.03, 0.10, inconclusive=True)
+    why = deferred_for(within, batch, [amp], state)
+    assert why is not None and why.startswith("AMP bf16, not measured yet, is worth more"), why
+    state["trials"].append({"status": "ok", "recommendation": "amp", "knobs": Knobs(amp="bf16").to_dict()})
+    assert untried([amp], state) == [] and deferred_for(within, batch, [amp], state) is None
+    # The budget's end says which levers were left, and keeps them in the record.
+    assert levers_left([amp], gpu_state()) == "; never measured: AMP bf16"
+
+
+def test_the_top_of_the_workers_ladder_is_a_candidate_beside_its_next_step():
+    """A step of the ladder that reads nothing (4→8) does not hide the top of it (14), which a larger batch or
+    pinned copies can make pay: both are candidates, ranked by their expected improvement."""
+    proposals = propose(Traced("input", [rec("more-workers", 0.5)]), Bound("input"),
+                        best_trial(Knobs(num_workers=4, persistent_workers=True)), gpu_state(), SessionOptions(),
+                        SearchSpace())
+    assert sorted(p.knobs.num_workers for p in proposals if p.recommendation == "more-workers") == [8, 14]
+
+
+@pytest.fixture(scope="module")
+def ridge(tmp_path_factory):
+    """The ridge surface of benchmarks/pair_surfaces.py (90 points from real H100 trial folders)."""
+    return build_surface("ridge", tmp_path_factory.mktemp("ridge") / "surface")[0]
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_a_ridge_session_measures_every_lever_and_ends_on_the_best(tmp_path, ridge, seed):
+    """At 10 % noise these seeds ended at 0.31 and 0.46 of the ridge's best: workers 8 and 14 read slower at
+    batch 32, the batch ladder read within its noise, and the budget went to re-measures and pairs with the next
+    worker count. Now the top of the ladder, pinned copies and AMP are each measured, the batch climbs on a fed
+    loader, and the session ends on the best (bf16, batch 512, 14 workers, pinned copies), within 19 trials."""
+    points = load_surface(ridge)
+    state = replay(ridge, tmp_path / "s", 0.10, seed, options=SessionOptions(max_trials=19))
+    rows = state["trials"]
+    assert len(rows) <= 19
+    measured = {k for t in rows if t["status"] == "ok" for k in str(t.get("recommendation")).split("+")}
+    assert {"amp", "pin-memory", "more-workers", "larger-batch"} <= measured, measured
+    final = Knobs.from_dict(state["final_knobs"])
+    assert (final.amp, final.num_workers, final.pin_memory, final.non_blocking) == ("bf16", 14, True, True), final
+    assert final.batch_size >= 256, final
+    assert not state.get("unmeasured")
+    assert len(points) == 90 and surface_space(points).batch_sizes == (32, 64, 128, 256, 512)
