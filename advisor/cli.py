@@ -291,7 +291,8 @@ def profile_command(args: argparse.Namespace) -> int:
 
     from advisor.report.progress import progress_display
     from advisor.report.terminal import print_session
-    from advisor.search.session import diagnose_trial, run_session
+    from advisor.search.session import run_session
+    from advisor.search.trials import diagnose_trial
     from advisor.search.state import SessionOptions, reference_row
     from advisor.trials.record import load_trial
     from advisor.trials.process.runner import default_out_dir

@@ -145,7 +145,7 @@ def test_with_no_trial_left_to_measure_the_best_again_the_candidate_is_decided_a
     decided on the windows the two ran at one load; where there are none, it stands only where the load worked
     against it."""
     from advisor.search.decision import decide
-    from advisor.search.policies import without_best_again
+    from advisor.search.remeasures import without_best_again
 
     def setting(name, knobs, rates, load):
         """A trial folder whose windows (five steps of batch 32 each) ran at `rates` beside `load`, and its row."""

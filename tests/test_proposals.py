@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from session_checks import assert_every_trial_on_its_best
 
-from advisor.search.policies import late_pair
+from advisor.search.pairing import late_pair
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.search.proposal import ProposalError, check_on_best, merged_moves, on_best

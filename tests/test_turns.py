@@ -59,7 +59,9 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     import dataclasses
 
     from advisor.search.ending import PAIR_TRIALS, SPEEDUP_WINDOWS, speedup_in_turns
-    from advisor.search.policies import in_effect, measured_at_one_load, runs_of, speedup_note
+    from advisor.search.applicable import in_effect
+    from advisor.search.remeasures import measured_at_one_load, runs_of
+    from advisor.search.speedup import speedup_note
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
     from advisor.search.trials import measure_record, subprocess_runner
@@ -171,21 +173,22 @@ def test_a_paired_session_keeps_its_pairs_trials_back_from_every_path(tmp_path):
     """With a runner of two trials at once, the trials kept back are the confirmation's and two pairs' (six of 16),
     and the best measured again beside a drifted candidate keeps off them as the loop does: with only the
     unpaired three kept from it, loaded sessions ran into the reserve and got one pair for their speedup."""
-    from advisor.search.policies import CONFIRM_TRIALS, SPEEDUP_DRAWS, beside_best, reserve
+    from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_DRAWS, reserve
+    from advisor.search.remeasures import beside_best
     from advisor.search.state import SessionOptions
+    from advisor.search.trials import Runner
 
-    options = SessionOptions(device="cpu", max_trials=16)
-    assert reserve(options, True, False) == CONFIRM_TRIALS + 1
-    assert reserve(options, True, True) == CONFIRM_TRIALS + 2 * SPEEDUP_DRAWS == 6
-    assert reserve(options, False, True) == 0  # a replay without re-measures keeps nothing back
-
-    def paired(*args, **kwargs):
+    def no_trial(*args, **kwargs):
         raise AssertionError("no trial may run here")
 
-    paired.paired = True
+    options = SessionOptions(device="cpu", max_trials=16)
+    assert reserve(options, Runner(no_trial)) == CONFIRM_TRIALS + 1
+    assert reserve(options, Runner(no_trial, paired=True)) == CONFIRM_TRIALS + 2 * SPEEDUP_DRAWS == 6
+    # A replay without re-measures keeps nothing back.
+    assert reserve(options, Runner(no_trial, remeasure=False, paired=True)) == 0
     # Nine trials run: two more (the best again, then the candidate's next) would reach the sixth kept back.
     state = {"trials": [{"name": f"{i:02d}"} for i in range(9)], "pooled": {}}
-    assert beside_best(paired, tmp_path, state, options, {}, 9, print, True) is None
+    assert beside_best(Runner(no_trial, paired=True), tmp_path, state, options, {}, 9, print) is None
 
 
 def test_the_best_is_confirmed_against_the_setting_within_its_noise_not_a_steadier_one_clearly_behind(tmp_path):

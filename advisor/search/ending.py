@@ -15,27 +15,60 @@ from typing import Any, Callable
 
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
-from advisor.search.policies import CONFIRM_TRIALS, applied_only, first_change, in_effect, measured_at_one_load, \
-    once_more, pairs, run_folders, runs_of
+from advisor.search.applicable import applied_only, in_effect
+from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS
+from advisor.search.remeasures import first_change, measured_at_one_load, once_more, run_folders, runs_of
+from advisor.search.speedup import session_speedup, speedup_note
 from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.strategy import knobs_key
 from advisor.search.trials import TrialRunner, figures_text, measure_record, measured, own_bound, recorded_losses, \
     run_one, trial_record, trial_time_limit
-from advisor.trials.record import TrialResult
+from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.record.measurement import Measurement, noise
 from advisor.trials.record.turns import finished, start_turns, windows_log
 
 
+def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
+           reference: dict[str, Any], reference_losses: list[float], log: Callable[[str], None]) -> TrialResult:
+    """The end of the search: the best confirmed, then the speedup read (in turns with the baseline where the
+    runner runs two trials at once, else from the baseline once more right before the best), with the note
+    that says how; returns the best, which the confirmation may have changed."""
+    in_turns, side_by_side = None, False
+    if run.paired:  # the baseline and the best side by side, windows in turns, after the best is confirmed
+        # The first round before any pair for the speedup; a later one (the two still within the noise) only
+        # before the speedup's second pair, its second draw of the two settings' levels.
+        kept_back = options.max_trials >= SPEEDUP_BUDGET
+        best = confirm_best(run, out, state, options, best, reference_losses, log,
+                            leave=PAIR_TRIALS if kept_back else 0,
+                            leave_later=PAIR_TRIALS * SPEEDUP_DRAWS if kept_back else 0)
+        in_turns = speedup_in_turns(run, out, state, options, reference, log) if run.remeasure else None
+        if state["best"] != best.name:  # slower than the baseline in turns: the session went back to it
+            best = applied_only(load_trial(out / best_row(state)["folder"]))
+    else:
+        baseline = baseline_again(run, out, state, options, reference, log)
+        best = confirm_best(run, out, state, options, best, reference_losses, log)
+        side_by_side = baseline is not None and best_after(run, out, state, options, baseline, log)
+    if in_turns is not None:
+        state["speedup"], state["speedup_basis"] = in_turns, "in turns"
+        if state["best"] != reference["name"]:  # else the note of the way back says it
+            state["notes"].append(speedup_note(state, reference))
+    else:
+        state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
+        if state["speedup_basis"] != "direct" or side_by_side:
+            state["notes"].append(speedup_note(state, reference, side_by_side))
+    return best
+
+
 def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-                   reference: dict[str, Any], log: Callable[[str], None], remeasure: bool) -> str | None:
+                   reference: dict[str, Any], log: Callable[[str], None]) -> str | None:
     """Before the best is confirmed, where the budget allows the best a run right after it, measure the
     baseline once more, so that the claimed speedup rests on runs of both at one load (`session_speedup` reads
     every run of the two cut to their windows at one load), not on what the machine did between the
     baseline's first run and the best's. The name of its row, or None."""
     top = best_row(state)
     # Never in the place of the confirmation's two trials: it is the best that the user banks on.
-    if (not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + 1
+    if (not run.remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + 1
             or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))):
         return None
     row = _speedup_run(run, state, reference, "the baseline", "right before the best", log)
@@ -83,7 +116,7 @@ def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], w
 
 
 def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
-                  reference_losses: list[float], log: Callable[[str], None], remeasure: bool,
+                  reference_losses: list[float], log: Callable[[str], None],
                   leave: int = 0, leave_later: int | None = None) -> TrialResult:
     """Before the session ends, measure the best and the runner-up (`contender`: the fastest other setting
     within the noise of the best or ahead of it) once more, and keep whichever the
@@ -92,7 +125,7 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     round's runs pooled with the earlier ones). Returns the best."""
     for number in range(CONFIRM_ROUNDS):
         aside = leave if number == 0 or leave_later is None else leave_later
-        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, remeasure, aside)
+        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, aside)
         if not unsettled:
             break
     return best
@@ -103,9 +136,9 @@ CONFIRM_ROUNDS = 3  # at most: a budget left over is spent telling the two faste
 
 def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                    reference_losses: list[float], log: Callable[[str], None],
-                   remeasure: bool, leave: int = 0) -> tuple[TrialResult, bool]:
+                   leave: int = 0) -> tuple[TrialResult, bool]:
     """One round of `confirm_best`: (the best, whether the two are still within the noise of each other)."""
-    if not remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + leave:
+    if not run.remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + leave:
         return best, False
     top, found = best_row(state), contender(out, state, best)
     if found is None:
@@ -114,7 +147,7 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     confirmed, runs = {}, {}
     both = ((top, run_folders(out, state, top)), (runner_up, earlier))
     proposals = [(once_more(row, "confirming the best", "confirm"), f"confirm-{row['name'][:2]}") for row, _ in both]
-    in_turns = pairs(run) and fit_together([top, runner_up], state)
+    in_turns = run.paired and fit_together([top, runner_up], state)
     if in_turns:  # side by side, their windows in turns: a load that comes and goes falls on both alike
         index = len(state["trials"])
         log(f"trials {index:02d}-{index + 1:02d}: {top['name']} and {runner_up['name']} side by side, their windows "

@@ -10,6 +10,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.search.state import SessionOptions, save
+from advisor.search.timing import session_time
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.targets import parse_step, parse_target
 
@@ -95,6 +96,15 @@ def best_plan(out: Path, state: dict[str, Any], knob: str, field: str) -> Any:
         return json.loads((out / row["folder"] / "trial.json").read_text()).get(field)
     except (OSError, ValueError):
         return None
+
+
+def wrap_up(out: Path, state: dict[str, Any], options: SessionOptions) -> None:
+    """The session done: the batch's notes and the time it took in the record, saved, and the outputs written."""
+    state["notes"].extend(batch_notes(state, options))
+    state["time"] = session_time(out, state)
+    state["status"] = "done"
+    save(state)
+    finish_outputs(out, state)
 
 
 def finish_outputs(out: Path, state: dict[str, Any]) -> None:

@@ -7,7 +7,8 @@ import functools
 import json
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 from advisor.files import file_stamps
 from advisor.trials.knobs import Knobs
@@ -20,7 +21,35 @@ from advisor.trials.record import TRIAL_FILE, TrialResult
 from advisor.trials.process.processes import end_trial_processes, trial_processes
 from advisor.trials.process.runner import run_trial
 
-TrialRunner = Callable[[str, Knobs], TrialResult]  # (trial name, knobs) -> the finished trial
+
+
+class TrialRunner(Protocol):
+    """What runs the session's trials: (trial name, knobs, ...) → the finished trial, and what it can do."""
+
+    remeasure: bool  # it can measure a setting twice (a replay without noise and one recording a setting cannot)
+    adaptive: bool  # a trial's windows can follow a comparison with the best (`against`)
+    paired: bool  # it runs two trials at once, their windows in turns (`turns`)
+
+    def __call__(self, name: str, knobs: Knobs, **options: Any) -> TrialResult: ...
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A function that runs a trial, as a `TrialRunner`: what it can do said beside it."""
+
+    run: Callable[..., TrialResult]
+    remeasure: bool = True
+    adaptive: bool = False
+    paired: bool = False
+
+    def __call__(self, name: str, knobs: Knobs, **options: Any) -> TrialResult:
+        return self.run(name, knobs, **options)
+
+
+def as_runner(run: Any) -> TrialRunner:
+    """A runner as the session asks it: one that says what it can do as it is, a plain function as a `Runner`
+    (it measures again, in windows it chooses, one trial at a time)."""
+    return run if all(hasattr(run, name) for name in ("remeasure", "adaptive", "paired")) else Runner(run)
 
 
 def trial_record(folder: Path) -> dict[str, Any]:
@@ -118,10 +147,10 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
             with recording:
                 state["running_trial"] = None
 
-    run.adaptive = options.windows > 0  # type: ignore[attr-defined]  # its windows can follow a comparison
-    # Two trials at once, their windows in turns (advisor.trials.record.turns): one process each, on one node.
-    run.paired = options.windows > 0 and options.nproc_per_node <= 1 and options.ray_address is None  # type: ignore[attr-defined]
-    return run
+    # Its windows can follow a comparison; two trials at once, their windows in turns
+    # (advisor.trials.record.turns): one process each, on one node.
+    return Runner(run, adaptive=options.windows > 0,
+                  paired=options.windows > 0 and options.nproc_per_node <= 1 and options.ray_address is None)
 
 
 COMPILE_ALLOWANCE_S = 600.0  # torch.compile of a large model takes minutes on its first steps
@@ -148,7 +177,7 @@ def run_one(run: TrialRunner, state: dict[str, Any], index: int, proposal: Propo
     """Run one trial (its windows measured until they settle the comparison with `target`, an
     `advisor.trials.record.adaptive.Against`, where the runner can); return it, its record and its own measurement."""
     knobs = Knobs() if proposal is None else proposal.knobs
-    if target is not None and getattr(run, "adaptive", False):
+    if target is not None and run.adaptive:
         result = run(f"{index:02d}-{slug}", knobs, against=target.to_dict())
     else:
         result = run(f"{index:02d}-{slug}", knobs)

@@ -123,6 +123,7 @@ class ReplayRunner:
         self.remeasure = noise is not None or any(len(v) > 1 for v in self.by_settings.values())
         self.drift = LoadDrift(drift, seed) if drift else None
         self.adaptive = noise is not None  # windows are drawn, so as many as a comparison needs
+        self.paired = False  # one trial at a time: served trials take no turns
         self.epoch = time.time()
         self.clock = 0.0  # simulated seconds since the session began
 

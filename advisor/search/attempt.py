@@ -1,0 +1,131 @@
+"""One trial of the search: a proposal made on the best, run, judged against that best (beside the best measured
+again where the machine changed), its row recorded, and an inconclusive gain measured once more where nothing
+the session has not measured yet is worth more. Torch-free: the trial runs in the policy's runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+from advisor.report.formatting import compile_text
+from advisor.search.applicable import not_applicable, refused_knobs
+from advisor.search.decision import Decision
+from advisor.search.drift import load_text
+from advisor.search.expected import deferred_for
+from advisor.search.policy import Policy
+from advisor.search.predictions import prediction_error
+from advisor.search.proposal import Proposal, check_on_best
+from advisor.search.remeasures import across_loads, beside_best, beside_fresh_best, without_best_again
+from advisor.search.simplify import keep_simpler, simplifies
+from advisor.search.state import best_row, compile_payback, samples_gain, save, trial_row
+from advisor.search.trials import decide_row, figures_text, measured, own_bound, predicted_text, recorded_losses, \
+    run_one, trial_record
+from advisor.trials.knobs import Knobs
+from advisor.trials.record import TrialResult
+from advisor.trials.record.adaptive import against
+from advisor.trials.record.measurement import Measurement
+
+GIVES_WAY = "in place of "  # a proposal's `why` that names the setting it stands in for (one that failed)
+
+
+def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str, best_knobs: Knobs,
+            best_measure: Measurement, reference_losses: list[float], log: Callable[[str], None],
+            others: list[Proposal] = ()) -> tuple[TrialResult, Decision | None]:
+    """Run a proposal made on the best (`best_knobs`, measured as `best_measure`), decide it against that best
+    and record its row; an inconclusive gain is measured once more and decided on both runs together, unless a
+    lever of `others` (the proposals after it) not yet measured is worth more (`deferred_for`). Returns the
+    (last) result and its decision."""
+    run, out, options = policy.run, policy.out, policy.options
+    check_on_best(proposal, best_knobs)
+    index = len(state["trials"])
+    # The unit the measured change will have; None where nothing predicted it.
+    predicted = samples_gain(proposal.predicted_gain) if proposal.predicted else None
+    log(f"trial {index:02d}: {proposal.change} ({why}; predicted "
+        + (f"{100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no prediction)"))
+    target = against(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
+    result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log, target)
+    losses = recorded_losses(result.path)
+    beside = beside_best(run, out, state, options, record, index, log) if result.ok else None
+    # The machine changed: decide on the best measured beside; where none of the candidate's windows ran at
+    # the load the best ran at then (`unmatched`), the candidate runs again beside it before anything is decided.
+    unmatched = beside is not None and beside[1] is not None and beside[2] is None
+    if beside is not None and beside[1] is not None:
+        best_measure, measurement = beside[1], beside[2] or measurement
+    decision = policy.judge(best_measure, measurement, losses, reference_losses, proposal) if result.ok else None
+    unmeasured = None  # the machine changed, and no trial was left to run the best again beside the candidate
+    if beside is None and decision is not None and run.remeasure:
+        decision, unmeasured = without_best_again(out, state, record, decision, lambda b, c: policy.judge(
+            b, c, losses, reference_losses, proposal))
+    if decision is not None and simplifies(proposal):
+        decision = keep_simpler(decision, options.min_gain)
+    row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
+    row["load"] = load_text(record)
+    if (row.get("compile") or {}).get("compile_s") is not None:
+        # Against the best as the decision measured it (beside the candidate, when the machine changed).
+        before = dict(best_row(state), samples_per_s=best_measure.samples_per_s)
+        row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], before, row)
+    refused = not_applicable(row, proposal, state)
+    partly = bool(refused_knobs(row.get("outcomes"), row["knobs"]))
+    # A trial whose windows followed the comparison measured to its cap already: no new process for it.
+    again = decision is not None and run.remeasure and not partly and (  # partly: not what was proposed
+        (decision.inconclusive and not run.adaptive and beside is None
+         and len(state["trials"]) + 2 <= options.max_trials)
+        or (unmatched and len(state["trials"]) + 3 <= options.max_trials))
+    deferred = deferred_for(decision, proposal, others, state) if again and not unmatched else None
+    again = again and deferred is None
+    if unmatched:
+        decision = across_loads(decision, record, trial_record(out / beside[0]["folder"]), again)
+    decide_row(row, result, decision, again and not unmatched)
+    row["base"] = state.get("best")  # what the change was measured against: the model's calibration reads it
+    if proposal.why and proposal.why.startswith(GIVES_WAY):  # the setting it stands in for, said in the row
+        row["reason"] = f"{proposal.why}; {row['reason']}"
+    if refused is not None:  # nothing was changed: whatever it measured, it is not kept
+        row.update(decision="not applicable", reason=refused)
+        decision = dataclasses.replace(decision, keep=False, inconclusive=False) if decision is not None else None
+    if beside is not None:
+        row["drift"] = beside[3]
+        row["reason"] = f"{beside[3]}: measured the best again beside it; {row['reason']}"
+    elif unmeasured is not None:  # not `drift`: that row field says the best was measured again beside it
+        row["reason"] = f"{unmeasured}: no trial left to measure the best again beside it; {row['reason']}"
+    if deferred is not None:
+        row["reason"] += f"; not measured again: {deferred}"
+    state["trials"].append(row)
+    if beside is not None:
+        state["trials"].append(beside[0])
+        if beside[1] is not None and (decision is None or not decision.keep):
+            beside[0].update(decision="kept", reason=beside[0]["reason"] + "; the best, as measured now")
+            state["best"] = beside[0]["name"]  # what comes next is compared with the figure measured now
+        elif beside[1] is not None:  # the candidate beat it, measured side by side: the old best gives way
+            beside[0].update(decision="reverted", reason=beside[0]["reason"] + f"; {result.name} is faster")
+    state["prediction_error"] = prediction_error(state)
+    log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
+    if compile_text(row.get("compile")):
+        log(f"  {compile_text(row['compile'])}")
+    if again:
+        # A gain the noise could hide: run the same settings once more and decide on both runs'
+        # windows together (twice the windows, about 1/√2 of the noise).
+        save(state)
+        first, first_record = result, record
+        index = len(state["trials"])
+        log(f"trial {index:02d}: {proposal.change}, again")
+        result, record, _ = run_one(run, state, index, proposal, f"{proposal.slug}-again", log)
+        if unmatched and result.ok:  # beside the best just measured: the two at one load, not pooled
+            best_measure, measurement = beside_fresh_best(out, state, best_row(state), best_measure,
+                                                          [record, first_record])
+        else:
+            measurement = measured(out, state, result, [first.path])
+        losses = recorded_losses(result.path) + recorded_losses(first.path)
+        decision = policy.judge(best_measure, measurement, losses, reference_losses, proposal) if result.ok else None
+        row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
+        decide_row(row, result, decision, False)
+        row.update(change=f"{proposal.change} (again)", base=state.get("best"),
+                   reason=row["reason"] + (" (beside the best, at one load)" if unmatched else " (both runs)"))
+        state["trials"].append(row)
+        state["prediction_error"] = prediction_error(state)
+        log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
+        if decision is not None and decision.keep and not unmatched:
+            state["pooled"][result.name] = [os.path.relpath(first.path, out)]
+    return result, decision
+
+

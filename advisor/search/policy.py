@@ -1,0 +1,116 @@
+"""The search's policy, the one seam between the session's loop and how it chooses: the next trials, the follow-up
+after a decision (a swap, or a pair with the move worth most beside it), when to stop, and how a candidate is
+judged against the best. The loop (`advisor.search.session`) runs what the policy says; what it says is
+pure functions over the session record (`strategy`, `expected`, `pairing`, `simplify`, `decision`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advisor.search.budget import reserve
+from advisor.search.decision import Decision, decide
+from advisor.search.expected import levers_left
+from advisor.search.pairing import late_pair, pair_proposal, pairs_on
+from advisor.search.proposal import Proposal
+from advisor.search.simplify import swap_proposal, takes_off, unproven_knobs, without_proposal
+from advisor.search.space import pending_try, user_space
+from advisor.search.state import SessionOptions
+from advisor.search.strategy import SearchSpace, propose
+from advisor.search.trials import TrialRunner
+from advisor.trials.record import TrialResult
+from advisor.trials.record.measurement import Measurement
+
+PAIR_TRIES = 2  # a pair that fails gives way once to the next second move of the same first move
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a session chooses, for one session's folder, options, search space and runner."""
+
+    out: Path
+    options: SessionOptions
+    space: SearchSpace
+    run: TrialRunner
+    pair_tries: int = PAIR_TRIES
+
+    @classmethod
+    def of(cls, out: Path, options: SessionOptions, space: SearchSpace, run: TrialRunner) -> Policy:
+        """The policy of a session: the search space less what the user's --only and --skip keep out."""
+        return cls(out, options, user_space(space, options.only, options.skip), run)
+
+    def next_trials(self, state: dict[str, Any], best: TrialResult, diagnosis: Any, bound: Any) -> list[Proposal]:
+        """The candidates for the next trial, the one to run first: the user's --try settings, then a knob the
+        best holds without a gain of its own (taken off), then the proposals ranked by expected improvement,
+        and before the round ends the fastest reverted change not yet paired, with its next move."""
+        asked = pending_try(self.options, state, best.knobs, diagnosis)
+        if asked:
+            return [asked]
+        unproven = unproven_knobs(state)
+        if unproven:
+            return [without_proposal(best.knobs, unproven[0])]
+        proposals = propose(diagnosis, bound, best, state, self.options, self.space)
+        if proposals:
+            return proposals
+        late = late_pair(self.out, state, self.options, self.space, best.knobs)
+        return [late] if late is not None else []
+
+    def stop(self, state: dict[str, Any], proposals: list[Proposal], started: float) -> str | None:
+        """Why the session stops before the next trial (the note it leaves), or None: nothing left to try, the
+        trials (less those kept back for the end) or the time spent."""
+        options = self.options
+        if not proposals:
+            return ("stopped: a full round over the knobs kept nothing more" if len(state["trials"]) > 1
+                    else "stopped: nothing to try")
+        if not self.room(state):
+            # One trial is a diagnosis-only run, not a budget that ran out: it stops without a note ("").
+            return (f"stopped after {options.max_trials} trials (--max-trials) with {len(proposals)} change(s) left "
+                    f"to try{levers_left(proposals, state)}" if options.max_trials > 1 else "")
+        if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
+            return (f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)"
+                    f"{levers_left(proposals, state)}")
+        return None
+
+    def room(self, state: dict[str, Any]) -> bool:
+        """Whether one more trial fits in the budget less the trials kept back for the end."""
+        return len(state["trials"]) < self.options.max_trials - reserve(self.options, self.run)
+
+    def follow_up(self, state: dict[str, Any], best: TrialResult, proposal: Proposal, result: TrialResult,
+                  decision: Decision | None, bound: Any) -> tuple[Proposal | None, str]:
+        """A next move on a change that did not pay, measured against the best, and why: in the place of a model
+        knob the best holds (they interact), else, where the change moved or addressed the bound, or its gain hid
+        in the noise, the pair with the move worth most beside it. (None, "") where none."""
+        row = next(t for t in state["trials"] if t["name"] == result.name) if result.ok else None
+        # A change found not applicable changed nothing: no swap or pair is made on it (it is never proposed again).
+        if (decision is None or decision.keep or row is None or row["decision"] == "not applicable"
+                or decision.reason.startswith("loss")):
+            return None, ""
+        second = swap_proposal(state, best.knobs, proposal)
+        if second is not None:
+            return second, second.why or ""
+        if "+" in proposal.recommendation or takes_off(proposal.recommendation) or not pairs_on(decision, row, bound):
+            return None, ""
+        # Noise hides a small first step, and some changes pay only with a second (pinned copies with more
+        # workers): a change that moved the bound, or addressed it, without paying is a base for the move worth
+        # most beside it, measured together against the best.
+        second = pair_proposal(result, proposal, state, self.options, self.space, best.knobs)
+        state.setdefault("paired", []).append(result.name)
+        return second, f"together with {proposal.change}"
+
+    def give_way(self, state: dict[str, Any], best: TrialResult, first: TrialResult, proposal: Proposal,
+                 failed: Proposal) -> tuple[Proposal | None, str]:
+        """A pair that could not run (a setting that fails) gives way to the nearest one of its direction: the
+        first move with its next second move."""
+        second = pair_proposal(first, proposal, state, self.options, self.space, best.knobs,
+                               why=f"in place of {failed.change}, which failed")
+        return second, (second.why or "") if second is not None else ""
+
+    def judge(self, best: Measurement, candidate: Measurement, losses: list[float], reference_losses: list[float],
+              proposal: Proposal) -> Decision:
+        """Keep or revert a candidate measured against the best (`advisor.search.decision.decide`): one standard
+        error of evidence for a change that addresses the bound, two for the rest."""
+        return decide(best, candidate, losses, reference_losses, self.options.min_gain,
+                      addresses_bound=proposal.helps_now)
