@@ -117,7 +117,7 @@ def analyze_command(args: argparse.Namespace) -> int:
     from advisor.analysis.analyze import analysis_document, analyze_path, encode_json
 
     skipped: list = []
-    diagnoses = analyze_path(args.path, args.steps, skipped, linter=lint_trial_script)
+    diagnoses = analyze_path(args.path, args.steps, skipped, linter=lint_trial_script, parallel=True)
     if args.json:
         sys.stdout.buffer.write(encode_json(analysis_document(args.path, diagnoses, skipped)) + b"\n")
         return 0
@@ -150,7 +150,7 @@ def compare_command(args: argparse.Namespace) -> int:
         raise AdvisorError(f"--fail-if-slower: a percentage of 0 or more, not {gate}")
     from advisor.analysis.compare import compare, comparison_to_dict
 
-    comparison = compare(args.a, args.b, args.steps)
+    comparison = compare(args.a, args.b, args.steps, parallel=True)
     failed = gate is not None and comparison.slower_than(gate)
     if args.html:
         from advisor.report.compare_view import render_comparison_page

@@ -73,7 +73,7 @@ def test_ranks_read_in_parallel_give_the_document_of_one_after_another(monkeypat
     documents = []
     for processes in ("2", "1"):
         monkeypatch.setenv(READ_PROCESSES_ENV, processes)
-        documents.append(encode_json(analysis_document(folder, analyze_path(folder))))
+        documents.append(encode_json(analysis_document(folder, analyze_path(folder, parallel=True))))
     assert documents[0] == documents[1] and b'"straggler"' in documents[0]
 
 
@@ -85,7 +85,7 @@ def test_a_broken_rank_is_the_same_error_in_parallel(tmp_path: Path, monkeypatch
     for processes in ("2", "1"):
         monkeypatch.setenv(READ_PROCESSES_ENV, processes)
         with pytest.raises(TraceError) as caught:
-            analyze_path(tmp_path)
+            analyze_path(tmp_path, parallel=True)
         errors.append(str(caught.value))
     assert errors[0] == errors[1] and "rank2.pt.trace.json.gz" in errors[0]
     monkeypatch.setenv(READ_PROCESSES_ENV, "many")

@@ -196,10 +196,11 @@ def diagnose_or_problem(path: Path, steps: str | None, timelines: bool):
         return ReadProblem(type(exc), exc.path, exc.problem)
 
 
-def diagnose_files(files: list[Path], steps: str | None, timelines: bool) -> list:
+def diagnose_files(files: list[Path], steps: str | None, timelines: bool, parallel: bool = False) -> list:
     """Each file's `diagnose_file` result, or the TraceError (or RecordError) it met, as an exception object,
-    in order; in parallel processes where there is more than one file and core (see `read_processes`)."""
-    processes = read_processes(len(files))
+    in order; with `parallel`, in parallel processes where there is more than one file and core (see
+    `read_processes`)."""
+    processes = read_processes(len(files)) if parallel else 1
     if processes == 1:
         out = []
         for p in files:
@@ -220,10 +221,11 @@ def diagnose_files(files: list[Path], steps: str | None, timelines: bool) -> lis
 
 
 def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None,
-                 linter: Linter | None = None, *, timelines: bool = False) -> list[Diagnosis]:
+                 linter: Linter | None = None, *, timelines: bool = False, parallel: bool = False) -> list[Diagnosis]:
     """Diagnoses for a trace file or every trace file under a folder (`linter`: see `analyze_file`;
-    `timelines`: see `advisor.analysis.diagnosis.diagnose`). A folder's files are parsed in parallel
-    processes (`read_processes`).
+    `timelines`: see `advisor.analysis.diagnosis.diagnose`). `parallel`: a folder's files are parsed in
+    parallel processes (`read_processes`), forked from this one: for a caller whose process runs nothing else
+    meanwhile (the CLI, a notebook), not the session, whose trials measure while it reads.
 
     In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
     skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
@@ -235,7 +237,7 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
         linter = functools.lru_cache(maxsize=None)(linter)  # the ranks (or trials) of one script: linted once
     files = trace_files(path)
     out = []
-    for p, found in zip(files, diagnose_files(files, steps, timelines)):
+    for p, found in zip(files, diagnose_files(files, steps, timelines, parallel)):
         if isinstance(found, NotATrace) and p != path:  # not a trace the path named itself, but one in a folder
             if skipped is not None:
                 skipped.append((str(p), found.problem))

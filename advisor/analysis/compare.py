@@ -274,9 +274,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def compare(a: Path | str, b: Path | str, steps: str | None = None) -> Comparison:
-    """Compare two runs, each a session folder, a trial folder, a trace file or a folder of ranks."""
-    return compare_runs(load_run(a, steps), load_run(b, steps))
+def compare(a: Path | str, b: Path | str, steps: str | None = None, parallel: bool = False) -> Comparison:
+    """Compare two runs, each a session folder, a trial folder, a trace file or a folder of ranks (`parallel`:
+    a folder's traces parsed in parallel processes, see `advisor.analysis.analyze.analyze_path`)."""
+    return compare_runs(load_run(a, steps, parallel), load_run(b, steps, parallel))
 
 
 def _move(m: Move) -> dict:

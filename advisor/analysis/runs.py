@@ -91,22 +91,23 @@ class Run:
                 "ranks": len(self.job.ranks), "world_size": self.job.world_size}
 
 
-def load_run(path: Path | str, steps: str | None = None) -> Run:
-    """The run a path names (see the module docstring); AdvisorError naming the path when it is none."""
+def load_run(path: Path | str, steps: str | None = None, parallel: bool = False) -> Run:
+    """The run a path names (see the module docstring); AdvisorError naming the path when it is none.
+    `parallel`: a folder's traces are parsed in parallel processes (see `analyze_path`)."""
     path = Path(path)
     if not os.path.lexists(path):
         raise AdvisorError(f"{path}: no such file or folder")
     if path.is_dir() and os.path.lexists(path / "session.json"):
-        return session_run(path, steps)
+        return session_run(path, steps, parallel)
     if path.is_dir() and os.path.lexists(path / "trial.json"):
-        return trial_run(path, steps)
-    diagnoses = analyze_path(path, steps)
+        return trial_run(path, steps, parallel)
+    diagnoses = analyze_path(path, steps, parallel=parallel)
     trial = diagnoses[0].trial if path.is_file() else None
     kind = "trace" if path.is_file() else "traces"
     return _run(path, kind, path.name, diagnoses, trial)
 
 
-def session_run(folder: Path, steps: str | None = None) -> Run:
+def session_run(folder: Path, steps: str | None = None, parallel: bool = False) -> Run:
     """A session folder as its best trial (else its baseline)."""
     record, _ = conform_record(read_record(folder / "session.json", "advisor.session/", "an advisor session record"),
                                SESSION)
@@ -119,18 +120,18 @@ def session_run(folder: Path, steps: str | None = None) -> Run:
     if trial_dir is None or not trial_dir.is_dir():
         raise AdvisorError(f"{folder}: session.json names no trial folder inside the session to compare "
                            f"(best: {wanted!r})")
-    run = trial_run(trial_dir, steps)
+    run = trial_run(trial_dir, steps, parallel)
     return Run(path=str(folder), kind="session", label=f"{folder.name} (its best: {row.get('name')})",
                diagnoses=run.diagnoses, timing=run.timing, trial=run.trial, job=run.job, settings=run.settings)
 
 
-def trial_run(folder: Path, steps: str | None = None) -> Run:
+def trial_run(folder: Path, steps: str | None = None, parallel: bool = False) -> Run:
     """A trial folder: its trial.json and the traces in it (none where the trial kept none)."""
     trial, _ = read_trial_record(folder / "trial.json")
     if trial is None:
         raise AdvisorError(f"{folder / 'trial.json'}: not a regular file")
     try:
-        diagnoses = analyze_path(folder, steps)
+        diagnoses = analyze_path(folder, steps, parallel=parallel)
     except TraceError as exc:
         if not exc.problem.startswith("folder contains no"):
             raise
