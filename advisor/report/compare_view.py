@@ -15,6 +15,7 @@ from advisor.analysis.compare import ROLE_LABELS, WORDS, Comparison, Figure
 from advisor.analysis.movers import Move
 from advisor.escape import for_terminal, output_stream
 from advisor.report.formatting import pct
+from advisor.report.terminal import print_heading
 
 TOP_ROWS = 8  # kernels and operators by name in the terminal; the page lists all the comparison kept
 
@@ -63,6 +64,7 @@ class ComparisonView:
     word: str  # "faster" | "slower" | "same"
     headline: str
     verdict: str
+    rates: str  # A's and B's rate and step time
     moved_most: str | None
     breakdown_rows: tuple[tuple[str, str, str, str], ...]
     figure_rows: tuple[tuple[str, str, str, str], ...]
@@ -87,6 +89,18 @@ def headline(c: Comparison) -> str:
     return f"B is {100 * abs(v.ratio - 1):.1f}% {v.word} than A"
 
 
+def rates_text(c: Comparison) -> str:
+    """'A: 318.8 samples/s, 100.38 ms a step · B: 182.6 samples/s, 175.27 ms a step'."""
+    v = c.verdict
+
+    def one(side: str, rate: float | None, step_s: float | None) -> str:
+        if rate is None:
+            return f"{side}: no rate"
+        return f"{side}: {rate:,.1f} {v.unit}" + (f", {1000 * step_s:,.2f} ms a step" if step_s else "")
+
+    return one("A", v.a_rate, v.a_step_s) + " · " + one("B", v.b_rate, v.b_step_s)
+
+
 def rank_text(rank: dict | None) -> str:
     """A run's slowest rank in words."""
     if rank is None:
@@ -103,7 +117,7 @@ def comparison_view(c: Comparison) -> ComparisonView:
         ranks = (("A", rank_text(c.a.slowest_rank)), ("B", rank_text(c.b.slowest_rank)))
     return ComparisonView(
         comparison=c, title=f"advisor compare: {c.a.label} → {c.b.label}", word=c.verdict.word,
-        headline=headline(c), verdict=c.verdict.text, moved_most=c.moved_most[1] if c.moved_most else None,
+        headline=headline(c), verdict=c.verdict.text, rates=rates_text(c), moved_most=c.moved_most[1] if c.moved_most else None,
         breakdown_rows=tuple((ROLE_LABELS[f.name], value_text(f.a, "ms"), value_text(f.b, "ms"), change_text(f))
                              for f in c.breakdown if f.a or f.b),
         figure_rows=tuple((f.name, value_text(f.a, f.unit), value_text(f.b, f.unit), change_text(f))
@@ -144,11 +158,12 @@ def print_comparison(c: Comparison, console: Console | None = None) -> None:
     console = console or Console(file=output_stream())
     view = comparison_view(c)
     style = {"faster": "bold green", "slower": "bold red"}.get(view.word, "bold")
-    console.rule(Text(for_terminal(view.title)))
+    print_heading(view.title, console)
     console.print(Text("A: ", style="bold") + Text(for_terminal(f"{c.a.path} ({c.a.kind})")))
     console.print(Text("B: ", style="bold") + Text(for_terminal(f"{c.b.path} ({c.b.kind})")))
     console.print(Text(view.headline, style=style))
     console.print(Text(for_terminal(view.verdict)))
+    console.print(Text(view.rates))
     if view.moved_most:
         console.print(Text("Moved most: ", style="bold") + Text(for_terminal(view.moved_most)))
     if view.breakdown_rows:
