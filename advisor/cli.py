@@ -143,6 +143,9 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", help="which ProfilerStep numbers of each trace to use, e.g. 3-5 or 2,4")
 
 
+GATE_WORDS = {"same": "within the noise", "unknown": "no noise estimate: the gate does not fail on it"}
+
+
 def compare_command(args: argparse.Namespace) -> int:
     """`advisor compare A B`: the verdict and what moved; exit 1 when the --fail-if-slower gate fails."""
     gate = args.fail_if_slower
@@ -172,7 +175,7 @@ def compare_command(args: argparse.Namespace) -> int:
         change = comparison.verdict.change
         slower = f"{-100 * change:.1f}% slower" if change is not None and change < 0 else "not slower"
         print(f"gate --fail-if-slower {gate:g}: {'FAILED' if failed else 'passed'} (B is {slower}; "
-              f"{comparison.verdict.word if comparison.verdict.word != 'same' else 'within the noise'})")
+              f"{GATE_WORDS.get(comparison.verdict.word, comparison.verdict.word)})")
     if args.html:
         print(f"page: {for_terminal(args.html)}")
     return 1 if failed else 0

@@ -173,8 +173,17 @@ def test_page_in_chromium(browser, tmp_path: Path):
     dom = dumped.stdout
     # The rewritten names hide the ProfilerStep spans too (the whole trace is one step): whatever the verdict,
     # the page shows it, with the step's breakdown and the names as text.
-    assert re.search(r'data-verdict="(faster|slower|same)"', dom) and "Where the step's time moved" in dom
+    assert re.search(r'data-verdict="(faster|slower|same|unknown)"', dom) and "Where the step's time moved" in dom
     assert dom.count('class="compare-breakdown"') == 1 and "<b>x</b>" not in dom and "<img src=" not in dom
     shot = tmp_path / "compare.png"
     done = run_chromium(f"--screenshot={shot}", "--window-size=1280,1600", out.as_uri())
     assert done.returncode == 0 and shot.stat().st_size > 10_000
+
+
+def test_one_step_each_has_no_noise_to_judge_against():
+    """Two traces of one step each (the legacy format's, the MI250's last complete one): the ratio is given,
+    the verdict is "unknown", and the gate does not fail on it."""
+    code, doc = compare_json(str(TRACES / "mi250-rocm-minitoy.pt.trace.json.gz"),
+                             str(TRACES / "legacy-format-computeProperties.json.gz"), "--fail-if-slower", "1")
+    assert code == 0 and doc["verdict"]["word"] == "unknown" and doc["verdict"]["interval"] is None
+    assert doc["verdict"]["ratio"] < 0.8 and doc["gate"]["failed"] is False

@@ -4,12 +4,13 @@ settings that differ: the `advisor.compare/1` document.
 The verdict is B's rate over A's (samples/s where both know their batch, else steps/s) with its interval:
 the log of the ratio ± 1.96 standard errors, each run's relative standard error taken from its own windows
 (`advisor.analysis.runs.Timing`). B is "faster" when the whole interval lies above 1, "slower" when it lies
-below, else "the same within the noise". The interval knows the noise within each run only: a shared
+below, else "the same within the noise"; "unknown" where neither run measured more than one step or window
+(no noise estimate) or a run has no rate. The interval knows the noise within each run only: a shared
 machine's load between the two runs adds its own (docs/compare.md).
 
     {"schema": "advisor.compare/1",
      "a": RUN, "b": RUN,
-     "verdict": {"word": "faster"|"slower"|"same", "text", "unit", "ratio", "change", "interval": [lo, hi] | null,
+     "verdict": {"word": "faster"|"slower"|"same"|"unknown", "text", "unit", "ratio", "change", "interval": [lo, hi] | null,
                  "noise", "a_rate", "b_rate", "a_step_ms", "b_step_ms"},
      "breakdown": [{"role", "label", "a_ms", "b_ms", "change_ms"}],   # per profiled step, each moment once
      "moved_most": {"role", "label", "a_ms", "b_ms", "change_ms", "text"} | null,
@@ -49,16 +50,18 @@ ROLE_LABELS = {"kernel": "kernels (compute)", "memcpy": "copies", "memset": "mem
                "communication": "communication", "runtime": "runtime calls (launches)",
                "dataloader": "loader wait (DataLoader)", "cpu_op": "CPU operators", "other": "other host time"}
 SAME = "same"
+UNKNOWN = "unknown"  # no noise estimate (each run one step or window) or no rate: faster or slower cannot be said
 SOURCE_WORDS = {"windows": "steady-state windows", "steps": "profiled steps of its trial",
                 "trace steps": "ProfilerStep spans of its trace"}
-WORDS = {"faster": "faster", "slower": "slower", SAME: "the same within the noise"}
+WORDS = {"faster": "faster", "slower": "slower", SAME: "the same within the noise",
+         UNKNOWN: "no noise estimate to judge the difference"}
 
 
 @dataclass(frozen=True)
 class Verdict:
     """B against A: the rate ratio, its interval and what it says."""
 
-    word: str  # "faster" | "slower" | "same"
+    word: str  # "faster" | "slower" | "same" | "unknown"
     unit: str
     ratio: float | None  # B's rate / A's
     interval: tuple[float, float] | None
@@ -123,15 +126,15 @@ def verdict_of(a: Run, b: Run) -> Verdict:
     unit = "samples/s" if same_unit else "steps/s"
     ra, rb = (ta.rate, tb.rate) if same_unit else (ta.steps_per_s, tb.steps_per_s)
     if not ra or not rb:
-        return Verdict(SAME, unit, None, None, None, ra, rb, ta.step_s, tb.step_s,
+        return Verdict(UNKNOWN, unit, None, None, None, ra, rb, ta.step_s, tb.step_s,
                        "no rate to compare: a run has neither a trial's timing nor ProfilerStep spans")
     ratio = rb / ra
     se_a = ta.relative_se if ta.relative_se is not None else tb.relative_se
     se_b = tb.relative_se if tb.relative_se is not None else ta.relative_se
-    if se_a is None or se_b is None:
-        word = SAME if ratio == 1.0 else "faster" if ratio > 1 else "slower"
-        return Verdict(word, unit, ratio, None, None, ra, rb, ta.step_s, tb.step_s,
-                       f"B runs at {ratio:.3f}× A's {unit} (no noise estimate: each run measured once)")
+    if se_a is None or se_b is None:  # one step or window each: nothing says how far chance alone moves them
+        return Verdict(UNKNOWN, unit, ratio, None, None, ra, rb, ta.step_s, tb.step_s,
+                       f"B runs at {ratio:.3f}× A's {unit}, but neither run measured more than one step or "
+                       "window: no noise to judge the difference against")
     half = Z95 * math.hypot(se_a, se_b)
     low, high = ratio * math.exp(-half), ratio * math.exp(half)
     word = "faster" if low > 1.0 else "slower" if high < 1.0 else SAME

@@ -80,9 +80,13 @@ class ComparisonView:
 
 
 def headline(c: Comparison) -> str:
-    """'B is 42.7% slower than A', 'B is 2.1× faster than A', 'the same within the noise'."""
+    """'B is 42.7% slower than A', 'B is 2.10× faster than A', 'the same within the noise'."""
     v = c.verdict
-    if v.word == "same" or v.ratio is None:
+    if v.ratio is None:
+        return "no rate to compare"
+    if v.word == "unknown":
+        return f"B runs at {v.ratio:.2f}× A's rate: {WORDS['unknown']}"
+    if v.word == "same":
         return WORDS["same"]
     if v.ratio >= 2:
         return f"B is {v.ratio:.2f}× faster than A"
