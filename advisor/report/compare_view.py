@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -147,13 +147,14 @@ def render_comparison_page(c: Comparison, command: str = "") -> str:
 
 # ---- the terminal ----
 
-def _table(title: str, headings: tuple[str, ...], rows, right_from: int = 1) -> Table:
-    table = Table(title=for_terminal(title), title_justify="left", show_edge=False, pad_edge=False)
+def _table(title: str, headings: tuple[str, ...], rows, right_from: int = 1) -> Group:
+    """A table under its title (the title on a line of its own: a narrow table would wrap it)."""
+    table = Table(show_edge=False, pad_edge=False)
     for i, h in enumerate(headings):
         table.add_column(h, justify="right" if i >= right_from else "left", overflow="fold")
     for row in rows:
         table.add_row(*(Text(for_terminal(cell)) for cell in row))
-    return table
+    return Group(Text(for_terminal(title), style="italic"), table)
 
 
 def print_comparison(c: Comparison, console: Console | None = None) -> None:
