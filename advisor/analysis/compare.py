@@ -38,7 +38,7 @@ from pathlib import Path
 
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
-from advisor.analysis.movers import (Move, family_moves, kernel_family, kernel_times, moves, operator_family,
+from advisor.analysis.movers import (FP32_FAMILY, TENSOR_CORE_FAMILY, Move, family_moves, kernel_family, kernel_times, moves, operator_family,
                                      operator_times, tensor_core_moves)
 from advisor.analysis.runs import Z95, Run, load_run
 from advisor.analysis.trace import load_trace
@@ -247,30 +247,36 @@ def compare_runs(a: Run, b: Run) -> Comparison:
     ka, kb = kernel_times(trace_a, list(da.steps)), kernel_times(trace_b, list(db.steps))
     oa, ob = operator_times(trace_a, list(da.steps)), operator_times(trace_b, list(db.steps))
     all_kernels = moves(ka, kb, family_of)
+    families = family_moves(ka, kb, family_of)
     onto, off = tensor_core_moves(all_kernels)
     tensor_cores = {"a_share": da.tensor_core_share, "b_share": db.tensor_core_share,
                     "moved_onto": onto[:TOP_NAMES], "moved_off": off[:TOP_NAMES],
-                    "text": tensor_core_text(da.tensor_core_share, db.tensor_core_share, onto, off)}
+                    "text": tensor_core_text(da.tensor_core_share, db.tensor_core_share, onto, off, families)}
     return Comparison(breakdown=breakdown, moved_most=moved_most,
-                      kernel_families=tuple(family_moves(ka, kb, family_of)), kernels=tuple(all_kernels[:TOP_NAMES]),
+                      kernel_families=tuple(families), kernels=tuple(all_kernels[:TOP_NAMES]),
                       operator_families=tuple(family_moves(oa, ob, operator_family)),
                       operators=tuple(moves(oa, ob, operator_family, TOP_NAMES)), tensor_cores=tensor_cores, **common)
 
 
-def tensor_core_text(a_share: float | None, b_share: float | None, onto: list[Move], off: list[Move]) -> str:
-    """One sentence on the work that moved onto (or off) Tensor Cores."""
+def tensor_core_text(a_share: float | None, b_share: float | None, onto: list[Move], off: list[Move],
+                     families: list[Move]) -> str:
+    """One sentence on the work that moved onto (or off) Tensor Cores: the share, the time of Tensor Core and of
+    FP32-unit matmul kernels in A and B, and the kernels that came onto Tensor Cores (named in the tables)."""
     if a_share is None and b_share is None:
         return "no Tensor Core figures: neither trace ran kernels of a GPU whose Tensor Core kernels are known"
-    share = f"Tensor Core share of kernel time {_pct(a_share)} → {_pct(b_share)}"
+    text = f"Tensor Core share of kernel time {_pct(a_share)} → {_pct(b_share)}"
     if not onto and not off:
-        return share
-    if not onto:
-        return share
-    gained = sum(m.change_us for m in onto) / 1000.0
-    lost = -sum(m.change_us for m in off) / 1000.0
-    top = ", ".join(m.name for m in onto[:3])
-    text = f"{share}; {gained:.2f} ms per step more on Tensor Cores ({top})"
-    return text + (f", {lost:.2f} ms less of matmul/conv on FP32 units" if off else "")
+        return text
+    family = {m.name: m for m in families}
+    for name, words in ((TENSOR_CORE_FAMILY, "on Tensor Cores"), (FP32_FAMILY, "matmul/conv on the FP32 units")):
+        m = family.get(name)
+        if m is not None:
+            text += f"; {words} {m.a_us / 1000:.3f} → {m.b_us / 1000:.3f} ms per step"
+    if onto:
+        gained = sum(m.change_us for m in onto) / 1000.0
+        text += (f"; {len(onto)} kernel(s) came onto Tensor Cores or grew there (+{gained:.3f} ms per step), "
+                 f"{sum(m.status == 'added' for m in onto)} of them new in B")
+    return text
 
 
 def _pct(x: float | None) -> str:

@@ -21,7 +21,7 @@ from advisor.analysis.trace import Trace
 KERNEL_FAMILIES: tuple[tuple[str, re.Pattern], ...] = (
     ("layout conversion", LAYOUT_KERNEL),
     ("attention", re.compile(r"flash|fmha|_sdpa_|attention", re.IGNORECASE)),
-    ("matmul/conv (FP32 units)", MATMUL_KERNEL),
+    ("matmul/conv (FP32 units)", MATMUL_KERNEL),  # FP32_FAMILY
     ("normalization, softmax", re.compile(r"norm|softmax", re.IGNORECASE)),
     ("reduction", re.compile(r"reduce|reduction", re.IGNORECASE)),
     ("optimizer", re.compile(r"multi_tensor|adam|sgd|fused_optim", re.IGNORECASE)),
@@ -29,6 +29,7 @@ KERNEL_FAMILIES: tuple[tuple[str, re.Pattern], ...] = (
     ("copies, memset", re.compile(r"copy|memcpy|memset|fill", re.IGNORECASE)),
 )
 TENSOR_CORE_FAMILY = "matmul/conv (Tensor Cores)"
+FP32_FAMILY = "matmul/conv (FP32 units)"  # matmul and convolution kernels that did not run on Tensor Cores
 COMMUNICATION_FAMILY = "communication"
 
 OPERATOR_FAMILIES: tuple[tuple[str, re.Pattern], ...] = (
@@ -139,5 +140,5 @@ def tensor_core_moves(kernels: list[Move]) -> tuple[list[Move], list[Move]]:
     """(Tensor Core kernels that came or grew in B, matmul/conv kernels on FP32 units that left or shrank):
     the work a precision change moved onto Tensor Cores."""
     onto = [m for m in kernels if m.family == TENSOR_CORE_FAMILY and m.change_us > 0]
-    off = [m for m in kernels if m.family == "matmul/conv (FP32 units)" and m.change_us < 0]
+    off = [m for m in kernels if m.family == FP32_FAMILY and m.change_us < 0]
     return onto, off
