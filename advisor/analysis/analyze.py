@@ -225,7 +225,8 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
     """Diagnoses for a trace file or every trace file under a folder (`linter`: see `analyze_file`;
     `timelines`: see `advisor.analysis.diagnosis.diagnose`). `parallel`: a folder's files are parsed in
     parallel processes (`read_processes`), forked from this one: for a caller whose process runs nothing else
-    meanwhile (the CLI, a notebook), not the session, whose trials measure while it reads.
+    meanwhile (`advisor analyze`, `advisor compare`), not the session, whose trials measure while it reads, nor
+    a notebook's kernel, whose threads a fork would copy.
 
     In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
     skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
