@@ -1,13 +1,13 @@
 """advisor: a profiler-driven optimization advisor for PyTorch training.
 
-The notebook API (`advisor.analyze`, `advisor.profile`, `advisor.tune`, `Session`, `Trial`) lives in
+The notebook API (`advisor.analyze`, `advisor.compare`, `advisor.profile`, `advisor.tune`, `Session`, `Trial`) lives in
 `advisor.api` and is loaded on first use, so `import advisor` (and `advisor analyze`) stays torch-free
 and quick.
 """
 
 __version__ = "0.1.0"
 
-_API = ("analyze", "profile", "tune", "Session", "Trial", "Diagnosis", "Job")
+_API = ("analyze", "compare", "profile", "tune", "Session", "Trial", "Diagnosis", "Job", "Comparison")
 
 
 def __getattr__(name: str):

@@ -5,6 +5,9 @@ Same implementation as the CLI, run in the notebook's own process instead of a s
 - `analyze(path)` is `advisor.analysis.analyze.analyze_file`, returning a `Diagnosis` that also converts to a
   pandas DataFrame and displays itself as the HTML report does; on a folder of per-rank traces, a `Job`:
   the ranks side by side (`to_frame()`), each rank's own frame (`frames()`), the straggler and verdict.
+- `compare(a, b)` is `advisor.analysis.compare.compare`: two runs (session or trial folders, traces, folders
+  of ranks) compared against their noise, returning a `Comparison` that converts to a DataFrame and
+  displays itself as `advisor compare --html` does.
 - `profile(train_step, loader)` runs one trial in-process: `train_step(batch)` is called once per batch
   of the loader and driven by the harness's `StepDriver` (profiler schedule, timing, memory, step
   records, `ProfilerStep#N` spans), under the step knobs (`StepInterposition`: autocast, GradScaler,
@@ -30,6 +33,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from advisor.analysis import compare as _compare
 from advisor.analysis import diagnosis as _diagnosis
 from advisor.analysis import job as _job
 from advisor.analysis.breakdown import ROLES
@@ -168,6 +172,37 @@ def analyze(path: str | os.PathLike, steps: str | None = None) -> Diagnosis | Jo
 
 # --------------------------------------------------------------------------------------------------
 # Trial
+
+
+class Comparison(_compare.Comparison):
+    """Two runs compared (same fields as `advisor.analysis.compare.Comparison`), with a JSON form, a pandas
+    form and the page's look in notebooks."""
+
+    def to_dict(self) -> dict:
+        """The `advisor.compare/1` document, as `advisor compare --json` prints it."""
+        return _compare.comparison_to_dict(self)
+
+    def to_frame(self):
+        """The figures of both runs side by side: figure, unit, A, B, change."""
+        import pandas as pd
+
+        return pd.DataFrame([(f.name, f.unit, f.a, f.b, f.change) for f in self.figures],
+                            columns=["figure", "unit", "a", "b", "change"])
+
+    def __repr__(self) -> str:
+        return f"<advisor.Comparison {self.a.label} → {self.b.label}: {self.verdict.text}>"
+
+    def _repr_html_(self) -> str:
+        from advisor.report.notebook import render_comparison_html
+
+        return render_comparison_html(self)
+
+
+def compare(a: str | os.PathLike, b: str | os.PathLike, steps: str | None = None) -> Comparison:
+    """Compare run B with run A: each a session folder (its best trial), a trial folder, a trace or a folder of
+    ranks' traces. The verdict says whether B is faster, slower or the same within the noise."""
+    found = _compare.compare(a, b, steps)
+    return Comparison(**{f.name: getattr(found, f.name) for f in dataclasses.fields(found)})
 
 
 class Trial(TrialResult):

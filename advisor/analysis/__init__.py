@@ -7,6 +7,10 @@ runs on any machine, fast. Data flows one way through it:
     steps, breakdown, kernels, copies, memory, the bound) → rules (`Recommendation`s) → analyze
     (`analyze_file`, `analyze_path`, the `advisor.analysis/1` JSON document)
 
+Two runs compared: runs (each side: a session, a trial, a trace or a folder of ranks, its timing and
+settings) → movers (time per kernel and operator, by name and family) → compare (`Comparison`: the verdict
+against the noise, what moved, the `advisor.compare/1` document).
+
 Nothing is imported here, so that the CLI can start reading a trace (`reading.prefetch`) before the
 heavier modules load.
 """

@@ -87,10 +87,10 @@ from advisor.analysis.diagnosis import Diagnosis, diagnose
 from advisor.analysis.job import Job, exposed_us, jobs_of_path, own_us, rank_of
 from advisor.analysis.steps import parse_steps
 from advisor.analysis.rules import recommend
-from advisor.errors import NotATrace, TraceError
+from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import strings_without_surrogates
 from advisor.files import is_regular
-from advisor.shapes import TRIAL, conform_record, read_record
+from advisor.shapes import TRIAL, RecordError, conform_record, read_record
 from advisor.analysis.reading import trace_files
 from advisor.analysis.trace import Trace, collector_paused, load_trace
 
@@ -135,9 +135,21 @@ def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | No
     session pass one; the report none, as it opens nothing outside the session folder it reads). `timelines`:
     see `advisor.analysis.diagnosis.diagnose`. `trace`: the file already loaded (`load_trace(path)`), for a
     caller that reads it again (the report's hotspots)."""
+    return advise(*diagnose_file(path, steps, timelines, trace), linter)
+
+
+def diagnose_file(path: Path | str, steps: str | None = None, timelines: bool = False,
+                  trace: Trace | None = None) -> tuple[Diagnosis, list[str]]:
+    """One trace's Diagnosis, without advice yet, and what in its trial.json could not be used."""
     trial, problems = read_trial_record(Path(path))
     with collector_paused():
         diagnosis = diagnose(load_trace(path) if trace is None else trace, steps, trial, timelines=timelines)
+    return diagnosis, problems
+
+
+def advise(diagnosis: Diagnosis, problems: list[str], linter: Linter | None = None) -> Diagnosis:
+    """A Diagnosis with its script's lint (`linter`), what its trial.json lacked, and its recommendations."""
+    trial = diagnosis.trial
     if linter is not None and trial and trial.get("script"):
         diagnosis.extra["lint"] = linter(Path(trial["script"]))
     missing = diagnosis.missing
@@ -147,10 +159,74 @@ def analyze_file(path: Path | str, steps: str | None = None, linter: Linter | No
     return dataclasses.replace(diagnosis, recommendations=recommend(diagnosis), missing=missing)
 
 
+# The traces of a folder (a data-parallel job's ranks, a session's trials) are parsed in this many processes at
+# once: one per core the process may run on, at most one per file. ADVISOR_READ_PROCESSES sets another number
+# (1: one after another, in this process).
+READ_PROCESSES_ENV = "ADVISOR_READ_PROCESSES"
+
+
+def read_processes(files: int) -> int:
+    """How many processes parse `files` trace files (see READ_PROCESSES_ENV)."""
+    given = os.environ.get(READ_PROCESSES_ENV)
+    if given:
+        try:
+            wanted = int(given)
+        except ValueError:
+            raise AdvisorError(f"{READ_PROCESSES_ENV}={given!r} is not a whole number of processes") from None
+    else:
+        wanted = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(wanted, files))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadProblem:
+    """An error a reading process met, sent back as its parts: an error built from a path and a problem does
+    not survive pickling."""
+
+    kind: type
+    path: object
+    problem: str
+
+
+def diagnose_or_problem(path: Path, steps: str | None, timelines: bool):
+    """`diagnose_file` in a reading process: its result, or the ReadProblem it met."""
+    try:
+        return diagnose_file(path, steps, timelines)
+    except (TraceError, RecordError) as exc:
+        return ReadProblem(type(exc), exc.path, exc.problem)
+
+
+def diagnose_files(files: list[Path], steps: str | None, timelines: bool, parallel: bool = False) -> list:
+    """Each file's `diagnose_file` result, or the TraceError (or RecordError) it met, as an exception object,
+    in order; with `parallel`, in parallel processes where there is more than one file and core (see
+    `read_processes`)."""
+    processes = read_processes(len(files)) if parallel else 1
+    if processes == 1:
+        out = []
+        for p in files:
+            try:
+                out.append(diagnose_file(p, steps, timelines))
+            except (TraceError, RecordError) as exc:
+                out.append(exc)
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Forked, not spawned: a reading process starts with the analysis imported (a spawned one would import it
+    # again, about a third of a second). Each parses its files and sends back the Diagnoses only.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method)) as pool:
+        results = list(pool.map(diagnose_or_problem, files, [steps] * len(files), [timelines] * len(files)))
+    return [r.kind(r.path, r.problem) if isinstance(r, ReadProblem) else r for r in results]
+
+
 def analyze_path(path: Path | str, steps: str | None = None, skipped: list | None = None,
-                 linter: Linter | None = None, *, timelines: bool = False) -> list[Diagnosis]:
+                 linter: Linter | None = None, *, timelines: bool = False, parallel: bool = False) -> list[Diagnosis]:
     """Diagnoses for a trace file or every trace file under a folder (`linter`: see `analyze_file`;
-    `timelines`: see `advisor.analysis.diagnosis.diagnose`).
+    `timelines`: see `advisor.analysis.diagnosis.diagnose`). `parallel`: a folder's files are parsed in
+    parallel processes (`read_processes`), forked from this one: for a caller whose process runs nothing else
+    meanwhile (`advisor analyze`, `advisor compare`), not the session, whose trials measure while it reads, nor
+    a notebook's kernel, whose threads a fork would copy.
 
     In a folder, a .json file that is not a torch.profiler trace (not JSON, or JSON of another shape) is
     skipped and `skipped`, when given, receives (path, reason); a broken trace is still an error.
@@ -160,15 +236,16 @@ def analyze_path(path: Path | str, steps: str | None = None, skipped: list | Non
         parse_steps(steps)  # a malformed --steps fails before any trace is read
     if linter is not None:
         linter = functools.lru_cache(maxsize=None)(linter)  # the ranks (or trials) of one script: linted once
+    files = trace_files(path)
     out = []
-    for p in trace_files(path):
-        try:
-            out.append(analyze_file(p, steps, linter, timelines=timelines))
-        except NotATrace as exc:
-            if p == path:  # the trace named itself, not one found in a folder
-                raise
+    for p, found in zip(files, diagnose_files(files, steps, timelines, parallel)):
+        if isinstance(found, NotATrace) and p != path:  # not a trace the path named itself, but one in a folder
             if skipped is not None:
-                skipped.append((str(p), exc.problem))
+                skipped.append((str(p), found.problem))
+            continue
+        if isinstance(found, BaseException):
+            raise found
+        out.append(advise(*found, linter))
     if not out:
         raise TraceError(path, "folder holds no torch.profiler trace (its .json files are something else)")
     return out

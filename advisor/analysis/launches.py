@@ -25,6 +25,13 @@ def _is_launch_call(name: str) -> bool:
     return LAUNCH_CALL.search(name) is not None
 
 
+@lru_cache(maxsize=None)
+def _is_wait(name: str) -> bool:
+    """The DataLoader's __next__, or a call in which the host waits on the device (cached: a trace repeats a
+    few hundred names over tens of thousands of events)."""
+    return name.startswith("enumerate(Data") or WAIT_CALL.search(name) is not None
+
+
 def host_figures(trace: Trace, steps: list[Step]) -> dict:
     """Launch and optimizer figures per step: kernel launches, kernels, CUDA graph launches, and the
     optimizer's step (class, host time, implementation: fused, foreach or a per-parameter loop)."""
@@ -66,9 +73,11 @@ def host_busy_us(trace: Trace, steps: list[Step]) -> float:
     tids = {e.tid for e in trace.steps}
     if not steps or not tids:
         return 0.0
-    own = [e for e in trace.ops + trace.runtime if e.tid in tids]
+    work_events, wait_events = [], []
+    for e in trace.ops + trace.runtime:
+        if e.tid in tids:
+            (wait_events if _is_wait(e.name) else work_events).append(e)
     windows = iv.from_spans((s.start, s.end) for s in steps)
-    work = iv.from_events([e for e in own if not e.name.startswith("enumerate(Data") and not WAIT_CALL.search(e.name)])
-    waits = iv.from_events([e for e in own if e.name.startswith("enumerate(Data") or WAIT_CALL.search(e.name)])
+    work, waits = iv.from_events(work_events), iv.from_events(wait_events)
     busy = iv.length_within(work, windows) - iv.length_within(iv.intersect(work, waits), windows)
     return max(0.0, busy) / len(steps)

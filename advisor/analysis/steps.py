@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from advisor.analysis.intervals import START
 from advisor.analysis.events import Event
 from advisor.analysis.trace import Trace
 from advisor.errors import AdvisorError
@@ -159,7 +160,7 @@ def _step_start(s: Step) -> float:
 
 def in_steps_mask(events: list[Event], steps: list[Step]) -> np.ndarray:
     """Which events start inside a step (the vectorized `in_steps`, for long event lists)."""
-    ts = np.fromiter((e.ts for e in events), float, len(events))
+    ts = np.fromiter(map(START, events), float, len(events))
     starts = np.array([s.start for s in steps])
     ends = np.array([s.end for s in steps])
     i = np.searchsorted(starts, ts, side="right") - 1

@@ -180,8 +180,14 @@ def write_report(target: Path, out: Path) -> Path:
     target, out = Path(target), Path(out)
     is_session = target.is_dir() and os.path.lexists(target / "session.json")
     text = render_session_report(target) if is_session else render_trace_report(target)
+    return write_page(text, out)
+
+
+def write_page(text: str, out: Path) -> Path:
+    """Write an HTML page to `out` atomically: a reader (a browser, the session rewriting its report) never
+    sees half a page."""
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # A reader (a browser, the session rewriting its report) never sees half a page.
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -40,6 +40,8 @@ _SESSION = "notebook_session.html.j2"
 
 _JOB = "notebook_job.html.j2"  # a data-parallel job's ranks side by side (the report's _job partial)
 
+_COMPARE = "notebook_compare.html.j2"  # two runs compared (the page of `advisor compare --html`)
+
 
 # ---- the report's stylesheet, scoped to one output cell ----
 
@@ -140,3 +142,10 @@ def render_session_html(session_dir: Path) -> str:
     return _render(_SESSION, session=session, rows=rows, verdict=top, unit=unit, tracebacks=tracebacks,
                    notes=[str(n) for n in session["notes"] or []], folder=str(session_dir),
                    has_report=(session_dir / "report.html").is_file())
+
+
+def render_comparison_html(comparison) -> str:
+    """Two runs compared (`advisor.compare`), as the page of `advisor compare --html` shows them."""
+    from advisor.report.compare_view import comparison_view
+
+    return _render(_COMPARE, view=comparison_view(comparison))

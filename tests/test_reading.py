@@ -1,0 +1,93 @@
+"""Reading traces fast without reading them differently: ISA-L's inflate and zlib (the fallback) give the same
+bytes and the same errors, and a folder's ranks read in parallel processes give the same document as one
+after another."""
+
+from __future__ import annotations
+
+import gzip
+import random
+import zlib
+from pathlib import Path
+
+import pytest
+
+from advisor.analysis import reading
+from advisor.analysis.analyze import READ_PROCESSES_ENV, analysis_document, analyze_path, encode_json
+from advisor.analysis.reading import INFLATE_ENV, inflate, inflate_clean, inflate_zlib
+from advisor.errors import TraceError
+from conftest import SAMPLE_RUNS, TRACES, run_advisor
+
+REAL = [TRACES / "a100-rank3-of-8.pt.trace.json.gz", TRACES / "mi250-rocm-minitoy.pt.trace.json.gz",
+        TRACES / "legacy-format-computeProperties.json.gz"]
+
+
+@pytest.mark.skipif(reading.fast_zlib is None, reason="isal is not installed: zlib alone reads the traces")
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)
+def test_isal_and_zlib_inflate_real_traces_alike(path: Path):
+    raw = path.read_bytes()
+    limit = reading.inflated_limit(path, len(raw))
+    fast = inflate_clean(reading.fast_zlib, raw, limit)
+    assert fast is not None and fast == inflate_zlib(path, raw, limit) == gzip.decompress(raw)
+
+
+def test_two_members_and_padding_inflate_alike():
+    """Concatenated gzip members and the zero padding some tools leave after the stream, with either."""
+    raw = gzip.compress(b'{"traceEvents": [') + gzip.compress(b"]}") + b"\0" * 16
+    limit = 1 << 20
+    assert inflate_zlib(Path("x.json.gz"), raw, limit) == b'{"traceEvents": []}'
+    if reading.fast_zlib is not None:
+        assert inflate_clean(reading.fast_zlib, raw, limit) == b'{"traceEvents": []}'
+
+
+@pytest.mark.parametrize("raw, problem", [
+    (gzip.compress(random.Random(0).randbytes(100_000))[:5000], "truncated gzip data"),
+    (b"\x1f\x8b\x08\x00" + b"\xff" * 64, "corrupt gzip data"),
+    (gzip.compress(b"{}") + b"garbage!", "bytes after the end of the gzip stream"),
+    (gzip.compress(b" " * 5_000_000), "refused to inflate"),
+], ids=["truncated", "corrupt", "trailing", "bomb"])
+def test_broken_gzip_is_named_alike_by_either(raw: bytes, problem: str, monkeypatch):
+    """What ISA-L does not read cleanly is read again by zlib, whose errors name the problem: the same error
+    with isal as with ADVISOR_INFLATE=zlib."""
+    path = Path("broken.json.gz")
+    errors = []
+    for inflater in ("", "zlib"):
+        monkeypatch.setenv(INFLATE_ENV, inflater)
+        with pytest.raises(TraceError) as caught:
+            inflate(path, raw, 1_000_000)
+        errors.append(caught.value.problem)
+    assert errors[0] == errors[1] and problem in errors[0]
+
+
+def test_zlib_fallback_reads_the_whole_analysis_alike():
+    """`advisor analyze --json` with ISA-L and with zlib only: the same document."""
+    trace = str(TRACES / "resnet50-v100-workers4.pt.trace.json.gz")
+    fast = run_advisor("analyze", trace, "--json")
+    slow = run_advisor("analyze", trace, "--json", env={INFLATE_ENV: "zlib"})
+    assert fast.returncode == slow.returncode == 0 and fast.stdout == slow.stdout
+
+
+def test_ranks_read_in_parallel_give_the_document_of_one_after_another(monkeypatch):
+    """A DDP trial's two ranks: parsed in two processes (the default on two cores and more) or in this one,
+    the same diagnoses; a broken trace among them is the same one-line error either way."""
+    folder = SAMPLE_RUNS / "ddp_classifier" / "trials" / "00-baseline"
+    documents = []
+    for processes in ("2", "1"):
+        monkeypatch.setenv(READ_PROCESSES_ENV, processes)
+        documents.append(encode_json(analysis_document(folder, analyze_path(folder, parallel=True))))
+    assert documents[0] == documents[1] and b'"straggler"' in documents[0]
+
+
+def test_a_broken_rank_is_the_same_error_in_parallel(tmp_path: Path, monkeypatch):
+    for rank, source in enumerate(REAL[:2]):
+        (tmp_path / f"rank{rank}.pt.trace.json.gz").write_bytes(source.read_bytes())
+    (tmp_path / "rank2.pt.trace.json.gz").write_bytes(zlib.compress(b"not gzip")[:20])
+    errors = []
+    for processes in ("2", "1"):
+        monkeypatch.setenv(READ_PROCESSES_ENV, processes)
+        with pytest.raises(TraceError) as caught:
+            analyze_path(tmp_path, parallel=True)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1] and "rank2.pt.trace.json.gz" in errors[0]
+    monkeypatch.setenv(READ_PROCESSES_ENV, "many")
+    done = run_advisor("analyze", str(tmp_path), env={READ_PROCESSES_ENV: "many"})
+    assert done.returncode == 2 and "ADVISOR_READ_PROCESSES" in done.stderr
