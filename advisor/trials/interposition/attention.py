@@ -2,13 +2,14 @@
 (torch imported lazily).
 
 At the model's first call (`advisor.trials.interposition.model`), each class of its modules whose `forward`
-is the user's (not torch's: `nn.MultiheadAttention` already calls the fused kernels) has its source read
-and searched for the attention pattern (`advisor.trials.interposition.attention_source`); where one is found
-and proven the same, the class's `forward` is compiled again from its source with those lines replaced by
-the one call (an AST step, as the step wrapper's), under the file's name and its line numbers, in the
-module's own globals. What the source alone cannot prove is checked on the live modules: the buffer a
-causal mask is read from holds a triangle of ones, the dropout called on the weights is an `nn.Dropout`.
-Each rewrite is recorded (file, lines, the statement) for the patch. `undo()` puts the forwards back.
+is the user's (not torch's: `nn.MultiheadAttention` already calls the fused kernels) has its source read for
+*where* a hand-written attention is (`advisor.trials.interposition.attention_source`). Whether the fused call
+computes the same is decided on the real batch (`advisor.trials.interposition.attention_check`): the scale
+and the mask are read as numbers, and the forward with the call is compared with the original on the same
+input. Where they agree, the class's `forward` is compiled again from its source with those lines replaced
+(under the file's name and its line numbers, in the module's own globals), and the rewrite is recorded (file,
+lines, the statements) for the patch; else the reason, with the number that decided it. `undo()` puts the
+forwards back.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ At the model's first call the model runs once more on the same batch (no grad, e
 off; the random state put back after), and each candidate attention module's input is kept. On that input,
 the module's forward runs with a probe just before its softmax, which reads q, k and the scores there; the
 scores are then read as a scale (a number, fitted on the positions that take part) times q·kᵀ plus a mask
-(the positions at -1e4 or below: causal where they are the strict upper triangle for the sequence length,
+(the positions at -1e3 or below: causal where they are the strict upper triangle for the sequence length,
 else the mask the source writes, boolean or additive, padding masks included). What is not such a scale and
 mask (a position bias, ALiBi, a soft-cap) is refused with its largest difference. Then the forward with the
 fused call runs on the same input and is compared with the original, in float32 and in the dtype the step
@@ -23,7 +23,7 @@ from advisor.trials.interposition.attention_source import Candidate, scale_code,
 
 # Relative tolerance per dtype, on the largest magnitude (at least 1): rounding of the two computations.
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 4e-2, "float16": 4e-3}
-MASKED = -1e4  # a score at or below this takes no part in the softmax (exp underflows to 0 in every float type)
+MASKED = -1e3  # a score at or below this takes no part in the softmax (exp underflows to 0 in every float type)
 PROBE = "__advisor_probe__"
 
 
@@ -114,11 +114,12 @@ def read_scores(q: Any, k: Any, scores: Any) -> Readings | str:
     x, y = raw[taking], given[taking]
     scale = float((x * y).sum() / (x * x).sum().clamp_min(1e-300))
     largest = float((y - scale * x).abs().max())
-    allowed = tolerance(scores.dtype) * max(1.0, float(y.abs().max()))
+    dtype = max((q.dtype, k.dtype, scores.dtype), key=tolerance)  # the least precise of the three
+    allowed = tolerance(dtype) * max(1.0, float(y.abs().max()))
     if largest > allowed:
         return (f"the scores before the softmax are not a scale of q·kᵀ plus a mask: they differ from "
                 f"{scale:.4g}·q·kᵀ by up to {largest:.3g} where they take part (tolerance {allowed:.2g} in "
-                f"{str(scores.dtype).removeprefix('torch.')}): a position bias, ALiBi or a cap the fused call "
+                f"{str(dtype).removeprefix('torch.')}): a position bias, ALiBi or a cap the fused call "
                 "does not compute")
     masked = ~taking
     queries, keys = masked.shape[-2:]
@@ -126,8 +127,7 @@ def read_scores(q: Any, k: Any, scores: Any) -> Readings | str:
         queries, keys, dtype=torch.bool, device=masked.device).triu(1)).all())
     shape = tuple(1 if all(bool((s == masked.select(d, 0)).all()) for s in masked.unbind(d)) else n
                   for d, n in enumerate(masked.shape))
-    return Readings(scale, int(q.shape[-1]), causal, int(masked.sum()), shape,
-                    str(scores.dtype).removeprefix("torch."))
+    return Readings(scale, int(q.shape[-1]), causal, int(masked.sum()), shape, str(dtype).removeprefix("torch."))
 
 
 def floats(value: Any) -> list[Any]:
@@ -254,7 +254,8 @@ def check(forward: Any, source: str, filename: str, start: int, candidate: Candi
             mask = "causal" if causal else f"mask of shape {first.mask_shape}" if first.masked else "no mask"
             return (f"the fused call differs from the original by up to {largest:.3g} (tolerance {allowed:.2g} in "
                     f"{dtype}, {name}; scale read {first.scale:.4g}, {mask})")
-    form = ["causal mask" if causal else f"{masks[0].op} mask of shape {first.mask_shape}" if masks else "no mask",
+    kind = {"add": "additive", "bool": "boolean"}[masks[0].op] if masks else ""
+    form = ["causal mask" if causal else f"{kind} mask of shape {first.mask_shape}" if masks else "no mask",
             "1/sqrt(d)" if scale is None else f"scale {first.scale:.4g}"]
     if candidate.dropout is not None:
         form.append("dropout")

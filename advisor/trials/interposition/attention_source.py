@@ -57,7 +57,7 @@ class Candidate:
     q: str
     k: str  # as SDPA takes the keys: (..., keys, width)
     v: str
-    scores: str  # the scores' variable
+    scores: str  # the scores as the softmax takes them (the probe reads this expression)
     scale: tuple[str, str] | None  # (op, factor) in the product's own statement
     steps: tuple[Step, ...]
     softmax_line: int  # the softmax's statement (the probe reads the scores just before it)
@@ -102,6 +102,9 @@ def matmul_of(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
         return node.left, node.right
     if isinstance(node, ast.Call) and text(node.func) in MATMUL_CALLS and len(node.args) == 2 and not node.keywords:
         return node.args[0], node.args[1]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("matmul", "bmm") \
+            and len(node.args) == 1 and not node.keywords and text(node.func.value) not in ("torch",):
+        return node.func.value, node.args[0]
     return None
 
 
@@ -178,18 +181,41 @@ def reads(node: ast.AST, names: set[str]) -> bool:
     return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
 
 
-def softmax_of(node: ast.AST, scores: str) -> bool:
-    """Whether `node` is a softmax of `scores` (F.softmax(s, ...), s.softmax(...)), possibly cast after."""
+def softmax_argument(node: ast.AST, scores: str) -> ast.AST | None:
+    """The argument of a softmax of `scores` (`scores`, or `scores` scaled: `s / x`, `s * x`) over a dimension
+    (F.softmax(s, ...), torch.softmax, s.softmax(...)), possibly cast after; else None."""
     while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CASTS:
         node = node.func.value
     if not isinstance(node, ast.Call):
-        return False
+        return None
     name = text(node.func)
-    if name.endswith("softmax") and not name.endswith("log_softmax"):
-        if isinstance(node.func, ast.Attribute) and is_name(node.func.value, scores):
-            return True
-        return bool(node.args) and is_name(node.args[0], scores)
-    return False
+    if isinstance(node.func, ast.Attribute) and is_name(node.func.value, "self") and len(node.args) == 1 \
+            and not node.keywords and is_name(node.args[0], scores):
+        return node.args[0]  # a module of its own (`self.softmax = nn.Softmax(dim=-1)`): the numbers say if it is one
+    if not name.endswith("softmax") or name.endswith("log_softmax"):
+        return None
+    if isinstance(node.func, ast.Attribute) and is_name(node.func.value, scores):
+        return node.func.value
+    argument = node.args[0] if node.args else None
+    if argument is not None and is_name(uncast(argument), scores):
+        return argument  # softmax(s.float()): the probe reads it so
+    if argument is None or not (is_name(argument, scores) or (
+            isinstance(argument, ast.BinOp) and isinstance(argument.op, (ast.Div, ast.Mult))
+            and is_name(argument.left, scores) and not reads(argument.right, {scores}))):
+        return None
+    return argument
+
+
+def softmax_of(node: ast.AST, scores: str) -> bool:
+    """Whether `node` is a softmax of `scores` (see `softmax_argument`)."""
+    return softmax_argument(node, scores) is not None
+
+
+def uncast(node: ast.AST) -> ast.AST:
+    """`s` of `s.to(...)`, `s.float()`, `s.type_as(...)`."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CASTS:
+        node = node.func.value
+    return node
 
 
 def step_of(stmt: ast.stmt, scores: str) -> Step:
@@ -222,6 +248,11 @@ def step_of(stmt: ast.stmt, scores: str) -> Step:
             other = right if is_name(left, scores) else left
             if not reads(other, {scores}):
                 return Step("mask", line, source, text(other), "add")
+    if target == scores and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and is_name(value.func.value, scores) and len(value.args) == 1 and not value.keywords \
+            and not reads(value.args[0], {scores}) and value.func.attr in ("div", "mul", "add"):
+        kind = {"div": ("scale", "/"), "mul": ("scale", "*"), "add": ("mask", "add")}[value.func.attr]
+        return Step(kind[0], line, source, text(value.args[0]), kind[1])
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and is_name(value.func.value, scores) \
             and len(value.args) == 2 and not reads(value.args[0], {scores}) and (
                 (value.func.attr == "masked_fill" and target == scores)
@@ -229,9 +260,9 @@ def step_of(stmt: ast.stmt, scores: str) -> Step:
         return Step("mask", line, source, f"({text(value.args[0])}).logical_not()", "bool")
     if target == scores and isinstance(value, ast.Call) and text(value.func).endswith("where") \
             and len(value.args) == 3 and not reads(value.args[0], {scores}):
-        if is_name(value.args[1], scores):
+        if is_name(uncast(value.args[1]), scores):
             return Step("mask", line, source, f"({text(value.args[0])}).bool()", "bool")
-        if is_name(value.args[2], scores):
+        if is_name(uncast(value.args[2]), scores):
             return Step("mask", line, source, f"({text(value.args[0])}).logical_not()", "bool")
     if target == scores and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
             and value.func.attr in CASTS and is_name(value.func.value, scores):
@@ -257,21 +288,43 @@ def attention_chain(body: list[ast.stmt], i: int, scores: tuple) -> Candidate | 
     """The attention that starts with the product at `body[i]`, if a softmax of it follows."""
     q, k, scale = scores
     name = assigned(body[i])
-    j = next((j for j in range(i + 1, len(body)) if (assigned(body[j]) and softmax_of(body[j].value, name))
-              or inline_product(body[j], name)), None)
+    current, names, steps, j = name, {name}, [], None
+    for at in range(i + 1, len(body)):
+        stmt = body[at]
+        if inline_product(stmt, current) or (assigned(stmt) and softmax_of(stmt.value, current)):
+            j = at
+            break
+        target = assigned(stmt)
+        if target and target != current and reads(stmt.value, {current}):  # the scores, changed, under a new name
+            renamed = ast.Assign([ast.Name(current, ast.Store())], stmt.value, lineno=stmt.lineno)
+            steps.append(step_of(ast.fix_missing_locations(renamed), current))
+            current = target
+            names.add(target)
+        else:
+            steps.append(step_of(stmt, current))
     if j is None:
         return None
-    steps = tuple(step_of(s, name) for s in body[i + 1:j])
-    if any(s.kind == "keep" and name in s.text for s in steps):
-        bad = next(s for s in steps if s.kind == "keep" and name in s.text)
+    inline = inline_product(body[j], current)
+    argument = softmax_argument(matmul_of(inline[0][0])[0] if inline else body[j].value, current)
+    if isinstance(argument, ast.BinOp):  # softmax(s / x): a scale of its own
+        steps.append(Step("scale", body[j].lineno, text(argument), text(argument.right),
+                          "/" if isinstance(argument.op, ast.Div) else "*"))
+    steps = tuple(steps)
+    if any(s.kind == "keep" and reads(ast.parse(s.text), names) for s in steps):
+        bad = next(s for s in steps if s.kind == "keep" and reads(ast.parse(s.text), names))
         return Refusal(f"the scores ({name}) are read on line {bad.line} besides the softmax: the fused call "
                        "never materialises them", bad.line)
-    names, dropout = {name}, None
+    name = current
+    dropout = None
     if inline_product(body[j], name):  # F.softmax(s, dim=-1) @ v in one expression
         at, product = j, inline_product(body[j], name)
     else:
         weights, at = assigned(body[j]), j + 1
         names.add(weights)
+        while at < len(body) and assigned(body[at]) and is_name(uncast(body[at].value), weights) \
+                and uncast(body[at].value) is not body[at].value:  # w = w.type(v.dtype): a cast of the weights
+            weights, at = assigned(body[at]), at + 1
+            names.add(weights)
         if at < len(body) and assigned(body[at]) and isinstance(body[at].value, ast.Call) and \
                 (drop := dropout_of(body[at].value, weights)) is not None:
             dropout, weights = drop, assigned(body[at])
@@ -292,8 +345,8 @@ def attention_chain(body: list[ast.stmt], i: int, scores: tuple) -> Candidate | 
         where = later[0].lineno if later else body[at].lineno
         return Refusal(f"the attention weights or scores are read after the softmax (line {where}): the fused call "
                        "never materialises them", where)
-    return Candidate(body[i].lineno, body[at].end_lineno or body[at].lineno, q, k, values, name, scale, steps,
-                     body[j].lineno, dropout, text(rest), text(body[j]))
+    return Candidate(body[i].lineno, body[at].end_lineno or body[at].lineno, q, k, values, text(argument), scale,
+                     steps, body[j].lineno, dropout, text(rest), text(body[j]))
 
 
 def values_of(node: ast.AST, weights: str | None) -> str:
@@ -337,7 +390,8 @@ def statements(candidate: Candidate, functional: str, scale: str | None, causal:
     if causal:
         keywords["is_causal"] = "True"
     elif masks:
-        parts = [f"({s.code} if {s.guard} else None)" if s.guard else s.code for s in masks]
+        parts = [s.code if not s.guard or s.guard == f"{s.code} is not None" else f"({s.code} if {s.guard} else None)"
+                 for s in masks]  # `mask if mask is not None else None` is the mask
         keywords["attn_mask"] = parts[0] if len(parts) == 1 else " & ".join(parts)
     if candidate.dropout is not None:
         keywords["dropout_p"] = candidate.dropout[0]
