@@ -131,7 +131,7 @@ def test_a_real_trial_moves_8bit_images_to_the_gpu(tmp_path):
     assert result.ok, result.message
     assert set(result.knob_outcomes.values()) == {APPLIED}, result.knob_outcomes
     record = trial_record(result.path)
-    assert record["uint8_plan"]["normalization"] == "pixels = (pixels - 0.5) / 0.25"
+    assert record["uint8_plan"]["removed"] == ["pixels = (pixels - 0.5) / 0.25"]
     assert all(s["loss"] is not None for s in record["steps"])
 
 

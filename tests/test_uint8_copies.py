@@ -286,7 +286,9 @@ def test_a_real_trial_learns_exactly_as_without_the_knob_and_the_patch_runs(tmp_
     assert losses["bytes"] == losses["plain"] and len(losses["plain"]) >= 5
     plan = runs["bytes"]["uint8_plan"]
     assert plan["conversion"] == "np.asarray(image, dtype=np.float32) / 255.0"
-    assert plan["normalization"] == "pixels = (pixels - 0.5) / 0.25" and plan["index"] == 0
+    # Read from the running Dataset: the statement that changed the values is left out, its constants fitted.
+    assert plan["removed"] == ["pixels = (pixels - 0.5) / 0.25"] and plan["index"] == 0
+    assert (plan["mean"], plan["std"]) == (0.5, 0.25)
     script = root / "examples" / "image_classifier.py"
     text = apply_bytes_patch(script, root, plan, runs["bytes"]["user_values"])
     assert "np.asarray(image, dtype=np.uint8)" in text and "(pixels - 0.5) / 0.25" not in text

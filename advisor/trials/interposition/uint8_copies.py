@@ -65,13 +65,15 @@ class BytePlan:
     dtypes: tuple[str | None, str | None] = (None, None)
     codes: tuple[str | None, str | None] = (None, None)
     views: tuple[list[int] | None, list[int] | None] = (None, None)
+    # Read on the running Dataset (advisor.trials.interposition.uint8_probe): the statements left out, as written.
+    removed: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """What the trial records (the patch writes the same change)."""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in
                 ((k, getattr(self, k)) for k in ("cls", "file", "line", "index", "scale", "mean", "std", "conversion",
                                                  "uint8", "normalization", "kind", "multiply", "transforms",
-                                                 "attribute", "dtypes", "codes", "views"))}
+                                                 "attribute", "dtypes", "codes", "views", "removed"))}
 
     def convert(self, tensor: Any) -> Any:
         """The float tensor the Dataset made, from its 8-bit one (same float32 operations, same order)."""
@@ -313,6 +315,7 @@ def rewrite_dataset(dataset: Any, site: str | None = None) -> tuple[BytePlan | N
     """For the trial: the training Dataset hands out 8-bit images (its torchvision transform or its class's
     `__getitem__` replaced; the process ends with the trial); returns the plan (None when not applicable)
     and the knob's outcome. `site`: where the DataLoader was built (the patch looks for the pipeline there)."""
+    from advisor.trials.interposition.uint8_probe import probe_plan
     from advisor.trials.interposition.uint8_transforms import rewrite_pipeline
 
     if not hasattr(type(dataset), "__getitem__") or hasattr(dataset, "__iter__") and not hasattr(dataset, "__len__"):
@@ -320,7 +323,7 @@ def rewrite_dataset(dataset: Any, site: str | None = None) -> tuple[BytePlan | N
     pipeline = rewrite_pipeline(dataset, site)
     if pipeline is not None:
         return pipeline
-    plan = byte_plan(type(dataset), dataset)
+    plan = probe_plan(dataset)  # read from the Dataset's own items, whatever the spelling
     if isinstance(plan, str):
         return None, not_applicable(plan)
     type(dataset).__getitem__ = plan.function
