@@ -378,6 +378,20 @@ class ByteCopies:
 
         return to
 
+    def at_loader(self, batch: Any, plan: BytePlan) -> Any:
+        """The batch with its 8-bit image converted (on the CPU, as it leaves the loader for the step)."""
+        import torch
+
+        image = batch if plan.index is None else batch[plan.index] if isinstance(batch, (list, tuple)) else None
+        if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8:
+            return batch
+        self.converted += 1
+        if plan.index is None:
+            return plan.convert(image)
+        items = list(batch)
+        items[plan.index] = plan.convert(image)
+        return type(batch)(items) if isinstance(batch, tuple) and not hasattr(batch, "_fields") else items
+
     def outcome(self, loader_outcome: str | None) -> str | None:
         """The knob's outcome once the steps ran: the Dataset's (from the loader), or why the batch never
         reached the conversion."""

@@ -155,6 +155,7 @@ def record_item(dataset: Any, node: ast.FunctionDef, namespace: dict, file: str,
     statement, what it returned; the random state it started from."""
     values: dict[int, Any] = {}
     pil: set[int] = set()  # the values that were PIL images (their 8-bit form is np.asarray of them)
+    tensors: set[int] = set()  # the values that were tensors
     after: dict[int, dict[str, Any]] = {}
     recorder = Recorded()
     function = recorder.visit(ast.parse(ast.unparse(node)).body[0])
@@ -172,6 +173,8 @@ def record_item(dataset: Any, node: ast.FunctionDef, namespace: dict, file: str,
             values[key] = array
             if type(value).__module__.startswith("PIL."):
                 pil.add(key)
+            if type(value).__module__.startswith("torch"):
+                tensors.add(key)
         return value
 
     def snapshot(k: int, local: dict) -> None:
@@ -184,7 +187,8 @@ def record_item(dataset: Any, node: ast.FunctionDef, namespace: dict, file: str,
     positions = {(n.lineno, n.col_offset, n.end_lineno, n.end_col_offset): values[key]
                  for key, n in recorder.nodes.items() if key in values}
     images = {position(n) for key, n in recorder.nodes.items() if key in pil}
-    return {"values": positions, "pil": images, "after": after, "returned": returned, "state": state, "item": item}
+    made = {position(n) for key, n in recorder.nodes.items() if key in tensors}
+    return {"values": positions, "pil": images, "tensors": made, "after": after, "returned": returned, "state": state, "item": item}
 
 
 def position(node: ast.AST) -> tuple:
@@ -212,7 +216,7 @@ def trace_back(node: ast.FunctionDef, run: dict) -> dict | str:
         if not sources:
             return f"line {statement.lineno}: the float image is made from no 8-bit image of as many values"
         source = max(sources, key=lambda n: len(ast.unparse(n)))
-        conversion = conversion_over(statement.value, source, values)
+        conversion, conversions = conversion_over(statement.value, source, values)
         removed, chain, current = [], target, made
         for j, later in enumerate(node.body[k + 1:], start=k + 1):
             if isinstance(later, ast.Return):
@@ -231,7 +235,7 @@ def trace_back(node: ast.FunctionDef, run: dict) -> dict | str:
                 removed.append(later)  # it changes the image's values: the step's conversion does it
             current = now
         return {"statement": statement, "target": target, "source": source, "conversion": conversion,
-                "removed": removed, "index": index, "pil": position(source) in run["pil"]}
+                "conversions": conversions, "removed": removed, "run": run, "index": index, "pil": position(source) in run["pil"]}
     return "no statement on the function's top level makes the returned float image"
 
 
@@ -239,44 +243,75 @@ def position_of(node: ast.AST) -> tuple | None:
     return position(node) if hasattr(node, "lineno") else None
 
 
-def conversion_over(root: ast.AST, source: ast.AST, values: dict) -> ast.AST:
-    """The largest expression over `source` reached by conversions only (each step up changes the values)."""
+def conversion_over(root: ast.AST, source: ast.AST, values: dict) -> tuple[ast.AST, dict[int, ast.AST]]:
+    """Over `source`, each step up read as a conversion (its values differ from the step's below) or a layout
+    (the same values, moved); returns the topmost conversion's expression and, for each conversion, the
+    expression below it that stays in its place."""
     parents = {id(child): parent for parent in ast.walk(root) for child in ast.iter_child_nodes(parent)}
-    node, top = source, source
+    node, top, conversions = source, source, {}
     while id(node) in parents:
         parent = parents[id(node)]
         while id(parent) in parents and position_of(parent) not in values:  # a keyword, an argument list
             parent = parents[id(parent)]
         below, above = values.get(position_of(node)), values.get(position_of(parent))
-        if below is None or above is None or same_values(below, above):
+        if below is None or above is None:
             break
-        node = top = parent
-    return top
+        if not same_values(below, above):
+            conversions[id(parent)] = node
+            top = parent
+        node = parent
+    return top, conversions
+
+
+class WithoutConversions(ast.NodeTransformer):
+    """Each conversion replaced by the expression below it (made a tensor where the conversion made one, its
+    channels moved first where the conversion moved them: `to_tensor`); the 8-bit source by its array form."""
+
+    def __init__(self, conversions: dict[int, ast.AST], source: ast.AST, source_code: str, run: dict, torch: str):
+        self.conversions, self.source, self.source_code = conversions, source, source_code
+        self.run, self.torch = run, torch
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if id(node) not in self.conversions:
+            return ast.parse(self.source_code, mode="eval").body if node is self.source else self.generic_visit(node)
+        above = node
+        while id(node) in self.conversions:
+            node = self.conversions[id(node)]
+        code = ast.unparse(self.visit(node))
+        if position(above) in self.run["tensors"] and position(node) not in self.run["tensors"]:
+            code = f"{self.torch}.as_tensor({code})"
+        made, kept = self.run["values"][position(above)].shape, self.run["values"][position(node)].shape
+        if len(made) == 3 and made != kept and made == (kept[2], kept[0], kept[1]):
+            code = f"{code}.permute(2, 0, 1)" if "as_tensor" in code or position(node) in self.run["tensors"] \
+                else f"{code}.transpose(2, 0, 1)"
+        return ast.parse(code, mode="eval").body
 
 
 def rebuilt(node: ast.FunctionDef, found: dict, namespace: dict, file: str, first: int) -> tuple[Any, str]:
-    """The `__getitem__` with the conversion replaced by its 8-bit source and the value changes left out;
-    the 8-bit expression as written."""
+    """The `__getitem__` with the conversions over the 8-bit source taken out (its layout steps kept) and the
+    statements that change the image's values left out; the 8-bit expression that replaces the conversion."""
     source_text = ast.unparse(found["source"])
     numpy = next((k for k, v in namespace.items() if getattr(v, "__name__", None) == "numpy"), None)
     numpy = numpy or "__import__('numpy')"
-    uint8 = source_text if not found["pil"] else f"{numpy}.asarray({source_text}, dtype={numpy}.uint8)"
-    tree = ast.parse(textwrap.dedent(ast.unparse(node)))
-    function = tree.body[0]
-    conversion = ast.unparse(found["conversion"])
+    array = source_text if not found["pil"] else f"{numpy}.asarray({source_text}, dtype={numpy}.uint8)"
+    top, conversions = found["conversion"], found["conversions"]
+    torch = next((k for k, v in namespace.items() if getattr(v, "__name__", None) == "torch"), "__import__('torch')")
+    uint8 = ast.unparse(WithoutConversions(conversions, found["source"], array, found["run"], torch).visit(top))
+    statement = found["statement"]
+    function = ast.parse(ast.unparse(node)).body[0]
     removed = {ast.unparse(s) for s in found["removed"]}
+    conversion = ast.unparse(top)
 
     class Swap(ast.NodeTransformer):
         def generic_visit(self, n: ast.AST) -> ast.AST:
             if isinstance(n, ast.expr) and ast.unparse(n) == conversion:
-                return found["uint8_node"]
+                return ast.parse(uint8, mode="eval").body
             return super().generic_visit(n)
 
-    found["uint8_node"] = ast.parse(uint8, mode="eval").body
-    function.body = [Swap().visit(s) if ast.unparse(s) == ast.unparse(found["statement"]) else s
+    function.body = [Swap().visit(s) if ast.unparse(s) == ast.unparse(statement) else s
                      for s in function.body if ast.unparse(s) not in removed]
-    tree = ast.fix_missing_locations(tree)
-    ast.increment_lineno(tree, first - 1 + node.lineno - 1)
+    tree = ast.fix_missing_locations(ast.Module([function], []))
+    ast.increment_lineno(tree, first - 1)
     scope: dict[str, Any] = {}
     exec(compile(tree, file, "exec"), namespace, scope)  # noqa: S102 - the user's function, rewritten
     return scope[function.name], uint8

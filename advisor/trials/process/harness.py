@@ -173,6 +173,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             import torch
 
             torch.Tensor.to = copies.to(torch.Tensor.to)  # for the rest of the trial's process
+            tracker.convert = copies if device_type == "cpu" else None
         driver = StepDriver(config, device_type, loader_records, tracker)
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
