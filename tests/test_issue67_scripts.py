@@ -13,7 +13,9 @@ import subprocess
 
 import pytest
 
+from advisor.analysis.analyze import analyze_file
 from advisor.code.patch.plan import plan_patch
+from advisor.report.formatting import attention_text
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.runner import run_trial
 from conftest import ROOT, run_script
@@ -70,3 +72,9 @@ def test_the_gpt_block_takes_sdpa_and_its_patch_runs_with_the_same_losses(tmp_pa
     assert "masked_fill" not in forward and "F.softmax" not in forward
     before = losses(SCRIPTS / "gpt_block.py")
     assert losses(tmp_path / "project" / "gpt_block.py") == pytest.approx(before, rel=1e-4) and len(before) == 6
+    # The same evidence in `advisor analyze` of the trial: attention's share, the module found, rewritable.
+    trace = sorted((tmp_path / "trial").glob("*.pt.trace.json*"))[0]
+    figure = analyze_file(trace).extra["attention"]
+    assert figure["modules"] == [{"class": "Block", "rewritable": True, "why": "causal mask, 1/sqrt(d)"}]
+    assert 0 < figure["share"] < 1 and figure["implementations"]
+    assert "Block: rewritable as scaled_dot_product_attention (causal mask, 1/sqrt(d))" in attention_text(figure)
