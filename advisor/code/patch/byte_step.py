@@ -12,7 +12,7 @@ another, so the step's line stays short and no tensor is built or copied at each
 
 The constants are the script's own names where the step's file holds them (`codes`), else their values; in
 the dtype the Dataset computed in, shaped for the batch's layout (`dtypes`, `views`:
-`advisor.trials.interposition.uint8_constants`)."""
+`advisor.trials.interposition.uint8_probe`)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,10 @@ def converted(eight: Any, mean: float | list | None, std: float | list | None, d
 
 def candidates(mean: list[float], std: list[float]) -> list[tuple[list[float], list[float]]]:
     """The constants rounded as people write them (4, then 6 significant digits), then as fitted."""
-    out = [([float(f"{m:.{digits}g}") for m in mean], [float(f"{s:.{digits}g}") for s in std]) for digits in (4, 6)]
+    def rounded(value: float, digits: int) -> float:
+        return 0.0 if abs(value) < 1e-7 else float(f"{value:.{digits}g}")  # a fitted zero is zero
+
+    out = [([rounded(m, d) for m in mean], [rounded(s, d) for s in std]) for d in (4, 6)]
     return out + [([float(m) for m in mean], [float(s) for s in std])]
 
 
@@ -75,7 +78,7 @@ def fit(eight: list[Any], floats: list[Any]) -> tuple[float | list | None, float
             stds.append(1.0 / (255.0 * a))
             means.append(-b / (255.0 * a))
         for mean, std in candidates(means, stds):
-            if all(abs(m) < 1e-12 for m in mean) and all(abs(s - 1) < 1e-12 for s in std):
+            if all(m == 0 for m in mean) and all(s == 1 for s in std):
                 written = (None, None)
             elif len(set(mean)) == 1 and len(set(std)) == 1:
                 written = (mean[0], std[0])

@@ -348,7 +348,8 @@ def fitted_plan(dataset: Any, node: ast.FunctionDef, namespace: dict, file: str,
     if isinstance(result, str):
         return f"{where}: {result}"
     mean, std, dtype = result
-    named = [module_name(c, namespace) if isinstance(c, list) else (None, None) for c in (mean, std)]
+    written = " ".join(ast.unparse(s) for s in found["removed"])  # the names the script normalized with, first
+    named = [module_name(c, namespace, written) if isinstance(c, list) else (None, None) for c in (mean, std)]
     plan = BytePlan(f"{cls.__module__}.{cls.__qualname__}", file, line, found["index"], 255.0, mean, std,
                     ast.unparse(found["conversion"]), uint8, None,
                     dtypes=(dtype, dtype) if isinstance(mean, list) else (None, None),
@@ -363,13 +364,17 @@ def returned_image_at(value: Any, index: int | None) -> Any:
     return as_array(element)
 
 
-def module_name(values: list, namespace: dict) -> tuple[str | None, list[int] | None]:
+def module_name(values: list, namespace: dict, written: str = "") -> tuple[str | None, list[int] | None]:
     """The module-level constant (array, list, tuple, tensor) that holds the fitted per-channel `values`, so the
-    patch writes the script's own name, and the shape it takes in the image's layout; (None, None) if none."""
+    patch writes the script's own name (one the left-out statements name first), and the shape it takes in
+    the image's layout; (None, None) if none."""
+    import re
+
     import numpy as np
 
     wanted = np.ravel(np.asarray(values, dtype=np.float64))
-    for name, value in namespace.items():
+    named = set(re.findall(r"\w+", written))
+    for name, value in sorted(namespace.items(), key=lambda item: item[0] not in named):
         if name.startswith("_") or callable(value) or isinstance(value, (str, bytes, bool, int, float)):
             continue
         array = as_array(value) if not isinstance(value, (list, tuple)) else np.asarray(value)

@@ -1,7 +1,6 @@
 """timm's eval transform as `create_transform` builds it: Resize, CenterCrop, ToTensor, Normalize with
 IMAGENET_DEFAULT_MEAN/STD, held on the Dataset (moved as a pipeline)."""
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 PIXELS = np.random.default_rng(0).integers(0, 256, (6, 12, 10, 3), dtype=np.uint8)

@@ -18,4 +18,4 @@ class Images(Dataset):
         img = Image.fromarray(PIXELS[i])
         x = TF.to_tensor(img)
         x = TF.normalize(x, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
-        return x, i % 4
+        return x, torch.tensor(i % 4)

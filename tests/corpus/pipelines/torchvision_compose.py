@@ -1,7 +1,6 @@
 """torchvision v1 on the Dataset: `Compose([RandomHorizontalFlip(), ToTensor(), Normalize(MEAN, STD)])` held as
 `self.transform` and called on a PIL image (moved as a pipeline: ToTensor becomes PILToTensor)."""
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 PIXELS = np.random.default_rng(0).integers(0, 256, (6, 12, 10, 3), dtype=np.uint8)
