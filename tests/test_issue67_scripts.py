@@ -62,6 +62,17 @@ def test_the_convnet_takes_the_8bit_copies_and_its_patch_runs_with_the_same_loss
     assert losses(tmp_path / "project" / "convnet.py") == before and len(before) == 8
 
 
+def test_on_the_cpu_a_step_that_never_moves_its_batch_converts_it_where_it_enters(tmp_path):
+    """The 8-bit batch still crosses from the two workers; it is converted as it leaves the loader, and the
+    patch converts it as the step's first statement."""
+    record, text, diff = trial_and_patch(tmp_path, "convnet_cpu.py", "train_step", Knobs(uint8_copies=True),
+                                         "uint8_plan")
+    assert record["knob_outcomes"]["uint8_copies"] == APPLIED
+    assert '"""One step on the CPU, the batch as the loader hands it out."""\n    images = normalized(images)' in text
+    before = losses(SCRIPTS / "convnet_cpu.py")
+    assert losses(tmp_path / "project" / "convnet_cpu.py") == before and len(before) == 8
+
+
 def test_the_gpt_block_takes_sdpa_and_its_patch_runs_with_the_same_losses(tmp_path):
     record, text, diff = trial_and_patch(tmp_path, "gpt_block.py", "train_step", Knobs(sdpa=True), "attention_plan")
     assert record["knob_outcomes"]["sdpa"] == APPLIED
