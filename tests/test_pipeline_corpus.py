@@ -84,7 +84,8 @@ def test_each_spelling_reaches_the_step_as_the_same_numbers_or_is_refused_with_t
     if expected != APPLIED:
         assert plan is None and outcome.startswith("not applicable") and detail in outcome
         if detail == NOT_AFFINE:  # the number that decided it, above what float rounding allows
-            gap, allowed = map(float, re.search(r"misses by up to (\S+) \(float rounding allows (\S+)\)", outcome).groups())
+            found = re.search(r"misses by up to (\S+) \(float rounding allows (\S+)\)", outcome)
+            gap, allowed = map(float, found.groups())
             assert gap > 100 * allowed
         return
     assert outcome == APPLIED and plan.uint8 == detail

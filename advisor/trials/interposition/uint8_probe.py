@@ -188,7 +188,8 @@ def record_item(dataset: Any, node: ast.FunctionDef, namespace: dict, file: str,
                  for key, n in recorder.nodes.items() if key in values}
     images = {position(n) for key, n in recorder.nodes.items() if key in pil}
     made = {position(n) for key, n in recorder.nodes.items() if key in tensors}
-    return {"values": positions, "pil": images, "tensors": made, "after": after, "returned": returned, "state": state, "item": item}
+    return {"values": positions, "pil": images, "tensors": made, "after": after, "returned": returned,
+            "state": state, "item": item}
 
 
 def position(node: ast.AST) -> tuple:
@@ -235,7 +236,8 @@ def trace_back(node: ast.FunctionDef, run: dict) -> dict | str:
                 removed.append(later)  # it changes the image's values: the step's conversion does it
             current = now
         return {"statement": statement, "target": target, "source": source, "conversion": conversion,
-                "conversions": conversions, "removed": removed, "run": run, "index": index, "pil": position(source) in run["pil"]}
+                "conversions": conversions, "removed": removed, "run": run, "index": index,
+                "pil": position(source) in run["pil"]}
     return "no statement on the function's top level makes the returned float image"
 
 

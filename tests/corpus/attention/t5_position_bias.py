@@ -19,8 +19,9 @@ class Attention(nn.Module):
         b, t, d = x.shape
         shape = (b, t, self.heads, -1)
         q, k, v = (proj(x).view(shape).transpose(1, 2) for proj in (self.q, self.k, self.v))
-        relative = (torch.arange(t)[None, :] - torch.arange(t)[:, None]).clamp(-self.buckets // 2, self.buckets // 2 - 1)
-        position_bias = self.relative_attention_bias(relative + self.buckets // 2).permute(2, 0, 1).unsqueeze(0)
+        half = self.buckets // 2
+        relative = (torch.arange(t)[None, :] - torch.arange(t)[:, None]).clamp(-half, half - 1)
+        position_bias = self.relative_attention_bias(relative + half).permute(2, 0, 1).unsqueeze(0)
         scores = torch.matmul(q, k.transpose(3, 2))
         scores += position_bias
         attn_weights = F.softmax(scores.float(), dim=-1).type_as(q)
