@@ -175,6 +175,7 @@ TRIAL = {
     },
     "device_facts": {"type": TEXT, "cpu": {"bf16_instructions": [TEXT], "ram_bytes": NUMBER},
                      "gpu": {"total_memory_bytes": NUMBER}},
+    "attention_modules": [{"class": TEXT, "rewritable": FLAG, "why": TEXT}],
 }
 
 # One row of session.json's "trials", as the report reads it.

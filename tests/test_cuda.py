@@ -22,7 +22,8 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.profiler_check import cuda_profiler_problem, probe, trace_problems
 from advisor.trials.process.processes import group_members
 from advisor.trials.process.runner import run_trial
-from advisor.trials.interposition.uint8_copies import ByteCopies, byte_plan, mark
+from advisor.trials.interposition.uint8_copies import ByteCopies, mark
+from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT
 
 pytestmark = [pytest.mark.slow,
@@ -106,7 +107,7 @@ def test_the_8bit_conversion_after_a_real_copy_gives_the_same_numbers(datasets, 
     same (CUDA divides by a Python number as a product with its reciprocal; the conversion must not)."""
     cls = getattr(datasets, name)
     before = list(DataLoader(cls(), batch_size=4))
-    plan = byte_plan(cls)
+    plan = probe_plan(cls())
     original = cls.__getitem__
     cls.__getitem__ = plan.function
     try:
@@ -131,7 +132,7 @@ def test_a_real_trial_moves_8bit_images_to_the_gpu(tmp_path):
     assert result.ok, result.message
     assert set(result.knob_outcomes.values()) == {APPLIED}, result.knob_outcomes
     record = trial_record(result.path)
-    assert record["uint8_plan"]["normalization"] == "pixels = (pixels - 0.5) / 0.25"
+    assert record["uint8_plan"]["removed"] == ["pixels = (pixels - 0.5) / 0.25"]
     assert all(s["loss"] is not None for s in record["steps"])
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from advisor.code.patch.layout import line_width
 from advisor.code.patch.plan import plan_patch
-from advisor.trials.interposition.uint8_copies import byte_plan
+from advisor.trials.interposition.uint8_probe import probe_plan
 from advisor.trials.knobs import Knobs
 from conftest import ROOT, run_script
 
@@ -49,7 +49,10 @@ def dataset_plan(script: Path, cls: str) -> dict:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    plan = byte_plan(getattr(module, cls))
+    made = {"ShapesDataset": lambda: module.ShapesDataset(module.ensure_dataset(ROOT / "examples" / "data" / "shapes",
+                                                                                count=8)),
+            "Pictures": lambda: module.Pictures(8)}[cls]
+    plan = probe_plan(made())  # read on the Dataset's items, as the trial reads it
     assert not isinstance(plan, str), plan
     return plan.to_dict()
 

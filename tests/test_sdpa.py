@@ -13,7 +13,7 @@ import torch
 
 from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
 from advisor.trials.interposition.attention import FusedAttention
-from advisor.trials.interposition.attention_source import Refusal, Rewrite, find_attention
+from advisor.trials.interposition.attention_source import Candidate, Refusal, find_attention, statements
 from conftest import ROOT, gpu_trace
 
 HEADER = '''
@@ -107,7 +107,7 @@ def test_each_supported_form_computes_the_same_outputs_and_gradients(tmp_path, f
     x = torch.randn(3, 12, 32, dtype=torch.float64)
     before = outputs_and_gradients(model, x)
     fused = FusedAttention()
-    fused.apply(model)
+    fused.apply(model, (x,))
     assert fused.outcome() == "applied", fused.refused
     assert "scaled_dot_product_attention" in fused.plans[0]["statement"]
     after = outputs_and_gradients(model, x)
@@ -120,7 +120,7 @@ def test_each_supported_form_computes_the_same_outputs_and_gradients(tmp_path, f
 def test_causal_masks_become_is_causal_and_other_masks_attn_mask(tmp_path):
     kinds = {form: FusedAttention() for form in FORMS}
     for form, fused in kinds.items():
-        fused.apply(load(tmp_path, FORMS[form], f"kind_{abs(hash(form))}")())
+        fused.apply(load(tmp_path, FORMS[form], f"kind_{abs(hash(form))}")(), (torch.randn(2, 16, 32),))
     statement = {form: fused.plans[0]["statement"] for form, fused in kinds.items()}
     assert "is_causal=True" in statement["causal buffer, dropout module, 1/sqrt(d)"]
     assert "is_causal=True" in statement["nanoGPT's scale, strict upper buffer, in-place fill"]
@@ -139,7 +139,7 @@ def test_dropout_p_is_passed_in_training_and_zero_in_eval(tmp_path):
     model.eval()
     reference = model(x)
     fused = FusedAttention()
-    fused.apply(model)
+    fused.apply(model, (x,))
     assert "dropout_p=self.drop.p if self.training else 0.0" in fused.plans[0]["statement"]
     torch.testing.assert_close(model(x), reference)  # eval: no dropout, the same numbers
     model.train()
@@ -157,7 +157,7 @@ def test_a_buffer_that_is_not_a_triangle_is_passed_as_a_mask_not_as_causal(tmp_p
     x = torch.randn(2, 16, 32, dtype=torch.float64)
     before = outputs_and_gradients(model, x)
     fused = FusedAttention()
-    fused.apply(model)
+    fused.apply(model, (x,))
     assert "attn_mask=" in fused.plans[0]["statement"] and "is_causal" not in fused.plans[0]["statement"]
     for a, b in zip(before, outputs_and_gradients(model, x)):
         torch.testing.assert_close(a, b)
@@ -167,18 +167,21 @@ def test_a_buffer_that_is_not_a_triangle_is_passed_as_a_mask_not_as_causal(tmp_p
 def test_weights_read_after_the_softmax_are_not_applicable_with_the_reason(tmp_path):
     body = FORMS["causal buffer, dropout module, 1/sqrt(d)"] + "        self.last_weights = att\n"
     fused = FusedAttention()
-    fused.apply(load(tmp_path, body, "attention_returns_weights")())
+    fused.apply(load(tmp_path, body, "attention_returns_weights")(), (torch.randn(2, 16, 32),))
     outcome = fused.outcome()
     assert outcome.startswith("not applicable") and "read after the softmax" in outcome
     assert "attention_returns_weights.py:" in outcome and not fused.plans
 
 
-def test_a_mask_added_to_the_scores_is_not_applicable_with_the_line(tmp_path):
+def test_a_bias_added_to_the_scores_is_not_applicable_with_its_size(tmp_path):
     body = FORMS["no mask, no scale, product inside an expression"].replace(
         "att = F.softmax", "att = att + self.pad[:t, :t]\n        att = F.softmax")
     fused = FusedAttention()
-    fused.apply(load(tmp_path, body, "attention_additive")())
-    assert "changes the scores otherwise than a scale or a masked_fill" in fused.outcome() and not fused.plans
+    fused.apply(load(tmp_path, body, "attention_additive")(), (torch.randn(2, 16, 32),))
+    # The boolean buffer added to the scores is a bias of 0 or 1, not a mask: read from the numbers, and named.
+    outcome = fused.outcome()
+    assert "not a scale of q·kᵀ plus a mask" in outcome and not fused.plans
+    assert 0.5 < float(outcome.split("by up to ")[1].split()[0]) < 2  # the bias of 1, less what the fitted scale took
 
 
 def test_torch_attention_and_models_without_attention_are_not_applicable():
@@ -187,25 +190,27 @@ def test_torch_attention_and_models_without_attention_are_not_applicable():
     assert fused.outcome().startswith("not applicable: no attention written by hand")
 
 
-def test_the_source_finder_returns_none_rewrite_or_refusal():
+def test_the_source_finder_returns_none_candidate_or_refusal():
+    """The source says only where a candidate is; the statement is written from what the trial reads."""
     plain = "def forward(self, x):\n    return self.proj(x)\n"
-    assert find_attention(plain, lambda name: None) is None
+    assert find_attention(plain) is None
     source = textwrap.dedent('''
         def forward(self, q, k, v):
             w = F.softmax(q @ k.transpose(-2, -1), dim=-1)
             return w @ v
     ''').lstrip()
-    assert find_attention(source, lambda name: None) is None  # the scores are not a statement of their own
+    assert find_attention(source) is None  # the scores are not a statement of their own
     returned = textwrap.dedent('''
         def forward(self, q, k, v):
             s = q @ k.transpose(-2, -1)
             w = s.softmax(-1)
             return w @ v, w
     ''').lstrip()
-    assert isinstance(find_attention(returned, lambda name: None), Refusal)
-    found = find_attention(returned.replace("w @ v, w", "w @ v"), lambda name: None, "torch.nn.functional")
-    assert isinstance(found, Rewrite) and (found.first_line, found.last_line) == (2, 4)
-    assert found.statement == "return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)"
+    assert isinstance(find_attention(returned), Refusal)
+    found = find_attention(returned.replace("w @ v, w", "w @ v"))
+    assert isinstance(found, Candidate) and (found.first_line, found.last_line) == (2, 4)
+    assert statements(found, "torch.nn.functional", "1.0", False) == [
+        "return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)"]
 
 
 def test_the_gpt_examples_attention_is_rewritten():
@@ -217,9 +222,9 @@ def test_the_gpt_examples_attention_is_rewritten():
     tokens = torch.randint(0, 64, (2, 16))
     before = model(tokens)
     fused = FusedAttention()
-    fused.apply(model)
+    fused.apply(model, (tokens,))
     plan = fused.plans[0]
-    assert plan["class"] == "CausalSelfAttention" and plan["form"].startswith("causal mask (buffer mask)")
+    assert plan["class"] == "CausalSelfAttention" and plan["form"].startswith("causal mask")
     assert plan["last_line"] - plan["first_line"] == 4
     torch.testing.assert_close(model(tokens), before)
     fused.undo()

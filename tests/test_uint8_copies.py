@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.runner import run_trial
-from advisor.trials.interposition.uint8_copies import BytePlan, ByteCopies, byte_plan, mark
+from advisor.trials.interposition.uint8_copies import BytePlan, ByteCopies, mark
+from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT, run_script
 from trial_helpers import apply_bytes_patch
 
@@ -114,7 +115,7 @@ def load_module(folder, name: str, source: str):
                                                      ("Astype", 1, False), ("TensorFloat", 0, True)])
 def test_the_same_numbers_reach_the_step(datasets, name, index, normalized):
     cls = getattr(datasets, name)
-    plan = byte_plan(cls)
+    plan = probe_plan(cls())
     assert isinstance(plan, BytePlan), plan
     assert plan.index == index and (plan.mean is not None) == normalized and plan.scale == 255.0
     assert_same_numbers(cls(), plan)
@@ -242,10 +243,11 @@ def constant_forms(tmp_path_factory):
     ("TupleAssigned", ("float32", "float32"), ("MEAN", "STD"), ([3, 1, 1], [3, 1, 1])),
     ("Lists", ("float64", "float64"), ("MEAN_LIST", "STD_LIST"), ([3, 1, 1], [3, 1, 1])),
     ("Tuples", ("float64", "float64"), ("MEAN_TUPLE", "STD_TUPLE"), (None, None)),
-    ("Inline", ("float32", None), ("torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1)", "0.25"), (None, None)),
+    ("Inline", ("float32", "float32"), (None, None), (None, None)),  # no module constant holds them: values
     ("Tensors", ("float32", "float32"), ("MEAN_T", "STD_T"), (None, None)),
-    ("ClassAttributes", ("float32", "float32"), ("ClassAttributes.MEAN", "ClassAttributes.STD"), (None, None)),
-    ("InitAttributes", ("float32", "float32"), (None, None), (None, None)),
+    # Read from the numbers, not the statement: a module-level constant holding the same values is named.
+    ("ClassAttributes", ("float32", "float32"), ("MEAN", "STD"), ([3, 1, 1], [3, 1, 1])),
+    ("InitAttributes", ("float32", "float32"), ("MEAN", "STD"), ([3, 1, 1], [3, 1, 1])),
 ])
 def test_normalization_constants_in_the_forms_people_write_them(constant_forms, name, dtypes, codes, views):
     """Module constants (tuple-assigned, lists, tuples, np.array, torch.tensor), an inline tensor, class
@@ -253,18 +255,18 @@ def test_normalization_constants_in_the_forms_people_write_them(constant_forms, 
     model gets the same numbers, and the plan says how the patch names each constant."""
     cls = getattr(constant_forms, name)
     dataset = cls()
-    plan = byte_plan(cls, dataset)
+    plan = probe_plan(dataset)
     assert isinstance(plan, BytePlan), plan
     assert (plan.dtypes, plan.codes, plan.views) == (dtypes, codes, views)
     assert_same_numbers(dataset, plan)
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("Jittered", "changes the float image after the conversion (`x = x * float(RNG.uniform(0.8, 1.2))`)"),
-    ("Branch", "makes no float image in a way recognised without running it"),
+    ("Jittered", "is not the 8-bit one scaled and offset per channel: the closest fit"),
+    ("Branch", "no statement on the function's top level makes the returned float image"),
 ])
 def test_what_would_change_the_data_is_not_applicable(datasets, name, reason):
-    plan = byte_plan(getattr(datasets, name))
+    plan = probe_plan(getattr(datasets, name)())
     assert isinstance(plan, str) and reason in plan
 
 
@@ -286,7 +288,9 @@ def test_a_real_trial_learns_exactly_as_without_the_knob_and_the_patch_runs(tmp_
     assert losses["bytes"] == losses["plain"] and len(losses["plain"]) >= 5
     plan = runs["bytes"]["uint8_plan"]
     assert plan["conversion"] == "np.asarray(image, dtype=np.float32) / 255.0"
-    assert plan["normalization"] == "pixels = (pixels - 0.5) / 0.25" and plan["index"] == 0
+    # Read from the running Dataset: the statement that changed the values is left out, its constants fitted.
+    assert plan["removed"] == ["pixels = (pixels - 0.5) / 0.25"] and plan["index"] == 0
+    assert (plan["mean"], plan["std"]) == (0.5, 0.25)
     script = root / "examples" / "image_classifier.py"
     text = apply_bytes_patch(script, root, plan, runs["bytes"]["user_values"])
     assert "np.asarray(image, dtype=np.uint8)" in text and "(pixels - 0.5) / 0.25" not in text

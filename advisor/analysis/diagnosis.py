@@ -172,6 +172,10 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     extra["conv_shapes_constant"] = conv_shapes_constant(trace, steps)
     found = attention(trace, steps, platform, step_time)  # its share of the step, by hand or fused
     extra["attention"] = found.to_dict() if found is not None else None
+    modules = (trial or {}).get("attention_modules")
+    if extra["attention"] is not None and isinstance(modules, list):  # what the sdpa trial's check read
+        extra["attention"]["modules"] = [{"class": str(m.get("class")), "rewritable": bool(m.get("rewritable")),
+                                          "why": str(m.get("why"))} for m in modules if isinstance(m, dict)]
     main = utilization.get(devices[0].index) if devices and utilization else None
     if main is None and utilization:
         main = max(utilization.values())

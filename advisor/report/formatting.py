@@ -139,4 +139,7 @@ def attention_text(figure: dict | None) -> str | None:
     kinds = ", ".join(figure.get("implementations") or ()) or "fused"
     split = (f"; {pct(figure['hand_written_share'])} by hand" if figure.get("hand_written_share")
              and figure.get("fused_share") else "")
-    return f"{pct(figure['share'])} ({ms(figure['ms_per_step'])}, {figure['per_step']:.0f} a step): {kinds}{split}"
+    found = "".join(f"; {m['class']}: " + ("rewritable as scaled_dot_product_attention" if m["rewritable"] else
+                                          "not rewritable") + f" ({m['why']})" for m in figure.get("modules") or ())
+    return (f"{pct(figure['share'])} ({ms(figure['ms_per_step'])}, {figure['per_step']:.0f} a step): "
+            f"{kinds}{split}{found}")

@@ -1,7 +1,8 @@
 """The `sdpa` knob written where the attention is: in each module class's `forward`, the statements the trial
 replaced (trial.json `attention_plan`: file, class, first and last line, the statement) become that one
-`F.scaled_dot_product_attention` call. The trial found and proved the form
-(`advisor.trials.interposition.attention_source`); here the statements are found again by their lines, and
+`F.scaled_dot_product_attention` call (after the statements it keeps, that make names the call reads). The
+trial located the attention in the source and checked the call by numbers on the real batch
+(`advisor.trials.interposition.attention_check`); here the statements are found again by their lines, and
 only where they still span exactly those lines (a file edited since is left alone, with a note)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class AttentionLines(cst.CSTTransformer):
     def __init__(self, class_name: str, first: int, last: int, statement: str):
         super().__init__()
         self.class_name, self.first, self.last = class_name, first, last
-        self.statement = cst.parse_statement(statement)
+        self.statements = list(cst.parse_module(statement + "\n").body)  # the names it keeps, then the call
         self.classes: list[str] = []
         self.replaced = False
 
@@ -42,7 +43,8 @@ class AttentionLines(cst.CSTTransformer):
                 or inside != list(range(inside[0], inside[-1] + 1)):
             return updated
         leading = body[inside[0]].leading_lines  # the comments and blank lines above the first line stay
-        body[inside[0]: inside[-1] + 1] = [self.statement.with_changes(leading_lines=leading)]
+        body[inside[0]: inside[-1] + 1] = [self.statements[0].with_changes(leading_lines=leading),
+                                           *self.statements[1:]]
         self.replaced = True
         return updated.with_changes(body=updated.body.with_changes(body=body))
 

@@ -12,7 +12,7 @@ another, so the step's line stays short and no tensor is built or copied at each
 
 The constants are the script's own names where the step's file holds them (`codes`), else their values; in
 the dtype the Dataset computed in, shaped for the batch's layout (`dtypes`, `views`:
-`advisor.trials.interposition.uint8_constants`)."""
+`advisor.trials.interposition.uint8_probe`)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def rewrite_step_bytes(module: cst.Module, target: str, plan: dict, names_in_fil
     helper = facts.free_name("normalized", "normalized_input", "advisor_normalized") if tensors else None
     rewrite = _DeviceConversion(function, plan, constants, helper)
     module = module.visit(rewrite)
+    if not rewrite.done:  # a step that never moves its batch (the CPU): converted where it enters the step
+        entry = _EntryConversion(function, rewrite)
+        module = module.visit(entry)
+        rewrite.done = entry.done
     if rewrite.done and helper is not None:
         module = _with_helpers(module, facts, function, helper, _helpers(plan, constants, facts, helper))
     return module, rewrite.done
@@ -57,6 +61,45 @@ class _DeviceConversion(MovedInput):
             (mean, _), (std, _) = self.constants
             text = f"({text} - {mean}) / {std}"
         return cst.parse_expression(text)
+
+
+class _EntryConversion(cst.CSTTransformer):
+    """In the step, the parameter it feeds first to a model call (`model(images)`, `self.net(x)`) converted and
+    normalized as its first statement: where the batch enters a step that never moves it with `.to(...)`."""
+
+    def __init__(self, function: str, conversion: _DeviceConversion):
+        super().__init__()
+        self.function, self.conversion = function, conversion
+        self.done = False
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if original_node.name.value != self.function or self.done:
+            return updated_node
+        parameters = {p.name.value for p in original_node.params.params}
+        fed: list[str] = []
+
+        class Fed(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                first = node.args[0].value if node.args and node.args[0].keyword is None else None
+                callee = cst.Module([]).code_for_node(node.func)
+                if not fed and isinstance(first, cst.Name) and first.value in parameters and (
+                        isinstance(node.func, cst.Name) or callee.startswith("self.")):
+                    fed.append(first.value)
+
+        original_node.body.visit(Fed())
+        if not fed or not isinstance(updated_node.body, cst.IndentedBlock):
+            return updated_node
+        converted = cst.Module([]).code_for_node(self.conversion.rewritten(cst.Name(fed[0])))
+        statement = cst.parse_statement(f"{fed[0]} = {converted}")
+        body = list(updated_node.body.body)
+        at = 1 if body and _is_docstring(body[0]) else 0
+        self.done = True
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=[*body[:at], statement, *body[at:]]))
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr) and \
+        isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
 
 
 def _scaled(code: str, plan: dict) -> str:

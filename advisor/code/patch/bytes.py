@@ -19,7 +19,8 @@ class _DatasetBytes(cst.CSTTransformer):
         super().__init__()
         self.cls = str(plan["cls"]).rsplit(".", 1)[-1]
         self.conversion, self.uint8 = plan["conversion"], plan["uint8"]
-        self.normalization = plan.get("normalization")
+        # The statements that changed the image's values (a normalization, a loop over channels): the step does it.
+        self.removed = list(plan.get("removed") or []) or ([plan["normalization"]] if plan.get("normalization") else [])
         self.inside = 0
         self.done = False
         self.module = cst.Module([])
@@ -51,10 +52,15 @@ class _DatasetBytes(cst.CSTTransformer):
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                   updated_node: cst.SimpleStatementLine):
-        if self.inside and self.normalization and _same(self.module.code_for_node(original_node.body[0]),
-                                                        self.normalization):
+        return self._removed(self.module.code_for_node(original_node.body[0]), updated_node)
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For):
+        return self._removed(self.module.code_for_node(original_node), updated_node)
+
+    def _removed(self, code: str, updated: cst.CSTNode):
+        if self.inside and any(_same(code, text) for text in self.removed):
             return cst.RemovalSentinel.REMOVE  # normalized on the device instead
-        return updated_node
+        return updated
 
 
 def _same(code: str, text: str) -> bool:

@@ -2,24 +2,25 @@
 (torch imported lazily).
 
 At the model's first call (`advisor.trials.interposition.model`), each class of its modules whose `forward`
-is the user's (not torch's: `nn.MultiheadAttention` already calls the fused kernels) has its source read
-and searched for the attention pattern (`advisor.trials.interposition.attention_source`); where one is found
-and proven the same, the class's `forward` is compiled again from its source with those lines replaced by
-the one call (an AST step, as the step wrapper's), under the file's name and its line numbers, in the
-module's own globals. What the source alone cannot prove is checked on the live modules: the buffer a
-causal mask is read from holds a triangle of ones, the dropout called on the weights is an `nn.Dropout`.
-Each rewrite is recorded (file, lines, the statement) for the patch. `undo()` puts the forwards back.
+is the user's (not torch's: `nn.MultiheadAttention` already calls the fused kernels) has its source read for
+*where* a hand-written attention is (`advisor.trials.interposition.attention_source`). Whether the fused call
+computes the same is decided on the real batch (`advisor.trials.interposition.attention_check`): the scale
+and the mask are read as numbers, and the forward with the call is compared with the original on the same
+input. Where they agree, the class's `forward` is compiled again from its source with those lines replaced
+(under the file's name and its line numbers, in the module's own globals), and the rewrite is recorded (file,
+lines, the statements) for the patch; else the reason, with the number that decided it. `undo()` puts the
+forwards back.
 """
 
 from __future__ import annotations
 
-import __future__
 import inspect
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from advisor.trials.interposition.attention_source import Refusal, Rewrite, find_attention
+from advisor.trials.interposition.attention_check import capture_inputs, check, compiled, rewritten_lines
+from advisor.trials.interposition.attention_source import Refusal, find_attention
 from advisor.trials.knobs import APPLIED, not_applicable
 
 NONE_FOUND = ("no attention written by hand (q @ k.transpose, softmax, @ v) in the forward of the model's modules; "
@@ -50,47 +51,53 @@ def functional_name(namespace: dict) -> str | None:
     return None
 
 
-def triangle_kind(buffer: Any) -> str | None:
-    """"tril" for a lower triangle of ones (the positions that take part), "triu" for a strict upper one
-    (those masked out), over the buffer's last two dimensions; else None."""
-    import torch
-
-    if not isinstance(buffer, torch.Tensor) or buffer.dim() < 2 or buffer.shape[-1] != buffer.shape[-2]:
-        return None
-    present = (buffer != 0).reshape(-1, *buffer.shape[-2:])
-    n = buffer.shape[-1]
-    lower = torch.ones(n, n, dtype=torch.bool, device=buffer.device).tril()
-    if bool((present == lower).all()):
-        return "tril"
-    if bool((present == ~lower).all()):
-        return "triu"
-    return None
-
-
 class FusedAttention:
-    """Rewrites the forwards of the model's attention modules; their outcome, record and undo."""
+    """Rewrites the forwards of the model's attention modules where the numbers agree; outcome, record, undo."""
+
+    MAX_CHECKED = 4  # instances of a class checked on their input (each a forward of the module, twice)
 
     def __init__(self) -> None:
         self.rewritten: dict[type, Any] = {}  # class -> its own forward, to put back
         self.refused: list[str] = []
         self.plans: list[dict[str, Any]] = []  # what the patch writes: file, class, lines, statement
+        self.found: list[dict[str, Any]] = []  # every candidate: class, file, line, rewritable, why not
         self.seen: set[type] = set()
 
-    def apply(self, model: Any) -> None:
-        """Rewrite each attention class among `model`'s modules (once per class)."""
+    def apply(self, model: Any, args: tuple | None = None) -> None:
+        """Rewrite each attention class among `model`'s modules (once per class) where, on `args` (the model's
+        first call), the fused call computes what the forward does."""
         instances: dict[type, list[Any]] = {}
         for module in model.modules():
             found = user_forward(type(module))
             if found is not None and found[0] not in self.seen:
                 instances.setdefault(found[0], []).append(module)
+        candidates = {}
         for owner, modules in instances.items():
             self.seen.add(owner)
-            why = self.rewrite(owner, modules)
+            found = self.candidate(owner)
+            if isinstance(found, str):
+                self.refuse(owner, found)
+            elif found is not None:
+                candidates[owner] = (found, modules)
+        if not candidates:
+            return
+        modules = [m for _, ms in candidates.values() for m in ms[: self.MAX_CHECKED]]
+        inputs = capture_inputs(model, args, modules) if args is not None else \
+            "no input of the model's to check the rewrite on"
+        for owner, (found, modules) in candidates.items():
+            why = inputs if isinstance(inputs, str) else self.rewrite(owner, found, [
+                (m, inputs[id(m)]) for m in modules[: self.MAX_CHECKED] if id(m) in inputs])
             if why:
-                self.refused.append(f"{owner.__name__}.forward: {why}")
+                self.refuse(owner, why)
 
-    def rewrite(self, owner: type, modules: list[Any]) -> str | None:
-        """Compile `owner.forward` again with its attention as one call; the reason where it cannot be."""
+    def refuse(self, owner: type, why: str) -> None:
+        """Record why `owner`'s attention stays as written."""
+        self.refused.append(f"{owner.__name__}.forward: {why}")
+        self.found.append({"class": owner.__name__, "rewritable": False, "why": why})
+
+    def candidate(self, owner: type) -> tuple | str | None:
+        """(the forward, its source, file, first line, the candidate, how it reaches F) of `owner`, the reason
+        where its attention cannot be replaced, None where it has none (or no source of the user's)."""
         forward = owner.__dict__["forward"]
         try:
             lines, start = inspect.getsourcelines(forward)
@@ -102,47 +109,38 @@ class FusedAttention:
         source = textwrap.dedent("".join(lines))
         if not source.lstrip().startswith("def ") or "__class__" in forward.__code__.co_freevars:
             return None  # decorated, or it uses super() (a cell the recompiled function would not have)
-        functional = functional_name(forward.__globals__)
-
-        def buffer_kind(name: str) -> str | None:
-            kinds = {triangle_kind(getattr(m, name, None)) for m in modules}
-            return kinds.pop() if len(kinds) == 1 else None
-
-        found = find_attention(source, buffer_kind, functional or "F")
+        found = find_attention(source)
         if found is None:
             return None
         if isinstance(found, Refusal):
             return f"{found.reason} ({filename}:{start + found.line - 1})"
+        functional = functional_name(forward.__globals__)
         if functional is None:
             return f"{filename} imports neither torch nor torch.nn.functional under a name the call could use"
-        if found.dropout is not None:
-            import torch
+        return forward, source, filename, start, found, functional
 
-            if not all(isinstance(getattr(m, found.dropout, None), torch.nn.Dropout) for m in modules):
-                return f"self.{found.dropout} is not an nn.Dropout: its effect on the weights is not known"
-        owner.forward = self.compiled(forward, source, found, filename, start)
+    def rewrite(self, owner: type, found: tuple, inputs: list[tuple[Any, tuple]]) -> str | None:
+        """Compile `owner.forward` again with its attention as one call where the check agrees; else why not."""
+        import torch
+
+        forward, source, filename, start, candidate, functional = found
+        if not inputs:
+            return "no instance of it ran in the model's first call: nothing to check the rewrite on"
+        if candidate.dropout is not None and candidate.dropout[1] is not None and not all(
+                isinstance(getattr(m, candidate.dropout[1], None), torch.nn.Dropout) for m, _ in inputs):
+            return f"self.{candidate.dropout[1]} is not an nn.Dropout: its effect on the weights is not known"
+        checked = check(forward, source, filename, start, candidate, functional, inputs)
+        if isinstance(checked, str):
+            return f"{checked} ({filename}:{start + candidate.first_line - 1})"
+        replacement, form = checked
+        owner.forward = compiled(forward, rewritten_lines(source, candidate, replacement), filename, start)
         self.rewritten[owner] = forward
-        self.plans.append({"file": filename, "class": owner.__name__, "first_line": start + found.first_line - 1,
-                           "last_line": start + found.last_line - 1, "statement": found.statement,
-                           "form": found.form})
+        statement = "\n".join(replacement)
+        self.plans.append({"file": filename, "class": owner.__name__,
+                           "first_line": start + candidate.first_line - 1,
+                           "last_line": start + candidate.last_line - 1, "statement": statement, "form": form})
+        self.found.append({"class": owner.__name__, "rewritable": True, "why": form})
         return None
-
-    @staticmethod
-    def compiled(forward: Any, source: str, found: Rewrite, filename: str, start: int) -> Any:
-        """The forward made from `source` with the lines `found` names replaced by its statement."""
-        lines = source.splitlines()
-        first = lines[found.first_line - 1]
-        indent = first[: len(first) - len(first.lstrip())]
-        lines[found.first_line - 1: found.last_line] = [indent + found.statement] + \
-            [""] * (found.last_line - found.first_line)  # blank lines keep the numbers of the lines after
-        flags = forward.__code__.co_flags & __future__.annotations.compiler_flag  # as the file compiled it
-        code = compile("\n" * (start - 1) + "\n".join(lines) + "\n", filename, "exec", flags, dont_inherit=True)
-        namespace: dict[str, Any] = {}
-        exec(code, forward.__globals__, namespace)  # the module's own globals: its names resolve as before
-        new = namespace[forward.__name__]
-        new.__qualname__, new.__doc__ = forward.__qualname__, forward.__doc__
-        new.__defaults__, new.__kwdefaults__ = forward.__defaults__, forward.__kwdefaults__
-        return new
 
     def outcome(self) -> str:
         """Applied where a forward was rewritten, else why not."""

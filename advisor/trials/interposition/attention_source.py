@@ -1,55 +1,81 @@
-"""Attention written by hand, found in a module's `forward` source, and the one call that replaces it.
-Pure and torch-free (stdlib `ast`): the trial runs the rewrite (`advisor.trials.interposition.attention`),
-the patch writes the same statement where the lines were (`advisor.code.patch.attention`, from trial.json).
+"""Where a module's `forward` computes attention by hand, read from its source, and the statements that replace
+it once the trial has read the numbers. Pure and torch-free (stdlib `ast`): the source says only *where* a
+candidate is; whether `F.scaled_dot_product_attention` computes the same is decided on the real batch
+(`advisor.trials.interposition.attention_check`), and the patch writes the same statements
+(`advisor.code.patch.attention`, from trial.json).
 
-The form recognised is a run of consecutive statements of the forward's body:
+A candidate is a run of consecutive statements of the forward's body:
 
-    s = q @ k.transpose(-2, -1) [/ sqrt(d) | * scale]    # or torch.matmul(q, k.transpose(-1, -2)), k.mT
-    [s = s / x | s = s * x]                              # the scale on a line of its own
-    [s = s.masked_fill(cond, -inf) | s.masked_fill_(cond, -inf)]
-    w = softmax(s, dim=-1)                               # F.softmax, torch.softmax, s.softmax(-1)
-    [w = self.drop(w) | w = F.dropout(w, p, training)]
-    ... w @ v ...                                        # or torch.matmul(w, v), inside any expression
+    s = <a product of two tensors>          # q @ k.transpose(...), torch.matmul(q, k), q @ k, torch.einsum(...)
+    ...                                     # anything (a scale, a mask, a bias, a cap: the numbers will say)
+    w = <softmax of s over a dimension>     # F.softmax, torch.softmax, s.softmax, possibly cast after
+    [w = <dropout of w>]                    # self.drop(w), F.dropout(w, p, training)
+    ... w @ v ...                           # or torch.matmul(w, v), torch.einsum(...), inside any expression
 
-and becomes `... F.scaled_dot_product_attention(q, k, v, ...) ...`: `is_causal=True` where the mask is
-causal (a `tril` of ones `== 0`, its negation, a `triu(..., diagonal=1)`, or a registered buffer that the
-caller checks holds one), `attn_mask=(cond).logical_not()` for another boolean mask, `dropout_p` from the
-dropout (`self.drop.p if self.training else 0.0`), `scale=` where the scale is not 1/sqrt(d) of q or k (1.0
-where there is none). A form that reads the weights or scores elsewhere (returns them, keeps them) is refused
-with the reason: the fused call never materialises them.
+What the fused call cannot reproduce by construction is refused here, with the line: the weights or scores
+read elsewhere (returned, kept), the weights used otherwise than multiplied with the values. The statements
+between the product and the softmax are sorted by what they do to the scores (a scale, a mask by
+`masked_fill`, `+`, `torch.where`, under an `if` or not) so that the replacement can be written from what the
+trial reads; what they compute is measured, not assumed from their spelling.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-from dataclasses import dataclass
-from typing import Callable
+import re
+from dataclasses import dataclass, field
 
 MATMUL_CALLS = ("torch.matmul", "torch.bmm")
-SOFTMAX_CALLS = ("F.softmax", "torch.softmax", "nn.functional.softmax", "torch.nn.functional.softmax",
-                 "functional.softmax")
-SQRT_CALLS = ("math.sqrt", "np.sqrt", "numpy.sqrt", "torch.sqrt")
-DROPOUT_CALLS = ("F.dropout", "nn.functional.dropout", "torch.nn.functional.dropout", "torch.dropout")
+DROPOUT_CALLS = ("F.dropout", "nn.functional.dropout", "torch.nn.functional.dropout", "torch.dropout",
+                 "functional.dropout")
+CASTS = ("float", "to", "type_as", "contiguous", "half", "bfloat16", "type")
 
 
 @dataclass(frozen=True)
-class Rewrite:
-    """The statements `first_line`..`last_line` (of the source given) and the one statement replacing them."""
+class Step:
+    """One statement between the product and the softmax: a `scale` (op, factor), a `mask` (the code of the
+    positions that take part, or an additive mask, and the `if` guard over it), `keep` (does not touch the
+    scores: stays before the call), or `other` (changes the scores some other way: the numbers decide)."""
+
+    kind: str
+    line: int
+    text: str
+    code: str = ""  # scale: the factor; mask: the attn_mask expression
+    op: str = ""  # scale: "*" or "/"; mask: "bool" or "add"
+    guard: str | None = None
+    hoist: str = ""  # a guarded mask's other statements (an `if` of them), kept before the call
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A hand-written attention found in a forward: its lines (of the source given), its operands as SDPA
+    takes them, the statements between the product and the softmax, the dropout and the product's statement."""
 
     first_line: int
     last_line: int
-    statement: str
-    form: str  # what was recognised, for the trial's record: "causal mask (buffer mask), dropout, 1/sqrt(d)"
-    dropout: str | None  # the `self.<name>` dropout module the caller checks is an nn.Dropout
+    q: str
+    k: str  # as SDPA takes the keys: (..., keys, width)
+    v: str
+    scores: str  # the scores as the softmax takes them (the probe reads this expression)
+    scale: tuple[str, str] | None  # (op, factor) in the product's own statement
+    steps: tuple[Step, ...]
+    softmax_line: int  # the softmax's statement (the probe reads the scores just before it)
+    dropout: tuple[str, str | None] | None  # (dropout_p expression, the `self.<module>` name)
+    product: str  # the product's statement with the placeholder CALL where `w @ v` was
+    softmax_text: str = ""
+    notes: tuple[str, ...] = field(default=())
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """Attention written by hand that the fused call cannot be proven to compute: why, and where."""
+    """Attention written by hand that the fused call cannot replace whatever the numbers say: why, and where."""
 
     reason: str
     line: int
+
+
+CALL = "__advisor_sdpa_call__"
 
 
 def text(node: ast.AST) -> str:
@@ -62,15 +88,11 @@ def is_name(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
 
-def transposed(node: ast.AST) -> ast.AST | None:
-    """`k` of `k.transpose(-2, -1)`, `k.transpose(-1, -2)` or `k.mT`; else None."""
-    if isinstance(node, ast.Attribute) and node.attr == "mT":
-        return node.value
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "transpose" \
-            and len(node.args) == 2 and not node.keywords:
-        dims = {text(a) for a in node.args}
-        if dims == {"-2", "-1"}:
-            return node.func.value
+def einsum_of(node: ast.AST) -> tuple[str, ast.AST, ast.AST] | None:
+    """(the equation without spaces, a, b) of `torch.einsum("...", a, b)`; else None."""
+    if isinstance(node, ast.Call) and text(node.func).endswith("einsum") and len(node.args) == 3 \
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        return node.args[0].value.replace(" ", ""), node.args[1], node.args[2]
     return None
 
 
@@ -80,116 +102,77 @@ def matmul_of(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
         return node.left, node.right
     if isinstance(node, ast.Call) and text(node.func) in MATMUL_CALLS and len(node.args) == 2 and not node.keywords:
         return node.args[0], node.args[1]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("matmul", "bmm") \
+            and len(node.args) == 1 and not node.keywords and text(node.func.value) not in ("torch",):
+        return node.func.value, node.args[0]
     return None
 
 
-def scores_of(node: ast.AST) -> tuple[ast.AST, ast.AST, tuple[str, ast.AST] | None] | None:
-    """(q, k, (op, factor)) of `q @ k.transpose(-2, -1)`, optionally `/ x` or `* x`; else None."""
+def split_equation(equation: str) -> tuple[str, str, str] | None:
+    """The three terms of `a,b->out` (letters and `...`)."""
+    match = re.fullmatch(r"([\w.]+),([\w.]+)->([\w.]+)", equation)
+    return match.groups() if match else None
+
+
+def einsum_scores(node: ast.AST) -> tuple[str, str] | None:
+    """(q, k) of `einsum("...id,...jd->...ij", q, k)`, the keys as SDPA takes them; else None."""
+    found = einsum_of(node)
+    terms = found and split_equation(found[0])
+    if not terms:
+        return None
+    a, b, out = terms
+    if len(a) >= 2 and a[:-2] == b[:-2] == out[:-2] and a[-1] == b[-1] and out[-2:] == a[-2] + b[-2] \
+            and len({a[-2], b[-2], a[-1]}) == 3:
+        return text(found[1]), text(found[2])
+    return None
+
+
+def einsum_product(node: ast.AST, weights: str) -> str | None:
+    """v of `einsum("...ij,...jd->...id", w, v)`; else None."""
+    found = einsum_of(node)
+    terms = found and split_equation(found[0])
+    if not terms or not is_name(found[1], weights):
+        return None
+    a, b, out = terms
+    if len(a) >= 2 and a[:-2] == b[:-2] == out[:-2] and a[-1] == b[-2] and out[-2:] == a[-2] + b[-1]:
+        return text(found[2])
+    return None
+
+
+def keys_of(node: ast.AST) -> str:
+    """The keys as SDPA takes them from the product's right operand: `k` of `k.transpose(-2, -1)`, `k.mT`,
+    `k.transpose(2, 3)`; else the operand transposed back (`(k).transpose(-2, -1)`; the numbers check it)."""
+    if isinstance(node, ast.Attribute) and node.attr == "mT":
+        return text(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "transpose" \
+            and len(node.args) == 2 and not node.keywords and {text(a) for a in node.args} in (
+                {"-2", "-1"}, {"2", "3"}, {"1", "2"}):
+        return text(node.func.value)
+    return f"({text(node)}).transpose(-2, -1)"
+
+
+def scores_of(node: ast.AST) -> tuple[str, str, tuple[str, str] | None] | None:
+    """(q, k, (op, factor)) of a product of two tensors, optionally `/ x` or `* x` (either side); else None."""
     scale = None
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Mult)) and matmul_of(node.left):
-        scale, node = ("/" if isinstance(node.op, ast.Div) else "*", node.right), node.left
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Mult)):
+        if matmul_of(node.left) or einsum_scores(node.left):
+            scale, node = ("/" if isinstance(node.op, ast.Div) else "*", text(node.right)), node.left
+        elif isinstance(node.op, ast.Mult) and (matmul_of(node.right) or einsum_scores(node.right)):
+            scale, node = ("*", text(node.left)), node.right
+    if (pair := einsum_scores(node)) is not None:
+        return pair[0], pair[1], scale
     pair = matmul_of(node)
-    if pair is None or transposed(pair[1]) is None:
+    if pair is None:
         return None
-    return pair[0], transposed(pair[1]), scale
-
-
-def size_of_last_dim(node: ast.AST, q: ast.AST, k: ast.AST) -> bool:
-    """`k.size(-1)`, `q.shape[-1]` (d, the head's width), of q or k."""
-    own = {text(q), text(k)}
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size":
-        return text(node.func.value) in own and [text(a) for a in node.args] == ["-1"]
-    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
-        return text(node.value.value) in own and text(node.slice) == "-1"
-    return False
-
-
-def is_sqrt_d(node: ast.AST, q: ast.AST, k: ast.AST) -> bool:
-    """`math.sqrt(d)` or `d ** 0.5`, d the last dimension of q or k."""
-    if isinstance(node, ast.Call) and text(node.func) in SQRT_CALLS and len(node.args) == 1:
-        return size_of_last_dim(node.args[0], q, k)
-    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and text(node.right) == "0.5" \
-        and size_of_last_dim(node.left, q, k)
-
-
-def scale_keyword(scale: tuple[str, ast.AST] | None, q: ast.AST, k: ast.AST) -> str | None:
-    """The `scale=` the call needs, None where it is SDPA's default 1/sqrt(d)."""
-    if scale is None:
-        return "1.0"
-    op, factor = scale
-    if op == "/" and is_sqrt_d(factor, q, k):
-        return None
-    if op == "*" and isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Div) and \
-            text(factor.left) in ("1", "1.0") and is_sqrt_d(factor.right, q, k):
-        return None
-    if op == "*" and isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Pow) and \
-            text(factor.right) == "-0.5" and size_of_last_dim(factor.left, q, k):
-        return None
-    return text(factor) if op == "*" else f"1 / ({text(factor)})"
-
-
-def is_minus_infinity(node: ast.AST) -> bool:
-    """-inf as people write it (`float('-inf')`, `-math.inf`, `-1e9`, `torch.finfo(x.dtype).min`)."""
-    source = text(node).replace('"', "'")
-    if source in ("float('-inf')", "-float('inf')", "-math.inf", "-torch.inf", "-np.inf", "-numpy.inf"):
-        return True
-    if source.startswith("torch.finfo(") and source.endswith(").min"):
-        return True
-    try:
-        return float(ast.literal_eval(node)) <= -1e4
-    except (ValueError, TypeError, SyntaxError):
-        return False
-
-
-def buffer_name(node: ast.AST) -> str | None:
-    """`name` of `self.name` or `self.name[...]` (a slice of a registered buffer)."""
-    if isinstance(node, ast.Subscript):
-        node = node.value
-    if isinstance(node, ast.Attribute) and is_name(node.value, "self"):
-        return node.attr
-    return None
-
-
-def ones_triangle(node: ast.AST, which: str, diagonal: str) -> bool:
-    """`torch.tril(torch.ones(...))` (which "tril", diagonal "0") or `torch.triu(torch.ones(...), diagonal=1)`,
-    with `.bool()` / `.to(torch.bool)` allowed after it."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("bool", "to") \
-            and text(node).endswith((".bool()", ".to(torch.bool)")):
-        node = node.func.value
-    if not (isinstance(node, ast.Call) and text(node.func) == f"torch.{which}" and node.args):
-        return False
-    given = [text(a) for a in node.args[1:]] + [text(kw.value) for kw in node.keywords if kw.arg == "diagonal"]
-    return text(node.args[0]).startswith("torch.ones(") and (given or ["0"]) == [diagonal]
-
-
-def mask_keywords(cond: ast.AST, buffer_kind: Callable[[str], str | None]) -> tuple[dict[str, str], str]:
-    """The keywords that stand for `masked_fill(cond, -inf)`, and the form's name. `buffer_kind(name)`: "tril"
-    where the module's buffer `name` is a lower triangle of ones, "triu" for a strictly upper one, else None."""
-    def lower(node: ast.AST) -> bool:  # the positions that take part: causal
-        name = buffer_name(node)
-        return ones_triangle(node, "tril", "0") or (name is not None and buffer_kind(name) == "tril")
-
-    def upper(node: ast.AST) -> bool:  # the positions masked out: causal
-        name = buffer_name(node)
-        return ones_triangle(node, "triu", "1") or (name is not None and buffer_kind(name) == "triu")
-
-    name = buffer_name(cond.left if isinstance(cond, ast.Compare) else cond.operand if isinstance(
-        cond, ast.UnaryOp) else cond)
-    where = f" (buffer {name})" if name else ""
-    if isinstance(cond, ast.Compare) and len(cond.ops) == 1 and isinstance(cond.ops[0], ast.Eq) \
-            and text(cond.comparators[0]) in ("0", "0.0", "False") and lower(cond.left):
-        return {"is_causal": "True"}, f"causal mask{where}"
-    if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, (ast.Invert, ast.Not)) and lower(cond.operand):
-        return {"is_causal": "True"}, f"causal mask{where}"
-    if upper(cond):
-        return {"is_causal": "True"}, f"causal mask{where}"
-    return {"attn_mask": f"({text(cond)}).logical_not()"}, "boolean mask"
+    return text(pair[0]), keys_of(pair[1]), scale
 
 
 def assigned(stmt: ast.stmt) -> str | None:
     """The single plain name an assignment stores to."""
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-        return stmt.targets[0].id
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and isinstance(getattr(stmt, "value", None), ast.AST):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if len(targets) == 1 and isinstance(targets[0], ast.Name):
+            return targets[0].id
     return None
 
 
@@ -198,114 +181,195 @@ def reads(node: ast.AST, names: set[str]) -> bool:
     return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
 
 
-def find_attention(source: str, buffer_kind: Callable[[str], str | None],
-                   functional: str = "F") -> Rewrite | Refusal | None:
-    """The rewrite of the first attention written by hand in the body of the function `source` defines (its
-    lines numbered from 1), a Refusal where one is there but cannot be replaced, None where there is none.
-    `functional`: the name the call is reached by (`F`, `torch.nn.functional`)."""
+def softmax_argument(node: ast.AST, scores: str) -> ast.AST | None:
+    """The argument of a softmax of `scores` (`scores`, or `scores` scaled: `s / x`, `s * x`) over a dimension
+    (F.softmax(s, ...), torch.softmax, s.softmax(...)), possibly cast after; else None."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CASTS:
+        node = node.func.value
+    if not isinstance(node, ast.Call):
+        return None
+    name = text(node.func)
+    if isinstance(node.func, ast.Attribute) and is_name(node.func.value, "self") and len(node.args) == 1 \
+            and not node.keywords and is_name(node.args[0], scores):
+        return node.args[0]  # a module of its own (`self.softmax = nn.Softmax(dim=-1)`): the numbers say if it is one
+    if not name.endswith("softmax") or name.endswith("log_softmax"):
+        return None
+    if isinstance(node.func, ast.Attribute) and is_name(node.func.value, scores):
+        return node.func.value
+    argument = node.args[0] if node.args else None
+    if argument is not None and is_name(uncast(argument), scores):
+        return argument  # softmax(s.float()): the probe reads it so
+    if argument is None or not (is_name(argument, scores) or (
+            isinstance(argument, ast.BinOp) and isinstance(argument.op, (ast.Div, ast.Mult))
+            and is_name(argument.left, scores) and not reads(argument.right, {scores}))):
+        return None
+    return argument
+
+
+def softmax_of(node: ast.AST, scores: str) -> bool:
+    """Whether `node` is a softmax of `scores` (see `softmax_argument`)."""
+    return softmax_argument(node, scores) is not None
+
+
+def uncast(node: ast.AST) -> ast.AST:
+    """`s` of `s.to(...)`, `s.float()`, `s.type_as(...)`."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CASTS:
+        node = node.func.value
+    return node
+
+
+def step_of(stmt: ast.stmt, scores: str) -> Step:
+    """What a statement between the product and the softmax does to the scores."""
+    line, source = stmt.lineno, text(stmt).splitlines()[0]
+    if isinstance(stmt, ast.If) and not stmt.orelse:
+        inner = [step_of(s, scores) for s in stmt.body]
+        masks = [s for s in inner if s.kind == "mask"]
+        if len(masks) == 1 and not masks[0].guard and all(s.kind in ("mask", "keep") for s in inner):
+            kept = [s for s, k in zip(stmt.body, inner) if k.kind == "keep"]
+            hoist = text(ast.If(stmt.test, kept, [])) if kept else ""  # names the mask reads, made as before
+            return Step("mask", line, source, masks[0].code, masks[0].op, text(stmt.test), hoist)
+        return Step("other", line, source)
+    if not reads(stmt, {scores}) and not (isinstance(stmt, ast.Expr) or assigned(stmt) == scores):
+        return Step("keep", line, text(stmt))
+    value = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr, ast.AugAssign)) else None
+    target = assigned(stmt)
+    if isinstance(stmt, ast.AugAssign) and is_name(stmt.target, scores) and not reads(value, {scores}):
+        if isinstance(stmt.op, (ast.Mult, ast.Div)):
+            return Step("scale", line, source, text(value), "*" if isinstance(stmt.op, ast.Mult) else "/")
+        if isinstance(stmt.op, ast.Add):
+            return Step("mask", line, source, text(value), "add")
+    if target == scores and isinstance(value, ast.BinOp):
+        left, right = value.left, value.right
+        if isinstance(value.op, (ast.Mult, ast.Div)) and is_name(left, scores) and not reads(right, {scores}):
+            return Step("scale", line, source, text(right), "*" if isinstance(value.op, ast.Mult) else "/")
+        if isinstance(value.op, ast.Mult) and is_name(right, scores) and not reads(left, {scores}):
+            return Step("scale", line, source, text(left), "*")
+        if isinstance(value.op, ast.Add) and (is_name(left, scores) or is_name(right, scores)):
+            other = right if is_name(left, scores) else left
+            if not reads(other, {scores}):
+                return Step("mask", line, source, text(other), "add")
+    if target == scores and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and is_name(value.func.value, scores) and len(value.args) == 1 and not value.keywords \
+            and not reads(value.args[0], {scores}) and value.func.attr in ("div", "mul", "add"):
+        kind = {"div": ("scale", "/"), "mul": ("scale", "*"), "add": ("mask", "add")}[value.func.attr]
+        return Step(kind[0], line, source, text(value.args[0]), kind[1])
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and is_name(value.func.value, scores) \
+            and len(value.args) == 2 and not reads(value.args[0], {scores}) and (
+                (value.func.attr == "masked_fill" and target == scores)
+                or (value.func.attr == "masked_fill_" and isinstance(stmt, ast.Expr))):
+        return Step("mask", line, source, f"({text(value.args[0])}).logical_not()", "bool")
+    if target == scores and isinstance(value, ast.Call) and text(value.func).endswith("where") \
+            and len(value.args) == 3 and not reads(value.args[0], {scores}):
+        if is_name(uncast(value.args[1]), scores):
+            return Step("mask", line, source, f"({text(value.args[0])}).bool()", "bool")
+        if is_name(uncast(value.args[2]), scores):
+            return Step("mask", line, source, f"({text(value.args[0])}).logical_not()", "bool")
+    if target == scores and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in CASTS and is_name(value.func.value, scores):
+        return Step("cast", line, source)
+    return Step("other", line, source)
+
+
+def find_attention(source: str) -> Candidate | Refusal | None:
+    """The first hand-written attention in the body of the function `source` defines (lines numbered from 1),
+    a Refusal where one is there but cannot be replaced whatever it computes, None where there is none."""
     function = ast.parse(source).body[0]
     body = function.body if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
     for i, stmt in enumerate(body):
         found = assigned(stmt) and scores_of(stmt.value)
         if found:
-            chain = attention_chain(body, i, found, buffer_kind, functional)
+            chain = attention_chain(body, i, found)
             if chain is not None:
                 return chain
     return None
 
 
-def attention_chain(body: list[ast.stmt], i: int, scores: tuple, buffer_kind: Callable[[str], str | None],
-                    functional: str) -> Rewrite | Refusal | None:
-    """The attention that starts with the scores at `body[i]`, if the statements after it complete one."""
+def attention_chain(body: list[ast.stmt], i: int, scores: tuple) -> Candidate | Refusal | None:
+    """The attention that starts with the product at `body[i]`, if a softmax of it follows."""
     q, k, scale = scores
-    current = assigned(body[i])  # the name the chain's latest value is in: the scores, then the weights
-    names = {current}
-    keywords: dict[str, str] = {}
-    form: list[str] = []
-    dropout, softmaxed, j = None, False, i + 1
-    while j < len(body):
-        stmt = body[j]
-        value = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr)) else None
+    name = assigned(body[i])
+    current, names, steps, j = name, {name}, [], None
+    for at in range(i + 1, len(body)):
+        stmt = body[at]
+        if inline_product(stmt, current) or (assigned(stmt) and softmax_of(stmt.value, current)):
+            j = at
+            break
         target = assigned(stmt)
-        if not softmaxed and target == current and scale is None and isinstance(value, ast.BinOp) \
-                and isinstance(value.op, (ast.Div, ast.Mult)) and is_name(value.left, current) \
-                and not reads(value.right, names):
-            scale = ("/" if isinstance(value.op, ast.Div) else "*", value.right)
-        elif not softmaxed and not keywords and isinstance(value, ast.Call) and is_masked_fill(stmt, value, current) \
-                and is_minus_infinity(value.args[1]) and not reads(value.args[0], names):
-            keywords, kind = mask_keywords(value.args[0], buffer_kind)
-            form.append(kind)
-        elif not softmaxed and target and isinstance(value, ast.Call) and is_softmax(value, current):
-            softmaxed, current = True, target
-            names.add(target)
-        elif softmaxed and dropout is None and target and isinstance(value, ast.Call) and \
-                (drop := dropout_of(value, current)) is not None:
-            dropout, current = drop, target
+        if target and target != current and reads(stmt.value, {current}):  # the scores, changed, under a new name
+            renamed = ast.Assign([ast.Name(current, ast.Store())], stmt.value, lineno=stmt.lineno)
+            steps.append(step_of(ast.fix_missing_locations(renamed), current))
+            current = target
             names.add(target)
         else:
-            break
-        j += 1
-    if not softmaxed and j < len(body) and reads(body[j], names) and \
-            any("softmax" in text(later) for later in body[j:]):
-        return Refusal(f"line {body[j].lineno} changes the scores otherwise than a scale or a masked_fill with -inf "
-                       "before the softmax: the fused call is not proven the same", body[j].lineno)
-    if not softmaxed:
+            steps.append(step_of(stmt, current))
+    if j is None:
         return None
-    if j == len(body):
-        return Refusal("the attention weights are computed but never multiplied with the values", body[i].lineno)
-    weights = current
-    product = [n for n in ast.walk(body[j]) if (pair := matmul_of(n)) is not None and is_name(pair[0], weights)]
-    if not product:
-        return Refusal(f"the attention weights ({weights}) are used otherwise than multiplied with the values "
-                       f"(line {body[j].lineno})", body[j].lineno)
-    values = matmul_of(product[0])[1]
-    later = [s for s in body[j + 1:] if reads(s, names)]
-    call_keywords = dict(keywords)
-    if dropout is not None:
-        call_keywords["dropout_p"] = dropout[0]
-        form.append("dropout")
-    if (scale_text := scale_keyword(scale, q, k)) is not None:
-        call_keywords["scale"] = scale_text
-    form.append("1/sqrt(d)" if scale_text is None else f"scale {scale_text}")
-    call = ast.parse(f"{functional}.scaled_dot_product_attention({text(q)}, {text(k)}, {text(values)}"
-                     + "".join(f", {key}={value}" for key, value in call_keywords.items()) + ")", mode="eval").body
-    rest = ReplaceNode(product[0], call).visit(copy.deepcopy(body[j]))
+    inline = inline_product(body[j], current)
+    argument = softmax_argument(matmul_of(inline[0][0])[0] if inline else body[j].value, current)
+    if isinstance(argument, ast.BinOp):  # softmax(s / x): a scale of its own
+        steps.append(Step("scale", body[j].lineno, text(argument), text(argument.right),
+                          "/" if isinstance(argument.op, ast.Div) else "*"))
+    steps = tuple(steps)
+    if any(s.kind == "keep" and reads(ast.parse(s.text), names) for s in steps):
+        bad = next(s for s in steps if s.kind == "keep" and reads(ast.parse(s.text), names))
+        return Refusal(f"the scores ({name}) are read on line {bad.line} besides the softmax: the fused call "
+                       "never materialises them", bad.line)
+    name = current
+    dropout = None
+    if inline_product(body[j], name):  # F.softmax(s, dim=-1) @ v in one expression
+        at, product = j, inline_product(body[j], name)
+    else:
+        weights, at = assigned(body[j]), j + 1
+        names.add(weights)
+        while at < len(body) and assigned(body[at]) and is_name(uncast(body[at].value), weights) \
+                and uncast(body[at].value) is not body[at].value:  # w = w.type(v.dtype): a cast of the weights
+            weights, at = assigned(body[at]), at + 1
+            names.add(weights)
+        if at < len(body) and assigned(body[at]) and isinstance(body[at].value, ast.Call) and \
+                (drop := dropout_of(body[at].value, weights)) is not None:
+            dropout, weights = drop, assigned(body[at])
+            names.add(weights)
+            at += 1
+        if at == len(body):
+            return Refusal("the attention weights are computed but never multiplied with the values", body[j].lineno)
+        product = [n for n in ast.walk(body[at]) if ((pair := matmul_of(n)) is not None and is_name(pair[0], weights))
+                   or einsum_product(n, weights) is not None]
+        if not product:
+            return Refusal(f"the attention weights ({weights}) are used otherwise than multiplied with the values "
+                           f"(line {body[at].lineno})", body[at].lineno)
+        product = [(product[0], values_of(product[0], weights))]
+    node, values = product[0]
+    rest = ReplaceNode(node, ast.Name(CALL, ast.Load())).visit(copy.deepcopy(body[at]))
+    later = [s for s in body[at + 1:] if reads(s, names)]
     if later or reads(rest, names):
-        where = later[0].lineno if later else body[j].lineno
+        where = later[0].lineno if later else body[at].lineno
         return Refusal(f"the attention weights or scores are read after the softmax (line {where}): the fused call "
                        "never materialises them", where)
-    return Rewrite(body[i].lineno, body[j].end_lineno or body[j].lineno, text(rest), ", ".join(form),
-                   dropout[1] if dropout is not None else None)
+    return Candidate(body[i].lineno, body[at].end_lineno or body[at].lineno, q, k, values, text(argument), scale,
+                     steps, body[j].lineno, dropout, text(rest), text(body[j]))
 
 
-def is_softmax(call: ast.Call, scores: str) -> bool:
-    """`F.softmax(scores, dim=-1)`, `torch.softmax(scores, -1)` or `scores.softmax(dim=-1)`."""
-    if text(call.func) in SOFTMAX_CALLS and call.args and is_name(call.args[0], scores):
-        positional = call.args[1:]
-    elif isinstance(call.func, ast.Attribute) and call.func.attr == "softmax" and is_name(call.func.value, scores):
-        positional = call.args
-    else:
-        return False
-    dims = [text(a) for a in positional] + [text(kw.value) for kw in call.keywords if kw.arg == "dim"]
-    return dims == ["-1"] and all(kw.arg == "dim" for kw in call.keywords)  # no dtype: the weights' own
+def values_of(node: ast.AST, weights: str | None) -> str:
+    """v of the product `w @ v` (or its einsum)."""
+    pair = matmul_of(node)
+    return text(pair[1]) if pair else einsum_product(node, weights)
 
 
-def is_masked_fill(stmt: ast.stmt, call: ast.Call, scores: str) -> bool:
-    """`s = s.masked_fill(cond, x)` or `s.masked_fill_(cond, x)` on the scores `s`."""
-    if not (isinstance(call.func, ast.Attribute) and is_name(call.func.value, scores) and len(call.args) == 2
-            and not call.keywords):
-        return False
-    if call.func.attr == "masked_fill":
-        return assigned(stmt) == scores
-    return call.func.attr == "masked_fill_" and isinstance(stmt, ast.Expr)
+def inline_product(stmt: ast.stmt, scores: str) -> list[tuple[ast.AST, str]]:
+    """[(the product, v)] where `stmt` multiplies the softmax of `scores` with the values in one expression."""
+    for node in ast.walk(stmt):
+        pair = matmul_of(node)
+        if pair is not None and softmax_of(pair[0], scores):
+            return [(node, text(pair[1]))]
+    return []
 
 
 def dropout_of(call: ast.Call, weights: str) -> tuple[str, str | None] | None:
     """(the dropout_p expression, the `self.<module>` name or None) of `self.drop(w)` or `F.dropout(w, p, ...)`."""
     if not (call.args and is_name(call.args[0], weights)):
         return None
-    if isinstance(call.func, ast.Attribute) and is_name(call.func.value, "self") and len(call.args) == 1 \
-            and not call.keywords:
+    if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+            and call.func.value.id == "self" and len(call.args) == 1 and not call.keywords:
         module = call.func.attr
         return f"self.{module}.p if self.training else 0.0", module
     if text(call.func) in DROPOUT_CALLS:
@@ -314,6 +378,37 @@ def dropout_of(call: ast.Call, weights: str) -> tuple[str, str | None] | None:
         p, training = given.get("p", "0.5"), given.get("training", "True")
         return (p if training == "True" else f"{p} if {training} else 0.0"), None
     return None
+
+
+def statements(candidate: Candidate, functional: str, scale: str | None, causal: bool) -> list[str]:
+    """The statements that replace the candidate's lines: the statements it keeps (names the rest reads), then
+    the product's statement with the fused call in place of `w @ v`. `scale`: the `scale=` expression (None:
+    SDPA's default); `causal`: the mask read as causal (`is_causal=True` in place of the mask)."""
+    kept = [s.text if s.kind == "keep" else s.hoist for s in candidate.steps if s.kind == "keep" or s.hoist]
+    keywords: dict[str, str] = {}
+    masks = [s for s in candidate.steps if s.kind == "mask"]
+    if causal:
+        keywords["is_causal"] = "True"
+    elif masks:
+        parts = [s.code if not s.guard or s.guard == f"{s.code} is not None" else f"({s.code} if {s.guard} else None)"
+                 for s in masks]  # `mask if mask is not None else None` is the mask
+        keywords["attn_mask"] = parts[0] if len(parts) == 1 else " & ".join(parts)
+    if candidate.dropout is not None:
+        keywords["dropout_p"] = candidate.dropout[0]
+    if scale is not None:
+        keywords["scale"] = scale
+    call = f"{functional}.scaled_dot_product_attention({candidate.q}, {candidate.k}, {candidate.v}" + \
+        "".join(f", {key}={value}" for key, value in keywords.items()) + ")"
+    return kept + [text(ast.parse(candidate.product.replace(CALL, call)))]  # as ast writes it: no extra ()
+
+
+def scale_code(candidate: Candidate) -> str | None:
+    """The scale the source writes (the product's own and any statements'), as one expression; None if none."""
+    factors = ([candidate.scale] if candidate.scale else []) + \
+        [(s.op, s.code) for s in candidate.steps if s.kind == "scale"]
+    if not factors:
+        return None
+    return " * ".join(code if op == "*" else f"1 / ({code})" for op, code in factors)
 
 
 class ReplaceNode(ast.NodeTransformer):

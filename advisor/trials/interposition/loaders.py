@@ -245,6 +245,9 @@ class LoaderTracker:
     last: LoaderRecord | None = None  # the loader whose batch came last
     fetching: bool = False  # inside a loader's __next__ (a target called now is not a step)
     samples: dict = field(default_factory=dict)  # samples each loader handed out since the last step
+    # uint8_copies on the CPU (a ByteCopies): the 8-bit batch converted as it leaves the loader, in the training
+    # process, whether or not the step moves it with .to(...) (the workers still hand over a quarter of the bytes)
+    convert: Any = None
 
     def install(self) -> Callable[[], None]:
         """Time `__next__` of every DataLoader iterator, attributed to its loader; returns an undo."""
@@ -270,7 +273,9 @@ class LoaderTracker:
                 tracker.fetching = False
                 tracker.fetch_s += time.perf_counter() - started
             plan = getattr(iterator, "_advisor_bytes", None)
-            if plan is not None:
+            if plan is not None and tracker.convert is not None:
+                batch = tracker.convert.at_loader(batch, plan)  # the CPU: where the batch enters the step
+            elif plan is not None:
                 mark(batch, plan)
             record = getattr(iterator, "_advisor_record", None)
             if record is not None:

@@ -119,7 +119,7 @@ class ModelInterposition:
         key = id(module)
         if key not in self.seen and next(module.parameters(), None) is not None:
             self.seen.add(key)
-            self._first_call(module)
+            self._first_call(module, args)
         if self.knobs.channels_last and any(m is module for m in self.layouts):
             return to_channels_last(args)
         return None
@@ -131,13 +131,13 @@ class ModelInterposition:
             return
         self.depth = max(0, self.depth - 1)
 
-    def _first_call(self, module: Any) -> None:
+    def _first_call(self, module: Any, args: tuple = ()) -> None:
         if len(self.seen) == 1:
             self._process_wide()
         if self.knobs.channels_last:
             self._channels_last(module)
         if self.knobs.sdpa:  # before compile: the compiled forward traces the fused call
-            self.attention.apply(module)
+            self.attention.apply(module, args)
             self.user["sdpa"] = False
             self.outcomes["sdpa"] = self.attention.outcome()
         if self.knobs.checkpointing:  # before compile: the compiled forward traces the checkpointed blocks

@@ -173,6 +173,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             import torch
 
             torch.Tensor.to = copies.to(torch.Tensor.to)  # for the rest of the trial's process
+            tracker.convert = copies if device_type == "cpu" else None
         driver = StepDriver(config, device_type, loader_records, tracker)
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
@@ -237,6 +238,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["user_model"] = model_user_values(model, optimizers)
             result["compile"] = model.compile_record() if model is not None else None
             result["attention_plan"] = model.attention.plans if model is not None and knobs.sdpa else None
+            # Every hand-written attention the check found: rewritable (the form read), or why not (the number).
+            result["attention_modules"] = model.attention.found if model is not None and knobs.sdpa else None
             result["checkpoint_plan"] = model.checkpoints.plan if model is not None else None
             result["optimizers"] = optimizers.record() if optimizers is not None else None
             result["own_settings"] = own.record(result["optimizers"]) if own is not None else None

@@ -363,6 +363,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["optimizers"] = harness.get("optimizers")
     record["uint8_plan"] = harness.get("uint8_plan")  # how the Dataset was made to hand out 8-bit images
     record["attention_plan"] = harness.get("attention_plan")  # the attention lines sdpa replaced, for the patch
+    record["attention_modules"] = harness.get("attention_modules")  # each attention found: rewritable or why not
     record["checkpoint_plan"] = harness.get("checkpoint_plan")  # where the checkpointed blocks sit, for the patch
     record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))
