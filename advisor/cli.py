@@ -153,7 +153,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                              "--rdzv-endpoint host:29400\"")
     parser.add_argument("--ray", metavar="ADDRESS", dest="ray_address",
                         help="run each trial as one job on the Ray cluster at ADDRESS (host:port, or auto): "
-                             "--nnodes nodes of --nproc-per-node ranks each (needs pip install 'advisor[ray]')")
+                             "--nnodes nodes of --nproc-per-node ranks each (needs pip install 'torch-advisor[ray]'; "
+                             "from a checkout pip install -e '.[ray]')")
     parser.add_argument("--nnodes", type=int, default=1, help="with --ray: nodes the job spans (default 1)")
     parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
                         "the process's writable memory on the CPU")

@@ -288,6 +288,9 @@ def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[
     else:
         first = (str(exc).strip().splitlines() or [""])[0]
         text = f"{type(exc).__name__}{step}: {first}" if first else f"{type(exc).__name__}{step}"
+        if isinstance(exc, ImportError):  # the script's dependency is not where the advisor is
+            text += (f" (the trial ran under {sys.executable}: install the advisor in the environment that has "
+                     f"the script's dependencies; `advisor doctor {script}` checks its imports)")
     return {"status": status, "message": text, "error_type": type(exc).__name__, "traceback": user_traceback(exc),
             "failed_at": time.time()}  # in a data-parallel trial, the rank that failed first is the cause
 
