@@ -153,7 +153,17 @@ def run_one(run: TrialRunner, state: dict[str, Any], index: int, proposal: Propo
     else:
         result = run(f"{index:02d}-{slug}", knobs)
     record = trial_record(result.path)
+    trace_note(state, record, index)
     return result, record, measure_record([record])
+
+
+def trace_note(state: dict[str, Any], record: dict[str, Any], index: int) -> None:
+    """The session's note where the profiler recorded fewer steps than asked (the trace's memory budget), once."""
+    plan = record.get("trace_plan")
+    if not isinstance(plan, dict) or not plan.get("reason") or any("the profiler recorded" in n for n in state["notes"]):
+        return
+    state["notes"].append(f"the profiler recorded {plan.get('steps')} of {plan.get('steps_asked')} step(s) from "
+                          f"trial {index:02d} on: {plan['reason']} (ADVISOR_TRACE_BUDGET sets the budget)")
 
 
 def figures_text(row: dict[str, Any], unit: str) -> str:

@@ -58,6 +58,11 @@ class StepSchedule:
         self.settle = self.queue_depth if self.windows else 0
         self.min_window_steps = max(MIN_WINDOW_STEPS, workers)
 
+    def record_fewer(self, steps: int) -> None:
+        """Profile `steps` steps instead (the trace's budget holds no more: `trace_budget`)."""
+        self.total -= self.active - steps
+        self.active = steps
+
     def phase(self, index: int) -> str:
         """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
         if index < self.wait:
