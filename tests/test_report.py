@@ -293,35 +293,6 @@ def test_cli_report_writes_html_and_tensorboard(tmp_path: Path):
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and "missing" in done.stderr
 
 
-def test_wheel_ships_the_templates(tmp_path: Path):
-    """Built as a wheel and installed elsewhere, the package finds its templates and renders a report."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(REPO / "advisor", src / "advisor", ignore=ignore)
-    shutil.copytree(REPO / "templates", src / "templates", ignore=ignore)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "dist")],
-                   check=True, capture_output=True, timeout=120)
-    wheel = next((tmp_path / "dist").glob("advisor-*.whl"))
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True,
-                   capture_output=True, timeout=120)
-    # -S: no site processing, so the editable install of the checkout is not on the path; the installed
-    # wheel comes first, the venv's site-packages only provides the dependencies.
-    import sysconfig
-
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{sysconfig.get_paths()['purelib']}")
-    code = ("import sys, advisor.report.html as h; from pathlib import Path;"
-            "print(h.templates_dir()); print(len(h.render_trace_report(Path(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-S", "-c", code, str(next(IMAGE_BASELINE.glob("*.gz")))],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    templates, size = done.stdout.split()
-    assert Path(templates) == tmp_path / "site" / "advisor" / "templates" and int(size) > 10_000
-
-
 # ---- TensorBoard ----
 
 def _get_json(url: str):

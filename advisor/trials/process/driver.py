@@ -152,6 +152,9 @@ class StepDriver:
         self.op_counter = OpCounter()
         self.count_step: int | None = None
         self.trace_plan: TracePlan | None = None
+        # Whether the step is compiled (the knob, or the script's own torch.compile): a dispatch mode would
+        # make dynamo run the counted step eagerly and move the compile into the profiler's warm-up.
+        self.compiles: Callable[[], bool] = lambda: bool(self.knobs.compile)
 
     # --- a step function ---------------------------------------------------------------------------
 
@@ -235,7 +238,7 @@ class StepDriver:
             # A step that is not profiled, the last before the warm-up: none where the profiler waits no step.
             if self.schedule.wait - 1 >= next_index:
                 self.count_step = self.schedule.wait - 1
-                if self.count_step == next_index:
+                if self.count_step == next_index and not self.compiles():
                     self.op_counter.start()
 
     def end_step(self, entered: float | None, batch: int | None, batch_source: str | None, loss: float | None) -> None:
@@ -274,7 +277,7 @@ class StepDriver:
                 load = self.load_meter.sample()  # the load beside the window that just closed
         self.record(wall, call, waited, fed, batch, batch_source, loss, phase, window, load)
         self.index += 1
-        if self.index == self.count_step and self.prof is not None:
+        if self.index == self.count_step and self.prof is not None and not self.compiles():
             self.op_counter.start()  # from the end of the step before: what runs between steps is recorded too
         if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it

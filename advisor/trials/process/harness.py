@@ -142,7 +142,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     target = config.get("target")  # None: a loop, whose steps end where its optimizer steps
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
-    result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
+    result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None, "python": sys.executable}
     driver = loop = model = optimizers = copies = trainer = own = None
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
@@ -174,6 +174,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
             torch.Tensor.to = copies.to(torch.Tensor.to)  # for the rest of the trial's process
         driver = StepDriver(config, device_type, loader_records, tracker)
+        driver.compiles = lambda: bool(knobs.compile) or own.compile_site is not None  # no operator count then
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
         result["sites"] = sites

@@ -346,6 +346,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     for key in ("error_type", "traceback"):
         if harness.get(key):
             record[key] = harness[key]
+    record["python"] = harness.get("python")  # the interpreter the script ran under (its dependencies' environment)
     record["device_facts"] = harness.get("device")
     record["memory_cap"] = harness.get("memory_cap")
     record["knob_outcomes"] = harness.get("outcomes", {})
