@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, require
 
 from advisor.cli import build_parser
 
@@ -117,6 +117,7 @@ def test_the_readme_picture_is_made_again_from_a_recorded_session(tmp_path):
     """docs/make_screenshot.py renders sample_runs/' session with `advisor report` and headless Chromium."""
     from PIL import Image
 
+    require("chromium")
     out = tmp_path / "report.png"
     done = subprocess.run([sys.executable, str(ROOT / "docs" / "make_screenshot.py"), "--out", str(out)],
                           capture_output=True, text=True, timeout=180)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -28,8 +27,8 @@ from PIL import Image
 from advisor.errors import AdvisorError
 from advisor.report import charts, views
 from advisor.report import render_session_report, render_trace_report, write_report, write_tensorboard
-from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, chromium,
-                            free_port, recorded_session, rewrite_trace_names, run_chromium, ten_trial_specs)
+from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, free_port, recorded_session, rewrite_trace_names, run_chromium, ten_trial_specs)
+from conftest import require
 
 XSS = "<script>alert(1)</script>"
 HTML = "<b>html</b>"
@@ -45,12 +44,7 @@ PATCH = """--- a/examples/image_classifier.py
 def browser() -> str:
     """The chromium executable; the browser tests skip (with the reason) only when it is not installed, and
     never in CI, whose .ci/run installs it."""
-    exe = chromium()
-    if exe is None and os.environ.get("CI"):
-        pytest.fail("chromium is not installed, and CI must run the browser checks (.ci/run installs it)")
-    if exe is None:
-        pytest.skip("chromium is not installed (apt-get install chromium): the browser checks need it")
-    return exe
+    return require("chromium")
 
 
 @pytest.fixture
