@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -123,7 +124,15 @@ def test_the_readme_picture_is_made_again_from_a_recorded_session(tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     image = Image.open(out)
-    assert image.size == (1200, 1085) and out.stat().st_size < 300_000
+    assert image.size == (1200, 820) and out.stat().st_size < 300_000
+    # The session's copy holds no path of the machine it was recorded on: the picture shows none.
+    sys.path.insert(0, str(ROOT / "docs"))
+    from make_screenshot import SESSION, without_machine_paths
+
+    checkout = json.loads((SESSION / "session.json").read_text())["cwd"]
+    copy = without_machine_paths(SESSION, tmp_path / "copy")
+    assert all(checkout not in p.read_text() for p in [copy / "session.json", *copy.glob("trials/*/trial.json")])
+    assert json.loads((copy / "session.json").read_text())["script"] == "examples/conv_classifier.py"
     # Not a blank page: the report's light background and its dark text and coloured badges both show.
     colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
     assert colours is not None and len(colours) > 20
