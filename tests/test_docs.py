@@ -150,3 +150,13 @@ def test_every_knob_has_a_line_in_the_readme_and_a_section_on_the_knobs_page():
     for knob in (field.name for field in dataclasses.fields(Knobs)):
         assert any(f"`{knob}`" in line.split(":")[0] for line in in_readme), knob
         assert any(f"`{knob}`" in heading for heading in headings), knob
+
+
+def test_no_list_renders_as_a_paragraph():
+    """A list right after a paragraph line (no blank line) is one paragraph to Python-Markdown: the build's hook
+    (docs/hooks/lists.py) warns, which fails --strict; every page passes it, and it finds the mistake."""
+    from lists import lists_after_paragraphs
+
+    assert not {str(p.relative_to(ROOT)): found for p in PAGES if (found := lists_after_paragraphs(p.read_text()))}
+    page = "Intro:\n- one\n- two\n\nAfter a blank:\n\n- three\n  carried on\n- four\n\n```\ntext\n- in code\n```\n"
+    assert lists_after_paragraphs(page) == [(2, "- one")]
