@@ -142,7 +142,9 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
     parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the step runs: auto (default) is CUDA where a device is visible, else the CPU; "
+                             "the knobs for an accelerator (pinned copies, TF32, cuDNN autotuning) apply on cuda only")
     parser.add_argument("--out", help="output folder (default runs/<script>-<timestamp>)")
     parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")

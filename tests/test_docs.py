@@ -61,7 +61,7 @@ def command_examples(path: Path) -> list[tuple[str, bool]]:
     commands = []
     for line, whole in lines:
         line = line.strip().removeprefix("$ ")
-        if re.match(r"(\.venv/bin/)?advisor (analyze|profile|lint|report|doctor)\b", line):
+        if re.match(r"(\.venv/bin/)?advisor (analyze|profile|lint|report|doctor)(\s|$)", line):  # not "advisor doctor:" output
             commands.append((line.split(" #")[0].strip(), whole))
     return commands
 
