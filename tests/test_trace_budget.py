@@ -100,3 +100,25 @@ def test_a_trial_that_holds_more_memory_than_the_watch_allows_is_stopped(tmp_pat
     assert result.status == "oom" and record["error_type"] == "MemoryWatch", result.message
     assert "stopped before the machine ran out" in result.message and "ADVISOR_TRIAL_MEMORY" in result.message
     assert record["watched_peak_bytes"] > 400 * 2**20
+
+
+def test_windows_that_would_outlast_the_time_limit_are_cut_to_fit(tmp_path):
+    # Steps of 0.3 s and a limit of 12 s: ten windows of five steps (15 s) never fit in what is left after the
+    # profiled steps; the trial measures the windows that fit and ends measured, not timed out.
+    script = write_script(tmp_path, """
+        import time
+
+        def train_step(step):
+            time.sleep(0.3)
+
+        if __name__ == "__main__":
+            for step in range(1000):
+                train_step(step)
+    """)
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, wait=1, warmup=0, device="cpu",
+                       windows=10, window_s=1.0, timeout_s=12, profile=False)
+    record = trial_record(result.path)
+    assert result.status == "ok", result.message
+    schedule = record["schedule"]
+    assert "would outlast the trial's time limit" in record["windows_cut"], record["windows_cut"]
+    assert 0 <= schedule["windows"] < 10 and schedule["windows_measured"] == schedule["windows"], schedule

@@ -155,6 +155,9 @@ class StepDriver:
         # Whether the step is compiled (the knob, or the script's own torch.compile): a dispatch mode would
         # make dynamo run the counted step eagerly and move the compile into the profiler's warm-up.
         self.compiles: Callable[[], bool] = lambda: bool(self.knobs.compile)
+        self.deadline: float | None = config.get("deadline")  # the time limit's end: windows are cut to fit it
+        self.fastest_step_s: float | None = None  # of the steps after the first (set-up, a compile)
+        self.windows_cut: str | None = None
 
     # --- a step function ---------------------------------------------------------------------------
 
@@ -276,11 +279,15 @@ class StepDriver:
             if closed and self.load_meter is not None:
                 load = self.load_meter.sample()  # the load beside the window that just closed
         self.record(wall, call, waited, fed, batch, batch_source, loss, phase, window, load)
+        if self.index > 0:
+            self.fastest_step_s = min(wall, self.fastest_step_s or wall)
         self.index += 1
         if self.index == self.count_step and self.prof is not None and not self.compiles():
             self.op_counter.start()  # from the end of the step before: what runs between steps is recorded too
         if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
+            if self.deadline is not None and self.fastest_step_s is not None:
+                self.windows_cut = self.schedule.fit_windows(self.fastest_step_s, self.deadline - time.time())
             self.done = not self.schedule.windows
         if phase == "window":
             # Every rank of a job stops at the same step, once all have measured their windows.
@@ -387,6 +394,7 @@ class StepDriver:
         result["memory"] = self.memory.peaks()
         result["schedule"] = self.schedule.to_dict()
         result["trace_plan"] = self.trace_plan.to_dict() if self.trace_plan is not None else None
+        result["windows_cut"] = self.windows_cut
         result["user_threads"] = self.user_threads
         result["model_dtypes"] = self.memory.model_dtypes
         result.setdefault("times", {}).update(self.times)

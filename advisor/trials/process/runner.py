@@ -130,6 +130,7 @@ def run_trial(
         return complete_record(record, out, started, nproc_per_node)
 
     config = _harness_config(record, out, step_module, loader)
+    config["deadline"] = started + timeout_s  # windows that would outlast it are cut (StepSchedule.fit_windows)
     child_env = _child_environment(env, device, record["token"])
     if ray_address is not None:
         from advisor.trials.process.ray_job import run_ray_job

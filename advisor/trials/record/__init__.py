@@ -365,6 +365,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["uint8_plan"] = harness.get("uint8_plan")  # how the Dataset was made to hand out 8-bit images
     record["attention_plan"] = harness.get("attention_plan")  # the attention lines sdpa replaced, for the patch
     record["checkpoint_plan"] = harness.get("checkpoint_plan")  # where the checkpointed blocks sit, for the patch
+    record["windows_cut"] = harness.get("windows_cut")  # why fewer windows were measured (the time limit)
     record["trace_plan"] = harness.get("trace_plan")  # the operators counted, and the steps the trace could hold
     record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))

@@ -7,10 +7,11 @@ records (`advisor.trials.process.op_count`), and records as many steps as the bu
 whole step, and where even one step would exceed the budget, one step without shapes and memory events
 (several times smaller), with a note.
 
-Bytes per operator, measured on torch 2.14's CPU profiler (an LSTMCell loop, 71 000 dispatched operators a
-step): 3.7 trace events an operator with shapes and memory events, and the process's resident memory after the
-trace is written up by 2.2 kB an event, so about 8 kB an operator; without shapes and memory events 2.9
-events of 0.5 kB, about 1.5 kB an operator. The figures are rounded up.
+Bytes per operator (operators as the counting dispatch mode sees them; the profiler records 3 to 4 events
+for each, composite operators included), measured on torch 2.14's CPU profiler as the growth of the
+process's resident memory once the trace is recorded and written: an LSTMCell loop with SGD, 71 000
+operators a step, 8 kB with shapes and memory events and 1.5 kB without; time_sequence_prediction's step
+(two double-precision LSTM cells, LBFGS), 265 000 operators a step, 10 kB and 3.5 kB. The larger are used.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-BYTES_PER_OP = 8 * 1024  # recorded with shapes and memory events
-LIGHT_BYTES_PER_OP = 1536  # recorded without them
+BYTES_PER_OP = 10 * 1024  # recorded with shapes and memory events
+LIGHT_BYTES_PER_OP = 3584  # recorded without them
 DEFAULT_BUDGET = 2**30  # at most 1 GiB of trace, and at most a quarter of the memory available
 BUDGET_ENV = "ADVISOR_TRACE_BUDGET"  # bytes, or with a unit: 200M, 1G
 UNITS = {"k": 2**10, "m": 2**20, "g": 2**30}
