@@ -222,4 +222,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     for reason, count in sorted(counts.items(), key=lambda item: -item[1]):
         fix = next((fix for words, fix in how.items() if reason.startswith(words)), None)
         terminalreporter.write_line(f"{count:4d} {reason}" + (f" -> {fix}" if fix else ""))
-    terminalreporter.write_line("     .ci/run installs Chromium and patch, and fails a test that would skip for want of them")
+    terminalreporter.write_line("     .ci/run installs Chromium and patch, and fails a test that would skip for want "
+                                "of them")

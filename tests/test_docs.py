@@ -61,7 +61,8 @@ def command_examples(path: Path) -> list[tuple[str, bool]]:
     commands = []
     for line, whole in lines:
         line = line.strip().removeprefix("$ ")
-        if re.match(r"(\.venv/bin/)?advisor (analyze|profile|lint|report|doctor)(\s|$)", line):  # not "advisor doctor:" output
+        # A command, not a line of output ("advisor doctor: device cpu").
+        if re.match(r"(\.venv/bin/)?advisor (analyze|profile|lint|report|doctor)(\s|$)", line):
             commands.append((line.split(" #")[0].strip(), whole))
     return commands
 

@@ -27,7 +27,8 @@ from PIL import Image
 from advisor.errors import AdvisorError
 from advisor.report import charts, views
 from advisor.report import render_session_report, render_trace_report, write_report, write_tensorboard
-from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, free_port, recorded_session, rewrite_trace_names, run_chromium, ten_trial_specs)
+from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, free_port, recorded_session,
+                            rewrite_trace_names, run_chromium, ten_trial_specs)
 from conftest import require
 
 XSS = "<script>alert(1)</script>"

@@ -13,9 +13,10 @@ From each trial's `times` (started_at, first_step_at, last_step_at, ended_at) an
 The session's wall time runs from its first trial's start to its last trial's end; what lies outside the
 trials (diagnosis, the report) is `other_s`. Two trials that take their windows in turns run at once: each
 second of wall time is shared equally among the trials running in it, so a trial's parts are scaled to its
-share (`exclusive_times`), and the parts and `other_s` add up to the wall time exactly. Replayed trials carry simulated times (each costs its
-recorded start-up and steps, and its drawn windows: `advisor.trials.process.replay`), so a replay reports the
-recorded machine's time. Pure functions over the session record and the trials' records.
+share (`exclusive_times`), and the parts and `other_s` add up to the wall time exactly. Replayed trials
+carry simulated times (each costs its recorded start-up and steps, and its drawn windows:
+`advisor.trials.process.replay`), so a replay reports the recorded machine's time. Pure functions over the
+session record and the trials' records.
 """
 
 from __future__ import annotations

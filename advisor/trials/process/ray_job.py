@@ -37,7 +37,8 @@ from advisor.errors import AdvisorError
 from advisor.trials.record import LOG_FILE, TRIAL_FILE, TrialResult, complete_record
 from advisor.trials.record.storage import write_json_atomic
 
-RAY_MISSING = "--ray needs the ray package on this machine and every node: pip install 'torch-advisor[ray]' (from a checkout: pip install -e '.[ray]')"
+RAY_MISSING = ("--ray needs the ray package on this machine and every node: pip install 'torch-advisor[ray]' "
+               "(from a checkout: pip install -e '.[ray]')")
 FAILURE_GRACE_S = 10.0  # how long the other nodes' ranks get to fail after a rank failed, before they are stopped
 COLLECT_S = 30.0  # how long stopped agents get to hand back what their ranks wrote
 PLACEMENT_S = 120.0  # how long a trial waits for the cluster to place its bundles (at most its time limit)
