@@ -283,7 +283,7 @@ class StepDriver:
             self.fastest_step_s = min(wall, self.fastest_step_s or wall)
         self.index += 1
         if self.index == self.count_step and self.prof is not None and not self.compiles():
-            self.op_counter.start()  # from the end of the step before: what runs between steps is recorded too
+            self.op_counter.start()  # from the end of the step before (a loop's, where its profiler started)
         if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
             if self.deadline is not None and self.fastest_step_s is not None:

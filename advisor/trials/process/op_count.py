@@ -20,7 +20,9 @@ class OpCounter:
         self.mode: Any = None
 
     def start(self) -> None:
-        """Count from now on."""
+        """Count from now on (once: a second start while counting changes nothing)."""
+        if self.mode is not None:
+            return
         from torch.utils._python_dispatch import TorchDispatchMode
 
         counter = self
