@@ -222,5 +222,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     for reason, count in sorted(counts.items(), key=lambda item: -item[1]):
         fix = next((fix for words, fix in how.items() if reason.startswith(words)), None)
         terminalreporter.write_line(f"{count:4d} {reason}" + (f" -> {fix}" if fix else ""))
-    terminalreporter.write_line("     .ci/run installs Chromium and patch, and fails a test that would skip for want "
-                                "of them")
+    if any(reason.startswith(words) for reason in counts for words, _ in TOOLS.values()):
+        terminalreporter.write_line("     .ci/run installs Chromium and patch, and fails a test that would skip for "
+                                    "want of them")
