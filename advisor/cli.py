@@ -20,7 +20,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Only the invoked sub-command's module is imported to describe its arguments, so `advisor analyze`
     does not pay for importing the trial or lint code.
     """
-    parser = argparse.ArgumentParser(prog="advisor", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="advisor", description=__doc__,
+        epilog="The distribution is torch-advisor (pip install torch-advisor; from a checkout pip install -e .). "
+               "Install it where your script's dependencies are: its trials run under this Python, "
+               f"{sys.executable}.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True)
 

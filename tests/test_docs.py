@@ -161,3 +161,14 @@ def test_no_list_renders_as_a_paragraph():
     assert not {str(p.relative_to(ROOT)): found for p in PAGES if (found := lists_after_paragraphs(p.read_text()))}
     page = "Intro:\n- one\n- two\n\nAfter a blank:\n\n- three\n  carried on\n- four\n\n```\ntext\n- in code\n```\n"
     assert lists_after_paragraphs(page) == [(2, "- one")]
+
+
+def test_help_and_docs_name_the_distribution():
+    """`advisor` on PyPI is another project: every install line names torch-advisor, or a checkout."""
+    parser = build_parser()
+    profile = subcommands(parser)["profile"][0]
+    assert "pip install torch-advisor" in parser.format_help()
+    assert "pip install 'torch-advisor[ray]'" in " ".join(profile.format_help().split())
+    lines = [line for path in [README, *PAGES] for line in path.read_text().splitlines() if "pip install" in line]
+    assert not [line for line in lines if re.search(r"pip install\s+'?advisor\b", line)], lines
+    assert "torch-advisor" in (ROOT / "docs" / "installing.md").read_text()
