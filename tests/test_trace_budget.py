@@ -92,24 +92,31 @@ def test_a_step_of_many_operators_is_counted_and_recorded_within_the_budget(tmp_
 
 
 def test_a_trial_that_holds_more_memory_than_the_watch_allows_is_stopped(tmp_path, monkeypatch):
-    monkeypatch.setenv("ADVISOR_TRIAL_MEMORY", "400M")  # read by the advisor's process, which watches
+    monkeypatch.setenv("ADVISOR_TRIAL_MEMORY", "1500M")  # read by the advisor's process, which watches
     script = write_script(tmp_path, """
+        import time
         import torch
 
+        held = []
+
         def train_step(step):
-            held = torch.ones(600 * 2**20, dtype=torch.uint8)  # 600 MiB, over the watch's 400 MiB
-            held.add_(1)
-            return held.float().mean()
+            if step >= 3:  # from the profiled step on, 100 MiB more each step: over the watch's 1.5 GB
+                held.append(torch.ones(100 * 2**20, dtype=torch.uint8))
+            time.sleep(0.05)
+            return torch.ones(4).sum()
 
         if __name__ == "__main__":
             for step in range(1000):
                 train_step(step)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=2, device="cpu")
+    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, device="cpu", windows=100,
+                       window_s=0.1)
     record = trial_record(result.path)
     assert result.status == "oom" and record["error_type"] == "MemoryWatch", result.message
     assert "stopped before the machine ran out" in result.message and "ADVISOR_TRIAL_MEMORY" in result.message
-    assert record["watched_peak_bytes"] > 400 * 2**20
+    assert record["watched_peak_bytes"] > 1500 * 2**20
+    # The operators were counted before the steps that held the memory: the record keeps the estimate.
+    assert record["trace_plan"]["ops_per_step"] > 0 and "its trace was estimated at" in result.message
 
 
 def test_windows_that_would_outlast_the_time_limit_are_cut_to_fit(tmp_path):

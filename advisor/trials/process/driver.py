@@ -314,7 +314,9 @@ class StepDriver:
         self.trace_plan = plan_trace(ops, self.index, self.schedule.active, budget)
         if self.trace_plan.steps < self.schedule.active:
             self.schedule.record_fewer(self.trace_plan.steps)
-            write_json_atomic(self.out_dir / self.files["schedule"], self.schedule.to_dict())
+        # Beside the schedule now: a trial the memory watch stops never writes its result.
+        write_json_atomic(self.out_dir / self.files["schedule"],
+                          {**self.schedule.to_dict(), "trace_plan": self.trace_plan.to_dict()})
         if self.trace_plan.light:  # read when the profiler prepares its warm-up, which has not begun
             self.prof.record_shapes = self.prof.profile_memory = False
 

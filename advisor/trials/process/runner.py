@@ -341,7 +341,8 @@ def _run_process(start: Callable[[Path], Any], out: Path, record: dict[str, Any]
         except MemoryExceeded as exc:
             end_trial_processes(proc.pid, record["token"])
             proc.wait()
-            record.update(status="oom", message=str(exc), error_type="MemoryWatch")
+            record.update(status="oom", message=str(exc) + _trace_estimate(out, record, nproc_per_node),
+                          error_type="MemoryWatch")
         record["watched_peak_bytes"] = watch.peak  # the trial's processes' resident memory, at its highest
     except KeyboardInterrupt:
         with interrupts_held():  # a second Ctrl-C must not leave the record at "running"
@@ -365,6 +366,19 @@ PROGRESS_POLL_S = 0.25  # how often a running trial's progress and memory are re
 
 class MemoryExceeded(Exception):
     """The trial's processes held more memory than the watch allows (`memory_watch`)."""
+
+
+def _trace_estimate(out: Path, record: dict[str, Any], nproc_per_node: int) -> str:
+    """What the trial estimated its trace at, from its schedule file (kept in the record), as a clause."""
+    try:
+        plan = json.loads((out / rank_files(nproc_per_node, 0)["schedule"]).read_text()).get("trace_plan")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(plan, dict) or not isinstance(plan.get("estimated_bytes"), int):
+        return ""
+    record["trace_plan"] = plan
+    return (f"; its trace was estimated at {plan['estimated_bytes'] / 2**30:.1f} GiB "
+            f"({plan.get('ops_per_step')} operators a step)")
 
 
 def _progress_watch(out: Path, record: dict[str, Any], nproc_per_node: int) -> ProgressWatch:

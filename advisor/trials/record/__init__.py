@@ -366,7 +366,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["attention_plan"] = harness.get("attention_plan")  # the attention lines sdpa replaced, for the patch
     record["checkpoint_plan"] = harness.get("checkpoint_plan")  # where the checkpointed blocks sit, for the patch
     record["windows_cut"] = harness.get("windows_cut")  # why fewer windows were measured (the time limit)
-    record["trace_plan"] = harness.get("trace_plan")  # the operators counted, and the steps the trace could hold
+    record["trace_plan"] = harness.get("trace_plan") or record.get("trace_plan")  # the operators counted, and the steps the trace could hold
     record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]
