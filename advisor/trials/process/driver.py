@@ -288,6 +288,8 @@ class StepDriver:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
             if self.deadline is not None and self.fastest_step_s is not None:
                 self.windows_cut = self.schedule.fit_windows(self.fastest_step_s, self.deadline - time.time())
+                if self.windows_cut:  # the progress display's time left follows the windows that remain
+                    write_json_atomic(self.out_dir / self.files["schedule"], self.schedule.to_dict())
             self.done = not self.schedule.windows
         if phase == "window":
             # Every rank of a job stops at the same step, once all have measured their windows.
