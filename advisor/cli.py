@@ -20,7 +20,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Only the invoked sub-command's module is imported to describe its arguments, so `advisor analyze`
     does not pay for importing the trial or lint code.
     """
-    parser = argparse.ArgumentParser(prog="advisor", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="advisor", description=__doc__,
+        epilog="The distribution is torch-advisor (pip install torch-advisor; from a checkout pip install -e .). "
+               "Install it where your script's dependencies are: its trials run under this Python, "
+               f"{sys.executable}.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -201,7 +205,9 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps recorded by the profiler (default 5)")
     parser.add_argument("--wait", type=int, default=2, help="first steps left out of the trace (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the step runs: auto (default) is CUDA where a device is visible, else the CPU; "
+                             "the knobs for an accelerator (pinned copies, TF32, cuDNN autotuning) apply on cuda only")
     parser.add_argument("--out", help="output folder (default runs/<script>-<timestamp>)")
     parser.add_argument("--no-apply", action="store_true", help="only run the baseline trial and diagnose it")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a trial may take (default 600)")
@@ -212,7 +218,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                              "--rdzv-endpoint host:29400\"")
     parser.add_argument("--ray", metavar="ADDRESS", dest="ray_address",
                         help="run each trial as one job on the Ray cluster at ADDRESS (host:port, or auto): "
-                             "--nnodes nodes of --nproc-per-node ranks each (needs pip install 'advisor[ray]')")
+                             "--nnodes nodes of --nproc-per-node ranks each (needs pip install 'torch-advisor[ray]'; "
+                             "from a checkout pip install -e '.[ray]')")
     parser.add_argument("--nnodes", type=int, default=1, help="with --ray: nodes the job spans (default 1)")
     parser.add_argument("--memory-limit", help="cap the trial's memory, e.g. 4G or 800M: device memory on a GPU, "
                         "the process's writable memory on the CPU")

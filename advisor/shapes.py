@@ -163,6 +163,8 @@ TRIAL = {
     "schema": TEXT, "name": TEXT, "status": TEXT, "script": TEXT, "message": TEXT, "memory_limit": NUMBER,
     "traceback": TEXT, "error_type": TEXT,
     "knobs": KNOBS, "user_values": _LOADER, "trace_files": [TEXT],
+    "windows_cut": TEXT,
+    "trace_plan": {"ops_per_step": COUNT, "steps_asked": COUNT, "steps": COUNT, "light": FLAG, "reason": TEXT},
     "dataloaders": [{"effective": _LOADER, "user": _LOADER}],
     "steps": [{"wall_s": NUMBER, "call_s": NUMBER, "batch_size": COUNT}],
     "summary": {

@@ -4,7 +4,7 @@
 A local cluster of two Ray nodes (1 CPU each) is started on 127.0.0.1 for the run and shut down after it.
 Runs alternate (local, Ray, local, Ray, ...) so a machine that gets busier part-way through skews both
 sides alike; each side's figure is the median of its runs' `times.first_step_at - times.started_at`
-(the runner's start of the trial to the end of rank 0's first step). Needs `pip install 'advisor[ray]'`.
+(the runner's start of the trial to the end of rank 0's first step). Needs `pip install -e '.[ray]'`.
 
     .venv/bin/python benchmarks/ray_overhead.py [--repeats 3]
 """

@@ -1,16 +1,19 @@
 """The README's picture of a report: a recorded session of this repository's example, rendered by headless
 Chromium into a PNG.
 
-    .venv/bin/python docs/make_screenshot.py            # sample_runs/char_transformer → docs/images/report.png
+    .venv/bin/python docs/make_screenshot.py            # sample_runs/conv_classifier → docs/images/report.png
 
 The report is written anew with `advisor report` (so the picture follows the templates as they are now),
-from the session that `advisor profile examples/char_transformer.py:train_step` recorded in sample_runs/;
-nothing is run again. The PNG is reduced to a palette of 256 colours to stay small (< 300 KB).
+from the session that `advisor profile examples/conv_classifier.py:train_step` recorded in sample_runs/;
+nothing is run again. The paths of the machine it was recorded on (its checkout) are written relative to the
+checkout in a copy first, so that the picture shows `examples/conv_classifier.py`, not a machine's folders.
+The PNG is reduced to a palette of 256 colours to stay small (< 300 KB).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -20,10 +23,22 @@ from pathlib import Path
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-SESSION = ROOT / "sample_runs" / "char_transformer"
+SESSION = ROOT / "sample_runs" / "conv_classifier"
 PICTURE = ROOT / "docs" / "images" / "report.png"
-# The top of the page: the verdict, the ladder and every trial; wide enough that no table wraps.
-WIDTH, HEIGHT = 1200, 1085
+# The top of the page: the verdict and the ladder, whole (the table of every trial is wider than a picture).
+WIDTH, HEIGHT = 1200, 820
+
+
+def without_machine_paths(session: Path, copy: Path) -> Path:
+    """A copy of the session whose paths under the checkout it was recorded in are relative to it."""
+    shutil.copytree(session, copy)
+    checkout = json.loads((copy / "session.json").read_text()).get("cwd")
+    if not checkout:
+        return copy
+    for record in [copy / "session.json", *copy.glob("trials/*/trial.json")]:
+        text = record.read_text().replace(json.dumps(checkout + "/")[1:-1], "")
+        record.write_text(text.replace(f'"{checkout}"', '"."'))
+    return copy
 
 
 def render(session: Path, html: Path) -> None:
@@ -61,7 +76,7 @@ def main() -> None:
         sys.exit("make_screenshot.py: no Chromium on the PATH (.ci/run installs it: apt-get install chromium)")
     with tempfile.TemporaryDirectory() as tmp:
         html, png = Path(tmp) / "report.html", Path(tmp) / "report.png"
-        render(args.session, html)
+        render(without_machine_paths(args.session, Path(tmp) / "session"), html)
         screenshot(html, png, chromium)
         shrink(png, args.out)
     print(f"{args.out}: {args.out.stat().st_size // 1024} KB")

@@ -177,3 +177,51 @@ def whole_at(lines: list[str], width: int = 80) -> None:
         text = line.strip()
         copyable = " " not in text or text.startswith(("cd ", "patch -p1"))
         assert copyable or cell_len(line) <= width, line
+
+
+# ---- what some tests need from the machine ----------------------------------------------------------------
+# Tests that need a program the README's set-up does not install skip with a one-line reason where it is
+# missing (never in CI: .ci/run installs them), and the summary at the end says how to get them.
+
+TOOLS = {  # program: (the reason's words, how to get it)
+    "chromium": ("needs Chromium (headless, to render the report)", "apt-get install -y chromium"),
+    "patch": ("needs GNU patch (to apply suggested.patch)", "apt-get install -y patch"),
+}
+CUDA = ("needs a CUDA device", "on a GPU machine: make gpu-check")
+
+
+def tool_path(tool: str) -> str | None:
+    """Where `tool` is on the PATH (Chromium under either of its names)."""
+    import shutil
+
+    return shutil.which(tool) or (shutil.which("chromium-browser") if tool == "chromium" else None)
+
+
+def require(tool: str) -> str:
+    """The program's path; skip the test (fail it in CI) where it is not on the PATH."""
+    found = tool_path(tool)
+    if found is None:
+        words, _ = TOOLS[tool]
+        if os.environ.get("CI"):
+            pytest.fail(f"{words}, and CI must run every test (.ci/run installs it)")
+        pytest.skip(f"{words}: {tool} is not on the PATH")
+    return found
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """What was skipped, by what it needs, and how to get it (one line each)."""
+    counts: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        counts[reason] = counts.get(reason, 0) + 1
+    if not counts:
+        return
+    how = {words: fix for words, fix in [*TOOLS.values(), CUDA]}
+    terminalreporter.section("skipped, and how to run them", sep="-")
+    for reason, count in sorted(counts.items(), key=lambda item: -item[1]):
+        fix = next((fix for words, fix in how.items() if reason.startswith(words)), None)
+        terminalreporter.write_line(f"{count:4d} {reason}" + (f" -> {fix}" if fix else ""))
+    if any(reason.startswith(words) for reason in counts for words, _ in TOOLS.values()):
+        terminalreporter.write_line("     .ci/run installs Chromium and patch, and fails a test that would skip for "
+                                    "want of them")

@@ -28,7 +28,7 @@ from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.process.runner import run_trial
 from advisor.code.patch.plan import plan_patch
-from conftest import advisor_main, run_script
+from conftest import advisor_main, run_script, require
 from trial_helpers import EXAMPLES
 
 sys.path.insert(0, str(EXAMPLES))
@@ -194,6 +194,7 @@ def first_losses(script: Path, prints: int = 3) -> list[float]:
 
 
 def test_the_patch_from_a_trials_plan_applies_and_the_script_trains_as_before(tmp_path):
+    require("patch")
     script = tmp_path / "gpt.py"
     shutil.copyfile(EXAMPLES / "gpt.py", script)
     # The plan as the trial records it: the blocks found in the running model, the file its class came from.

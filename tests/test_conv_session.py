@@ -13,7 +13,7 @@ import pytest
 
 from advisor.code.patch import suggest_patch
 from advisor.trials.knobs import APPLIED, Knobs
-from conftest import ROOT, advisor_main, run_script
+from conftest import ROOT, advisor_main, run_script, require
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,7 @@ def test_the_conv_session_tries_channels_last_and_compile_and_keeps_what_pays(co
 
 
 def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
+    require("patch")
     state = json.loads((conv_session / "session.json").read_text())
     final = {k: v for k, v in state["final_knobs"].items() if v is not None}
     patch = conv_session / "suggested.patch"

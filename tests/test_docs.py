@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -12,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, require
 
 from advisor.cli import build_parser
 
@@ -60,7 +61,8 @@ def command_examples(path: Path) -> list[tuple[str, bool]]:
     commands = []
     for line, whole in lines:
         line = line.strip().removeprefix("$ ")
-        if re.match(r"(\.venv/bin/)?advisor (analyze|compare|profile|lint|report|doctor)\b", line):
+        # A command, not a line of output ("advisor doctor: device cpu").
+        if re.match(r"(\.venv/bin/)?advisor (analyze|compare|profile|lint|report|doctor)(\s|$)", line):
             commands.append((line.split(" #")[0].strip(), whole))
     return commands
 
@@ -117,12 +119,21 @@ def test_the_readme_picture_is_made_again_from_a_recorded_session(tmp_path):
     """docs/make_screenshot.py renders sample_runs/' session with `advisor report` and headless Chromium."""
     from PIL import Image
 
+    require("chromium")
     out = tmp_path / "report.png"
     done = subprocess.run([sys.executable, str(ROOT / "docs" / "make_screenshot.py"), "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     image = Image.open(out)
-    assert image.size == (1200, 1085) and out.stat().st_size < 300_000
+    assert image.size == (1200, 820) and out.stat().st_size < 300_000
+    # The session's copy holds no path of the machine it was recorded on: the picture shows none.
+    sys.path.insert(0, str(ROOT / "docs"))
+    from make_screenshot import SESSION, without_machine_paths
+
+    checkout = json.loads((SESSION / "session.json").read_text())["cwd"]
+    copy = without_machine_paths(SESSION, tmp_path / "copy")
+    assert all(checkout not in p.read_text() for p in [copy / "session.json", *copy.glob("trials/*/trial.json")])
+    assert json.loads((copy / "session.json").read_text())["script"] == "examples/conv_classifier.py"
     # Not a blank page: the report's light background and its dark text and coloured badges both show.
     colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
     assert colours is not None and len(colours) > 20
@@ -140,3 +151,24 @@ def test_every_knob_has_a_line_in_the_readme_and_a_section_on_the_knobs_page():
     for knob in (field.name for field in dataclasses.fields(Knobs)):
         assert any(f"`{knob}`" in line.split(":")[0] for line in in_readme), knob
         assert any(f"`{knob}`" in heading for heading in headings), knob
+
+
+def test_no_list_renders_as_a_paragraph():
+    """A list right after a paragraph line (no blank line) is one paragraph to Python-Markdown: the build's hook
+    (docs/hooks/lists.py) warns, which fails --strict; every page passes it, and it finds the mistake."""
+    from lists import lists_after_paragraphs
+
+    assert not {str(p.relative_to(ROOT)): found for p in PAGES if (found := lists_after_paragraphs(p.read_text()))}
+    page = "Intro:\n- one\n- two\n\nAfter a blank:\n\n- three\n  carried on\n- four\n\n```\ntext\n- in code\n```\n"
+    assert lists_after_paragraphs(page) == [(2, "- one")]
+
+
+def test_help_and_docs_name_the_distribution():
+    """`advisor` on PyPI is another project: every install line names torch-advisor, or a checkout."""
+    parser = build_parser()
+    profile = subcommands(parser)["profile"][0]
+    assert "pip install torch-advisor" in parser.format_help()
+    assert "pip install 'torch-advisor[ray]'" in " ".join(profile.format_help().split())
+    lines = [line for path in [README, *PAGES] for line in path.read_text().splitlines() if "pip install" in line]
+    assert not [line for line in lines if re.search(r"pip install\s+'?advisor\b", line)], lines
+    assert "torch-advisor" in (ROOT / "docs" / "installing.md").read_text()

@@ -26,8 +26,13 @@ no_cuda_here = pytest.mark.skipif(torch.cuda.is_available(), reason="this machin
 
 
 @pytest.fixture(scope="module")
-def document() -> dict:
-    done = run_advisor("doctor", "--json", timeout=600)
+def document(tmp_path_factory) -> dict:
+    # With a script: its imports (torch, a module beside it, an optional one that is missing) checked first.
+    folder = tmp_path_factory.mktemp("script")
+    (folder / "helper_beside_it.py").write_text("")
+    (folder / "train.py").write_text("import torch\nfrom helper_beside_it import *\n"
+                                     "try:\n    import not_installed_here\nexcept ImportError:\n    pass\n")
+    done = run_advisor("doctor", "--json", str(folder / "train.py"), timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)
 
@@ -35,7 +40,10 @@ def document() -> dict:
 def test_each_check_answers_for_this_machine(document):
     assert document["schema"] == "advisor.doctor/1" and document["requested_device"] == "auto"
     checks = {c["name"]: c for c in document["checks"]}
-    assert list(checks) == CHECKS
+    assert list(checks) == ["script_imports", *CHECKS]
+    imports = checks.pop("script_imports")
+    assert imports["status"] == "ok" and imports["details"]["python"] == document["python"] == sys.executable
+    assert imports["details"]["missing_optional"] == ["not_installed_here"], imports
     cuda = torch.cuda.is_available()
     assert document["device"] == ("cuda" if cuda else "cpu")
     assert document["ok"] and document["exit_code"] == 0 and not document["failed_needed"]

@@ -314,3 +314,34 @@ def test_a_session_interrupted_writes_its_report_and_resumes_from_another_folder
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "no such file" not in done.stdout + done.stderr
     assert json.loads((out / "session.json").read_text())["status"] == "done"
+
+
+def test_a_missing_import_names_the_interpreter_and_doctor_finds_it(tmp_path, capsys):
+    # A dependency the advisor's interpreter lacks: the baseline fails at the import, and the one line says
+    # which Python ran the trial and where the advisor belongs; `advisor doctor SCRIPT` finds the module first.
+    script = write_script(tmp_path, """
+        import os
+        import torch
+        import helper_beside_it
+        try:
+            import an_optional_accelerator
+        except ImportError:
+            an_optional_accelerator = None
+        from a_module_nobody_installed.sub import thing
+    """)
+    (tmp_path / "helper_beside_it.py").write_text("")
+    out = tmp_path / "session"
+    assert cli.main(["profile", str(script), "--out", str(out), "--device", "cpu", "--max-trials", "1"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "ModuleNotFoundError: No module named 'a_module_nobody_installed'" in line, line
+    assert f"the trial ran under {sys.executable}" in line and "advisor doctor" in line, line
+
+    from advisor.doctor.imports import imports_check
+
+    check = imports_check(script)
+    assert check.status == "failed" and check.needed, check
+    assert check.details["imports"] == ["os", "torch", "helper_beside_it", "an_optional_accelerator",
+                                        "a_module_nobody_installed"]
+    assert check.details["missing"] == ["a_module_nobody_installed"]
+    assert check.details["missing_optional"] == ["an_optional_accelerator"]
+    assert "a_module_nobody_installed (line 9)" in check.summary and sys.executable in check.summary

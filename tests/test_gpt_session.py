@@ -14,7 +14,7 @@ import pytest
 
 from advisor.code.patch import suggest_patch
 from advisor.trials.knobs import APPLIED, Knobs
-from conftest import ROOT, advisor_main, run_script
+from conftest import ROOT, advisor_main, run_script, require
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,7 @@ def losses(script: Path) -> list[float]:
 
 
 def test_the_patch_applies_and_runs_with_the_same_losses(gpt_session, tmp_path):
+    require("patch")
     state = json.loads((gpt_session / "session.json").read_text())
     plan = json.loads((gpt_session / sdpa_row(state)["folder"] / "trial.json").read_text())["attention_plan"]
     script = Path(plan[0]["file"])

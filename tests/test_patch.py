@@ -18,7 +18,7 @@ from advisor.errors import AdvisorError
 from advisor.trials.knobs import Knobs
 from advisor.code.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
 from advisor.code.patch.plan import plan_patch
-from conftest import run_script
+from conftest import run_script, require
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -47,6 +47,7 @@ def copy_example(tmp_path: Path, name: str) -> Path:
 
 
 def check_applies(root: Path, diff: str) -> None:
+    require("patch")
     """`patch -p1 --dry-run` and `git apply --check` both accept the diff, run in root."""
     assert diff.startswith("--- a/") and "\n+++ b/" in diff
     (root / PATCH_NAME).write_text(diff)
@@ -59,6 +60,7 @@ def check_applies(root: Path, diff: str) -> None:
 
 
 def apply(root: Path, diff: str) -> None:
+    require("patch")
     """Apply the diff for real with `patch -p1`."""
     (root / PATCH_NAME).write_text(diff)
     done = subprocess.run(["patch", "-p1", "-i", PATCH_NAME], cwd=root, capture_output=True, text=True)
@@ -506,6 +508,7 @@ def test_dataloader_with_double_star_options(tmp_path):
 
 
 def test_crlf_script(tmp_path):
+    require("patch")
     script = tmp_path / "train.py"
     script.write_bytes(textwrap.dedent(LOADER_SCRIPT.format(batch="32")).replace("\n", "\r\n").encode())
     diff = suggest_patch(script, "train_step", Knobs(amp="bf16", num_workers=2), USER_VALUES)

@@ -20,7 +20,7 @@ from advisor.code.patch.layout import line_width
 from advisor.code.patch.plan import plan_patch
 from advisor.trials.interposition.uint8_probe import probe_plan
 from advisor.trials.knobs import Knobs
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, require
 
 BIN = Path(sys.executable).parent
 if not (BIN / "ruff").exists() or not (BIN / "black").exists():
@@ -134,6 +134,7 @@ def test_each_patch_kind_is_within_the_width_and_passes_the_formatters(tmp_path,
     """In a project that configures black (which the patch then runs on its lines) and in one that
     configures ruff alone (the advisor's own layout): the file parses, the added lines are within the width
     and ruff finds nothing on them; black leaves the first as it is."""
+    require("patch")
     name, folder, knobs, extra = KINDS[kind]
     for black in (True, False):
         project = tmp_path / ("black" if black else "ruff")
@@ -180,6 +181,7 @@ def test_the_width_is_the_projects_own(tmp_path):
 
 @pytest.mark.slow
 def test_the_issues_convnet_gets_the_8_bit_copies_and_its_patch_learns_the_same(tmp_path):
+    require("patch")
     """The issue's convnet (refused before): a real trial applies the 8-bit copies; the patch made from the
     plan it recorded, run for real, prints the same losses, step by step, as the original."""
     import json

@@ -239,7 +239,7 @@ def test_without_ray_the_option_says_how_to_install_it(tmp_path):
     code = ("import sys; sys.modules['ray'] = None; from advisor.cli import main; "
             f"sys.exit(main(['profile', '--ray', '127.0.0.1:6379', '--nnodes', '2', {str(DDP_EXAMPLE)!r}]))")
     done = run_advisor_python(code, tmp_path)
-    assert done.returncode == 2 and "pip install 'advisor[ray]'" in done.stderr, done.stderr
+    assert done.returncode == 2 and "pip install 'torch-advisor[ray]'" in done.stderr, done.stderr
     assert not (tmp_path / "runs").exists()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -28,8 +27,9 @@ from PIL import Image
 from advisor.errors import AdvisorError
 from advisor.report import charts, views
 from advisor.report import render_session_report, render_trace_report, write_report, write_tensorboard
-from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, chromium,
-                            free_port, recorded_session, rewrite_trace_names, run_chromium, ten_trial_specs)
+from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, free_port, recorded_session,
+                            rewrite_trace_names, run_chromium, ten_trial_specs)
+from conftest import require
 
 XSS = "<script>alert(1)</script>"
 HTML = "<b>html</b>"
@@ -45,12 +45,7 @@ PATCH = """--- a/examples/image_classifier.py
 def browser() -> str:
     """The chromium executable; the browser tests skip (with the reason) only when it is not installed, and
     never in CI, whose .ci/run installs it."""
-    exe = chromium()
-    if exe is None and os.environ.get("CI"):
-        pytest.fail("chromium is not installed, and CI must run the browser checks (.ci/run installs it)")
-    if exe is None:
-        pytest.skip("chromium is not installed (apt-get install chromium): the browser checks need it")
-    return exe
+    return require("chromium")
 
 
 @pytest.fixture
@@ -291,35 +286,6 @@ def test_cli_report_writes_html_and_tensorboard(tmp_path: Path):
     assert done.returncode == 0 and (tmp_path / "trace.html").stat().st_size > 10_000, done.stderr
     done = run(str(tmp_path / "missing"))
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and "missing" in done.stderr
-
-
-def test_wheel_ships_the_templates(tmp_path: Path):
-    """Built as a wheel and installed elsewhere, the package finds its templates and renders a report."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(REPO / "advisor", src / "advisor", ignore=ignore)
-    shutil.copytree(REPO / "templates", src / "templates", ignore=ignore)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "dist")],
-                   check=True, capture_output=True, timeout=120)
-    wheel = next((tmp_path / "dist").glob("advisor-*.whl"))
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True,
-                   capture_output=True, timeout=120)
-    # -S: no site processing, so the editable install of the checkout is not on the path; the installed
-    # wheel comes first, the venv's site-packages only provides the dependencies.
-    import sysconfig
-
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{sysconfig.get_paths()['purelib']}")
-    code = ("import sys, advisor.report.html as h; from pathlib import Path;"
-            "print(h.templates_dir()); print(len(h.render_trace_report(Path(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-S", "-c", code, str(next(IMAGE_BASELINE.glob("*.gz")))],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    templates, size = done.stdout.split()
-    assert Path(templates) == tmp_path / "site" / "advisor" / "templates" and int(size) > 10_000
 
 
 # ---- TensorBoard ----

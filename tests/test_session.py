@@ -18,7 +18,7 @@ from advisor.search.predictions import predicted_change, step_share
 from advisor.search.session import run_session
 from advisor.search.state import SESSION_FILE, SessionOptions
 from advisor.trials.process.runner import run_trial
-from conftest import ROOT
+from conftest import ROOT, require
 from session_checks import assert_decisions_follow_measurements
 
 IMAGE = ROOT / "examples" / "image_classifier.py"
@@ -73,6 +73,7 @@ def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
 
 
 def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
+    require("patch")
     """Apply suggested.patch to a copy of the example; its own settings are then the kept ones."""
     kept = {k: v for k, v in saved["final_knobs"].items() if v is not None}
     assert saved["patch"] == "suggested.patch"

@@ -8,6 +8,7 @@ import io
 import json
 import re
 
+import pytest
 from rich.console import Console
 
 from advisor.analysis.analyze import analyze_path
@@ -202,3 +203,34 @@ def test_two_trials_in_turns_each_have_a_line_until_both_end():
     assert list(display.tasks) == ["15-speedup-12"] and display.progress is not None
     display.update(TrialProgress("15-speedup-12", "done", elapsed_s=11.0))
     assert display.tasks == {} and display.progress is None and display.last_duration_s == 11.0
+
+
+def test_the_time_line_adds_up_to_the_whole_on_a_recorded_session(tmp_path):
+    # sample_runs/image_classifier as recorded (one trial after another), then with its last trial recorded
+    # as a re-run that took its windows in turns with the one before (its start moved back into that trial):
+    # the parts, the time between trials included, make 100 % and the seconds add up to the wall time.
+    import shutil
+
+    from advisor.report.formatting import time_text
+    from advisor.search.timing import SHARES, session_time
+
+    out = tmp_path / "session"
+    shutil.copytree(SAMPLE_RUNS / "image_classifier", out)
+    state = json.loads((out / "session.json").read_text())
+    for turns in (False, True):
+        if turns:
+            last, before = state["trials"][-1], state["trials"][-2]
+            last["change"] = f"{before['change']} (again)"
+            record = json.loads((out / last["folder"] / "trial.json").read_text())
+            earlier = json.loads((out / before["folder"] / "trial.json").read_text())["times"]
+            shift = record["times"]["started_at"] - (earlier["started_at"] + 1.0)
+            record["times"] = {k: v - shift if isinstance(v, float) and k.endswith("_at") else v
+                               for k, v in record["times"].items()}
+            (out / last["folder"] / "trial.json").write_text(json.dumps(record))
+        time = session_time(out, state)
+        assert sum(time[k] for k in SHARES) + time["other_s"] == pytest.approx(time["wall_s"], rel=1e-9)
+        assert time["reruns_s"] > 0 if turns else time["reruns_s"] == 0
+        line = time_text(time)
+        shares = [int(x) for x in re.findall(r"(\d+)%", line)]
+        assert len(shares) == 5 and sum(shares) == 100, line
+        assert line.startswith(f"{time['wall_s']:.0f} s in all: start-up"), line

@@ -114,17 +114,31 @@ def option_rows(options: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def whole_percentages(values: list[float]) -> list[int]:
+    """Whole percentages of the values' sum that add up to 100 (largest remainders rounded up)."""
+    total = sum(values)
+    if total <= 0:
+        return [0] * len(values)
+    exact = [100 * v / total for v in values]
+    whole = [int(e) for e in exact]
+    for i in sorted(range(len(values)), key=lambda i: whole[i] - exact[i])[:100 - sum(whole)]:
+        whole[i] += 1
+    return whole
+
+
 def time_text(time: dict[str, Any] | None) -> str | None:
-    """'412 s in all: start-up 31%, warm-up and compile 22%, measurement 35%, re-runs 12%; the best after
-    96 s and 5 trial(s)' — the closing line of a session."""
+    """'412 s in all: start-up 31%, warm-up and compile 22%, measurement 34%, re-runs 12%, between trials 1%;
+    the best after 96 s and 5 trial(s)' — the closing line of a session; its parts add up to 100%."""
     keys = ("wall_s", "startup_s", "warmup_s", "measurement_s", "reruns_s")
     if not isinstance(time, dict) or not all(isinstance(time.get(k), (int, float)) for k in keys) \
             or not time["wall_s"] > 0:
         return None  # absent, or not what a session writes (the report reads the folder as untrusted)
     wall = time["wall_s"]
-    parts = ", ".join(f"{label} {100 * time[key] / wall:.0f}%" for label, key in
-                      (("start-up", "startup_s"), ("warm-up and compile", "warmup_s"),
-                       ("measurement", "measurement_s"), ("re-runs", "reruns_s")))
+    labels = {"start-up": time["startup_s"], "warm-up and compile": time["warmup_s"],
+              "measurement": time["measurement_s"], "re-runs": time["reruns_s"],
+              "between trials": max(0.0, wall - time["startup_s"] - time["warmup_s"] - time["measurement_s"]
+                                    - time["reruns_s"])}
+    parts = ", ".join(f"{label} {share}%" for label, share in zip(labels, whole_percentages(list(labels.values()))))
     text = f"{wall:.0f} s{' (simulated)' if time.get('simulated') else ''} in all: {parts}"
     if isinstance(time.get("to_best_s"), (int, float)) and isinstance(time.get("trials_to_best"), int):
         text += f"; the best first measured after {time['to_best_s']:.0f} s and {time['trials_to_best']} trial(s)"

@@ -11,9 +11,12 @@ From each trial's `times` (started_at, first_step_at, last_step_at, ended_at) an
     re-runs       = the whole of each trial that measured a setting again
 
 The session's wall time runs from its first trial's start to its last trial's end; what lies outside the
-trials (diagnosis, the report) is `other_s`. Replayed trials carry simulated times (each costs its
-recorded start-up and steps, and its drawn windows: `advisor.trials.process.replay`), so a replay reports the
-recorded machine's time. Pure functions over the session record and the trials' records.
+trials (diagnosis, the report) is `other_s`. Two trials that take their windows in turns run at once: each
+second of wall time is shared equally among the trials running in it, so a trial's parts are scaled to its
+share (`exclusive_times`), and the parts and `other_s` add up to the wall time exactly. Replayed trials
+carry simulated times (each costs its recorded start-up and steps, and its drawn windows:
+`advisor.trials.process.replay`), so a replay reports the recorded machine's time. Pure functions over the
+session record and the trials' records.
 """
 
 from __future__ import annotations
@@ -57,11 +60,23 @@ def trial_time(record: dict[str, Any]) -> dict[str, float] | None:
             "measurement_s": windows}
 
 
+def exclusive_times(spans: list[tuple[float, float]]) -> list[float]:
+    """Each span's share of the wall time: every instant divided equally among the spans that hold it."""
+    edges = sorted({edge for span in spans for edge in span})
+    shares = [0.0] * len(spans)
+    for a, b in zip(edges, edges[1:]):
+        holding = [i for i, (start, end) in enumerate(spans) if start <= a and end >= b]
+        for i in holding:
+            shares[i] += (b - a) / len(holding)
+    return shares
+
+
 def session_time(out: Path, state: dict[str, Any]) -> dict[str, Any] | None:
     """The session's wall time, its shares, and the time and trials it took to first measure the setting
     it ended on (None when no trial recorded its times)."""
     out = Path(out)
     spans, shares = [], dict.fromkeys(SHARES, 0.0)
+    timed: list[tuple[dict[str, Any], dict[str, float]]] = []
     ended: dict[str, float] = {}
     simulated = False
     for row in state["trials"]:
@@ -71,15 +86,18 @@ def session_time(out: Path, state: dict[str, Any]) -> dict[str, Any] | None:
             continue
         times = record["times"]
         simulated |= bool(times.get("simulated"))
-        spans.append((times["started_at"], times["ended_at"]))
+        spans.append((times["started_at"], max(times["started_at"], times["ended_at"])))
+        timed.append((row, own))
         ended[row["name"]] = times["ended_at"]
-        if is_rerun(row):
-            shares["reruns_s"] += own["duration_s"]
-        else:
-            for key in ("startup_s", "warmup_s", "measurement_s"):
-                shares[key] += own[key]
     if not spans:
         return None
+    for (row, own), exclusive in zip(timed, exclusive_times(spans)):
+        scale = exclusive / own["duration_s"] if own["duration_s"] > 0 else 0.0  # its share of time run together
+        if is_rerun(row):
+            shares["reruns_s"] += exclusive
+        else:
+            for key in ("startup_s", "warmup_s", "measurement_s"):
+                shares[key] += own[key] * scale
     begin = min(s for s, _ in spans)
     wall = max(e for _, e in spans) - begin
     best = next((t for t in state["trials"] if t["name"] == state.get("best")), None)

@@ -182,7 +182,20 @@ def run_one(run: TrialRunner, state: dict[str, Any], index: int, proposal: Propo
     else:
         result = run(f"{index:02d}-{slug}", knobs)
     record = trial_record(result.path)
+    trace_note(state, record, index)
     return result, record, measure_record([record])
+
+
+def trace_note(state: dict[str, Any], record: dict[str, Any], index: int) -> None:
+    """The session's notes where the profiler recorded fewer steps than asked (the trace's memory budget), and
+    where a trial measured fewer windows than asked (its time limit), once each."""
+    plan = record.get("trace_plan")
+    if isinstance(plan, dict) and plan.get("reason") and not any("the profiler recorded" in n for n in state["notes"]):
+        state["notes"].append(f"the profiler recorded {plan.get('steps')} of {plan.get('steps_asked')} step(s) "
+                              f"from trial {index:02d} on: {plan['reason']} (ADVISOR_TRACE_BUDGET sets the budget)")
+    cut = record.get("windows_cut")
+    if isinstance(cut, str) and not any("would outlast" in n for n in state["notes"]):
+        state["notes"].append(f"trial {index:02d}: {cut} (--timeout gives a trial more time)")
 
 
 def figures_text(row: dict[str, Any], unit: str) -> str:

@@ -30,7 +30,9 @@ from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, leading_dimension
 from advisor.trials.record.turns import Turns, finished, pass_turn, wait_for_the_other, wait_for_turn
 from advisor.trials.record.schedule import StepSchedule
+from advisor.trials.process.op_count import OpCounter
 from advisor.trials.process.step_memory import StepMemory
+from advisor.trials.record.trace_budget import TracePlan, budget_bytes, plan_trace
 from advisor.trials.record.storage import dumps, write_json_atomic
 
 STEPS_FILE = "steps.jsonl"
@@ -81,8 +83,7 @@ def start_profiler(schedule: StepSchedule, index: int, device_type: str, out_dir
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     prof = profiler.profile(
         activities=activities,
-        schedule=torch.profiler.schedule(wait=schedule.wait, warmup=schedule.warmup, active=schedule.active,
-                                         repeat=1),
+        schedule=live_schedule(schedule),
         on_trace_ready=torch.profiler.tensorboard_trace_handler(str(out_dir), worker_name=worker, use_gzip=True),
         record_shapes=True,
         profile_memory=True,
@@ -93,6 +94,23 @@ def start_profiler(schedule: StepSchedule, index: int, device_type: str, out_dir
     prof.current_action = prof.schedule(index)
     prof.start()
     return prof
+
+
+def live_schedule(schedule: StepSchedule) -> Callable[[int], Any]:
+    """torch.profiler's schedule (wait, warmup, record once) read from `schedule` at each step, so that the
+    steps to record can be cut after the profiler started (`StepDriver._plan_trace`)."""
+    from torch.profiler import ProfilerAction
+
+    def action(step: int) -> ProfilerAction:
+        if step < schedule.wait:
+            return ProfilerAction.NONE
+        if step < schedule.wait + schedule.warmup:
+            return ProfilerAction.WARMUP
+        if step < schedule.total - 1:
+            return ProfilerAction.RECORD
+        return ProfilerAction.RECORD_AND_SAVE if step == schedule.total - 1 else ProfilerAction.NONE
+
+    return action
 
 
 PAUSED_S = 0.01  # a wait for the turn longer than this let the loader's workers fill their queue
@@ -130,6 +148,16 @@ class StepDriver:
         # One set of files per rank in a data-parallel trial (advisor.trials.process.distributed).
         self.files = rank_files(config.get("world_size", 1), config.get("rank", 0))
         self.steps_file = open(self.out_dir / self.files["steps"], "a", buffering=1)
+        # The operators of the last unprofiled step before the profiler's warm-up, counted to bound the trace.
+        self.op_counter = OpCounter()
+        self.count_step: int | None = None
+        self.trace_plan: TracePlan | None = None
+        # Whether the step is compiled (the knob, or the script's own torch.compile): a dispatch mode would
+        # make dynamo run the counted step eagerly and move the compile into the profiler's warm-up.
+        self.compiles: Callable[[], bool] = lambda: bool(self.knobs.compile)
+        self.deadline: float | None = config.get("deadline")  # the time limit's end: windows are cut to fit it
+        self.fastest_step_s: float | None = None  # of the steps after the first (set-up, a compile)
+        self.windows_cut: str | None = None
 
     # --- a step function ---------------------------------------------------------------------------
 
@@ -210,6 +238,11 @@ class StepDriver:
         if self.use_profiler:
             self.prof = start_profiler(self.schedule, next_index, self.device_type, self.out_dir,
                                        self.files["worker"])
+            # A step that is not profiled, the last before the warm-up: none where the profiler waits no step.
+            if self.schedule.wait - 1 >= next_index:
+                self.count_step = self.schedule.wait - 1
+                if self.count_step == next_index and not self.compiles():
+                    self.op_counter.start()
 
     def end_step(self, entered: float | None, batch: int | None, batch_source: str | None, loss: float | None) -> None:
         """A step ended: time it, attribute its batches, record it, move the schedule on; raise
@@ -228,6 +261,8 @@ class StepDriver:
         if loss is None and self.last_loss is not None:
             loss = loss_value(self.last_loss)
         self.last_loss = None
+        if self.index == self.count_step:
+            self._plan_trace()  # before the profiler moves on: the steps it records are decided now
         if self.loop and self.index == 0:
             self.memory.stop_recording(self.index, complete=True)
             self._schedule_and_profile(next_index=1)  # the spans of a loop's steps are numbered as a function's
@@ -244,9 +279,17 @@ class StepDriver:
             if closed and self.load_meter is not None:
                 load = self.load_meter.sample()  # the load beside the window that just closed
         self.record(wall, call, waited, fed, batch, batch_source, loss, phase, window, load)
+        if self.index > 0:
+            self.fastest_step_s = min(wall, self.fastest_step_s or wall)
         self.index += 1
+        if self.index == self.count_step and self.prof is not None and not self.compiles():
+            self.op_counter.start()  # from the end of the step before (a loop's, where its profiler started)
         if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
+            if self.deadline is not None and self.fastest_step_s is not None:
+                self.windows_cut = self.schedule.fit_windows(self.fastest_step_s, self.deadline - time.time())
+                if self.windows_cut:  # the progress display's time left follows the windows that remain
+                    write_json_atomic(self.out_dir / self.files["schedule"], self.schedule.to_dict())
             self.done = not self.schedule.windows
         if phase == "window":
             # Every rank of a job stops at the same step, once all have measured their windows.
@@ -260,6 +303,24 @@ class StepDriver:
             self.memory.record_end()
             self.finish()
             raise TrialComplete()
+
+    def _plan_trace(self) -> None:
+        """The counted step ended: record as many steps as the trace's budget holds (one light step where
+        not even one does), and tell the progress display the schedule as it now is."""
+        ops = self.op_counter.stop()
+        if ops is None or self.prof is None:
+            return
+        import psutil
+
+        budget = budget_bytes(psutil.virtual_memory().available)
+        self.trace_plan = plan_trace(ops, self.index, self.schedule.active, budget)
+        if self.trace_plan.steps < self.schedule.active:
+            self.schedule.record_fewer(self.trace_plan.steps)
+        # Beside the schedule now: a trial the memory watch stops never writes its result.
+        write_json_atomic(self.out_dir / self.files["schedule"],
+                          {**self.schedule.to_dict(), "trace_plan": self.trace_plan.to_dict()})
+        if self.trace_plan.light:  # read when the profiler prepares its warm-up, which has not begun
+            self.prof.record_shapes = self.prof.profile_memory = False
 
     def _take_turn(self, closed: int | None) -> None:
         """Windows in turns: pass the turn after window `closed` (None: before the first window), wait for it
@@ -325,6 +386,7 @@ class StepDriver:
     def close(self, result: dict[str, Any]) -> dict[str, str]:
         """Stop the profiler and write what the steps measured into a trial result; returns the step
         interposition's knob outcomes (those decided while the steps ran and after them)."""
+        self.op_counter.stop()  # a step that failed while counted
         self.memory.stop_recording(self.index, complete=False)
         if self.turns is not None:
             finished(self.turns)  # ended, measured or not: the other trial measures without waiting for it
@@ -335,6 +397,8 @@ class StepDriver:
         self.steps_file.close()
         result["memory"] = self.memory.peaks()
         result["schedule"] = self.schedule.to_dict()
+        result["trace_plan"] = self.trace_plan.to_dict() if self.trace_plan is not None else None
+        result["windows_cut"] = self.windows_cut
         result["user_threads"] = self.user_threads
         result["model_dtypes"] = self.memory.model_dtypes
         result.setdefault("times", {}).update(self.times)

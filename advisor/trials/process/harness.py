@@ -142,7 +142,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     target = config.get("target")  # None: a loop, whose steps end where its optimizer steps
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
-    result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None}
+    result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None, "python": sys.executable}
     driver = loop = model = optimizers = copies = trainer = own = None
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
@@ -175,6 +175,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             torch.Tensor.to = copies.to(torch.Tensor.to)  # for the rest of the trial's process
             tracker.convert = copies if device_type == "cpu" else None
         driver = StepDriver(config, device_type, loader_records, tracker)
+        driver.compiles = lambda: bool(knobs.compile) or own.compile_site is not None  # no operator count then
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
         result["sites"] = sites
@@ -291,6 +292,9 @@ def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[
     else:
         first = (str(exc).strip().splitlines() or [""])[0]
         text = f"{type(exc).__name__}{step}: {first}" if first else f"{type(exc).__name__}{step}"
+        if isinstance(exc, ImportError):  # the script's dependency is not where the advisor is
+            text += (f" (the trial ran under {sys.executable}: install the advisor in the environment that has "
+                     f"the script's dependencies; `advisor doctor {script}` checks its imports)")
     return {"status": status, "message": text, "error_type": type(exc).__name__, "traceback": user_traceback(exc),
             "failed_at": time.time()}  # in a data-parallel trial, the rank that failed first is the cause
 

@@ -20,7 +20,7 @@ rank (status "timeout"); a node lost mid-trial fails the trial, naming it; Ctrl-
 the trial interrupted. The actors are killed and the placement group removed however the trial ends;
 the ranks die with their agent (PR_SET_PDEATHSIG), and carry the trial's token like any trial's processes.
 
-Ray is optional (`pip install 'advisor[ray]'`) and imported only here, inside functions.
+Ray is optional (`pip install 'torch-advisor[ray]'`) and imported only here, inside functions.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from advisor.errors import AdvisorError
 from advisor.trials.record import LOG_FILE, TRIAL_FILE, TrialResult, complete_record
 from advisor.trials.record.storage import write_json_atomic
 
-RAY_MISSING = "--ray needs the ray package on this machine and every node: pip install 'advisor[ray]'"
+RAY_MISSING = ("--ray needs the ray package on this machine and every node: pip install 'torch-advisor[ray]' "
+               "(from a checkout: pip install -e '.[ray]')")
 FAILURE_GRACE_S = 10.0  # how long the other nodes' ranks get to fail after a rank failed, before they are stopped
 COLLECT_S = 30.0  # how long stopped agents get to hand back what their ranks wrote
 PLACEMENT_S = 120.0  # how long a trial waits for the cluster to place its bundles (at most its time limit)

@@ -34,6 +34,7 @@ from advisor.trials.process.targets import TargetNotFound, locate_target, parse_
 from advisor.trials.process.processes import TRIAL_TOKEN, advisor_importable, end_trial_processes, interrupts_held, \
     sigterm_as_interrupt
 from advisor.trials.process.zygote import start_trial as start_forked
+from advisor.trials.process.memory_watch import MemoryWatch
 
 HARNESS_ENTRY = "import sys; from advisor.trials.process.harness import main; main(sys.argv[1:])"
 
@@ -129,6 +130,7 @@ def run_trial(
         return complete_record(record, out, started, nproc_per_node)
 
     config = _harness_config(record, out, step_module, loader)
+    config["deadline"] = started + timeout_s  # windows that would outlast it are cut (StepSchedule.fit_windows)
     child_env = _child_environment(env, device, record["token"])
     if ray_address is not None:
         from advisor.trials.process.ray_job import run_ray_job
@@ -329,12 +331,19 @@ def _run_process(start: Callable[[Path], Any], out: Path, record: dict[str, Any]
         write_json_atomic(out / TRIAL_FILE, record)
         if on_start is not None:
             on_start(proc.pid, record["token"])
+        watch = MemoryWatch(proc.pid)
         try:
-            _wait(proc, timeout_s, on_progress and _progress_watch(out, record, nproc_per_node), on_progress)
+            _wait(proc, timeout_s, on_progress and _progress_watch(out, record, nproc_per_node), on_progress, watch)
         except subprocess.TimeoutExpired:
             end_trial_processes(proc.pid, record["token"])
             proc.wait()
             record.update(status="timeout", message=f"the trial exceeded its time limit of {timeout_s:g} s")
+        except MemoryExceeded as exc:
+            end_trial_processes(proc.pid, record["token"])
+            proc.wait()
+            record.update(status="oom", message=str(exc) + _trace_estimate(out, record, nproc_per_node),
+                          error_type="MemoryWatch")
+        record["watched_peak_bytes"] = watch.peak  # the trial's processes' resident memory, at its highest
     except KeyboardInterrupt:
         with interrupts_held():  # a second Ctrl-C must not leave the record at "running"
             if proc is not None:
@@ -352,7 +361,24 @@ def _run_process(start: Callable[[Path], Any], out: Path, record: dict[str, Any]
     return proc.returncode
 
 
-PROGRESS_POLL_S = 0.25  # how often a running trial's progress is read, when someone asks for it
+PROGRESS_POLL_S = 0.25  # how often a running trial's progress and memory are read
+
+
+class MemoryExceeded(Exception):
+    """The trial's processes held more memory than the watch allows (`memory_watch`)."""
+
+
+def _trace_estimate(out: Path, record: dict[str, Any], nproc_per_node: int) -> str:
+    """What the trial estimated its trace at, from its schedule file (kept in the record), as a clause."""
+    try:
+        plan = json.loads((out / rank_files(nproc_per_node, 0)["schedule"]).read_text()).get("trace_plan")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(plan, dict) or not isinstance(plan.get("estimated_bytes"), int):
+        return ""
+    record["trace_plan"] = plan
+    return (f"; its trace was estimated at {plan['estimated_bytes'] / 2**30:.1f} GiB "
+            f"({plan.get('ops_per_step')} operators a step)")
 
 
 def _progress_watch(out: Path, record: dict[str, Any], nproc_per_node: int) -> ProgressWatch:
@@ -362,16 +388,18 @@ def _progress_watch(out: Path, record: dict[str, Any], nproc_per_node: int) -> P
 
 
 def _wait(proc: Any, timeout_s: float, watch: ProgressWatch | None,
-          on_progress: Callable[[TrialProgress], None] | None) -> None:
-    """Wait for the trial's process up to its time limit (subprocess.TimeoutExpired past it), telling
-    `on_progress` where the trial is as it goes, and "done" once it has ended however it ended."""
-    if watch is None or on_progress is None:
-        proc.wait(timeout=timeout_s)
-        return
+          on_progress: Callable[[TrialProgress], None] | None, memory: MemoryWatch | None = None) -> None:
+    """Wait for the trial's process up to its time limit (subprocess.TimeoutExpired past it) and while its
+    memory stays within the watch's (MemoryExceeded past it), telling `on_progress` where the trial is as it
+    goes, and "done" once it has ended however it ended."""
     deadline = time.monotonic() + timeout_s
     try:
         while True:
-            on_progress(watch.poll())
+            if watch is not None and on_progress is not None:
+                on_progress(watch.poll())
+            stop = memory.exceeded() if memory is not None else None
+            if stop is not None:
+                raise MemoryExceeded(stop)
             try:
                 proc.wait(timeout=max(0.0, min(PROGRESS_POLL_S, deadline - time.monotonic())))
                 return
@@ -379,7 +407,8 @@ def _wait(proc: Any, timeout_s: float, watch: ProgressWatch | None,
                 if time.monotonic() >= deadline:
                     raise
     finally:
-        on_progress(watch.poll(finished=True))
+        if watch is not None and on_progress is not None:
+            on_progress(watch.poll(finished=True))
 
 
 def _set_attempt_aside(out: Path, world_size: int, attempt: int) -> None:

@@ -346,6 +346,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     for key in ("error_type", "traceback"):
         if harness.get(key):
             record[key] = harness[key]
+    record["python"] = harness.get("python")  # the interpreter the script ran under (its dependencies' environment)
     record["device_facts"] = harness.get("device")
     record["memory_cap"] = harness.get("memory_cap")
     record["knob_outcomes"] = harness.get("outcomes", {})
@@ -365,6 +366,8 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["attention_plan"] = harness.get("attention_plan")  # the attention lines sdpa replaced, for the patch
     record["attention_modules"] = harness.get("attention_modules")  # each attention found: rewritable or why not
     record["checkpoint_plan"] = harness.get("checkpoint_plan")  # where the checkpointed blocks sit, for the patch
+    record["windows_cut"] = harness.get("windows_cut")  # why fewer windows were measured (the time limit)
+    record["trace_plan"] = harness.get("trace_plan") or record.get("trace_plan")  # the operators counted, and the steps the trace could hold
     record["steps"] = rank_steps[0]
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]

@@ -58,6 +58,34 @@ class StepSchedule:
         self.settle = self.queue_depth if self.windows else 0
         self.min_window_steps = max(MIN_WINDOW_STEPS, workers)
 
+    def record_fewer(self, steps: int) -> None:
+        """Profile `steps` steps instead (the trace's budget holds no more: `trace_budget`)."""
+        self.total -= self.active - steps
+        self.active = steps
+
+    def fit_windows(self, step_s: float, seconds_left: float) -> str | None:
+        """Before the first window: where the windows cannot end before the trial's time limit at `step_s` a
+        step, measure what fits (fewer windows, fewer steps each, or none: the profiled steps decide), so
+        that a trial of long steps ends measured instead of timed out. Returns why it was cut, or None."""
+        if not self.windows or step_s <= 0:
+            return None
+        room = 0.8 * seconds_left  # the rest: the end of the process, a step slower than the last
+        per_window = max(self.min_window_steps * step_s, self.window_s)
+        asked = self.against.max_windows if self.against is not None else self.windows
+        if asked * per_window <= room:
+            return None
+        fit = int(room // per_window)
+        before = f"{asked} window(s) of {self.min_window_steps} steps of {step_s:.1f} s"
+        if fit >= 1:
+            self.windows, self.against = fit, None
+        elif room >= step_s:
+            self.windows, self.against, self.min_window_steps = 1, None, int(room // step_s)
+        else:
+            self.windows, self.against = 0, None
+        kept = (f"{self.windows} window(s) of {self.min_window_steps} step(s)" if self.windows
+                else "none: the profiled steps decide")
+        return f"{before} would outlast the trial's time limit ({seconds_left:.0f} s left): measured {kept}"
+
     def phase(self, index: int) -> str:
         """`wait`, `warmup`, `profiled`, `settle` or `window` for the step with this index."""
         if index < self.wait:

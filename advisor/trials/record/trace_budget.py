@@ -1,0 +1,81 @@
+"""How many steps the profiler may record, from the operators a step runs: torch-free.
+
+torch.profiler keeps every event of the recorded steps in the trial's memory until the trace is written, and
+the trace's export takes more again. A step of millions of operators (an LBFGS step over an LSTM cell
+loop) took a trial to 20 GB. So a trial counts the operators of one unprofiled step before the profiler
+records (`advisor.trials.process.op_count`), and records as many steps as the budget holds: at least one
+whole step, and where even one step would exceed the budget, one step without shapes and memory events
+(several times smaller), with a note.
+
+Bytes per operator (operators as the counting dispatch mode sees them; the profiler records 3 to 4 events
+for each, composite operators included), measured on torch 2.14's CPU profiler as the growth of the
+process's resident memory once the trace is recorded and written: an LSTMCell loop with SGD, 71 000
+operators a step, 8 kB with shapes and memory events and 1.5 kB without; time_sequence_prediction's step
+(two double-precision LSTM cells, LBFGS), 265 000 operators a step, 10 kB and 3.5 kB, and cut to 250 time
+steps (666 000 operators) 3.8 kB without. Rounded up from the largest.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+BYTES_PER_OP = 10 * 1024  # recorded with shapes and memory events
+LIGHT_BYTES_PER_OP = 4096  # recorded without them
+DEFAULT_BUDGET = 2**30  # at most 1 GiB of trace, and at most a quarter of the memory available
+BUDGET_ENV = "ADVISOR_TRACE_BUDGET"  # bytes, or with a unit: 200M, 1G
+UNITS = {"k": 2**10, "m": 2**20, "g": 2**30}
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """What the profiler records, decided from one counted step: trial.json's `trace_plan`."""
+
+    ops_per_step: int  # operators dispatched in the counted step (forward, backward, optimizer)
+    counted_step: int  # the step whose operators were counted (unprofiled)
+    budget_bytes: int
+    steps_asked: int
+    steps: int  # steps the profiler records
+    light: bool  # recorded without shapes and memory events
+    estimated_bytes: int  # the trace's estimated memory at that
+    reason: str | None  # why fewer steps than asked were recorded (None: all were)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return asdict(self)
+
+
+def budget_bytes(available: int | None, environ: dict[str, str] | None = None) -> int:
+    """The trace's memory budget: ADVISOR_TRACE_BUDGET where set, else 1 GiB or a quarter of the memory
+    available, whichever is less."""
+    text = (environ if environ is not None else os.environ).get(BUDGET_ENV, "").strip().lower()
+    if text:
+        scale = UNITS.get(text[-1], 1)
+        try:
+            return max(1, int(float(text[:-1] if scale > 1 else text) * scale))
+        except ValueError:
+            pass  # an unreadable setting: the default stands
+    return min(DEFAULT_BUDGET, available // 4) if available else DEFAULT_BUDGET
+
+
+def plan_trace(ops_per_step: int, counted_step: int, steps_asked: int, budget: int) -> TracePlan:
+    """As many of the asked steps as the budget holds at BYTES_PER_OP; one light step where not even one does."""
+    per_step = max(1, ops_per_step) * BYTES_PER_OP
+    fits = min(steps_asked, budget // per_step)
+    if fits >= steps_asked:
+        return TracePlan(ops_per_step, counted_step, budget, steps_asked, steps_asked, False,
+                         per_step * steps_asked, None)
+    size = f"{ops_per_step:,} operators a step, about {mib(per_step)} of trace each"
+    if fits >= 1:
+        return TracePlan(ops_per_step, counted_step, budget, steps_asked, fits, False, per_step * fits,
+                         f"{size}: {fits} of {steps_asked} steps fit the trace's budget of {mib(budget)}")
+    light = max(1, ops_per_step) * LIGHT_BYTES_PER_OP
+    return TracePlan(ops_per_step, counted_step, budget, steps_asked, 1, True, light,
+                     f"{size}: more than the trace's budget of {mib(budget)}, so one step was recorded without "
+                     f"shapes and memory events (about {mib(light)})")
+
+
+def mib(size: int) -> str:
+    """'12 MiB', '1.5 GiB'."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
