@@ -8,26 +8,19 @@ whatever the limit, a trial holding a third of the machine is stopped once less 
 
 from __future__ import annotations
 
-import os
-
 import psutil
+
+from advisor.trials.record.trace_budget import size_setting
 
 LIMIT_ENV = "ADVISOR_TRIAL_MEMORY"
 SHARE = 0.8
 LOW_AVAILABLE = 0.03
-UNITS = {"k": 2**10, "m": 2**20, "g": 2**30}
 
 
 def memory_limit(environ: dict[str, str] | None = None) -> int:
     """The most the trial's processes may hold: ADVISOR_TRIAL_MEMORY, else 80 % of the machine's memory."""
-    text = (environ if environ is not None else os.environ).get(LIMIT_ENV, "").strip().lower()
-    if text:
-        scale = UNITS.get(text[-1], 1)
-        try:
-            return max(1, int(float(text[:-1] if scale > 1 else text) * scale))
-        except ValueError:
-            pass  # an unreadable setting: the default stands
-    return int(SHARE * psutil.virtual_memory().total)
+    set_to = size_setting(LIMIT_ENV, environ)
+    return set_to if set_to is not None else int(SHARE * psutil.virtual_memory().total)
 
 
 def resident(pid: int) -> int:

@@ -46,16 +46,25 @@ class TracePlan:
         return asdict(self)
 
 
+def size_setting(name: str, environ: dict[str, str] | None = None) -> int | None:
+    """A size in bytes set in the environment variable `name` ("512M", "2g", "1500000"), or None where it is unset
+    or unreadable (the default stands)."""
+    text = (environ if environ is not None else os.environ).get(name, "").strip().lower()
+    if not text:
+        return None
+    scale = UNITS.get(text[-1], 1)
+    try:
+        return max(1, int(float(text[:-1] if scale > 1 else text) * scale))
+    except ValueError:
+        return None
+
+
 def budget_bytes(available: int | None, environ: dict[str, str] | None = None) -> int:
     """The trace's memory budget: ADVISOR_TRACE_BUDGET where set, else 1 GiB or a quarter of the memory
     available, whichever is less."""
-    text = (environ if environ is not None else os.environ).get(BUDGET_ENV, "").strip().lower()
-    if text:
-        scale = UNITS.get(text[-1], 1)
-        try:
-            return max(1, int(float(text[:-1] if scale > 1 else text) * scale))
-        except ValueError:
-            pass  # an unreadable setting: the default stands
+    set_to = size_setting(BUDGET_ENV, environ)
+    if set_to is not None:
+        return set_to
     return min(DEFAULT_BUDGET, available // 4) if available else DEFAULT_BUDGET
 
 
