@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from advisor.analysis.columns import in_windows
 from advisor.analysis.intervals import START
 from advisor.analysis.events import Event
 from advisor.analysis.trace import Trace
@@ -156,6 +157,11 @@ def in_steps(e: Event, steps: list[Step]) -> bool:
 
 def _step_start(s: Step) -> float:
     return s.start
+
+
+def starts_in_steps(ts: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """Which of these start times lie inside a step (`in_steps` over a column of a Trace)."""
+    return in_windows(ts, np.array([s.start for s in steps]), np.array([s.end for s in steps]))
 
 
 def in_steps_mask(events: list[Event], steps: list[Step]) -> np.ndarray:

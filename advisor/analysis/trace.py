@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
+from advisor.analysis.columns import TID, Columns, columns_of, correlation_of, id_columns
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
 from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
@@ -63,6 +65,8 @@ class Trace:
     time_unit: str = "us"
     event_count: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # odd but legal events left out: reason → count
+    # Each group of events above (but the steps) as arrays, in the group's order: "ops", "runtime", "kernels", ...
+    columns: dict[str, Columns] = field(default_factory=dict)
 
     @property
     def has_device_activity(self) -> bool:
@@ -159,13 +163,15 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             total_allocated=None if a.total_allocated is None else float(a.total_allocated),
             total_reserved=None if a.total_reserved is None else float(a.total_reserved),
         ))
-    for group in (trace.steps, trace.runtime, trace.kernels, trace.memcpys, trace.memsets):
-        group.sort(key=START)
-    # An operator and its first child can start at the same time: the enclosing (longer) one first. Two
-    # stable sorts on attributes (longest first, then by start) order as the key (start, -length) would,
-    # in half the time.
-    trace.ops.sort(key=DURATION, reverse=True)
-    trace.ops.sort(key=START)
+    trace.steps.sort(key=START)
+    groups = ("ops", "runtime", "kernels", "memcpys", "memsets")
+    times = {}
+    for name in groups:
+        group = getattr(trace, name)
+        group[:], *times[name] = sorted_by_start(group, name == "ops")
+    events = [getattr(trace, name) for name in groups]
+    for name, tid, correlation in zip(groups, id_columns(events, TID), id_columns(events, correlation_of)):
+        trace.columns[name] = columns_of(getattr(trace, name), *times[name], tid, correlation)
     trace.steps[:] = usable_steps(trace.steps, trace.skipped)
     runtime_names = {e.name for e in trace.runtime}
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
@@ -174,6 +180,24 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     if not trace.devices:
         trace.devices = devices_from_events(trace, {e.name for e in trace.kernels})
     return trace
+
+
+def sorted_by_start(events: list[Event], enclosing_first: bool) -> tuple[list[Event], np.ndarray, np.ndarray]:
+    """The events sorted by start (stably; with `enclosing_first`, the longer of two that start together
+    first: an operator before its first child), and their starts and durations as arrays, in that order.
+
+    Sorted on the arrays, which the figures use too (`Trace.columns`), rather than by a key read from each
+    event. Times beyond 2**53 (which floats cannot tell apart) are sorted as Python numbers instead."""
+    n = len(events)
+    ts = np.fromiter(map(START, events), float, n)
+    dur = np.fromiter(map(DURATION, events), float, n)
+    if n and (np.abs(ts).max() >= 2.0**53 or np.abs(dur).max() >= 2.0**53):
+        if enclosing_first:
+            events = sorted(events, key=DURATION, reverse=True)
+        events = sorted(events, key=START)
+        return events, np.fromiter(map(START, events), float, n), np.fromiter(map(DURATION, events), float, n)
+    order = np.lexsort((-dur, ts)) if enclosing_first else np.argsort(ts, kind="stable")
+    return list(map(events.__getitem__, order.tolist())), ts[order], dur[order]
 
 
 def _accelerator(bucket_of_category: dict) -> tuple[str | None, bool]:

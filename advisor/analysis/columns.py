@@ -1,0 +1,105 @@
+"""A Trace's events as numpy columns, made once as the trace is loaded: each group's starts, ends and names.
+
+The figures select and measure events with array operations on these (a mask of the kernels inside the
+steps, the intervals of the runtime calls that launch kernels) instead of each looping over tens of
+thousands of events again. A name is tested once per distinct name (`Columns.where_name`), not once per
+event: a trace repeats a few hundred names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+
+NAME = attrgetter("name")
+
+
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """One group of events (a Trace's ops, runtime calls, kernels, ...), in its order, as arrays."""
+
+    ts: np.ndarray  # start, µs
+    dur: np.ndarray  # length, µs
+    end: np.ndarray  # ts + dur, µs
+    names: tuple[str, ...]  # the group's distinct names, in order of first appearance
+    name_code: np.ndarray  # per event: its name's index in `names`
+    tid: np.ndarray  # per event: its thread, as an integer alike in all groups of a trace (`id_columns`)
+    correlation: np.ndarray  # per event: its correlation id likewise, -1 where it has none
+
+    def __len__(self) -> int:
+        return self.ts.size
+
+    def where_name(self, test) -> np.ndarray:
+        """Which events have a name that passes `test` (called once per distinct name)."""
+        if not self.names:
+            return np.zeros(self.ts.size, dtype=bool)
+        return np.array([bool(test(name)) for name in self.names], dtype=bool)[self.name_code]
+
+    def name_classes(self, classify) -> np.ndarray:
+        """`classify(name)` per event, as an object array (called once per distinct name)."""
+        table = np.empty(len(self.names), dtype=object)
+        table[:] = [classify(name) for name in self.names]
+        return table[self.name_code]
+
+
+def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, correlation: np.ndarray) -> Columns:
+    """The Columns of `events`, whose starts, durations, threads and correlation ids are the arrays given (in
+    the events' order)."""
+    codes: dict[str, int] = {}
+    name_code = np.fromiter((codes.setdefault(name, len(codes)) for name in map(NAME, events)), np.int32,
+                            len(events))
+    return Columns(ts, dur, ts + dur, tuple(codes), name_code, tid, correlation)
+
+
+TID = attrgetter("tid")
+
+
+def correlation_of(event):
+    """The id that links a runtime call to the device activity it launched (None where there is none)."""
+    args = event.args
+    return None if args is None else args.correlation
+
+
+def id_columns(groups: list[list], key) -> list[np.ndarray]:
+    """`key(event)` of each group's events as integers, equal where the values are, -1 for None: the values
+    themselves where all are integers of 0 or more (as tids and correlation ids are in Kineto's traces),
+    else codes of the values."""
+    values = [list(map(key, events)) for events in groups]
+    if all(set(map(type, v)) <= {int, type(None)} for v in values):
+        try:
+            arrays = [np.array([-1 if x is None else x for x in v], dtype=np.int64).reshape(-1) for v in values]
+        except OverflowError:  # an integer beyond 64 bits
+            arrays = []
+        if arrays and all(not (a < -1).any() and int((a == -1).sum()) == v.count(None) for a, v in zip(arrays, values)):
+            return arrays
+    codes: dict = {None: -1}
+    return [np.fromiter((codes.setdefault(x, len(codes) - 1) for x in v), np.int64, len(v)) for v in values]
+
+
+def rightmost_above(values: np.ndarray, last: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    """For each query i: the largest j <= last[i] with values[j] > threshold[i], or -1 where there is none.
+
+    Binary lifting over a table of running maxima (level k holds the maximum of the 2**k values ending at each
+    position): every query moves left past whole blocks whose maximum is at most its threshold."""
+    levels = [values]
+    width = 1
+    while width < values.size:
+        below = levels[-1]
+        level = below.copy()
+        level[width:] = np.maximum(below[width:], below[:-width])
+        levels.append(level)
+        width *= 2
+    position = last.copy()
+    for k in range(len(levels) - 1, -1, -1):
+        inside = position >= 0
+        skip = inside & (levels[k][np.clip(position, 0, None)] <= threshold)
+        position = np.where(skip, position - (1 << k), position)
+    return np.where(position >= 0, position, -1)
+
+
+def in_windows(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which times fall in one of the sorted, disjoint windows [start, end)."""
+    i = np.searchsorted(starts, ts, side="right") - 1
+    return (i >= 0) & (ts < ends[np.clip(i, 0, None)])
