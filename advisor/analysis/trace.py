@@ -65,7 +65,7 @@ class Trace:
     time_unit: str = "us"
     event_count: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # odd but legal events left out: reason → count
-    # Each group of events above (but the steps) as arrays, in the group's order: "ops", "runtime", "kernels", ...
+    # Each group of events above (but the memory samples) as arrays, in its order: "steps", "ops", "kernels", ...
     columns: dict[str, Columns] = field(default_factory=dict)
 
     @property
@@ -164,7 +164,8 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             total_reserved=None if a.total_reserved is None else float(a.total_reserved),
         ))
     trace.steps.sort(key=START)
-    groups = ("ops", "runtime", "kernels", "memcpys", "memsets")
+    trace.steps[:] = usable_steps(trace.steps, trace.skipped)
+    groups = ("steps", "ops", "runtime", "kernels", "memcpys", "memsets")
     times = {}
     for name in groups:
         group = getattr(trace, name)
@@ -172,7 +173,6 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     events = [getattr(trace, name) for name in groups]
     for name, tid, correlation in zip(groups, id_columns(events, TID), id_columns(events, correlation_of)):
         trace.columns[name] = columns_of(getattr(trace, name), *times[name], tid, correlation)
-    trace.steps[:] = usable_steps(trace.steps, trace.skipped)
     runtime_names = {e.name for e in trace.runtime}
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
