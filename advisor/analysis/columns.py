@@ -26,7 +26,9 @@ class Columns:
     names: tuple[str, ...]  # the group's distinct names, in order of first appearance
     name_code: np.ndarray  # per event: its name's index in `names`
     tid: np.ndarray  # per event: its thread, as an integer alike in all groups of a trace (`id_columns`)
-    correlation: np.ndarray  # per event: its correlation id likewise, -1 where it has none
+    # Per event: its correlation id likewise, -1 where it has none; runtime calls and device activity only
+    # (None for the steps and operators, which the analysis never links so).
+    correlation: np.ndarray | None
 
     def __len__(self) -> int:
         return self.ts.size
@@ -44,7 +46,8 @@ class Columns:
         return table[self.name_code]
 
 
-def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, correlation: np.ndarray) -> Columns:
+def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray,
+               correlation: np.ndarray | None) -> Columns:
     """The Columns of `events`, whose starts, durations, threads and correlation ids are the arrays given (in
     the events' order)."""
     codes: dict[str, int] = {}
@@ -54,6 +57,7 @@ def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, c
 
 
 TID = attrgetter("tid")
+LINKED = ("runtime", "kernels", "memcpys", "memsets")  # the groups whose events have correlation ids
 
 
 def correlation_of(event):
@@ -62,18 +66,28 @@ def correlation_of(event):
     return None if args is None else args.correlation
 
 
-def id_columns(groups: list[list], key) -> list[np.ndarray]:
-    """`key(event)` of each group's events as integers, equal where the values are, -1 for None: the values
-    themselves where all are integers of 0 or more (as tids and correlation ids are in Kineto's traces),
-    else codes of the values."""
-    values = [list(map(key, events)) for events in groups]
-    if all(set(map(type, v)) <= {int, type(None)} for v in values):
-        try:
-            arrays = [np.array([-1 if x is None else x for x in v], dtype=np.int64).reshape(-1) for v in values]
-        except OverflowError:  # an integer beyond 64 bits
-            arrays = []
-        if arrays and all(not (a < -1).any() and int((a == -1).sum()) == v.count(None) for a, v in zip(arrays, values)):
-            return arrays
+def correlations(events: list) -> list:
+    """Each event's correlation id (None where it has none)."""
+    try:
+        return list(map(CORRELATION, events))  # every runtime call and device event of Kineto's has arguments
+    except AttributeError:
+        return list(map(correlation_of, events))
+
+
+CORRELATION = attrgetter("args.correlation")
+
+
+def id_columns(values: list[list]) -> list[np.ndarray]:
+    """Lists of ids (tids, correlation ids) as integer arrays, equal where the ids are, -1 for None: the ids
+    themselves where all are integers of 0 or more (as in Kineto's traces), else codes of their values."""
+    arrays = []
+    for v in values:
+        array = np.array(v if None not in v else [-1 if x is None else x for x in v])
+        if v and (array.dtype.kind != "i" or array.min() < -1 or (array == -1).sum() != v.count(None)):
+            break  # text, integers beyond 64 bits, negative ids: codes instead
+        arrays.append(array.astype(np.int64).reshape(-1))
+    else:
+        return arrays
     codes: dict = {None: -1}
     return [np.fromiter((codes.setdefault(x, len(codes) - 1) for x in v), np.int64, len(v)) for v in values]
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from advisor.analysis.columns import TID, Columns, columns_of, correlation_of, id_columns
+from advisor.analysis.columns import LINKED, TID, Columns, columns_of, correlations, id_columns
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
 from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
 from advisor.analysis.reading import json_text, read_file
-from advisor.analysis.validation import check_sizes, check_times, usable_steps
+from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
 
 
@@ -142,7 +142,10 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
         raise NotATrace(path, f"no events the analysis can use: none of its {len(events)} events is a complete "
                               "('ph': 'X') event of a known category (operators, runtime calls, kernels, copies)")
     # Checked once over the kept events, vectorized, not inside the loop above.
-    check_times(path, events, timed, memory_events, scale)
+    groups = ("steps", "ops", "runtime", "kernels", "memcpys", "memsets")  # in the order of `timed`
+    times = {name: (floats_of(getattr(trace, name), "ts"), floats_of(getattr(trace, name), "dur")) for name in groups}
+    check_times(path, events, timed, memory_events, scale,
+                tuple(np.concatenate([times[name][i] for name in groups]) for i in (0, 1)))
     check_sizes(path, events, memory_events, trace.memcpys)
     origin = 0
     if scale != 1.0:
@@ -165,14 +168,15 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
         ))
     trace.steps.sort(key=START)
     trace.steps[:] = usable_steps(trace.steps, trace.skipped)
-    groups = ("steps", "ops", "runtime", "kernels", "memcpys", "memsets")
-    times = {}
     for name in groups:
         group = getattr(trace, name)
-        group[:], *times[name] = sorted_by_start(group, name == "ops")
-    events = [getattr(trace, name) for name in groups]
-    for name, tid, correlation in zip(groups, id_columns(events, TID), id_columns(events, correlation_of)):
-        trace.columns[name] = columns_of(getattr(trace, name), *times[name], tid, correlation)
+        # The times read for the check serve, unless they changed since (scaled, or steps left out).
+        known = times[name] if scale == 1.0 and name != "steps" else None
+        group[:], *times[name] = sorted_by_start(group, name == "ops", known)
+    tids = dict(zip(groups, id_columns([list(map(TID, getattr(trace, name))) for name in groups])))
+    ids = dict(zip(LINKED, id_columns([correlations(getattr(trace, name)) for name in LINKED])))
+    for name in groups:
+        trace.columns[name] = columns_of(getattr(trace, name), *times[name], tids[name], ids.get(name))
     runtime_names = {e.name for e in trace.runtime}
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
@@ -182,15 +186,17 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     return trace
 
 
-def sorted_by_start(events: list[Event], enclosing_first: bool) -> tuple[list[Event], np.ndarray, np.ndarray]:
+def sorted_by_start(events: list[Event], enclosing_first: bool,
+                    times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[list[Event], np.ndarray, np.ndarray]:
     """The events sorted by start (stably; with `enclosing_first`, the longer of two that start together
     first: an operator before its first child), and their starts and durations as arrays, in that order.
 
     Sorted on the arrays, which the figures use too (`Trace.columns`), rather than by a key read from each
-    event. Times beyond 2**53 (which floats cannot tell apart) are sorted as Python numbers instead."""
+    event. Times beyond 2**53 (which floats cannot tell apart) are sorted as Python numbers instead. `times`:
+    the events' (starts, durations) as arrays, where the caller has them already."""
     n = len(events)
-    ts = np.fromiter(map(START, events), float, n)
-    dur = np.fromiter(map(DURATION, events), float, n)
+    ts, dur = times if times is not None else (np.fromiter(map(START, events), float, n),
+                                               np.fromiter(map(DURATION, events), float, n))
     if n and (np.abs(ts).max() >= 2.0**53 or np.abs(dur).max() >= 2.0**53):
         if enclosing_first:
             events = sorted(events, key=DURATION, reverse=True)
