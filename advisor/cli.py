@@ -82,9 +82,35 @@ def _command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+# Commands whose process, run as the program, ends without freeing what it read (`exit_without_teardown`).
+READ_ONLY_COMMANDS = ("analyze", "compare")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `advisor` console script."""
-    argv = sys.argv[1:] if argv is None else argv
+    code = run_command(sys.argv[1:] if argv is None else argv)
+    if argv is None and _command_of(sys.argv[1:]) in READ_ONLY_COMMANDS:
+        exit_without_teardown(code)
+    return code
+
+
+def exit_without_teardown(code: int) -> None:
+    """End the process now, its output flushed, without freeing each of the hundreds of thousands of events it
+    read (a tenth of a second of CPU for a 54 MB trace, which the operating system reclaims at once). Only
+    for commands that write nothing but their output; where the output cannot be flushed (a closed pipe),
+    Python's own exit reports it."""
+    import os
+
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code)
+
+
+def run_command(argv: list[str]) -> int:
+    """Parse `argv` and run its command; the exit code."""
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     try:
