@@ -117,3 +117,9 @@ def in_windows(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarr
     """Which times fall in one of the sorted, disjoint windows [start, end)."""
     i = np.searchsorted(starts, ts, side="right") - 1
     return (i >= 0) & (ts < ends[np.clip(i, 0, None)])
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted (np.unique without its flags imports numpy.ma, a tenth of the import of numpy)."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if ordered.size else ordered

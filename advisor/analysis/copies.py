@@ -10,6 +10,7 @@ import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.events import Event
+from advisor.analysis.columns import distinct
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -95,7 +96,7 @@ def copy_events(trace: Trace, steps: list[Step]) -> CopyEvents:
         _, first = np.unique(runtime.tid, return_index=True)
         thread_rank = np.empty(first.size, dtype=np.int64)
         thread_rank[np.argsort(first)] = np.arange(first.size)
-        rank = thread_rank[np.searchsorted(np.unique(runtime.tid), runtime.tid[calls])]
+        rank = thread_rank[np.searchsorted(distinct(runtime.tid), runtime.tid[calls])]
         calls = calls[np.lexsort((calls, rank))]
         is_sync = runtime.where_name(SYNC_CALL.search)
         for i in calls.tolist():

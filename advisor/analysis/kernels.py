@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from advisor.analysis.breakdown import is_communication_kernel
-from advisor.analysis.columns import rightmost_above
+from advisor.analysis.columns import distinct, rightmost_above
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -210,7 +210,7 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
     # Ids of kernels without arguments are not asked for: they are looked up as None all the same.
     has_args = np.fromiter((trace.kernels[i].args is not None for i in chosen.tolist()), bool, chosen.size) \
         if (correlations == -1).any() else np.ones(chosen.size, dtype=bool)
-    asked = np.unique(correlations[has_args])
+    asked = distinct(correlations[has_args])
     op_index = np.full(chosen.size, -1)
     if asked.size:
         at = np.clip(np.searchsorted(asked, correlations), 0, asked.size - 1)

@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from advisor.analysis import intervals as iv
+from advisor.analysis.columns import distinct
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -72,7 +73,7 @@ def host_figures(trace: Trace, steps: list[Step]) -> dict:
 def host_busy_us(trace: Trace, steps: list[Step]) -> float:
     """The training thread's own work per step: its operators and runtime calls, less the DataLoader's
     __next__ and the calls in which it waits on the device (`WAIT_CALL`)."""
-    tids = np.unique(trace.columns["steps"].tid)
+    tids = distinct(trace.columns["steps"].tid)
     if not steps or not tids.size:
         return 0.0
     ops, runtime = trace.columns["ops"], trace.columns["runtime"]
