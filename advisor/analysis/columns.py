@@ -123,3 +123,12 @@ def distinct(values: np.ndarray) -> np.ndarray:
     """The distinct values, sorted (np.unique without its flags imports numpy.ma, a tenth of the import of numpy)."""
     ordered = np.sort(values)
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if ordered.size else ordered
+
+
+def among(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Which values are among the wanted ones (np.isin, without the import of numpy.ma it may make)."""
+    wanted = distinct(wanted)
+    if not wanted.size:
+        return np.zeros(values.shape, dtype=bool)
+    at = np.clip(np.searchsorted(wanted, values), 0, wanted.size - 1)
+    return wanted[at] == values

@@ -10,7 +10,7 @@ import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.events import Event
-from advisor.analysis.columns import distinct
+from advisor.analysis.columns import among, distinct
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -85,7 +85,7 @@ def copy_events(trace: Trace, steps: list[Step]) -> CopyEvents:
     sync_waits, pageable_waits = [], []
     blocked = 0
     ids = np.fromiter(kind_by_id, np.int64, len(kind_by_id))
-    calls = np.flatnonzero(np.isin(runtime.correlation, ids) & starts_in_steps(runtime.ts, steps))
+    calls = np.flatnonzero(among(runtime.correlation, ids) & starts_in_steps(runtime.ts, steps))
     if calls.size:
         # Each call's next call on its thread; calls taken thread by thread (threads in the order they first
         # call), in order, as the waits were always gathered.

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from advisor.analysis.breakdown import is_communication_kernel
-from advisor.analysis.columns import distinct, rightmost_above
+from advisor.analysis.columns import among, distinct, rightmost_above
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -144,7 +144,7 @@ def launching_ops(trace: Trace, correlations: np.ndarray) -> np.ndarray:
     call of the last thread (by first call) decides.
     """
     ops, runtime = trace.columns["ops"], trace.columns["runtime"]
-    wanted = np.isin(runtime.correlation, correlations)
+    wanted = among(runtime.correlation, correlations)
     if (correlations == -1).any():  # an id of None: only calls that have arguments at all count
         wanted &= np.fromiter((r.args is not None for r in trace.runtime), bool, len(runtime))
     calls = np.flatnonzero(wanted)

@@ -8,7 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from advisor.analysis import intervals as iv
-from advisor.analysis.columns import distinct
+from advisor.analysis.columns import among, distinct
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -77,7 +77,7 @@ def host_busy_us(trace: Trace, steps: list[Step]) -> float:
     if not steps or not tids.size:
         return 0.0
     ops, runtime = trace.columns["ops"], trace.columns["runtime"]
-    mine = [(np.isin(c.tid, tids), c.where_name(_is_wait), c) for c in (ops, runtime)]
+    mine = [(among(c.tid, tids), c.where_name(_is_wait), c) for c in (ops, runtime)]
     work = iv.merge(np.concatenate([c.ts[on & ~wait] for on, wait, c in mine]),
                     np.concatenate([c.end[on & ~wait] for on, wait, c in mine]))
     waits = iv.merge(np.concatenate([c.ts[on & wait] for on, wait, c in mine]),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.analysis.columns import in_windows
+from advisor.analysis.columns import among, in_windows
 from advisor.analysis.intervals import START
 from advisor.analysis.events import Event
 from advisor.analysis.trace import Trace
@@ -74,7 +74,7 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
         if inside.any():
             step_ids = runtime.correlation[calls][inside]
             n = int(per_id[at[calls][inside]].sum())
-            mine = np.flatnonzero(np.isin(device_ids, step_ids))
+            mine = np.flatnonzero(among(device_ids, step_ids))
             first = device_events[mine[np.argmin(device_ts[mine])]]
             last = device_events[mine[np.argmax(device_end[mine])]]
             lo, hi = first.ts, last.ts + last.dur  # the events' own numbers, as the step's bounds
