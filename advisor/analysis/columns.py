@@ -132,3 +132,51 @@ def among(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
         return np.zeros(values.shape, dtype=bool)
     at = np.clip(np.searchsorted(wanted, values), 0, wanted.size - 1)
     return wanted[at] == values
+
+
+@dataclass(frozen=True, eq=False)
+class MemorySamples:
+    """A trace's `[memory]` instant events, in file order: allocations (bytes > 0) and frees (bytes < 0)."""
+
+    ts: np.ndarray  # µs from the trace's origin
+    device_type: np.ndarray  # 0 = CPU, 1 = CUDA (Kineto's c10::DeviceType)
+    device_id: np.ndarray  # -1 where unknown
+    bytes: np.ndarray
+    total_allocated: np.ndarray  # NaN where the event does not record it
+    total_reserved: np.ndarray
+
+    def __len__(self) -> int:
+        return self.ts.size
+
+
+def memory_samples(events: list, origin, scale: float) -> MemorySamples:
+    """The MemorySamples of `[memory]` events whose times are rewritten as (ts - origin) * scale."""
+    args = [e.args for e in events]
+    def field(name: str) -> list:
+        return [None if a is None else getattr(a, name) for a in args]
+
+    if scale == 1.0 and origin == 0:
+        ts = np.fromiter(map(attrgetter("ts"), events), float, len(events))
+    else:  # integer nanoseconds since the epoch: the origin taken off exactly, as integers, first
+        ts = np.array([(e.ts - origin) * scale for e in events], dtype=float).reshape(-1)
+    return MemorySamples(
+        ts=ts, device_type=whole_numbers(field("device_type"), 0), device_id=whole_numbers(field("device_id"), -1),
+        bytes=np.nan_to_num(np.array(field("alloc_bytes"), dtype=float).reshape(-1), nan=0.0),  # None: 0
+        total_allocated=np.array(field("total_allocated"), dtype=float).reshape(-1),  # None: NaN
+        total_reserved=np.array(field("total_reserved"), dtype=float).reshape(-1))
+
+
+def whole_numbers(values: list, default: int) -> np.ndarray:
+    """`int(value)` of each value, `default` where that fails (None, text that is not a number)."""
+    if set(map(type, values)) <= {int}:
+        try:
+            return np.array(values, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            pass
+    out = []
+    for value in values:
+        try:
+            out.append(int(value))
+        except (TypeError, ValueError):
+            out.append(default)
+    return np.array(out, dtype=object if any(abs(v) >= 2**63 for v in out) else np.int64).reshape(-1)

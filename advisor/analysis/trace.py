@@ -20,27 +20,14 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from advisor.analysis.columns import LINKED, TID, Columns, columns_of, correlations, id_columns
+from advisor.analysis.columns import (LINKED, TID, Columns, MemorySamples, columns_of, correlations, id_columns,
+                                      memory_samples)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
-from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
+from advisor.analysis.events import Event, TraceDocument, accelerator_of, decode, kind_of
 from advisor.analysis.reading import json_text, read_file
 from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
-
-
-class MemorySample(msgspec.Struct, frozen=True, gc=False):
-    """One `[memory]` instant event: an allocation (bytes > 0) or a free (bytes < 0).
-
-    A Struct rather than a dataclass: a trace holds tens of thousands, and a frozen dataclass costs ten
-    times as much to create."""
-
-    ts: float
-    device_type: int  # 0 = CPU, 1 = CUDA (Kineto's c10::DeviceType)
-    device_id: int
-    bytes: float
-    total_allocated: float | None
-    total_reserved: float | None
 
 
 @dataclass
@@ -54,7 +41,7 @@ class Trace:
     kernels: list[Event] = field(default_factory=list)
     memcpys: list[Event] = field(default_factory=list)
     memsets: list[Event] = field(default_factory=list)
-    memory: list[MemorySample] = field(default_factory=list)
+    memory: MemorySamples | None = None  # the [memory] events
     devices: list[Device] = field(default_factory=list)  # all devices the file describes (or its events show)
     # The accelerator the device activity ran on: "cuda" for the CUDA vocabulary (CUDA and ROCm), else the
     # prefix of the accelerator's own categories ("mtia"); None when the trace shows no accelerator.
@@ -106,13 +93,6 @@ def _time_scale(doc: TraceDocument, events: list[Event]) -> tuple[float, str]:
     return 1.0, "us"
 
 
-def _as_int(value, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
 def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     """Sort a decoded document into a Trace: kinds, relative microseconds, devices, memory samples."""
     events = doc.traceEvents
@@ -156,16 +136,7 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             e.ts = (e.ts - origin) * scale
             e.dur = e.dur * scale
     trace.origin_us = origin * scale
-    for e in memory_events:
-        a = e.args or Args()
-        trace.memory.append(MemorySample(
-            ts=(e.ts - origin) * scale,
-            device_type=_as_int(a.device_type, 0),
-            device_id=_as_int(a.device_id, -1),
-            bytes=float(a.alloc_bytes or 0),
-            total_allocated=None if a.total_allocated is None else float(a.total_allocated),
-            total_reserved=None if a.total_reserved is None else float(a.total_reserved),
-        ))
+    trace.memory = memory_samples(memory_events, origin, scale)
     trace.steps.sort(key=START)
     trace.steps[:] = usable_steps(trace.steps, trace.skipped)
     for name in groups:
