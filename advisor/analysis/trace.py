@@ -148,12 +148,12 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     ids = dict(zip(LINKED, id_columns([correlations(getattr(trace, name)) for name in LINKED])))
     for name in groups:
         trace.columns[name] = columns_of(getattr(trace, name), *times[name], tids[name], ids.get(name))
-    runtime_names = {e.name for e in trace.runtime}
+    runtime_names = set(trace.columns["runtime"].names)
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
     trace.devices = described_devices(path, doc, runtime_names, kernel_kinds)
     if not trace.devices:
-        trace.devices = devices_from_events(trace, {e.name for e in trace.kernels})
+        trace.devices = devices_from_events(trace, set(trace.columns["kernels"].names))
     return trace
 
 
