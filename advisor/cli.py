@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -57,24 +58,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
-
-
 def import_numpy_without_blas_threads() -> None:
-    """Import numpy with OpenBLAS told to start no thread pool (unless the user set its size).
-
-    The analysis does interval arithmetic, never linear algebra, yet OpenBLAS starts a thread per core when
-    numpy loads it: 50 ms of CPU, a sixth of `advisor analyze` of a 54 MB trace. The variable is read once, as
-    the library loads, and taken away again so that nothing this process starts inherits it."""
-    import os
-
-    if "numpy" in sys.modules or BLAS_THREADS_ENV in os.environ:
-        return
-    os.environ[BLAS_THREADS_ENV] = "1"
-    try:
-        import numpy  # noqa: F401
-    finally:
-        del os.environ[BLAS_THREADS_ENV]
+    """Import numpy with OpenBLAS told to start no thread pool (unless the user sized it): the analysis does no
+    linear algebra, yet OpenBLAS starts a spinning worker per core as it loads (50 ms of CPU). The variable is
+    read as the library loads, then taken away again so that nothing this process starts inherits it."""
+    if "numpy" not in sys.modules and "OPENBLAS_NUM_THREADS" not in os.environ:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        try:
+            import numpy  # noqa: F401
+        finally:
+            del os.environ["OPENBLAS_NUM_THREADS"]
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -82,8 +75,7 @@ def _command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-# Commands whose process, run as the program, ends without freeing what it read (`exit_without_teardown`).
-READ_ONLY_COMMANDS = ("analyze", "compare")
+READ_ONLY_COMMANDS = ("analyze", "compare")  # run as the program, they end so (`exit_without_teardown`)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,14 +88,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def exit_without_teardown(code: int) -> None:
     """End the process now, its output flushed, without freeing each of the hundreds of thousands of events it
-    read (a tenth of a second of CPU for a 54 MB trace, which the operating system reclaims at once). Only
-    for commands that write nothing but their output; where the output cannot be flushed (a closed pipe),
-    Python's own exit reports it."""
-    import os
-
+    read (0.08 s of CPU for a 54 MB trace; the system reclaims it all at once). Only for commands that write
+    nothing but their output; where the output cannot be flushed (a closed pipe), Python's exit says so."""
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        sys.stdout.flush(), sys.stderr.flush()
     except (OSError, ValueError):
         return
     os._exit(code)
