@@ -4,7 +4,6 @@ TensorBoard plugin's priority scheme), and how busy kernels keep each device."""
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from functools import lru_cache
 
 import numpy as np
@@ -104,9 +103,8 @@ def gpu_utilization(trace: Trace, steps: list[Step]) -> dict[int, float]:
     start, end = steps[0].start, steps[-1].end
     if end <= start:
         return {}
-    per_device = defaultdict(list)
-    for k in trace.kernels:
-        d = k.args.device if k.args is not None and k.args.device is not None else k.pid
-        per_device[d].append(k)
-    return {d: iv.length(iv.from_events(kernels), start, end) / (end - start)
-            for d, kernels in per_device.items() if isinstance(d, int)}
+    kernels = trace.columns["kernels"]
+    devices = kernels.device[kernels.on_device]
+    _, first = np.unique(devices, return_index=True)
+    return {d: iv.length(iv.from_columns(kernels, kernels.on_device & (kernels.device == d)), start, end) / (end - start)
+            for d in devices[np.sort(first)].tolist()}  # in the order the devices first appear

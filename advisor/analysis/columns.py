@@ -29,6 +29,10 @@ class Columns:
     # Per event: its correlation id likewise, -1 where it has none; runtime calls and device activity only
     # (None for the steps and operators, which the analysis never links so).
     correlation: np.ndarray | None
+    # Per event of device activity (kernels, copies, memsets): the device that ran it ('device' in its
+    # arguments, else its 'pid'), where that is an integer (`on_device`); None for the other groups.
+    device: np.ndarray | None = None
+    on_device: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.ts.size
@@ -46,14 +50,14 @@ class Columns:
         return table[self.name_code]
 
 
-def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray,
-               correlation: np.ndarray | None) -> Columns:
+def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, correlation: np.ndarray | None,
+               device: np.ndarray | None = None, on_device: np.ndarray | None = None) -> Columns:
     """The Columns of `events`, whose starts, durations, threads and correlation ids are the arrays given (in
     the events' order)."""
     codes: dict[str, int] = {}
     name_code = np.fromiter((codes.setdefault(name, len(codes)) for name in map(NAME, events)), np.int32,
                             len(events))
-    return Columns(ts, dur, ts + dur, tuple(codes), name_code, tid, correlation)
+    return Columns(ts, dur, ts + dur, tuple(codes), name_code, tid, correlation, device, on_device)
 
 
 TID = attrgetter("tid")
@@ -180,3 +184,27 @@ def whole_numbers(values: list, default: int) -> np.ndarray:
         except (TypeError, ValueError):
             out.append(default)
     return np.array(out, dtype=object if any(abs(v) >= 2**63 for v in out) else np.int64).reshape(-1)
+
+
+DEVICE_GROUPS = ("kernels", "memcpys", "memsets")
+
+
+def device_of(event):
+    """The device that ran an event of device activity: 'device' in its arguments, else its 'pid'."""
+    args = event.args
+    device = None if args is None else args.device
+    return event.pid if device is None else device
+
+
+def devices_of(events: list) -> tuple[np.ndarray, np.ndarray]:
+    """(device of each event where it is an integer, which events have one) (`device_of`)."""
+    values = list(map(device_of, events))
+    if set(map(type, values)) <= {int}:
+        known = np.ones(len(values), dtype=bool)
+    else:
+        known = np.fromiter((type(v) is int for v in values), bool, len(values))
+        values = [v if type(v) is int else 0 for v in values]
+    try:
+        return np.array(values, dtype=np.int64).reshape(-1), known
+    except OverflowError:  # an integer beyond 64 bits: kept as it is
+        return np.array(values, dtype=object).reshape(-1), known

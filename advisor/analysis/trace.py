@@ -20,8 +20,8 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from advisor.analysis.columns import (LINKED, TID, Columns, MemorySamples, columns_of, correlations, id_columns,
-                                      memory_samples)
+from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
+                                      devices_of, id_columns, memory_samples)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
 from advisor.analysis.events import Event, TraceDocument, accelerator_of, decode, kind_of
@@ -63,14 +63,8 @@ class Trace:
     @property
     def used_device_ids(self) -> list[int]:
         """The accelerator ids that ran kernels or copies, from the events themselves."""
-        ids = set()
-        for e in self.kernels + self.memcpys + self.memsets:
-            d = e.args.device if e.args is not None else None
-            if d is None:
-                d = e.pid
-            if isinstance(d, int):
-                ids.add(d)
-        return sorted(ids)
+        columns = [self.columns[name] for name in DEVICE_GROUPS]
+        return sorted(set(np.concatenate([c.device[c.on_device] for c in columns]).tolist()))
 
     @property
     def used_devices(self) -> list[Device]:
@@ -147,7 +141,9 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     tids = dict(zip(groups, id_columns([list(map(TID, getattr(trace, name))) for name in groups])))
     ids = dict(zip(LINKED, id_columns([correlations(getattr(trace, name)) for name in LINKED])))
     for name in groups:
-        trace.columns[name] = columns_of(getattr(trace, name), *times[name], tids[name], ids.get(name))
+        group = getattr(trace, name)
+        trace.columns[name] = columns_of(group, *times[name], tids[name], ids.get(name),
+                                         *(devices_of(group) if name in DEVICE_GROUPS else (None, None)))
     runtime_names = set(trace.columns["runtime"].names)
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
