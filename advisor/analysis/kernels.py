@@ -10,6 +10,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
 import numpy as np
 
@@ -49,6 +50,9 @@ LAYOUT_KERNEL = re.compile(r"nchw_?(?:2|to)_?nhwc|nhwc_?(?:2|to)_?nchw", re.IGNO
 # compiled regions): cuBLAS/cutlass/nvjet GEMMs, cuDNN convolutions, AMD Tensile (Cijk_), attention.
 MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[sh]\d*cudnn|nvjet|^Cijk_|fmha|"
                            r"flash_|_sdpa_|splitKreduce", re.IGNORECASE)
+
+
+CATEGORY = attrgetter("cat")
 
 
 @lru_cache(maxsize=None)
@@ -117,8 +121,9 @@ def conv_shapes_constant(trace: Trace, steps: list[Step]) -> bool | None:
     """Whether every step ran its convolutions on the same input shapes (what cuDNN autotuning needs to
     pay); None when the trace has no convolutions or no shapes (recorded without record_shapes)."""
     per_step: dict[int, list[bytes]] = defaultdict(list)
-    for op in trace.ops:
-        if op.name in ("aten::convolution", "aten::_convolution") and op.args is not None:
+    convolutions = trace.columns["ops"].where_name(lambda name: name in ("aten::convolution", "aten::_convolution"))
+    for op in map(trace.ops.__getitem__, np.flatnonzero(convolutions).tolist()):
+        if op.args is not None:
             dims = bytes(op.args.input_dims)
             if not dims:
                 return None
@@ -151,7 +156,8 @@ def launching_ops(trace: Trace, correlations: np.ndarray) -> np.ndarray:
     found = np.full(correlations.size, -1)
     if not calls.size or not len(ops):
         return found
-    is_op = np.fromiter((op.cat != "user_annotation" for op in trace.ops), bool, len(ops))  # '## forward ##'
+    # User annotations ('## forward ##', 'Optimizer.step#...') are not operators.
+    is_op = np.fromiter(map("user_annotation".__ne__, map(CATEGORY, trace.ops)), bool, len(ops))
     call_tids = runtime.tid[calls]
     _, first = np.unique(call_tids, return_index=True)
     ids, innermost = [], []
