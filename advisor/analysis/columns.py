@@ -8,7 +8,9 @@ event: a trace repeats a few hundred names.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
+from itertools import count
 from operator import attrgetter
 
 import numpy as np
@@ -54,9 +56,8 @@ def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, c
                device: np.ndarray | None = None, on_device: np.ndarray | None = None) -> Columns:
     """The Columns of `events`, whose starts, durations, threads and correlation ids are the arrays given (in
     the events' order)."""
-    codes: dict[str, int] = {}
-    name_code = np.fromiter((codes.setdefault(name, len(codes)) for name in map(NAME, events)), np.int32,
-                            len(events))
+    codes: defaultdict[str, int] = defaultdict(count().__next__)  # a new name gets the next code
+    name_code = np.fromiter(map(codes.__getitem__, map(NAME, events)), np.int32, len(events))
     return Columns(ts, dur, ts + dur, tuple(codes), name_code, tid, correlation, device, on_device)
 
 
