@@ -87,10 +87,17 @@ def id_columns(values: list[list]) -> list[np.ndarray]:
     themselves where all are integers of 0 or more (as in Kineto's traces), else codes of their values."""
     arrays = []
     for v in values:
-        array = np.array(v if None not in v else [-1 if x is None else x for x in v])
-        if v and (array.dtype.kind != "i" or array.min() < -1 or (array == -1).sum() != v.count(None)):
-            break  # text, integers beyond 64 bits, negative ids: codes instead
-        arrays.append(array.astype(np.int64).reshape(-1))
+        types = set(map(type, v))
+        if not types <= {int, type(None)}:
+            break  # text: codes instead
+        nones = v.count(None) if type(None) in types else 0
+        try:
+            array = np.array([-1 if x is None else x for x in v] if nones else v, dtype=np.int64).reshape(-1)
+        except OverflowError:  # an integer beyond 64 bits
+            break
+        if array.size and (array.min() < -1 or int((array == -1).sum()) != nones):
+            break  # a negative id of the trace's own: codes instead
+        arrays.append(array)
     else:
         return arrays
     codes: dict = {None: -1}
