@@ -17,10 +17,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.events import Event
-from advisor.analysis.steps import Step, in_steps_mask
+from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
 SOFTMAX = ("aten::softmax", "aten::_softmax", "aten::special_softmax")
@@ -108,13 +109,12 @@ def may_be_attention(name: str) -> bool:
 
 def attention_spans(trace: Trace) -> tuple[list[tuple], list[tuple], set[str]]:
     """(hand-written spans, fused spans, implementations): each span (tid, start, end, whether a forward)."""
+    if not any(may_be_attention(name) for name in trace.columns["ops"].names):  # most traces: none can match
+        return [], [], set()
     by_thread: dict = defaultdict(list)
     for op in trace.ops:
         if op.cat == "cpu_op":
             by_thread[op.tid].append(op)
-    names = {op.name for ops in by_thread.values() for op in ops}
-    if not any(may_be_attention(name) for name in names):  # most traces: no operator below can match
-        return [], [], set()
     hand, fused, kinds = [], [], set()
     for tid, ops in by_thread.items():
         for group in siblings(ops):
@@ -177,11 +177,12 @@ def attention(trace: Trace, steps: list[Step], platform: str, step_us: float) ->
         hand_us, fused_us = (iv.length_within(iv.from_spans((s, e) for _, s, e, _ in spans), windows)
                              for spans in (hand, fused))
     else:
-        kernels = [k for k, inside in zip(trace.kernels, in_steps_mask(trace.kernels, steps)) if inside]
+        columns = trace.columns["kernels"]
+        inside = starts_in_steps(columns.ts, steps)
+        kernels = [trace.kernels[i] for i in np.flatnonzero(inside).tolist()] if hand or fused else []
         hand_us, fused_us = device_time(trace, kernels, hand), device_time(trace, kernels, fused)
         if not fused_us:  # fused kernels no operator launched: a compiled region, a CUDA graph
-            fused_names = {name for name in {k.name for k in kernels} if FUSED_KERNEL.search(name)}  # each name once
-            by_name = sum(k.dur for k in kernels if k.name in fused_names)
+            by_name = sum(columns.dur[inside & columns.where_name(FUSED_KERNEL.search)].tolist())
             fused_us = by_name
     if not (hand_us or fused_us) or not steps or not step_us:
         return None

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from operator import attrgetter
 from statistics import median
+
+import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.breakdown import exclusive_time
 from advisor.analysis.copies import CopyEvents
 from advisor.analysis.findings import Finding
-from advisor.analysis.steps import Step, in_steps, in_steps_mask
+from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
 # What can bound a step, and how output names it. Recommendations address one of these (`Recommendation.bound`).
@@ -45,6 +48,9 @@ START_UP_CALL = re.compile(r"^(cuInit|cuDevicePrimaryCtx\w*|cuCtxCreate\w*|cu(da
                            r"hipInit|hipGetDeviceCount|hipGetDeviceProperties\w*|hipDeviceGetAttribute|hipSetDevice)$")
 
 
+PID = attrgetter("pid")
+
+
 def bound_time(steps: list[Step], roles: dict[str, iv.Intervals], copies: CopyEvents) -> dict[str, float]:
     """Average microseconds per step that each bound holds, each moment counted once, by priority:
     compute (kernels, memsets) > communication > copy (host-to-device copies and the host's waits on them)
@@ -65,15 +71,16 @@ def degenerate(trace: Trace, steps: list[Step]) -> str | None:
     """Why the steps cannot describe training (too few events, events of another process, start-up calls),
     or None. A degenerate trace gets figures but no bound and no speed advice."""
     windows = [(s.start, s.end) for s in steps]
-    host_events = trace.ops + trace.runtime
-    device_events = trace.kernels + trace.memcpys + trace.memsets
-    host_mask = in_steps_mask(host_events, steps)
-    count = int(host_mask.sum()) + int(in_steps_mask(device_events, steps).sum())
+    host = [trace.columns[group] for group in ("ops", "runtime")]
+    host_mask = np.concatenate([starts_in_steps(c.ts, steps) for c in host])
+    count = int(host_mask.sum()) + sum(int(starts_in_steps(trace.columns[group].ts, steps).sum())
+                                       for group in ("kernels", "memcpys", "memsets"))
     if count < MIN_EVENTS_PER_STEP * len(steps):
         return (f"only {count} events inside {len(steps)} step(s): too few to say what a step does "
                 "(a forward, backward and optimizer step record dozens)")
-    own = {e.pid for e in trace.steps}
-    if own and {e.pid for e in host_events} - own:  # some host events come from another process
+    own = set(map(PID, trace.steps))
+    if own and (set(map(PID, trace.ops)) | set(map(PID, trace.runtime))) - own:  # host events of another process
+        host_events = trace.ops + trace.runtime
         pids = [e.pid for e, inside in zip(host_events, host_mask) if inside]
         mine = sum(1 for pid in pids if pid in own)
         if mine < OWN_PROCESS_SHARE * len(pids):
@@ -82,10 +89,11 @@ def degenerate(trace: Trace, steps: list[Step]) -> str | None:
                     f"{', '.join(others[:3])}, not from the steps' process {', '.join(sorted(map(str, own)))}: "
                     "the figures would describe another process")
     total = sum(b - a for a, b in windows)
-    start_up = [e for e in trace.runtime if _is_start_up_call(e.name) and in_steps(e, steps)]
-    start_up_us = iv.length_within(iv.from_events(start_up), iv.from_spans(windows))
+    runtime = trace.columns["runtime"]
+    start_up = np.flatnonzero(runtime.where_name(_is_start_up_call) & starts_in_steps(runtime.ts, steps))
+    start_up_us = iv.length_within(iv.merge(runtime.ts[start_up], runtime.end[start_up]), iv.from_spans(windows))
     if total and start_up_us >= START_UP_SHARE * total:
-        names = sorted({e.name for e in start_up})
+        names = sorted({trace.runtime[i].name for i in start_up.tolist()})
         return (f"{100 * start_up_us / total:.0f}% of the step is in start-up calls ({', '.join(names[:4])}): "
                 "this is a process starting, not a training step; profile steps after the first")
     return None
@@ -125,7 +133,7 @@ def loader_queue(trial: dict | None, trace: Trace, steps: list[Step], dataloader
             waits = [1e6 * max(0.0, s["wall_s"] - s["call_s"]) for s in later]
             walls = [1e6 * s["wall_s"] for s in later]
             where = "trial"
-    elif any(e.name.startswith("enumerate(DataLoader)#_MultiProcessing") for e in trace.ops):
+    elif any(name.startswith("enumerate(DataLoader)#_MultiProcessing") for name in trace.columns["ops"].names):
         waits = [iv.length(dataloader, s.start, s.end) for s in steps]
         walls = [s.duration for s in steps]
     if len(waits) < 2 or not sum(walls):

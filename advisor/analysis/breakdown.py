@@ -4,8 +4,9 @@ TensorBoard plugin's priority scheme), and how busy kernels keep each device."""
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from functools import lru_cache
+
+import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.steps import Step
@@ -50,23 +51,24 @@ def _operator_role(name: str) -> str:
 
 def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
     """Merged time intervals of each breakdown role over the whole trace."""
-    host = {"dataloader": [], "communication": [], "cpu_op": []}
-    for op in trace.ops:
-        host[_operator_role(op.name)].append(op)
-    comm = host["communication"]
-    collective_ids = {e.external_id for e in comm}
-    kernel = []
-    for k in trace.kernels:
-        is_comm = is_communication_kernel(k.name) or (collective_ids and k.external_id in collective_ids)
-        (comm if is_comm else kernel).append(k)
+    ops, kernels = trace.columns["ops"], trace.columns["kernels"]
+    op_role = ops.name_classes(_operator_role)
+    comm = op_role == "communication"
+    collective_ids = {trace.ops[i].external_id for i in np.flatnonzero(comm).tolist()}
+    kernel_comm = kernels.where_name(is_communication_kernel)
+    if collective_ids:  # kernels a collective annotation launched: communication too
+        kernel_comm |= np.fromiter((k.external_id in collective_ids for k in trace.kernels), bool, len(kernels))
+    # The annotations, then the kernels, in that order (as the intervals were always gathered).
+    comm_starts = np.concatenate([ops.ts[comm], kernels.ts[kernel_comm]])
+    comm_ends = np.concatenate([ops.end[comm], kernels.end[kernel_comm]])
     return {
-        "kernel": iv.from_events(kernel),
-        "memcpy": iv.from_events(trace.memcpys),
-        "memset": iv.from_events(trace.memsets),
-        "communication": iv.from_events(comm),
-        "runtime": iv.from_events(trace.runtime),
-        "dataloader": iv.from_events(host["dataloader"]),
-        "cpu_op": iv.from_events(host["cpu_op"]),
+        "kernel": iv.from_columns(kernels, ~kernel_comm),
+        "memcpy": iv.from_columns(trace.columns["memcpys"]),
+        "memset": iv.from_columns(trace.columns["memsets"]),
+        "communication": iv.merge(comm_starts, comm_ends),
+        "runtime": iv.from_columns(trace.columns["runtime"]),
+        "dataloader": iv.from_columns(ops, op_role == "dataloader"),
+        "cpu_op": iv.from_columns(ops, op_role == "cpu_op"),
     }
 
 
@@ -101,9 +103,8 @@ def gpu_utilization(trace: Trace, steps: list[Step]) -> dict[int, float]:
     start, end = steps[0].start, steps[-1].end
     if end <= start:
         return {}
-    per_device = defaultdict(list)
-    for k in trace.kernels:
-        d = k.args.device if k.args is not None and k.args.device is not None else k.pid
-        per_device[d].append(k)
-    return {d: iv.length(iv.from_events(kernels), start, end) / (end - start)
-            for d, kernels in per_device.items() if isinstance(d, int)}
+    kernels = trace.columns["kernels"]
+    devices = kernels.device[kernels.on_device]
+    _, first = np.unique(devices, return_index=True)
+    return {d: iv.length(iv.from_columns(kernels, kernels.on_device & (kernels.device == d)), start, end) / (end - start)
+            for d in devices[np.sort(first)].tolist()}  # in the order the devices first appear

@@ -14,10 +14,11 @@ import math
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.breakdown import collective_kind
-from advisor.analysis.steps import Step, in_steps
+from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
 # Bytes per element of the dtypes the profiler names in "Input type".
@@ -86,10 +87,10 @@ def collective_bytes(args) -> float | None:
 def collectives(trace: Trace, steps: list[Step]) -> tuple[Collective, ...]:
     """Collective calls per step by kind, from the host's collective annotations inside the steps."""
     found: dict[str, list[float | None]] = {}
-    for op in trace.ops:
-        kind = collective_kind(op.name)
-        if kind is not None and in_steps(op, steps):
-            found.setdefault(kind, []).append(collective_bytes(op.args))
+    ops = trace.columns["ops"]
+    for i in np.flatnonzero(ops.where_name(collective_kind) & starts_in_steps(ops.ts, steps)).tolist():
+        op = trace.ops[i]
+        found.setdefault(collective_kind(op.name), []).append(collective_bytes(op.args))
     n = len(steps) or 1
     out = []
     for name, sizes in sorted(found.items(), key=lambda kv: -len(kv[1])):

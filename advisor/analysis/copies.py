@@ -6,9 +6,12 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from advisor.analysis import intervals as iv
 from advisor.analysis.events import Event
-from advisor.analysis.steps import Step, in_steps
+from advisor.analysis.columns import among, distinct
+from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
 SYNC_CALL = re.compile(r"(cuda|hip)(Stream|Device|Event)Synchronize$")
@@ -73,33 +76,40 @@ def copy_events(trace: Trace, steps: list[Step]) -> CopyEvents:
     about as long as the copy), and in a synchronize that directly follows the async copy call on the same
     thread (what `.to(device)` does without non_blocking).
     """
-    kind_by_corr = {}
-    copies = []
-    for c in trace.memcpys:
-        kind = _copy_kind(c.name)
-        if kind is None:
-            continue
-        if c.correlation is not None:
-            kind_by_corr[c.correlation] = kind
-        if in_steps(c, steps):
-            copies.append(c)
+    memcpys, runtime = trace.columns["memcpys"], trace.columns["runtime"]
+    kind_of_copy = memcpys.name_classes(_copy_kind)
+    copies = [trace.memcpys[i] for i in np.flatnonzero((kind_of_copy != None) & starts_in_steps(memcpys.ts, steps)).tolist()]  # noqa: E711
+    kind_by_id = {}  # the last copy with an id decides its kind
+    for i in np.flatnonzero((kind_of_copy != None) & (memcpys.correlation != -1)).tolist():  # noqa: E711
+        kind_by_id[int(memcpys.correlation[i])] = kind_of_copy[i]
     sync_waits, pageable_waits = [], []
     blocked = 0
-    by_thread = defaultdict(list)
-    for r in trace.runtime:
-        by_thread[r.tid].append(r)
-    for calls in by_thread.values():
-        for i, r in enumerate(calls):
-            kind = kind_by_corr.get(r.correlation)
-            if kind is None or not in_steps(r, steps):
-                continue
+    ids = np.fromiter(kind_by_id, np.int64, len(kind_by_id))
+    calls = np.flatnonzero(among(runtime.correlation, ids) & starts_in_steps(runtime.ts, steps))
+    if calls.size:
+        # Each call's next call on its thread; calls taken thread by thread (threads in the order they first
+        # call), in order, as the waits were always gathered.
+        by_thread = np.argsort(runtime.tid, kind="stable")
+        following = np.full(len(runtime), -1)
+        same = runtime.tid[by_thread[1:]] == runtime.tid[by_thread[:-1]]
+        following[by_thread[:-1][same]] = by_thread[1:][same]
+        _, first = np.unique(runtime.tid, return_index=True)
+        thread_rank = np.empty(first.size, dtype=np.int64)
+        thread_rank[np.argsort(first)] = np.arange(first.size)
+        rank = thread_rank[np.searchsorted(distinct(runtime.tid), runtime.tid[calls])]
+        calls = calls[np.lexsort((calls, rank))]
+        is_sync = runtime.where_name(SYNC_CALL.search)
+        for i in calls.tolist():
+            r = trace.runtime[i]
+            kind = kind_by_id[int(runtime.correlation[i])]
             if "Async" not in r.name:
                 sync_waits.append(r)
                 blocked += 1
                 continue
-            synchronized = i + 1 < len(calls) and SYNC_CALL.search(calls[i + 1].name) is not None
+            after = following[i]
+            synchronized = bool(after >= 0 and is_sync[after])
             if synchronized:
-                sync_waits.append(calls[i + 1])
+                sync_waits.append(trace.runtime[after])
             if kind == "pageable":
                 pageable_waits.append(r)
             blocked += synchronized or kind == "pageable"

@@ -156,7 +156,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         windows = iv.from_spans((s.start, s.end) for s in steps)
         span = iv.length(windows)
         for key, wanted in (("cpu_eligible_share", is_eligible_op), ("cpu_conv_share", is_conv_op)):
-            spans = iv.from_events([op for op in trace.ops if wanted(op.name)])
+            spans = iv.from_columns(trace.columns["ops"], trace.columns["ops"].where_name(wanted))
             extra[key] = iv.length_within(spans, windows) / span if span else None
         optimizer = host_figures(trace, steps).get("optimizer")
         if optimizer is not None:

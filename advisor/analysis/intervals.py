@@ -32,6 +32,14 @@ def from_events(events) -> Intervals:
     return merge(starts, ends)
 
 
+def from_columns(columns, mask=None) -> Intervals:
+    """Merged intervals covered by a group of a Trace's events (`advisor.analysis.columns.Columns`), or by
+    those of them a boolean mask selects."""
+    if mask is None:
+        return merge(columns.ts, columns.end)
+    return merge(columns.ts[mask], columns.end[mask])
+
+
 def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     """Union of possibly overlapping intervals, as sorted disjoint arrays."""
     keep = ends > starts

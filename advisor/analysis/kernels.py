@@ -10,10 +10,13 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
+
+import numpy as np
 
 from advisor.analysis.breakdown import is_communication_kernel
-from advisor.analysis.events import Event
-from advisor.analysis.steps import Step, in_steps_mask
+from advisor.analysis.columns import among, distinct, rightmost_above
+from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
 
@@ -47,6 +50,9 @@ LAYOUT_KERNEL = re.compile(r"nchw_?(?:2|to)_?nhwc|nhwc_?(?:2|to)_?nchw", re.IGNO
 # compiled regions): cuBLAS/cutlass/nvjet GEMMs, cuDNN convolutions, AMD Tensile (Cijk_), attention.
 MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[sh]\d*cudnn|nvjet|^Cijk_|fmha|"
                            r"flash_|_sdpa_|splitKreduce", re.IGNORECASE)
+
+
+CATEGORY = attrgetter("cat")
 
 
 @lru_cache(maxsize=None)
@@ -115,8 +121,9 @@ def conv_shapes_constant(trace: Trace, steps: list[Step]) -> bool | None:
     """Whether every step ran its convolutions on the same input shapes (what cuDNN autotuning needs to
     pay); None when the trace has no convolutions or no shapes (recorded without record_shapes)."""
     per_step: dict[int, list[bytes]] = defaultdict(list)
-    for op in trace.ops:
-        if op.name in ("aten::convolution", "aten::_convolution") and op.args is not None:
+    convolutions = trace.columns["ops"].where_name(lambda name: name in ("aten::convolution", "aten::_convolution"))
+    for op in map(trace.ops.__getitem__, np.flatnonzero(convolutions).tolist()):
+        if op.args is not None:
             dims = bytes(op.args.input_dims)
             if not dims:
                 return None
@@ -130,40 +137,49 @@ def conv_shapes_constant(trace: Trace, steps: list[Step]) -> bool | None:
     return len(shapes) == 1
 
 
-def launching_ops(trace: Trace, correlations: set) -> dict:
-    """Correlation id of each runtime call in `correlations` → name of the innermost operator around it
-    (user annotations are not operators; a call with no operator around it is left out).
+def launching_ops(trace: Trace, correlations: np.ndarray) -> np.ndarray:
+    """For each correlation id given (`Columns.correlation`), the index in `trace.ops` of the innermost operator
+    around the runtime call with that id, or -1 (user annotations are not operators; a call with no operator
+    around it has none).
 
     Matched by time on the calling thread rather than by 'External id', which some Kineto versions
-    write as the correlation id (so it names no operator). Operators and runtime calls are both sorted
-    by start already (enclosing operators first), so one merge pass per thread with a stack suffices.
+    write as the correlation id (so it names no operator). Operators are sorted by start, enclosing ones
+    first: the innermost operator around a call is the last one to start by then that has not ended yet
+    (`rightmost_above`), found for all the calls of a thread at once. Where calls share an id, the last
+    call of the last thread (by first call) decides.
     """
-    ops_by_thread = defaultdict(list)
-    for op in trace.ops:
-        if op.cat != "user_annotation":  # '## forward ##', 'Optimizer.step#...': not operators
-            ops_by_thread[op.tid].append(op)
-    calls_by_thread = defaultdict(list)
-    for r in trace.runtime:
-        if r.args is not None and r.args.correlation in correlations:
-            calls_by_thread[r.tid].append(r)
-    out = {}
-    for tid, calls in calls_by_thread.items():
-        ops = ops_by_thread.get(tid, ())
-        stack: list[Event] = []  # enclosing operators, innermost last
-        i, n = 0, len(ops)
-        for r in calls:
-            start = r.ts
-            while i < n and ops[i].ts <= start:
-                op = ops[i]
-                while stack and stack[-1].ts + stack[-1].dur <= op.ts:
-                    stack.pop()
-                stack.append(op)
-                i += 1
-            while stack and stack[-1].ts + stack[-1].dur <= start:
-                stack.pop()
-            if stack:
-                out[r.args.correlation] = stack[-1].name
-    return out
+    ops, runtime = trace.columns["ops"], trace.columns["runtime"]
+    wanted = among(runtime.correlation, correlations)
+    if (correlations == -1).any():  # an id of None: only calls that have arguments at all count
+        wanted &= np.fromiter((r.args is not None for r in trace.runtime), bool, len(runtime))
+    calls = np.flatnonzero(wanted)
+    found = np.full(correlations.size, -1)
+    if not calls.size or not len(ops):
+        return found
+    # User annotations ('## forward ##', 'Optimizer.step#...') are not operators.
+    is_op = np.fromiter(map("user_annotation".__ne__, map(CATEGORY, trace.ops)), bool, len(ops))
+    call_tids = runtime.tid[calls]
+    _, first = np.unique(call_tids, return_index=True)
+    ids, innermost = [], []
+    for tid in call_tids[np.sort(first)].tolist():  # threads in the order their first call comes
+        on_thread = calls[call_tids == tid]
+        thread_ops = np.flatnonzero(is_op & (ops.tid == tid))
+        if not thread_ops.size:
+            continue
+        starts = runtime.ts[on_thread]
+        last = np.searchsorted(ops.ts[thread_ops], starts, side="right") - 1
+        op = rightmost_above(ops.end[thread_ops], last, starts)
+        ids.append(runtime.correlation[on_thread][op >= 0])
+        innermost.append(thread_ops[op[op >= 0]])
+    if not ids:
+        return found
+    ids, innermost = np.concatenate(ids), np.concatenate(innermost)
+    # The last call with each id: unique ids of the reversed list keep their first (the last) occurrence.
+    unique_ids, last_of = np.unique(ids[::-1], return_index=True)
+    at = np.clip(np.searchsorted(unique_ids, correlations), 0, max(unique_ids.size - 1, 0))
+    hit = unique_ids[at] == correlations
+    found[hit] = innermost[::-1][last_of[at[hit]]]
+    return found
 
 
 @dataclass(frozen=True)
@@ -190,29 +206,42 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
     (all kernels of eligible ops) is `eligible_op_share`. Without a Tensor Core table for the vendor, the
     Tensor Core and eligible shares are unknown (None), not zero.
     """
-    kernels = [k for k, inside in zip(trace.kernels, in_steps_mask(trace.kernels, steps))
-               if inside and not is_communication_kernel(k.name)]
-    total = sum(k.dur for k in kernels)
+    columns = trace.columns["kernels"]
+    chosen = np.flatnonzero(starts_in_steps(columns.ts, steps) & ~columns.where_name(is_communication_kernel))
+    durations = columns.dur[chosen]
+    total = sum(durations.tolist())
     if not total:
         return KernelMix()
-    op_of = launching_ops(trace, {k.args.correlation for k in kernels if k.args is not None})
-    tc = eligible_left = eligible_all = layout = by_name = conv = 0.0
-    for k in kernels:
-        op = op_of.get(k.correlation)
-        if (is_conv_op(op) if op is not None else CONV_KERNEL.search(k.name) is not None) \
-                and not _is_layout_kernel(k.name):
-            conv += k.dur
-        on_tc, eligible, is_layout = _kernel_class(vendor, k.name, op)
-        if on_tc:
-            tc += k.dur
-        if op is None:
-            by_name += k.dur
-        if eligible:
-            eligible_all += k.dur
-        if is_layout:
-            layout += k.dur
-        elif eligible and not on_tc:
-            eligible_left += k.dur
+    correlations = columns.correlation[chosen]
+    # Ids of kernels without arguments are not asked for: they are looked up as None all the same.
+    has_args = np.fromiter((trace.kernels[i].args is not None for i in chosen.tolist()), bool, chosen.size) \
+        if (correlations == -1).any() else np.ones(chosen.size, dtype=bool)
+    asked = distinct(correlations[has_args])
+    op_index = np.full(chosen.size, -1)
+    if asked.size:
+        at = np.clip(np.searchsorted(asked, correlations), 0, asked.size - 1)
+        op_index = np.where(asked[at] == correlations, launching_ops(trace, asked)[at], -1)
+    ops = trace.columns["ops"]
+    op_names = list(ops.names) + [None]
+    op_code = np.where(op_index >= 0, ops.name_code[np.clip(op_index, 0, None)], len(ops.names)) if len(ops) else \
+        np.full(chosen.size, len(ops.names))
+    # Each (kernel name, operator) pair classified once: a step repeats the same few hundred pairs.
+    pairs, pair_of = np.unique(columns.name_code[chosen].astype(np.int64) * len(op_names) + op_code,
+                               return_inverse=True)
+    table = []
+    for pair in pairs.tolist():
+        name, op = columns.names[pair // len(op_names)], op_names[pair % len(op_names)]
+        conv = (is_conv_op(op) if op is not None else CONV_KERNEL.search(name) is not None) \
+            and not _is_layout_kernel(name)
+        table.append((conv, op is None) + _kernel_class(vendor, name, op))
+    table = np.array(table, dtype=bool).reshape(-1, 5)[pair_of.reshape(-1)]
+    conv_k, by_name_k, on_tc, eligible, is_layout = table.T
+
+    def time_of(mask) -> float:
+        return sum(durations[mask].tolist(), 0.0)  # in the kernels' order, as they were always added
+
+    tc, by_name, eligible_all, layout = time_of(on_tc), time_of(by_name_k), time_of(eligible), time_of(is_layout)
+    eligible_left, conv = time_of(~is_layout & eligible & ~on_tc), time_of(conv_k)
     known = vendor in _TC_REGEX
     return KernelMix(
         kernel_us=total / len(steps),

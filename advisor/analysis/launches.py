@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import bisect
 import re
 from functools import lru_cache
 
+import numpy as np
+
 from advisor.analysis import intervals as iv
-from advisor.analysis.steps import Step, in_steps, in_steps_mask
+from advisor.analysis.columns import among, distinct
+from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
 LAUNCH_CALL = re.compile(r"LaunchKernel|^cuLaunch|GraphLaunch")
@@ -36,19 +38,20 @@ def host_figures(trace: Trace, steps: list[Step]) -> dict:
     """Launch and optimizer figures per step: kernel launches, kernels, CUDA graph launches, and the
     optimizer's step (class, host time, implementation: fused, foreach or a per-parameter loop)."""
     n = len(steps)
-    calls = [r for r in trace.runtime if _is_launch_call(r.name)]
-    launches = [r for r, inside in zip(calls, in_steps_mask(calls, steps)) if inside]
+    runtime, ops = trace.columns["runtime"], trace.columns["ops"]
+    launches = runtime.where_name(_is_launch_call) & starts_in_steps(runtime.ts, steps)
     out = {
-        "launches_per_step": len(launches) / n,
-        "kernels_per_step": int(in_steps_mask(trace.kernels, steps).sum()) / n,
-        "graph_launches_per_step": sum(1 for r in launches if "Graph" in r.name) / n,
+        "launches_per_step": int(launches.sum()) / n,
+        "kernels_per_step": int(starts_in_steps(trace.columns["kernels"].ts, steps).sum()) / n,
+        "graph_launches_per_step": int((launches & runtime.where_name(lambda name: "Graph" in name)).sum()) / n,
     }
-    spans = [e for e in trace.ops if e.name.startswith("Optimizer.step#") and OPTIMIZER_STEP.match(e.name)
-             and in_steps(e, steps)]
+    optimizer = ops.where_name(lambda name: name.startswith("Optimizer.step#") and OPTIMIZER_STEP.match(name))
+    spans = [trace.ops[i] for i in np.flatnonzero(optimizer & starts_in_steps(ops.ts, steps)).tolist()]
     if spans:
-        starts = [op.ts for op in trace.ops]  # sorted: operators are sorted by start
+        starts = ops.ts  # sorted: operators are sorted by start
         inside = [op for span in spans
-                  for op in trace.ops[bisect.bisect_left(starts, span.ts):bisect.bisect_right(starts, span.end)]
+                  for op in trace.ops[np.searchsorted(starts, span.ts, side="left"):
+                                      np.searchsorted(starts, span.end, side="right")]
                   if op.tid == span.tid and op.end <= span.end and op is not span]
         closures = [op for op in inside if op.name == CLOSURE_RANGE]
         own = [op.name for op in inside if op.name != CLOSURE_RANGE
@@ -70,14 +73,15 @@ def host_figures(trace: Trace, steps: list[Step]) -> dict:
 def host_busy_us(trace: Trace, steps: list[Step]) -> float:
     """The training thread's own work per step: its operators and runtime calls, less the DataLoader's
     __next__ and the calls in which it waits on the device (`WAIT_CALL`)."""
-    tids = {e.tid for e in trace.steps}
-    if not steps or not tids:
+    tids = distinct(trace.columns["steps"].tid)
+    if not steps or not tids.size:
         return 0.0
-    work_events, wait_events = [], []
-    for e in trace.ops + trace.runtime:
-        if e.tid in tids:
-            (wait_events if _is_wait(e.name) else work_events).append(e)
+    ops, runtime = trace.columns["ops"], trace.columns["runtime"]
+    mine = [(among(c.tid, tids), c.where_name(_is_wait), c) for c in (ops, runtime)]
+    work = iv.merge(np.concatenate([c.ts[on & ~wait] for on, wait, c in mine]),
+                    np.concatenate([c.end[on & ~wait] for on, wait, c in mine]))
+    waits = iv.merge(np.concatenate([c.ts[on & wait] for on, wait, c in mine]),
+                     np.concatenate([c.end[on & wait] for on, wait, c in mine]))
     windows = iv.from_spans((s.start, s.end) for s in steps)
-    work, waits = iv.from_events(work_events), iv.from_events(wait_events)
     busy = iv.length_within(work, windows) - iv.length_within(iv.intersect(work, waits), windows)
     return max(0.0, busy) / len(steps)

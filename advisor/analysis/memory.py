@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 
@@ -57,36 +55,37 @@ def downsample_max(times: list[float], values: list[float], points: int = TIMELI
 def memory_peaks(trace: Trace, devices: list[Device]) -> list[DeviceMemory]:
     """Peak allocated/reserved per device from `[memory]` events, against the device's capacity."""
     capacity = {d.index: d.total_memory for d in devices}
-    grouped = defaultdict(list)
-    for m in trace.memory:
-        grouped[(m.device_type, m.device_id)].append(m)
+    m = trace.memory
+    if m is None or not len(m):
+        return []
+    # By device (type, then id), each device's samples by time, in file order where times tie.
+    order = np.lexsort((m.ts, m.device_id, m.device_type))
+    kinds, ids = m.device_type[order], m.device_id[order]
+    starts = np.flatnonzero(np.concatenate(([True], (kinds[1:] != kinds[:-1]) | (ids[1:] != ids[:-1]))))
     out = []
-    for (dtype, did), samples in sorted(grouped.items()):
+    for first, end in zip(starts.tolist(), starts[1:].tolist() + [order.size]):
+        samples = order[first:end]
+        dtype, did = kinds[first].item(), ids[first].item()
         name = "cpu" if dtype == 0 else f"cuda:{did}" if dtype == 1 else f"device{dtype}:{did}"
-        samples.sort(key=attrgetter("ts"))
-        allocated = [m.total_allocated for m in samples if m.total_allocated is not None]
-        reserved = [m.total_reserved for m in samples if m.total_reserved is not None]
+        ts, allocated, reserved = m.ts[samples], m.total_allocated[samples], m.total_reserved[samples]
+        known = ~np.isnan(allocated)
+        reserved = reserved[~np.isnan(reserved)]
         growth = None
-        if allocated:
-            series = [(m.ts, m.total_allocated) for m in samples if m.total_allocated is not None]
+        if known.any():
+            times, values = ts[known], allocated[known]
         else:
             # Net allocations since the trace began. Frees of memory allocated before it make the sum dip
             # below zero: the growth is the largest rise above the lowest point so far, and the timeline
             # counts from the lowest point, so neither is ever negative.
-            running = lowest = growth = 0.0
-            series = []
-            for m in samples:
-                running += m.bytes
-                lowest = min(lowest, running)
-                growth = max(growth, running - lowest)
-                series.append((m.ts, running))
-            series = [(t, v - lowest) for t, v in series]
-        t0 = samples[0].ts
-        times, values = downsample_max([(t - t0) / 1000 for t, _ in series], [v for _, v in series])
+            running = np.cumsum(m.bytes[samples])  # added in time order, one by one
+            lowest = np.minimum.accumulate(np.concatenate(([0.0], running)))[1:]
+            growth = max(0.0, float((running - lowest).max()))
+            times, values = ts, running - lowest[-1]
+        times, values = downsample_max(((times - ts[0]) / 1000).tolist(), values.tolist())
         out.append(DeviceMemory(
             device=name,
-            peak_allocated=max(allocated) if allocated else None,
-            peak_reserved=max(reserved) if reserved else None,
+            peak_allocated=float(allocated[known].max()) if known.any() else None,
+            peak_reserved=float(reserved.max()) if reserved.size else None,
             capacity=capacity.get(did) if dtype != 0 else None,
             growth=growth,
             timeline_ms=times,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
+from advisor.analysis.columns import among, in_windows
 from advisor.analysis.intervals import START
 from advisor.analysis.events import Event
 from advisor.analysis.trace import Trace
@@ -30,16 +30,6 @@ class Step:
     def duration(self) -> float:
         """Step length in microseconds."""
         return self.end - self.start
-
-
-def _device_events_by_correlation(trace: Trace) -> dict:
-    by_corr = defaultdict(list)
-    for group in (trace.kernels, trace.memcpys, trace.memsets):
-        for e in group:
-            c = e.correlation
-            if c is not None:
-                by_corr[c].append(e)
-    return by_corr
 
 
 NO_STEP_SPANS = "no ProfilerStep# spans"  # how a step note begins when the whole trace is one step
@@ -65,24 +55,29 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
     steps, note = host_steps(trace)
     if not trace.has_device_activity or not trace.runtime:
         return steps, note
-    by_corr = _device_events_by_correlation(trace)
-    runtime = trace.runtime  # sorted by start
-    starts = [r.ts for r in runtime]
+    device = [trace.columns[group] for group in ("kernels", "memcpys", "memsets")]
+    device_events = trace.kernels + trace.memcpys + trace.memsets
+    device_ts = np.concatenate([c.ts for c in device])
+    device_end = np.concatenate([c.end for c in device])
+    device_ids = np.concatenate([c.correlation for c in device])
+    ids, per_id = np.unique(device_ids[device_ids != -1], return_counts=True)  # device events per correlation id
+    runtime = trace.columns["runtime"]
+    at = np.clip(np.searchsorted(ids, runtime.correlation), 0, max(ids.size - 1, 0))
+    launched = (ids[at] == runtime.correlation) & (runtime.correlation != -1) if ids.size else \
+        np.zeros(len(runtime), dtype=bool)
     device_span = []
     matched_count = []
     for s in steps:
         lo, hi, n = float("inf"), float("-inf"), 0
-        step_end = s.end
-        for r in runtime[bisect.bisect_left(starts, s.start):bisect.bisect_right(starts, step_end)]:
-            if r.ts + r.dur > step_end or r.args is None:
-                continue
-            for d in by_corr.get(r.args.correlation, ()):  # comparisons, not min()/max(): the hottest loop
-                end = d.ts + d.dur
-                if d.ts < lo:
-                    lo = d.ts
-                if end > hi:
-                    hi = end
-                n += 1
+        calls = slice(np.searchsorted(runtime.ts, s.start, side="left"), np.searchsorted(runtime.ts, s.end, side="right"))
+        inside = launched[calls] & (runtime.end[calls] <= s.end)
+        if inside.any():
+            step_ids = runtime.correlation[calls][inside]
+            n = int(per_id[at[calls][inside]].sum())
+            mine = np.flatnonzero(among(device_ids, step_ids))
+            first = device_events[mine[np.argmin(device_ts[mine])]]
+            last = device_events[mine[np.argmax(device_end[mine])]]
+            lo, hi = first.ts, last.ts + last.dur  # the events' own numbers, as the step's bounds
         device_span.append((lo, hi))
         matched_count.append(n)
     if not any(matched_count):
@@ -92,11 +87,10 @@ def find_steps(trace: Trace) -> tuple[list[Step], str]:
     if first_device_start != float("inf"):
         # Device work still running from before the first step (launched by an unrecorded step) delays
         # it. Work that ends before the first step's own device work cannot come from a later step.
-        for group in (trace.kernels, trace.memcpys, trace.memsets):
-            for d in group:
-                end = d.ts + d.dur
-                if end < first_device_start and end > prev_end:
-                    prev_end = end
+        earlier = np.flatnonzero((device_end < first_device_start) & (device_end > prev_end))
+        if earlier.size:
+            last = device_events[earlier[np.argmax(device_end[earlier])]]
+            prev_end = last.ts + last.dur
     out = []
     for s, (lo, hi) in zip(steps, device_span):
         start = max(prev_end, s.start)
@@ -156,6 +150,11 @@ def in_steps(e: Event, steps: list[Step]) -> bool:
 
 def _step_start(s: Step) -> float:
     return s.start
+
+
+def starts_in_steps(ts: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """Which of these start times lie inside a step (`in_steps` over a column of a Trace)."""
+    return in_windows(ts, np.array([s.start for s in steps]), np.array([s.end for s in steps]))
 
 
 def in_steps_mask(events: list[Event], steps: list[Step]) -> np.ndarray:

@@ -18,27 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
+from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
+                                      devices_of, id_columns, memory_samples)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
-from advisor.analysis.events import Args, Event, TraceDocument, accelerator_of, decode, kind_of
+from advisor.analysis.events import Event, TraceDocument, accelerator_of, decode, kind_of
 from advisor.analysis.reading import json_text, read_file
-from advisor.analysis.validation import check_sizes, check_times, usable_steps
+from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
-
-
-class MemorySample(msgspec.Struct, frozen=True, gc=False):
-    """One `[memory]` instant event: an allocation (bytes > 0) or a free (bytes < 0).
-
-    A Struct rather than a dataclass: a trace holds tens of thousands, and a frozen dataclass costs ten
-    times as much to create."""
-
-    ts: float
-    device_type: int  # 0 = CPU, 1 = CUDA (Kineto's c10::DeviceType)
-    device_id: int
-    bytes: float
-    total_allocated: float | None
-    total_reserved: float | None
 
 
 @dataclass
@@ -52,7 +41,7 @@ class Trace:
     kernels: list[Event] = field(default_factory=list)
     memcpys: list[Event] = field(default_factory=list)
     memsets: list[Event] = field(default_factory=list)
-    memory: list[MemorySample] = field(default_factory=list)
+    memory: MemorySamples | None = None  # the [memory] events
     devices: list[Device] = field(default_factory=list)  # all devices the file describes (or its events show)
     # The accelerator the device activity ran on: "cuda" for the CUDA vocabulary (CUDA and ROCm), else the
     # prefix of the accelerator's own categories ("mtia"); None when the trace shows no accelerator.
@@ -63,6 +52,8 @@ class Trace:
     time_unit: str = "us"
     event_count: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # odd but legal events left out: reason → count
+    # Each group of events above (but the memory samples) as arrays, in its order: "steps", "ops", "kernels", ...
+    columns: dict[str, Columns] = field(default_factory=dict)
 
     @property
     def has_device_activity(self) -> bool:
@@ -72,14 +63,8 @@ class Trace:
     @property
     def used_device_ids(self) -> list[int]:
         """The accelerator ids that ran kernels or copies, from the events themselves."""
-        ids = set()
-        for e in self.kernels + self.memcpys + self.memsets:
-            d = e.args.device if e.args is not None else None
-            if d is None:
-                d = e.pid
-            if isinstance(d, int):
-                ids.add(d)
-        return sorted(ids)
+        columns = [self.columns[name] for name in DEVICE_GROUPS]
+        return sorted(set(np.concatenate([c.device[c.on_device] for c in columns]).tolist()))
 
     @property
     def used_devices(self) -> list[Device]:
@@ -100,13 +85,6 @@ def _time_scale(doc: TraceDocument, events: list[Event]) -> tuple[float, str]:
         if e.ts is not None and e.ts > 1e17:
             return 0.001, "ns"
     return 1.0, "us"
-
-
-def _as_int(value, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
 
 
 def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
@@ -138,7 +116,10 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
         raise NotATrace(path, f"no events the analysis can use: none of its {len(events)} events is a complete "
                               "('ph': 'X') event of a known category (operators, runtime calls, kernels, copies)")
     # Checked once over the kept events, vectorized, not inside the loop above.
-    check_times(path, events, timed, memory_events, scale)
+    groups = ("steps", "ops", "runtime", "kernels", "memcpys", "memsets")  # in the order of `timed`
+    times = {name: (floats_of(getattr(trace, name), "ts"), floats_of(getattr(trace, name), "dur")) for name in groups}
+    check_times(path, events, timed, memory_events, scale,
+                tuple(np.concatenate([times[name][i] for name in groups]) for i in (0, 1)))
     check_sizes(path, events, memory_events, trace.memcpys)
     origin = 0
     if scale != 1.0:
@@ -149,31 +130,47 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             e.ts = (e.ts - origin) * scale
             e.dur = e.dur * scale
     trace.origin_us = origin * scale
-    for e in memory_events:
-        a = e.args or Args()
-        trace.memory.append(MemorySample(
-            ts=(e.ts - origin) * scale,
-            device_type=_as_int(a.device_type, 0),
-            device_id=_as_int(a.device_id, -1),
-            bytes=float(a.alloc_bytes or 0),
-            total_allocated=None if a.total_allocated is None else float(a.total_allocated),
-            total_reserved=None if a.total_reserved is None else float(a.total_reserved),
-        ))
-    for group in (trace.steps, trace.runtime, trace.kernels, trace.memcpys, trace.memsets):
-        group.sort(key=START)
-    # An operator and its first child can start at the same time: the enclosing (longer) one first. Two
-    # stable sorts on attributes (longest first, then by start) order as the key (start, -length) would,
-    # in half the time.
-    trace.ops.sort(key=DURATION, reverse=True)
-    trace.ops.sort(key=START)
+    trace.memory = memory_samples(memory_events, origin, scale)
+    trace.steps.sort(key=START)
     trace.steps[:] = usable_steps(trace.steps, trace.skipped)
-    runtime_names = {e.name for e in trace.runtime}
+    for name in groups:
+        group = getattr(trace, name)
+        # The times read for the check serve, unless they changed since (scaled, or steps left out).
+        known = times[name] if scale == 1.0 and name != "steps" else None
+        group[:], *times[name] = sorted_by_start(group, name == "ops", known)
+    tids = dict(zip(groups, id_columns([list(map(TID, getattr(trace, name))) for name in groups])))
+    ids = dict(zip(LINKED, id_columns([correlations(getattr(trace, name)) for name in LINKED])))
+    for name in groups:
+        group = getattr(trace, name)
+        trace.columns[name] = columns_of(group, *times[name], tids[name], ids.get(name),
+                                         *(devices_of(group) if name in DEVICE_GROUPS else (None, None)))
+    runtime_names = set(trace.columns["runtime"].names)
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
     trace.devices = described_devices(path, doc, runtime_names, kernel_kinds)
     if not trace.devices:
-        trace.devices = devices_from_events(trace, {e.name for e in trace.kernels})
+        trace.devices = devices_from_events(trace, set(trace.columns["kernels"].names))
     return trace
+
+
+def sorted_by_start(events: list[Event], enclosing_first: bool,
+                    times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[list[Event], np.ndarray, np.ndarray]:
+    """The events sorted by start (stably; with `enclosing_first`, the longer of two that start together
+    first: an operator before its first child), and their starts and durations as arrays, in that order.
+
+    Sorted on the arrays, which the figures use too (`Trace.columns`), rather than by a key read from each
+    event. Times beyond 2**53 (which floats cannot tell apart) are sorted as Python numbers instead. `times`:
+    the events' (starts, durations) as arrays, where the caller has them already."""
+    n = len(events)
+    ts, dur = times if times is not None else (np.fromiter(map(START, events), float, n),
+                                               np.fromiter(map(DURATION, events), float, n))
+    if n and (np.abs(ts).max() >= 2.0**53 or np.abs(dur).max() >= 2.0**53):
+        if enclosing_first:
+            events = sorted(events, key=DURATION, reverse=True)
+        events = sorted(events, key=START)
+        return events, np.fromiter(map(START, events), float, n), np.fromiter(map(DURATION, events), float, n)
+    order = np.lexsort((-dur, ts)) if enclosing_first else np.argsort(ts, kind="stable")
+    return list(map(events.__getitem__, order.tolist())), ts[order], dur[order]
 
 
 def _accelerator(bucket_of_category: dict) -> tuple[str | None, bool]:

@@ -23,7 +23,7 @@ MAX_SPAN_US = 7 * 24 * 3600 * 1e6
 MAX_BYTES = 2**60
 
 
-def _floats(events: list[Event], name: str):
+def floats_of(events: list[Event], name: str):
     """One time field of the events as a float array: None → NaN, an integer too large for a float → inf."""
     try:
         return np.fromiter(map(attrgetter(name), events), float, len(events))
@@ -48,12 +48,14 @@ def _first_in_file(events: list[Event], candidates: list[Event]) -> tuple[int, E
 
 
 def check_times(path: Path | str, events: list[Event], timed: list[Event], memory_events: list[Event],
-                scale: float) -> None:
+                scale: float, times: tuple | None = None) -> None:
     """TraceError naming the first event (in file order) whose times the analysis cannot use: no 'ts' or
-    'dur', a negative duration, one longer than MAX_SPAN_US, a time further than that from the rest."""
+    'dur', a negative duration, one longer than MAX_SPAN_US, a time further than that from the rest. `times`:
+    the timed events' (starts, durations) as `floats_of` reads them, where the caller has them already."""
+    timed_ts, timed_dur = times if times is not None else (floats_of(timed, "ts"), floats_of(timed, "dur"))
     with np.errstate(invalid="ignore", over="ignore"):
-        ts = np.concatenate([_floats(timed, "ts"), _floats(memory_events, "ts")]) * scale
-        dur = np.concatenate([_floats(timed, "dur"), np.zeros(len(memory_events))]) * scale
+        ts = np.concatenate([timed_ts, floats_of(memory_events, "ts")]) * scale
+        dur = np.concatenate([timed_dur, np.zeros(len(memory_events))]) * scale
         finite = np.isfinite(ts) & np.isfinite(dur)
         center = _low_median(ts[finite])
         bad = ~finite | (dur < 0) | (dur > MAX_SPAN_US) | (np.abs(ts - center) > MAX_SPAN_US)
@@ -81,11 +83,12 @@ def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event
     """TraceError naming the first event whose byte counts are negative (but for freed bytes) or beyond
     MAX_BYTES: a copy's bytes, an allocation's bytes, the allocator's totals."""
     bad = []
-    for e in memory_events:
-        a = e.args
-        if a is not None and not (is_byte_count(a.alloc_bytes, signed=True) and is_byte_count(a.total_allocated)
-                                  and is_byte_count(a.total_reserved)):
-            bad.append(e)
+    if not all_byte_counts(memory_events):
+        for e in memory_events:
+            a = e.args
+            if a is not None and not (is_byte_count(a.alloc_bytes, signed=True) and is_byte_count(a.total_allocated)
+                                      and is_byte_count(a.total_reserved)):
+                bad.append(e)
     bad += [e for e in memcpys if e.args is not None and not is_byte_count(e.args.bytes)]
     if bad:
         i, e = _first_in_file(events, bad)
@@ -94,6 +97,26 @@ def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event
                   "bytes": a.bytes}
         key = next(k for k, v in fields.items() if not is_byte_count(v, signed=k == "Bytes"))
         raise TraceError(path, f"event {i} ({e.name!r}) has '{key}': {fields[key]}, not a byte count")
+
+
+BYTE_FIELDS = (("alloc_bytes", True), ("total_allocated", False), ("total_reserved", False))
+
+
+def all_byte_counts(memory_events: list[Event]) -> bool:
+    """Whether every `[memory]` event's byte counts pass `is_byte_count` (checked on arrays at once; False also
+    where that cannot say, as for integers too large for a float to hold exactly: the caller then looks at
+    each event)."""
+    args = [e.args for e in memory_events if e.args is not None]
+    for name, signed in BYTE_FIELDS:
+        try:
+            values = np.array(list(map(attrgetter(name), args)), dtype=float)  # None: NaN
+        except (TypeError, ValueError, OverflowError):
+            return False
+        known = values[~np.isnan(values)]
+        if known.size and (np.abs(known).max() >= 2.0**53
+                           or not ((-MAX_BYTES if signed else 0) <= known.min() and known.max() <= MAX_BYTES)):
+            return False
+    return True
 
 
 def is_byte_count(value, signed: bool = False) -> bool:
