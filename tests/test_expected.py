@@ -12,8 +12,7 @@ import pytest
 
 from advisor.search.bounds import Bound
 from advisor.search.decision import Decision
-from advisor.search.expected import deferred_for, expected_improvement, levers_left, rank, remeasures, spread, \
-    untried, value
+from advisor.search.expected import deferred_for, expected_improvement, levers_left, rank, spread, untried, value
 from advisor.search.proposal import on_best
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose, surface_space
@@ -113,27 +112,3 @@ def test_a_ridge_session_measures_every_lever_and_ends_on_the_best(tmp_path, rid
     assert final.batch_size >= 256, final
     assert not state.get("unmeasured")
     assert len(points) == 90 and surface_space(points).batch_sizes == (32, 64, 128, 256, 512)
-
-
-def test_a_setting_read_within_its_noise_is_a_candidate_to_measure_again_at_what_it_can_still_change():
-    """Under a load that comes and goes, AMP with pinned copies (truth +20 %) read +11 % with 15 % noise on the
-    best and was never looked at again. It is now a candidate, worth its gain as read with one run's error,
-    ranked beside the untried moves; not once it was measured twice more, nor once the best moved on."""
-    best = Knobs(num_workers=8, persistent_workers=True)
-    pair = Knobs(num_workers=8, persistent_workers=True, amp="bf16", pin_memory=True, non_blocking=True)
-    state = gpu_state()
-    state["trials"][0].update(name="00-baseline")
-    state["trials"].append({"name": "01-workers-8", "status": "ok", "knobs": best.to_dict(), "decision": "kept",
-                            "recommendation": "more-workers", "base": "00-baseline"})
-    row = {"name": "02-amp-bf16-and-pinned-copies", "status": "ok", "knobs": pair.to_dict(), "decision": "reverted",
-           "recommendation": "amp+pin-memory", "change": "AMP bf16 + pinned copies", "base": "01-workers-8",
-           "gain": 0.11, "noise": 0.15, "moves": {"amp": "bf16", "pin_memory": True, "non_blocking": True}}
-    state["trials"].append(row)
-    [again] = remeasures(state, best)
-    assert again.knobs == pair and again.spread == pytest.approx(0.075) and again.change.endswith("(measured again)")
-    assert value(again, state) == pytest.approx(expected_improvement(0.11, 0.075), rel=1e-6)
-    batch = on_best(best, {"batch_size": 64}, "larger-batch", "batch 32→64", "batch-64", 0.0, "host", helps_now=False)
-    assert rank([batch, again], state)[0] is again  # +11 % as read is worth more than a batch priced at +0 %
-    assert remeasures(state, Knobs(num_workers=14, persistent_workers=True)) == []  # the best moved on
-    state["trials"] += [dict(row, name=f"0{i}-again") for i in (3, 4)]
-    assert remeasures(state, best) == []  # measured three times: the noise has had its say

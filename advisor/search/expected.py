@@ -15,10 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import dataclasses
-
-from advisor.search.proposal import Proposal, moves_of, on_best
-from advisor.trials.knobs import Knobs
+from advisor.search.proposal import Proposal
 
 # σ of a first move's relative change of samples/s before the session measured any of its kind: what one such
 # change moved on the recorded surfaces (H100 and CPU truth surfaces, the pair surfaces), roughly. Wide where
@@ -72,10 +69,9 @@ def samples_change(step_share: float) -> float:
 
 
 def value(proposal: Proposal, state: dict[str, Any]) -> float:
-    """The expected improvement of a proposal over the best (its predicted gain, its kind's spread, wider where
-    it addresses the bound the trace shows; a re-measure's own spread)."""
-    sigma = (proposal.spread if proposal.spread is not None else
-             spread(proposal.recommendation, state) * (EVIDENCE if proposal.helps_now else 1.0))
+    """The expected improvement of a proposal over the best (its predicted gain, its kind's spread; wider where
+    it addresses the bound the trace shows)."""
+    sigma = spread(proposal.recommendation, state) * (EVIDENCE if proposal.helps_now else 1.0)
     return expected_improvement(samples_change(proposal.predicted_gain), sigma)
 
 
@@ -121,35 +117,3 @@ def levers_left(proposals: list[Proposal], state: dict[str, Any]) -> str:
     left = untried(proposals, state)
     state["unmeasured"] = [p.change for p in left]
     return f"; never measured: {', '.join(state['unmeasured'])}" if left else ""
-
-
-REMEASURES = 2  # a setting measured this many times (a first run and its re-measure) is measured once more at most
-
-
-def remeasures(state: dict[str, Any], best: Knobs) -> list[Proposal]:
-    """Settings measured at most REMEASURES times on the best of now and read within their noise on the gaining side: each a
-    candidate to measure once more, worth what it can still change (its gain as read, one run's standard error),
-    ranked beside the untried moves. Under a load that comes and goes, a change worth +20 % read +11 % (noise
-    15 %) and was never looked at again while the budget went to moves the model priced at +0 %."""
-    rows = {t["name"]: t for t in state.get("trials") or [] if t.get("name")}
-    runs: dict[str, list[dict[str, Any]]] = {}  # each setting's runs that measured, in order
-    for t in rows.values():
-        if t.get("status") == "ok":
-            runs.setdefault(str(sorted((t.get("knobs") or {}).items())), []).append(t)
-    out = []
-    for measured in runs.values():
-        t = measured[-1]  # what its latest run read (a re-measure's: both runs pooled)
-        gain, noise = t.get("gain"), t.get("noise")
-        if (len(measured) > REMEASURES or t.get("decision") != "reverted" or gain is None or not noise
-                or not 0 < gain <= noise or t.get("recommendation") in (None, "confirm")):
-            continue
-        base = rows.get(t.get("base"))
-        if base is None or base.get("knobs") != best.to_dict():
-            continue  # made on another best: a late pair's to carry over, not a re-measure
-        moves = moves_of(t, base["knobs"])
-        proposal = on_best(best, moves, t["recommendation"], f"{t['change'].removesuffix(' (again)')} (measured again)",
-                           f"{t['name'][3:].removesuffix('-again')}-again", 1 - 1 / (1 + gain), t.get("bound"),
-                           bool(t.get("helps_now")), predicted=False)
-        if proposal.knobs.to_dict() == t["knobs"]:
-            out.append(dataclasses.replace(proposal, spread=noise / 2))
-    return out

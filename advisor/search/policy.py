@@ -13,7 +13,7 @@ from typing import Any
 
 from advisor.search.budget import reserve
 from advisor.search.decision import Decision, decide
-from advisor.search.expected import levers_left, rank, remeasures
+from advisor.search.expected import levers_left
 from advisor.search.pairing import late_pair, pair_proposal, pairs_on
 from advisor.search.proposal import Proposal
 from advisor.search.simplify import swap_proposal, takes_off, unproven_knobs, without_proposal
@@ -44,16 +44,15 @@ class Policy:
 
     def next_trials(self, state: dict[str, Any], best: TrialResult, diagnosis: Any, bound: Any) -> list[Proposal]:
         """The candidates for the next trial, the one to run first: the user's --try settings, then a knob the
-        best holds without a gain of its own (taken off), then the proposals and the re-measures of settings
-        read within their noise, ranked by expected improvement, and before the round ends the fastest reverted change not yet paired, with its next move."""
+        best holds without a gain of its own (taken off), then the proposals ranked by expected improvement,
+        and before the round ends the fastest reverted change not yet paired, with its next move."""
         asked = pending_try(self.options, state, best.knobs, diagnosis)
         if asked:
             return [asked]
         unproven = unproven_knobs(state)
         if unproven:
             return [without_proposal(best.knobs, unproven[0])]
-        proposals = rank(propose(diagnosis, bound, best, state, self.options, self.space)
-                         + remeasures(state, best.knobs), state)
+        proposals = propose(diagnosis, bound, best, state, self.options, self.space)
         if proposals:
             return proposals
         late = late_pair(self.out, state, self.options, self.space, best.knobs)

@@ -32,9 +32,6 @@ class Proposal:
     # Whether `predicted_gain` is a prediction (the what-if model's or a rule's); else only the proposal's place
     # in the order (a round over the knobs, a knob taken off, a --try no advice speaks for): "no prediction".
     predicted: bool = True
-    # The uncertainty of its gain where it is known apart from its kind's (a setting read within its noise, to be
-    # measured again: one run's standard error); None: its kind's spread (`advisor.search.expected`).
-    spread: float | None = None
 
     @property
     def move_dict(self) -> dict[str, Any]:
