@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from advisor.search.proposal import Proposal
+from advisor.search.state import samples_gain
 
 # σ of a first move's relative change of samples/s before the session measured any of its kind: what one such
 # change moved on the recorded surfaces (H100 and CPU truth surfaces, the pair surfaces), roughly. Wide where
@@ -63,16 +64,12 @@ def spread(recommendation: str | None, state: dict[str, Any]) -> float:
     return math.sqrt((sigma ** 2 + sum(e * e for e in errors)) / (1 + len(errors)))
 
 
-def samples_change(step_share: float) -> float:
-    """A proposal's predicted share of step time saved as the relative change of samples/s it gives."""
-    return 1 / max(1 - step_share, 1e-3) - 1
-
-
 def value(proposal: Proposal, state: dict[str, Any]) -> float:
     """The expected improvement of a proposal over the best (its predicted gain, its kind's spread; wider where
     it addresses the bound the trace shows)."""
     sigma = spread(proposal.recommendation, state) * (EVIDENCE if proposal.helps_now else 1.0)
-    return expected_improvement(samples_change(proposal.predicted_gain), sigma)
+    # The share of the step saved as the change of samples/s it gives (×1000 at most: a share held below 1).
+    return expected_improvement(samples_gain(min(proposal.predicted_gain, 1 - 1e-3)), sigma)
 
 
 def rank(proposals: list[Proposal], state: dict[str, Any]) -> list[Proposal]:
@@ -86,11 +83,16 @@ def remeasure_value(gain: float, noise: float) -> float:
     return expected_improvement(gain, noise / 2)
 
 
-def untried(proposals: list[Proposal], state: dict[str, Any]) -> list[Proposal]:
-    """The proposals whose kind of change no trial of the session has measured yet (as a first move or in a
-    pair): levers the trace points at, not yet measured on any best."""
-    measured = {k for t in state.get("trials") or [] if t.get("status") == "ok" for k in kinds(t.get("recommendation"))}
-    return [p for p in proposals if not set(kinds(p.recommendation)) & measured]
+def measured_kinds(state: dict[str, Any]) -> set[str]:
+    """The kinds of change some trial of the session measured, as a first move or in a pair."""
+    return {k for t in state.get("trials") or [] if t.get("status") == "ok" for k in kinds(t.get("recommendation"))}
+
+
+def untried(proposals: list[Proposal], state: dict[str, Any], done: set[str] | None = None) -> list[Proposal]:
+    """The proposals whose kind of change no trial of the session has measured yet (`done`: those kinds, where
+    the caller knows more): levers the trace points at, not yet measured on any best."""
+    done = measured_kinds(state) if done is None else done
+    return [p for p in proposals if not set(kinds(p.recommendation)) & done]
 
 
 def deferred_for(decision: Any, proposal: Proposal, others: list[Proposal], state: dict[str, Any]) -> str | None:
@@ -98,17 +100,15 @@ def deferred_for(decision: Any, proposal: Proposal, others: list[Proposal], stat
     yet (of `others`, the proposals after it) is worth more than the re-measure can still change."""
     if decision is None:
         return None
-    done = {k for t in state.get("trials") or [] if t.get("status") == "ok" for k in kinds(t.get("recommendation"))}
-    done |= set(kinds(proposal.recommendation))
-    levers = [p for p in others if not set(kinds(p.recommendation)) & done]
+    levers = untried(others, state, measured_kinds(state) | set(kinds(proposal.recommendation)))
     if not levers:
         return None
-    rival = max(levers, key=lambda p: value(p, state))
+    worth, rival = max(((value(p, state), p) for p in levers), key=lambda pair: pair[0])
     again = remeasure_value(decision.gain, decision.noise)
-    if value(rival, state) <= again:
+    if worth <= again:
         return None
-    return (f"{rival.change}, not measured yet, is worth more (expected {100 * value(rival, state):+.1f}% against "
-            f"{100 * again:+.1f}% for this once more)")
+    return f"{rival.change}, not measured yet, is worth more (expected {100 * worth:+.1f}% against " \
+           f"{100 * again:+.1f}% for this once more)"
 
 
 def levers_left(proposals: list[Proposal], state: dict[str, Any]) -> str:

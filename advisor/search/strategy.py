@@ -180,9 +180,9 @@ def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
 def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any], space: SearchSpace,
                      cores: int, accelerator: bool = False, top: bool = False) -> Proposal | None:
     """More DataLoader workers while the loader binds: the next size up the ladder (`top`: its largest, where
-    that is not the next), past the sizes that were tried from this setting under this bound and did not help. On the CPU the step's torch threads
-    make room for them (threads + workers within the cores): workers and threads fighting over the
-    cores is slower than either alone."""
+    that is not the next), past the sizes that were tried from this setting under this bound and did not help.
+    On the CPU the step's torch threads make room for them (threads + workers within the cores): workers and
+    threads fighting over the cores is slower than either alone."""
     if rec is None and bound.name != "input":
         return None
     user = state["user_values"]

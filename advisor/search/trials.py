@@ -22,7 +22,6 @@ from advisor.trials.process.processes import end_trial_processes, trial_processe
 from advisor.trials.process.runner import run_trial
 
 
-
 class TrialRunner(Protocol):
     """What runs the session's trials: (trial name, knobs, ...) → the finished trial, and what it can do."""
 
