@@ -13,8 +13,8 @@ import pytest
 import advisor
 from advisor.analysis.compare import SCHEMA, compare
 from advisor.analysis.kernels import is_tensor_core
-from conftest import SAMPLE_RUNS, SURFACES, TRACES, run_advisor
-from report_helpers import chromium, rewrite_trace_names, run_chromium
+from conftest import SAMPLE_RUNS, SURFACES, TRACES, require, run_advisor
+from report_helpers import rewrite_trace_names, run_chromium
 
 WORKERS_0 = TRACES / "resnet50-v100-workers0.pt.trace.json.gz"
 WORKERS_4 = TRACES / "resnet50-v100-workers4.pt.trace.json.gz"
@@ -157,10 +157,9 @@ def test_notebook_view_and_frame():
 
 @pytest.fixture(scope="module")
 def browser() -> str:
-    exe = chromium()
-    if exe is None:
-        pytest.skip("chromium is not installed (apt-get install chromium): the browser checks need it")
-    return exe
+    """The chromium executable: skipped with the reason and the fix where it is not installed, never in CI
+    (conftest's `require`, as the report's browser tests)."""
+    return require("chromium")
 
 
 def test_page_in_chromium(browser, tmp_path: Path):
