@@ -156,6 +156,8 @@ def decode(path: Path, raw: bytes) -> TraceDocument:
         text = str(exc)
         if "truncated" in text:
             raise TraceError(path, "truncated JSON (the file ends in the middle of the document)") from None
+        if "UTF-8" in text:  # msgspec says so as a DecodeError or a UnicodeDecodeError, by its path: one message
+            raise NotATrace(path, f"not valid JSON ({_not_utf8(raw)})") from None
         raise NotATrace(path, f"not valid JSON ({text})") from None
     except UnicodeDecodeError:
         raise NotATrace(path, f"not valid JSON ({_not_utf8(raw)})") from None
