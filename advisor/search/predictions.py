@@ -5,7 +5,7 @@ is diagnosed (`state["graphs"]`); a proposal's change from that best is simulate
 model's parameters calibrated from every trial the session measured so far (each row's `base`, the best
 it was tried against, its measured gain and the knobs it turned): the AMP speed-up of this script's
 kernels, the batch scaling, what the workers delivered. Changes the model has no transformation for
-(threads, TF32, cuDNN autotuning, DDP's arguments, prefetch depth) keep the rules' figure. The session's
+(TF32, cuDNN autotuning, DDP's arguments, prefetch depth) keep the rules' figure. The session's
 own prediction error (median absolute, sign agreement) is kept for the report. Pure functions over the
 session record.
 """
@@ -22,7 +22,7 @@ from advisor.trials.knobs import Knobs
 # Knobs → the model's names; a change that turns any other knob is not the model's to predict.
 MODELLED = {"num_workers": "num_workers", "batch_size": "batch_size", "amp": "amp", "pin_memory": "pinned",
             "non_blocking": "pinned", "uint8_copies": "uint8_copies", "channels_last": "channels_last",
-            "fused_optimizer": "fused_optimizer", "compile": "compile"}
+            "fused_optimizer": "fused_optimizer", "compile": "compile", "threads": "threads"}
 IGNORED = {"persistent_workers"}  # goes with num_workers
 NOT_PREDICTIONS = ("confirm",)  # re-measures of a setting already measured: no change was predicted
 
@@ -62,7 +62,7 @@ def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
     for k in sorted(turned):
         if MODELLED[k] == "pinned":
             out["pinned"] = bool(value(b, "pin_memory")) and bool(value(b, "non_blocking"))
-        elif k in ("num_workers", "batch_size"):
+        elif k in ("num_workers", "batch_size", "threads"):
             v = value(b, k)
             if v is None:
                 return None
