@@ -19,7 +19,7 @@ from advisor.search.strategy import SearchSpace, propose, surface_space
 from advisor.trials.knobs import Knobs
 from advisor.trials.process.replay import load_surface
 from conftest import ROOT
-from test_proposals import replay
+from test_proposals import STEADY, replay
 from test_search import Traced, best_trial, gpu_state, rec
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -112,3 +112,31 @@ def test_a_ridge_session_measures_every_lever_and_ends_on_the_best(tmp_path, rid
     assert final.batch_size >= 256, final
     assert not state.get("unmeasured")
     assert len(points) == 90 and surface_space(points).batch_sizes == (32, 64, 128, 256, 512)
+
+
+def test_a_confirmation_within_the_noise_does_not_undo_a_setting_kept_beyond_it(tmp_path):
+    """Replayed at 10 % with a drifting load on the steady H100 surface: batch 64 was kept over 8 workers at
+    +21 % (noise 5 %, beside the best at one load); the end's confirmation read the workers' setting +11 % ahead
+    (noise 19 %) and, on its faster figure, went back to it (0.83 of the surface's best, where batch 64 is 0.89).
+    The runner-up's lead within the noise does not outweigh a decision beyond it."""
+    state = replay(STEADY, tmp_path / "s", 0.10, 3, drift=1.0)
+    final = Knobs.from_dict(state["final_knobs"])
+    assert (final.batch_size, final.num_workers) == (64, 8), final
+    confirms = [t for t in state["trials"] if t.get("recommendation") == "confirm" and t["knobs"].get("batch_size") != 64
+                and t.get("gain") is not None]
+    assert confirms and all(t["decision"] == "reverted" and abs(t["gain"]) <= t["noise"] for t in confirms)
+
+
+def test_eight_bit_images_are_a_candidate_beside_workers_and_win_the_confirmation_at_one_load(tmp_path):
+    """Replayed at 10 % with a drifting load on the CPU image surface (2 cores): after workers 0→2 (threads
+    2→1) the trace reads compute-bound, and 8-bit images were no longer offered (their rule speaks for the loader
+    and the copies alone), or, once measured within the noise, lost the end's confirmation because the runs of
+    the two spanned loads (0.955 of the surface's best). They are offered wherever there are workers, and the
+    confirmation, decided on the windows of both at one load, keeps the faster of two settings that differ only
+    in how batches reach the step (1.00)."""
+    surface = ROOT / "tests" / "data" / "surfaces" / "cpu-image-classifier"
+    state = replay(surface, tmp_path / "s", 0.10, 3, drift=1.0)
+    final = Knobs.from_dict(state["final_knobs"])
+    assert final.uint8_copies and final.num_workers == 2, final
+    assert any(t.get("recommendation") == "confirm" and t["decision"] == "kept" and t["knobs"].get("uint8_copies")
+               for t in state["trials"])

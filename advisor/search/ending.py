@@ -182,19 +182,22 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
         save(state)
         return best, False
     changed = None if in_turns else pair_changed(runs[top["name"]], runs[runner_up["name"]])
+    at_one_load = True  # the two figures were measured at one load: in turns, on a steady machine, or matched
     if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
-        kept_m, other_m = (measured_at_one_load(runs[top["name"]], runs[runner_up["name"]])  # else the two
-                           or (measure_record(runs[top["name"]][:1]), measure_record(runs[runner_up["name"]][:1])))
+        matched = measured_at_one_load(runs[top["name"]], runs[runner_up["name"]])
+        at_one_load = matched is not None  # else the two latest runs, at loads of their own
+        kept_m, other_m = matched or (measure_record(runs[top["name"]][:1]), measure_record(runs[runner_up["name"]][:1]))
         other_row["drift"] = changed
     losses = recorded_losses(other.path)
     decision = decide(kept_m, other_m, losses, reference_losses, options.min_gain)
-    if (not decision.keep and decision.gain > 0 and changed is None
+    if (not decision.keep and decision.gain > 0 and at_one_load
             and not decision.reason.startswith(("loss", "no throughput"))
-            and changed_knobs(other_row, state) - changed_knobs(kept_row, state) <= NEUTRAL):
+            and changed_knobs(other_row, state) - changed_knobs(kept_row, state) <= NEUTRAL
+            and not kept_beyond_noise_over(state, top, runner_up)):
         # Both measured again at one load, and the runner-up changes nothing the best leaves alone but how
         # batches reach the step: the faster pooled figure is the better bet (the best's lead was itself within
         # the noise). A runner-up that changes what is computed (AMP, the batch, the model) must beat the best
-        # beyond the noise, and under a load that moved the best stays unless beaten beyond it.
+        # beyond the noise, and where no windows of the two ran at one load the best stays unless beaten beyond it.
         decision = dataclasses.replace(decision, keep=True, reason=f"{decision.reason}; the faster as measured, "
                                        "and it changes no more of what the step computes")
     winner, winner_row = (other, other_row) if decision.keep else (kept, kept_row)
@@ -210,8 +213,20 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     return applied_only(winner), abs(decision.gain) <= decision.noise
 
 
+def kept_beyond_noise_over(state: dict[str, Any], top: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether the best's setting was kept over the other's, measured against it beyond the noise: a confirmation
+    within the noise then does not undo it on its faster figure alone (a batch kept at +21 %, noise 5 %, over
+    the workers' setting, was given back on a confirmation that read the workers' +11 %, noise 19 %)."""
+    rows = {t["name"]: t for t in state["trials"]}
+    mine, theirs = knobs_key(in_effect(top)), knobs_key(in_effect(other))
+    return any(t["decision"] == "kept" and knobs_key(in_effect(t)) == mine and t.get("base") in rows
+               and knobs_key(in_effect(rows[t["base"]])) == theirs and (t.get("gain") or 0) > (t.get("noise") or 0)
+               for t in state["trials"])
+
+
 # Knobs that change how batches reach the step, not what it computes.
-NEUTRAL = frozenset({"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "non_blocking", "threads"})
+NEUTRAL = frozenset({"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "non_blocking", "threads",
+                     "uint8_copies"})
 
 
 def changed_knobs(row: dict[str, Any], state: dict[str, Any]) -> set[str]:
@@ -236,7 +251,17 @@ def contender(out: Path, state: dict[str, Any], best: TrialResult) -> tuple[dict
                 and key != knobs_key(in_effect(top))
                 and (key not in fastest or t["samples_per_s"] > fastest[key]["samples_per_s"])):
             fastest[key] = t
-    for rank, row in enumerate(sorted(fastest.values(), key=lambda t: -t["samples_per_s"])):
+    rows = {t["name"]: t for t in state["trials"]}
+    top_key = knobs_key(in_effect(top))
+
+    def lead(t: dict[str, Any]) -> float:
+        # Against the best's own setting, the gain decided beside it (at one load) says more than samples/s
+        # measured at loads of their own; other rows are compared by their figures.
+        base = rows.get(t.get("base") or "")
+        if base is not None and knobs_key(in_effect(base)) == top_key and t.get("gain") is not None:
+            return t["gain"]
+        return t["samples_per_s"] / top["samples_per_s"] - 1 if top.get("samples_per_s") else 0.0
+    for rank, row in enumerate(sorted(fastest.values(), key=lambda t: -lead(t))):
         earlier = run_folders(out, state, row)
         row_measure = measure_record([trial_record(f) for f in earlier])
         # The fastest other is confirmed too where its runs and the best's span a change of load (a slower one

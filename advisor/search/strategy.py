@@ -139,7 +139,8 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         compile_proposal(recs.get("cuda-graphs"), bound, best.knobs, space),
         model_knob_proposal(recs.get("fused-optimizer"), "fused_optimizer", "fused optimizer", best.knobs, space),
         tf32_proposal(recs.get("tf32"), recs.get("amp"), best.knobs, state, space),
-        bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space),
+        bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space,
+                       effective(best.knobs, state.get("user_values") or {}, "num_workers") or 0),
         model_knob_proposal(recs.get("cudnn-benchmark"), "cudnn_benchmark", "cudnn.benchmark", best.knobs, space),
         model_knob_proposal(recs.get("sdpa"), "sdpa", "scaled_dot_product_attention", best.knobs, space),
     ]
@@ -270,11 +271,13 @@ def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: S
     return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)
 
 
-def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
+def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace, workers: int = 0) -> Proposal | None:
     """8-bit images from the loader, converted where the step moves them: a quarter of the bytes to copy
-    where the copies bind (the rule's figure), and the conversion out of the workers where the loader
-    binds (measured: no rule can tell the conversion's share of a worker's time)."""
-    if knobs.uint8_copies or not space.allows("uint8_copies") or (rec is None and bound.name not in ("input", "copy")):
+    where the copies bind (the rule's figure), and the conversion out of the workers wherever there are
+    workers (the what-if model prices it; whatever the bound: a loader that no longer binds on its own still
+    shares the cores with the step)."""
+    if knobs.uint8_copies or not space.allows("uint8_copies") or (
+            rec is None and bound.name not in ("input", "copy") and workers <= 0):
         return None
     gain = rec.predicted_gain if rec is not None else ROUND_GAIN
     target = "copy" if rec is not None or bound.name == "copy" else "input"
