@@ -41,8 +41,8 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
     index = len(state["trials"])
     # The unit the measured change will have; None where nothing predicted it.
     predicted = samples_gain(proposal.predicted_gain) if proposal.predicted else None
-    log(f"trial {index:02d}: {proposal.change} ({why}; predicted "
-        + (f"{100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no prediction)"))
+    log(f"trial {index:02d}: {proposal.change} ({why}; "
+        + (f"predicted {100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no prediction)"))
     target = against(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
     result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log, target)
     losses = recorded_losses(result.path)
