@@ -9,15 +9,17 @@ here (composite operators and memory events included: the budget's bytes per ope
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 
 class OpCounter:
-    """Counts the operators dispatched between `start` and `stop` (in this thread and the backward's)."""
+    """Counts the operators dispatched between `start` and `stop` (in this thread and the backward's); calls
+    `at_limit` once, between two operators, when the count reaches `limit`."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None, at_limit: Callable[[], None] | None = None) -> None:
         self.count = 0
         self.mode: Any = None
+        self.limit, self.at_limit = limit, at_limit
 
     def start(self) -> None:
         """Count from now on (once: a second start while counting changes nothing)."""
@@ -30,6 +32,8 @@ class OpCounter:
         class Counting(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 counter.count += 1
+                if counter.count == counter.limit and counter.at_limit is not None:
+                    counter.at_limit()  # within the mode's call: the mode is off, what it runs is not counted
                 return func(*args, **(kwargs or {}))
 
         self.mode = Counting()
