@@ -142,6 +142,8 @@ def test_a_step_over_a_light_steps_budget_is_recorded_in_part(tmp_path):
     assert 0 < len(operators) < 8 * plan["ops_recorded"] < 2 * plan["ops_per_step"], len(operators)
     step_s = next(s["wall_s"] for s in record["steps"] if s["index"] == 3)
     assert steps[0]["dur"] / 1e6 < step_s
+    # Writing the trace within the step is the profiler's time: it is left out of the step's.
+    assert record["times"]["trace_cut_s"] > 0 and record["times"]["trace_cut_at"] > record["times"]["first_step_at"]
     text = " ".join(done.stdout.split())
     note = "the profiler recorded 1 of 5 step(s) from trial 00 on"
     assert note in text and "was recorded in part, its first 2,048 operators" in text

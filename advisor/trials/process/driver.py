@@ -256,6 +256,8 @@ class StepDriver:
         if self.device_type == "cuda":
             torch.cuda.synchronize()
         ended = time.perf_counter()
+        if self.cutter is not None:  # the trace was written within this step (cut): the profiler's time, not the step's
+            ended -= self.times.get("trace_cut_s", 0.0)
         wall = ended - self.period_start
         waited, fed, fetched = self.tracker.step_ended()
         call = ended - entered if entered is not None else max(0.0, wall - waited)
@@ -341,8 +343,10 @@ class StepDriver:
         writes the trace now; the step runs on unrecorded."""
         if self.prof is not None:
             self.times["trace_cut_at"] = time.time()
+            began = time.perf_counter()
             self.prof.stop()
             self.prof = None
+            self.times["trace_cut_s"] = time.perf_counter() - began  # left out of the step's time
 
     def _take_turn(self, closed: int | None) -> None:
         """Windows in turns: pass the turn after window `closed` (None: before the first window), wait for it
