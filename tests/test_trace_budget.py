@@ -13,7 +13,7 @@ import pytest
 from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.op_count import OpCounter
+from advisor.trials.process.op_count import OpCounter, in_backward
 from advisor.trials.process.runner import run_trial
 from advisor.trials.record.trace_budget import BYTES_PER_OP, LIGHT_BYTES_PER_OP, budget_bytes, plan_trace
 from conftest import advisor_main
@@ -63,6 +63,37 @@ def test_the_plan_records_what_the_budget_holds():
     assert part.estimated_bytes <= 2**30 and "its first 262,144 operators (10%)" in part.reason
     assert budget_bytes(8 * 2**30, {"ADVISOR_TRACE_BUDGET": "200M"}) == 200 * 2**20
     assert budget_bytes(2 * 2**30, {}) == 2**29 and budget_bytes(64 * 2**30, {}) == 2**30
+
+
+def test_the_trace_is_cut_between_operators_outside_the_backward_pass():
+    """A profiler stopped inside the backward pass runs again when the pass ends (the engine puts back the thread
+    state it captured): time_sequence_prediction's trial grew to 6 GB, a smaller one crashed. The cut waits for
+    the first operator after the pass."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.randn(8, 4, requires_grad=True)
+
+    def step():
+        (x.sin() * 2).sum().backward()
+        return x.grad.add(1)
+
+    phases: list[bool] = []
+
+    class Phases(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            phases.append(in_backward())
+            return func(*args, **(kwargs or {}))
+
+    with Phases():
+        step()
+    first = phases.index(True)  # the first operator of the backward pass
+    fired: list[tuple[int, bool]] = []
+    counter = OpCounter(first + 1, lambda: fired.append((counter.count, in_backward())))
+    counter.start()
+    step()
+    assert counter.stop() == len(phases)
+    assert len(fired) == 1 and not fired[0][1] and fired[0][0] == phases.index(False, first) + 1, (fired, phases)
 
 
 def test_a_step_of_many_operators_is_counted_and_recorded_within_the_budget(tmp_path):
