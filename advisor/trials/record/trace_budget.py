@@ -96,8 +96,8 @@ def plan_trace(ops_per_step: int, counted_step: int, steps_asked: int, budget: i
     return TracePlan(ops_per_step, counted_step, budget, steps_asked, 1, True, part * LIGHT_BYTES_PER_OP,
                      f"{size}, about {mib(light)} even without shapes and memory events: more than the trace's "
                      f"budget of {mib(budget)}, so one step was recorded in part, its first {part:,} operators "
-                     f"({100 * part / max(1, ops_per_step):.0f}%): the trace's step is that part, the step's time "
-                     f"is measured whole", part)
+                     f"({100 * part / max(1, ops_per_step):.0f}%, and to the end of a backward pass in flight): the "
+                     f"trace's step is that part, the step's time is measured whole", part)
 
 
 def mib(size: int) -> str:
