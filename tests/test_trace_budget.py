@@ -60,7 +60,7 @@ def test_the_plan_records_what_the_budget_holds():
     # the first 262 144 of its operators are recorded.
     part = plan_trace(2_600_000, 1, 5, 2**30)
     assert (part.steps, part.light, part.ops_recorded) == (1, True, 2**30 // LIGHT_BYTES_PER_OP)
-    assert part.estimated_bytes <= 2**30 and "its first 262,144 operators (10%)" in part.reason
+    assert part.estimated_bytes <= 2**30 and "its first 262,144 operators (10%, and to the end of a backward pass" in part.reason
     assert budget_bytes(8 * 2**30, {"ADVISOR_TRACE_BUDGET": "200M"}) == 200 * 2**20
     assert budget_bytes(2 * 2**30, {}) == 2**29 and budget_bytes(64 * 2**30, {}) == 2**30
 
