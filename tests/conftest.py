@@ -115,20 +115,23 @@ def run_script(script: Path | str, *args: str, cwd: Path, timeout: float = 600) 
     return subprocess.CompletedProcess([sys.executable, *command], code, text, text)
 
 
-# The test files that take longest, longest first (seconds of one worker in a fresh clone's `make test` here:
-# the report 56 with its browser checks, the conv session 45, Ray 45, ... the search 16); the rest follow in
-# alphabetical order. The workers take files in this order as each runs short (`--no-loadscope-reorder`),
-# so the last files to start are short and the workers end together. xdist's own order, by number of tests,
-# put the files of one or two real sessions last: a worker ran the 34 s conv session alone at the end, 25 s
-# after the other had finished. Ray goes first: its idle waits (time limits, a node's health checks) leave
-# the other worker the cores.
-LONGEST_FIRST = ("test_ray.py", "test_report.py", "test_conv_session.py", "test_api.py", "test_faults.py",
-                 "test_trial.py", "test_checkpointing.py", "test_frameworks.py", "test_zygote.py",
-                 "test_uint8_transforms.py", "test_distributed.py", "test_session.py", "test_analyze_fuzz.py",
-                 "test_analyze_advice.py", "test_doctor.py", "test_steering.py", "test_proposals.py",
-                 "test_model_knobs.py", "test_patch_style.py", "test_drift.py", "test_turns.py", "test_own_settings.py",
-                 "test_search.py", "test_gpt_session.py", "test_memory_advice.py", "test_memory.py", "test_patch.py",
-                 "test_analyze_gpu_traces.py", "test_uint8_copies.py", "test_scripts.py")
+# The test files that take longest, longest first (the sum of each file's test durations in a `make test` of this
+# checkout on a machine loaded by other work, load average 9-11, 18:51 in all: the API's notebooks and OOM session
+# 168 s, doctor 151, Ray 114, the faults 109, ... the wheel 24); the rest follow in alphabetical order. The workers
+# take files in this order as each runs short (`--no-loadscope-reorder`), so the last files to start are short and
+# the workers end together: a file left to the alphabetical tail (the wheel's build, the trace budget's sessions)
+# ran while the other worker had finished. xdist's own order, by number of tests, put the files of one or two real
+# sessions last. Ray goes first: its idle waits (time limits, a node's health checks) leave the other worker the cores.
+LONGEST_FIRST = ("test_ray.py", "test_api.py", "test_doctor.py", "test_faults.py", "test_analyze_fuzz.py",
+                 "test_trial.py", "test_analyze_advice.py", "test_zygote.py", "test_report.py", "test_proposals.py",
+                 "test_steering.py", "test_conv_session.py", "test_session.py", "test_distributed.py", "test_turns.py",
+                 "test_own_settings.py", "test_search.py", "test_checkpointing.py", "test_patch_style.py",
+                 "test_model_knobs.py", "test_patch.py", "test_drift.py", "test_trace_budget.py",
+                 "test_uint8_transforms.py", "test_compare.py", "test_frameworks.py", "test_analyze_hostile.py",
+                 "test_analyze_cpu_runs.py", "test_memory_advice.py", "test_wheel.py", "test_memory.py",
+                 "test_scripts.py", "test_truth_surfaces.py", "test_gpt_session.py", "test_analyze_gpu_traces.py",
+                 "test_uint8_copies.py", "test_analyze_inputs.py", "test_expected.py", "test_report_hostile.py",
+                 "test_docs.py", "test_whatif.py")
 
 
 def pytest_collection_modifyitems(items: list) -> None:

@@ -18,7 +18,7 @@ import torch
 from advisor.doctor.checks import device_supported
 from advisor.trials.process.facts import bf16_instructions, cpu_computes_bf16, cpuinfo
 from advisor.trials.process.profiler_check import CUPTI_PERMISSION, count_events, trace_problems
-from conftest import ROOT, TRACES, run_advisor
+from conftest import ROOT, TRACES, advisor_main, run_advisor
 
 pytestmark = pytest.mark.slow
 CHECKS = ["torch", "cpu", "devices", "precision", "profiler", "nvml", "pinned_memory", "compile", "data_parallel"]
@@ -97,7 +97,8 @@ def test_without_a_compiler_the_compile_check_says_what_it_breaks_and_how_to_fix
 
 @no_cuda_here
 def test_device_cuda_without_cuda_says_so_and_exits_1():
-    done = run_advisor("doctor", "--device", "cuda", "--json", timeout=300)
+    # In this process (torch is imported already): with no CUDA device, no check but torch, cpu and devices runs.
+    done = advisor_main("doctor", "--device", "cuda", "--json")
     assert done.returncode == 1, done.stdout + done.stderr
     document = json.loads(done.stdout)
     assert document["exit_code"] == 1 and document["failed_needed"] == ["devices"] and document["device"] == "cuda"
@@ -115,8 +116,8 @@ def test_device_cuda_without_cuda_says_so_and_exits_1():
 @no_cuda_here
 def test_profile_on_cuda_without_cuda_stops_before_the_baseline(tmp_path):
     out = tmp_path / "session"
-    done = run_advisor("profile", f"{ROOT / 'examples' / 'conv_classifier.py'}:train_step", "--device", "cuda",
-                       "--out", str(out), timeout=300)
+    done = advisor_main("profile", f"{ROOT / 'examples' / 'conv_classifier.py'}:train_step", "--device", "cuda",
+                        "--out", str(out))
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip() == "advisor: error: --device cuda: no CUDA device is available to this process"
     assert not out.exists()  # nothing was measured, nothing left behind

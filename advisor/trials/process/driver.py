@@ -152,6 +152,9 @@ class StepDriver:
         self.op_counter = OpCounter()
         self.count_step: int | None = None
         self.trace_plan: TracePlan | None = None
+        # Where not even one light step fits the budget: counts the recorded step's operators and stops the
+        # profiler (which writes its trace) at the plan's `ops_recorded`.
+        self.cutter: OpCounter | None = None
         # Whether the step is compiled (the knob, or the script's own torch.compile): a dispatch mode would
         # make dynamo run the counted step eagerly and move the compile into the profiler's warm-up.
         self.compiles: Callable[[], bool] = lambda: bool(self.knobs.compile)
@@ -253,6 +256,8 @@ class StepDriver:
         if self.device_type == "cuda":
             torch.cuda.synchronize()
         ended = time.perf_counter()
+        if self.cutter is not None:  # the trace was written within this step (cut): the profiler's time, not the step's
+            ended -= self.times.get("trace_cut_s", 0.0)
         wall = ended - self.period_start
         waited, fed, fetched = self.tracker.step_ended()
         call = ended - entered if entered is not None else max(0.0, wall - waited)
@@ -261,6 +266,9 @@ class StepDriver:
         if loss is None and self.last_loss is not None:
             loss = loss_value(self.last_loss)
         self.last_loss = None
+        if self.cutter is not None:
+            self.cutter.stop()  # the recorded step ended, cut or not
+            self.cutter = None
         if self.index == self.count_step:
             self._plan_trace()  # before the profiler moves on: the steps it records are decided now
         if self.loop and self.index == 0:
@@ -284,6 +292,10 @@ class StepDriver:
         self.index += 1
         if self.index == self.count_step and self.prof is not None and not self.compiles():
             self.op_counter.start()  # from the end of the step before (a loop's, where its profiler started)
+        part = self.trace_plan.ops_recorded if self.trace_plan is not None else None
+        if part and self.prof is not None and self.schedule.first_profiled(self.index):
+            self.cutter = OpCounter(part, self._cut_trace)
+            self.cutter.start()
         if self.index == self.schedule.total:
             self.finish()  # the profiler's part is over; measurement (if any) runs without it
             if self.deadline is not None and self.fastest_step_s is not None:
@@ -320,7 +332,21 @@ class StepDriver:
         write_json_atomic(self.out_dir / self.files["schedule"],
                           {**self.schedule.to_dict(), "trace_plan": self.trace_plan.to_dict()})
         if self.trace_plan.light:  # read when the profiler prepares its warm-up, which has not begun
+            from torch._C._profiler import _ExperimentalConfig
+
             self.prof.record_shapes = self.prof.profile_memory = False
+            # The trace alone, without the event list torch keeps beside it for Python: a quarter less at the peak.
+            self.prof.experimental_config = _ExperimentalConfig(trace_only=True)
+
+    def _cut_trace(self) -> None:
+        """The recorded step reached the plan's operators: stop the profiler, which ends the step's span and
+        writes the trace now; the step runs on unrecorded."""
+        if self.prof is not None:
+            self.times["trace_cut_at"] = time.time()
+            began = time.perf_counter()
+            self.prof.stop()
+            self.prof = None
+            self.times["trace_cut_s"] = time.perf_counter() - began  # left out of the step's time
 
     def _take_turn(self, closed: int | None) -> None:
         """Windows in turns: pass the turn after window `closed` (None: before the first window), wait for it
@@ -387,6 +413,8 @@ class StepDriver:
         """Stop the profiler and write what the steps measured into a trial result; returns the step
         interposition's knob outcomes (those decided while the steps ran and after them)."""
         self.op_counter.stop()  # a step that failed while counted
+        if self.cutter is not None:
+            self.cutter.stop()
         self.memory.stop_recording(self.index, complete=False)
         if self.turns is not None:
             finished(self.turns)  # ended, measured or not: the other trial measures without waiting for it
