@@ -737,3 +737,29 @@ def test_a_loader_wait_beside_pinned_copies_still_counts_as_waiting_on_the_loade
     plain = analyze_path(SURFACES / "h100-image-classifier" / "fp32-b32-w14-pageable")[0]
     assert plain.extra["loader_idle_share"] == pytest.approx(plain.dataloader_share, abs=0.003)
     assert len(rec(plain, "more-workers").evidence) == 1
+
+
+def test_an_optimizer_without_a_foreach_implementation_is_not_told_to_use_one(tmp_path):
+    # LBFGS (time_sequence_prediction's optimizer) steps parameter by parameter, but torch has neither a fused
+    # nor a foreach LBFGS: the advice "Use the foreach LBFGS optimizer (foreach=True)" named an argument it
+    # does not take. A real profiled CPU run of a small LBFGS step.
+    import torch
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(8)])
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=2)
+    x = torch.randn(16, 32)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            optimizer.step(closure)
+            prof.step()
+    path = tmp_path / "lbfgs.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    d = analyze_file(path)
+    assert d.extra["optimizer"]["name"] == "LBFGS" and d.extra["optimizer"]["implementation"] == "for-loop"
+    assert not any(r.id == "fused-optimizer" for r in d.recommendations), [r.title for r in d.recommendations]

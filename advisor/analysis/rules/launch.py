@@ -13,6 +13,9 @@ HOST_SHARE = 0.30  # host time with the device idle, for CUDA graphs / torch.com
 MIN_LAUNCHES = 20  # kernel launches per step worth capturing in a graph
 OPTIMIZER_SHARE = 0.05  # the optimizer step's host time
 FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")  # torch.optim classes that take fused=True
+# ... and those that take foreach=True (LBFGS, SparseAdam and third-party optimizers do not).
+FOREACH_OPTIMIZERS = ("Adadelta", "Adagrad", "Adam", "Adamax", "AdamW", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop",
+                      "SGD")
 
 
 def larger_batch(d: Diagnosis) -> Recommendation | None:
@@ -102,7 +105,7 @@ def fused_optimizer(d: Diagnosis) -> Recommendation | None:
     name = opt["name"]
     if name in FUSED_OPTIMIZERS:
         change, option = "fused", "fused=True"
-    elif opt["implementation"] == "for-loop":
+    elif opt["implementation"] == "for-loop" and name in FOREACH_OPTIMIZERS:
         change, option = "foreach", "foreach=True"
     else:
         return None
