@@ -180,6 +180,9 @@ def test_a_step_over_a_light_steps_budget_is_recorded_in_part(tmp_path):
     assert note in text and "was recorded in part, its first 2,048 operators" in text
     assert note in (out / "report.html").read_text()
     assert "Bound" in done.stdout or "bound" in done.stdout  # the recorded part is diagnosed
+    # LBFGS runs its closure's backward 20 times a step: not the script's gradient accumulation.
+    assert "gradient accumulation" not in text, text[text.find("gradient accumulation") - 300:][:500]
+    assert "accumulation_steps" not in record.get("own_settings", {})
 
 
 def test_a_trial_that_holds_more_memory_than_the_watch_allows_is_stopped(tmp_path, monkeypatch):

@@ -170,7 +170,12 @@ class OwnSettings:
         self.backwards += 1
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.per_step.append(self.backwards)
+        # An optimizer given a closure (LBFGS) runs the backward itself, as often as it evaluates the loss: those
+        # are not micro-batches of one step.
+        closure = kwargs.get("closure") if isinstance(kwargs, dict) else None
+        # torch passes the step's own arguments, the optimizer first.
+        closure = closure or next((a for a in args or () if a is not optimizer and callable(a)), None)
+        self.per_step.append(1 if closure is not None else self.backwards)
         self.backwards = 0
 
     # --- the record -----------------------------------------------------------------------------------
