@@ -1,7 +1,8 @@
 """The events of a Kineto trace file, decoded with msgspec, and the kinds the analysis sorts them into.
 
 Decoding is typed: only the fields the analysis needs are materialized, which is what makes a 54 MB
-trace load faster and in less memory than `json.load`. Both category vocabularies (old: `Operator`,
+trace load faster and in less memory than `json.load`. Events are decoded by phase (a tagged union on 'ph'):
+complete events and instants with their fields, the other phases (flows, metadata) with their time only. Both category vocabularies (old: `Operator`,
 `Kernel`, `Runtime`, `Memcpy`, `Memset`; new: `cpu_op`, `kernel`, `cuda_runtime`, `gpu_memcpy`, ...) and
 other accelerators' own categories map onto one set of kinds (`kind_of`).
 """
@@ -37,10 +38,11 @@ class Args(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
 
 
-class Event(msgspec.Struct, gc=False):
-    """One Chrome-trace event, as decoded. `ts`/`dur` are rewritten to relative microseconds on load."""
+class Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """One complete ('ph': 'X') Chrome-trace event, as decoded. `ts`/`dur` are rewritten to relative microseconds
+    on load. Its phase is its class (`ph`): `Instant` for 'i', `Unused` for the phases the analysis does not read;
+    a trace that this typing does not fit is decoded again as `LooseEvent`s (see `decode`)."""
 
-    ph: str = ""
     name: str = ""
     cat: str = ""
     ts: Union[int, float, None] = None
@@ -48,6 +50,11 @@ class Event(msgspec.Struct, gc=False):
     pid: Union[int, str, None] = None
     tid: Union[int, str, None] = None
     args: Union[Args, None] = None
+
+    @property
+    def ph(self) -> str:
+        """The event's phase ('X', 'i', ...)."""
+        return self.__struct_config__.tag
 
     @property
     def end(self) -> float:
@@ -68,6 +75,36 @@ class Event(msgspec.Struct, gc=False):
         return None if self.args is None else self.args.correlation
 
 
+class Instant(Event, tag="i"):
+    """An instant ('ph': 'i') event: the analysis reads the `[memory]` ones."""
+
+
+class Unused(msgspec.Struct, gc=False, tag_field="ph"):
+    """An event of a phase the analysis does not read (flows, metadata, counters, ...): only its time is decoded
+    (`ts`, which tells microseconds from nanoseconds), not its names or arguments: a third of a Kineto trace's
+    events are the flow events that link runtime calls to kernels, which the analysis links by correlation id."""
+
+    ts: Union[int, float, None] = None
+
+    @property
+    def ph(self) -> str:
+        """The event's phase."""
+        return self.__struct_config__.tag
+
+
+# The other phases of the Chrome trace format, a class each (a tagged union is decoded by its tag).
+UNUSED_PHASES = "BEIbnesStTpFfPNODMCVvRc()"
+UNUSED = tuple(type(f"Unused_{i}", (Unused,), {"__doc__": Unused.__doc__}, tag=ph) for i, ph in enumerate(UNUSED_PHASES))
+PHASE_OF_CLASS = {Event: "X", Instant: "i", **{cls: cls.__struct_config__.tag for cls in UNUSED}}
+
+
+class LooseEvent(Event, tag=False):
+    """Any Chrome-trace event, its phase a field: what a trace is decoded as when its events do not all fit the
+    tagged classes above (an event without 'ph', or of a phase the format does not have)."""
+
+    ph: str = ""
+
+
 class DeviceProperties(msgspec.Struct):
     """An accelerator as described in `deviceProperties` (or legacy `computeProperties`)."""
 
@@ -84,7 +121,7 @@ class DeviceProperties(msgspec.Struct):
 class TraceDocument(msgspec.Struct):
     """The top level of a Kineto trace file."""
 
-    traceEvents: list[Event]
+    traceEvents: list[Union[Event, Instant, *UNUSED]]
     deviceProperties: Union[list[DeviceProperties], None] = None
     computeProperties: Union[list[DeviceProperties], None] = None
     distributedInfo: Union[dict, None] = None
@@ -92,7 +129,15 @@ class TraceDocument(msgspec.Struct):
     traceTimeUnit: Union[str, None] = None
 
 
-_DECODER = msgspec.json.Decoder(Union[TraceDocument, list[Event]])
+class LooseDocument(TraceDocument):
+    """A trace file whose events are decoded as `LooseEvent`s."""
+
+    traceEvents: list[LooseEvent]
+
+
+_DECODER = msgspec.json.Decoder(Union[TraceDocument, list[Union[Event, Instant, *UNUSED]]])
+_LOOSE_DECODER = msgspec.json.Decoder(Union[LooseDocument, list[LooseEvent]])
+
 
 # Both category vocabularies (and other accelerators' runtimes) mapped onto one set of kinds.
 KIND_BY_CATEGORY = {
@@ -147,9 +192,24 @@ def accelerator_of(category: str) -> str | None:
 
 
 def decode(path: Path, raw: bytes) -> TraceDocument:
-    """Decode JSON bytes into a TraceDocument, naming the problem (and the event) when the shape is wrong."""
+    """Decode JSON bytes into a TraceDocument, naming the problem (and the event) when the shape is wrong.
+
+    Its events are decoded by phase (`Event`, `Instant`, `Unused`), which skips what the analysis never reads;
+    a document that does not fit (or is no JSON at all) is decoded again as `LooseEvent`s, as the analysis did
+    before it decoded by phase, and its errors named so."""
     try:
         doc = _DECODER.decode(raw)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        doc = loose_decode(path, raw)
+    if isinstance(doc, list):  # Chrome's "JSON Array Format": a bare list of events
+        doc = TraceDocument(traceEvents=doc)
+    return doc
+
+
+def loose_decode(path: Path, raw: bytes) -> LooseDocument | list[LooseEvent]:
+    """The document decoded with `LooseEvent`s, naming the problem where even that does not fit."""
+    try:
+        return _LOOSE_DECODER.decode(raw)
     except msgspec.ValidationError as exc:
         raise NotATrace(path, f"not a torch.profiler trace: {_event_of_error(raw, str(exc))}{exc}") from None
     except msgspec.DecodeError as exc:
@@ -163,9 +223,6 @@ def decode(path: Path, raw: bytes) -> TraceDocument:
         raise NotATrace(path, f"not valid JSON ({_not_utf8(raw)})") from None
     except RecursionError:
         raise NotATrace(path, "not valid JSON for this reader (arrays or objects nested too deeply)") from None
-    if isinstance(doc, list):  # Chrome's "JSON Array Format": a bare list of events
-        doc = TraceDocument(traceEvents=doc)
-    return doc
 
 
 def _not_utf8(raw: bytes) -> str:

@@ -24,7 +24,7 @@ from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, Memor
                                       devices_of, id_columns, memory_samples)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
-from advisor.analysis.events import Event, TraceDocument, accelerator_of, decode, kind_of
+from advisor.analysis.events import PHASE_OF_CLASS, Event, TraceDocument, accelerator_of, decode, kind_of
 from advisor.analysis.reading import json_text, read_file
 from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
@@ -97,8 +97,9 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     bucket_of_category: dict = {}  # category -> list to append to, or None to skip; filled as met
     steps = trace.steps
     memory_events = []
+    phase_of = PHASE_OF_CLASS.get
     for e in events:
-        ph = e.ph
+        ph = phase_of(type(e)) or e.ph  # the class's phase; a LooseEvent's own
         if ph == "X":
             cat = e.cat
             bucket = bucket_of_category.get(cat, False)
