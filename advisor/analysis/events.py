@@ -95,7 +95,6 @@ class Unused(msgspec.Struct, gc=False, tag_field="ph"):
 # The other phases of the Chrome trace format, a class each (a tagged union is decoded by its tag).
 UNUSED_PHASES = "BEIbnesStTpFfPNODMCVvRc()"
 UNUSED = tuple(type(f"Unused_{i}", (Unused,), {"__doc__": Unused.__doc__}, tag=ph) for i, ph in enumerate(UNUSED_PHASES))
-PHASE_OF_CLASS = {Event: "X", Instant: "i", **{cls: cls.__struct_config__.tag for cls in UNUSED}}
 
 
 class LooseEvent(Event, tag=False):

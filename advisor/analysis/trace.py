@@ -21,10 +21,10 @@ import msgspec
 import numpy as np
 
 from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
-                                      devices_of, id_columns, memory_samples)
+                                      devices_of, id_columns, memory_fields, memory_samples)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
-from advisor.analysis.events import PHASE_OF_CLASS, Event, TraceDocument, accelerator_of, decode, kind_of
+from advisor.analysis.events import Event, Instant, LooseEvent, TraceDocument, accelerator_of, decode, kind_of
 from advisor.analysis.reading import json_text, read_file
 from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
@@ -97,10 +97,11 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     bucket_of_category: dict = {}  # category -> list to append to, or None to skip; filled as met
     steps = trace.steps
     memory_events = []
-    phase_of = PHASE_OF_CLASS.get
     for e in events:
-        ph = phase_of(type(e)) or e.ph  # the class's phase; a LooseEvent's own
-        if ph == "X":
+        kind = type(e)  # its phase (`events.Event` is 'X')
+        if kind is LooseEvent:  # decoded loose: its phase is a field
+            kind = Event if e.ph == "X" else Instant if e.ph == "i" else None
+        if kind is Event:
             cat = e.cat
             bucket = bucket_of_category.get(cat, False)
             if bucket is False:
@@ -110,7 +111,7 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             if bucket is trace.ops and e.name.startswith("ProfilerStep#"):
                 bucket = steps
             bucket.append(e)
-        elif ph == "i" and e.name == "[memory]":
+        elif kind is Instant and e.name == "[memory]":
             memory_events.append(e)
     timed = steps + trace.ops + trace.runtime + trace.kernels + trace.memcpys + trace.memsets
     if not timed:
@@ -121,7 +122,8 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     times = {name: (floats_of(getattr(trace, name), "ts"), floats_of(getattr(trace, name), "dur")) for name in groups}
     check_times(path, events, timed, memory_events, scale,
                 tuple(np.concatenate([times[name][i] for name in groups]) for i in (0, 1)))
-    check_sizes(path, events, memory_events, trace.memcpys)
+    fields = memory_fields(memory_events)
+    check_sizes(path, events, memory_events, trace.memcpys, fields)
     origin = 0
     if scale != 1.0:
         # Integer nanoseconds since the epoch do not fit a float exactly: subtract the (integer) origin
@@ -131,7 +133,7 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             e.ts = (e.ts - origin) * scale
             e.dur = e.dur * scale
     trace.origin_us = origin * scale
-    trace.memory = memory_samples(memory_events, origin, scale)
+    trace.memory = memory_samples(memory_events, origin, scale, fields)
     trace.steps.sort(key=START)
     trace.steps[:] = usable_steps(trace.steps, trace.skipped)
     for name in groups:
