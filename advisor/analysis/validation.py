@@ -96,8 +96,9 @@ def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event
     if bad:
         i, e = _first_in_file(events, bad)
         a = e.args
-        fields = {"Bytes": a.alloc_bytes, "Total Allocated": a.total_allocated, "Total Reserved": a.total_reserved,
-                  "bytes": a.bytes}
+        fields = {key: getattr(a, name, None) for key, name in (  # a copy's arguments or an allocation's
+            ("Bytes", "alloc_bytes"), ("Total Allocated", "total_allocated"), ("Total Reserved", "total_reserved"),
+            ("bytes", "bytes"))}
         key = next(k for k, v in fields.items() if not is_byte_count(v, signed=k == "Bytes"))
         raise TraceError(path, f"event {i} ({e.name!r}) has '{key}': {fields[key]}, not a byte count")
 
