@@ -5,6 +5,7 @@ after another."""
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import zlib
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from advisor.analysis import reading
 from advisor.analysis.analyze import READ_PROCESSES_ENV, analysis_document, analyze_path, encode_json
+from advisor.analysis.events import LooseEvent, decode
 from advisor.analysis.reading import INFLATE_ENV, inflate, inflate_clean, inflate_zlib
 from advisor.errors import TraceError
 from conftest import SAMPLE_RUNS, TRACES, run_advisor
@@ -91,3 +93,35 @@ def test_a_broken_rank_is_the_same_error_in_parallel(tmp_path: Path, monkeypatch
     monkeypatch.setenv(READ_PROCESSES_ENV, "many")
     done = run_advisor("analyze", str(tmp_path), env={READ_PROCESSES_ENV: "many"})
     assert done.returncode == 2 and "ADVISOR_READ_PROCESSES" in done.stderr
+
+
+def _document_of(path: Path) -> bytes:
+    """`advisor analyze --json`'s document of one trace, its path left out (the copies differ in it)."""
+    return encode_json(analysis_document(path, analyze_path(path))).replace(str(path).encode(), b"TRACE")
+
+
+@pytest.mark.parametrize("source", [TRACES / "mi250-rocm-minitoy.pt.trace.json.gz",
+                                    TRACES / "h200-gpt-attention-sdpa.pt.trace.json.gz"], ids=lambda p: p.name)
+def test_events_decoded_by_phase_or_loose_give_the_same_analysis(source: Path, tmp_path: Path):
+    """Events are decoded by phase (flows and metadata with their time only); a trace one of whose events has no
+    'ph' is decoded again as LooseEvents, every field of every event. Both give the same document; and the
+    fields of the phases the analysis does not read are not checked, so a flow event's odd name is no error."""
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    unread = next(e for e in doc["traceEvents"] if e.get("ph") not in ("X", "i"))
+    copies = {}
+    for variant in ("as-is", "loose", "odd-flow"):
+        events = [dict(e) for e in doc["traceEvents"]]
+        if variant == "loose":
+            events.append({"name": "no phase", "ts": events[0].get("ts")})
+        if variant == "odd-flow":
+            events.append(dict(unread, name=5, cat=["not", "text"], args=[1, 2]))
+        path = tmp_path / variant / source.name
+        path.parent.mkdir()
+        path.write_bytes(gzip.compress(json.dumps(dict(doc, traceEvents=events)).encode(), compresslevel=1))
+        copies[variant] = path
+    assert all(type(e) is LooseEvent for e in decode(copies["loose"], gzip.decompress(
+        copies["loose"].read_bytes())).traceEvents)
+    assert not any(type(e) is LooseEvent for e in decode(source, gzip.decompress(source.read_bytes())).traceEvents)
+    documents = {variant: _document_of(path) for variant, path in copies.items()}
+    assert documents["as-is"] == documents["loose"] == documents["odd-flow"]
+    assert b'"bound"' in documents["as-is"]

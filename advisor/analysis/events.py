@@ -1,10 +1,11 @@
 """The events of a Kineto trace file, decoded with msgspec, and the kinds the analysis sorts them into.
 
 Decoding is typed: only the fields the analysis needs are materialized, which is what makes a 54 MB
-trace load faster and in less memory than `json.load`. Events are decoded by phase (a tagged union on 'ph'):
-complete events and instants with their fields, the other phases (flows, metadata) with their time only. Both category vocabularies (old: `Operator`,
-`Kernel`, `Runtime`, `Memcpy`, `Memset`; new: `cpu_op`, `kernel`, `cuda_runtime`, `gpu_memcpy`, ...) and
-other accelerators' own categories map onto one set of kinds (`kind_of`).
+trace load faster and in less memory than `json.load`. Events are decoded by phase (a tagged union on
+'ph'): complete events and instants with their fields, the other phases (flows, metadata) with their time
+only. Both category vocabularies (old: `Operator`, `Kernel`, `Runtime`, `Memcpy`, `Memset`; new: `cpu_op`,
+`kernel`, `cuda_runtime`, `gpu_memcpy`, ...) and other accelerators' own categories map onto one set of
+kinds (`kind_of`).
 """
 
 from __future__ import annotations
@@ -111,9 +112,12 @@ class Unused(msgspec.Struct, gc=False, tag_field="ph"):
         return self.__struct_config__.tag
 
 
-# The other phases of the Chrome trace format, a class each (a tagged union is decoded by its tag).
+# The other phases of the Chrome trace format, a class each (a tagged union is decoded by its tag), named in
+# this module so that pickle finds them.
 UNUSED_PHASES = "BEIbnesStTpFfPNODMCVvRc()"
-UNUSED = tuple(type(f"Unused_{i}", (Unused,), {"__doc__": Unused.__doc__}, tag=ph) for i, ph in enumerate(UNUSED_PHASES))
+UNUSED = tuple(type(f"Unused_{i}", (Unused,), {"__doc__": Unused.__doc__, "__module__": __name__}, tag=ph)
+               for i, ph in enumerate(UNUSED_PHASES))
+globals().update((cls.__name__, cls) for cls in UNUSED)
 
 
 class LooseEvent(Event, tag=False):
