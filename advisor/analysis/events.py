@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 import msgspec
 
+from advisor.analysis.reading import Unclean
 from advisor.errors import NotATrace, TraceError
 
 class EventArgs(msgspec.Struct, gc=False):
@@ -159,6 +160,8 @@ class LooseDocument(TraceDocument):
 
 
 _DECODER = msgspec.json.Decoder(Union[TraceDocument, list[Union[Event, Instant, *UNUSED]]])
+_DOCUMENT_DECODER = msgspec.json.Decoder(TraceDocument)
+_EVENTS_DECODER = msgspec.json.Decoder(list[Union[Event, Instant, *UNUSED]])
 _LOOSE_DECODER = msgspec.json.Decoder(Union[LooseDocument, list[LooseEvent]])
 
 
@@ -227,6 +230,69 @@ def decode(path: Path, raw: bytes) -> TraceDocument:
     if isinstance(doc, list):  # Chrome's "JSON Array Format": a bare list of events
         doc = TraceDocument(traceEvents=doc)
     return doc
+
+
+# Where a trace's events begin: the key of the top-level object (`decode_pieces` checks that it is), and where
+# Kineto ends one event and starts the next.
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BETWEEN_EVENTS = b"},\n  {"
+_HEAD_BYTES = 16 * 2**20  # the most text before the events, or in one event, that `decode_pieces` holds
+
+
+def decode_pieces(path: Path, pieces: Iterator[bytes]) -> tuple[TraceDocument, int] | None:
+    """(the document, the length of its text) decoded from its JSON text in pieces (`reading.inflated_pieces`),
+    each run of whole events as it arrives; None where the text does not split so (the caller decodes it whole,
+    as `decode`, which also names any problem).
+
+    The text is cut only between two events of the top-level 'traceEvents' array, and every run of events and
+    the rest of the document decode on their own, which they can only where the cuts lie between events: a
+    cut inside an event or a string leaves brackets or quotes open. The document is the same as `decode`'s."""
+    try:
+        return _decode_pieces(pieces)
+    except (Unclean, msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        return None
+    finally:
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
+
+
+def _decode_pieces(pieces: Iterator[bytes]) -> tuple[TraceDocument, int] | None:
+    # Each run is decoded from bytes of its own: an event's undecoded arguments (msgspec.Raw) keep them alive.
+    held, held_bytes, size, head, events = [], 0, 0, None, []  # held: the text not decoded yet, in parts
+    for piece in pieces:
+        size += len(piece)
+        if head is None:
+            piece = b"".join((*held, piece))
+            found = _EVENTS_KEY.search(piece)
+            if found is None:
+                held, held_bytes = [piece], len(piece)
+                if held_bytes > _HEAD_BYTES:
+                    return None
+                continue
+            head = piece[:found.end() - 1]
+            _DOCUMENT_DECODER.decode(head + b"[]}")  # the key is the top-level object's (no bracket left open)
+            piece, held, held_bytes = piece[found.end():], [b"["], 1
+        cut = piece.rfind(_BETWEEN_EVENTS)
+        if cut < 0:
+            held.append(piece)
+            held_bytes += len(piece)
+            if held_bytes > _HEAD_BYTES:
+                return None
+            continue
+        view = memoryview(piece)
+        events += _EVENTS_DECODER.decode(b"".join((*held, view[:cut + 1], b"]")))
+        held = [b"[", view[cut + 2:]]  # from after the comma
+        held_bytes = 1 + len(held[1])
+    if head is None:
+        return None
+    rest = b"".join((head, *held))
+    if rest.find(b'"traceEvents"', len(head)) >= 0:  # the key again after the events? the last one counts
+        return None
+    doc = _DOCUMENT_DECODER.decode(rest)
+    events += doc.traceEvents
+    doc.traceEvents = events
+    return doc, size
 
 
 def loose_decode(path: Path, raw: bytes) -> LooseDocument | list[LooseEvent]:

@@ -24,7 +24,8 @@ from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, Memor
                                       devices_of, id_columns, memory_fields, memory_samples)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
-from advisor.analysis.events import Event, Instant, LooseEvent, TraceDocument, accelerator_of, decode, kind_of
+from advisor.analysis.events import (Event, Instant, LooseEvent, TraceDocument, accelerator_of, decode, decode_pieces,
+                                     kind_of)
 from advisor.analysis.reading import json_text, read_file
 from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
@@ -199,20 +200,27 @@ def load_trace(path: Path | str) -> Trace:
     """Read one trace file (.json or .json.gz) into a Trace; raise TraceError naming the problem. The Trace
     may be shared with the process's other readers of that file (see `_loaded`): read it, never change it."""
     path = Path(path)
-    raw, text = read_file(path)
+    raw, pieces = read_file(path)
     # Keyed by what was read: the path as given (the Trace records it), the size and the CRC-32 of the bytes.
     key = (str(path), len(raw), zlib.crc32(raw)) if len(raw) <= KEPT_BYTES else None
     with _loaded_lock:
         kept = _loaded.get(key) if key is not None else None
         if kept is not None:
             _loaded.move_to_end(key)
+            if pieces is not None:
+                pieces.close()
             return kept[0]
-    text = json_text(path, raw) if text is None else text
-    del raw
-    size = len(text)
     with collector_paused():
-        doc = decode(path, text)
-        del text
+        # A gzipped trace is decoded piece by piece as it inflates; one that does not split so, whole.
+        decoded = decode_pieces(path, pieces) if pieces is not None else None
+        if decoded is None:
+            text = json_text(path, raw)
+            del raw
+            size = len(text)
+            doc = decode(path, text)
+            del text
+        else:
+            doc, size = decoded
         if not doc.traceEvents:
             raise TraceError(path, "trace has no events ('traceEvents' is empty)")
         trace = build_trace(path, doc)
