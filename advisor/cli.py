@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -85,8 +86,13 @@ READ_ONLY_COMMANDS = ("analyze", "compare")  # run as the program, they end so (
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `advisor` console script."""
+    read_only = argv is None and _command_of(sys.argv[1:]) in READ_ONLY_COMMANDS
+    if read_only:
+        # A reader that ends as soon as it has printed: the cyclic collector would only rescan, again and again,
+        # the modules it imports (numpy, rich) and the events it reads, none of them garbage.
+        gc.disable()
     code = run_command(sys.argv[1:] if argv is None else argv)
-    if argv is None and _command_of(sys.argv[1:]) in READ_ONLY_COMMANDS:
+    if read_only:
         exit_without_teardown(code)
     return code
 

@@ -5,6 +5,7 @@ after another."""
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import zlib
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 
 from advisor.analysis import reading
 from advisor.analysis.analyze import READ_PROCESSES_ENV, analysis_document, analyze_path, encode_json
+from advisor.analysis.events import LooseEvent, decode, decode_pieces
 from advisor.analysis.reading import INFLATE_ENV, inflate, inflate_clean, inflate_zlib
+from advisor.analysis.trace import load_trace
 from advisor.errors import TraceError
 from conftest import SAMPLE_RUNS, TRACES, run_advisor
 
@@ -91,3 +94,101 @@ def test_a_broken_rank_is_the_same_error_in_parallel(tmp_path: Path, monkeypatch
     monkeypatch.setenv(READ_PROCESSES_ENV, "many")
     done = run_advisor("analyze", str(tmp_path), env={READ_PROCESSES_ENV: "many"})
     assert done.returncode == 2 and "ADVISOR_READ_PROCESSES" in done.stderr
+
+
+def _document_of(path: Path) -> bytes:
+    """`advisor analyze --json`'s document of one trace, its path left out (the copies differ in it)."""
+    return encode_json(analysis_document(path, analyze_path(path))).replace(str(path).encode(), b"TRACE")
+
+
+@pytest.mark.parametrize("source", [TRACES / "mi250-rocm-minitoy.pt.trace.json.gz",
+                                    TRACES / "h200-gpt-attention-sdpa.pt.trace.json.gz"], ids=lambda p: p.name)
+def test_events_decoded_by_phase_or_loose_give_the_same_analysis(source: Path, tmp_path: Path):
+    """Events are decoded by phase (flows and metadata with their time only); a trace one of whose events has no
+    'ph' is decoded again as LooseEvents, every field of every event. Both give the same document; and the
+    fields of the phases the analysis does not read are not checked, so a flow event's odd name is no error."""
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    unread = next(e for e in doc["traceEvents"] if e.get("ph") not in ("X", "i"))
+    copies = {}
+    for variant in ("as-is", "loose", "odd-flow"):
+        events = [dict(e) for e in doc["traceEvents"]]
+        if variant == "loose":
+            events.append({"name": "no phase", "ts": events[0].get("ts")})
+        if variant == "odd-flow":
+            events.append(dict(unread, name=5, cat=["not", "text"], args=[1, 2]))
+        path = tmp_path / variant / source.name
+        path.parent.mkdir()
+        path.write_bytes(gzip.compress(json.dumps(dict(doc, traceEvents=events)).encode(), compresslevel=1))
+        copies[variant] = path
+    assert all(type(e) is LooseEvent for e in decode(copies["loose"], gzip.decompress(
+        copies["loose"].read_bytes())).traceEvents)
+    assert not any(type(e) is LooseEvent for e in decode(source, gzip.decompress(source.read_bytes())).traceEvents)
+    documents = {variant: _document_of(path) for variant, path in copies.items()}
+    assert documents["as-is"] == documents["loose"] == documents["odd-flow"]
+    assert b'"bound"' in documents["as-is"]
+
+
+def _pieces_of(text: bytes, piece_bytes: int, monkeypatch):
+    """`decode_pieces` of `text` gzipped, inflated in pieces of `piece_bytes`: (the document, its text's length),
+    or None where it reads the text whole."""
+    monkeypatch.setattr(reading, "PIECE_BYTES", piece_bytes)
+    path = Path("pieces.json.gz")
+    return decode_pieces(path, reading.inflated_pieces(path, gzip.compress(text, compresslevel=1)))
+
+
+@pytest.mark.parametrize("path", REAL[1:], ids=lambda p: p.name)
+def test_a_trace_decoded_in_pieces_is_the_trace_decoded_whole(path: Path, monkeypatch):
+    """Real traces, cut between their events wherever a piece ends (pieces of 4 KiB: hundreds of runs of
+    events, events split across pieces): the same document as decoding the text whole."""
+    text = gzip.decompress(path.read_bytes())
+    doc, size = _pieces_of(text, 4096, monkeypatch)
+    assert doc == decode(path, text) and size == len(text) and len(doc.traceEvents) > 100
+
+
+KINETO = (b'{\n  "schemaVersion": 1,\n  "deviceProperties": [{"id": 0, "name": "GPU \\"traceEvents\\": [x"}],\n'
+          b'  "traceEvents": [\n%s\n  ],\n  "traceName": "t"%s\n}')
+EVENT = (b'  {\n    "ph": "X", "cat": "kernel", "name": "k%d", "pid": 1, "tid": 2,\n    "ts": %d, "dur": 3,\n'
+         b'    "args": {"correlation": %d%s}\n  }')
+
+
+def _kineto(n: int, args: bytes = b"", tail: bytes = b"") -> bytes:
+    return KINETO % (b",\n".join(EVENT % (i, 10 * i, i, args) for i in range(n)), tail)
+
+
+@pytest.mark.parametrize("variant, streamed", [
+    ("plain", True),
+    ("nested objects laid out as events", True),  # cuts inside an event: that run does not decode, read whole
+    ("the key again after the events", False),  # the last 'traceEvents' is the one that counts
+    ("the key inside an earlier object", False),
+    ("one line", True),  # no cut between events: one run, the rest of the document
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_document_that_does_not_split_between_events_is_decoded_whole(variant, streamed, monkeypatch):
+    """The text is cut only between two events of the top-level array, each run and the rest decoded on
+    their own; any other cut (inside an event, a string, another object's 'traceEvents') does not decode, and
+    the text is then decoded whole: the document is always `decode`'s, whatever the layout."""
+    text = {"plain": _kineto(300),
+            "nested objects laid out as events": _kineto(300, b', "x": [{\n  },\n  {\n  }]'),
+            "the key again after the events": _kineto(300, tail=b',\n  "traceEvents": []'),
+            "the key inside an earlier object": _kineto(300).replace(
+                b'"schemaVersion": 1', b'"distributedInfo": {"traceEvents": [{"ph": "i"},\n  {"ph": "i"}]}'),
+            "one line": json.dumps(json.loads(_kineto(300))).encode()}[variant]
+    whole = decode(Path("whole.json"), text)
+    for piece_bytes in (64, 1000, 1 << 20):
+        found = _pieces_of(text, piece_bytes, monkeypatch)
+        if variant == "nested objects laid out as events" and piece_bytes == 1 << 20:
+            assert found is None  # the one run holds a cut inside an event
+            continue
+        assert (found is not None) == streamed or variant == "nested objects laid out as events"
+        assert found is None or found[0] == whole
+    assert len(whole.traceEvents) == (0 if "again" in variant else 300)
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.9], ids=["early", "late"])
+def test_a_truncated_trace_is_the_same_error_after_pieces_decoded(cut: float, tmp_path: Path):
+    """A gzip stream that ends early, after whole pieces of events were decoded: the error of reading it whole."""
+    raw = REAL[0].read_bytes()
+    path = tmp_path / "cut.pt.trace.json.gz"
+    path.write_bytes(raw[:int(len(raw) * cut)])
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    assert "truncated gzip data" in caught.value.problem

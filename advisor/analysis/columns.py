@@ -61,6 +61,19 @@ def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, c
     return Columns(ts, dur, ts + dur, tuple(codes), name_code, tid, correlation, device, on_device)
 
 
+EXTERNAL_ID = attrgetter("args.external_id")
+
+
+def external_ids(events: list) -> list:
+    """Each event's external id (`Event.external_id`), read with one getter where every event has one in its
+    arguments (as Kineto writes them)."""
+    try:
+        ids = list(map(EXTERNAL_ID, events))
+    except AttributeError:  # an event without arguments
+        ids = [None]
+    return ids if None not in ids else [e.external_id for e in events]
+
+
 TID = attrgetter("tid")
 LINKED = ("runtime", "kernels", "memcpys", "memsets")  # the groups whose events have correlation ids
 
@@ -85,6 +98,9 @@ CORRELATION = attrgetter("args.correlation")
 def id_columns(values: list[list]) -> list[np.ndarray]:
     """Lists of ids (tids, correlation ids) as integer arrays, equal where the ids are, -1 for None: the ids
     themselves where all are integers of 0 or more (as in Kineto's traces), else codes of their values."""
+    arrays = list(map(whole_ids, values))
+    if all(array is not None for array in arrays):
+        return arrays
     arrays = []
     for v in values:
         types = set(map(type, v))
@@ -102,6 +118,22 @@ def id_columns(values: list[list]) -> list[np.ndarray]:
         return arrays
     codes: dict = {None: -1}
     return [np.fromiter((codes.setdefault(x, len(codes) - 1) for x in v), np.int64, len(v)) for v in values]
+
+
+def whole_ids(ids: list) -> np.ndarray | None:
+    """The ids as an integer array where all are integers of 0 or more (as in Kineto's traces), else None.
+
+    numpy tells the type of the values as it reads them (integers, or text, None, integers beyond 64 bits),
+    which is cheaper than asking each value its type first."""
+    if not ids:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        array = np.array(ids)
+    except (OverflowError, ValueError):
+        return None
+    if array.dtype.kind != "i" or array.ndim != 1 or array.min() < 0:
+        return None
+    return array.astype(np.int64, copy=False)
 
 
 def rightmost_above(values: np.ndarray, last: np.ndarray, threshold: np.ndarray) -> np.ndarray:
@@ -161,12 +193,27 @@ class MemorySamples:
         return self.ts.size
 
 
-def memory_samples(events: list, origin, scale: float) -> MemorySamples:
-    """The MemorySamples of `[memory]` events whose times are rewritten as (ts - origin) * scale."""
-    args = [e.args for e in events]
-    def field(name: str) -> list:
-        return [None if a is None else getattr(a, name) for a in args]
+MEMORY_FIELDS = ("device_type", "device_id", "alloc_bytes", "total_allocated", "total_reserved")
+ARGS = attrgetter("args")
 
+
+def memory_fields(events: list) -> dict[str, list]:
+    """Each argument of the `[memory]` events that the analysis reads (`MEMORY_FIELDS`), per event: None where an
+    event has no arguments. Read once, for the check of their byte counts and for the MemorySamples."""
+    args = list(map(ARGS, events))
+    fields = {}
+    for name in MEMORY_FIELDS:
+        try:
+            fields[name] = list(map(attrgetter(name), args))
+        except AttributeError:  # an event without arguments
+            fields[name] = [None if a is None else getattr(a, name) for a in args]
+    return fields
+
+
+def memory_samples(events: list, origin, scale: float, fields: dict[str, list] | None = None) -> MemorySamples:
+    """The MemorySamples of `[memory]` events whose times are rewritten as (ts - origin) * scale (`fields`: their
+    `memory_fields`, where the caller has them already)."""
+    field = (memory_fields(events) if fields is None else fields).__getitem__
     if scale == 1.0 and origin == 0:
         ts = np.fromiter(map(attrgetter("ts"), events), float, len(events))
     else:  # integer nanoseconds since the epoch: the origin taken off exactly, as integers, first
@@ -204,9 +251,17 @@ def device_of(event):
     return event.pid if device is None else device
 
 
+DEVICE = attrgetter("args.device")
+
+
 def devices_of(events: list) -> tuple[np.ndarray, np.ndarray]:
     """(device of each event where it is an integer, which events have one) (`device_of`)."""
-    values = list(map(device_of, events))
+    try:
+        values = list(map(DEVICE, events))  # Kineto's device activity has its device in its arguments
+    except AttributeError:  # an event without arguments
+        values = [None]
+    if None in values:
+        values = list(map(device_of, events))
     if set(map(type, values)) <= {int}:
         known = np.ones(len(values), dtype=bool)
     else:

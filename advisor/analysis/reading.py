@@ -2,9 +2,9 @@
 
 Only regular files are opened (a FIFO in a folder of traces is refused, not waited on), and a `.json.gz`
 may inflate to a bounded size only (`inflated_limit`): a gzip bomb is refused after inflating the bound,
-not read whole. Nothing here decodes JSON: `prefetch` starts reading on a thread while the CLI imports
-the rest of the analysis, so this module imports nothing else (the standard library, and advisor's
-errors and files).
+not read whole; it is inflated in pieces (`inflated_pieces`), which `events.decode_pieces` decodes as they
+come. Nothing here decodes JSON: `prefetch` starts reading on a thread while the CLI imports the rest of
+the analysis, so this module imports nothing else (the standard library, and advisor's errors and files).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import stat
 import threading
 import zlib
 from pathlib import Path
+from typing import Iterator
 
 from advisor.errors import TraceError
 from advisor.files import NotARegularFile, describe_os_error, is_regular, read_regular
@@ -59,10 +60,14 @@ def _listed_file(path: Path) -> bool:
 
 
 _prefetched: dict[Path, tuple[threading.Thread, list]] = {}
+GZIP_MAGIC = b"\x1f\x8b"
+# How many pieces of JSON text (`PIECE_BYTES` each) a prefetch inflates ahead, while the analysis imports; the
+# reader inflates the rest as it decodes, so that the memory of one piece is used again for the next.
+PIECES_AHEAD = 16
 
 
 def prefetch(path: Path) -> None:
-    """Start reading (and gunzipping) a trace file on a background thread.
+    """Start reading a trace file, and inflating its first pieces of JSON text, on a background thread.
 
     zlib releases the GIL, so the CLI can import the analysis modules meanwhile; `read_file` picks the
     result up (or re-raises its error).
@@ -75,26 +80,53 @@ def prefetch(path: Path) -> None:
     def work():
         try:
             raw = _stored_bytes(path)
-            box.append((raw, json_text(path, raw)))
         except BaseException as exc:  # handed to the reader on the main thread
             box.append(exc)
+            return
+        box.append(raw)
+        if raw[:2] == GZIP_MAGIC:
+            rest, ahead, error = inflated_pieces(path, raw), [], None
+            try:
+                for _ in range(PIECES_AHEAD):
+                    ahead.append(next(rest))
+            except StopIteration:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - raised to the reader after the pieces before it
+                error = exc
+            box.extend((rest, ahead, error))
 
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
     _prefetched[path] = (thread, box)
 
 
-def read_file(path: Path) -> tuple[bytes, bytes | None]:
-    """A trace file's bytes as stored (gzipped or not), with clear errors for a file that cannot be read; and
-    their JSON text where a prefetch has gunzipped them already (else None: `json_text` makes it)."""
+def read_file(path: Path) -> tuple[bytes, Iterator[bytes] | None]:
+    """A trace file's bytes as stored (gzipped or not), with clear errors for a file that cannot be read; and,
+    where they are gzipped, an iterator over their JSON text in pieces (`inflated_pieces`; its first pieces
+    inflated by the prefetch's thread where one started), None otherwise."""
     pending = _prefetched.pop(Path(path), None)
     if pending is None:
-        return _stored_bytes(path), None
+        raw = _stored_bytes(path)
+        return raw, (inflated_pieces(path, raw) if raw[:2] == GZIP_MAGIC else None)
     thread, box = pending
     thread.join()
     if isinstance(box[0], BaseException):
         raise box[0]
-    return box[0]
+    if len(box) == 1:
+        return box[0], None
+    raw, rest, ahead, error = box
+    return raw, _continued(ahead, error, rest)
+
+
+def _continued(ahead: list[bytes], error: BaseException | None, rest: Iterator[bytes]) -> Iterator[bytes]:
+    """The pieces inflated ahead, then the error that stopped them or the rest of the pieces."""
+    try:
+        yield from ahead
+        if error is not None:
+            raise error
+        yield from rest
+    finally:
+        rest.close()
 
 
 # How far a .json.gz may inflate: at most MAX_INFLATION times its own size (real traces inflate 10 to 31
@@ -137,7 +169,7 @@ def _stored_bytes(path: Path) -> bytes:
 def json_text(path: Path, raw: bytes) -> bytes:
     """The JSON text of a trace file's stored bytes: gunzipped within the bound, with clear errors for broken
     gzip data."""
-    if raw[:2] == b"\x1f\x8b":
+    if raw[:2] == GZIP_MAGIC:
         raw = inflate(path, raw, inflated_limit(path, len(raw)))
         if not raw:
             raise TraceError(path, "empty file (gzip of nothing)")
@@ -209,3 +241,47 @@ def inflate_zlib(path: Path, raw: bytes, limit: int) -> bytes:
         if data[:2] != b"\x1f\x8b":
             raise TraceError(path, "corrupt gzip data (bytes after the end of the gzip stream)")
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+# A gzipped trace is inflated in pieces of this many bytes, which the decoder reads one after another
+# (`events.decode_pieces`): the memory of one piece is used again for the next, where 54 MB of JSON text held
+# whole would be touched page by page, once (a page fault every 4 KiB: a tenth of a large trace's reading).
+PIECE_BYTES = 2**18
+_INPUT_BYTES = 2**16  # gzip data fed to the inflater at a time
+
+
+class Unclean(Exception):
+    """Gzip data that `inflated_pieces` does not read cleanly to its end within the bound: the caller reads it
+    whole (`json_text`), which names the problem."""
+
+
+def inflated_pieces(path: Path, raw: bytes) -> Iterator[bytes]:
+    """The JSON text of gzipped stored bytes (one or more gzip members), in pieces of at most PIECE_BYTES;
+    raises Unclean (after any pieces) where the data is corrupt, truncated or inflates beyond `inflated_limit`."""
+    limit = inflated_limit(path, len(raw))
+    module = fast_zlib if fast_zlib is not None and os.environ.get(INFLATE_ENV, "").lower() != "zlib" else zlib
+    data, at, total = memoryview(raw), 0, 0
+    inflater = module.decompressobj(wbits=31)
+    while True:
+        if inflater.eof:
+            rest = inflater.unused_data + bytes(data[at:])
+            if not rest.strip(b"\0"):  # the end, or the zero padding some tools leave after the stream
+                return
+            if rest[:2] != GZIP_MAGIC:
+                raise Unclean
+            data, at, inflater = memoryview(rest), 0, module.decompressobj(wbits=31)
+        if inflater.unconsumed_tail:
+            given = inflater.unconsumed_tail
+        elif at < len(data):
+            given, at = data[at:at + _INPUT_BYTES], at + _INPUT_BYTES
+        else:
+            given = b""  # all fed: what the inflater still holds, then the end (or a truncated stream)
+        try:
+            piece = inflater.decompress(given, PIECE_BYTES)
+        except Exception:  # noqa: BLE001 - whatever the binding raises, zlib says what is wrong
+            raise Unclean from None
+        total += len(piece)
+        if total > limit or (not piece and not given and not inflater.eof):
+            raise Unclean
+        if piece:
+            yield piece

@@ -21,10 +21,11 @@ import msgspec
 import numpy as np
 
 from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
-                                      devices_of, id_columns, memory_samples)
+                                      devices_of, id_columns, memory_fields, memory_samples)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
-from advisor.analysis.events import Event, TraceDocument, accelerator_of, decode, kind_of
+from advisor.analysis.events import (Event, Instant, LooseEvent, TraceDocument, accelerator_of, decode, decode_pieces,
+                                     kind_of)
 from advisor.analysis.reading import json_text, read_file
 from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
@@ -98,8 +99,10 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     steps = trace.steps
     memory_events = []
     for e in events:
-        ph = e.ph
-        if ph == "X":
+        kind = type(e)  # its phase (`events.Event` is 'X')
+        if kind is LooseEvent:  # decoded loose: its phase is a field
+            kind = Event if e.ph == "X" else Instant if e.ph == "i" else None
+        if kind is Event:
             cat = e.cat
             bucket = bucket_of_category.get(cat, False)
             if bucket is False:
@@ -109,7 +112,7 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             if bucket is trace.ops and e.name.startswith("ProfilerStep#"):
                 bucket = steps
             bucket.append(e)
-        elif ph == "i" and e.name == "[memory]":
+        elif kind is Instant and e.name == "[memory]":
             memory_events.append(e)
     timed = steps + trace.ops + trace.runtime + trace.kernels + trace.memcpys + trace.memsets
     if not timed:
@@ -120,7 +123,8 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
     times = {name: (floats_of(getattr(trace, name), "ts"), floats_of(getattr(trace, name), "dur")) for name in groups}
     check_times(path, events, timed, memory_events, scale,
                 tuple(np.concatenate([times[name][i] for name in groups]) for i in (0, 1)))
-    check_sizes(path, events, memory_events, trace.memcpys)
+    fields = memory_fields(memory_events)
+    check_sizes(path, events, memory_events, trace.memcpys, fields)
     origin = 0
     if scale != 1.0:
         # Integer nanoseconds since the epoch do not fit a float exactly: subtract the (integer) origin
@@ -130,7 +134,7 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
             e.ts = (e.ts - origin) * scale
             e.dur = e.dur * scale
     trace.origin_us = origin * scale
-    trace.memory = memory_samples(memory_events, origin, scale)
+    trace.memory = memory_samples(memory_events, origin, scale, fields)
     trace.steps.sort(key=START)
     trace.steps[:] = usable_steps(trace.steps, trace.skipped)
     for name in groups:
@@ -196,20 +200,27 @@ def load_trace(path: Path | str) -> Trace:
     """Read one trace file (.json or .json.gz) into a Trace; raise TraceError naming the problem. The Trace
     may be shared with the process's other readers of that file (see `_loaded`): read it, never change it."""
     path = Path(path)
-    raw, text = read_file(path)
+    raw, pieces = read_file(path)
     # Keyed by what was read: the path as given (the Trace records it), the size and the CRC-32 of the bytes.
     key = (str(path), len(raw), zlib.crc32(raw)) if len(raw) <= KEPT_BYTES else None
     with _loaded_lock:
         kept = _loaded.get(key) if key is not None else None
         if kept is not None:
             _loaded.move_to_end(key)
+            if pieces is not None:
+                pieces.close()
             return kept[0]
-    text = json_text(path, raw) if text is None else text
-    del raw
-    size = len(text)
     with collector_paused():
-        doc = decode(path, text)
-        del text
+        # A gzipped trace is decoded piece by piece as it inflates; one that does not split so, whole.
+        decoded = decode_pieces(path, pieces) if pieces is not None else None
+        if decoded is None:
+            text = json_text(path, raw)
+            del raw
+            size = len(text)
+            doc = decode(path, text)
+            del text
+        else:
+            doc, size = decoded
         if not doc.traceEvents:
             raise TraceError(path, "trace has no events ('traceEvents' is empty)")
         trace = build_trace(path, doc)

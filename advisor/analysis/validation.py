@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from advisor.analysis.columns import memory_fields
 from advisor.analysis.events import Event
 from advisor.errors import TraceError
 
@@ -79,11 +80,13 @@ def check_times(path: Path | str, events: list[Event], timed: list[Event], memor
         raise TraceError(path, "its events span no time (each lasts 0 µs, all at one moment): nothing to analyse")
 
 
-def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event], memcpys: list[Event]) -> None:
+def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event], memcpys: list[Event],
+                fields: dict[str, list] | None = None) -> None:
     """TraceError naming the first event whose byte counts are negative (but for freed bytes) or beyond
-    MAX_BYTES: a copy's bytes, an allocation's bytes, the allocator's totals."""
+    MAX_BYTES: a copy's bytes, an allocation's bytes, the allocator's totals. `fields`: the memory events'
+    `columns.memory_fields`, where the caller has them already."""
     bad = []
-    if not all_byte_counts(memory_events):
+    if not all_byte_counts(memory_fields(memory_events) if fields is None else fields):
         for e in memory_events:
             a = e.args
             if a is not None and not (is_byte_count(a.alloc_bytes, signed=True) and is_byte_count(a.total_allocated)
@@ -93,8 +96,9 @@ def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event
     if bad:
         i, e = _first_in_file(events, bad)
         a = e.args
-        fields = {"Bytes": a.alloc_bytes, "Total Allocated": a.total_allocated, "Total Reserved": a.total_reserved,
-                  "bytes": a.bytes}
+        fields = {key: getattr(a, name, None) for key, name in (  # a copy's arguments or an allocation's
+            ("Bytes", "alloc_bytes"), ("Total Allocated", "total_allocated"), ("Total Reserved", "total_reserved"),
+            ("bytes", "bytes"))}
         key = next(k for k, v in fields.items() if not is_byte_count(v, signed=k == "Bytes"))
         raise TraceError(path, f"event {i} ({e.name!r}) has '{key}': {fields[key]}, not a byte count")
 
@@ -102,14 +106,13 @@ def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event
 BYTE_FIELDS = (("alloc_bytes", True), ("total_allocated", False), ("total_reserved", False))
 
 
-def all_byte_counts(memory_events: list[Event]) -> bool:
-    """Whether every `[memory]` event's byte counts pass `is_byte_count` (checked on arrays at once; False also
-    where that cannot say, as for integers too large for a float to hold exactly: the caller then looks at
-    each event)."""
-    args = [e.args for e in memory_events if e.args is not None]
+def all_byte_counts(fields: dict[str, list]) -> bool:
+    """Whether every `[memory]` event's byte counts (`fields`: their `columns.memory_fields`) pass `is_byte_count`
+    (checked on arrays at once; False also where that cannot say, as for integers too large for a float to hold
+    exactly: the caller then looks at each event)."""
     for name, signed in BYTE_FIELDS:
         try:
-            values = np.array(list(map(attrgetter(name), args)), dtype=float)  # None: NaN
+            values = np.array(fields[name], dtype=float)  # None: NaN
         except (TypeError, ValueError, OverflowError):
             return False
         known = values[~np.isnan(values)]
