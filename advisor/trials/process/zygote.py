@@ -17,10 +17,12 @@ as the child runs it), which spares the launcher's own import of torch; torchrun
 its own process (`advisor.trials.process.forked_ranks`).
 
 A trial in another environment than a zygote's is forked from a zygote of its own (torch and its libraries
-read some variables at import). What a fork cannot give is served by a fresh process instead (`start_trial`
-returns None): Ray's ranks (its own actors start them), a trial while another is in
-flight, a zygote that could not start, a platform other than Linux, and `ADVISOR_FRESH_TRIALS=1` (the user's
-way to turn it off).
+read some variables at import). A zygote forks a trial while another of its children runs: the two trials of a
+pair (their windows in turns) are both forked, neither pays a fresh start (about 2.4 s on this 2-core machine).
+What a fork cannot give is served by a fresh process instead (`start_trial` returns None): Ray's ranks (its own
+actors start them), a trial in another environment while some zygote has a trial in flight (letting a busy
+zygote go would end its trial), a zygote that could not start, a platform other than Linux, and
+`ADVISOR_FRESH_TRIALS=1` (the user's way to turn it off).
 
 The token: /proc/<pid>/environ shows the environment a process was *exec*'d with, so a forked child would
 show the zygote's and could not be found by the trial's token (`advisor.trials.process.processes`). The
@@ -84,11 +86,44 @@ class Zygote:
         os.close(requests_r)
         os.close(replies_w)
         self.buffer = b""
-        self.busy = False
+        self.in_flight: set[int] = set()  # children forked and not yet reaped
+        self.writing = threading.Lock()  # one request, and its pid's reply, at a time
+        self.replied = threading.Condition()
+        self.forked: list[str] = []  # the replies to fork requests, in their order
+        self.exits: dict[int, int] = {}  # exit codes of children reaped, not yet asked for
+        self.gone = False  # the reply pipe ended: the zygote has gone
         try:
             self.ready = self._reply(timeout_s) == READY
         except subprocess.TimeoutExpired:  # it could not import torch in the trial's time: a fresh process tries
             self.ready = False
+        if self.ready:  # its replies, read as they come: two children's ends may come in either order
+            threading.Thread(target=self._read_replies, daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a child of this zygote is in flight."""
+        return bool(self.in_flight)
+
+    def _read_replies(self) -> None:
+        """The zygote's replies, each handed to the one waiting for it: a pid (a fork's), or a pid and its exit
+        code (a child reaped); at the pipe's end every waiter is woken."""
+        while True:
+            try:
+                line = self._reply(None)
+            except (OSError, ValueError):
+                line = None
+            with self.replied:
+                if line is None:
+                    self.gone = True
+                    self.replied.notify_all()
+                    os.close(self.replies)
+                    return
+                parts = line.split()
+                if len(parts) == 2 and all(part.lstrip("-").isdigit() for part in parts):
+                    self.exits[int(parts[0])] = int(parts[1])
+                else:
+                    self.forked.append(line)
+                self.replied.notify_all()
 
     def fork(self, config: dict[str, Any] | None, cwd: str, env: dict[str, str], log_path: str,
              call: tuple[str, str, list[str]] | None = None, module: list[str] | None = None) -> ForkedTrial | None:
@@ -101,40 +136,47 @@ class Zygote:
         request = {"argv": argv, "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL}, "log": log_path,
                    "call": call, "module": module,
                    "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
-        try:
-            data = (json.dumps(request) + "\n").encode()
-            while data:  # a request beyond the pipe's buffer (a session's TensorBoard run) may take several writes
-                data = data[os.write(self.requests, data):]
-            reply = self._reply(60.0)
-        except (OSError, subprocess.TimeoutExpired):
+        with self.writing:
+            try:
+                data = (json.dumps(request) + "\n").encode()
+                while data:  # a request beyond the pipe's buffer (a session's TensorBoard run) may take several writes
+                    data = data[os.write(self.requests, data):]
+                with self.replied:
+                    if not self.replied.wait_for(lambda: self.forked or self.gone, 60.0) or not self.forked:
+                        return None
+                    reply = self.forked.pop(0)
+                    if reply.isdigit():
+                        self.in_flight.add(int(reply))
+            except OSError:
+                return None
+            except BaseException:  # Ctrl-C mid-exchange: its next replies could be taken for another request's
+                self.proc.kill()
+                raise
+        if not reply.isdigit():
             return None
-        except BaseException:  # Ctrl-C mid-exchange: its next replies could be taken for another request's
-            self.proc.kill()
-            raise
-        if not reply or not reply.isdigit():
-            return None
-        self.busy = True
         return ForkedTrial(self, int(reply))
 
     def exit_code(self, pid: int, timeout: float | None) -> int:
         """The exit code of the child `pid`, as the zygote reaped it."""
-        try:
-            reply = self._reply(timeout)
-        except subprocess.TimeoutExpired:
-            raise subprocess.TimeoutExpired(f"trial {pid}", timeout) from None
-        self.busy = False
-        if reply is None:  # the zygote died with its child in flight: its status is lost with it
+        with self.replied:
+            if not self.replied.wait_for(lambda: pid in self.exits or self.gone, timeout):
+                raise subprocess.TimeoutExpired(f"trial {pid}", timeout)
+            self.in_flight.discard(pid)
+            code = self.exits.pop(pid, None)
+        if code is None:  # the zygote died with its child in flight: its status is lost with it
             _wait_gone(pid)
             return 1
-        return int(reply.split()[1])
+        return code
 
     def alive(self) -> bool:
         """Whether the zygote is still there to fork."""
-        return self.ready and self.proc.poll() is None
+        return self.ready and not self.gone and self.proc.poll() is None
 
     def close(self) -> None:
         """Let the zygote go: it exits when its request pipe closes (killed if it is not ready or does not)."""
-        for fd in (self.requests, self.replies):
+        # The reply pipe is its reader's to close, at its end (the zygote gone): closed under a reader blocked on
+        # it, its number could be another file's by the time the reader reads.
+        for fd in (self.requests,) if self.ready else (self.requests, self.replies):
             try:
                 os.close(fd)
             except OSError:
@@ -188,7 +230,8 @@ def start_trial(python: str, config: dict[str, Any] | None, cwd: str, env: dict[
         return None
     key = (python, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TRIAL)))
     with _lock:
-        if key in _refused or any(z.busy for z in _zygotes.values()):
+        # A busy zygote of another environment would be let go, and its trial with it, to make room for this one.
+        if key in _refused or (key not in _zygotes and any(z.busy for z in _zygotes.values())):
             return None
         for _ in range(2):  # a zygote that has gone since the last trial is replaced once
             zygote = _zygote_for(python, key, env, timeout_s)
@@ -289,11 +332,24 @@ def serve(argv: list[str]) -> None:
     os.write(replies, ((READY if slot else "no token slot") + "\n").encode())
     if not slot:
         return
-    buffer = b""
+    buffer, children, told_to_go = b"", set(), False
     while True:
-        line, buffer = _next_line(requests, buffer)
-        if line is None:  # told to go: at once, without Python's finalisation of torch and dynamo (1.5 s of CPU)
-            os._exit(0)
+        if children:  # a child's end is reported as soon as it is reaped, requests or not
+            _report_ended(children, replies)
+        if b"\n" not in buffer:
+            if told_to_go:  # the request pipe ended: go once the children in flight have ended (ends reported)
+                if not children:  # at once, without Python's finalisation of torch and dynamo (1.5 s of CPU)
+                    os._exit(0)
+                time.sleep(REAP_S)
+                continue
+            if not select.select([requests], [], [], REAP_S if children else None)[0]:
+                continue
+            chunk = os.read(requests, 65536)
+            told_to_go = not chunk
+            buffer += chunk
+            continue
+        line, buffer = buffer.split(b"\n", 1)
+        line = line.decode()
         request = json.loads(line)
         started_r, started_w = os.pipe()
         sys.stdout.flush()
@@ -317,8 +373,25 @@ def serve(argv: list[str]) -> None:
         os.read(started_r, 1)  # the child has its own group and token before anyone is told its pid
         os.close(started_r)
         os.write(replies, f"{pid}\n".encode())
-        _, status = os.waitpid(pid, 0)
-        os.write(replies, f"{pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+        children.add(pid)
+
+
+REAP_S = 0.02  # how often a zygote with children in flight looks for one that ended
+
+
+def _report_ended(children: set[int], replies: int) -> None:
+    """In the zygote: reap the children that have ended, and report each one's exit code."""
+    for pid in list(children):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 1 << 8
+        if done:
+            children.discard(pid)
+            try:
+                os.write(replies, f"{pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:  # the advisor has let go of this zygote
+                pass
 
 
 def _run_as_main(argv: list[str]) -> None:
