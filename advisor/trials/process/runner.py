@@ -275,10 +275,8 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
     }
 
 
-# Inductor's compiled graphs and AOTAutograd's traced ones, cached on disk (torch's own folder, shared by every trial
-# of a session and by the user's later sessions): a second compile of the same graph in another trial (the best
-# measured again, confirmed, or in the speedup's pairs) loads it instead of compiling it again. torch turns both on
-# by default in the versions the package supports; a variable the user set (to 0) is theirs.
+# Inductor's and AOTAutograd's on-disk caches (torch's folder, shared by a session's trials and later sessions): a
+# second compile of one graph in another trial is a cache hit. On by default in torch; a user's own setting stands.
 COMPILE_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
 
