@@ -87,7 +87,7 @@ def by_hand(name: str, patch: Path, folder: Path) -> tuple[float, tuple[float, f
     original = folder / "examples" / f"unpatched_{script}"  # beside it: the same data folder, the same imports
     shutil.copy(folder / "examples" / script, original)
     if patch.exists() and patch.read_text().strip():
-        subprocess.run(["patch", "-s", "-p1", "-d", str(folder), "-i", str(patch)], check=True)
+        subprocess.run(["patch", "-s", "-p1", "-d", str(folder), "-i", str(patch.resolve())], check=True)
     before = load()
     plain = timed_run(original)
     patched = timed_run(folder / "examples" / script)
