@@ -36,10 +36,11 @@ TARGETS = {
     "conv": ("conv_classifier.py", ["--device", "cpu"]),
 }
 # Today's (issue 71, before this work, measured as a new user would on this machine): the session's wall time
-# to its answer, and the best it ended on (the settings the patch writes, knob → value).
+# to its answer, and the bests sessions of the code before this work ended on (the settings the patch writes,
+# knob → value; the conv example's moved with the load: 2026-11-29, load average 9-12).
 TODAY_S = {"demo": 116.0, "conv": 177.0}
-TODAY_BEST = {"demo": {"num_workers": 2, "persistent_workers": True, "threads": 1},
-              "conv": {"amp": "bf16", "channels_last": True}}
+TODAY_BEST = {"demo": [{"num_workers": 2, "persistent_workers": True, "threads": 1}],
+              "conv": [{"amp": "bf16", "channels_last": True}, {"amp": "bf16", "batch_size": 64, "channels_last": True}]}
 CLAIM_WITHIN = 0.10
 SAME_BEST_OF_3 = 2
 
@@ -115,7 +116,7 @@ def main() -> int:
                       f"×{row['by_hand']:.2f} (load {row['hand_load'][0]:.1f} → {row['hand_load'][1]:.1f})",
                       flush=True)
             median = statistics.median(r["wall_s"] for r in rows)
-            same = sum(r["best"] == TODAY_BEST[name] for r in rows)
+            same = sum(r["best"] in TODAY_BEST[name] for r in rows)
             claims = [abs(r["speedup"] / r["by_hand"] - 1) <= CLAIM_WITHIN for r in rows]
             floor = [median <= TODAY_S[name] / 2, same >= min(SAME_BEST_OF_3, args.runs), all(claims)]
             print(f"{name}: median {median:.0f} s against today's {TODAY_S[name]:.0f} s (floor {TODAY_S[name] / 2:.0f} s)"
