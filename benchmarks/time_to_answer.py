@@ -40,7 +40,8 @@ TARGETS = {
 # knob → value; the conv example's moved with the load: 2026-11-29, load average 9-12).
 TODAY_S = {"demo": 116.0, "conv": 177.0}
 TODAY_BEST = {"demo": [{"num_workers": 2, "persistent_workers": True, "threads": 1}],
-              "conv": [{"amp": "bf16", "channels_last": True}, {"amp": "bf16", "batch_size": 64, "channels_last": True}]}
+              "conv": [{"amp": "bf16", "channels_last": True},
+                       {"amp": "bf16", "batch_size": 64, "channels_last": True}]}
 CLAIM_WITHIN = 0.10
 SAME_BEST_OF_3 = 2
 
@@ -119,7 +120,8 @@ def main() -> int:
             same = sum(r["best"] in TODAY_BEST[name] for r in rows)
             claims = [abs(r["speedup"] / r["by_hand"] - 1) <= CLAIM_WITHIN for r in rows]
             floor = [median <= TODAY_S[name] / 2, same >= min(SAME_BEST_OF_3, args.runs), all(claims)]
-            print(f"{name}: median {median:.0f} s against today's {TODAY_S[name]:.0f} s (floor {TODAY_S[name] / 2:.0f} s)"
+            print(f"{name}: median {median:.0f} s against today's {TODAY_S[name]:.0f} s "
+                  f"(floor {TODAY_S[name] / 2:.0f} s)"
                   f": {'met' if floor[0] else 'missed'}; today's best in {same} of {len(rows)} "
                   f"({'met' if floor[1] else 'missed'}); claims within {100 * CLAIM_WITHIN:.0f}% of the patched "
                   f"script in {sum(claims)} of {len(rows)} ({'met' if floor[2] else 'missed'})")

@@ -64,7 +64,8 @@ def test_a_compile_measured_slower_is_not_compiled_again_in_another_layout():
 def test_the_session_stops_once_no_candidate_can_change_the_answer():
     best = Knobs(num_workers=2)
     # Each predicted well below the best, by kinds whose changes spread little (a fused optimizer, the batch).
-    hopeless = [on_best(best, {"fused_optimizer": True}, "fused-optimizer", "fused SGD", "fused", -0.20, helps_now=False),
+    hopeless = [on_best(best, {"fused_optimizer": True}, "fused-optimizer", "fused SGD", "fused", -0.20,
+                        helps_now=False),
                 on_best(best, {"batch_size": 64}, "larger-batch", "batch 32→64", "b64", -0.35, helps_now=False)]
     said = cannot_change(hopeless, CPU, min_gain=0.03)
     assert said is not None and said.startswith("stopped: the answer is known"), said

@@ -46,7 +46,8 @@ class Policy:
     def next_trials(self, state: dict[str, Any], best: TrialResult, diagnosis: Any, bound: Any) -> list[Proposal]:
         """The candidates for the next trial, the one to run first: the user's --try settings, then a knob the
         best holds without a gain of its own (taken off), then the proposals ranked by expected improvement per
-        second of wall time (`cost.by_cost`: a compile pays for its compile), and before the round ends the fastest reverted change not yet paired, with its next move."""
+        second of wall time (`cost.by_cost`: a compile pays for its compile), and before the round ends the fastest
+        reverted change not yet paired, with its next move."""
         asked = pending_try(self.options, state, best.knobs, diagnosis)
         if asked:
             return [asked]
