@@ -23,7 +23,6 @@ from advisor.trials.record.measurement import ratio_relative_se
 
 CAP_FACTOR = 3  # at most this many times the windows asked for, in a trial measured against the best
 MIN_WINDOWS = 3  # a standard error needs a few windows before it means anything
-FUTILE_AFTER = 2  # times the least windows before a trial may end as one that cannot settle
 
 
 @dataclass(frozen=True)
@@ -90,10 +89,7 @@ def settled(groups: list[tuple[float, float]], target: Against) -> str | None:
     # of the demo ran all 15 windows, 24 s, to end within its noise as it began).
     at_cap = 2 * math.hypot(se * math.sqrt(len(groups) / target.max_windows),
                             target.relative_se if target.relative_se is not None else 0.0)
-    # Not before twice the least windows: a load that comes and goes widens a few windows' spread for a while (the
-    # replayed image surface under drift stopped on its loaded spells and ended median 0.955 of its best, not 0.99).
-    if (FUTILE_AFTER * target.min_windows <= len(groups) < target.max_windows
-            and gain <= max(target.min_gain, at_cap) and gain + at_cap >= 0
+    if (len(groups) < target.max_windows and gain <= max(target.min_gain, at_cap) and gain + at_cap >= 0
             and abs(gain) + at_cap > target.margin and gain + at_cap >= target.min_gain):
         return "cannot settle"
     return None
