@@ -48,10 +48,7 @@ def test_windows_stop_once_they_decide_against_the_best():
     assert settled(windows([150, 151, 149]), target) == "better"
     assert settled(windows([60, 61, 59]), target) == "worse"
     assert settled(windows([100, 100.2, 99.8]), target) == "equivalent"
-    # The noise straddles both, and at that gain even nine windows would not tell: more windows only cost time.
-    assert settled(windows([101, 80, 120]), target) == "cannot settle"
-    assert settled(windows([108, 100, 116]), target) is None  # +8 %: within its noise now, beyond it at nine
-    assert settled(windows([101, 80, 120] * 3), target) is None  # at its most windows: the cap ends it
+    assert settled(windows([101, 80, 120]), target) is None  # the noise straddles both: measure on
     narrow = Against(100.0, 0.01, min_gain=0.05, margin=0.01, min_windows=3, max_windows=9)
     assert settled(windows([101, 100, 102]), narrow) == "not better"  # not worse, but no gain worth keeping
     made = against(100.0, 0.02, 0.03, 5)
@@ -67,18 +64,10 @@ def test_the_schedule_measures_until_settled_or_at_its_cap():
     noisy = StepSchedule(0, 0, 1, windows=5, window_s=0.1,
                          against=Against(100.0, 0.01, 0.03, 0.03, min_windows=3, max_windows=6))
     noisy.min_window_steps = 1
-    # About +8 %: each window's noise leaves it open, and it narrows enough by the cap to keep it open: at the cap.
-    for samples in (12.1, 12.1, 9.7, 10.4, 10.1, 10.0):
+    for samples in (8, 13, 9, 12, 8, 13):  # ±25% around 105/s: never settles, stops at the cap
         assert not noisy.measured()
         noisy.count_window_step(0.1, samples)
     assert noisy.measured() and noisy.verdict is None and noisy.to_dict()["windows_measured"] == 6
-    hopeless = StepSchedule(0, 0, 1, windows=5, window_s=0.1,
-                            against=Against(100.0, 0.01, 0.03, 0.03, min_windows=3, max_windows=6))
-    hopeless.min_window_steps = 1
-    for samples in (8, 13, 9):  # ±25 % around 100/s: at that gain even six windows settle nothing; it stops
-        assert not hopeless.measured()
-        hopeless.count_window_step(0.1, samples)
-    assert hopeless.measured() and hopeless.verdict == "cannot settle" and hopeless.to_dict()["windows_measured"] == 3
 
 
 def test_a_replayed_trial_draws_windows_until_they_settle(tmp_path):

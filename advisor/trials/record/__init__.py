@@ -35,7 +35,7 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      batches queued before the first step), warmed up, profiled; then settle steps and
                      measurement windows of at least window_s seconds and min_window_steps steps; with
                      `against` (advisor.trials.record.adaptive: the best's figure), windows until `verdict`
-                     ("better", "worse", "equivalent", "not better", "cannot settle"; null at the cap) settled it
+                     ("better", "worse", "equivalent", "not better"; null at the cap) settled it
     profiled        false for a timing-only trial (no profiler, no trace)
     memory_limit    the --memory-limit in bytes, or null
     memory_cap      what the limit capped, or null: {device: "cpu"|"cuda:N", bytes, what, how, held_bytes?,

@@ -61,8 +61,7 @@ def against(samples_per_s: float | None, relative_se: float | None, min_gain: fl
 
 def settled(groups: list[tuple[float, float]], target: Against) -> str | None:
     """'better', 'worse', 'equivalent' or 'not better' once the windows so far (samples, seconds each) decide against
-    the target; 'cannot settle' where, at the gain measured so far, even `max_windows` would decide none of those
-    (the decision is then the session's, within the noise); None while they do not, or before `min_windows`."""
+    the target; None while they do not, or before `min_windows`."""
     if len(groups) < target.min_windows:
         return None
     seconds = sum(t for _, t in groups)
@@ -84,12 +83,4 @@ def settled(groups: list[tuple[float, float]], target: Against) -> str | None:
         return "equivalent"
     if gain + noise < target.min_gain:
         return "not better"  # not clearly slower, but even the top of its interval is not worth keeping
-    # Its own noise falls as 1/√windows; the best's is what it is. Where, at the gain measured so far, the noise
-    # left at `max_windows` would still settle nothing, more windows only cost time (issue 71: an 8-bit copies trial
-    # of the demo ran all 15 windows, 24 s, to end within its noise as it began).
-    at_cap = 2 * math.hypot(se * math.sqrt(len(groups) / target.max_windows),
-                            target.relative_se if target.relative_se is not None else 0.0)
-    if (len(groups) < target.max_windows and gain <= max(target.min_gain, at_cap) and gain + at_cap >= 0
-            and abs(gain) + at_cap > target.margin and gain + at_cap >= target.min_gain):
-        return "cannot settle"
     return None
