@@ -1,7 +1,6 @@
 """What a trial costs in wall time, and what that buys: candidates priced by their seconds (a compile's first steps
-hold the compile), a compile that measured slower not compiled again in another layout, when the search stops
-because no candidate can still change the answer, and the time left to the answer. Pure functions over the
-session record and its trials' records. Torch-free.
+hold the compile), a compile that measured slower not compiled again in another layout, and the time left to the
+answer. Pure functions over the session record and its trials' records. Torch-free.
 """
 
 from __future__ import annotations
@@ -19,9 +18,6 @@ from advisor.trials.record import TRIAL_FILE
 # trials took on a 2-core CPU (38 s and 47 s, issue 71); on a GPU a model of that size compiles in about as long.
 COMPILE_PRIOR_S = 40.0
 TRIAL_PRIOR_S = 10.0  # a trial's wall time before the session has timed one
-# A candidate worth less than this (its expected improvement over the best, a relative change of samples/s) cannot
-# change the answer: a third of the smallest gain the session keeps (--min-gain's 3 %).
-STOP_SHARE = 1 / 3
 LAYOUT = "channels_last"
 
 
@@ -69,19 +65,6 @@ def by_cost(proposals: list[Proposal], out: Path, state: dict[str, Any]) -> list
     price = {id(p): seconds(p, out, state) for p in proposals}
     order = {id(p): i for i, p in enumerate(proposals)}
     return sorted(proposals, key=lambda p: (-round(value(p, state) / price[id(p)], 9), order[id(p)]))
-
-
-def cannot_change(proposals: list[Proposal], state: dict[str, Any], min_gain: float) -> str | None:
-    """Why no candidate can still change the answer (the note the session stops with), or None: each one's expected
-    improvement over the best is under STOP_SHARE of the smallest gain the session keeps. Only where the model priced
-    every one: a --try, a knob taken off or a round over the knobs is not a prediction, and is tried."""
-    if not proposals or not all(p.predicted for p in proposals):
-        return None
-    worth = max(value(p, state) for p in proposals)
-    if worth >= STOP_SHARE * min_gain:
-        return None
-    return (f"stopped: the answer is known (no change left to try is expected to gain more than "
-            f"{100 * worth:.1f}% over the best, under a third of the {100 * min_gain:.0f}% kept)")
 
 
 def slower_compile(proposal: Proposal, decision: Any, second: Proposal | None, min_gain: float) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.search.budget import reserve
-from advisor.search.cost import by_cost, cannot_change, slower_compile
+from advisor.search.cost import by_cost, slower_compile
 from advisor.search.decision import Decision, decide
 from advisor.search.expected import levers_left
 from advisor.search.pairing import late_pair, pair_proposal, pairs_on
@@ -61,16 +61,12 @@ class Policy:
         return [late] if late is not None else []
 
     def stop(self, state: dict[str, Any], proposals: list[Proposal], started: float) -> str | None:
-        """Why the session stops before the next trial (the note it leaves), or None: nothing left to try, nothing
-        left that can still change the answer (`cost.cannot_change`), the trials (less those kept back for the
-        end) or the time spent."""
+        """Why the session stops before the next trial (the note it leaves), or None: nothing left to try, the
+        trials (less those kept back for the end) or the time spent."""
         options = self.options
         if not proposals:
             return ("stopped: a full round over the knobs kept nothing more" if len(state["trials"]) > 1
                     else "stopped: nothing to try")
-        known = cannot_change(proposals, state, options.min_gain)
-        if known is not None:
-            return known + levers_left(proposals, state)
         if not self.room(state):
             # One trial is a diagnosis-only run, not a budget that ran out: it stops without a note ("").
             return (f"stopped after {options.max_trials} trials (--max-trials) with {len(proposals)} change(s) left "
