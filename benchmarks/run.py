@@ -9,7 +9,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # Benchmarks with a floor; record_surface.py is a tool (it records a surface), not one of them.
 BENCHMARKS = ("analyze_speed.py", "profiling_overhead.py", "search_quality.py", "replay_search.py", "knob_grid.py",
-              "prediction_quality.py", "session_predictions.py")
+              "prediction_quality.py", "session_predictions.py", "time_to_answer.py")
 
 
 def main() -> int:

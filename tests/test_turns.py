@@ -50,7 +50,8 @@ def test_a_trial_whose_partner_never_comes_measures_alone(tmp_path):
     assert [name for name, *_ in windows_log(tmp_path / "turns")] == ["alone"] * WINDOWS
 
 
-def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_slower_there_is_dropped(tmp_path):
+def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_slower_there_is_dropped(tmp_path,
+                                                                                                           monkeypatch):
     """A real session (batch 16→64, then 16→2, asked for with --try), then its end as a larger budget runs it: the
     baseline and the best side by side, their windows in turns, in two pairs, the speedup off those windows and the
     two's earlier runs at that load. Then batch 2 made
@@ -81,11 +82,16 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     said = []
     speedup = speedup_in_turns(subprocess_runner(target, out, more, state), out, state, more, baseline, said.append)
     rows = state["trials"][ran:]
-    assert [r["knobs"]["batch_size"] for r in rows] == [None, 64] * 2 and all(r["decision"] == "measured" for r in rows)
+    # A second pair only where the first did not settle the claim (its windows' noise, `claim_settled`).
+    pairs = len(rows) // PAIR_TRIALS
+    settled = any("the speedup is settled after 1 pair(s)" in line for line in said)
+    assert pairs == (1 if settled else 2), said
+    assert [r["knobs"]["batch_size"] for r in rows] == [None, 64] * pairs
+    assert all(r["decision"] == "measured" for r in rows)
     assert all("its windows in turns with" in r["reason"] for r in rows), rows
-    # the windows of one pair at twice the session's, spread over the two pairs
+    # the windows of one pair at twice the session's, spread over the two pairs the budget allows
     windows = SPEEDUP_WINDOWS * PAIR_WINDOWS // 2
-    for pair in (rows[:2], rows[2:]):
+    for pair in (rows[i:i + PAIR_TRIALS] for i in range(0, len(rows), PAIR_TRIALS)):
         turns = out / "turns" / pair[0]["name"]
         log = windows_log(turns)
         assert [name for name, *_ in log] == [r["name"] for r in pair] * windows, log
@@ -100,7 +106,7 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
             record = trial_record(out / row["folder"])
             assert record["schedule"]["turns"]["me"] == row["name"] and (turns / f"done-{row['name']}").exists()
             assert record["schedule"]["windows_measured"] == windows
-    assert "pair 1 of 2" in said[0] and "pair 2 of 2" in said[1], said
+    assert "pair 1 of 2" in said[0] and (settled or "pair 2 of 2" in said[1]), said
     # Off the windows at the quietest load both ran at, pooled with every earlier run of the two at that load (the
     # session's baseline, and the best's first run): all of them, where the machine's load held still.
     pooled = measured_at_one_load(runs_of(out, state, in_effect(kept)), runs_of(out, state, in_effect(baseline)))
@@ -114,14 +120,17 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     else:
         assert speedup == next(iter(ratios)), (speedup, ratios)  # the pooled figure, where there is one
         note = speedup_note(dict(state, speedup=speedup, speedup_basis="in turns"), baseline)
-        assert state["speedup_pairs"] == 2 and "(in 2 pairs of processes)" in note, note
+        assert state["speedup_pairs"] == pairs and (pairs == 1 or "(in 2 pairs of processes)" in note), note
 
     state.update(best=small["name"], final_knobs=small["knobs"])
     # Room for two pairs, and the second's baseline given a time limit it cannot start in: a pair that fails ends
     # the pairs, and the speedup is read from the one before it.
-    more = dataclasses.replace(options, max_trials=ran + 4 * PAIR_TRIALS)
+    # A claim that never settles: the second pair runs however steady the first pair's windows were.
+    monkeypatch.setattr("advisor.search.ending.CLAIM_NOISE", 0.0)
+    ran = len(state["trials"])
+    more = dataclasses.replace(options, max_trials=ran + 2 * PAIR_TRIALS)
     real, failing = (subprocess_runner(target, out, o, state) for o in (more, dataclasses.replace(more, timeout_s=0.5)))
-    doomed = f"{ran + 3 * PAIR_TRIALS:02d}-speedup-{baseline['name'][:2]}"
+    doomed = f"{ran + PAIR_TRIALS:02d}-speedup-{baseline['name'][:2]}"
 
     def run(name, knobs, **kwargs):
         return (failing if name == doomed else real)(name, knobs, **kwargs)
@@ -129,7 +138,7 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     run.paired = True
     said = []
     speedup = speedup_in_turns(run, out, state, more, baseline, said.append)
-    rows = state["trials"][ran + 2 * PAIR_TRIALS:]
+    rows = state["trials"][ran:]
     assert [r["name"] for r in rows][2] == doomed and rows[2]["decision"] == "failed", rows[2]
     assert "timeout" in rows[2]["reason"], rows[2]["reason"]
     assert any("a run in turns failed (pair 2): the speedup is read from the pairs before it" in line

@@ -273,3 +273,37 @@ def test_a_request_beyond_the_pipes_buffer_reaches_the_zygote_whole(tmp_path):
                          module=["sized", "x" * 300_000])
     assert forked is not None and forked.wait(60) == 0, (tmp_path / "log").read_text()
     assert (tmp_path / "size").read_text() == "300000"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
+def test_both_trials_of_a_pair_are_forked_from_one_zygote_and_each_is_its_own_process(tmp_path, monkeypatch):
+    """Two trials at once, their windows in turns (the ending's pairs): the second is forked while the first runs,
+    from the same zygote, rather than started afresh; each is a process of its own (its pid, group, token and
+    numpy draw), and each ends with its own exit code."""
+    import threading
+
+    from advisor.trials.record.turns import finished, start_turns
+
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, FACTS)
+    ends = start_turns(tmp_path / "turns", "a", "b", wait_s=30.0)
+    results = {}
+
+    def run(i, name):
+        try:
+            results[name] = run_trial(f"{script}:train_step", Knobs(), tmp_path / name, steps=1, wait=0, warmup=0,
+                                      windows=2, window_s=0.2, device="cpu", turns=ends[i].to_dict())
+        finally:
+            finished(ends[i])
+
+    threads = [threading.Thread(target=run, args=(i, name)) for i, name in enumerate("ab")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(results[name].status == "ok" for name in "ab"), {n: r.message for n, r in results.items()}
+    facts = [json.loads((tmp_path / f"facts-{trial_record(results[n].path)['pid']}.json").read_text()) for n in "ab"]
+    assert facts[0]["ppid"] == facts[1]["ppid"] != os.getpid()  # both children of the one zygote
+    assert facts[0]["pid"] != facts[1]["pid"] and all(f["pgid"] == f["pid"] == f["sid"] for f in facts)
+    assert facts[0]["token"] != facts[1]["token"] and all(f["proc_token"] == f["token"] for f in facts)
+    assert facts[0]["draw"] != facts[1]["draw"]

@@ -21,6 +21,11 @@ def _seconds(value: float) -> str:
     return f"~{value:.0f} s left" if value < 90 else f"~{value / 60:.0f} min left"
 
 
+def _span(value: float) -> str:
+    """'40 s', '3 min'."""
+    return f"{value:.0f} s" if value < 90 else f"{value / 60:.0f} min"
+
+
 class TrialProgressDisplay:
     """Shows each trial's progress as it comes (`update`), on `console`; one line per running trial (two run at
     once where their windows are taken in turns, each reporting from its own thread)."""
@@ -45,6 +50,8 @@ class TrialProgressDisplay:
             number = p.trial.split("-", 1)[0]
             description = f"trial {number}: {p.describe()}"
             estimate = "" if remaining is None else _seconds(remaining)
+            if p.answer_s is not None:  # the session's: this trial's time left and the trials its budget allows after
+                estimate += ("; " if estimate else "") + f"the answer in at most {_span(p.answer_s + (remaining or 0))}"
             total = None if remaining is None else p.elapsed_s + remaining
             if self.progress is None:
                 self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),

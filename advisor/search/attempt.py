@@ -16,7 +16,7 @@ from advisor.search.expected import deferred_for
 from advisor.search.policy import Policy
 from advisor.search.predictions import prediction_error
 from advisor.search.proposal import Proposal, check_on_best
-from advisor.search.remeasures import across_loads, beside_best, beside_fresh_best, without_best_again
+from advisor.search.remeasures import across_loads, beside_best, beside_fresh_best, settling, without_best_again
 from advisor.search.simplify import keep_simpler, simplifies
 from advisor.search.state import best_row, compile_payback, samples_gain, save, trial_row
 from advisor.search.trials import decide_row, figures_text, measured, own_bound, predicted_text, recorded_losses, \
@@ -109,7 +109,9 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
         first, first_record = result, record
         index = len(state["trials"])
         log(f"trial {index:02d}: {proposal.change}, again")
-        result, record, _ = run_one(run, state, index, proposal, f"{proposal.slug}-again", log)
+        # Its windows end once settled against the best (as measured beside it, where it was), at most the session's.
+        result, record, _ = run_one(run, state, index, proposal, f"{proposal.slug}-again", log,
+                                    settling(best_measure, options))
         if unmatched and result.ok:  # beside the best just measured: the two at one load, not pooled
             best_measure, measurement = beside_fresh_best(out, state, best_row(state), best_measure,
                                                           [record, first_record])

@@ -329,7 +329,8 @@ def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: Sessio
 def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
                      reference: dict[str, Any], log: Callable[[str], None]) -> float | None:
     """The baseline and the best run side by side at the end, their windows in turns, so that a load that
-    comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS): where those
+    comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS) and the claim
+    needs (none after the one that settles it: `claim_settled`): where those
     windows ran at the quietest load the two ever ran at, the best's samples/s over the baseline's in them and
     every other run of the two at that load (a pair that fails or does not take turns ends them: the pairs
     before it count); else None (no budget left, the two would not fit in memory at once, the best is the
@@ -371,6 +372,10 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
             return None
         for i, (_, record, _) in enumerate(done):
             records[i].append(record)
+        settled = claim_settled(records)
+        if settled is not None and number + 1 < count:
+            log(f"  the speedup is settled after {number + 1} pair(s): {settled}")
+            break
     # Turns put a load that comes and goes on both alike, but not its effect: on a loaded 2-core machine the conv
     # example's steps ran at a fifth to a tenth of their quiet speed, by how much varying from one setting and one
     # second to the next. So the speedup is read off the windows at the quietest load both ran at, and only where
@@ -392,6 +397,33 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
         return back_to_baseline(state, reference, top, speedup, log)
     state["speedup_pairs"] = len(records[0])
     return speedup
+
+
+CLAIM_NOISE = 0.05  # the claim's 95 % interval within ± this: one more pair would not change what is said
+
+
+def claim_settled(records: list[list[dict[str, Any]]]) -> str | None:
+    """Why the pairs in turns so far settle the speedup (None while they do not): the baseline's and the best's
+    windows in them, at one load, give a claim whose noise is within CLAIM_NOISE, and where there are two pairs or
+    more, each pair's own claim is within that of the others' (each pair is a draw of both settings' level: the
+    spread between draws is what one pair's windows cannot show)."""
+    matched = at_one_load(*records)
+    if matched is None:
+        return None
+    base, best = (measure_record(side) for side in matched)
+    if not base.samples_per_s or not best.samples_per_s or base.relative_se is None or best.relative_se is None:
+        return None
+    spread = noise(base, best)
+    if spread > CLAIM_NOISE:
+        return None
+    claims = [b.samples_per_s / a.samples_per_s for a, b in
+              (tuple(measure_record([r]) for r in pair) for pair in zip(*records))
+              if a.samples_per_s and b.samples_per_s]
+    if len(claims) > 1 and max(claims) / min(claims) - 1 > CLAIM_NOISE:
+        return None
+    return (f"×{best.samples_per_s / base.samples_per_s:.2f}, noise {100 * spread:.1f}% "
+            f"(within {100 * CLAIM_NOISE:.0f}%)" + (f", the pairs' claims within {100 * CLAIM_NOISE:.0f}% of each other"
+                                                     if len(claims) > 1 else ""))
 
 
 def back_to_baseline(state: dict[str, Any], reference: dict[str, Any], top: dict[str, Any], speedup: float,

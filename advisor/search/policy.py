@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.search.budget import reserve
+from advisor.search.cost import by_cost, slower_compile
 from advisor.search.decision import Decision, decide
 from advisor.search.expected import levers_left
 from advisor.search.pairing import late_pair, pair_proposal, pairs_on
@@ -44,15 +45,16 @@ class Policy:
 
     def next_trials(self, state: dict[str, Any], best: TrialResult, diagnosis: Any, bound: Any) -> list[Proposal]:
         """The candidates for the next trial, the one to run first: the user's --try settings, then a knob the
-        best holds without a gain of its own (taken off), then the proposals ranked by expected improvement,
-        and before the round ends the fastest reverted change not yet paired, with its next move."""
+        best holds without a gain of its own (taken off), then the proposals ranked by expected improvement per
+        second of wall time (`cost.by_cost`: a compile pays for its compile), and before the round ends the fastest
+        reverted change not yet paired, with its next move."""
         asked = pending_try(self.options, state, best.knobs, diagnosis)
         if asked:
             return [asked]
         unproven = unproven_knobs(state)
         if unproven:
             return [without_proposal(best.knobs, unproven[0])]
-        proposals = propose(diagnosis, bound, best, state, self.options, self.space)
+        proposals = by_cost(propose(diagnosis, bound, best, state, self.options, self.space), self.out, state)
         if proposals:
             return proposals
         late = late_pair(self.out, state, self.options, self.space, best.knobs)
@@ -89,6 +91,8 @@ class Policy:
                 or decision.reason.startswith("loss")):
             return None, ""
         second = swap_proposal(state, best.knobs, proposal)
+        if slower_compile(proposal, decision, second, self.options.min_gain):
+            return None, ""  # its compile is paid again, and the layout is not what the model says made it slower
         if second is not None:
             return second, second.why or ""
         if "+" in proposal.recommendation or takes_off(proposal.recommendation) or not pairs_on(decision, row, bound):

@@ -17,6 +17,7 @@ from advisor.search.state import SessionOptions, best_row, trial_row
 from advisor.search.strategy import knobs_key
 from advisor.search.trials import TrialRunner, figures_text, measure_record, own_bound, run_one, trial_record
 from advisor.trials.knobs import Knobs
+from advisor.trials.record.adaptive import Against, against
 from advisor.trials.record.measurement import Measurement
 
 
@@ -35,6 +36,8 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
         return None
     log(f"  {changed}: measuring the best ({top['name']}) again beside it")
     proposal = once_more(top, "the best, measured again", "best-again")
+    # All its windows: they are the best's at this load, which the speedup at one load reads too (ended once settled
+    # against the candidate, a strong drift's replays read their speedups 14 % off instead of within 10 %).
     fresh, fresh_record, fresh_measure = run_one(run, state, index + 1, proposal, "best-again", log)
     row = trial_row(index + 1, fresh, fresh_record, proposal, state, fresh_measure if fresh.ok else None,
                     own_bound(fresh, fresh_measure) if fresh.ok else None)
@@ -48,6 +51,13 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     # (this run of the best or earlier ones); where none ran at one load the candidate's measurement is None.
     matched = measured_at_one_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
     return (row, *(matched or (fresh_measure, None)), changed)
+
+def settling(measurement: Measurement, options: SessionOptions) -> Against | None:
+    """What a re-measure's windows are compared with: `measurement` (the other side of its comparison); they end
+    once settled against it, and never after the session's windows (a re-measure is never longer than a trial)."""
+    target = against(measurement.samples_per_s, measurement.relative_se, options.min_gain, options.windows)
+    return dataclasses.replace(target, max_windows=options.windows) if target is not None else None
+
 
 def run_folders(out: Path, state: dict[str, Any], row: dict[str, Any]) -> list[Path]:
     """The folders of a row's runs: its own, then those pooled with it."""

@@ -3,6 +3,7 @@ its row's figures and decision as the log shows them. Torch-free: trials run els
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -14,6 +15,7 @@ from advisor.files import file_stamps
 from advisor.trials.knobs import Knobs
 from advisor.trials.record.storage import number
 from advisor.search.bounds import trial_bound
+from advisor.search.cost import answer_seconds
 from advisor.trials.record.measurement import Measurement, job, measure
 from advisor.search.state import SessionOptions, save
 from advisor.search.proposal import Proposal
@@ -133,6 +135,10 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
         windows = windows or options.windows
         limit = (trial_time_limit(options, knobs) * (2 if turns else 1)
                  + 2 * max(0, windows - options.windows) * options.window_s)
+        told = progress
+        if progress is not None:  # the time left to the answer beside the trial's own, for the progress line
+            answer = answer_seconds(out, state, options.max_trials, 2 if turns else 1)
+            told = lambda p: progress(dataclasses.replace(p, answer_s=answer))  # noqa: E731
         try:
             return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
                              wait=options.wait, warmup=options.warmup, device=options.device,
@@ -140,7 +146,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                              memory_limit=options.memory_limit, windows=windows, window_s=options.window_s,
                              step=options.step, loader=state.get("training_loader"), on_start=started(name),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
-                             on_progress=progress, ray_address=options.ray_address, nnodes=options.nnodes,
+                             on_progress=told, ray_address=options.ray_address, nnodes=options.nnodes,
                              against=against, turns=turns)
         finally:
             with recording:

@@ -25,7 +25,8 @@ import subprocess
 import sys
 import warnings
 
-from advisor.trials.process.zygote import FRESH_VARIABLE, end_as_python, reseed
+from advisor.trials.process.zygote import FRESH_VARIABLE
+from advisor.trials.process.zygote_serve import end_as_python, reseed
 
 HARNESS_MODULE = "advisor.trials.process.harness"
 

@@ -275,11 +275,19 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
     }
 
 
+# Inductor's and AOTAutograd's on-disk caches (torch's folder, shared by a session's trials and later sessions): a
+# second compile of one graph in another trial is a cache hit. On by default in torch; a user's own setting stands.
+COMPILE_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+
 def _child_environment(env: dict[str, str] | None, device: str, token: str) -> dict[str, str]:
-    """The trial process's environment: `env` (or ours), this advisor importable, the trial's token."""
+    """The trial process's environment: `env` (or ours), this advisor importable, the trial's token, and
+    torch.compile's caches on (COMPILE_CACHES) unless the user set them."""
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONPATH"] = advisor_importable(child_env)
     child_env["PYTHONUNBUFFERED"] = "1"
+    for name, setting in COMPILE_CACHES.items():
+        child_env.setdefault(name, setting)
     if device == "cpu":
         child_env["CUDA_VISIBLE_DEVICES"] = ""  # the script's own "cuda if available" picks the CPU
     child_env[TRIAL_TOKEN] = token

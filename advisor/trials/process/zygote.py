@@ -2,7 +2,8 @@
 and importing torch afresh: about 2 s sooner per trial on a CPU machine (torch, and the `torch._dynamo` that
 torch.optim's optimizers import), more with CUDA's libraries.
 
-The parent side (`start_trial`) is torch-free. A zygote is started as the trial itself would be (the same
+The parent side (`start_trial`, this module) is torch-free; the zygote's own side is
+`advisor.trials.process.zygote_serve`. A zygote is started as the trial itself would be (the same
 interpreter, environment and `-c` entry), imports torch, dynamo and the harness, moves what they made to the
 garbage collector's permanent generation (`gc.freeze`: a trial's collections and object scans skip it), and
 then forks one child per trial. A zygote serves one environment; the last two environments' zygotes are kept
@@ -17,10 +18,12 @@ as the child runs it), which spares the launcher's own import of torch; torchrun
 its own process (`advisor.trials.process.forked_ranks`).
 
 A trial in another environment than a zygote's is forked from a zygote of its own (torch and its libraries
-read some variables at import). What a fork cannot give is served by a fresh process instead (`start_trial`
-returns None): Ray's ranks (its own actors start them), a trial while another is in
-flight, a zygote that could not start, a platform other than Linux, and `ADVISOR_FRESH_TRIALS=1` (the user's
-way to turn it off).
+read some variables at import). A zygote forks a trial while another of its children runs: the two trials of a
+pair (their windows in turns) are both forked, neither pays a fresh start (about 2.4 s on this 2-core machine).
+What a fork cannot give is served by a fresh process instead (`start_trial` returns None): Ray's ranks (its own
+actors start them), a trial in another environment while some zygote has a trial in flight (letting a busy
+zygote go would end its trial), a zygote that could not start, a platform other than Linux, and
+`ADVISOR_FRESH_TRIALS=1` (the user's way to turn it off).
 
 The token: /proc/<pid>/environ shows the environment a process was *exec*'d with, so a forked child would
 show the zygote's and could not be found by the trial's token (`advisor.trials.process.processes`). The
@@ -31,7 +34,6 @@ in place, where /proc reads it (and its own exec'd children inherit it as any va
 from __future__ import annotations
 
 import atexit
-import importlib
 import json
 import os
 import select
@@ -42,11 +44,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Callable, NoReturn
+from typing import Any
 
 from advisor.trials.process.processes import TRIAL_TOKEN
 
-ZYGOTE_ENTRY = "import sys; from advisor.trials.process.zygote import serve; serve(sys.argv[1:])"
+ZYGOTE_ENTRY = "import sys; from advisor.trials.process.zygote_serve import serve; serve(sys.argv[1:])"
 FRESH_VARIABLE = "ADVISOR_FRESH_TRIALS"  # "1": every trial in a fresh process
 PLACEHOLDER = "0" * 32  # a trial's token is uuid4().hex: 32 characters
 # Variables that change from one trial (or one test under pytest) to the next and that nothing reads at import:
@@ -84,11 +86,44 @@ class Zygote:
         os.close(requests_r)
         os.close(replies_w)
         self.buffer = b""
-        self.busy = False
+        self.in_flight: set[int] = set()  # children forked and not yet reaped
+        self.writing = threading.Lock()  # one request, and its pid's reply, at a time
+        self.replied = threading.Condition()
+        self.forked: list[str] = []  # the replies to fork requests, in their order
+        self.exits: dict[int, int] = {}  # exit codes of children reaped, not yet asked for
+        self.gone = False  # the reply pipe ended: the zygote has gone
         try:
             self.ready = self._reply(timeout_s) == READY
         except subprocess.TimeoutExpired:  # it could not import torch in the trial's time: a fresh process tries
             self.ready = False
+        if self.ready:  # its replies, read as they come: two children's ends may come in either order
+            threading.Thread(target=self._read_replies, daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a child of this zygote is in flight."""
+        return bool(self.in_flight)
+
+    def _read_replies(self) -> None:
+        """The zygote's replies, each handed to the one waiting for it: a pid (a fork's), or a pid and its exit
+        code (a child reaped); at the pipe's end every waiter is woken."""
+        while True:
+            try:
+                line = self._reply(None)
+            except (OSError, ValueError):
+                line = None
+            with self.replied:
+                if line is None:
+                    self.gone = True
+                    self.replied.notify_all()
+                    os.close(self.replies)
+                    return
+                parts = line.split()
+                if len(parts) == 2 and all(part.lstrip("-").isdigit() for part in parts):
+                    self.exits[int(parts[0])] = int(parts[1])
+                else:
+                    self.forked.append(line)
+                self.replied.notify_all()
 
     def fork(self, config: dict[str, Any] | None, cwd: str, env: dict[str, str], log_path: str,
              call: tuple[str, str, list[str]] | None = None, module: list[str] | None = None) -> ForkedTrial | None:
@@ -101,40 +136,47 @@ class Zygote:
         request = {"argv": argv, "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL}, "log": log_path,
                    "call": call, "module": module,
                    "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
-        try:
-            data = (json.dumps(request) + "\n").encode()
-            while data:  # a request beyond the pipe's buffer (a session's TensorBoard run) may take several writes
-                data = data[os.write(self.requests, data):]
-            reply = self._reply(60.0)
-        except (OSError, subprocess.TimeoutExpired):
+        with self.writing:
+            try:
+                data = (json.dumps(request) + "\n").encode()
+                while data:  # a request beyond the pipe's buffer (a session's TensorBoard run) may take several writes
+                    data = data[os.write(self.requests, data):]
+                with self.replied:
+                    if not self.replied.wait_for(lambda: self.forked or self.gone, 60.0) or not self.forked:
+                        return None
+                    reply = self.forked.pop(0)
+                    if reply.isdigit():
+                        self.in_flight.add(int(reply))
+            except OSError:
+                return None
+            except BaseException:  # Ctrl-C mid-exchange: its next replies could be taken for another request's
+                self.proc.kill()
+                raise
+        if not reply.isdigit():
             return None
-        except BaseException:  # Ctrl-C mid-exchange: its next replies could be taken for another request's
-            self.proc.kill()
-            raise
-        if not reply or not reply.isdigit():
-            return None
-        self.busy = True
         return ForkedTrial(self, int(reply))
 
     def exit_code(self, pid: int, timeout: float | None) -> int:
         """The exit code of the child `pid`, as the zygote reaped it."""
-        try:
-            reply = self._reply(timeout)
-        except subprocess.TimeoutExpired:
-            raise subprocess.TimeoutExpired(f"trial {pid}", timeout) from None
-        self.busy = False
-        if reply is None:  # the zygote died with its child in flight: its status is lost with it
+        with self.replied:
+            if not self.replied.wait_for(lambda: pid in self.exits or self.gone, timeout):
+                raise subprocess.TimeoutExpired(f"trial {pid}", timeout)
+            self.in_flight.discard(pid)
+            code = self.exits.pop(pid, None)
+        if code is None:  # the zygote died with its child in flight: its status is lost with it
             _wait_gone(pid)
             return 1
-        return int(reply.split()[1])
+        return code
 
     def alive(self) -> bool:
         """Whether the zygote is still there to fork."""
-        return self.ready and self.proc.poll() is None
+        return self.ready and not self.gone and self.proc.poll() is None
 
     def close(self) -> None:
         """Let the zygote go: it exits when its request pipe closes (killed if it is not ready or does not)."""
-        for fd in (self.requests, self.replies):
+        # The reply pipe is its reader's to close, at its end (the zygote gone): closed under a reader blocked on
+        # it, its number could be another file's by the time the reader reads.
+        for fd in (self.requests,) if self.ready else (self.requests, self.replies):
             try:
                 os.close(fd)
             except OSError:
@@ -188,7 +230,8 @@ def start_trial(python: str, config: dict[str, Any] | None, cwd: str, env: dict[
         return None
     key = (python, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TRIAL)))
     with _lock:
-        if key in _refused or any(z.busy for z in _zygotes.values()):
+        # A busy zygote of another environment would be let go, and its trial with it, to make room for this one.
+        if key in _refused or (key not in _zygotes and any(z.busy for z in _zygotes.values())):
             return None
         for _ in range(2):  # a zygote that has gone since the last trial is replaced once
             zygote = _zygote_for(python, key, env, timeout_s)
@@ -268,136 +311,3 @@ def _wait_gone(pid: int) -> None:
         except PermissionError:
             pass
         time.sleep(0.05)
-
-
-# --------------------------------------------------------------------------------------------------
-# The zygote's side
-
-
-def serve(argv: list[str]) -> None:
-    """The zygote: import torch and the harness, say ready, then fork a trial per request and report its
-    exit code, until the request pipe closes. In a child this returns into the harness's run instead."""
-    requests, replies, parent = int(argv[0]), int(argv[1]), int(argv[2])
-    from advisor.trials.process.harness import die_with_parent
-
-    die_with_parent(parent)  # a zygote outlives no advisor (its children then follow it)
-    from advisor.trials.process.harness import import_torch_and_freeze
-
-    import_torch_and_freeze()  # the point of this process
-
-    slot = _token_slot()
-    os.write(replies, ((READY if slot else "no token slot") + "\n").encode())
-    if not slot:
-        return
-    buffer = b""
-    while True:
-        line, buffer = _next_line(requests, buffer)
-        if line is None:  # told to go: at once, without Python's finalisation of torch and dynamo (1.5 s of CPU)
-            os._exit(0)
-        request = json.loads(line)
-        started_r, started_w = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            os.close(started_r)
-            for fd in (requests, replies):
-                os.close(fd)
-            _become_trial(request, slot, started_w)
-            if request["module"]:
-                end_as_python(lambda: _run_as_main(request["module"]))
-            if request["call"]:
-                module, function, args = request["call"]
-                end_as_python(lambda: getattr(importlib.import_module(module), function)(*args))
-            from advisor.trials.process.harness import main
-
-            main(sys.argv[1:])  # ends the process itself (os._exit); an exception ends it as `python -c` would
-            return
-        os.close(started_w)
-        os.read(started_r, 1)  # the child has its own group and token before anyone is told its pid
-        os.close(started_r)
-        os.write(replies, f"{pid}\n".encode())
-        _, status = os.waitpid(pid, 0)
-        os.write(replies, f"{pid} {os.waitstatus_to_exitcode(status)}\n".encode())
-
-
-def _run_as_main(argv: list[str]) -> None:
-    """In the forked child: `python -m NAME ARGS` (argv)."""
-    import runpy
-
-    sys.argv = list(argv)  # runpy makes argv[0] the module's file, as -m does
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-
-
-def end_as_python(run: Callable[[], object]) -> NoReturn:
-    """In a forked child: `run()`, then end the process as Python would (exit code 0, SystemExit's code or
-    message, an exception's traceback and 1), but at once: Python's own finalisation of a process that holds
-    torch and dynamo took torchrun's launcher 1.5 s of CPU after its ranks had ended."""
-    import traceback
-
-    code = 0
-    try:
-        run()
-    except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
-        if not isinstance(exit.code, (int, type(None))):
-            print(exit.code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _become_trial(request: dict[str, Any], slot: int, started: int) -> None:
-    """In the forked child: what a fresh `python -c HARNESS_ENTRY CONFIG` started by the runner would be."""
-    import ctypes
-
-    os.setsid()
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # as the runner's open(log, "wb")
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.chdir(request["cwd"])
-    for name, value in request["env"].items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    signal.signal(signal.SIGINT, signal.SIG_IGN if request.get("sigint_ignored") else signal.default_int_handler)
-    token = request["env"][TRIAL_TOKEN].encode()
-    ctypes.memmove(slot, token, len(token))
-    sys.argv = ["-c", *request["argv"]]
-    reseed()
-    os.write(started, b"1")
-    os.close(started)
-
-
-def reseed() -> None:
-    """In a forked child: numpy's global random state seeded anew, as a fresh process's is, not the parent's."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-
-
-def _token_slot() -> int:
-    """The address of the token's value in the environment block this process was started with (what
-    /proc/<pid>/environ reads), checked by writing to it; 0 where that does not hold."""
-    import ctypes
-
-    libc = ctypes.CDLL(None)
-    libc.getenv.restype = ctypes.c_void_p
-    libc.getenv.argtypes = [ctypes.c_char_p]
-    address = libc.getenv(TRIAL_TOKEN.encode())
-    if not address or ctypes.string_at(address, len(PLACEHOLDER) + 1) != PLACEHOLDER.encode() + b"\0":
-        return 0
-    probe = "1" * len(PLACEHOLDER)
-    ctypes.memmove(address, probe.encode(), len(probe))
-    try:
-        with open("/proc/self/environ", "rb") as f:
-            shown = f"{TRIAL_TOKEN}={probe}".encode() in f.read().split(b"\0")
-    except OSError:
-        shown = False
-    ctypes.memmove(address, PLACEHOLDER.encode(), len(PLACEHOLDER))
-    return address if shown else 0

@@ -25,7 +25,8 @@ PHASES = ("starting", "warm-up", "profiled", "settling", "window", "finishing", 
 class TrialProgress:
     """A running trial's phase: `phase` (one of PHASES), the step of the phase in progress (`step` of
     `steps`; for a window, `step` is the window, of `steps` windows), the seconds it has run and an
-    estimate of those left (None before its first step ends)."""
+    estimate of those left (None before its first step ends); `answer_s`, where the session says it, the seconds
+    left to the session's answer at most (this trial's, and the trials its budget still allows after it)."""
 
     trial: str
     phase: str
@@ -33,6 +34,7 @@ class TrialProgress:
     steps: int = 0
     elapsed_s: float = 0.0
     remaining_s: float | None = None
+    answer_s: float | None = None
 
     def describe(self) -> str:
         """'starting', 'warm-up step 2 of 3', 'profiled step 1 of 5', 'window 2 of 5', 'finishing'."""

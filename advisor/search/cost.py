@@ -1,0 +1,86 @@
+"""What a trial costs in wall time, and what that buys: candidates priced by their seconds (a compile's first steps
+hold the compile), a compile that measured slower not compiled again in another layout, and the time left to the
+answer. Pure functions over the session record and its trials' records. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from advisor.search.expected import value
+from advisor.search.proposal import Proposal
+from advisor.trials.record import TRIAL_FILE
+
+# Seconds a first torch.compile adds to a trial before this session measured one: what the conv example's compile
+# trials took on a 2-core CPU (38 s and 47 s, issue 71); on a GPU a model of that size compiles in about as long.
+COMPILE_PRIOR_S = 40.0
+TRIAL_PRIOR_S = 10.0  # a trial's wall time before the session has timed one
+LAYOUT = "channels_last"
+
+
+def _record(out: Path, row: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return json.loads((out / row["folder"] / TRIAL_FILE).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def trial_seconds(out: Path, state: dict[str, Any]) -> float:
+    """A trial's wall time in this session: the median of its trials' (start to end), less what a compile held;
+    TRIAL_PRIOR_S before any was timed."""
+    spans = []
+    for row in state.get("trials") or []:
+        times = _record(out, row).get("times") or {}
+        start, end = times.get("started_at"), times.get("ended_at")
+        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start:
+            spans.append(end - start - ((row.get("compile") or {}).get("compile_s") or 0.0))
+    return statistics.median(spans) if spans else TRIAL_PRIOR_S
+
+
+def compile_seconds(state: dict[str, Any]) -> float:
+    """What a first compile will add to a trial: the longest this session's compiles took on this machine (the
+    first compile of a graph; a second one of the same graph is a cache hit), else COMPILE_PRIOR_S."""
+    measured = [(t.get("compile") or {}).get("compile_s") for t in state.get("trials") or []]
+    measured = [s for s in measured if isinstance(s, (int, float))]
+    return max(measured) if measured else COMPILE_PRIOR_S
+
+
+def seconds(proposal: Proposal, out: Path, state: dict[str, Any]) -> float:
+    """A candidate's price in wall time: a trial's, and a compile's on top where it compiles a setting not compiled
+    before in this session."""
+    compiled_before = any(t.get("knobs", {}).get("compile") and t.get("knobs") == proposal.knobs.to_dict()
+                          for t in state.get("trials") or [])
+    extra = compile_seconds(state) if proposal.knobs.compile and not compiled_before else 0.0
+    return trial_seconds(out, state) + extra
+
+
+def by_cost(proposals: list[Proposal], out: Path, state: dict[str, Any]) -> list[Proposal]:
+    """The candidates by expected improvement per second of wall time (the strategy's order among equals): a
+    compile's gain must pay for its compile as well as its trial."""
+    if not any(p.knobs.compile for p in proposals):
+        return proposals  # every trial costs about the same: the strategy's order stands
+    price = {id(p): seconds(p, out, state) for p in proposals}
+    order = {id(p): i for i, p in enumerate(proposals)}
+    return sorted(proposals, key=lambda p: (-round(value(p, state) / price[id(p)], 9), order[id(p)]))
+
+
+def slower_compile(proposal: Proposal, decision: Any, second: Proposal | None, min_gain: float) -> bool:
+    """Whether a follow-up `second` would compile again in another layout after the compile `proposal` measured
+    slower beyond its noise: not done unless the model says the layout was the cause (it predicts the compile
+    without it to gain at least `min_gain`)."""
+    if second is None or decision is None or not proposal.knobs.compile or not second.knobs.compile:
+        return False
+    if decision.gain >= -decision.noise:  # within the noise, or faster: the swap may still tell
+        return False
+    layout_only = {k for k, v in proposal.knobs.to_dict().items() if second.knobs.to_dict().get(k) != v} <= {LAYOUT}
+    return layout_only and not (second.predicted and second.predicted_gain >= min_gain)
+
+
+def answer_seconds(out: Path, state: dict[str, Any], max_trials: int, running: int = 1) -> float:
+    """The time left to the answer, at most: the trials the budget still allows after the `running` ones, each a
+    trial's time in this session."""
+    left = max(0, max_trials - len(state.get("trials") or []) - running)
+    return left * trial_seconds(out, state)
