@@ -12,7 +12,8 @@ samples/s are set against the measured change (the settings' medians):
 - perfect: what a predictor that knew each setting's true rate would score against these medians (their own
   noise).
 
-A knob the model has no transformation for (threads) is counted as "no prediction", never as +0 %. Floors
+A knob the model has no transformation for is counted as "no prediction", never as +0 % (threads have one:
+the step's operators on fewer or more of the cores the workers share). Floors
 (issue 54), on the calibrated model: median absolute error ≤ 8 points, sign right on ≥ 85 % of the pairs whose
 measured change is beyond the noise (two standard errors of the difference).
 """

@@ -217,6 +217,8 @@ def test_a_session_on_ray_decides_on_the_jobs_figures(session):
         trial_record(out / state["trials"][0]["folder"])["summary"]["samples_per_s"], rel=0.05)
     # The job's bound is rank 1's loader, not rank 0's waiting in the all-reduce.
     assert state["trials"][1]["recommendation"] == "more-workers" and state["trials"][1]["tried_under"] == "input"
+    # ... and the model prices it from rank 1's wait, not rank 0's (the job's own summary: +0 %, for +105 %).
+    assert state["trials"][1]["predicted_samples_gain"] > 0.3
     assert_decisions_follow_measurements(state)  # kept or reverted on the job's samples/s and its noise
     for row in state["trials"]:
         record = trial_record(out / row["folder"])

@@ -59,10 +59,11 @@ def test_a_recorded_surface_says_what_its_runs_measured(surface):
 
 
 @pytest.mark.parametrize("surface", SURFACES, ids=[s.name for s in SURFACES])
-def test_pairs_differ_in_one_knob_and_threads_have_no_prediction(surface):
+def test_pairs_differ_in_one_knob_and_a_knob_without_a_transformation_has_no_prediction(surface):
     axes, settings = cpu_surfaces.load(surface)
     pairs = cpu_surfaces.pairs_of(axes, settings)
     assert pairs and all(sum(x != y for x, y in zip(a, b)) == 1 and a[axes.index(k)] != b[axes.index(k)]
                          for a, b, k in pairs)
     some = next(iter(settings.values()))
-    assert cpu_surfaces.model_change(some.graph, "threads", 1) is None  # no transformation: not +0 %
+    assert cpu_surfaces.model_change(some.graph, "tf32", True) is None  # no transformation: not +0 %
+    assert isinstance(cpu_surfaces.model_change(some.graph, "threads", 1), float)  # the cores' share: a price

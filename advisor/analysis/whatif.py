@@ -143,6 +143,12 @@ def steady_figures(trial: dict) -> tuple[float | None, float | None]:
     steady = summary.get("steady") or {}
     rate = _number(steady.get("samples_per_s")) or _number(summary.get("samples_per_s"))
     wait = _number(steady.get("wait_share"))
+    # A data-parallel job steps at its slowest rank's pace: the loader that binds it is the rank that waits most
+    # (the job's own summary is rank 0's, which waits in the all-reduce for it instead).
+    waits = [_number(((r.get("summary") or {}).get("steady") or {}).get("wait_share"))
+             for r in trial.get("ranks") or [] if isinstance(r, dict)]
+    if any(w is not None for w in waits):
+        wait = max(w for w in waits if w is not None)
     if wait is None:
         steps = [s for s in trial.get("steps") or [] if s.get("recorded")] or trial.get("steps") or []
         walls = [(s.get("wall_s"), s.get("call_s")) for s in steps]
