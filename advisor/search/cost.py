@@ -5,14 +5,13 @@ answer. Pure functions over the session record and its trials' records. Torch-fr
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from advisor.search.expected import value
 from advisor.search.proposal import Proposal
-from advisor.trials.record import TRIAL_FILE
+from advisor.search.timing import row_record, trial_time
 
 # Seconds a first torch.compile adds to a trial before this session measured one: what the conv example's compile
 # trials took on a 2-core CPU (38 s and 47 s, issue 71); on a GPU a model of that size compiles in about as long.
@@ -21,22 +20,14 @@ TRIAL_PRIOR_S = 10.0  # a trial's wall time before the session has timed one
 LAYOUT = "channels_last"
 
 
-def _record(out: Path, row: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return json.loads((out / row["folder"] / TRIAL_FILE).read_text())
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
 def trial_seconds(out: Path, state: dict[str, Any]) -> float:
     """A trial's wall time in this session: the median of its trials' (start to end), less what a compile held;
     TRIAL_PRIOR_S before any was timed."""
     spans = []
     for row in state.get("trials") or []:
-        times = _record(out, row).get("times") or {}
-        start, end = times.get("started_at"), times.get("ended_at")
-        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start:
-            spans.append(end - start - ((row.get("compile") or {}).get("compile_s") or 0.0))
+        own = trial_time(row_record(out, row))
+        if own is not None and own["duration_s"] > 0:
+            spans.append(own["duration_s"] - ((row.get("compile") or {}).get("compile_s") or 0.0))
     return statistics.median(spans) if spans else TRIAL_PRIOR_S
 
 

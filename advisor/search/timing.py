@@ -36,7 +36,8 @@ def is_rerun(row: dict[str, Any]) -> bool:
     return row.get("recommendation") == "confirm" or str(row.get("change") or "").endswith("(again)")
 
 
-def _record(out: Path, row: dict[str, Any]) -> dict[str, Any]:
+def row_record(out: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """The trial.json of a session row's folder; {} where it cannot be read."""
     try:
         return json.loads((out / row["folder"] / TRIAL_FILE).read_text())
     except (OSError, ValueError, KeyError, TypeError):
@@ -80,7 +81,7 @@ def session_time(out: Path, state: dict[str, Any]) -> dict[str, Any] | None:
     ended: dict[str, float] = {}
     simulated = False
     for row in state["trials"]:
-        record = _record(out, row)
+        record = row_record(out, row)
         own = trial_time(record)
         if own is None:
             continue
