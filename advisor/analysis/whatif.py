@@ -106,11 +106,16 @@ class StepGraph:
     threads: int = 0  # on a CPU: the torch threads the step's operators run on (0: not known)
 
     @property
+    def ops_s(self) -> float:
+        """On a CPU, the operators' time in the call: the device side less the optimizer's host work."""
+        return max(0.0, self.device_s - self.host_s)
+
+    @property
     def cpu_s(self) -> float:
         """The call's own CPU time: the host's work, and on a CPU its operators' on each of their threads."""
         if self.platform != "cpu":
             return self.host_s
-        return self.host_s + max(0.0, self.device_s - self.host_s) * max(1, min(self.threads, self.cores))
+        return self.host_s + self.ops_s * max(1, min(self.threads, self.cores))
 
     @property
     def call_s(self) -> float:
@@ -145,10 +150,10 @@ def steady_figures(trial: dict) -> tuple[float | None, float | None]:
     wait = _number(steady.get("wait_share"))
     # A data-parallel job steps at its slowest rank's pace: the loader that binds it is the rank that waits most
     # (the job's own summary is rank 0's, which waits in the all-reduce for it instead).
-    waits = [_number(((r.get("summary") or {}).get("steady") or {}).get("wait_share"))
-             for r in trial.get("ranks") or [] if isinstance(r, dict)]
-    if any(w is not None for w in waits):
-        wait = max(w for w in waits if w is not None)
+    waits = [w for r in trial.get("ranks") or [] if isinstance(r, dict)
+             if (w := _number(((r.get("summary") or {}).get("steady") or {}).get("wait_share"))) is not None]
+    if waits:
+        wait = max(waits)
     if wait is None:
         steps = [s for s in trial.get("steps") or [] if s.get("recorded")] or trial.get("steps") or []
         walls = [(s.get("wall_s"), s.get("call_s")) for s in steps]
@@ -299,8 +304,7 @@ def transform(g: StepGraph, knob: str, value: Any, p: float, params: dict[str, f
         if g.platform != "cpu" or not g.threads or int(value) == g.threads:
             return g  # on a GPU the host's work is one Python thread: torch's threads do not move it
         k = (g.threads / max(1, int(value))) ** p  # the operators' time (not the optimizer's host work) grows
-        ops = max(0.0, g.device_s - g.host_s)
-        return dataclasses.replace(g, threads=int(value), device_s=g.host_s + ops * k, matmul_s=g.matmul_s * k,
+        return dataclasses.replace(g, threads=int(value), device_s=g.host_s + g.ops_s * k, matmul_s=g.matmul_s * k,
                                    matmul_tc_s=g.matmul_tc_s * k, conv_s=g.conv_s * k)
     if knob == "num_workers":
         a = p
