@@ -241,12 +241,10 @@ def _locate_step(script: Path, defined_in: Path, func: str | None) -> None:
             tree = ast.parse(defined_in.read_text(), filename=str(defined_in))
         if func is not None:
             locate_target(tree, func)
-    except SyntaxError as exc:
-        # A null byte is refused before parsing starts: no file or line in the error.
-        where = f"{exc.filename}:{exc.lineno}" if exc.filename and exc.lineno else str(parsed)
-        raise AdvisorError(f"{where}: cannot parse the script: {exc.msg}") from None
-    except ValueError as exc:  # a null byte, on Pythons before 3.11.4 (Debian 12's 3.11.2), which report it so
-        raise AdvisorError(f"{parsed}: cannot parse the script: {exc}") from None
+    except (SyntaxError, ValueError) as exc:
+        # A null byte is refused before parsing starts (a ValueError before Python 3.11.4): no file or line.
+        where = f"{exc.filename}:{exc.lineno}" if getattr(exc, "lineno", None) and exc.filename else str(parsed)
+        raise AdvisorError(f"{where}: cannot parse the script: {getattr(exc, 'msg', exc)}") from None
 
 
 def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, Any] | None,
