@@ -76,6 +76,27 @@ def import_numpy_without_blas_threads() -> None:
             del os.environ["OPENBLAS_NUM_THREADS"]
 
 
+# glibc's mallopt parameters (malloc.h). Setting the mmap threshold also stops glibc raising it as it goes.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+READER_MMAP_THRESHOLD = 32 * 2**20  # glibc's largest
+READER_TRIM_THRESHOLD = 4 * 2**20
+
+
+def keep_freed_blocks() -> None:
+    """Have glibc's malloc serve blocks of up to 32 MiB from its heap, and keep up to 4 MiB freed at its top, in a
+    process that only reads: the pieces of inflated text and the figures' arrays (hundreds of KiB each) would
+    otherwise be mapped alone, or trimmed, as they are freed and their pages faulted in again by the next (a
+    quarter of the page faults of reading a 54 MB trace). Nothing changes where the C library is not glibc."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, READER_MMAP_THRESHOLD)
+    mallopt(M_TRIM_THRESHOLD, READER_TRIM_THRESHOLD)
+
+
 def _command_of(argv: list[str]) -> str | None:
     """The sub-command named on the command line (first word that is not an option)."""
     return next((a for a in argv if not a.startswith("-")), None)
@@ -115,6 +136,8 @@ def run_command(argv: list[str]) -> int:
     try:
         if args.command == "analyze":
             from advisor.analysis.reading import prefetch
+
+            keep_freed_blocks()
 
             prefetch(args.path)  # decompress while the analysis modules import
             import_numpy_without_blas_threads()
