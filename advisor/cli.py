@@ -143,6 +143,7 @@ def run_command(argv: list[str]) -> int:
             import_numpy_without_blas_threads()
             return analyze_command(args)
         if args.command == "compare":
+            keep_freed_blocks()
             import_numpy_without_blas_threads()
             return compare_command(args)
         if args.command == "profile":

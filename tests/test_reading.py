@@ -7,6 +7,8 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -183,12 +185,53 @@ def test_a_document_that_does_not_split_between_events_is_decoded_whole(variant,
     assert len(whole.traceEvents) == (0 if "again" in variant else 300)
 
 
+@pytest.mark.parametrize("prefetched", [False, True], ids=["read", "prefetched"])
 @pytest.mark.parametrize("cut", [0.3, 0.9], ids=["early", "late"])
-def test_a_truncated_trace_is_the_same_error_after_pieces_decoded(cut: float, tmp_path: Path):
-    """A gzip stream that ends early, after whole pieces of events were decoded: the error of reading it whole."""
+def test_a_truncated_trace_is_the_same_error_after_pieces_decoded(cut: float, prefetched: bool, tmp_path: Path):
+    """A gzip stream that ends early, after whole pieces of events were decoded: the error of reading it whole,
+    also where the prefetch's thread inflated the pieces (its error is raised to the reader after them)."""
     raw = REAL[0].read_bytes()
     path = tmp_path / "cut.pt.trace.json.gz"
     path.write_bytes(raw[:int(len(raw) * cut)])
+    if prefetched:
+        reading.prefetch(path)
     with pytest.raises(TraceError) as caught:
         load_trace(path)
     assert "truncated gzip data" in caught.value.problem
+
+
+def _prefetch_thread_ends(timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(t.name == reading.PREFETCH_THREAD for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_prefetch_hands_the_pieces_in_order_and_stops_when_the_reader_does(monkeypatch):
+    """The prefetch's thread inflates while the reader decodes, at most PIECES_AHEAD pieces ahead: the reader
+    gets the text `inflated_pieces` gives, in order, and its thread ends at the end; where the reader stops
+    early (it decodes the text whole, or had the trace already), closing the pieces ends the thread too."""
+    monkeypatch.setattr(reading, "PIECE_BYTES", 4096)  # many more pieces than the thread holds ahead
+    path = REAL[0]
+    reading.prefetch(path)
+    raw, pieces = reading.read_file(path)
+    assert raw == path.read_bytes()
+    assert b"".join(pieces) == b"".join(reading.inflated_pieces(path, raw)) == gzip.decompress(raw)
+    assert _prefetch_thread_ends()
+    reading.prefetch(path)
+    _, pieces = reading.read_file(path)
+    assert len(next(pieces)) == 4096
+    time.sleep(0.2)  # the thread fills its queue and waits
+    pieces.close()
+    assert _prefetch_thread_ends() and list(pieces) == []
+
+
+def test_a_prefetched_plain_json_trace_is_read_whole(tmp_path: Path):
+    """A trace that is not gzipped has no pieces: the reader decodes its bytes as stored."""
+    path = tmp_path / "plain.pt.trace.json"
+    path.write_bytes(gzip.decompress(REAL[1].read_bytes()))
+    reading.prefetch(path)
+    assert reading.read_file(path) == (path.read_bytes(), None)
+    assert _prefetch_thread_ends()

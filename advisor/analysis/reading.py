@@ -10,6 +10,7 @@ the analysis, so this module imports nothing else (the standard library, and adv
 from __future__ import annotations
 
 import os
+import queue
 import stat
 import threading
 import zlib
@@ -59,74 +60,108 @@ def _listed_file(path: Path) -> bool:
         return False
 
 
-_prefetched: dict[Path, tuple[threading.Thread, list]] = {}
+_prefetched: dict[Path, tuple[threading.Event, list]] = {}
 GZIP_MAGIC = b"\x1f\x8b"
-# How many pieces of JSON text (`PIECE_BYTES` each) a prefetch inflates ahead, while the analysis imports; the
-# reader inflates the rest as it decodes, so that the memory of one piece is used again for the next.
+# How many pieces of JSON text (`PIECE_BYTES` each) the prefetch's thread inflates ahead of the reader: a
+# bound on the text held at once, so that the memory of the pieces decoded is used again for the next.
 PIECES_AHEAD = 16
+PREFETCH_THREAD = "advisor-prefetch"
 
 
 def prefetch(path: Path) -> None:
-    """Start reading a trace file, and inflating its first pieces of JSON text, on a background thread.
+    """Start reading a trace file, and inflating its JSON text in pieces, on a background thread.
 
-    zlib releases the GIL, so the CLI can import the analysis modules meanwhile; `read_file` picks the
-    result up (or re-raises its error).
+    zlib (and ISA-L) release the GIL: the CLI imports the analysis modules meanwhile, and then decodes each
+    piece while the thread inflates the next ones, on another core where there is one. `read_file` picks the
+    pieces up (or re-raises the error that stopped them).
     """
     path = Path(path)
     if not is_regular(path):
         return
-    box: list = []
+    box: list = []  # the stored bytes, or the error that stopped their reading; then, gzipped, the Pieces
+    ready = threading.Event()
 
     def work():
         try:
             raw = _stored_bytes(path)
         except BaseException as exc:  # handed to the reader on the main thread
             box.append(exc)
+            ready.set()
             return
         box.append(raw)
-        if raw[:2] == GZIP_MAGIC:
-            rest, ahead, error = inflated_pieces(path, raw), [], None
-            try:
-                for _ in range(PIECES_AHEAD):
-                    ahead.append(next(rest))
-            except StopIteration:
-                pass
-            except BaseException as exc:  # noqa: BLE001 - raised to the reader after the pieces before it
-                error = exc
-            box.extend((rest, ahead, error))
+        if raw[:2] != GZIP_MAGIC:
+            ready.set()
+            return
+        pieces = Pieces()
+        box.append(pieces)
+        ready.set()
+        try:
+            for piece in inflated_pieces(path, raw):
+                if not pieces.hand(piece):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - raised to the reader after the pieces before it
+            pieces.hand(exc)
+            return
+        pieces.hand(Pieces.END)
 
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    _prefetched[path] = (thread, box)
+    threading.Thread(target=work, name=PREFETCH_THREAD, daemon=True).start()
+    _prefetched[path] = (ready, box)
+
+
+class Pieces:
+    """The pieces of JSON text a prefetch's thread inflates, in order, as an iterator for the reader (at most
+    PIECES_AHEAD waiting); closing it stops the thread."""
+
+    END = object()
+
+    def __init__(self) -> None:
+        self.waiting: queue.Queue = queue.Queue(PIECES_AHEAD)
+        self.closed = threading.Event()
+
+    def hand(self, item) -> bool:
+        """Give the reader a piece, the error that ends them or END, waiting while PIECES_AHEAD wait; False
+        once the reader has closed."""
+        while not self.closed.is_set():
+            try:
+                self.waiting.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def __iter__(self) -> Pieces:
+        return self
+
+    def __next__(self) -> bytes:
+        if self.closed.is_set():
+            raise StopIteration
+        item = self.waiting.get()
+        if item is Pieces.END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop the thread (it hands nothing more)."""
+        self.closed.set()
 
 
 def read_file(path: Path) -> tuple[bytes, Iterator[bytes] | None]:
     """A trace file's bytes as stored (gzipped or not), with clear errors for a file that cannot be read; and,
-    where they are gzipped, an iterator over their JSON text in pieces (`inflated_pieces`; its first pieces
-    inflated by the prefetch's thread where one started), None otherwise."""
+    where they are gzipped, an iterator over their JSON text in pieces (`inflated_pieces`; inflated by the
+    prefetch's thread where one started), None otherwise."""
     pending = _prefetched.pop(Path(path), None)
     if pending is None:
         raw = _stored_bytes(path)
         return raw, (inflated_pieces(path, raw) if raw[:2] == GZIP_MAGIC else None)
-    thread, box = pending
-    thread.join()
+    ready, box = pending
+    ready.wait()
     if isinstance(box[0], BaseException):
         raise box[0]
-    if len(box) == 1:
-        return box[0], None
-    raw, rest, ahead, error = box
-    return raw, _continued(ahead, error, rest)
-
-
-def _continued(ahead: list[bytes], error: BaseException | None, rest: Iterator[bytes]) -> Iterator[bytes]:
-    """The pieces inflated ahead, then the error that stopped them or the rest of the pieces."""
-    try:
-        yield from ahead
-        if error is not None:
-            raise error
-        yield from rest
-    finally:
-        rest.close()
+    return box[0], (box[1] if len(box) == 2 else None)
 
 
 # How far a .json.gz may inflate: at most MAX_INFLATION times its own size (real traces inflate 10 to 31
