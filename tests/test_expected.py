@@ -127,6 +127,20 @@ def test_a_confirmation_within_the_noise_does_not_undo_a_setting_kept_beyond_it(
     assert confirms and all(t["decision"] == "reverted" and abs(t["gain"]) <= t["noise"] for t in confirms)
 
 
+def test_a_move_first_run_at_another_load_gets_its_remeasure_like_any_other(tmp_path):
+    """Replayed at 10 % with a drifting load on the steady H100 surface (seed 7): AMP + pinned copies (the surface's
+    best, +20 % over 8 workers) first ran at a load the best never ran at, so it ran again beside the best: +10.8 %
+    within a noise of 11.5 %, reverted, and never measured again; the budget went to batch moves and the session
+    ended on 8 workers (0.83 of the best). The run that could not be compared is no reading: the one beside the
+    best is the first that counts, and, within its noise, it is measured once more like any other."""
+    state = replay(STEADY, tmp_path / "s", 0.10, 7, drift=1.0)
+    final = Knobs.from_dict(state["final_knobs"])
+    assert (final.amp, final.pin_memory, final.num_workers) == ("bf16", True, 8), final
+    runs = [t for t in state["trials"] if t.get("recommendation") == "amp+pin-memory"]
+    assert len(runs) == 3 and runs[1]["reason"].endswith("(beside the best, at one load)"), runs
+    assert runs[2]["reason"].endswith("(its runs at one load with the best's)") and runs[2]["decision"] == "kept", runs
+
+
 def test_eight_bit_images_are_a_candidate_beside_workers_and_win_the_confirmation_at_one_load(tmp_path):
     """Replayed at 10 % with a drifting load on the CPU image surface (2 cores): after workers 0→2 (threads
     2→1) the trace reads compute-bound, and 8-bit images were no longer offered (their rule speaks for the loader

@@ -102,32 +102,48 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
     log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
     if compile_text(row.get("compile")):
         log(f"  {compile_text(row['compile'])}")
-    if again:
-        # A gain the noise could hide: run the same settings once more and decide on both runs'
-        # windows together (twice the windows, about 1/√2 of the noise).
-        save(state)
-        first, first_record = result, record
-        index = len(state["trials"])
-        log(f"trial {index:02d}: {proposal.change}, again")
-        # Its windows end once settled against the best (as measured beside it, where it was), at most the session's.
-        result, record, _ = run_one(run, state, index, proposal, f"{proposal.slug}-again", log,
-                                    settling(best_measure, options))
-        if unmatched and result.ok:  # beside the best just measured: the two at one load, not pooled
-            best_measure, measurement = beside_fresh_best(out, state, best_row(state), best_measure,
-                                                          [record, first_record])
-        else:
-            measurement = measured(out, state, result, [first.path])
-        losses = recorded_losses(result.path) + recorded_losses(first.path)
-        decision = policy.judge(best_measure, measurement, losses, reference_losses, proposal) if result.ok else None
-        row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
-        decide_row(row, result, decision, False)
-        row.update(change=f"{proposal.change} (again)", base=state.get("best"),
-                   reason=row["reason"] + (" (beside the best, at one load)" if unmatched else " (both runs)"))
-        state["trials"].append(row)
-        state["prediction_error"] = prediction_error(state)
-        log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
-        if decision is not None and decision.keep and not unmatched:
-            state["pooled"][result.name] = [os.path.relpath(first.path, out)]
+    runs = [(result, record)]
+    while again:
+        result, record, decision, row = once_more(policy, state, proposal, runs, best_measure, unmatched,
+                                                  reference_losses, log)
+        runs.insert(0, (result, record))
+        # A first run that could not be compared (none of its windows at the best's load) is no reading: the run
+        # beside the best is the first that counts, and one within its noise is measured once more like any other.
+        again, unmatched = (unmatched and result.ok and decision is not None and decision.inconclusive
+                            and decision.gain > 0 and len(state["trials"]) + 1 <= policy.options.max_trials
+                            and deferred_for(decision, proposal, others, state) is None), False
     return result, decision
 
 
+def once_more(policy: Policy, state: dict[str, Any], proposal: Proposal, runs: list[tuple[TrialResult, dict]],
+              best_measure: Measurement, unmatched: bool, reference_losses: list[float],
+              log: Callable[[str], None]) -> tuple[TrialResult, dict[str, Any], Decision | None, dict[str, Any]]:
+    """A gain the noise could hide, measured again: the same settings run once more and decided on this run with
+    the earlier ones (`runs`, latest first) at one load, or pooled with the latest; its row recorded."""
+    run, out, options = policy.run, policy.out, policy.options
+    save(state)
+    index = len(state["trials"])
+    log(f"trial {index:02d}: {proposal.change}, again")
+    # Its windows end once settled against the best (as measured beside it, where it was), at most the session's.
+    result, record, _ = run_one(run, state, index, proposal, f"{proposal.slug}-again", log,
+                                settling(best_measure, options))
+    # Beside the best just measured, or after a run that was not (the machine changed): the two at one load.
+    one_load = unmatched or len(runs) > 1
+    if one_load and result.ok:
+        best_measure, measurement = beside_fresh_best(out, state, best_row(state), best_measure,
+                                                      [record, *(r for _, r in runs)])
+    else:
+        measurement = measured(out, state, result, [runs[0][0].path])
+    losses = recorded_losses(result.path) + recorded_losses(runs[0][0].path)
+    decision = policy.judge(best_measure, measurement, losses, reference_losses, proposal) if result.ok else None
+    row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
+    decide_row(row, result, decision, False)
+    row.update(change=f"{proposal.change} (again)", base=state.get("best"),
+               reason=row["reason"] + (" (beside the best, at one load)" if unmatched else
+                                        " (its runs at one load with the best's)" if one_load else " (both runs)"))
+    state["trials"].append(row)
+    state["prediction_error"] = prediction_error(state)
+    log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
+    if decision is not None and decision.keep and not one_load:
+        state["pooled"][result.name] = [os.path.relpath(runs[0][0].path, out)]
+    return result, record, decision, row
