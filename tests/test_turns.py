@@ -114,7 +114,8 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
                                        [trial_record(out / r["folder"]) for r in rows[::2]])
     every = [measure_record([trial_record(out / r["folder"]) for r in side]) for side in (rows[1::2], rows[::2])]
     ratios = [(m[0].samples_per_s / m[1].samples_per_s) for m in (pooled, at_one_load, every) if m]
-    assert not (pooled and at_one_load) or len(pooled[0].windows) > len(at_one_load[0].windows)  # its first run too
+    # Its first run too, where that ran at the same load (under a load that moved, the turns' windows alone).
+    assert not (pooled and at_one_load) or len(pooled[0].windows) >= len(at_one_load[0].windows)
     if speedup is None:  # a busy machine: every window in turns ran under more load than the two ran at before
         assert "all ran under a load" in said[-1]
     else:
