@@ -63,12 +63,13 @@ def test_every_recommendation_names_its_bound_and_when_it_helps(name):
     d = analyze_file(gpu_trace(name))
     assert d.bound in BOUNDS and d.bound_evidence
     assert sum(d.bound_shares.values()) == pytest.approx(1.0, abs=1e-6)
-    now = [r for r in d.recommendations if r.helps_now]
-    later = [r for r in d.recommendations if not r.helps_now]
-    assert d.recommendations == tuple(now + later), "what helps now comes first"
-    for group in (now, later):
-        gains = [r.predicted_gain for r in group]
-        assert gains == sorted(gains, reverse=True)
+    # One scale, what each is worth a trial (issue 66): no longer what helps now first, then the rest.
+    speed = [r for r in d.recommendations if r.bound != "memory"]
+    worth = [r.worth for r in speed]
+    assert worth == sorted(worth, reverse=True) and all(w > 0 for w in worth)
+    for r in speed:
+        top = r.recoverable
+        assert top is None or r.worth <= 1.0001 * (r.predicted_gain / (1 - r.predicted_gain) + top / (1 - top))
     for r in d.recommendations:
         assert r.bound == BOUND_OF[r.id]
         assert r.helps_now == (r.bound == d.bound)
@@ -619,7 +620,7 @@ def test_a_quarter_of_the_step_waiting_on_the_loader_binds_though_kernels_are_bu
     assert d.bound_shares["input"] == pytest.approx(0.23, abs=0.01)
     assert d.bound == "input"
     assert "compute binds once the DataLoader keeps up" in " ".join(d.bound_evidence)
-    assert d.recommendations[0].id == "more-workers" and d.recommendations[0].helps_now
+    assert next(r for r in d.recommendations if r.id == "more-workers").helps_now
     # A small wait beside busy kernels leaves compute the bound.
     small = analyze_file(loader_then_kernels_trace(tmp_path, loader_us=100, kernel_us=800))
     assert small.bound == "compute"
@@ -693,7 +694,8 @@ def test_pageable_copies_staged_on_the_training_process_bind_before_the_loader(t
     d = analyze_file(b.write(tmp_path / "staging.pt.trace.json.gz"))
     assert d.bound_shares["input"] > d.bound_shares["copy"] >= 0.15
     assert d.bound == "copy"
-    assert d.recommendations[0].id in ("pin-memory", "fewer-copy-bytes") and d.recommendations[0].helps_now
+    copies = [r for r in d.recommendations if r.id in ("pin-memory", "fewer-copy-bytes")]
+    assert copies and all(r.helps_now for r in copies)
     waiting = measure([[{"index": i, "wall_s": 0.1, "call_s": 0.04, "batch_size": 32, "window": i // 2}
                         for i in range(6)]])
     assert waiting.wait_share > 0.5 and trial_bound("ok", d, waiting).name == "copy"

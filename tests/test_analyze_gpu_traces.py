@@ -32,7 +32,7 @@ PLUGIN_COMMUNICATION = {"a100-rank3-of-8.pt.trace.json.gz": 0.03, "v100-memory-e
 
 EXPECTED_ADVICE = {
     "resnet50-v100-workers0.pt.trace.json.gz": ({"more-workers", "amp", "pin-memory"}, set()),
-    "resnet50-v100-workers4.pt.trace.json.gz": ({"amp", "pin-memory"}, {"more-workers"}),
+    "resnet50-v100-workers4.pt.trace.json.gz": ({"amp", "pin-memory"}, set()),
     "a100-rank3-of-8.pt.trace.json.gz": (set(), {"pin-memory"}),
     "v100-memory-events.pt.trace.json.gz": ({"larger-batch", "amp"}, set()),
     "mi250-rocm-minitoy.pt.trace.json.gz": (set(), {"amp"}),
@@ -83,11 +83,23 @@ def test_expected_advice(diagnoses, name):
     must, must_not = EXPECTED_ADVICE[name]
     assert must <= set(ids), ids
     assert not (must_not & set(ids)), ids
-    # What helps now first, then what helps once the current bound is fixed; each by predicted gain.
-    order = [(not r.helps_now, -r.predicted_gain) for r in d.recommendations]
+    # By what each is worth a trial (memory advice first where memory binds), one scale for what helps now
+    # and what helps once the current bound is fixed.
+    order = [(not (r.bound == "memory" and r.helps_now), -r.worth) for r in d.recommendations]
     assert order == sorted(order)
     for r in d.recommendations:
         assert r.evidence and r.code_change
+
+
+def test_a_small_loader_wait_is_advised_for_the_little_it_can_take_back(diagnoses):
+    """ResNet-50 on a V100 with 4 workers waits 0.8 % of its step on the DataLoader: below the 5 % a rule once
+    asked for, it was no advice at all. It is a candidate whatever its size, worth no more than the wait it can
+    take back (issue 66: the diagnosis feeds the prior, not a gate), and so ranked after every other change."""
+    d = diagnoses("resnet50-v100-workers4.pt.trace.json.gz")
+    workers = next(r for r in d.recommendations if r.id == "more-workers")
+    assert 0 < workers.recoverable < 0.02 and not workers.helps_now
+    assert workers.worth <= 2 * workers.recoverable
+    assert d.recommendations[-1] is workers and d.recommendations[0].id == "amp"
 
 
 def test_v100_memory_headroom_is_about_80_percent(diagnoses):

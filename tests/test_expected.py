@@ -5,6 +5,7 @@ one move at a time walks off (replayed from real H100 trial folders), sessions e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -87,6 +88,27 @@ def test_the_top_of_the_workers_ladder_is_a_candidate_beside_its_next_step():
                         best_trial(Knobs(num_workers=4, persistent_workers=True)), gpu_state(), SessionOptions(),
                         SearchSpace())
     assert sorted(p.knobs.num_workers for p in proposals if p.recommendation == "more-workers") == [8, 14]
+
+
+def test_a_loader_wait_is_a_candidate_by_what_it_can_take_back_not_by_a_fixed_share():
+    """The diagnosis feeds the prior, not a gate: under a compute bound, a DataLoader wait of 4 % of the step was
+    below the 5 % the rule asked for, and more workers were never a candidate. Now the wait is a candidate
+    whatever its share, worth no more than that wait can give, and proposed where that could reach the least
+    gain the session keeps (--min-gain, 3 %): a wait of 4 % can (+4.2 %), one of 1 % cannot (+1.0 %)."""
+    from advisor.analysis.rules import ranked
+    from advisor.analysis.worth import ceiling
+
+    best = best_trial(Knobs(num_workers=2, persistent_workers=True))
+    for wait, proposed in ((0.04, True), (0.01, False)):
+        workers = dataclasses.replace(rec("more-workers", 0.9 * wait), recoverable=wait, helps_now=False)
+        found = propose(Traced("compute", [workers]), Bound("compute"), best, gpu_state(), SessionOptions(),
+                        SearchSpace())
+        mine = [p for p in found if p.recommendation == "more-workers"]
+        assert bool(mine) == proposed, (wait, mine)
+        assert all(p.recoverable == wait and value(p, gpu_state()) <= ceiling(wait) * 1.01 for p in mine)
+        # The same figure ranks the advice: worth at most what the wait can give, where the prior alone is +12 %.
+        (advice,) = ranked([workers], "gpu")
+        assert 0 < advice.worth <= ceiling(wait) * 1.01 < expected_improvement(0.0, 0.30)
 
 
 @pytest.fixture(scope="module")

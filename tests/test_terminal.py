@@ -183,7 +183,7 @@ def test_a_recommendation_is_never_cut_mid_phrase():
         lines = text.getvalue().splitlines()
         assert not [line for line in lines if line.endswith(" ")], (width, lines)
         for r in diagnosis[0].recommendations:
-            phrase = f"(~{100 * r.predicted_gain:.1f}% of step time)"
+            phrase = f"(~{100 * r.predicted_gain:.1f}% of step time; worth {100 * r.worth:+.0f}%)"
             assert any(phrase in line for line in lines), (width, phrase, lines)
             if not r.helps_now:
                 assert any(f"helps once {r.helps_once} is fixed" in line for line in lines), (width, lines)

@@ -34,7 +34,8 @@ The JSON document (`--json`) has the schema `advisor.analysis/1`:
              "skipped_events": [{"reason", "count"}],
              "trial": {"name", "status", "knobs", "user_values", "summary", "device_facts"} | null,
              "recommendations": [{"id", "title", "knobs", "predicted_gain", "evidence", "code_change",
-                                  "caveat", "details", "bound", "helps_now", "helps_once"}]}
+                                  "caveat", "details", "bound", "helps_now", "helps_once", "recoverable",
+                                  "worth"}]}
 
     JOB = {"source": folder, "backend", "world_size",
            "ranks": [{"rank", "trace", "step_ms", "own_ms", "exposed_communication_ms", "bound", "breakdown_ms"}],
@@ -56,6 +57,9 @@ The bound (`advisor.analysis.bound.find_bound`) is what holds the step back, nul
 input > host). Each recommendation names the bound it addresses; `helps_now` is true when that is the
 trace's bound (or the bound is null), else `helps_once` names the bound to fix first, and its
 `predicted_gain` is what it should save once its own bound binds (as a share of today's step), not now.
+Recommendations come by `worth`, what each is worth a trial (`advisor.analysis.worth`): the expected
+improvement of samples/s given its predicted gain and its kind's spread, the spread never wider than
+`recoverable` (the share of the step its evidence says it can take back, null where no share bounds it).
 Copies: `sync_wait_ms` is the host's wait in synchronizes and blocking copy calls (what non_blocking
 removes), `pageable_wait_ms` its wait inside async copy calls from pageable memory (what pin_memory
 removes), `host_wait_ms` both; `exposed_ms` is copy and wait time with no kernel running.

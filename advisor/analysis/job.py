@@ -22,6 +22,7 @@ from statistics import median
 from advisor.analysis.bound import BOUNDS
 from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
+from advisor.analysis.rules import ranked
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 
 STRAGGLER_SHARE = 0.15  # own time beyond the other ranks' median, as a share of the job's step
@@ -137,7 +138,7 @@ def job_recommendations(ranks: list[Diagnosis], straggler: Straggler | None, rep
     for r in found + own:
         helps = bound is None or r.bound == bound
         out.append(dataclasses.replace(r, helps_now=helps, helps_once="" if helps else BOUNDS.get(bound, "")))
-    return tuple(sorted(out, key=lambda r: (not r.helps_now, -r.predicted_gain)))
+    return ranked(out, representative.platform)
 
 
 def straggler_advice(s: Straggler, d: Diagnosis, own: list[Recommendation]) -> Recommendation:

@@ -52,7 +52,7 @@ def load_session(session_dir: Path) -> dict:
 
 
 # What the recommendation and lint templates read, for entries a record leaves out.
-RECOMMENDATION_DEFAULTS = {"id": "", "title": "(untitled)", "predicted_gain": None, "bound": None, "helps_now": True,
+RECOMMENDATION_DEFAULTS = {"id": "", "title": "(untitled)", "predicted_gain": None, "worth": None, "bound": None, "helps_now": True,
                            "helps_once": "", "knobs": {}, "evidence": [], "code_change": "", "caveat": ""}
 LINT_DEFAULTS = {"file": "", "line": None, "col": None, "rule": "", "title": "", "what": "", "why": "", "fix": ""}
 

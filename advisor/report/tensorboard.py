@@ -39,10 +39,11 @@ def trial_text(row: dict, view, unit: str = "samples/s") -> str:
             f"{label} {share}" for label, _per_step, share in view.breakdown_rows)))
         lines += ["- " + md(f"{label}: {value}") for label, value in view.figure_rows]
         if d.recommendations:
-            lines += ["", "Recommendations, best first:", ""]
+            lines += ["", "Recommendations, by what each is worth a trial:", ""]
             for i, r in enumerate(d.recommendations, 1):
                 when = "" if r.helps_now else f", helps once {r.helps_once} is fixed"
-                lines.append(f"{i}. " + md(f"{r.title} (~{100 * r.predicted_gain:.1f}% of step time{when}): "
+                lines.append(f"{i}. " + md(f"{r.title} (~{100 * r.predicted_gain:.1f}% of step time, worth "
+                                           f"{100 * r.worth:+.0f}%{when}): "
                                            + "; ".join(r.evidence)))
     return "\n".join(lines)
 

@@ -206,13 +206,13 @@ def print_recommendations(d: Diagnosis | Job, console: Console) -> None:
         console.print(_text("No recommendation: nothing in this trace points to a change worth making.",
                            style="green"))
         return
-    console.print(_text("Recommendations, best first:", style="bold"))
+    console.print(_text("Recommendations, by what each is worth a trial:", style="bold"))
     for i, r in enumerate(d.recommendations, 1):
         line = _text("")
         line.append(for_terminal(r.title), style="bold")
         # Each phrase after the title whole: on the title's line where it fits there, else on a line of its own.
-        phrases = [(f"(~{100 * r.predicted_gain:.1f}% of step time)", "cyan") if r.predicted_gain else
-                   ("(memory)", "magenta")]
+        phrases = [(f"(~{100 * r.predicted_gain:.1f}% of step time; worth {100 * r.worth:+.0f}%)", "cyan")
+                   if r.predicted_gain else ("(memory)", "magenta")]
         if not r.helps_now:
             phrases.append((for_terminal(f"helps once {r.helps_once} is fixed"), "yellow"))
         for phrase, style in phrases:

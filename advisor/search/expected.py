@@ -7,7 +7,9 @@ improvement over the best, E[max(0, X)] for X ~ N(μ, σ²) = μ·Φ(μ/σ) + σ
 +0 % is still worth a trial where its spread is wide (AMP under fp32 matrix products, pinned copies beside
 a loader that binds), and a re-measure of a move read within its noise is worth only what it can still
 change (its gain, with the standard error of one more measurement). Bayesian optimisation's acquisition
-function, on the what-if model as the surrogate. Pure functions over the session record.
+function, on the what-if model as the surrogate. The arithmetic and the priors are `advisor.analysis.worth`'s,
+which ranks a diagnosis's advice on the same scale (a spread never wider than what the trace's evidence can
+take back). Pure functions over the session record.
 """
 
 from __future__ import annotations
@@ -15,39 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from advisor.analysis.worth import EVIDENCE, expected_improvement, kinds, prior_spread, worth
 from advisor.search.proposal import Proposal
-from advisor.search.state import samples_gain
-
-# σ of a first move's relative change of samples/s before the session measured any of its kind: what one such
-# change moved on the recorded surfaces (H100 and CPU truth surfaces, the pair surfaces), roughly. Wide where
-# one change can double the step (workers, pinned copies beside a fed loader, AMP off the Tensor Cores), narrow
-# where it moves a few percent.
-SPREAD_GPU = {"more-workers": 0.30, "pin-memory": 0.30, "amp": 0.25, "larger-batch": 0.10, "fewer-copy-bytes": 0.10,
-              "channels-last": 0.15, "compile": 0.20, "cuda-graphs": 0.15, "fused-optimizer": 0.05, "tf32": 0.10,
-              "cudnn-benchmark": 0.05, "sdpa": 0.15, "ddp-buckets": 0.10, "fewer-threads": 0.10}
-SPREAD_CPU = {"more-workers": 0.30, "amp": 0.20, "larger-batch": 0.10, "fewer-copy-bytes": 0.10,
-              "channels-last": 0.30, "compile": 0.30, "fused-optimizer": 0.05, "sdpa": 0.15, "fewer-threads": 0.10}
-DEFAULT_SPREAD = 0.10
-EVIDENCE = 1.5  # a change that addresses the bound the trace shows: the trace says there is room, its spread wider
-
-
-def expected_improvement(mu: float, sigma: float) -> float:
-    """E[max(0, X)] for X ~ N(mu, sigma²); mu itself (at least 0) where sigma is 0."""
-    if sigma <= 0:
-        return max(0.0, mu)
-    z = mu / sigma
-    return mu * 0.5 * (1 + math.erf(z / math.sqrt(2))) + sigma * math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-
-
-def kinds(recommendation: str | None) -> list[str]:
-    """The kinds of change a recommendation makes: one, or each of a pair's ("amp+pin-memory")."""
-    return [k for k in str(recommendation or "").split("+") if k]
-
-
-def prior_spread(recommendation: str | None, accelerator: bool) -> float:
-    """σ of a change of this kind before anything was measured (a pair's: the root sum of its moves')."""
-    table = SPREAD_GPU if accelerator else SPREAD_CPU
-    return math.sqrt(sum(table.get(k, DEFAULT_SPREAD) ** 2 for k in kinds(recommendation)) or DEFAULT_SPREAD ** 2)
 
 
 def spread(recommendation: str | None, state: dict[str, Any]) -> float:
@@ -68,8 +39,7 @@ def value(proposal: Proposal, state: dict[str, Any]) -> float:
     """The expected improvement of a proposal over the best (its predicted gain, its kind's spread; wider where
     it addresses the bound the trace shows)."""
     sigma = spread(proposal.recommendation, state) * (EVIDENCE if proposal.helps_now else 1.0)
-    # The share of the step saved as the change of samples/s it gives (×1000 at most: a share held below 1).
-    return expected_improvement(samples_gain(min(proposal.predicted_gain, 1 - 1e-3)), sigma)
+    return worth(proposal.predicted_gain, sigma, proposal.recoverable)
 
 
 def rank(proposals: list[Proposal], state: dict[str, Any]) -> list[Proposal]:

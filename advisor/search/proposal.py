@@ -32,6 +32,8 @@ class Proposal:
     # Whether `predicted_gain` is a prediction (the what-if model's or a rule's); else only the proposal's place
     # in the order (a round over the knobs, a knob taken off, a --try no advice speaks for): "no prediction".
     predicted: bool = True
+    # The share of the step the trace says the change can take back at most (a loader wait); None: none bounds it.
+    recoverable: float | None = None
 
     @property
     def move_dict(self) -> dict[str, Any]:
@@ -45,10 +47,10 @@ class ProposalError(RuntimeError):
 
 def on_best(best: Knobs, moves: dict[str, Any], recommendation: str, change: str, slug: str,
             predicted_gain: float, bound: str | None = None, helps_now: bool = True,
-            why: str | None = None, predicted: bool = True) -> Proposal:
+            why: str | None = None, predicted: bool = True, recoverable: float | None = None) -> Proposal:
     """The one way a proposal is made: the best's settings `best` with `moves` (knob → value) applied."""
     return Proposal(recommendation, change, slug, dataclasses.replace(best, **moves), predicted_gain, bound,
-                    helps_now, why, best, tuple(sorted(moves.items())), predicted)
+                    helps_now, why, best, tuple(sorted(moves.items())), predicted, recoverable)
 
 
 def merged_moves(*groups: dict[str, Any]) -> dict[str, Any] | None:

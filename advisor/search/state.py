@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from advisor.analysis.worth import samples_gain  # noqa: F401 (the search's unit: its modules read it here)
 from advisor.errors import AdvisorError
 from advisor.search.checkpointing import checkpoint_figures
 from advisor.report.tensorboard import SESSION_RUN
@@ -248,14 +249,6 @@ def capped_peak(record: dict[str, Any]) -> int | None:
         return None
     inside = (summary.get("profiler_peak_allocated_bytes") or 0) if cap.get("freed_blocks_returned") else 0
     return max(0, peak - cap["held_bytes"]) + inside
-
-
-def samples_gain(step_share: float | None) -> float | None:
-    """A share of step time saved as the change in samples/s it means (saving 79% of the step is ×4.8,
-    +376%): the unit a measured gain has, so that prediction and measurement read side by side."""
-    if step_share is None or not step_share < 1:
-        return None
-    return 1 / (1 - step_share) - 1
 
 
 def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, state: dict[str, Any],

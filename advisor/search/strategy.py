@@ -41,6 +41,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from advisor.analysis.worth import ceiling
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
@@ -154,6 +155,8 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
             continue
         if own_moves(p.move_dict, best.knobs, user):
             continue  # the script has it already: never proposed, never credited
+        if p.recoverable is not None and ceiling(p.recoverable) < options.min_gain:
+            continue  # all the trace lets it take back is less than the least gain the session keeps (--min-gain)
         if not space.permits(turned(best.knobs, p.knobs)):
             continue  # outside what the user lets the search turn (--only, --skip)
         if (not retry_reverted and p.recommendation != "more-workers"
@@ -211,7 +214,7 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
         moves["threads"] = max(1, cores - target)
         change += f", threads {threads}→{moves['threads']}"
     return on_best(knobs, moves, "more-workers", change, f"workers-{target}", gain, "input", why=why,
-                   predicted=rec is not None)
+                   predicted=rec is not None, recoverable=rec.recoverable if rec is not None else None)
 
 
 def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: SearchSpace,

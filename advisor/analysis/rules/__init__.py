@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from advisor.analysis.bound import BOUNDS
+from advisor.analysis.worth import EVIDENCE, prior_spread, worth
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.copies import fewer_copy_bytes, non_blocking, pin_memory, prefetch_to_device
 from advisor.analysis.rules.distributed import ddp_buckets, no_sync_accumulation
@@ -30,7 +31,7 @@ from advisor.analysis.rules.memory import activation_checkpointing, memory_growt
 from advisor.analysis.rules.precision import amp, channels_last, cudnn_benchmark, sdpa, tf32
 from advisor.analysis.rules.recommendation import Recommendation
 
-__all__ = ["Recommendation", "recommend", "RULES", "MEMORY_RULES"]
+__all__ = ["Recommendation", "recommend", "ranked", "RULES", "MEMORY_RULES"]
 
 MIN_GAIN = 0.005  # below half a percent of the step, a change is not worth the user's attention
 
@@ -41,8 +42,7 @@ MEMORY_RULES = (memory_growth, activation_checkpointing)  # whether the run fits
 
 
 def recommend(d: Diagnosis) -> tuple[Recommendation, ...]:
-    """All recommendations the diagnosis supports: those that help now first, then those that help once
-    the current bound is fixed, each group by predicted gain (memory advice, gain 0, keeps rule order).
+    """All recommendations the diagnosis supports, by what each is worth a trial (`ranked`).
 
     A degenerate trace (`Diagnosis.extra["degenerate"]`, bound None unless memory binds) gets no speed
     advice: its figures cannot carry any.
@@ -57,4 +57,14 @@ def recommend(d: Diagnosis) -> tuple[Recommendation, ...]:
         else:
             out.append(dataclasses.replace(r, helps_now=False, helps_once=BOUNDS[d.bound]))
     out = [r for r in out if r.bound == "memory" or r.predicted_gain >= MIN_GAIN]
-    return tuple(sorted(out, key=lambda r: (not r.helps_now, -r.predicted_gain)))
+    return ranked(out, d.platform)
+
+
+def ranked(recommendations: list[Recommendation], platform: str) -> tuple[Recommendation, ...]:
+    """Recommendations with what each is worth a trial (`advisor.analysis.worth`: its predicted gain, its kind's
+    spread on this platform, wider where it addresses the bound, never wider than the share its evidence can
+    take back), the most first; memory advice first where memory binds (whether the run fits at all)."""
+    out = [dataclasses.replace(r, worth=worth(r.predicted_gain, prior_spread(r.id, platform != "cpu")
+                                               * (EVIDENCE if r.helps_now else 1.0), r.recoverable))
+           for r in recommendations]
+    return tuple(sorted(out, key=lambda r: (not (r.bound == "memory" and r.helps_now), -r.worth)))

@@ -5,9 +5,6 @@ from __future__ import annotations
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 
-DATALOADER_SHARE = 0.05
-
-
 def loader_workers(trial: dict | None) -> tuple[int | None, int | None]:
     """(the training DataLoader's workers, the machine's logical cores) as a trial recorded them, each None
     when it did not (a trace without a trial record)."""
@@ -23,8 +20,10 @@ def more_workers(d: Diagnosis) -> Recommendation | None:
     """The step waits on the DataLoader: load batches in worker processes, overlapped with compute (up to the
     CPU count: with as many workers as cores, more only compete with the step for them)."""
     idle = d.extra.get("loader_idle_share") or 0.0  # the wait with no kernel, copies or not beside it
+    # Whatever its size: the share is what more workers can take back, and what that is worth decides its place
+    # (`advisor.analysis.worth`); one too small to be worth the user's attention is dropped with the rest.
     share = max(d.dataloader_share, d.loader_steady_share or 0.0, idle)
-    if share < DATALOADER_SHARE:
+    if share <= 0:
         return None
     workers, cores = loader_workers(d.trial)
     if workers and cores and workers >= cores:
@@ -48,4 +47,5 @@ def more_workers(d: Diagnosis) -> Recommendation | None:
         code_change=f"DataLoader(dataset, batch_size=..., num_workers={target}, persistent_workers=True)",
         caveat="Each worker holds a copy of the Dataset; grow num_workers while it helps, up to the CPU count.",
         bound="input",
+        recoverable=share,
     )

@@ -20,6 +20,10 @@ class Recommendation:
     bound: str = field(kw_only=True)  # the key of BOUNDS this addresses
     helps_now: bool = field(default=True, kw_only=True)  # its bound is the diagnosis's (or that is unknown)
     helps_once: str = field(default="", kw_only=True)  # when not now: the bound to fix first, as BOUNDS names it
+    # The share of today's step the evidence says the change can take back at most (the loader wait, for more
+    # workers); None where no share bounds it (AMP, a larger batch; pinned copies, which can pay beyond theirs).
+    recoverable: float | None = field(default=None, kw_only=True)
+    worth: float = field(default=0.0, kw_only=True)  # its expected improvement of samples/s (`analysis.worth`)
 
 
 def pct(x: float) -> str:
