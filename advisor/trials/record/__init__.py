@@ -372,7 +372,10 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     traces = sorted(out.glob("*.pt.trace.json*"))
     record["trace_files"] = [p.name for p in traces]
     ours = [p for p in traces if world_size <= 1 or p.name.startswith(rank_files(world_size, 0)["worker"] + ".")]
-    profiler_peak = add_profiler_memory(record["steps"], ours)
+    # A light trace has no memory events: not read again for them (a 26 MB trace of a 2.6-million-operator step
+    # took the advisor's process to 1 GB decoding it whole).
+    light = (record["trace_plan"] or {}).get("light")
+    profiler_peak = add_profiler_memory(record["steps"], [] if light else ours)
     record["summary"] = summarize(record["steps"], harness, profiler_peak)
     if world_size > 1:
         record["world_size"] = world_size
