@@ -119,6 +119,8 @@ UNUSED_PHASES = "BEIbnesStTpFfPNODMCVvRc()"
 UNUSED = tuple(type(f"Unused_{i}", (Unused,), {"__doc__": Unused.__doc__, "__module__": __name__}, tag=ph)
                for i, ph in enumerate(UNUSED_PHASES))
 globals().update((cls.__name__, cls) for cls in UNUSED)
+# Any event of a trace, by its phase (a tuple in the subscript: `Union[A, *B]` is Python 3.11's syntax only).
+AnyEvent = Union[(Event, Instant, *UNUSED)]
 
 
 class LooseEvent(Event, tag=False):
@@ -145,7 +147,7 @@ class DeviceProperties(msgspec.Struct):
 class TraceDocument(msgspec.Struct):
     """The top level of a Kineto trace file."""
 
-    traceEvents: list[Union[Event, Instant, *UNUSED]]
+    traceEvents: list[AnyEvent]
     deviceProperties: Union[list[DeviceProperties], None] = None
     computeProperties: Union[list[DeviceProperties], None] = None
     distributedInfo: Union[dict, None] = None
@@ -159,9 +161,9 @@ class LooseDocument(TraceDocument):
     traceEvents: list[LooseEvent]
 
 
-_DECODER = msgspec.json.Decoder(Union[TraceDocument, list[Union[Event, Instant, *UNUSED]]])
+_DECODER = msgspec.json.Decoder(Union[TraceDocument, list[AnyEvent]])
 _DOCUMENT_DECODER = msgspec.json.Decoder(TraceDocument)
-_EVENTS_DECODER = msgspec.json.Decoder(list[Union[Event, Instant, *UNUSED]])
+_EVENTS_DECODER = msgspec.json.Decoder(list[AnyEvent])
 _LOOSE_DECODER = msgspec.json.Decoder(Union[LooseDocument, list[LooseEvent]])
 
 
