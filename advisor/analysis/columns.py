@@ -210,10 +210,10 @@ def memory_fields(events: list) -> dict[str, list]:
     return fields
 
 
-def memory_samples(events: list, origin, scale: float, fields: dict[str, list] | None = None) -> MemorySamples:
+def memory_samples(events: list, origin, scale: float, fields: dict[str, list]) -> MemorySamples:
     """The MemorySamples of `[memory]` events whose times are rewritten as (ts - origin) * scale (`fields`: their
-    `memory_fields`, where the caller has them already)."""
-    field = (memory_fields(events) if fields is None else fields).__getitem__
+    `memory_fields`)."""
+    field = fields.__getitem__
     if scale == 1.0 and origin == 0:
         ts = np.fromiter(map(attrgetter("ts"), events), float, len(events))
     else:  # integer nanoseconds since the epoch: the origin taken off exactly, as integers, first

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from advisor.analysis.columns import memory_fields
 from advisor.analysis.events import Event
 from advisor.errors import TraceError
 
@@ -81,12 +80,12 @@ def check_times(path: Path | str, events: list[Event], timed: list[Event], memor
 
 
 def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event], memcpys: list[Event],
-                fields: dict[str, list] | None = None) -> None:
+                fields: dict[str, list]) -> None:
     """TraceError naming the first event whose byte counts are negative (but for freed bytes) or beyond
     MAX_BYTES: a copy's bytes, an allocation's bytes, the allocator's totals. `fields`: the memory events'
-    `columns.memory_fields`, where the caller has them already."""
+    `columns.memory_fields`."""
     bad = []
-    if not all_byte_counts(memory_fields(memory_events) if fields is None else fields):
+    if not all_byte_counts(fields):
         for e in memory_events:
             a = e.args
             if a is not None and not (is_byte_count(a.alloc_bytes, signed=True) and is_byte_count(a.total_allocated)
@@ -96,11 +95,11 @@ def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event
     if bad:
         i, e = _first_in_file(events, bad)
         a = e.args
-        fields = {key: getattr(a, name, None) for key, name in (  # a copy's arguments or an allocation's
+        counts = {key: getattr(a, name, None) for key, name in (  # a copy's arguments or an allocation's
             ("Bytes", "alloc_bytes"), ("Total Allocated", "total_allocated"), ("Total Reserved", "total_reserved"),
             ("bytes", "bytes"))}
-        key = next(k for k, v in fields.items() if not is_byte_count(v, signed=k == "Bytes"))
-        raise TraceError(path, f"event {i} ({e.name!r}) has '{key}': {fields[key]}, not a byte count")
+        key = next(k for k, v in counts.items() if not is_byte_count(v, signed=k == "Bytes"))
+        raise TraceError(path, f"event {i} ({e.name!r}) has '{key}': {counts[key]}, not a byte count")
 
 
 BYTE_FIELDS = (("alloc_bytes", True), ("total_allocated", False), ("total_reserved", False))
