@@ -344,9 +344,7 @@ class StepDriver:
         if self.prof is not None:
             self.times["trace_cut_at"] = time.time()
             began = time.perf_counter()
-            self.prof.stop()
-            self.prof = None
-            profiler.give_back_trace_memory()  # the rest of the step runs without the trace's memory
+            self.finish_profiling()  # the rest of the step runs without the trace's memory
             self.times["trace_cut_s"] = time.perf_counter() - began  # left out of the step's time
 
     def _take_turn(self, closed: int | None) -> None:
@@ -406,10 +404,14 @@ class StepDriver:
     def finish(self) -> None:
         """Stop the profiler (the trace is already written by then)."""
         self.times["last_step_at"] = time.time()
+        self.finish_profiling()  # the windows run without the trace's memory
+
+    def finish_profiling(self) -> None:
+        """Stop the profiler, if it runs (it writes its trace), drop it and give its trace's memory back."""
         if self.prof is not None:
             self.prof.stop()
             self.prof = None
-            profiler.give_back_trace_memory()  # the windows run without the trace's memory
+            profiler.give_back_trace_memory()
 
     def close(self, result: dict[str, Any]) -> dict[str, str]:
         """Stop the profiler and write what the steps measured into a trial result; returns the step
