@@ -43,8 +43,8 @@ from advisor.errors import AdvisorError
 from advisor.files import inside, regular_traces_in
 from advisor.code.lint import script_findings
 from advisor.shapes import read_record
-from advisor.trials.process.inprocess import run_trial_in_process, step_source
-from advisor.trials.process.training_state import TrainingState
+from advisor.trials.launch.inprocess import run_trial_in_process, step_source
+from advisor.trials.launch.training_state import TrainingState
 from advisor.trials.knobs import Knobs
 from advisor.analysis.reading import trace_files
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial

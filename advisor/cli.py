@@ -340,7 +340,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.ray_address and args.torchrun:
         raise AdvisorError("--ray: the cluster places the ranks; --torchrun's options do not apply")
     if args.ray_address:
-        from advisor.trials.process.ray_job import ray_installed
+        from advisor.trials.launch.ray_job import ray_installed
 
         ray_installed()  # says how to install it, before anything runs
     if args.replay_noise is not None and not (args.replay or args.resume):
@@ -375,8 +375,8 @@ def profile_command(args: argparse.Namespace) -> int:
     from advisor.search.trials import diagnose_trial
     from advisor.search.state import SessionOptions, reference_row
     from advisor.trials.record import load_trial
-    from advisor.trials.process.runner import default_out_dir
-    from advisor.trials.process.targets import parse_target
+    from advisor.trials.launch.runner import default_out_dir
+    from advisor.trials.harness.targets import parse_target
 
     check_arguments(args)
     memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
@@ -407,7 +407,7 @@ def profile_command(args: argparse.Namespace) -> int:
         target = args.target
     if replay:
         from advisor.search.strategy import surface_space
-        from advisor.trials.process.replay import ReplayRunner, load_surface
+        from advisor.trials.replay.surface import ReplayRunner, load_surface
 
         points = load_surface(replay)
         runner, space = ReplayRunner(points, out.resolve(), noise, seed, drift), surface_space(points)

@@ -203,7 +203,7 @@ def grid_knobs(point: dict[str, Any]) -> Any:
 def phase_grid(run: Run, session: dict[str, Any]) -> dict[str, Any]:
     """The grid on the image classifier, points started only while one more fits in the limit; its best
     against the session's choice (each figure from its own trial)."""
-    from advisor.trials.process.runner import run_trial
+    from advisor.trials.launch.runner import run_trial
 
     limit, started = run.limit("grid image"), time.monotonic()
     measured, longest = [], 20.0

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 
 STEPS = 5
 WINDOWS, WINDOW_S = 3, 1.0  # every trial, grid and session alike, measures its steady state the same way

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.trials.process.facts import device_facts  # noqa: E402
+from advisor.trials.harness.trial_facts import device_facts  # noqa: E402
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.search.session import run_session  # noqa: E402
 from advisor.search.state import SessionOptions  # noqa: E402

@@ -42,7 +42,7 @@ from advisor.search.state import samples_gain  # noqa: E402
 from advisor.search.strategy import ROUND_GAIN  # noqa: E402
 from advisor.trials.record.measurement import measure, noise  # noqa: E402
 from advisor.trials.record import TRIAL_FILE  # noqa: E402
-from advisor.trials.process.replay import load_surface  # noqa: E402
+from advisor.trials.replay.surface import load_surface  # noqa: E402
 import cpu_surfaces  # noqa: E402  (benchmarks/, beside this file)
 
 SURFACES = (ROOT / "tests" / "data" / "surfaces" / "h100-image-classifier",

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from advisor.trials.knobs import Knobs  # noqa: E402
-from advisor.trials.process.runner import run_trial  # noqa: E402
+from advisor.trials.launch.runner import run_trial  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TARGETS = ["image_classifier.py:train_step", "char_transformer.py:train_step"]

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from advisor.trials.knobs import Knobs  # noqa: E402
-from advisor.trials.process.ray_job import SINGLE_MACHINE_VARIABLE  # noqa: E402
-from advisor.trials.process.runner import run_trial  # noqa: E402
+from advisor.trials.launch.ray_job import SINGLE_MACHINE_VARIABLE  # noqa: E402
+from advisor.trials.launch.runner import run_trial  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_classifier.py"
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.trials.record import TRIAL_FILE
-from advisor.trials.process.runner import run_trial  # noqa: E402
+from advisor.trials.launch.runner import run_trial  # noqa: E402
 
 
 def point_name(amp: str, batch: int, workers: int, copies: str) -> str:
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_session:
         return 0
     from advisor.search.strategy import surface_space
-    from advisor.trials.process.replay import ReplayRunner, load_surface
+    from advisor.trials.replay.surface import ReplayRunner, load_surface
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
 

@@ -10,7 +10,7 @@ a tenth of its settings removed, so that trials there fail. Each is replayed wit
 `ReplayRunner(noise=S, seed=N, drift=D)`: every served trial's steady-state windows are drawn around the
 setting's recorded samples/s (the median of its runs, the figure found/best judges by) with relative spread S,
 so each measurement (re-measures included) carries its
-own noise; with drift, a load that comes and goes (`advisor.trials.process.replay_drift`: spells of about 20
+own noise; with drift, a load that comes and goes (`advisor.trials.replay.load_drift`: spells of about 20
 simulated seconds, each quiet or slowing every step by up to 1 + D times). The budget is a third of the
 surface's points. Found/best is the recorded samples/s of the setting the session ends on over the
 surface's best.
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from advisor.search.session import run_session  # noqa: E402
 from advisor.search.state import SessionOptions  # noqa: E402
 from advisor.search.strategy import surface_space  # noqa: E402
-from advisor.trials.process.replay import ReplayRunner, load_surface  # noqa: E402
+from advisor.trials.replay.surface import ReplayRunner, load_surface  # noqa: E402
 from pair_surfaces import BUDGETS, SURFACES as BUILT, build_surface  # noqa: E402
 
 SURFACES = ROOT / "tests" / "data" / "surfaces"

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from advisor.search.session import run_session  # noqa: E402
 from advisor.search.state import SessionOptions  # noqa: E402
 from advisor.search.strategy import surface_space  # noqa: E402
-from advisor.trials.process.replay import ReplayRunner, load_surface, settings_of  # noqa: E402
+from advisor.trials.replay.surface import ReplayRunner, load_surface, settings_of  # noqa: E402
 from advisor.trials.record.measurement import measure, noise  # noqa: E402
 from pair_surfaces import SURFACES as BUILT, build_surface  # noqa: E402
 from replay_search import SURFACES, budget_of  # noqa: E402

@@ -58,7 +58,7 @@ def advisor_main(*args: str, cwd: Path | None = None, env: dict | None = None) -
     """`advisor ARGS` as the console script runs it (`advisor.cli.main`), in this process, its output
     captured: for tests of what the command does rather than of its process (exit codes of a killed or
     interrupted advisor, imports, stray processes), which `run_advisor` runs. This process's trials are forked
-    from its own zygote (advisor.trials.process.zygote), which a new process would start again."""
+    from its own zygote (advisor.trials.launch.zygote), which a new process would start again."""
     import contextlib
     import io
 
@@ -91,8 +91,8 @@ def run_script(script: Path | str, *args: str, cwd: Path, timeout: float = 600) 
     import signal
     import uuid
 
-    from advisor.trials.process.runner import _child_environment
-    from advisor.trials.process.zygote import start_trial
+    from advisor.trials.launch.runner import _child_environment
+    from advisor.trials.launch.zygote import start_trial
 
     env = _child_environment(None, "cpu", uuid.uuid4().hex)  # a trial's: it finds the trials' zygote
     command = [str(script), *args]
@@ -157,7 +157,7 @@ def trial_startup_s(tmp_path_factory) -> float:
     """Seconds a trivial trial with two DataLoader workers takes here, start to finish: time limits in tests
     are set from it, so that a slow or busy machine gets proportionally more time."""
     from advisor.trials.knobs import Knobs
-    from advisor.trials.process.runner import run_trial
+    from advisor.trials.launch.runner import run_trial
 
     folder = tmp_path_factory.mktemp("startup")
     script = folder / "trivial.py"

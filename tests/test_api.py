@@ -19,7 +19,7 @@ from torch.utils.data import default_collate
 import advisor
 from advisor.analysis.breakdown import ROLES
 from advisor.api import Diagnosis, Session, Trial
-from advisor.trials.process.inprocess import apply_loader_knobs
+from advisor.trials.launch.inprocess import apply_loader_knobs
 from advisor.trials.knobs import Knobs
 from conftest import ROOT, SAMPLE_RUNS
 

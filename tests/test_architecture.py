@@ -155,10 +155,20 @@ def test_the_wheel_lists_every_package():
     assert packages <= listed, sorted(packages - listed)
 
 
-# What the trials package holds, by what each module is (DESIGN.md "trials/"): the knobs applied inside
-# a trial, the process that runs one, and its record; only the Knobs value stands beside them, since the
-# code stage reads it.
-TRIALS_LAYOUT = {"interposition", "process", "record"}
+# What the trials package holds, by role (DESIGN.md "trials/"): what runs in the advisor's process to run a
+# trial (launch), what runs inside it (harness), each knob applied inside it (interposition), its record, and
+# the recorded-surface runner (replay); only the Knobs value stands beside them, since the code stage reads it.
+# Each role imports of the others only what this says: the record is what the others share and reads none of
+# them; nothing inside a trial reaches back to what launched it.
+TRIALS_LAYOUT = {"launch", "harness", "interposition", "record", "replay"}
+TRIALS_ROLES_MAY_IMPORT = {
+    "knobs": set(),
+    "record": {"knobs"},
+    "replay": {"knobs", "record"},
+    "harness": {"knobs", "record", "interposition"},
+    "interposition": {"knobs", "record", "harness"},
+    "launch": {"knobs", "record", "harness", "interposition"},
+}
 MODULE_LINES = 450  # a module a reader takes in whole; a larger one has more than one job
 
 
@@ -167,6 +177,23 @@ def test_the_trials_package_is_grouped_by_what_each_module_is():
     folders = {p.name for p in trials.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     loose = sorted(p.name for p in trials.glob("*.py") if p.name not in ("__init__.py", "knobs.py"))
     assert folders == TRIALS_LAYOUT and not loose, (folders, loose)
+
+
+def test_each_role_of_the_trials_package_imports_only_what_its_role_allows():
+    known = modules()
+    wrong = []
+    for name, path in known.items():
+        parts = name.split(".")
+        if parts[:2] != ["advisor", "trials"] or len(parts) < 3:
+            continue
+        role = parts[2]
+        for line, module, names in advisor_imports(path):
+            for reached in {imported_module(module, n, known) for n in names} or {module}:
+                other = reached.split(".")
+                if other[:2] == ["advisor", "trials"] and len(other) > 2 and other[2] != role \
+                        and other[2] not in TRIALS_ROLES_MAY_IMPORT[role]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line}: {role} imports {reached}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_no_module_is_over_its_length():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from advisor.trials.interposition.attention import FusedAttention
-from advisor.trials.process.facts import cpu_computes_bf16
+from advisor.trials.harness.trial_facts import cpu_computes_bf16
 from conftest import ROOT
 
 CORPUS = ROOT / "tests" / "corpus" / "attention"

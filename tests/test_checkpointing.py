@@ -26,7 +26,7 @@ from advisor.search.strategy import recovery_plan
 from advisor.trials.interposition.checkpointing import repeated_blocks
 from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from advisor.code.patch.plan import plan_patch
 from conftest import advisor_main, run_script, require
 from trial_helpers import EXAMPLES

@@ -17,11 +17,11 @@ from test_uint8_copies import datasets  # noqa: F401 - the fixture: Dataset shap
 from torch.utils.data import DataLoader
 from trial_helpers import trial_record, write_script
 
-from advisor.trials.process.facts import cuda_computes_bf16
+from advisor.trials.harness.trial_facts import cuda_computes_bf16
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.process.profiler_check import cuda_profiler_problem, probe, trace_problems
-from advisor.trials.process.processes import group_members
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.profiler_check import cuda_profiler_problem, probe, trace_problems
+from advisor.trials.launch.processes import group_members
+from advisor.trials.launch.runner import run_trial
 from advisor.trials.interposition.uint8_copies import ByteCopies, mark
 from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT

@@ -15,9 +15,9 @@ from advisor.analysis.job import jobs_of
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.process.processes import TRIAL_TOKEN
-from advisor.trials.process.runner import run_trial
-from advisor.trials.process.zygote import ZYGOTE_ENTRY
+from advisor.trials.record import TRIAL_TOKEN
+from advisor.trials.launch.runner import run_trial
+from advisor.trials.launch.zygote import ZYGOTE_ENTRY
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from advisor.doctor.checks import device_supported
-from advisor.trials.process.facts import bf16_instructions, cpu_computes_bf16, cpuinfo
-from advisor.trials.process.profiler_check import CUPTI_PERMISSION, count_events, trace_problems
+from advisor.trials.harness.trial_facts import bf16_instructions, cpu_computes_bf16, cpuinfo
+from advisor.trials.launch.profiler_check import CUPTI_PERMISSION, count_events, trace_problems
 from conftest import ROOT, TRACES, advisor_main, run_advisor
 
 pytestmark = pytest.mark.slow

@@ -24,9 +24,9 @@ from advisor.search.strategy import SearchSpace, surface_space
 from advisor.search.timing import SHARES, session_time
 from advisor.trials.record.adaptive import Against, against, settled
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.replay import ReplayRunner, load_surface
-from advisor.trials.process.machine_load import taken_share
-from advisor.trials.process.replay_drift import LoadDrift
+from advisor.trials.replay.surface import ReplayRunner, load_surface
+from advisor.trials.harness.machine_load import taken_share
+from advisor.trials.replay.load_drift import LoadDrift
 from advisor.trials.record.schedule import StepSchedule
 from conftest import SURFACES, advisor_main
 
@@ -394,7 +394,7 @@ def test_a_cpu_job_switched_on_during_a_trial_makes_the_session_measure_again(tm
 
 LOAD_PROBE = """
 import json, os, sys, time
-from advisor.trials.process.machine_load import LoadMeter
+from advisor.trials.harness.machine_load import LoadMeter
 
 os.sched_setaffinity(0, {int(sys.argv[1])})  # one core: the worker and the stranger below compete for it
 

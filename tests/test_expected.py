@@ -18,7 +18,7 @@ from advisor.search.proposal import on_best
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose, surface_space
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.replay import load_surface
+from advisor.trials.replay.surface import load_surface
 from conftest import ROOT
 from test_proposals import STEADY, replay
 from test_search import Traced, best_trial, gpu_state, rec

@@ -21,8 +21,8 @@ from advisor.trials.knobs import Knobs
 from advisor.search.state import SessionOptions
 from advisor.search.session import run_session
 from advisor.search.strategy import SearchSpace
-from advisor.trials.process.processes import TRIAL_TOKEN
-from advisor.trials.process.runner import run_trial
+from advisor.trials.record import TRIAL_TOKEN
+from advisor.trials.launch.runner import run_trial
 from conftest import ROOT, advisor_main
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from advisor.analysis.analyze import analyze_path
 from advisor.code.patch import plan_patch, write_patch
 from advisor.search.outputs import step_function
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (importlib.util.find_spec("transformers") and importlib.util.find_spec("lightning")),

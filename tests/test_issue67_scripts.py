@@ -17,7 +17,7 @@ from advisor.analysis.analyze import analyze_file
 from advisor.code.patch.plan import plan_patch
 from advisor.report.formatting import attention_text
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from conftest import ROOT, run_script
 
 SCRIPTS = ROOT / "tests" / "scripts" / "issue67"

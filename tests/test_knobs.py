@@ -26,7 +26,7 @@ USER = {
 
 
 def test_knobs_import_does_not_import_torch():
-    code = "import sys, advisor.trials.knobs, advisor.trials.process.runner; sys.exit('torch' in sys.modules)"
+    code = "import sys, advisor.trials.knobs, advisor.trials.launch.runner; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -12,15 +12,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from trial_helpers import EXAMPLES, trial_record, write_script
 
-from advisor.trials.process.activations import ActivationRecorder
-from advisor.trials.process.facts import cpu_computes_bf16
+from advisor.trials.harness.activations import ActivationRecorder
+from advisor.trials.harness.trial_facts import cpu_computes_bf16
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.gradients import GradientInterposition
 from advisor.trials.interposition.loaders import plan_loader_arguments
 from advisor.trials.record.memory import memory_growth
-from advisor.trials.process.processes import group_members
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.processes import group_members
+from advisor.trials.launch.runner import run_trial
 
 K = 4
 

@@ -14,8 +14,8 @@ from advisor.analysis.rules.memory import activation_checkpointing_advice, memor
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.cli import parse_size
-from advisor.trials.process.facts import cpu_computes_bf16
-from advisor.trials.process.runner import run_trial
+from advisor.trials.harness.trial_facts import cpu_computes_bf16
+from advisor.trials.launch.runner import run_trial
 from conftest import ROOT, SAMPLE_RUNS
 
 HUNGRY = ROOT / "examples" / "memory_hungry.py"

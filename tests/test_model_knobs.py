@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from conftest import advisor_main
 
 MLP = '''

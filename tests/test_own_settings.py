@@ -12,8 +12,8 @@ from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import surface_space
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.replay import ReplayRunner, load_surface
-from advisor.trials.process.runner import run_trial
+from advisor.trials.replay.surface import ReplayRunner, load_surface
+from advisor.trials.launch.runner import run_trial
 from conftest import SURFACES, advisor_main
 from trial_helpers import trial_record, write_script
 

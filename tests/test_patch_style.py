@@ -187,7 +187,7 @@ def test_the_issues_convnet_gets_the_8_bit_copies_and_its_patch_learns_the_same(
     import json
 
     from advisor.trials.knobs import APPLIED
-    from advisor.trials.process.runner import run_trial
+    from advisor.trials.launch.runner import run_trial
 
     script = formatted_project(tmp_path / "project", "convnet_constants.py", SCRIPTS, black=True)
     result = run_trial(f"{script}:train_step", Knobs(uint8_copies=True), tmp_path / "trial", steps=3, wait=1,

@@ -23,7 +23,7 @@ from advisor.search.state import SessionOptions
 from advisor.search.proposal import ProposalError, check_on_best, merged_moves, on_best
 from advisor.search.strategy import surface_space
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.replay import ReplayRunner, load_surface
+from advisor.trials.replay.surface import ReplayRunner, load_surface
 from conftest import ROOT, SURFACES
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -31,9 +31,9 @@ from trial_helpers import trial_record
 from advisor.analysis.analyze import analyze_path
 from advisor.analysis.job import jobs_of
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.ray_job import SINGLE_MACHINE_VARIABLE, connect
-from advisor.trials.process.runner import run_trial
-from advisor.trials.process.zygote import ZYGOTE_ENTRY
+from advisor.trials.launch.ray_job import SINGLE_MACHINE_VARIABLE, connect
+from advisor.trials.launch.runner import run_trial
+from advisor.trials.launch.zygote import ZYGOTE_ENTRY
 from conftest import run_advisor
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ NODE_CPUS = 2
 
 def ray_processes() -> list[psutil.Process]:
     """This process (the driver) and everything it started: the cluster's processes, their workers, the ranks;
-    not the zygote this process's local trials are forked from (advisor.trials.process.zygote), nor its children."""
+    not the zygote this process's local trials are forked from (advisor.trials.launch.zygote), nor its children."""
     me = psutil.Process()
     found = [me]
     for proc in me.children():

@@ -19,7 +19,7 @@ from advisor.analysis.analyze import analyze_file
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.code.patch import PATCH_NAME, write_patch
 from advisor.search.outputs import step_function
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from conftest import ROOT, advisor_main
 
 pytestmark = pytest.mark.slow

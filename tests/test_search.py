@@ -16,7 +16,7 @@ from session_checks import assert_decisions_follow_measurements
 from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.replay import ReplayRunner, load_surface, settings_of
+from advisor.trials.replay.surface import ReplayRunner, load_surface, settings_of
 from advisor.analysis.rules import Recommendation
 from advisor.search.bounds import trial_bound
 from advisor.trials.record.measurement import measure, noise
@@ -27,7 +27,7 @@ from advisor.search.strategy import SearchSpace, fit_memory, next_batch_size, pr
     worker_ladder
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from conftest import ROOT, SURFACES, advisor_main, whole_at
 
 SURFACE = SURFACES / "h100-image-classifier"

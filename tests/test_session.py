@@ -17,7 +17,7 @@ from advisor.trials.knobs import Knobs
 from advisor.search.predictions import predicted_change, step_share
 from advisor.search.session import run_session
 from advisor.search.state import SESSION_FILE, SessionOptions
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from conftest import ROOT, require
 from session_checks import assert_decisions_follow_measurements
 

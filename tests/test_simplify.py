@@ -16,7 +16,7 @@ from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import surface_space
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.replay import ReplayRunner, load_surface
+from advisor.trials.replay.surface import ReplayRunner, load_surface
 from advisor.trials.record import load_trial
 from conftest import SAMPLE_RUNS, SURFACES
 

@@ -14,7 +14,7 @@ from advisor.search.session import run_session
 from advisor.search.space import KNOB_NAMES, check_steering, knob_names, try_settings
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import surface_space, turned
-from advisor.trials.process.replay import ReplayRunner, load_surface
+from advisor.trials.replay.surface import ReplayRunner, load_surface
 from conftest import ROOT, SURFACES, advisor_main
 
 SURFACE = SURFACES / "h100-image-classifier"

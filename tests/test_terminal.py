@@ -18,9 +18,9 @@ from advisor.report.terminal import print_analysis, print_session
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions, reference_row
 from advisor.search.strategy import surface_space
-from advisor.trials.process.replay import ReplayRunner, load_surface
+from advisor.trials.replay.surface import ReplayRunner, load_surface
 from advisor.trials.record.progress import PHASES, trial_progress
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from conftest import SAMPLE_RUNS, SURFACES, TRACES, run_advisor, whole_at
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

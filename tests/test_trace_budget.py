@@ -13,8 +13,8 @@ import pytest
 from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.op_count import OpCounter, in_backward
-from advisor.trials.process.runner import run_trial
+from advisor.trials.harness.op_count import OpCounter, in_backward
+from advisor.trials.launch.runner import run_trial
 from advisor.trials.record.trace_budget import BYTES_PER_OP, LIGHT_BYTES_PER_OP, budget_bytes, plan_trace
 from conftest import advisor_main
 
@@ -242,7 +242,7 @@ def test_a_dropped_trace_gives_its_memory_back():
     import psutil
     import torch
 
-    from advisor.trials.process.profiler import give_back_trace_memory, profile
+    from advisor.trials.harness.profiler import give_back_trace_memory, profile
 
     process = psutil.Process()
     x = torch.randn(8, 8)

@@ -21,8 +21,9 @@ from advisor import cli
 from advisor.analysis.bound import BOUNDS
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.record import SCHEMA, load_trial
-from advisor.trials.process.processes import TRIAL_NODE, TRIAL_TOKEN, end_trial_processes, group_members
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.processes import end_trial_processes, group_members
+from advisor.trials.record import TRIAL_NODE, TRIAL_TOKEN
+from advisor.trials.launch.runner import run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -476,7 +477,7 @@ def test_the_profiler_starts_without_importing_inductor_and_traces_the_same(tmp_
     # ours does not, its trace holds the operators and the memory events, and torch's lazy import is put back.
     # One process: first as a trial that never compiles, then after the script has imported inductor itself.
     probe = ("import sys, torch\n"
-             "from advisor.trials.process import profiler\n"
+             "from advisor.trials.harness import profiler\n"
              "x = torch.ones(64, 64)\n"
              "for case in ('plain', 'compiled'):\n"
              "    if case == 'compiled':\n"

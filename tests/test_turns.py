@@ -4,7 +4,7 @@ load that comes and goes falls on both alike; and a trial whose partner never co
 from __future__ import annotations
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from advisor.trials.record.turns import start_turns, windows_log
 from trial_helpers import trial_record, write_script
 

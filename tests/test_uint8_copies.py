@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.runner import run_trial
 from advisor.trials.interposition.uint8_copies import BytePlan, ByteCopies, mark
 from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT, run_script

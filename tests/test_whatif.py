@@ -180,7 +180,7 @@ def test_a_replayed_session_predicts_calibrates_and_reports_its_error(tmp_path):
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
     from advisor.search.strategy import surface_space, turned
-    from advisor.trials.process.replay import ReplayRunner, load_surface
+    from advisor.trials.replay.surface import ReplayRunner, load_surface
 
     points = load_surface(SURFACE)
     out = tmp_path / "replay"
@@ -296,7 +296,7 @@ def test_a_noise_free_session_prices_its_first_move_within_a_tenth(tmp_path, nam
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
     from advisor.search.strategy import surface_space
-    from advisor.trials.process.replay import ReplayRunner, load_surface
+    from advisor.trials.replay.surface import ReplayRunner, load_surface
 
     surface = DATA / "surfaces" / name
     points = load_surface(surface)

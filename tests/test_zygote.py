@@ -1,4 +1,4 @@
-"""Trials forked from the zygote (advisor.trials.process.zygote) are the processes fresh ones would be."""
+"""Trials forked from the zygote (advisor.trials.launch.zygote) are the processes fresh ones would be."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from test_distributed import left_behind
 from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.runner import run_trial
-from advisor.trials.process.processes import TRIAL_TOKEN
-from advisor.trials.process.zygote import FRESH_VARIABLE, start_trial
+from advisor.trials.launch.runner import run_trial
+from advisor.trials.record import TRIAL_TOKEN
+from advisor.trials.launch.zygote import FRESH_VARIABLE, start_trial
 
 # The step writes down, once, what its process is.
 FACTS = """
@@ -214,7 +214,7 @@ def _rank_facts(script, folder, tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked ranks are Linux's")
 def test_a_forked_rank_is_the_process_a_fresh_rank_would_be(tmp_path, monkeypatch):
-    """torchrun's ranks are forked from its agent (advisor.trials.process.forked_ranks), sparing each its import
+    """torchrun's ranks are forked from its agent (advisor.trials.launch.forked_ranks), sparing each its import
     of torch; with ADVISOR_FRESH_TRIALS=1 torchrun starts them afresh. Either way a rank is the same process."""
     monkeypatch.chdir(tmp_path)
     script = write_script(tmp_path, RANK_FACTS)
@@ -223,9 +223,9 @@ def test_a_forked_rank_is_the_process_a_fresh_rank_would_be(tmp_path, monkeypatc
     fresh_record, fresh = _rank_facts(script, tmp_path / "fresh", tmp_path)
     assert len(forked) == len(fresh) == 2
     for facts in forked:  # the agent's command line: it was forked from the zygote, the rank from it
-        assert "advisor.trials.process.zygote" in facts["cmdline"], facts["cmdline"]
+        assert "advisor.trials.harness.zygote_serve" in facts["cmdline"], facts["cmdline"]
     for facts in fresh:
-        assert "-m\0advisor.trials.process.harness" in facts["cmdline"], facts["cmdline"]
+        assert "-m\0advisor.trials.harness.entry" in facts["cmdline"], facts["cmdline"]
     # Values torchrun draws anew for each job (its run's id, its store's port, its error files' folder); and
     # inductor's cache folder, which inductor writes into the environment where it first looks it up (the
     # zygote's imports did; a fresh rank does once it compiles, the same folder).

@@ -17,7 +17,7 @@ OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 # Host calls in which the training thread waits on the device rather than works (the what-if model's
 # host path leaves them out: the device's side of the critical path holds that time).
 WAIT_CALL = re.compile(r"Synchronize|^(cuda|hip)Memcpy(?!Async)|^aten::item$|^aten::_local_scalar_dense$")
-# The range a trial puts around a closure handed to `optimizer.step(closure)` (advisor.trials.process.loop): its
+# The range a trial puts around a closure handed to `optimizer.step(closure)` (advisor.trials.interposition.loop): its
 # forward and backward are the closure's, not the optimizer's update.
 CLOSURE_RANGE = "## optimizer closure: forward and backward ##"
 

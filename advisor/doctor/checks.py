@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.trials.process.facts import cpu_facts, cuda_computes_bf16, gpu_facts
-from advisor.trials.process.profiler_check import probe, trace_problems
+from advisor.trials.harness.trial_facts import cpu_facts, cuda_computes_bf16, gpu_facts
+from advisor.trials.launch.profiler_check import probe, trace_problems
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 GIB = 2**30

@@ -4,7 +4,7 @@ decision must compare the candidate with the best measured again beside it.
 Every decision compares two trials run one after another. On a shared machine other jobs come and go
 between them, and the change reads as the knob's effect. Two signs say the machine changed:
 
-- the load beside the windows (`advisor.trials.process.machine_load`): the share of the machine the trial got,
+- the load beside the windows (`advisor.trials.harness.machine_load`): the share of the machine the trial got,
   1 − its contention (the share of the CPU its processes asked for that others took, its own workers'
   demand not counted; or where that is not known other processes' share of the CPU; and other processes'
   share of the GPU where NVML tells). It

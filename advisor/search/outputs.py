@@ -12,7 +12,7 @@ from advisor.errors import AdvisorError
 from advisor.search.state import SessionOptions, save
 from advisor.search.timing import session_time
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.targets import parse_step, parse_target
+from advisor.trials.harness.targets import parse_step, parse_target
 
 
 def out_of_memory_note(record: dict[str, Any]) -> str:
@@ -139,7 +139,7 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
     save(state)  # the report reads session.json: it must already name the patch
     from advisor.report import write_report
     from advisor.report.tensorboard import session_run, write_run
-    from advisor.trials.process.zygote import call_forked
+    from advisor.trials.launch.zygote import call_forked
 
     write_report(out, out / "report.html")
     run = session_run(out)  # here, from the traces' views the HTML report has just made

@@ -1,8 +1,8 @@
 """The optimization session: baseline → diagnose → apply what addresses the bound → measure → keep or revert → …
 
-Each trial is a real, profiled run of the user's unchanged script (advisor.trials.process.runner), or of
+Each trial is a real, profiled run of the user's unchanged script (advisor.trials.launch.runner), or of
 a notebook's step in its own process (advisor.api), or a recorded trial served from a response surface
-(advisor.trials.process.replay): a runner turns (name, knobs) into a finished trial; everything else is
+(advisor.trials.replay.surface): a runner turns (name, knobs) into a finished trial; everything else is
 the same. What to try next, what follows a decision, when to stop and how a candidate is judged are the
 policy's (`advisor.search.policy`: the one seam between the loop and the search's choices); one trial and
 its decision, `advisor.search.attempt`; the start (the record, the baseline, out-of-memory recovery),

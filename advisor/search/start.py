@@ -24,9 +24,9 @@ from advisor.search.strategy import SearchSpace, recovery_plan, turned
 from advisor.search.trials import TrialRunner, as_runner, end_left_behind, figures_text, lint_script, own_bound, \
     recorded_losses, run_one, subprocess_runner
 from advisor.trials.knobs import Knobs
-from advisor.trials.process.profiler_check import cuda_profiler_problem
-from advisor.trials.process.runner import TrialFailed
-from advisor.trials.process.targets import absolute_step, absolute_target, parse_target
+from advisor.trials.launch.profiler_check import cuda_profiler_problem
+from advisor.trials.launch.runner import TrialFailed
+from advisor.trials.harness.targets import absolute_step, absolute_target, parse_target
 from advisor.trials.record import load_trial
 
 

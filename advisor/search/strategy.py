@@ -49,7 +49,7 @@ from advisor.search.expected import rank
 from advisor.search.history import failed_settings, reverted_under, within_noise
 from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.predictions import reprice
-from advisor.trials.process.replay import SETTINGS, SurfacePoint
+from advisor.trials.replay.surface import SETTINGS, SurfacePoint
 
 ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured experiment, tried last
 
@@ -76,7 +76,7 @@ class SearchSpace:
 
 
 def surface_space(points: list[SurfacePoint]) -> SearchSpace:
-    """The values the search may try on a recorded surface (`advisor.trials.process.replay`): those it holds;
+    """The values the search may try on a recorded surface (`advisor.trials.replay.surface`): those it holds;
     a model knob, 8-bit copies or the threads only where the surface holds both sides of it."""
     column = {name: {p.settings[i] for p in points} for i, name in enumerate(SETTINGS)}
     pin, blocking = SETTINGS.index("pin_memory"), SETTINGS.index("non_blocking")

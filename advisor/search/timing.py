@@ -15,7 +15,7 @@ trials (diagnosis, the report) is `other_s`. Two trials that take their windows 
 second of wall time is shared equally among the trials running in it, so a trial's parts are scaled to its
 share (`exclusive_times`), and the parts and `other_s` add up to the wall time exactly. Replayed trials
 carry simulated times (each costs its recorded start-up and steps, and its drawn windows:
-`advisor.trials.process.replay`), so a replay reports the recorded machine's time. Pure functions over the
+`advisor.trials.replay.surface`), so a replay reports the recorded machine's time. Pure functions over the
 session record and the trials' records.
 """
 

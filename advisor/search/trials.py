@@ -20,8 +20,8 @@ from advisor.trials.record.measurement import Measurement, job, measure
 from advisor.search.state import SessionOptions, save
 from advisor.search.proposal import Proposal
 from advisor.trials.record import TRIAL_FILE, TrialResult
-from advisor.trials.process.processes import end_trial_processes, trial_processes
-from advisor.trials.process.runner import run_trial
+from advisor.trials.launch.processes import end_trial_processes, trial_processes
+from advisor.trials.launch.runner import run_trial
 
 
 class TrialRunner(Protocol):

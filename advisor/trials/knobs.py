@@ -6,9 +6,9 @@ How each reaches the user's code, inside the trial only (by interposition: the s
 - DataLoader knobs (`batch_size`, `num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`):
   where the training loader is built (`advisor.trials.interposition.loaders`).
 - `amp`, `non_blocking`: around each call of the step (`advisor.trials.interposition.step`), or, with no step
-  function, around each outermost module call and for the whole run (`advisor.trials.process.loop`).
+  function, around each outermost module call and for the whole run (`advisor.trials.interposition.loop`).
 - `accumulation_steps` and fp16 loss scaling: `advisor.trials.interposition.gradients`.
-- `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.process.driver`), over a value the
+- `threads`: `torch.set_num_threads(n)` when the steps start (`advisor.trials.harness.driver`), over a value the
   script set itself; DataLoader workers run one thread each as torch makes them.
 - `channels_last`, `compile`, `tf32`, `cudnn_benchmark`, `sdpa`, `checkpointing`: at the model's first call
   (`advisor.trials.interposition.model`; sdpa's rewrite: `advisor.trials.interposition.attention`; the
@@ -18,7 +18,7 @@ How each reaches the user's code, inside the trial only (by interposition: the s
   (`advisor.trials.interposition.uint8_copies`).
 - DDP knobs (`ddp_bucket_cap_mb`, `ddp_gradient_as_bucket_view`, `ddp_static_graph`,
   `ddp_find_unused_parameters`): where DistributedDataParallel wraps the model, on every rank alike
-  (`advisor.trials.process.distributed`).
+  (`advisor.trials.interposition.ddp_arguments`).
 """
 
 from __future__ import annotations

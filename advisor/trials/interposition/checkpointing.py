@@ -3,7 +3,7 @@ trial only (torch imported lazily).
 
 At the model's first call (`advisor.trials.interposition.model` calls `checkpoint_blocks`) the blocks are the
 instances of the outermost repeated module class with submodules of its own: the same rule
-`advisor.trials.process.activations` names its `checkpoint_candidates` by (a transformer's `Block`s, not the
+`advisor.trials.harness.activations` names its `checkpoint_candidates` by (a transformer's `Block`s, not the
 `Linear`s or the `Sequential` inside each, nor an `nn.Sequential` that stacks them). Each block's forward becomes
 `torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)` where autograd records (in
 training; under `no_grad` it runs as it was): what the block saved for backward is freed after its forward and

@@ -11,7 +11,7 @@ micro-batches that keep the effective batch), `dataloader_num_workers`, `dataloa
 are recorded, under the knobs' names, for the patch's "from X to Y".
 
 The other knobs (autocast, compile, fused optimizers, TF32) reach a framework's loop by the same
-interposition as any script's (`advisor.trials.process.loop`, `model_knobs`, `optimizers`).
+interposition as any script's (`advisor.trials.interposition.loop`, `model_knobs`, `optimizers`).
 """
 
 from __future__ import annotations

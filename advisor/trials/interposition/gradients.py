@@ -137,7 +137,7 @@ class GradientInterposition:
                     tensor = tensor / k
                 if scaling.scaler is not None and not users_scaled:
                     tensor = scaling.scaler.scale(tensor)
-                tensor._advisor_loss_of = loss  # the loss as the user computed it (advisor.trials.process.loop.capture_losses)
+                tensor._advisor_loss_of = loss  # the loss as the user computed it (loop.capture_losses)
             scaling._backward_seen = True
             return original_backward(tensor, *args, **kwargs)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from advisor.trials.process.facts import cuda_computes_bf16
+from advisor.trials.harness.trial_facts import cuda_computes_bf16
 from advisor.trials.interposition.gradients import GradientInterposition, patched_attribute
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 

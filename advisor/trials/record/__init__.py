@@ -1,7 +1,7 @@
 """A trial's record, `trial.json`: what it ran with, what each step measured, and the figures of both.
 
-Written by the runner that ran the trial (`advisor.trials.process.runner` in a subprocess,
-`advisor.trials.process.inprocess` in the notebook's process) and read by the search, the report and the
+Written by the runner that ran the trial (`advisor.trials.launch.runner` in a subprocess,
+`advisor.trials.launch.inprocess` in the notebook's process) and read by the search, the report and the
 analysis. Torch-free.
 
 trial.json (schema "advisor.trial/1"), written atomically at the start (status "running") and at the end:
@@ -74,7 +74,7 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                     share of the CPU the trial's processes asked for that others took, the share of its
                     own threads' ready time they waited, the shares of the machine's CPU and of the GPU's
                     SM time other processes used beside that window
-                    (advisor.trials.process.machine_load; gpu_other null where NVML cannot say);
+                    (advisor.trials.harness.machine_load; gpu_other null where NVML cannot say);
                     profiler_allocated_bytes (profiled steps) is the trace's CPU `Total Allocated` at the
                     end of the step: live bytes of the CPU allocator counted from the profiler's start;
                     graphs (the compile knob on): dynamo's graphs compiled in the process by the step's end
@@ -139,7 +139,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.trials.record.measurement import measure
-from advisor.trials.process.distributed import merge_ranks, rank_files
+from advisor.trials.record.ranks import merge_ranks, rank_files
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
 from advisor.trials.record.storage import number, write_json_atomic
 from advisor.trials.record.memory import add_profiler_memory, memory_growth
@@ -147,6 +147,10 @@ from advisor.trials.record.memory import add_profiler_memory, memory_growth
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"
 TRIAL_MARKER = ".advisor-trial"  # in every folder a trial made
+TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
+# Beside the token, in a Ray job's ranks: which node's. Several nodes of one cluster can share a machine, and a
+# node that has finished must not end the ranks of another that is still writing its result.
+TRIAL_NODE = "ADVISOR_TRIAL_NODE"
 LOG_FILE = "output.log"
 RESULT_FILE = "harness.json"  # what the harness leaves for the runner to merge
 STATUSES = ("running", "ok", "error", "oom", "timeout", "interrupted", "target-not-found")

@@ -10,7 +10,7 @@ is not a gain worth keeping); it stops there, or at
 `max_windows`. The noise is `advisor.trials.record.measurement`'s: two standard errors of the difference.
 
 Torch-free and pure: the step schedule (`advisor.trials.record.schedule`) in the trial process and the replay
-runner (`advisor.trials.process.replay`) call the same rule, with what each window measured.
+runner (`advisor.trials.replay.surface`) call the same rule, with what each window measured.
 """
 
 from __future__ import annotations

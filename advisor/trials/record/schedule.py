@@ -1,5 +1,5 @@
 """The phases of a trial's steps, torch-free: which phase each step is in, and when the trial has measured
-what it needs. The step driver (`advisor.trials.process.driver`) holds one and moves it on at the end of each step.
+what it needs. The step driver (`advisor.trials.harness.driver`) holds one and moves it on at the end of each step.
 
 Phases: `wait` (the first steps, and the batches the workers queued before the first step, which make
 the loader look free), `warmup`, `profiled`, then, without the profiler, `settle` (the queue refilled

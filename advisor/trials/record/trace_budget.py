@@ -3,7 +3,7 @@
 torch.profiler keeps every event of the recorded steps in the trial's memory until the trace is written, and
 the trace's export takes more again. A step of millions of operators (an LBFGS step over an LSTM cell
 loop) took a trial to 20 GB. So a trial counts the operators of one unprofiled step before the profiler
-records (`advisor.trials.process.op_count`), and records as many steps as the budget holds; where even one
+records (`advisor.trials.harness.op_count`), and records as many steps as the budget holds; where even one
 step would exceed the budget, one step without shapes and memory events (several times smaller); and where
 even that would, the first operators of one step, as many as the budget holds (the profiler stops there and
 writes its trace; the step runs on unrecorded), with a note.

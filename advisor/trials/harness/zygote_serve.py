@@ -1,4 +1,4 @@
-"""The zygote's own side (`advisor.trials.process.zygote` is the advisor's): import torch and the harness once, then
+"""The zygote's own side (`advisor.trials.launch.zygote` is the advisor's): import torch and the harness once, then
 fork a trial per request, while other children run, and report each child's pid as it is forked and its exit code
 as it is reaped. In a forked child, `serve` returns into the trial (the harness, a module run as `python -m`, or a
 call) made to be what a fresh `python -c` trial process would be.
@@ -15,17 +15,19 @@ import sys
 import time
 from typing import Any, Callable, NoReturn
 
-from advisor.trials.process.processes import TRIAL_TOKEN
-from advisor.trials.process.zygote import PLACEHOLDER, READY
+from advisor.trials.record import TRIAL_TOKEN
+
+PLACEHOLDER = "0" * 32  # the token the zygote starts with; a trial's is uuid4().hex: 32 characters
+READY = "ready"  # what the zygote says once torch and the harness are imported
 
 def serve(argv: list[str]) -> None:
     """The zygote: import torch and the harness, say ready, then fork a trial per request and report its
     exit code, until the request pipe closes. In a child this returns into the harness's run instead."""
     requests, replies, parent = int(argv[0]), int(argv[1]), int(argv[2])
-    from advisor.trials.process.harness import die_with_parent
+    from advisor.trials.harness.entry import die_with_parent
 
     die_with_parent(parent)  # a zygote outlives no advisor (its children then follow it)
-    from advisor.trials.process.harness import import_torch_and_freeze
+    from advisor.trials.harness.entry import import_torch_and_freeze
 
     import_torch_and_freeze()  # the point of this process
 
@@ -66,7 +68,7 @@ def serve(argv: list[str]) -> None:
             if request["call"]:
                 module, function, args = request["call"]
                 end_as_python(lambda: getattr(importlib.import_module(module), function)(*args))
-            from advisor.trials.process.harness import main
+            from advisor.trials.harness.entry import main
 
             main(sys.argv[1:])  # ends the process itself (os._exit); an exception ends it as `python -c` would
             return

@@ -1,16 +1,15 @@
 """The memory figures of a trial's steps, taken inside the trial (torch imported lazily): each step's (the
 process's and the allocator's), the activations of the first step, the model's parameter dtypes after it,
 where memory stood at an out-of-memory failure or at the end of a finished trial, and the peaks.
-The step driver (`advisor.trials.process.driver`) holds one; the figures themselves are `advisor.trials.process.activations`'.
+The step driver (`advisor.trials.harness.driver`) holds one; the figures themselves are `advisor.trials.harness.activations`'.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from advisor.trials.process.activations import ActivationRecorder, is_out_of_memory, memory_breakdown, parameter_dtypes, \
-    proc_status_bytes
-from advisor.trials.process.facts import peak_rss_bytes
+from advisor.trials.harness.activations import ActivationRecorder, is_out_of_memory, memory_breakdown, parameter_dtypes
+from advisor.trials.harness.process_memory import peak_rss_bytes, proc_status_bytes
 
 
 class StepMemory:

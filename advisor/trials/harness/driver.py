@@ -1,7 +1,7 @@
 """The step driver: what turns a training script's steps into a trial's timed, profiled, measured steps.
 
 A step ends either when a call of the target returns (a step function, wrapped where it is defined) or,
-with no target, when the training loop's optimizer steps (`advisor.trials.process.loop`). Either way `end_step`
+with no target, when the training loop's optimizer steps (`advisor.trials.interposition.loop`). Either way `end_step`
 times it from the end of the previous one (the user's data loading included), attributes the batches
 fetched meanwhile (`advisor.trials.interposition.loaders.LoaderTracker`: the loader that fed it, its batch size and the
 time it waited for them), calls `prof.step()` (so the trace's `ProfilerStep#N` span is step N) and
@@ -11,7 +11,7 @@ The phases of the steps (wait, warmup, profiled, settle, measurement windows) ar
 `StepSchedule` (`advisor.trials.record.schedule`). After the last window `TrialComplete` (a BaseException, so the
 user's `except Exception` does not swallow it) ends the script.
 
-Memory: the driver's `StepMemory` (`advisor.trials.process.step_memory`) records the first step's activations,
+Memory: the driver's `StepMemory` (`advisor.trials.harness.step_memory`) records the first step's activations,
 where memory was at an out-of-memory error (before its frames unwind) or at the end of a finished trial,
 and the figures of each step.
 """
@@ -23,15 +23,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.trials.process import profiler
-from advisor.trials.process.distributed import all_measured, rank_files
+from advisor.trials.harness import profiler
+from advisor.trials.harness.ranks import all_measured
+from advisor.trials.record.ranks import rank_files
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, leading_dimension
 from advisor.trials.record.turns import Turns, finished, pass_turn, wait_for_the_other, wait_for_turn
 from advisor.trials.record.schedule import StepSchedule
-from advisor.trials.process.op_count import OpCounter
-from advisor.trials.process.step_memory import StepMemory
+from advisor.trials.harness.op_count import OpCounter
+from advisor.trials.harness.step_memory import StepMemory
 from advisor.trials.record.trace_budget import TracePlan, budget_bytes, plan_trace
 from advisor.trials.record.storage import dumps, write_json_atomic
 
@@ -145,7 +146,7 @@ class StepDriver:
         # Windows taken in turns with another trial (advisor.trials.record.turns), or None: measured alone.
         self.turns = Turns.from_dict((config.get("measure") or {}).get("turns"))
         self.window_began: float | None = None  # epoch seconds the current window's first step began
-        # One set of files per rank in a data-parallel trial (advisor.trials.process.distributed).
+        # One set of files per rank in a data-parallel trial (advisor.trials.record.ranks).
         self.files = rank_files(config.get("world_size", 1), config.get("rank", 0))
         self.steps_file = open(self.out_dir / self.files["steps"], "a", buffering=1)
         # The operators of the last unprofiled step before the profiler's warm-up, counted to bound the trace.
@@ -364,7 +365,7 @@ class StepDriver:
 
     def _load_meter(self) -> Any:
         """A meter of the machine's load from now on; None where psutil cannot read it."""
-        from advisor.trials.process.machine_load import LoadMeter
+        from advisor.trials.harness.machine_load import LoadMeter
 
         try:
             import torch

@@ -1,10 +1,10 @@
 """What runs inside a trial's subprocess: the user's script as `__main__`, its steps timed, profiled, measured.
 
-The parent (`advisor.trials.process.runner`) starts `python -c "...harness.main(...)" CONFIG_JSON` in a new process
-group. Here we:
+The parent (`advisor.trials.launch.runner`) starts `python -c HARNESS_ENTRY CONFIG_JSON` (`main` here, from
+`advisor.trials.launch.commands`) in a new process group. Here we:
 
-1. cap memory if asked (`memory_limit`, `advisor.trials.process.facts.cap_memory`): device memory on a CUDA device,
-   the process's writable memory (RLIMIT_DATA) on the CPU;
+1. cap memory if asked (`memory_limit`, `advisor.trials.harness.trial_facts.cap_memory`): device memory on a CUDA
+   device, the process's writable memory (RLIMIT_DATA) on the CPU;
 2. interpose on DataLoaders (`advisor.trials.interposition.loaders`): the knobs where the training loader is built, the
    user's own values recorded, every batch timed and attributed to its loader; where transformers'
    `TrainingArguments` feed the loader, its DataLoader knobs are set there (`advisor.trials.interposition.frameworks`);
@@ -15,9 +15,9 @@ group. Here we:
      step, run under the step knobs (autocast, GradScaler, gradient accumulation, non_blocking);
    - a step function in a module the script imports (`--step pkg.module:Class.method` or
      `--step path/to/module.py:Class.method`): the same rewrite, applied when that module is imported;
-   - no target: the script runs unchanged and each optimizer step ends a step (`advisor.trials.process.loop`);
+   - no target: the script runs unchanged and each optimizer step ends a step (`advisor.trials.interposition.loop`);
 4. run the script as `__main__` in the folder the command was run from (as `python path/to/script.py`
-   would: its own folder first on `sys.path`); the step driver (`advisor.trials.process.driver`) times each step
+   would: its own folder first on `sys.path`); the step driver (`advisor.trials.harness.driver`) times each step
    (synchronizing an accelerator), profiles a few, measures the steady state in windows after them,
    and raises `TrialComplete` (a BaseException, so `except Exception` in the user's loop does not
    swallow it) once the trial is measured; DataLoader workers are stopped and the process exits.
@@ -44,21 +44,23 @@ import types
 from pathlib import Path
 from typing import Any
 
-from advisor.trials.process.activations import is_out_of_memory
-from advisor.trials.process.driver import StepDriver, TargetInWorker, TrialComplete
+from advisor.trials.harness.activations import is_out_of_memory
+from advisor.trials.harness.driver import StepDriver, TargetInWorker, TrialComplete
 from advisor.trials.interposition.frameworks import TrainerSettings
-from advisor.trials.process.facts import SetupProblem, cap_memory, device_facts, resolve_device
+from advisor.trials.harness.trial_facts import SetupProblem, cap_memory, device_facts, resolve_device
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
     training_loader
-from advisor.trials.process.loop import LoopInterposition, capture_losses, mark_closures
+from advisor.trials.interposition.loop import LoopInterposition, capture_losses, mark_closures
 from advisor.trials.interposition.model import ModelInterposition, compile_failure, is_compile_error
 from advisor.trials.interposition.own_settings import OwnSettings
 from advisor.trials.interposition.optimizers import FusedOptimizers
 from advisor.trials.interposition.uint8_copies import ByteCopies
-from advisor.trials.process.distributed import DDPKnobs, one_rank_on_demand, rank_files, rank_of
+from advisor.trials.harness.ranks import one_rank_on_demand, rank_of
+from advisor.trials.interposition.ddp_arguments import DDPKnobs
+from advisor.trials.record.ranks import rank_files
 from advisor.trials.record.storage import write_json_atomic
-from advisor.trials.process.targets import TargetNotFound, rewrite_script
+from advisor.trials.harness.targets import TargetNotFound, rewrite_script
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the advisor package: our frames
 
@@ -316,7 +318,7 @@ def die_with_parent(parent: int | None) -> None:
 
 def import_torch_and_freeze() -> None:
     """Import torch and dynamo, then move what the imports made to the collector's permanent generation, as
-    every trial process has it, forked from a zygote (`advisor.trials.process.zygote`) or not."""
+    every trial process has it, forked from a zygote (`advisor.trials.launch.zygote`) or not."""
     try:
         import torch  # noqa: F401
     except Exception:  # the trial says what is wrong with torch where it imports it for the steps

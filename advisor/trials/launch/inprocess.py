@@ -1,5 +1,5 @@
 """A trial in the notebook's own process: `train_step(batch)` called once per batch of the user's loader,
-driven by the same step driver as a subprocess trial (`advisor.trials.process.driver`), its record the same
+driven by the same step driver as a subprocess trial (`advisor.trials.harness.driver`), its record the same
 `trial.json`.
 
 DataLoader knobs reach the loader by rebuilding it from the given one with changed arguments
@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from advisor.errors import AdvisorError
-from advisor.trials.process.activations import is_out_of_memory
-from advisor.trials.process.driver import StepDriver, TrialComplete
-from advisor.trials.process.facts import SetupProblem, device_facts, resolve_device
-from advisor.trials.process.harness import user_traceback
+from advisor.trials.harness.activations import is_out_of_memory
+from advisor.trials.harness.driver import StepDriver, TrialComplete
+from advisor.trials.harness.trial_facts import SetupProblem, device_facts, resolve_device
+from advisor.trials.harness.entry import user_traceback
+from advisor.trials.harness.process_memory import peak_rss_bytes, reset_peak_rss
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
@@ -102,28 +103,6 @@ def apply_loader_knobs(loader: Iterable, knobs: Knobs, *, accelerator: bool,
         return loader, [record], dataloader_outcomes(knobs, [record])
     rebuilt = type(loader)(**rebuild_arguments(loader, effective))
     return rebuilt, [record], dataloader_outcomes(knobs, [record])
-
-
-# --- peak memory of one in-process trial ----------------------------------------------------------
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (Linux VmHWM), so the trial measures its own peak."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_since_reset() -> int | None:
-    """VmHWM from /proc/self/status, in bytes."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def release_memory() -> None:
@@ -280,7 +259,7 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
             if batches is not loader or not getattr(loader, "persistent_workers", False):
                 shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
             iterator = batches = None
-            peak = peak_rss_since_reset() if measured_peak else None
+            peak = peak_rss_bytes() if measured_peak else None
             if peak is not None and "memory" in result:
                 result["memory"]["peak_rss_bytes"] = peak
             result["dataloaders"] = [r.to_dict(training=True) for r in records]

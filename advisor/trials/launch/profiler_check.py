@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from advisor.trials.process import profiler
-from advisor.trials.process.processes import advisor_importable
+from advisor.trials.harness import profiler
+from advisor.trials.launch.processes import advisor_importable
 
 PROBE_STEPS = 3
 PROBE_TIMEOUT_S = 240.0  # torch's import, CUDA's start and a profiled step: seconds, minutes on a busy machine
@@ -176,7 +176,7 @@ def cuda_profiler_problem(device: str, timeout_s: float = PROBE_TIMEOUT_S) -> st
         return None
     env = dict(os.environ, PYTHONPATH=advisor_importable(os.environ))
     try:
-        done = subprocess.run([sys.executable, "-m", "advisor.trials.process.profiler_check", device], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "advisor.trials.launch.profiler_check", device], capture_output=True,
                               text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
         result = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
@@ -192,7 +192,7 @@ def cuda_profiler_problem(device: str, timeout_s: float = PROBE_TIMEOUT_S) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m advisor.trials.process.profiler_check auto|cuda|cpu`: the probe's counts as one JSON line."""
+    """`python -m advisor.trials.launch.profiler_check auto|cuda|cpu`: the probe's counts as one JSON line."""
     import torch
 
     requested = (argv if argv is not None else sys.argv[1:] or ["auto"])[0]

@@ -4,8 +4,9 @@ activations each module saves for backward. Inside the trial only (torch importe
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 from typing import Any, Callable
+
+from advisor.trials.harness.process_memory import proc_status_bytes
 
 _OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
 
@@ -23,21 +24,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, RuntimeError) and "dataloader worker" in text and "killed" in text:
         return True  # a worker ended by the kernel's out-of-memory killer
     return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXT)
-
-
-def proc_status_bytes() -> dict[str, int]:
-    """Peak and current virtual size, resident set and writable data from /proc/self/status (Linux), in bytes."""
-    keys = {"VmPeak": "peak_vms_bytes", "VmSize": "vms_bytes", "VmHWM": "peak_rss_bytes", "VmRSS": "rss_bytes",
-            "VmData": "data_bytes"}
-    found = {}
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in keys and value.strip().endswith("kB"):
-                found[keys[key]] = int(value.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    return found
 
 
 def tensor_bytes(tensor: Any) -> int:

@@ -5,7 +5,7 @@ exponentially distributed length (mean `period_s`), each quiet (L = 1) or loaded
 between 0.5 and 1), half and half, from a seeded generator. A step served at time t runs L(t) times
 slower than recorded: another job switched on and off beside the trial, at a strength that changes.
 The load is other processes' use, so a replayed trial reports it beside each window, as a live trial's
-`advisor.trials.process.machine_load` does: 1 − 1/L of the machine.
+`advisor.trials.harness.machine_load` does: 1 − 1/L of the machine.
 """
 
 from __future__ import annotations

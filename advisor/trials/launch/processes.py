@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from advisor.trials.record import TRIAL_NODE, TRIAL_TOKEN
+
 
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes in a process group: what a finished trial must not leave behind."""
@@ -38,10 +40,6 @@ def advisor_importable(environ: dict[str, str]) -> str:
     return os.pathsep.join(filter(None, [PACKAGE_ROOT, environ.get("PYTHONPATH")]))
 
 
-TRIAL_TOKEN = "ADVISOR_TRIAL"  # in the environment of every process a trial starts: found even after setsid
-# Beside the token, in a Ray job's ranks: which node's. Several nodes of one cluster can share a machine, and a
-# node that has finished must not end the ranks of another that is still writing its result.
-TRIAL_NODE = "ADVISOR_TRIAL_NODE"
 
 
 def trial_processes(pgid: int, token: str | None = None, node: str | None = None) -> list[Any]:

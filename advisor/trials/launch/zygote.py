@@ -3,7 +3,7 @@ and importing torch afresh: about 2 s sooner per trial on a CPU machine (torch, 
 torch.optim's optimizers import), more with CUDA's libraries.
 
 The parent side (`start_trial`, this module) is torch-free; the zygote's own side is
-`advisor.trials.process.zygote_serve`. A zygote is started as the trial itself would be (the same
+`advisor.trials.harness.zygote_serve`. A zygote is started as the trial itself would be (the same
 interpreter, environment and `-c` entry), imports torch, dynamo and the harness, moves what they made to the
 garbage collector's permanent generation (`gc.freeze`: a trial's collections and object scans skip it), and
 then forks one child per trial. A zygote serves one environment; the last two environments' zygotes are kept
@@ -13,9 +13,9 @@ into the trial's log, the folder the trial runs in, the trial's token, the harne
 handled as the advisor's is at that moment (a fresh process inherits it then); and then runs the
 harness exactly as `python -c HARNESS_ENTRY CONFIG` would, exit code and all.
 
-A data-parallel trial forks torchrun itself (`module`: `python -m advisor.trials.process.forked_ranks ...`
+A data-parallel trial forks torchrun itself (`module`: `python -m advisor.trials.launch.forked_ranks ...`
 as the child runs it), which spares the launcher's own import of torch; torchrun then forks each rank from
-its own process (`advisor.trials.process.forked_ranks`).
+its own process (`advisor.trials.launch.forked_ranks`).
 
 A trial in another environment than a zygote's is forked from a zygote of its own (torch and its libraries
 read some variables at import). A zygote forks a trial while another of its children runs: the two trials of a
@@ -26,7 +26,7 @@ zygote go would end its trial), a zygote that could not start, a platform other 
 `ADVISOR_FRESH_TRIALS=1` (the user's way to turn it off).
 
 The token: /proc/<pid>/environ shows the environment a process was *exec*'d with, so a forked child would
-show the zygote's and could not be found by the trial's token (`advisor.trials.process.processes`). The
+show the zygote's and could not be found by the trial's token (`advisor.trials.launch.processes`). The
 zygote therefore starts with a placeholder of the token's length, and each child writes its token over it
 in place, where /proc reads it (and its own exec'd children inherit it as any variable).
 """
@@ -46,16 +46,15 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
-from advisor.trials.process.processes import TRIAL_TOKEN
+from advisor.trials.harness.zygote_serve import PLACEHOLDER, READY
+from advisor.trials.record import TRIAL_TOKEN
 
-ZYGOTE_ENTRY = "import sys; from advisor.trials.process.zygote_serve import serve; serve(sys.argv[1:])"
+ZYGOTE_ENTRY = "import sys; from advisor.trials.harness.zygote_serve import serve; serve(sys.argv[1:])"
 FRESH_VARIABLE = "ADVISOR_FRESH_TRIALS"  # "1": every trial in a fresh process
-PLACEHOLDER = "0" * 32  # a trial's token is uuid4().hex: 32 characters
 # Variables that change from one trial (or one test under pytest) to the next and that nothing reads at import:
 # a zygote serves trials whose environments differ in these alone, each child taking its own values. The
 # terminal's size is read where a console is made; a trial's own console is made after the fork.
 PER_TRIAL = (TRIAL_TOKEN, "PYTEST_CURRENT_TEST", "COLUMNS", "LINES")
-READY = "ready"
 
 
 class ForkedTrial:

@@ -1,10 +1,10 @@
 """torchrun whose ranks are forked from its own process, where torch is imported already, instead of each
 starting Python and importing torch afresh: about 3 s of CPU per rank here (torch, dynamo, torch.distributed).
 
-`python -m advisor.trials.process.forked_ranks TORCHRUN_ARGS` is torchrun (`torch.distributed.run`), the same
+`python -m advisor.trials.launch.forked_ranks TORCHRUN_ARGS` is torchrun (`torch.distributed.run`), the same
 arguments, rendezvous, monitoring and shutdown, with one interposition: the `Popen` its agent starts each rank
 with (`SubprocessHandler`) forks this process when the command is the harness's (`python -u -m
-advisor.trials.process.harness CONFIG`), and runs any other command as Popen does. The rank is a child Popen
+advisor.trials.harness.entry CONFIG`), and runs any other command as Popen does. The rank is a child Popen
 waits for, signals and reaps as any. The forked child makes itself what the fresh rank would be: a session of
 its own (torchrun's `start_new_session`), the agent's Python signal handlers reset, its environment exactly
 the one torchrun gives the rank, torch's thread count from OMP_NUM_THREADS (torchrun sets 1 with several
@@ -25,10 +25,9 @@ import subprocess
 import sys
 import warnings
 
-from advisor.trials.process.zygote import FRESH_VARIABLE
-from advisor.trials.process.zygote_serve import end_as_python, reseed
-
-HARNESS_MODULE = "advisor.trials.process.harness"
+from advisor.trials.launch.commands import HARNESS_MODULE
+from advisor.trials.launch.zygote import FRESH_VARIABLE
+from advisor.trials.harness.zygote_serve import end_as_python, reseed
 
 
 class ForkedRank(subprocess.Popen):
@@ -91,7 +90,7 @@ def _run_rank(bound: dict, command: list[str]) -> None:
                                       errors=stream.errors, write_through=True)
         setattr(sys, name, unbuffered)
         setattr(sys, f"__{name}__", unbuffered)
-    import advisor.trials.process.harness as harness
+    import advisor.trials.harness.entry as harness
 
     sys.argv = [harness.__file__, *command[4:]]
     reseed()

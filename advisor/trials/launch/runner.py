@@ -1,5 +1,5 @@
-"""One trial in a process of its own: `run_trial` starts `advisor.trials.process.harness` in a new process group
-(forked from the zygote, `advisor.trials.process.zygote`, where it can be; else a fresh `python -c`)
+"""One trial in a process of its own: `run_trial` starts `advisor.trials.harness.entry` in a new process group
+(forked from the zygote, `advisor.trials.launch.zygote`, where it can be; else a fresh `python -c`)
 with the script, the step and the knobs, waits (time limit, Ctrl-C), ends every process of the trial
 (DataLoader workers and daemons included), and completes its record (`advisor.trials.record`).
 
@@ -23,20 +23,18 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.trials.process.distributed import crash_message, needs_torchrun, rank_files, torchrun_command, \
-    torchrun_module
+from advisor.trials.launch.commands import HARNESS_ENTRY, needs_torchrun, torchrun_command, torchrun_module
+from advisor.trials.record.ranks import crash_message, rank_files
 from advisor.trials.knobs import Knobs
 from advisor.trials.record.progress import ProgressWatch, TrialProgress
-from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TrialResult, \
+from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TRIAL_TOKEN, TrialResult, \
     complete_record
 from advisor.trials.record.storage import write_json_atomic
-from advisor.trials.process.targets import TargetNotFound, locate_target, parse_step, parse_target
-from advisor.trials.process.processes import TRIAL_TOKEN, advisor_importable, end_trial_processes, interrupts_held, \
+from advisor.trials.harness.targets import TargetNotFound, locate_target, parse_step, parse_target
+from advisor.trials.launch.processes import advisor_importable, end_trial_processes, interrupts_held, \
     sigterm_as_interrupt
-from advisor.trials.process.zygote import start_trial as start_forked
-from advisor.trials.process.memory_watch import MemoryWatch
-
-HARNESS_ENTRY = "import sys; from advisor.trials.process.harness import main; main(sys.argv[1:])"
+from advisor.trials.launch.zygote import start_trial as start_forked
+from advisor.trials.launch.memory_watch import MemoryWatch
 
 
 class TrialFailed(AdvisorError):
@@ -94,8 +92,8 @@ def run_trial(
     called about every PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time
     left (`advisor.trials.record.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
     a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
-    several nodes), each profiled (`advisor.trials.process.distributed`). `ray_address`: the job of `nnodes` ×
-    `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.process.ray_job`).
+    several nodes), each profiled (`advisor.trials.launch.commands`, `advisor.trials.record.ranks`). `ray_address`: the job of `nnodes` ×
+    `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.launch.ray_job`).
     `against` (`advisor.trials.record.adaptive.Against` as a dict): measure windows until they settle the
     comparison with the best, up to its cap. `turns` (`advisor.trials.record.turns.Turns` as a dict): its windows
     alternate with another trial's, one measuring while the other waits.
@@ -133,14 +131,14 @@ def run_trial(
     config["deadline"] = started + timeout_s  # windows that would outlast it are cut (StepSchedule.fit_windows)
     child_env = _child_environment(env, device, record["token"])
     if ray_address is not None:
-        from advisor.trials.process.ray_job import run_ray_job
+        from advisor.trials.launch.ray_job import run_ray_job
 
         # The ranks run in their node's environment, with what the trial adds to ours (and our thread count).
         shipped = {k: v for k, v in child_env.items() if os.environ.get(k) != v or k == "OMP_NUM_THREADS"}
         return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
                            nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
     # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
-    # happens (advisor.trials.process.distributed.one_rank_on_demand); one that reads torchrun's variables before
+    # happens (advisor.trials.harness.ranks.one_rank_on_demand); one that reads torchrun's variables before
     # that call fails on the first read, and runs again under torchrun (one rank).
     torchrun = nproc_per_node > 1
     write_json_atomic(out / TRIAL_FILE, record)
@@ -305,7 +303,7 @@ def _harness_command(python: str, config: str, nproc_per_node: int, torchrun_arg
 def _trial_starter(python: str, config: dict[str, Any], nproc_per_node: int, torchrun_args: Sequence[str],
                    torchrun: bool, env: dict[str, str], timeout_s: float) -> Callable[[Path], Any]:
     """How the trial's process starts, given its log: forked from the zygote where it can be (the harness, or
-    torchrun that starts the ranks: `advisor.trials.process.zygote`), else a fresh process in a new process
+    torchrun that starts the ranks: `advisor.trials.launch.zygote`), else a fresh process in a new process
     group."""
     cwd = config["cwd"]
 

@@ -137,8 +137,8 @@ class NodeAgent:
         import sys
         import tempfile
 
-        from advisor.trials.process.processes import TRIAL_NODE
-        from advisor.trials.process.runner import HARNESS_ENTRY
+        from advisor.trials.record import TRIAL_NODE
+        from advisor.trials.launch.commands import HARNESS_ENTRY
 
         self.node = str(node_rank)
         scratch = Path(tempfile.mkdtemp(prefix=f"advisor-ray-{self.token}-"))  # the token: whose it is
@@ -179,7 +179,7 @@ class NodeAgent:
     def _end_ranks(self) -> None:
         """End this node's ranks and whatever they started (DataLoader workers): those with the trial's token
         and this node's (another node of the job may share the machine, its ranks still at work)."""
-        from advisor.trials.process.processes import end_trial_processes
+        from advisor.trials.launch.processes import end_trial_processes
 
         for process in self.processes:
             end_trial_processes(process.pid, self.token, self.node)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import sys
 from pathlib import Path
 from typing import Any
 
-from advisor.trials.process.activations import proc_status_bytes
+from advisor.trials.harness.process_memory import proc_status_bytes
 
 
 class SetupProblem(Exception):
@@ -202,10 +201,3 @@ def cap_memory(limit: int, device_type: str) -> dict[str, Any]:
     return {"device": "cpu", "bytes": limit, "held_bytes": held, "freed_blocks_returned": returned,
             "what": "the process's writable memory (heap and anonymous mappings) beyond what torch held before the script ran",
             "how": f"RLIMIT_DATA at {held + limit} bytes"}
-
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (Linux reports KiB)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024

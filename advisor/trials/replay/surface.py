@@ -17,7 +17,7 @@ the same session), so every measurement, re-measures included, carries independe
 machine, and a setting can be measured again (`remeasure`); at 0 every window is that figure. With
 `noise` None the recording is served as it is, and with one recording per setting it cannot be measured
 again. Measured against the best (`against`, `advisor.trials.record.adaptive`), a served trial draws windows until
-they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.process.replay_drift`) a
+they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.replay.load_drift`) a
 load that comes and goes slows each step served at its time, and each window reports it.
 
 Every served trial is placed on a simulated clock: it costs its recorded start-up, profiled steps and
@@ -43,7 +43,7 @@ from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.knobs import MODEL_KNOBS, Knobs
 from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.record.adaptive import Against, settled
-from advisor.trials.process.replay_drift import LoadDrift, other_load
+from advisor.trials.replay.load_drift import LoadDrift, other_load
 
 # What tells two recorded settings apart: the loader's and the step's knobs, then the threads, 8-bit copies and
 # the model knobs (a CPU truth surface varies those).

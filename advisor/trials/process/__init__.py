@@ -1,1 +1,0 @@
-"""The process that runs a trial: the harness inside it, the step driver, and the runners outside it."""
