@@ -204,6 +204,7 @@ def phase_grid(run: Run, session: dict[str, Any]) -> dict[str, Any]:
     """The grid on the image classifier, points started only while one more fits in the limit; its best
     against the session's choice (each figure from its own trial)."""
     from advisor.trials.launch.runner import run_trial
+    from advisor.trials.spec import TrialSpec
 
     limit, started = run.limit("grid image"), time.monotonic()
     measured, longest = [], 20.0
@@ -214,8 +215,8 @@ def phase_grid(run: Run, session: dict[str, Any]) -> dict[str, Any]:
             break
         began = time.monotonic()
         try:
-            result = run_trial(IMAGE, grid_knobs(point), run.work / "grid" / f"{i:02d}", name=f"{i:02d}",
-                               device=run.device, timeout_s=min(TRIAL_TIMEOUT_S, left - 5), **TRIAL)
+            result = run_trial(TrialSpec(IMAGE, grid_knobs(point), run.work / "grid" / f"{i:02d}", name=f"{i:02d}",
+                                         device=run.device, timeout_s=min(TRIAL_TIMEOUT_S, left - 5), **TRIAL))
             sps = (result.samples_per_s or 0.0) if result.ok else 0.0
             status = result.status
         except Exception as exc:  # a grid point that cannot run is one row, not the end of the phase

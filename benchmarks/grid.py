@@ -10,6 +10,7 @@ from pathlib import Path
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 
 STEPS = 5
 WINDOWS, WINDOW_S = 3, 1.0  # every trial, grid and session alike, measures its steady state the same way
@@ -18,8 +19,8 @@ REMEASURE = 5
 
 def measure(target: str, knobs: Knobs, folder: Path, name: str) -> float:
     """Samples/s of one real trial on the CPU (0 if it failed)."""
-    result = run_trial(target, knobs, folder / name, name=name, steps=STEPS, profile=True, device="cpu",
-                       windows=WINDOWS, window_s=WINDOW_S)
+    result = run_trial(TrialSpec(target, knobs, folder / name, name=name, steps=STEPS, profile=True, device="cpu",
+                                 windows=WINDOWS, window_s=WINDOW_S))
     return (result.samples_per_s or 0.0) if result.ok else 0.0
 
 

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.trials.launch.runner import run_trial  # noqa: E402
+from advisor.trials.spec import TrialSpec  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TARGETS = ["image_classifier.py:train_step", "char_transformer.py:train_step"]
@@ -27,7 +28,7 @@ TARGETS = ["image_classifier.py:train_step", "char_transformer.py:train_step"]
 
 def median_step(target: str, folder: Path, *, profile: bool, steps: int) -> float:
     """One trial's median step time in seconds."""
-    result = run_trial(str(EXAMPLES / target), Knobs(), folder, steps=steps, device="cpu", profile=profile)
+    result = run_trial(TrialSpec(str(EXAMPLES / target), Knobs(), folder, steps=steps, device="cpu", profile=profile))
     if not result.ok:
         raise SystemExit(f"{target}: trial {result.status}: {result.message}")
     return result.median_step_s

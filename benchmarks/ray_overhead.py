@@ -24,14 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.trials.launch.ray_job import SINGLE_MACHINE_VARIABLE  # noqa: E402
 from advisor.trials.launch.runner import run_trial  # noqa: E402
+from advisor.trials.spec import TrialSpec  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_classifier.py"
 
 
 def first_step_s(folder: Path, **where) -> float:
     """Seconds from the trial's start to the end of its first step."""
-    result = run_trial(f"{EXAMPLE}:train_step", Knobs(), folder, steps=1, wait=0, warmup=0, device="cpu",
-                       nproc_per_node=where.pop("nproc_per_node"), **where)
+    result = run_trial(TrialSpec(f"{EXAMPLE}:train_step", Knobs(), folder, steps=1, wait=0, warmup=0, device="cpu",
+                                 nproc_per_node=where.pop("nproc_per_node"), **where))
     if not result.ok:
         raise SystemExit(f"trial {result.status}: {result.message}")
     times = json.loads((folder / "trial.json").read_text())["times"]

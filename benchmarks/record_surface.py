@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.trials.record import TRIAL_FILE
 from advisor.trials.launch.runner import run_trial  # noqa: E402
+from advisor.trials.spec import TrialSpec  # noqa: E402
 
 
 def point_name(amp: str, batch: int, workers: int, copies: str) -> str:
@@ -175,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: not started, past the deadline of {args.deadline:g} s", flush=True)
             continue
         started = time.monotonic()
-        result = run_trial(args.target, knobs, out / name, name=name, steps=args.steps,
-                           device=args.device, script_args=script_args, timeout_s=args.timeout,
-                           windows=args.windows, window_s=args.window)
+        result = run_trial(TrialSpec(args.target, knobs, out / name, name=name, steps=args.steps, device=args.device,
+                                     script_args=script_args, timeout_s=args.timeout, windows=args.windows,
+                                     window_s=args.window))
         figure = f"{result.samples_per_s:.0f} samples/s" if result.samples_per_s else result.status
         print(f"{name}: {figure} ({time.monotonic() - started:.1f} s)", flush=True)
     summarize(out, runs)

@@ -158,6 +158,7 @@ def trial_startup_s(tmp_path_factory) -> float:
     are set from it, so that a slow or busy machine gets proportionally more time."""
     from advisor.trials.knobs import Knobs
     from advisor.trials.launch.runner import run_trial
+    from advisor.trials.spec import TrialSpec
 
     folder = tmp_path_factory.mktemp("startup")
     script = folder / "trivial.py"
@@ -165,7 +166,7 @@ def trial_startup_s(tmp_path_factory) -> float:
                       "    return x.sum()\n\nif __name__ == '__main__':\n"
                       "    for x in DataLoader(list(range(100)), batch_size=2, num_workers=2):\n"
                       "        train_step(x)\n")
-    result = run_trial(f"{script}:train_step", Knobs(), folder / "t", steps=2, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), folder / "t", steps=2, device="cpu"))
     assert result.ok, result.message
     return json.loads((result.path / "trial.json").read_text())["times"]["duration_s"]
 

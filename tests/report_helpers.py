@@ -28,7 +28,7 @@ TRACES = REPO / "tests" / "data" / "traces"
 
 
 @dataclass(frozen=True)
-class TrialSpec:
+class LadderRow:
     """One row of a fixture session: which real trial folder stands in for it, and the decision taken."""
 
     name: str
@@ -44,15 +44,15 @@ class TrialSpec:
 
 
 DEFAULT_LADDER = (
-    TrialSpec("00-baseline", "baseline", "baseline", reason="the script as written"),
-    TrialSpec("01-more-workers", "num_workers 0 → 2", "kept", knobs={"num_workers": 2},
+    LadderRow("00-baseline", "baseline", "baseline", reason="the script as written"),
+    LadderRow("01-more-workers", "num_workers 0 → 2", "kept", knobs={"num_workers": 2},
               recommendation="more-workers", throughput=1.8, reason="samples/s +80.0% (noise 3.0%)"),
-    TrialSpec("02-amp-bf16", "amp bf16", "reverted", source=TRANSFORMER_BASELINE,
+    LadderRow("02-amp-bf16", "amp bf16", "reverted", source=TRANSFORMER_BASELINE,
               knobs={"num_workers": 2, "amp": "bf16"}, recommendation="amp", throughput=1.75,
               reason="samples/s -2.8% against 01-more-workers, within noise"),
-    TrialSpec("03-batch-64", "batch_size 32 → 64", "kept", knobs={"num_workers": 2, "batch_size": 64},
+    LadderRow("03-batch-64", "batch_size 32 → 64", "kept", knobs={"num_workers": 2, "batch_size": 64},
               recommendation="larger-batch", throughput=2.1, reason="samples/s +16.7% (noise 3.0%)"),
-    TrialSpec("04-batch-128", "batch_size 64 → 128", "failed", knobs={"num_workers": 2, "batch_size": 128},
+    LadderRow("04-batch-128", "batch_size 64 → 128", "failed", knobs={"num_workers": 2, "batch_size": 128},
               recommendation="larger-batch", status="oom", reason="out of memory at batch 128",
               measured=False),
 )
@@ -71,7 +71,7 @@ def _knobs(overrides: dict | None) -> dict:
     return knobs
 
 
-def build_session(dst: Path, specs: tuple[TrialSpec, ...] | list[TrialSpec] = DEFAULT_LADDER,
+def build_session(dst: Path, specs: tuple[LadderRow, ...] | list[LadderRow] = DEFAULT_LADDER,
                   patch: str | None = None) -> Path:
     """A session folder at `dst` from real trial folders, with session.json per the schema."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -133,12 +133,12 @@ def build_session(dst: Path, specs: tuple[TrialSpec, ...] | list[TrialSpec] = DE
     return dst
 
 
-def ten_trial_specs() -> list[TrialSpec]:
+def ten_trial_specs() -> list[LadderRow]:
     """A 10-trial session: baseline, then kept and reverted steps alternating."""
     specs = [DEFAULT_LADDER[0]]
     for i in range(1, 10):
         kept = i % 2 == 1
-        specs.append(TrialSpec(f"{i:02d}-step-{i}", f"num_workers {i - 1} → {i}", "kept" if kept else "reverted",
+        specs.append(LadderRow(f"{i:02d}-step-{i}", f"num_workers {i - 1} → {i}", "kept" if kept else "reverted",
                                source=IMAGE_BASELINE if kept else TRANSFORMER_BASELINE,
                                knobs={"num_workers": i}, recommendation="more-workers",
                                throughput=1 + 0.2 * i, reason="measured"))

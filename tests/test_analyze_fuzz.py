@@ -487,10 +487,10 @@ ROW_KEYS = ["index", "name", "folder", "change", "decision", "status", "samples_
 @lru_cache(maxsize=None)
 def fuzz_session(root: str) -> Path:
     """One session folder (two real trials), built once; each example rewrites its session.json."""
-    from report_helpers import TrialSpec, build_session
+    from report_helpers import LadderRow, build_session
 
-    return build_session(Path(root) / "session", [TrialSpec("00-baseline", "baseline", "baseline"),
-                                                  TrialSpec("01-x", "x", "kept", throughput=1.5)])
+    return build_session(Path(root) / "session", [LadderRow("00-baseline", "baseline", "baseline"),
+                                                  LadderRow("01-x", "x", "kept", throughput=1.5)])
 
 
 @settings(FUZZ, max_examples=max(5, EXAMPLES // 6))

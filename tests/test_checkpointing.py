@@ -27,6 +27,7 @@ from advisor.trials.interposition.checkpointing import repeated_blocks
 from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.code.patch.plan import plan_patch
 from conftest import advisor_main, run_script, require
 from trial_helpers import EXAMPLES
@@ -119,9 +120,9 @@ def limit(tmp_path_factory):
     (its activations twice batch 16's), while batch 32 with it does (one block's activations at a time)."""
     root = tmp_path_factory.mktemp("probe")
     shutil.copyfile(EXAMPLES / "gpt.py", root / "gpt.py")
-    probe = run_trial(str(root / "gpt.py"), Knobs(), root / "probe", steps=1, wait=1, warmup=1, device="cpu",
-                      memory_limit=8 * 2**30, script_args=["--batch-size", "16", *GPT_ARGS], profile=True,
-                      env=TWO_THREADS)
+    probe = run_trial(TrialSpec(str(root / "gpt.py"), Knobs(), root / "probe", steps=1, wait=1, warmup=1, device="cpu",
+                                memory_limit=8 * 2**30, script_args=["--batch-size", "16", *GPT_ARGS], profile=True,
+                                env=TWO_THREADS))
     assert probe.ok, probe.message
     record = json.loads((probe.path / "trial.json").read_text())
     assert record["memory_cap"]["freed_blocks_returned"] is (sys.platform == "linux")
@@ -198,9 +199,9 @@ def test_the_patch_from_a_trials_plan_applies_and_the_script_trains_as_before(tm
     script = tmp_path / "gpt.py"
     shutil.copyfile(EXAMPLES / "gpt.py", script)
     # The plan as the trial records it: the blocks found in the running model, the file its class came from.
-    trial = run_trial(str(script), Knobs(checkpointing=True), tmp_path / "trial", steps=1, wait=0, warmup=0,
-                      device="cpu", script_args=["--batch-size", "4", "--context", "16"], profile=False,
-                      env=TWO_THREADS)
+    trial = run_trial(TrialSpec(str(script), Knobs(checkpointing=True), tmp_path / "trial", steps=1, wait=0, warmup=0,
+                                device="cpu", script_args=["--batch-size", "4", "--context", "16"], profile=False,
+                                env=TWO_THREADS))
     assert trial.ok, trial.message
     plan = json.loads((trial.path / "trial.json").read_text())["checkpoint_plan"]
     assert Path(plan["file"]) == script

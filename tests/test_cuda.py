@@ -22,6 +22,7 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.profiler_check import cuda_profiler_problem, probe, trace_problems
 from advisor.trials.launch.processes import group_members
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.interposition.uint8_copies import ByteCopies, mark
 from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT
@@ -64,8 +65,8 @@ def gpu_script(folder, grow_at=-1, grow_bytes=0):
 
 def test_memory_limit_caps_device_memory_and_says_so(tmp_path):
     script = gpu_script(tmp_path, grow_at=3, grow_bytes=3 * 2**30)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cuda",
-                       memory_limit=2 * 2**30)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cuda",
+                                 memory_limit=2 * 2**30))
     assert result.status == "oom", result.message
     record = trial_record(result.path)
     assert record["memory_cap"]["device"].startswith("cuda:") and record["memory_cap"]["bytes"] == 2 * 2**30
@@ -78,7 +79,7 @@ def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = gpu_script(tmp_path)
     knobs = Knobs(amp="bf16" if cuda_computes_bf16() else "fp16", pin_memory=True, non_blocking=True)
-    result = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=3, device="cuda")
+    result = run_trial(TrialSpec(f"{script}:train_step", knobs, tmp_path / "t", steps=3, device="cuda"))
     assert result.ok, result.message
     assert result.knob_outcomes == {"amp": APPLIED, "pin_memory": APPLIED, "non_blocking": APPLIED}
     observed = json.loads((tmp_path / "observed.json").read_text())
@@ -92,7 +93,7 @@ def test_pinned_non_blocking_copies_and_autocast_on_the_gpu(tmp_path, monkeypatc
 def test_fp16_autocast_runs_with_its_grad_scaler(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the script writes observed.json in the folder the trial runs from
     script = gpu_script(tmp_path)
-    result = run_trial(f"{script}:train_step", Knobs(amp="fp16"), tmp_path / "t", steps=3, device="cuda")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(amp="fp16"), tmp_path / "t", steps=3, device="cuda"))
     assert result.ok, result.message
     assert result.knob_outcomes == {"amp": APPLIED}
     assert json.loads((tmp_path / "observed.json").read_text())["matmul_dtype"] == "torch.float16"
@@ -128,7 +129,7 @@ def test_the_8bit_conversion_after_a_real_copy_gives_the_same_numbers(datasets, 
 def test_a_real_trial_moves_8bit_images_to_the_gpu(tmp_path):
     target = f"{ROOT / 'examples' / 'image_classifier.py'}:train_step"
     knobs = Knobs(num_workers=2, pin_memory=True, non_blocking=True, uint8_copies=True)
-    result = run_trial(target, knobs, tmp_path / "t", steps=3, wait=1, warmup=1, device="cuda")
+    result = run_trial(TrialSpec(target, knobs, tmp_path / "t", steps=3, wait=1, warmup=1, device="cuda"))
     assert result.ok, result.message
     assert set(result.knob_outcomes.values()) == {APPLIED}, result.knob_outcomes
     record = trial_record(result.path)
@@ -174,8 +175,8 @@ def kernel_names(folder) -> list[str]:
 def test_tf32_and_cudnn_benchmark_are_set_on_the_device(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the script writes observed.json in the folder the trial runs from
     script = write_script(tmp_path, MODEL_SCRIPT)
-    result = run_trial(f"{script}:train_step", Knobs(tf32=True, cudnn_benchmark=True), tmp_path / "t", steps=3,
-                       device="cuda")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(tf32=True, cudnn_benchmark=True), tmp_path / "t",
+                                 steps=3, device="cuda"))
     assert result.ok, result.message
     observed = json.loads((tmp_path / "observed.json").read_text())
     assert result.knob_outcomes["cudnn_benchmark"] == APPLIED and observed["cudnn_benchmark"] is True
@@ -189,8 +190,9 @@ def test_tf32_and_cudnn_benchmark_are_set_on_the_device(tmp_path, monkeypatch):
 def test_ddp_trial_on_nccl(tmp_path):
     """Two ranks where there are two GPUs (their all-reduce is NCCL kernels in the traces), else one."""
     ranks = 2 if torch.cuda.device_count() >= 2 else 1
-    result = run_trial(f"{ROOT / 'examples' / 'ddp_classifier.py'}:train_step", Knobs(ddp_bucket_cap_mb=50),
-                       tmp_path / "t", steps=2, wait=1, warmup=1, device="cuda", nproc_per_node=ranks, timeout_s=300)
+    result = run_trial(TrialSpec(f"{ROOT / 'examples' / 'ddp_classifier.py'}:train_step", Knobs(ddp_bucket_cap_mb=50),
+                                 tmp_path / "t", steps=2, wait=1, warmup=1, device="cuda", nproc_per_node=ranks,
+                                 timeout_s=300))
     assert result.ok, result.message
     assert result.knob_outcomes == {"ddp_bucket_cap_mb": APPLIED}
     record = trial_record(result.path)
@@ -212,8 +214,8 @@ def test_the_profiler_sees_the_gpu_before_a_cuda_baseline(tmp_path):
 def test_compile_runs_triton_kernels_on_the_device(tmp_path):
     """Last: the longest, and the one whose time varies most (Triton compiles the kernels)."""
     script = write_script(tmp_path, MODEL_SCRIPT)
-    result = run_trial(f"{script}:train_step", Knobs(compile=True), tmp_path / "t", steps=3, wait=2, device="cuda",
-                       timeout_s=400)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(compile=True), tmp_path / "t", steps=3, wait=2,
+                                 device="cuda", timeout_s=400))
     assert result.ok, result.message
     assert result.knob_outcomes == {"compile": APPLIED}
     record = trial_record(result.path)
@@ -232,7 +234,7 @@ def test_trials_forked_from_the_zygote_run_on_the_gpu(tmp_path, monkeypatch):
         '"matmul_dtype": str(model(x).dtype)', '"parent": __import__("os").getppid()'))
     parents = []
     for i in range(2):
-        result = run_trial(f"{script}:train_step", Knobs(), tmp_path / f"t{i}", steps=3, device="cuda")
+        result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / f"t{i}", steps=3, device="cuda"))
         assert result.ok, result.message
         assert analyze_file(sorted(result.path.glob("*.pt.trace.json*"))[0]).platform == "gpu"
         parents.append(json.loads((tmp_path / "observed.json").read_text())["parent"])

@@ -17,6 +17,7 @@ from advisor.search.state import SessionOptions
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.record import TRIAL_TOKEN
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.launch.zygote import ZYGOTE_ENTRY
 from conftest import ROOT
 
@@ -75,8 +76,8 @@ def left_behind(token: str) -> list[int]:
 def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path):
     script = ranks_script(tmp_path)
     knobs = Knobs(ddp_gradient_as_bucket_view=True, ddp_bucket_cap_mb=50)
-    trial = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu",
-                      windows=2, window_s=0.2, nproc_per_node=2)
+    trial = run_trial(TrialSpec(f"{script}:train_step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu",
+                                windows=2, window_s=0.2, nproc_per_node=2))
     assert trial.ok, trial.message
     record = trial_record(trial.path)
     assert record["world_size"] == 2 and [r["rank"] for r in record["ranks"]] == [0, 1]
@@ -100,7 +101,8 @@ def test_every_rank_is_profiled_and_measured_with_the_same_knobs(tmp_path):
 
 def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
     script = ranks_script(tmp_path, fail_at=4)
-    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=2)
+    trial = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu",
+                                nproc_per_node=2))
     assert trial.status == "error"
     assert trial.message.startswith("rank 1: ValueError in step 4: rank one broke"), trial.message
     assert "rank one broke" in trial.traceback and 'in train_step' in trial.traceback
@@ -110,7 +112,8 @@ def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
 def test_a_rank_that_crashes_in_native_code_is_named_not_the_peer_it_left(tmp_path):
     # Rank 0 then fails too (its all-reduce loses the peer) and writes its error first: the crash is the cause.
     script = ranks_script(tmp_path, fail_at=4, failure="abort")
-    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=2)
+    trial = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu",
+                                nproc_per_node=2))
     assert trial.status == "error"
     assert trial.message.startswith(f"rank 1 crashed: Fatal Python error: Aborted in train_step ({script}, line 11)"), \
         trial.message
@@ -123,8 +126,8 @@ def test_a_rank_that_crashes_in_native_code_is_named_not_the_peer_it_left(tmp_pa
 def test_a_rank_that_hangs_ends_at_the_time_limit_with_nothing_left(tmp_path, trial_startup_s):
     script = ranks_script(tmp_path, fail_at=4, failure="hang")
     limit = round(2 * trial_startup_s + 5)
-    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=2,
-                      timeout_s=limit)
+    trial = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu",
+                                nproc_per_node=2, timeout_s=limit))
     assert trial.status == "timeout" and f"time limit of {limit} s" in trial.message
     assert not left_behind(trial_record(trial.path)["token"])
 
@@ -149,8 +152,8 @@ def test_a_session_on_the_ddp_example_with_a_straggler(tmp_path):
 
 
 def test_a_straggler_made_on_rank_zero_is_found_and_named(tmp_path):
-    trial = run_trial(f"{DDP_EXAMPLE}:train_step", Knobs(), tmp_path / "t", steps=3, wait=1, warmup=1, device="cpu",
-                      nproc_per_node=2, script_args=["--slow-rank", "0"])
+    trial = run_trial(TrialSpec(f"{DDP_EXAMPLE}:train_step", Knobs(), tmp_path / "t", steps=3, wait=1, warmup=1,
+                                device="cpu", nproc_per_node=2, script_args=["--slow-rank", "0"]))
     assert trial.ok, trial.message
     (job,) = jobs_of(analyze_path(trial.path))
     assert job.rank_numbers == (0, 1) and job.backend == "gloo"

@@ -23,6 +23,7 @@ from advisor.search.session import run_session
 from advisor.search.strategy import SearchSpace
 from advisor.trials.record import TRIAL_TOKEN
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import ROOT, advisor_main
 
 pytestmark = pytest.mark.slow
@@ -231,7 +232,7 @@ def test_a_daemon_that_ignores_sigterm_does_not_outlive_its_trial(tmp_path, monk
                 train_step(x)
                 time.sleep(0.05)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=4, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=4, device="cpu"))
     assert result.ok, result.message
     daemon = int((tmp_path / "daemon.pid").read_text())
     assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE

@@ -25,6 +25,7 @@ from advisor.code.patch import plan_patch, write_patch
 from advisor.search.outputs import step_function
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (importlib.util.find_spec("transformers") and importlib.util.find_spec("lightning")),
@@ -42,7 +43,7 @@ def framework_trial(tmp_path_factory, script: str, knobs: Knobs) -> dict:
     work = base / "work"
     work.mkdir()
     with contextlib.chdir(work):
-        trial = run_trial(str(repo / "frameworks" / script), knobs, base / "trial", **TRIAL)
+        trial = run_trial(TrialSpec(str(repo / "frameworks" / script), knobs, base / "trial", **TRIAL))
     record = json.loads((trial.path / "trial.json").read_text())
     assert trial.ok, record["message"] + (record.get("traceback") or "")
     return {"repo": repo, "work": work, "trial": trial, "record": record, "knobs": knobs,
@@ -211,7 +212,7 @@ def test_init_process_group_that_is_never_reached_runs_as_one_process(tmp_path):
             loss.backward()
             optimizer.step()
     """)
-    trial = run_trial(str(script), Knobs(), tmp_path / "t", device="cpu", steps=2, wait=1, warmup=0)
+    trial = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "t", device="cpu", steps=2, wait=1, warmup=0))
     record = json.loads((trial.path / "trial.json").read_text())
     assert trial.ok, record["message"]
     assert record["single_rank_job"] is False
@@ -260,8 +261,8 @@ def test_a_batch_sampler_of_the_script_makes_the_batch_not_applicable_with_its_o
     """)
     line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.startswith("train ="))
     # As a session's later trials are told by its baseline: the loader at that line trains.
-    trial = run_trial(str(script), Knobs(batch_size=32), tmp_path / "t", device="cpu", steps=2, wait=1, warmup=0,
-                      loader={"site": f"{script}:{line}", "ordinal": 0})
+    trial = run_trial(TrialSpec(str(script), Knobs(batch_size=32), tmp_path / "t", device="cpu", steps=2, wait=1,
+                                warmup=0, loader={"site": f"{script}:{line}", "ordinal": 0}))
     record = json.loads((trial.path / "trial.json").read_text())
     assert trial.ok, record["message"]
     assert record["knob_outcomes"] == {"batch_size": "not applicable: the DataLoader uses a batch_sampler"}

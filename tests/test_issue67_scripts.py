@@ -18,6 +18,7 @@ from advisor.code.patch.plan import plan_patch
 from advisor.report.formatting import attention_text
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import ROOT, run_script
 
 SCRIPTS = ROOT / "tests" / "scripts" / "issue67"
@@ -29,8 +30,8 @@ def trial_and_patch(tmp_path, name: str, target: str, knobs: Knobs, plan_key: st
     project.mkdir()
     script = project / name
     shutil.copy(SCRIPTS / name, script)
-    result = run_trial(f"{script}:{target}", knobs, tmp_path / "trial", steps=3, wait=1, warmup=1, device="cpu",
-                       script_args=("--steps", "24"))
+    result = run_trial(TrialSpec(f"{script}:{target}", knobs, tmp_path / "trial", steps=3, wait=1, warmup=1,
+                                 device="cpu", script_args=("--steps", "24")))
     assert result.ok, result.message
     record = json.loads((tmp_path / "trial" / "trial.json").read_text())
     plan = record[plan_key]

@@ -21,6 +21,7 @@ from advisor.trials.interposition.loaders import plan_loader_arguments
 from advisor.trials.record.memory import memory_growth
 from advisor.trials.launch.processes import group_members
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 
 K = 4
 
@@ -171,8 +172,8 @@ ACCUMULATING_SCRIPT = """
 def test_trial_with_accumulation_records_micro_and_effective_batch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # trials run in the folder they are started from; the script writes there
     script = write_script(tmp_path, ACCUMULATING_SCRIPT)
-    result = run_trial(f"{script}:train_step", Knobs(accumulation_steps=4), tmp_path / "t", steps=5, wait=2,
-                       warmup=1, device="cpu", profile=False)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(accumulation_steps=4), tmp_path / "t", steps=5, wait=2,
+                                 warmup=1, device="cpu", profile=False))
     assert result.ok, result.message + (result.traceback or "")
     record = trial_record(result.path)
     assert record["knob_outcomes"] == {"accumulation_steps": APPLIED}
@@ -208,7 +209,8 @@ def test_memory_growth_is_a_least_squares_slope_from_the_most_precise_source():
 
 
 def test_leaky_example_grows_every_step(tmp_path):
-    result = run_trial(f"{EXAMPLES / 'leaky_loss.py'}:train_step", Knobs(), tmp_path / "t", steps=5, device="cpu")
+    result = run_trial(TrialSpec(f"{EXAMPLES / 'leaky_loss.py'}:train_step", Knobs(), tmp_path / "t", steps=5,
+                                 device="cpu"))
     assert result.ok, result.message
     summary = trial_record(result.path)["summary"]
     growth = summary["memory_growth"]
@@ -235,8 +237,8 @@ TWO_THREADS = None if torch.get_num_threads() == 2 else dict(os.environ, OMP_NUM
 def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_cap(tmp_path):
     target = f"{EXAMPLES / 'memory_hungry.py'}:train_step"
     env = TWO_THREADS
-    baseline = run_trial(target, Knobs(), tmp_path / "base", steps=1, wait=1, warmup=0, device="cpu",
-                         memory_limit=CAP, env=env)
+    baseline = run_trial(TrialSpec(target, Knobs(), tmp_path / "base", steps=1, wait=1, warmup=0, device="cpu",
+                                   memory_limit=CAP, env=env))
     assert baseline.status == "oom", baseline.message
     assert "in step 0" in baseline.message
     record = trial_record(baseline.path)
@@ -253,8 +255,8 @@ def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_c
     activations = record["summary"]["activations"]
     assert activations["complete"] is False and activations["checkpoint_candidates"][0] == "Block"
 
-    fits = run_trial(target, Knobs(accumulation_steps=4), tmp_path / "acc", steps=1, wait=1, warmup=0,
-                     device="cpu", memory_limit=CAP, env=env)
+    fits = run_trial(TrialSpec(target, Knobs(accumulation_steps=4), tmp_path / "acc", steps=1, wait=1, warmup=0,
+                               device="cpu", memory_limit=CAP, env=env))
     assert fits.ok, fits.message
     summary = trial_record(fits.path)["summary"]
     assert (summary["micro_batch_size"], summary["effective_batch_size"]) == (4, 16)
@@ -267,8 +269,8 @@ def test_memory_hungry_runs_out_of_memory_and_micro_batches_fit_under_the_same_c
 def test_bf16_autocast_halves_the_activations_and_the_users_batch_fits_under_the_same_cap(tmp_path):
     target = f"{EXAMPLES / 'memory_hungry.py'}:train_step"
     env = TWO_THREADS
-    bf16 = run_trial(target, Knobs(amp="bf16"), tmp_path / "bf16", steps=1, wait=0, warmup=0, device="cpu",
-                     memory_limit=CAP, env=env, profile=False)
+    bf16 = run_trial(TrialSpec(target, Knobs(amp="bf16"), tmp_path / "bf16", steps=1, wait=0, warmup=0, device="cpu",
+                               memory_limit=CAP, env=env, profile=False))
     assert bf16.ok and bf16.batch_size == 16, bf16.message
 
 

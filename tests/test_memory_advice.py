@@ -16,6 +16,7 @@ from advisor.search.state import SessionOptions
 from advisor.cli import parse_size
 from advisor.trials.harness.trial_facts import cpu_computes_bf16
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import ROOT, SAMPLE_RUNS
 
 HUNGRY = ROOT / "examples" / "memory_hungry.py"
@@ -60,7 +61,7 @@ def test_out_of_memory_baseline_ends_in_a_configuration_that_fits(tmp_path):
 
 
 def test_leaking_step_is_reported_with_its_growth_and_line(tmp_path):
-    result = run_trial(f"{LEAKY}:train_step", Knobs(), tmp_path / "leak", name="leak", steps=4, device="cpu")
+    result = run_trial(TrialSpec(f"{LEAKY}:train_step", Knobs(), tmp_path / "leak", name="leak", steps=4, device="cpu"))
     assert result.ok, result.message
     (trace,) = sorted(result.path.glob("*.pt.trace.json.gz"))
     d = analyze_file(trace, linter=script_findings)

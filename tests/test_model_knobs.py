@@ -10,6 +10,7 @@ from pathlib import Path
 
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import advisor_main
 
 MLP = '''
@@ -69,7 +70,8 @@ def write(tmp_path: Path, name: str, source: str) -> Path:
 def test_without_convolutions_or_a_gpu_each_knob_says_what_it_did(tmp_path):
     script = write(tmp_path, "mlp.py", MLP)
     knobs = Knobs(channels_last=True, fused_optimizer=True, tf32=True, cudnn_benchmark=True)
-    result = run_trial(f"{script}:train_step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1,
+                                 device="cpu"))
     assert result.ok, result.message
     outcomes = result.knob_outcomes
     assert outcomes["channels_last"].startswith("not applicable") and "no 2-D convolutions" in outcomes["channels_last"]

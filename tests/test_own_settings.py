@@ -14,6 +14,7 @@ from advisor.search.strategy import surface_space
 from advisor.trials.knobs import Knobs
 from advisor.trials.replay.surface import ReplayRunner, load_surface
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import SURFACES, advisor_main
 from trial_helpers import trial_record, write_script
 
@@ -69,7 +70,7 @@ def test_a_trial_records_the_scripts_own_settings_but_not_the_advisors_autocast(
     trial's own bf16 autocast (the amp knob) is the advisor's, and an autocast under no_grad is an
     evaluation's: neither is taken for the script's."""
     script = write_script(tmp_path, OWN_COMPILE_LAYOUT)
-    result = run_trial(str(script), Knobs(amp="bf16"), tmp_path / "t", steps=4, device="cpu")
+    result = run_trial(TrialSpec(str(script), Knobs(amp="bf16"), tmp_path / "t", steps=4, device="cpu"))
     record = trial_record(result.path)
     assert record["status"] == "ok", record.get("message")
     own = record["own_settings"]

@@ -188,10 +188,11 @@ def test_the_issues_convnet_gets_the_8_bit_copies_and_its_patch_learns_the_same(
 
     from advisor.trials.knobs import APPLIED
     from advisor.trials.launch.runner import run_trial
+    from advisor.trials.spec import TrialSpec
 
     script = formatted_project(tmp_path / "project", "convnet_constants.py", SCRIPTS, black=True)
-    result = run_trial(f"{script}:train_step", Knobs(uint8_copies=True), tmp_path / "trial", steps=3, wait=1,
-                       warmup=1, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(uint8_copies=True), tmp_path / "trial", steps=3, wait=1,
+                                 warmup=1, device="cpu"))
     assert result.ok, result.message
     record = json.loads((tmp_path / "trial" / "trial.json").read_text())
     assert record["knob_outcomes"]["uint8_copies"] == APPLIED

@@ -33,6 +33,7 @@ from advisor.analysis.job import jobs_of
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.ray_job import SINGLE_MACHINE_VARIABLE, connect
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.launch.zygote import ZYGOTE_ENTRY
 from conftest import run_advisor
 
@@ -172,9 +173,9 @@ def runs(cluster, tmp_path_factory):
             # (twice that and 5 s was too little beside a CPU-bound process).
             limit = round(3 * (times["first_step_at"] - times["started_at"]) + 10)
             script = ranks_script(tmp_path_factory.mktemp("hang"), fail_at=4, failure="hang")
-            hanging = background.submit(run_trial, f"{script}:train_step", Knobs(), script.parent / "t", steps=10,
-                                        device="cpu", nproc_per_node=1, nnodes=2, ray_address=cluster.address,
-                                        timeout_s=limit)
+            hanging = background.submit(run_trial, TrialSpec(f"{script}:train_step", Knobs(), script.parent / "t",
+                                                             steps=10, device="cpu", nproc_per_node=1, nnodes=2,
+                                                             ray_address=cluster.address, timeout_s=limit))
             driver.wait(timeout=600)
             assert driver.returncode == 0, output.read_text()[-4000:]
             yield out, json.loads((out / "session.json").read_text()), hanging, limit
@@ -228,8 +229,8 @@ def test_a_session_on_ray_decides_on_the_jobs_figures(session):
 
 def test_a_failing_rank_is_named_with_its_traceback_and_node(cluster, tmp_path):
     script = ranks_script(tmp_path, fail_at=4)
-    trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
-                      nnodes=2, ray_address=cluster.address, timeout_s=300)
+    trial = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu",
+                                nproc_per_node=1, nnodes=2, ray_address=cluster.address, timeout_s=300))
     assert trial.status == "error"
     assert trial.message.startswith("rank 1 (node 1, 127.0.0.1): ValueError in step 4: rank one broke"), trial.message
     assert "rank one broke" in trial.traceback and "in train_step" in trial.traceback
@@ -282,8 +283,8 @@ def test_ctrl_c_stops_the_job_on_every_node_and_marks_the_trial_interrupted(clus
     thread = once_every_rank_runs(tmp_path / "t", lambda: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C
     with pytest.raises(KeyboardInterrupt):
         try:
-            run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
-                      nnodes=2, ray_address=cluster.address, timeout_s=300)
+            run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu",
+                                nproc_per_node=1, nnodes=2, ray_address=cluster.address, timeout_s=300))
         finally:
             thread.join()
             signal.signal(signal.SIGINT, previous)
@@ -315,8 +316,8 @@ def test_a_node_lost_mid_trial_fails_the_trial_and_nothing_is_left(cluster, tmp_
     worker = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
     thread = once_every_rank_runs(tmp_path / "t", lambda: cluster.remove_node(worker, allow_graceful=False))
     try:
-        trial = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu", nproc_per_node=1,
-                          nnodes=2, ray_address=cluster.address, timeout_s=300)
+        trial = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu",
+                                    nproc_per_node=1, nnodes=2, ray_address=cluster.address, timeout_s=300))
     finally:
         thread.join()
     assert worker not in cluster.list_all_nodes()

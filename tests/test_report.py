@@ -27,7 +27,7 @@ from PIL import Image
 from advisor.errors import AdvisorError
 from advisor.report import charts, views
 from advisor.report import render_session_report, render_trace_report, write_report, write_tensorboard
-from report_helpers import (IMAGE_BASELINE, REPO, TRACES, TrialSpec, build_session, free_port, recorded_session,
+from report_helpers import (IMAGE_BASELINE, REPO, TRACES, LadderRow, build_session, free_port, recorded_session,
                             rewrite_trace_names, run_chromium, ten_trial_specs)
 from conftest import require
 
@@ -156,7 +156,7 @@ def test_session_report_is_deterministic_and_reads_only_the_folder(session_dir: 
 
 def test_interrupted_session_reports_the_trials_so_far(tmp_path: Path):
     """A session killed mid-way (status interrupted, no patch yet) still gets a report that says so."""
-    session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
+    session_dir = build_session(tmp_path / "s", [LadderRow("00-baseline", "baseline", "baseline")])
     path = session_dir / "session.json"
     session = json.loads(path.read_text())
     session.update(status="interrupted", best=None, speedup=None, final_knobs=None, recommendations=[],
@@ -261,7 +261,7 @@ def test_trace_report_of_a_folder_has_a_section_per_trace():
 
 def test_write_report_picks_session_or_traces_and_names_bad_input(tmp_path: Path):
     """A folder with session.json is a session; a bad session.json is one error naming the file."""
-    session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
+    session_dir = build_session(tmp_path / "s", [LadderRow("00-baseline", "baseline", "baseline")])
     assert 'id="ladder"' in write_report(session_dir, tmp_path / "a.html").read_text()
     trace_only = write_report(session_dir / "trials", tmp_path / "b.html").read_text()
     assert 'id="ladder"' not in trace_only and "image_classifier.py, trial 00-baseline" in trace_only
@@ -272,7 +272,7 @@ def test_write_report_picks_session_or_traces_and_names_bad_input(tmp_path: Path
 
 def test_cli_report_writes_html_and_tensorboard(tmp_path: Path):
     """`advisor report DIR --tensorboard` and `advisor report TRACE -o FILE`; a bad path is one line, exit 2."""
-    session_dir = build_session(tmp_path / "s", [TrialSpec("00-baseline", "baseline", "baseline")])
+    session_dir = build_session(tmp_path / "s", [LadderRow("00-baseline", "baseline", "baseline")])
     from conftest import advisor_main
 
     run = lambda *a: advisor_main("report", *a, cwd=tmp_path)

@@ -17,7 +17,7 @@ import pytest
 
 from advisor.errors import AdvisorError
 from advisor.report.html import render_session_report, write_report
-from report_helpers import IMAGE_BASELINE, TrialSpec, build_session
+from report_helpers import IMAGE_BASELINE, LadderRow, build_session
 
 OPENED: list[str] | None = None  # paths opened while a test records, else None
 
@@ -41,7 +41,7 @@ def opened_files(render) -> tuple[object, list[str]]:
         OPENED = None
 
 
-ONE_TRIAL = [TrialSpec("00-baseline", "baseline", "baseline")]
+ONE_TRIAL = [LadderRow("00-baseline", "baseline", "baseline")]
 
 
 def outside_trace(tmp_path: Path) -> Path:
@@ -126,7 +126,7 @@ def test_links_out_of_the_session_are_not_followed(tmp_path):
 
 def test_trial_folder_and_patch_outside_the_session_are_not_read(tmp_path):
     outside_trace(tmp_path)
-    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [TrialSpec("01-x", "x", "reverted")])
+    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [LadderRow("01-x", "x", "reverted")])
     session = json.loads((session_dir / "session.json").read_text())
     session["trials"][1]["folder"] = "../elsewhere/secret-trial"
     session["patch"] = "/etc/passwd"
@@ -139,7 +139,7 @@ def test_trial_folder_and_patch_outside_the_session_are_not_read(tmp_path):
 
 
 def test_fifos_in_a_trial_folder_do_not_hang_the_report(tmp_path):
-    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [TrialSpec("01-x", "x", "reverted")])
+    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [LadderRow("01-x", "x", "reverted")])
     baseline = session_dir / "trials" / "00-baseline"
     (trace,) = baseline.glob("*.pt.trace.json.gz")
     trace.unlink()
@@ -163,7 +163,7 @@ def test_fifos_in_a_trial_folder_do_not_hang_the_report(tmp_path):
 
 
 def test_hand_edited_session_renders_what_it_can(tmp_path):
-    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [TrialSpec("01-x", "x", "kept", throughput=1.5)])
+    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [LadderRow("01-x", "x", "kept", throughput=1.5)])
     session = json.loads((session_dir / "session.json").read_text())
     session["trials"][0]["samples_per_s"] = "fast"
     session["trials"][1]["speedup"] = float("nan")
@@ -218,7 +218,7 @@ def test_notebook_readers_stay_inside_the_session(tmp_path):
     from advisor.api import Session, Trial
 
     secret = outside_trace(tmp_path)
-    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [TrialSpec("01-x", "x", "reverted")])
+    session_dir = build_session(tmp_path / "s", ONE_TRIAL + [LadderRow("01-x", "x", "reverted")])
     session = json.loads((session_dir / "session.json").read_text())
     session["trials"][1]["folder"] = str(secret.parent)
     (session_dir / "session.json").write_text(json.dumps(session))

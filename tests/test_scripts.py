@@ -20,6 +20,7 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.code.patch import PATCH_NAME, write_patch
 from advisor.search.outputs import step_function
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import ROOT, advisor_main
 
 pytestmark = pytest.mark.slow
@@ -136,10 +137,10 @@ def test_flags_set_the_training_batch_and_only_it_changes(tmp_path):
 
 def test_knobs_reach_only_the_training_loader_and_threads_apply(tmp_path):
     target = str(SCRIPTS / "two_loaders.py")
-    first = run_trial(target, Knobs(), tmp_path / "base", steps=1, wait=1, warmup=0, device="cpu")
+    first = run_trial(TrialSpec(target, Knobs(), tmp_path / "base", steps=1, wait=1, warmup=0, device="cpu"))
     site = trial_record(first.path)["training_loader"]
-    trial = run_trial(target, Knobs(batch_size=32, threads=1), tmp_path / "t", steps=1, wait=1, warmup=0,
-                      device="cpu", loader={"site": site["site"], "ordinal": site["ordinal"]})
+    trial = run_trial(TrialSpec(target, Knobs(batch_size=32, threads=1), tmp_path / "t", steps=1, wait=1, warmup=0,
+                                device="cpu", loader={"site": site["site"], "ordinal": site["ordinal"]}))
     assert trial.ok, trial.message
     record = trial_record(trial.path)
     train, evaluate = record["dataloaders"]
@@ -173,12 +174,14 @@ def test_a_step_in_an_imported_module(tmp_path):
             train_step(model, optimizer, torch.randn(4, 8))
     """, name="main.py")
     for step in ("lib.steps:train_step", "lib/steps.py:train_step"):
-        trial = run_trial(str(script), Knobs(), tmp_path / step.replace("/", "_"), steps=2, device="cpu", step=step)
+        trial = run_trial(TrialSpec(str(script), Knobs(), tmp_path / step.replace("/", "_"), steps=2, device="cpu",
+                                    step=step))
         assert trial.ok, trial.message
         record = trial_record(trial.path)
         assert record["target"] == "train_step" and record["step"] == step
         assert trial.batch_size == 4 and trial.loss is not None
-    missing = run_trial(str(script), Knobs(), tmp_path / "missing", steps=2, device="cpu", step="lib.steps:nope")
+    missing = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "missing", steps=2, device="cpu",
+                                  step="lib.steps:nope"))
     assert missing.status == "target-not-found" and "steps.py" in missing.message
 
 
@@ -200,7 +203,7 @@ def test_a_target_that_runs_inside_the_dataloader_says_so(tmp_path, workers):
                 for batch in DataLoader(Squares(), batch_size=4, num_workers={workers}):
                     batch.sum()
     """)
-    trial = run_trial(f"{script}:Squares.__getitem__", Knobs(), tmp_path / "t", steps=2, device="cpu")
+    trial = run_trial(TrialSpec(f"{script}:Squares.__getitem__", Knobs(), tmp_path / "t", steps=2, device="cpu"))
     assert trial.status == "error", trial.message
     assert "runs while the DataLoader makes a batch" in trial.message and "\n" not in trial.message
 
@@ -218,7 +221,7 @@ def test_no_amp_advice_for_a_float64_model(tmp_path):
             loss.backward()
             optimizer.step()
     """)
-    trial = run_trial(str(script), Knobs(), tmp_path / "t", steps=2, device="cpu")
+    trial = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "t", steps=2, device="cpu"))
     assert trial.ok, trial.message
     record = trial_record(trial.path)
     assert max(record["model_dtypes"], key=record["model_dtypes"].get) == "float64"

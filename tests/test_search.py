@@ -28,6 +28,7 @@ from advisor.search.strategy import SearchSpace, fit_memory, next_batch_size, pr
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import ROOT, SURFACES, advisor_main, whole_at
 
 SURFACE = SURFACES / "h100-image-classifier"
@@ -273,8 +274,8 @@ def test_a_trial_measures_windows_after_its_profiled_steps(tmp_path):
                 for x in DataLoader(list(range(64)), batch_size=4, num_workers=2, persistent_workers=True):
                     train_step(x)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=2, wait=1, warmup=1, device="cpu",
-                       windows=3, window_s=0.1)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=2, wait=1, warmup=1,
+                                 device="cpu", windows=3, window_s=0.1))
     assert result.ok, result.message
     record = trial_record(result.path)
     schedule = record["schedule"]

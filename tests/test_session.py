@@ -18,6 +18,7 @@ from advisor.search.predictions import predicted_change, step_share
 from advisor.search.session import run_session
 from advisor.search.state import SESSION_FILE, SessionOptions
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import ROOT, require
 from session_checks import assert_decisions_follow_measurements
 
@@ -84,7 +85,8 @@ def check_patch_reproduces_settings(out: Path, saved: dict, repo: Path) -> None:
                              capture_output=True, text=True)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     patched = repo / "examples" / IMAGE.name
-    result = run_trial(f"{patched}:train_step", Knobs(), repo / "trial", name="patched", steps=2, device="cpu")
+    result = run_trial(TrialSpec(f"{patched}:train_step", Knobs(), repo / "trial", name="patched", steps=2,
+                                 device="cpu"))
     assert result.ok, result.message
     user = json.loads((repo / "trial" / "trial.json").read_text())["user_values"]
     for knob in ("batch_size", "num_workers", "pin_memory"):

@@ -21,6 +21,7 @@ from advisor.search.strategy import surface_space
 from advisor.trials.replay.surface import ReplayRunner, load_surface
 from advisor.trials.record.progress import PHASES, trial_progress
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from conftest import SAMPLE_RUNS, SURFACES, TRACES, run_advisor, whole_at
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -61,8 +62,8 @@ def test_a_running_trial_reports_its_phases_and_a_terminal_shows_them(tmp_path):
         seen.append(progress)
         display.update(progress)
 
-    result = run_trial(f"{script}:train_step", None, tmp_path / "t", name="00-baseline", steps=2, wait=1, warmup=1,
-                       device="cpu", windows=2, window_s=0.2, on_progress=on_progress)
+    result = run_trial(TrialSpec(f"{script}:train_step", None, tmp_path / "t", name="00-baseline", steps=2, wait=1,
+                                 warmup=1, device="cpu", windows=2, window_s=0.2), on_progress=on_progress)
     assert result.ok, result.message
     phases = [p.phase for p in seen]
     assert phases[0] == "starting" and phases[-1] == "done" and "window" in phases, phases

@@ -15,6 +15,7 @@ from trial_helpers import trial_record, write_script
 from advisor.trials.knobs import Knobs
 from advisor.trials.harness.op_count import OpCounter, in_backward
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.record.trace_budget import BYTES_PER_OP, LIGHT_BYTES_PER_OP, budget_bytes, plan_trace
 from conftest import advisor_main
 
@@ -98,7 +99,7 @@ def test_the_trace_is_cut_between_operators_outside_the_backward_pass():
 
 def test_a_step_of_many_operators_is_counted_and_recorded_within_the_budget(tmp_path):
     script = write_script(tmp_path, CELL_LOOP, "cells.py")
-    whole = run_trial(str(script), Knobs(), tmp_path / "whole", steps=2, device="cpu")
+    whole = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "whole", steps=2, device="cpu"))
     plan = trial_record(whole.path)["trace_plan"]
     assert whole.status == "ok" and plan["steps"] == plan["steps_asked"] == 2 and plan["reason"] is None
     # The loop's set-up is step 0; the operators of step 1 (wait 2) were counted: as many as one step runs
@@ -203,8 +204,8 @@ def test_a_trial_that_holds_more_memory_than_the_watch_allows_is_stopped(tmp_pat
             for step in range(1000):
                 train_step(step)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, device="cpu", windows=100,
-                       window_s=0.1)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, device="cpu", windows=100,
+                                 window_s=0.1))
     record = trial_record(result.path)
     assert result.status == "oom" and record["error_type"] == "MemoryWatch", result.message
     assert "stopped before the machine ran out" in result.message and "ADVISOR_TRIAL_MEMORY" in result.message
@@ -226,8 +227,8 @@ def test_windows_that_would_outlast_the_time_limit_are_cut_to_fit(tmp_path):
             for step in range(1000):
                 train_step(step)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, wait=1, warmup=0, device="cpu",
-                       windows=10, window_s=1.0, timeout_s=12, profile=False)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, wait=1, warmup=0,
+                                 device="cpu", windows=10, window_s=1.0, timeout_s=12, profile=False))
     record = trial_record(result.path)
     assert result.status == "ok", result.message
     schedule = record["schedule"]

@@ -24,6 +24,7 @@ from advisor.trials.record import SCHEMA, load_trial
 from advisor.trials.launch.processes import end_trial_processes, group_members
 from advisor.trials.record import TRIAL_NODE, TRIAL_TOKEN
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 
 pytestmark = pytest.mark.slow
 
@@ -129,8 +130,8 @@ def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
 
 
 def test_char_transformer_trial(tmp_path):
-    result = run_trial(f"{EXAMPLES / 'char_transformer.py'}:train_step", Knobs(), tmp_path / "t", steps=3,
-                       wait=1, device="cpu", script_args=["--context", "64"])
+    result = run_trial(TrialSpec(f"{EXAMPLES / 'char_transformer.py'}:train_step", Knobs(), tmp_path / "t", steps=3,
+                                 wait=1, device="cpu", script_args=["--context", "64"]))
     assert result.ok, result.message
     record = trial_record(result.path)
     check_trace_matches_trial(result.path, record)
@@ -162,8 +163,8 @@ def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path, monkeyp
     script = write_script(tmp_path, KNOB_SCRIPT)
     knobs = Knobs(amp="bf16", batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=3,
                   pin_memory=True, non_blocking=True)
-    result = run_trial(f"{script}:Trainer.step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1,
-                       script_args=["--flag"], device="cpu")
+    result = run_trial(TrialSpec(f"{script}:Trainer.step", knobs, tmp_path / "t", steps=2, wait=1, warmup=1,
+                                 script_args=["--flag"], device="cpu"))
     assert result.ok, result.message + (result.traceback or "")
     observed = json.loads((tmp_path / "observed.json").read_text())
     assert observed["matmul_dtype"] == "torch.bfloat16"
@@ -189,7 +190,7 @@ def test_knobs_reach_the_users_code_and_originals_are_recorded(tmp_path, monkeyp
 
 def test_target_not_found(tmp_path, capsys):
     script = write_script(tmp_path, "def train(x):\n    return x\n")
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t"))
     assert result.status == "target-not-found"
     assert "no function 'train_step' is defined (functions found: train)" in result.message
     assert trial_record(result.path)["status"] == "target-not-found"
@@ -213,7 +214,7 @@ def test_script_error_shows_the_users_traceback(tmp_path):
             for size in range(1, 10):
                 train_step(torch.ones(size))
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, device="cpu"))
     assert result.status == "error"
     assert result.message == "ValueError in step 2: batch too large for this model"
     assert f'File "{script}", line 6, in train_step' in result.traceback
@@ -234,8 +235,8 @@ def test_out_of_memory_under_a_memory_cap(tmp_path):
             for step in range(10):
                 train_step(step)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, memory_limit=6 * 2**30,
-                       device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, memory_limit=6 * 2**30,
+                                 device="cpu"))
     assert result.status == "oom", result.message
     assert "in step 3" in result.message and "allocate" in result.message
     record = trial_record(result.path)
@@ -266,7 +267,8 @@ def test_timeout_kills_the_trial_its_workers_and_a_child_that_left_the_process_g
     # start-up was measured (the hang lasts 60 s; the test lasts the limit).
     limit = round(3 * trial_startup_s + 6)
     started = time.monotonic()
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, timeout_s=limit, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=5, timeout_s=limit,
+                                 device="cpu"))
     assert time.monotonic() - started < limit + 12  # ended at the limit, not when the step would have
     assert result.status == "timeout" and f"time limit of {limit} s" in result.message
     record = trial_record(result.path)
@@ -322,11 +324,12 @@ def test_script_that_ends_too_soon_and_a_timing_only_trial(tmp_path):
             for x in range(int(sys.argv[1])):
                 train_step(x)
     """)
-    short = run_trial(f"{script}:train_step", Knobs(), tmp_path / "short", steps=5, script_args=["4"], device="cpu")
+    short = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "short", steps=5, script_args=["4"],
+                                device="cpu"))
     assert short.status == "error"
     assert short.message == "tiny.py finished after 4 call(s) of train_step; the trial needs 8 (wait 2 + warmup 1 + record 5)"
-    plain = run_trial(f"{script}:train_step", Knobs(), tmp_path / "plain", steps=2, script_args=["9"], profile=False,
-                     device="cpu")
+    plain = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "plain", steps=2, script_args=["9"],
+                                profile=False, device="cpu"))
     assert plain.ok and plain.loss == 4.0 and plain.steps_recorded == 2
     assert trial_record(plain.path)["trace_files"] == []
 
@@ -361,7 +364,7 @@ def test_a_trial_killed_by_sigkill_counts_as_out_of_memory(tmp_path):
             for step in range(10):
                 train_step(step)
     """)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu"))
     assert result.status == "oom" and "out-of-memory killer" in result.message
     assert [s["index"] for s in trial_record(result.path)["steps"]] == [0, 1]
 
@@ -385,8 +388,8 @@ CRASHING = """
 def test_a_native_crash_runs_the_trial_once_more(tmp_path):
     script = write_script(tmp_path, CRASHING)
     marker = tmp_path / "crashed-once"
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu",
-                       script_args=[str(marker), "once", "abort"])
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu",
+                                 script_args=[str(marker), "once", "abort"]))
     assert result.ok, result.message
     record = trial_record(result.path)
     # The record says why it ran twice, and where the first run died; the crashed run's log is kept.
@@ -400,8 +403,8 @@ def test_a_native_crash_runs_the_trial_once_more(tmp_path):
 
 def test_a_crash_on_every_run_names_the_crash_and_where_it_happened(tmp_path):
     script = write_script(tmp_path, CRASHING)
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu",
-                       script_args=[str(tmp_path / "never"), "always", "segfault"])
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=3, device="cpu",
+                                 script_args=[str(tmp_path / "never"), "always", "segfault"]))
     assert result.status == "error"
     # Where the user's code was, and the library call that crashed inside it.
     assert result.message.startswith("the trial process crashed: Fatal Python error: Segmentation fault in "
@@ -414,7 +417,7 @@ def test_a_crash_on_every_run_names_the_crash_and_where_it_happened(tmp_path):
 
 def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     script = write_script(tmp_path, "def train_step(x):\n    return x\n\nfor i in range(9):\n    train_step(i)\n")
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "t", device="cuda")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", device="cuda"))
     if result.ok:
         pytest.skip("this machine has a CUDA device")
     assert result.status == "error" and result.message == "--device cuda: no CUDA device is available to this process"
@@ -439,7 +442,7 @@ def test_a_loop_without_a_target_has_one_span_per_step_it_timed(tmp_path):
                 loss.backward()
                 optimizer.step()
     """)
-    result = run_trial(str(script), Knobs(), tmp_path / "t", steps=4, device="cpu")
+    result = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "t", steps=4, device="cpu"))
     assert result.ok, result.message
     record = trial_record(result.path)
     check_trace_matches_trial(result.path, record)

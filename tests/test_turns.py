@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.record.turns import start_turns, windows_log
 from trial_helpers import trial_record, write_script
 
@@ -37,8 +38,8 @@ PAIR_WINDOWS = 2  # a session's, for the speedup's runs in turns: twice that, en
 
 
 def trial(script, folder, knobs, turns):
-    return run_trial(f"{script}:train_step", knobs, folder, steps=2, wait=1, warmup=1, device="cpu",
-                     windows=WINDOWS, window_s=0.2, turns=turns.to_dict())
+    return run_trial(TrialSpec(f"{script}:train_step", knobs, folder, steps=2, wait=1, warmup=1, device="cpu",
+                               windows=WINDOWS, window_s=0.2, turns=turns.to_dict()))
 
 
 def test_a_trial_whose_partner_never_comes_measures_alone(tmp_path):

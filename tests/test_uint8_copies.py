@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.interposition.uint8_copies import BytePlan, ByteCopies, mark
 from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT, run_script
@@ -280,7 +281,7 @@ def test_a_real_trial_learns_exactly_as_without_the_knob_and_the_patch_runs(tmp_
     target = f"{root / 'examples' / 'image_classifier.py'}:train_step"
     runs = {}
     for name, knobs in (("plain", Knobs(num_workers=2)), ("bytes", Knobs(num_workers=2, uint8_copies=True))):
-        result = run_trial(target, knobs, tmp_path / name, steps=3, wait=1, warmup=1, device="cpu")
+        result = run_trial(TrialSpec(target, knobs, tmp_path / name, steps=3, wait=1, warmup=1, device="cpu"))
         assert result.ok, result.message
         runs[name] = json.loads((tmp_path / name / "trial.json").read_text())
     assert runs["bytes"]["knob_outcomes"]["uint8_copies"] == APPLIED

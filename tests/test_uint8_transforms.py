@@ -43,6 +43,7 @@ datasets, T, v2 = (Imported(f"torchvision.{name}") for name in ("datasets", "tra
 
 from advisor.trials.knobs import APPLIED, Knobs  # noqa: E402
 from advisor.trials.launch.runner import run_trial  # noqa: E402
+from advisor.trials.spec import TrialSpec  # noqa: E402
 from advisor.trials.interposition.uint8_copies import ByteCopies, mark, plan_of, rewrite_dataset  # noqa: E402
 from conftest import ROOT, run_script  # noqa: E402
 from trial_helpers import apply_bytes_patch  # noqa: E402
@@ -334,8 +335,8 @@ def timm_trials(tmp_path_factory):
     shutil.copy(SCRIPTS / "timm_fakedata.py", folder / "timm_fakedata.py")
     runs = {}
     for name, knobs in (("plain", Knobs(num_workers=2)), ("bytes", Knobs(num_workers=2, uint8_copies=True))):
-        result = run_trial(f"{folder / 'timm_fakedata.py'}:train_step", knobs, folder / name, steps=3, wait=1,
-                           warmup=1, device="cpu")
+        result = run_trial(TrialSpec(f"{folder / 'timm_fakedata.py'}:train_step", knobs, folder / name, steps=3, wait=1,
+                                     warmup=1, device="cpu"))
         assert result.ok, result.message
         runs[name] = json.loads((folder / name / "trial.json").read_text())
     return folder, runs

@@ -16,6 +16,7 @@ from trial_helpers import trial_record, write_script
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.record import TRIAL_TOKEN
 from advisor.trials.launch.zygote import FRESH_VARIABLE, start_trial
 
@@ -56,7 +57,8 @@ FACTS = """
 
 
 def _trial_facts(script, folder, tmp_path):
-    result = run_trial(f"{script}:train_step", Knobs(), folder, steps=2, wait=0, warmup=0, windows=0, device="cpu")
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), folder, steps=2, wait=0, warmup=0, windows=0,
+                                 device="cpu"))
     assert result.status == "ok", result.message
     record = trial_record(result.path)
     facts = json.loads((tmp_path / f"facts-{record['pid']}.json").read_text())
@@ -122,8 +124,9 @@ def test_a_zygote_that_died_is_replaced_and_its_trial_ends_with_it(tmp_path, mon
     (tmp_path / "hang").touch()
     os.kill(first["ppid"], signal.SIGKILL)  # the zygote, between trials
     started = time.monotonic()
-    result = run_trial(f"{script}:train_step", Knobs(), tmp_path / "second", steps=2, wait=0, warmup=0, windows=0,
-                       device="cpu", timeout_s=60, on_start=lambda pid, token: _kill_parent_soon(pid))
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "second", steps=2, wait=0, warmup=0,
+                                 windows=0, device="cpu", timeout_s=60),
+                                 on_start=lambda pid, token: _kill_parent_soon(pid))
     # Forked from a new zygote, which then died too: the trial followed it, long before its time limit.
     assert result.status == "error" and time.monotonic() - started < 40, result.message
     record = trial_record(result.path)
@@ -203,8 +206,8 @@ RANK_FACTS = """
 
 
 def _rank_facts(script, folder, tmp_path):
-    result = run_trial(f"{script}:train_step", Knobs(), folder, steps=2, wait=0, warmup=0, windows=0, device="cpu",
-                       nproc_per_node=2)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), folder, steps=2, wait=0, warmup=0, windows=0,
+                                 device="cpu", nproc_per_node=2))
     assert result.status == "ok", result.message
     facts = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("facts-*.json"))]
     for path in tmp_path.glob("facts-*.json"):
@@ -291,8 +294,9 @@ def test_both_trials_of_a_pair_are_forked_from_one_zygote_and_each_is_its_own_pr
 
     def run(i, name):
         try:
-            results[name] = run_trial(f"{script}:train_step", Knobs(), tmp_path / name, steps=1, wait=0, warmup=0,
-                                      windows=2, window_s=0.2, device="cpu", turns=ends[i].to_dict())
+            results[name] = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / name, steps=1, wait=0,
+                                                warmup=0, windows=2, window_s=0.2, device="cpu",
+                                                turns=ends[i].to_dict()))
         finally:
             finished(ends[i])
 

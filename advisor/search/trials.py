@@ -22,6 +22,7 @@ from advisor.search.proposal import Proposal
 from advisor.trials.record import TRIAL_FILE, TrialResult
 from advisor.trials.launch.processes import end_trial_processes, trial_processes
 from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 
 
 class TrialRunner(Protocol):
@@ -140,14 +141,13 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
             answer = answer_seconds(out, state, options.max_trials, 2 if turns else 1)
             told = lambda p: progress(dataclasses.replace(p, answer_s=answer))  # noqa: E731
         try:
-            return run_trial(target, knobs, out / "trials" / name, name=name, steps=options.steps,
-                             wait=options.wait, warmup=options.warmup, device=options.device,
-                             script_args=options.script_args, timeout_s=limit,
-                             memory_limit=options.memory_limit, windows=windows, window_s=options.window_s,
-                             step=options.step, loader=state.get("training_loader"), on_start=started(name),
+            spec = TrialSpec(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
+                             warmup=options.warmup, device=options.device, script_args=options.script_args,
+                             timeout_s=limit, memory_limit=options.memory_limit, windows=windows,
+                             window_s=options.window_s, step=options.step, loader=state.get("training_loader"),
                              nproc_per_node=options.nproc_per_node, torchrun_args=options.torchrun_args,
-                             on_progress=told, ray_address=options.ray_address, nnodes=options.nnodes,
-                             against=against, turns=turns)
+                             ray_address=options.ray_address, nnodes=options.nnodes, against=against, turns=turns)
+            return run_trial(spec, on_start=started(name), on_progress=told)
         finally:
             with recording:
                 state["running_trial"] = None

@@ -1,6 +1,6 @@
 """A data-parallel trial on a Ray cluster: the whole NNODES × NPROC-rank job, one placement group per trial.
 
-`run_trial(..., ray_address=ADDRESS, nnodes=N, nproc_per_node=G)` prepares the trial as for torchrun (its
+`run_trial(TrialSpec(..., ray_address=ADDRESS, nnodes=N, nproc_per_node=G))` prepares the trial as for torchrun (its
 record, the harness's config) and hands it to `run_ray_job`, which
 
 1. reserves a placement group of N bundles, STRICT_SPREAD (one per node), each G ranks' CPUs (and GPUs),

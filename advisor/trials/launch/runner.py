@@ -26,6 +26,7 @@ from advisor.errors import AdvisorError
 from advisor.trials.launch.commands import HARNESS_ENTRY, needs_torchrun, torchrun_command, torchrun_module
 from advisor.trials.record.ranks import crash_message, rank_files
 from advisor.trials.knobs import Knobs
+from advisor.trials.spec import TrialSpec
 from advisor.trials.record.progress import ProgressWatch, TrialProgress
 from advisor.trials.record import LOG_FILE, SCHEMA, TRIAL_FILE, TRIAL_MARKER, TRIAL_TOKEN, TrialResult, \
     complete_record
@@ -53,89 +54,59 @@ class TrialFailed(AdvisorError):
 NATIVE_CRASH_RETRIES = 1
 
 
-def run_trial(
-    target: str,
-    knobs: Knobs | None,
-    out_dir: str | os.PathLike,
-    *,
-    name: str | None = None,
-    steps: int = 5,
-    wait: int = 2,
-    warmup: int = 1,
-    device: str = "auto",
-    script_args: Sequence[str] = (),
-    timeout_s: float = 600.0,
-    memory_limit: int | None = None,
-    profile: bool = True,
-    python: str | None = None,
-    env: dict[str, str] | None = None,
-    windows: int = 0,
-    window_s: float = 1.0,
-    step: str | None = None,
-    loader: dict[str, Any] | None = None,
-    on_start: Callable[[int, str], None] | None = None,
-    nproc_per_node: int = 1,
-    torchrun_args: Sequence[str] = (),
-    on_progress: Callable[[TrialProgress], None] | None = None,
-    ray_address: str | None = None,
-    nnodes: int = 1,
-    against: dict[str, Any] | None = None,
-    turns: dict[str, Any] | None = None,
-) -> TrialResult:
-    """Run `script.py[:target]` once in a fresh subprocess with `knobs`; write and return its results.
+def run_trial(spec: TrialSpec, *, on_start: Callable[[int, str], None] | None = None,
+              on_progress: Callable[[TrialProgress], None] | None = None) -> TrialResult:
+    """Run `spec.target` (`script.py[:name]`) once in a fresh subprocess with `spec.knobs`; write and return its
+    results.
 
-    No target: the script runs unchanged and each optimizer step ends a step. `step`: the step is a
-    function of a module the script imports (`pkg.module:Class.method` or `path/module.py:name`).
-    `loader`: the training loader's site and ordinal (from an earlier trial's `training_loader`): the
-    DataLoader knobs go to that loader only. `on_start(pid, token)`: called once the trial process runs
-    (the session records both, to end a trial its killed predecessor left behind). `on_progress(progress)`:
-    called about every PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time
-    left (`advisor.trials.record.progress`), and once more, phase "done", when it has ended. `nproc_per_node` > 1:
-    a data-parallel trial, its ranks started by torchrun (with `torchrun_args`: rendezvous options for
-    several nodes), each profiled (`advisor.trials.launch.commands`, `advisor.trials.record.ranks`). `ray_address`: the job of `nnodes` ×
-    `nproc_per_node` ranks runs on that Ray cluster instead, a node per `nnodes` (`advisor.trials.launch.ray_job`).
-    `against` (`advisor.trials.record.adaptive.Against` as a dict): measure windows until they settle the
-    comparison with the best, up to its cap. `turns` (`advisor.trials.record.turns.Turns` as a dict): its windows
-    alternate with another trial's, one measuring while the other waits.
+    No target: the script runs unchanged and each optimizer step ends a step (`TrialSpec` says what each of
+    its fields asks). `on_start(pid, token)`: called once the trial process runs (the session records both,
+    to end a trial its killed predecessor left behind). `on_progress(progress)`: called about every
+    PROGRESS_POLL_S while the trial runs with its phase and an estimate of the time left
+    (`advisor.trials.record.progress`), and once more, phase "done", when it has ended. A data-parallel
+    trial's ranks start under torchrun, each profiled (`advisor.trials.launch.commands`,
+    `advisor.trials.record.ranks`); with a Ray address, the job runs on that cluster instead, a node per
+    `nnodes` (`advisor.trials.launch.ray_job`).
 
     A trial that fails (error, oom, timeout, target-not-found) returns a result with that status;
     bad arguments raise AdvisorError; Ctrl-C marks the trial "interrupted" and re-raises
     KeyboardInterrupt once the trial's processes are gone.
     """
-    knobs = knobs or Knobs()  # None: the user's own settings
-    script, func = parse_target(target)
+    timeout_s, nproc_per_node = spec.timeout_s, spec.nproc_per_node
+    knobs = spec.knobs or Knobs()  # None: the user's own settings
+    script, func = parse_target(spec.target)
     step_module, defined_in = None, script
-    if step is not None:
+    if spec.step is not None:
         if func is not None:
-            raise AdvisorError(f"{target}: give the step either after the script (script.py:name) or with --step")
-        step_module, defined_in, func = parse_step(step, script)
-    _check_arguments(steps=steps, wait=wait, warmup=warmup, windows=windows, window_s=window_s,
-                     timeout_s=timeout_s, device=device)
-    out = _make_trial_folder(out_dir)
+            raise AdvisorError(f"{spec.target}: give the step either after the script (script.py:name) or with --step")
+        step_module, defined_in, func = parse_step(spec.step, script)
+    _check_arguments(spec)
+    out = _make_trial_folder(spec.out_dir)
     started = time.time()
-    schedule = {"wait": wait, "warmup": warmup, "active": steps, "windows": windows, "window_s": window_s}
-    if against and windows:
-        schedule["against"] = against
-    if turns and windows:
-        schedule["turns"] = turns
-    record = _new_record(name=name or out.name, target=func, step=step, script=script, script_args=script_args,
-                         device=device, knobs=knobs, schedule=schedule, profiled=profile, memory_limit=memory_limit,
-                         started=started)
+    schedule = {"wait": spec.wait, "warmup": spec.warmup, "active": spec.steps, "windows": spec.windows,
+                "window_s": spec.window_s}
+    if spec.against and spec.windows:
+        schedule["against"] = spec.against
+    if spec.turns and spec.windows:
+        schedule["turns"] = spec.turns
+    record = _new_record(name=spec.name or out.name, target=func, step=spec.step, script=script,
+                         script_args=spec.script_args, device=spec.device, knobs=knobs, schedule=schedule,
+                         profiled=spec.profile, memory_limit=spec.memory_limit, started=started)
     try:
         _locate_step(script, defined_in, func)
     except TargetNotFound as exc:
         record.update(status="target-not-found", message=f"{defined_in.name}: {exc}")
         return complete_record(record, out, started, nproc_per_node)
 
-    config = _harness_config(record, out, step_module, loader)
+    config = _harness_config(record, out, step_module, spec.loader)
     config["deadline"] = started + timeout_s  # windows that would outlast it are cut (StepSchedule.fit_windows)
-    child_env = _child_environment(env, device, record["token"])
-    if ray_address is not None:
+    child_env = _child_environment(spec.env, spec.device, record["token"])
+    if spec.ray_address is not None:
         from advisor.trials.launch.ray_job import run_ray_job
 
         # The ranks run in their node's environment, with what the trial adds to ours (and our thread count).
         shipped = {k: v for k, v in child_env.items() if os.environ.get(k) != v or k == "OMP_NUM_THREADS"}
-        return run_ray_job(record, out, config, shipped, started, address=ray_address, nnodes=nnodes,
+        return run_ray_job(record, out, config, shipped, started, address=spec.ray_address, nnodes=spec.nnodes,
                            nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
     # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
     # happens (advisor.trials.harness.ranks.one_rank_on_demand); one that reads torchrun's variables before
@@ -146,8 +117,8 @@ def run_trial(
     attempt = 0
     while True:
         config["torchrun"] = torchrun
-        start = _trial_starter(python or sys.executable, config, nproc_per_node, torchrun_args, torchrun, child_env,
-                               timeout_s)
+        start = _trial_starter(spec.python or sys.executable, config, nproc_per_node, spec.torchrun_args, torchrun,
+                               child_env, timeout_s)
         code = _run_process(start, out, record, timeout_s=timeout_s, on_start=on_start, started=started,
                             nproc_per_node=nproc_per_node, on_progress=on_progress)
         crash = crash_message(out, nproc_per_node)
@@ -167,9 +138,10 @@ def run_trial(
     return complete_record(record, out, started, nproc_per_node)
 
 
-def _check_arguments(*, steps: int, wait: int, warmup: int, windows: int, window_s: float, timeout_s: float,
-                     device: str) -> None:
+def _check_arguments(spec: TrialSpec) -> None:
     """Refuse (AdvisorError) a schedule, a time limit or a device no trial can run with."""
+    steps, wait, warmup, windows, window_s = spec.steps, spec.wait, spec.warmup, spec.windows, spec.window_s
+    timeout_s, device = spec.timeout_s, spec.device
     if steps < 1 or wait < 0 or warmup < 0:
         raise AdvisorError(f"--steps must be >= 1 (got steps={steps}, wait={wait}, warmup={warmup})")
     if windows < 0 or (windows and not (math.isfinite(window_s) and window_s > 0)):
