@@ -318,7 +318,7 @@ def replayed_from(out: Path) -> tuple[str | None, float | None, int, float | Non
         return (state.get("replay"), None if noise is None else float(noise), int(state.get("replay_seed") or 0),
                 None if drift is None else float(drift))
     except (OSError, ValueError, TypeError, AttributeError):
-        return None, None, 0, None  # load_state says what is wrong with the folder
+        return None, None, 0, None  # resume_state says what is wrong with the folder
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -369,10 +369,10 @@ def profile_command(args: argparse.Namespace) -> int:
     # The session's modules are torch-free but not small: imported for this command only.
     from rich.console import Console
 
-    from advisor.report.progress import progress_display
+    from advisor.report.progress_line import progress_display
     from advisor.report.terminal import print_session
     from advisor.search.session import run_session
-    from advisor.search.trials import diagnose_trial
+    from advisor.search.trial_runner import diagnose_trial
     from advisor.search.state import SessionOptions, reference_row
     from advisor.trials.record import load_trial
     from advisor.trials.launch.runner import default_out_dir

@@ -8,7 +8,7 @@ import json
 
 from rich.console import Console
 
-from advisor.report.progress import TrialProgressDisplay
+from advisor.report.progress_line import TrialProgressDisplay
 from advisor.search.cost import COMPILE_PRIOR_S, answer_seconds, by_cost, compile_seconds, slower_compile, \
     trial_seconds
 from advisor.search.decision import Decision

@@ -18,11 +18,11 @@ from trial_helpers import trial_record, write_script
 from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, contention, holds_across_loads, machine_changed, \
     quiet_as_ever, window_loads
 from advisor.search.session import run_session
-from advisor.search.trials import measure_record
+from advisor.search.trial_runner import measure_record
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, surface_space
 from advisor.search.timing import SHARES, session_time
-from advisor.trials.record.adaptive import Against, against, settled
+from advisor.trials.record.adaptive import Against, settled, windows_target
 from advisor.trials.knobs import Knobs
 from advisor.trials.replay.surface import ReplayRunner, load_surface
 from advisor.trials.harness.machine_load import taken_share
@@ -51,8 +51,8 @@ def test_windows_stop_once_they_decide_against_the_best():
     assert settled(windows([101, 80, 120]), target) is None  # the noise straddles both: measure on
     narrow = Against(100.0, 0.01, min_gain=0.05, margin=0.01, min_windows=3, max_windows=9)
     assert settled(windows([101, 100, 102]), narrow) == "not better"  # not worse, but no gain worth keeping
-    made = against(100.0, 0.02, 0.03, 5)
-    assert made.min_windows == 3 and made.max_windows == 15 and against(None, None, 0.03, 5) is None
+    made = windows_target(100.0, 0.02, 0.03, 5)
+    assert made.min_windows == 3 and made.max_windows == 15 and windows_target(None, None, 0.03, 5) is None
 
 
 def test_the_schedule_measures_until_settled_or_at_its_cap():

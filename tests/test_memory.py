@@ -18,7 +18,7 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.gradients import GradientInterposition
 from advisor.trials.interposition.loaders import plan_loader_arguments
-from advisor.trials.record.memory import memory_growth
+from advisor.trials.record.memory_summary import memory_growth
 from advisor.trials.launch.processes import group_members
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec

@@ -114,7 +114,7 @@ def test_a_compile_that_fails_is_not_applicable_and_the_session_goes_on(tmp_path
 
 
 def test_a_trial_that_compiles_gets_time_for_its_compile():
-    from advisor.search.trials import trial_time_limit
+    from advisor.search.trial_runner import trial_time_limit
     from advisor.search.state import SessionOptions
 
     assert trial_time_limit(SessionOptions(timeout_s=60), Knobs(amp="bf16")) == 60

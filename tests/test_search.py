@@ -22,7 +22,7 @@ from advisor.search.bounds import trial_bound
 from advisor.trials.record.measurement import measure, noise
 from advisor.search.state import SessionOptions
 from advisor.search.decision import decide
-from advisor.search.trials import measure_record, recorded_losses
+from advisor.search.trial_runner import measure_record, recorded_losses
 from advisor.search.strategy import SearchSpace, fit_memory, next_batch_size, propose, surface_space, \
     worker_ladder
 from advisor.search.session import run_session

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from advisor.analysis.analyze import analyze_path
 from advisor.escape import output_stream
-from advisor.report.progress import TrialProgressDisplay, progress_display
+from advisor.report.progress_line import TrialProgressDisplay, progress_display
 from advisor.report.terminal import print_analysis, print_session
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions, reference_row

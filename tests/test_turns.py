@@ -66,7 +66,7 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     from advisor.search.speedup import speedup_note
     from advisor.search.session import run_session
     from advisor.search.state import SessionOptions
-    from advisor.search.trials import measure_record, subprocess_runner
+    from advisor.search.trial_runner import measure_record, subprocess_runner
 
     script = write_script(tmp_path, TINY)
     out, target = tmp_path / "session", f"{script}:train_step"
@@ -187,7 +187,7 @@ def test_a_paired_session_keeps_its_pairs_trials_back_from_every_path(tmp_path):
     from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_DRAWS, reserve
     from advisor.search.remeasures import beside_best
     from advisor.search.state import SessionOptions
-    from advisor.search.trials import Runner
+    from advisor.search.trial_runner import Runner
 
     def no_trial(*args, **kwargs):
         raise AssertionError("no trial may run here")

@@ -19,11 +19,11 @@ from advisor.search.proposal import Proposal, check_on_best
 from advisor.search.remeasures import across_loads, beside_best, beside_fresh_best, settling, without_best_again
 from advisor.search.simplify import keep_simpler, simplifies
 from advisor.search.state import best_row, compile_payback, samples_gain, save, trial_row
-from advisor.search.trials import decide_row, figures_text, measured, own_bound, predicted_text, recorded_losses, \
+from advisor.search.trial_runner import decide_row, figures_text, measured, own_bound, predicted_text, recorded_losses, \
     run_one, trial_record
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import TrialResult
-from advisor.trials.record.adaptive import against
+from advisor.trials.record.adaptive import windows_target
 from advisor.trials.record.measurement import Measurement
 
 GIVES_WAY = "in place of "  # a proposal's `why` that names the setting it stands in for (one that failed)
@@ -43,7 +43,7 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
     predicted = samples_gain(proposal.predicted_gain) if proposal.predicted else None
     log(f"trial {index:02d}: {proposal.change} ({why}; "
         + (f"predicted {100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no prediction)"))
-    target = against(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
+    target = windows_target(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
     result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log, target)
     losses = recorded_losses(result.path)
     beside = beside_best(run, out, state, options, record, index, log) if result.ok else None

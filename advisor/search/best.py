@@ -11,7 +11,7 @@ from advisor.search.applicable import applied_only
 from advisor.search.bounds import Bound, trial_bound
 from advisor.search.predictions import remember_graph
 from advisor.search.state import best_row
-from advisor.search.trials import diagnose_trial, measured
+from advisor.search.trial_runner import diagnose_trial, measured
 from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.record.measurement import Measurement
 

@@ -5,7 +5,7 @@ again beside a drifted candidate) leaves them. Torch-free."""
 from __future__ import annotations
 
 from advisor.search.state import SessionOptions
-from advisor.search.trials import TrialRunner
+from advisor.search.trial_runner import TrialRunner
 
 CONFIRM_TRIALS = 2  # the best and the runner-up, each measured once more before the session ends
 SPEEDUP_BUDGET = 16  # from this budget on (the default), a trial is kept back for the baseline beside the best

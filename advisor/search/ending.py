@@ -2,7 +2,7 @@
 both measured again and pooled with their runs while the budget allows; then the speedup read at one load.
 Where the runner can run two trials at once (`run.paired`: the CLI's subprocesses), the baseline and the best
 run side by side, their windows in turns (`speedup_in_turns`, `advisor.trials.record.turns`); elsewhere the
-baseline runs once more right before the best (`baseline_again`, `best_after`). Torch-free."""
+baseline runs once more right before the best (`baseline_again`, `run_best_after_baseline`). Torch-free."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from advisor.search.speedup import session_speedup, speedup_note
 from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.strategy import knobs_key
-from advisor.search.trials import TrialRunner, figures_text, measure_record, measured, own_bound, recorded_losses, \
+from advisor.search.trial_runner import TrialRunner, figures_text, measure_record, measured, own_bound, recorded_losses, \
     run_one, trial_record, trial_time_limit
 from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.record.measurement import Measurement, noise
@@ -48,7 +48,7 @@ def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionO
     else:
         baseline = baseline_again(run, out, state, options, reference, log)
         best = confirm_best(run, out, state, options, best, reference_losses, log)
-        side_by_side = baseline is not None and best_after(run, out, state, options, baseline, log)
+        side_by_side = baseline is not None and run_best_after_baseline(run, out, state, options, baseline, log)
     if in_turns is not None:
         state["speedup"], state["speedup_basis"] = in_turns, "in turns"
         if state["best"] != reference["name"]:  # else the note of the way back says it
@@ -75,7 +75,7 @@ def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     return row["name"] if row["decision"] == "measured" else None
 
 
-def best_after(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, baseline: str,
+def run_best_after_baseline(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, baseline: str,
                log: Callable[[str], None]) -> bool:
     """The best once more right after the baseline's run for the speedup, unless confirming it ran it since;
     whether the best has a run after the baseline's."""

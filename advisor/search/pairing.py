@@ -17,7 +17,7 @@ from advisor.search.proposal import Proposal, merged_moves, moves_of, on_best
 from advisor.search.simplify import takes_off
 from advisor.search.state import SessionOptions, best_row
 from advisor.search.strategy import SearchSpace, propose
-from advisor.search.trials import diagnose_trial, measure_record, trial_record
+from advisor.search.trial_runner import diagnose_trial, measure_record, trial_record
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import TrialResult, load_trial
 

@@ -21,7 +21,7 @@ from advisor.search.simplify import swap_proposal, takes_off, unproven_knobs, wi
 from advisor.search.space import pending_try, user_space
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose
-from advisor.search.trials import TrialRunner
+from advisor.search.trial_runner import TrialRunner
 from advisor.trials.record import TrialResult
 from advisor.trials.record.measurement import Measurement
 

@@ -15,9 +15,9 @@ from advisor.search.drift import at_one_load, holds_across_loads, load_text, mac
 from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, trial_row
 from advisor.search.strategy import knobs_key
-from advisor.search.trials import TrialRunner, figures_text, measure_record, own_bound, run_one, trial_record
+from advisor.search.trial_runner import TrialRunner, figures_text, measure_record, own_bound, run_one, trial_record
 from advisor.trials.knobs import Knobs
-from advisor.trials.record.adaptive import Against, against
+from advisor.trials.record.adaptive import Against, windows_target
 from advisor.trials.record.measurement import Measurement
 
 
@@ -55,7 +55,7 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
 def settling(measurement: Measurement, options: SessionOptions) -> Against | None:
     """What a re-measure's windows are compared with: `measurement` (the other side of its comparison); they end
     once settled against it, and never after the session's windows (a re-measure is never longer than a trial)."""
-    target = against(measurement.samples_per_s, measurement.relative_se, options.min_gain, options.windows)
+    target = windows_target(measurement.samples_per_s, measurement.relative_se, options.min_gain, options.windows)
     return dataclasses.replace(target, max_windows=options.windows) if target is not None else None
 
 

@@ -24,7 +24,7 @@ from advisor.search.ending import finish
 from advisor.search.policy import Policy
 from advisor.search.state import SessionOptions, save
 from advisor.search.strategy import SearchSpace
-from advisor.search.trials import TrialRunner
+from advisor.search.trial_runner import TrialRunner
 
 
 # --- the session ------------------------------------------------------------------------------------

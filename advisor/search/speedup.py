@@ -9,7 +9,7 @@ from typing import Any
 from advisor.search.drift import apart, chained, mean_load, steady
 from advisor.search.remeasures import measured_at_one_load, runs_of
 from advisor.search.state import best_row
-from advisor.search.trials import trial_record
+from advisor.search.trial_runner import trial_record
 
 SAME_SPEEDUP = 0.05  # the speedup at one load this close to the direct one: the direct one is said
 

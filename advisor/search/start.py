@@ -18,10 +18,10 @@ from advisor.errors import AdvisorError
 from advisor.search.outputs import out_of_memory_note
 from advisor.search.proposal import check_on_best
 from advisor.search.space import own_text
-from advisor.search.state import SESSION_FILE, SessionOptions, discard_unstarted, load_state, lock_session, new_state, \
+from advisor.search.state import SESSION_FILE, SessionOptions, discard_unstarted, resume_state, lock_session, new_state, \
     reference_row, save, trial_row
 from advisor.search.strategy import SearchSpace, recovery_plan, turned
-from advisor.search.trials import TrialRunner, as_runner, end_left_behind, figures_text, lint_script, own_bound, \
+from advisor.search.trial_runner import TrialRunner, as_runner, end_left_behind, figures_text, lint_script, own_bound, \
     recorded_losses, run_one, subprocess_runner
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.profiler_check import cuda_profiler_problem
@@ -72,7 +72,7 @@ def open_record(out: Path, target: str, options: SessionOptions, command: str, r
     resume (its own target and options; processes a killed session left behind are ended). A session that is
     done already comes back with status "done", and nothing to resume."""
     if resume:
-        state = load_state(out)
+        state = resume_state(out)
         if state.get("status") == "done":  # nothing to resume: say so, and leave the record as it is
             stopped = next((n for n in reversed(state["notes"]) if str(n).startswith("stopped")),
                            f"{len(state['trials'])} trial(s), best {state.get('best')}")

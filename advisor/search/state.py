@@ -170,7 +170,7 @@ def discard_unstarted(out: Path, created: bool) -> None:
             pass
 
 
-def load_state(out: Path) -> dict[str, Any]:
+def resume_state(out: Path) -> dict[str, Any]:
     """A session record to resume. Trial folders it does not list are the trial in flight when it stopped
     (removed, when a trial made them) or something else (moved aside into trials/.set-aside, never
     deleted); a trials/ that is a symbolic link is refused, untouched."""

@@ -24,8 +24,8 @@ A finding is silenced by a comment on its line: `# advisor: ignore` (all rules) 
 `# advisor: ignore[rule-id, other-rule]`.
 """
 
-from advisor.code.lint.command import add_lint_arguments, lint_command, print_findings
-from advisor.code.lint.findings import LintError, LintFinding
+from advisor.code.lint.lint_command import add_lint_arguments, lint_command, print_findings
+from advisor.code.lint.lint_findings import LintError, LintFinding
 from advisor.code.lint.rules import RULES, Rule
 from advisor.code.lint.run import expand_paths, lint_file, lint_source, lint_tree, parse_source, read_source, \
     script_findings

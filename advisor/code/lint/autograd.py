@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from advisor.code.lint.loops import step_loop
 from advisor.code.lint.names import FUNCTIONAL_LOSSES, GRAPH_FREE_FUNCTIONS, GRAPH_FREE_METHODS
 from advisor.code.lint.script import Script
-from advisor.code.lint.syntax import dotted, is_backward, is_const, last_part, source_of
+from advisor.code.lint.ast_nodes import dotted, is_backward, is_const, last_part, source_of
 
 
 def _loss_call(script: Script, call: ast.Call, criteria: set[str]) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from advisor.code.lint.loops import step_loop
 from advisor.code.lint.names import DTYPE_HALF
 from advisor.code.lint.script import Script
-from advisor.code.lint.syntax import is_backward, last_part, source_of
+from advisor.code.lint.ast_nodes import is_backward, last_part, source_of
 
 
 def _half_conversion(script: Script, call: ast.Call) -> bool:

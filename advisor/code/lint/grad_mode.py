@@ -6,7 +6,7 @@ import ast
 from typing import TYPE_CHECKING
 
 from advisor.code.lint.names import NO_GRAD_CONTEXTS, SET_GRAD_ENABLED
-from advisor.code.lint.syntax import argument, is_const, is_scope
+from advisor.code.lint.ast_nodes import argument, is_const, is_scope
 
 if TYPE_CHECKING:  # the script builds its parts: they see it, it imports them
     from advisor.code.lint.script import Script

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 from advisor.code.lint.names import DATALOADER_POSITIONAL, ITERATOR_WRAPPERS
 from advisor.code.lint.script import Script
-from advisor.code.lint.syntax import argument, dotted, has_star_kwargs, is_const, last_part, source_of
+from advisor.code.lint.ast_nodes import argument, dotted, has_star_kwargs, is_const, last_part, source_of
 
 
 def _with_keywords(call: ast.Call, **values: object) -> str:

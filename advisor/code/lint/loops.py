@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from advisor.code.lint.names import ITERATOR_WRAPPERS, OPTIMIZER_NAME
 from advisor.code.lint.script import Script
-from advisor.code.lint.syntax import dotted, is_backward, is_scope, last_part
+from advisor.code.lint.ast_nodes import dotted, is_backward, is_scope, last_part
 
 
 def own_nodes(body: list[ast.stmt]) -> Iterator[ast.AST]:

@@ -6,7 +6,7 @@ import ast
 from typing import TYPE_CHECKING
 
 from advisor.code.lint.names import BATCHNORM_MODELS, BATCHNORM_NAMES
-from advisor.code.lint.syntax import dotted, last_part
+from advisor.code.lint.ast_nodes import dotted, last_part
 
 if TYPE_CHECKING:  # the script builds its parts: they see it, it imports them
     from advisor.code.lint.script import Script

@@ -11,7 +11,7 @@ import stat
 import tokenize
 from pathlib import Path
 
-from advisor.code.lint.findings import LintError, LintFinding
+from advisor.code.lint.lint_findings import LintError, LintFinding
 from advisor.code.lint.rules import RULES
 from advisor.code.lint.script import Script
 from advisor.files import NotARegularFile, describe_os_error, is_regular, read_regular

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from advisor.code.lint.grad_mode import GradientMode
 from advisor.code.lint.models import Models
-from advisor.code.lint.syntax import dotted, is_scope, last_part
+from advisor.code.lint.ast_nodes import dotted, is_scope, last_part
 from advisor.code.lint.values import CommandLineOptions, CudaDevices
 
 

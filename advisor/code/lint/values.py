@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from advisor.code.lint.syntax import argument, dotted, is_const, last_part, mentions_cuda_string
+from advisor.code.lint.ast_nodes import argument, dotted, is_const, last_part, mentions_cuda_string
 
 if TYPE_CHECKING:  # the script builds its parts: they see it, it imports them
     from advisor.code.lint.script import Script

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.trials.harness import profiler
-from advisor.trials.harness.ranks import all_measured
+from advisor.trials.harness.torchrun_rank import all_measured
 from advisor.trials.record.ranks import rank_files
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.step import StepInterposition

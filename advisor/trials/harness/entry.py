@@ -56,7 +56,7 @@ from advisor.trials.interposition.model import ModelInterposition, compile_failu
 from advisor.trials.interposition.own_settings import OwnSettings
 from advisor.trials.interposition.optimizers import FusedOptimizers
 from advisor.trials.interposition.uint8_copies import ByteCopies
-from advisor.trials.harness.ranks import one_rank_on_demand, rank_of
+from advisor.trials.harness.torchrun_rank import one_rank_on_demand, rank_of
 from advisor.trials.interposition.ddp_arguments import DDPKnobs
 from advisor.trials.record.ranks import rank_files
 from advisor.trials.record.storage import write_json_atomic

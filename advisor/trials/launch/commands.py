@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from advisor.trials.harness.ranks import TORCHRUN_VARIABLES
+from advisor.trials.harness.torchrun_rank import TORCHRUN_VARIABLES
 from advisor.trials.harness.targets import calls_init_process_group
 from advisor.trials.record.ranks import rank_files
 

@@ -109,7 +109,7 @@ def run_trial(spec: TrialSpec, *, on_start: Callable[[int, str], None] | None = 
         return run_ray_job(record, out, config, shipped, started, address=spec.ray_address, nnodes=spec.nnodes,
                            nproc_per_node=nproc_per_node, timeout_s=timeout_s, on_start=on_start)
     # A data-parallel script that calls init_process_group runs as a one-rank job, decided when the call
-    # happens (advisor.trials.harness.ranks.one_rank_on_demand); one that reads torchrun's variables before
+    # happens (advisor.trials.harness.torchrun_rank.one_rank_on_demand); one that reads torchrun's variables before
     # that call fails on the first read, and runs again under torchrun (one rank).
     torchrun = nproc_per_node > 1
     write_json_atomic(out / TRIAL_FILE, record)

@@ -142,7 +142,7 @@ from advisor.trials.record.measurement import measure
 from advisor.trials.record.ranks import merge_ranks, rank_files
 from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
 from advisor.trials.record.storage import number, write_json_atomic
-from advisor.trials.record.memory import add_profiler_memory, memory_growth
+from advisor.trials.record.memory_summary import add_profiler_memory, memory_growth
 
 SCHEMA = "advisor.trial/1"
 TRIAL_FILE = "trial.json"

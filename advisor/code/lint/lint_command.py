@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from advisor.code.lint.findings import LintFinding
+from advisor.code.lint.lint_findings import LintFinding
 from advisor.code.lint.run import expand_paths, lint_tree, parse_source, read_source
 from advisor.escape import for_terminal, output_stream
 
