@@ -22,7 +22,7 @@ import sys
 import textwrap
 from typing import Any
 
-from advisor.trials.interposition.uint8_copies import BytePlan
+from advisor.trials.interposition.uint8_plan import BytePlan
 
 RECORD = "__advisor_value__"
 AFTER = "__advisor_locals__"

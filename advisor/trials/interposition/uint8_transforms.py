@@ -26,7 +26,7 @@ import textwrap
 from typing import Any
 
 from advisor.trials.knobs import APPLIED, not_applicable
-from advisor.trials.interposition.uint8_copies import BytePlan, returned_index
+from advisor.trials.interposition.uint8_plan import BytePlan, returned_index
 
 CONVERSIONS = ("ToTensor", "ToImage", "ToDtype", "PILToTensor", "ConvertImageDtype")
 
