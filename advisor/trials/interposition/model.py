@@ -34,7 +34,9 @@ from advisor.trials.interposition.attention import FusedAttention
 from advisor.trials.interposition.checkpointing import CheckpointBlocks
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
-MODEL_KNOBS = ("channels_last", "compile", "tf32", "cudnn_benchmark", "sdpa", "checkpointing")
+# The knobs this interposition applies at the model's first call (not knobs.MODEL_KNOBS: the fused optimizer is
+# applied where the optimizer is built; checkpointing, a memory knob, is applied here).
+AT_FIRST_CALL = ("channels_last", "compile", "tf32", "cudnn_benchmark", "sdpa", "checkpointing")
 TF32_CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 
 
@@ -88,7 +90,7 @@ class ModelInterposition:
         self.attention = FusedAttention()  # sdpa: the attention forwards rewritten
         self.checkpoints = CheckpointBlocks()
         self.undo_stack = contextlib.ExitStack()
-        self.requested = any(getattr(knobs, name) for name in MODEL_KNOBS)
+        self.requested = any(getattr(knobs, name) for name in AT_FIRST_CALL)
         if self.requested and device_type != "cuda":
             for name, why in (("tf32", "TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none"),
                               ("cudnn_benchmark", "cuDNN autotuning needs a CUDA device")):
@@ -219,7 +221,7 @@ class ModelInterposition:
     def outcomes_after_steps(self) -> dict[str, str]:
         """Every requested knob's outcome: those no model call ever reached say so."""
         out = dict(self.outcomes)
-        for name in MODEL_KNOBS:
+        for name in AT_FIRST_CALL:
             if getattr(self.knobs, name) and name not in out:
                 out[name] = not_applicable("no module with parameters was called in the steps")
         return out
