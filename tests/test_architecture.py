@@ -198,6 +198,31 @@ def test_each_role_of_the_trials_package_imports_only_what_its_role_allows():
     assert not wrong, "\n".join(wrong)
 
 
+# Module names that stand in more than one package, and why: the same knob in the stage that applies it inside
+# a trial (trials/interposition) and the one that writes it into the user's code (code/patch), the search's own
+# part of checkpointing among them; an analysis figure and the rule family that reads it (analysis/rules).
+# Any other name is one module's: a reader who meets `memory.py` or `syntax.py` knows which one is meant.
+SHARED_NAMES = {
+    "attention.py": {"analysis", "code/patch", "trials/interposition"},
+    "checkpointing.py": {"code/patch", "search", "trials/interposition"},
+    "frameworks.py": {"code/patch", "trials/interposition"},
+    "loaders.py": {"code/patch", "trials/interposition"},
+    "model.py": {"code/patch", "trials/interposition"},
+    "step.py": {"code/patch", "trials/interposition"},
+    "copies.py": {"analysis", "analysis/rules"},
+    "memory.py": {"analysis", "analysis/rules"},
+}
+
+
+def test_a_module_name_means_one_thing():
+    folders: dict[str, set[str]] = {}
+    for path in modules().values():
+        if path.name != "__init__.py":
+            folders.setdefault(path.name, set()).add(str(path.parent.relative_to(PACKAGE)))
+    reused = {name: where for name, where in folders.items() if len(where) > 1}
+    assert reused == SHARED_NAMES, {k: v for k, v in reused.items() if SHARED_NAMES.get(k) != v}
+
+
 def test_no_module_is_over_its_length():
     long = {str(path.relative_to(ROOT)): n for path in modules().values()
             if (n := len(path.read_text().splitlines())) > MODULE_LINES}
