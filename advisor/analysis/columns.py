@@ -53,12 +53,15 @@ class Columns:
 
 
 def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, correlation: np.ndarray | None,
-               device: np.ndarray | None = None, on_device: np.ndarray | None = None) -> Columns:
+               device: np.ndarray | None = None, on_device: np.ndarray | None = None,
+               names: tuple[tuple[str, ...], np.ndarray] | None = None) -> Columns:
     """The Columns of `events`, whose starts, durations, threads and correlation ids are the arrays given (in
-    the events' order)."""
-    codes: defaultdict[str, int] = defaultdict(count().__next__)  # a new name gets the next code
-    name_code = np.fromiter(map(codes.__getitem__, map(NAME, events)), np.int32, len(events))
-    return Columns(ts, dur, ts + dur, tuple(codes), name_code, tid, correlation, device, on_device)
+    the events' order); `names`: their distinct names and each one's code, where the caller has them."""
+    if names is None:
+        codes: defaultdict[str, int] = defaultdict(count().__next__)  # a new name gets the next code
+        name_code = np.fromiter(map(codes.__getitem__, map(NAME, events)), np.int32, len(events))
+        names = tuple(codes), name_code
+    return Columns(ts, dur, ts + dur, *names, tid, correlation, device, on_device)
 
 
 EXTERNAL_ID = attrgetter("args.external_id")
