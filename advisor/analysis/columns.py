@@ -16,6 +16,8 @@ from operator import attrgetter
 import numpy as np
 
 NAME = attrgetter("name")
+CATEGORY = attrgetter("cat")
+ANNOTATION = "user_annotation"  # the category of the ops that are annotations, not operators
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +37,9 @@ class Columns:
     # arguments, else its 'pid'), where that is an integer (`on_device`); None for the other groups.
     device: np.ndarray | None = None
     on_device: np.ndarray | None = None
+    # Per operator (the ops group only, None for the others): whether it is a user annotation (category
+    # 'user_annotation': '## forward ##', 'Optimizer.step#...'), not an operator.
+    annotation: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.ts.size
@@ -54,14 +59,16 @@ class Columns:
 
 def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, correlation: np.ndarray | None,
                device: np.ndarray | None = None, on_device: np.ndarray | None = None,
-               names: tuple[tuple[str, ...], np.ndarray] | None = None) -> Columns:
+               names: tuple[tuple[str, ...], np.ndarray] | None = None, annotation: np.ndarray | None = None
+               ) -> Columns:
     """The Columns of `events`, whose starts, durations, threads and correlation ids are the arrays given (in
-    the events' order); `names`: their distinct names and each one's code, where the caller has them."""
+    the events' order); `names`: their distinct names and each one's code, where the caller has them;
+    `annotation`: see `Columns`."""
     if names is None:
         codes: defaultdict[str, int] = defaultdict(count().__next__)  # a new name gets the next code
         name_code = np.fromiter(map(codes.__getitem__, map(NAME, events)), np.int32, len(events))
         names = tuple(codes), name_code
-    return Columns(ts, dur, ts + dur, *names, tid, correlation, device, on_device)
+    return Columns(ts, dur, ts + dur, *names, tid, correlation, device, on_device, annotation)
 
 
 EXTERNAL_ID = attrgetter("args.external_id")

@@ -10,7 +10,6 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
-from operator import attrgetter
 
 import numpy as np
 
@@ -52,7 +51,6 @@ MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[s
                            r"flash_|_sdpa_|splitKreduce", re.IGNORECASE)
 
 
-CATEGORY = attrgetter("cat")
 
 
 @lru_cache(maxsize=None)
@@ -156,8 +154,7 @@ def launching_ops(trace: Trace, correlations: np.ndarray) -> np.ndarray:
     found = np.full(correlations.size, -1)
     if not calls.size or not len(ops):
         return found
-    # User annotations ('## forward ##', 'Optimizer.step#...') are not operators.
-    is_op = np.fromiter(map("user_annotation".__ne__, map(CATEGORY, trace.ops)), bool, len(ops))
+    is_op = ~ops.annotation  # user annotations ('## forward ##', 'Optimizer.step#...') are not operators
     call_tids = runtime.tid[calls]
     _, first = np.unique(call_tids, return_index=True)
     ids, innermost = [], []

@@ -17,7 +17,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from advisor.analysis.columns import DEVICE_GROUPS, LINKED, NAME, MemorySamples
+from advisor.analysis.columns import ANNOTATION, CATEGORY, DEVICE_GROUPS, LINKED, NAME, MemorySamples
 from advisor.analysis.events import Event, Instant, LooseEvent, kind_of
 
 GROUPS = ("steps", "ops", "runtime", "kernels", "memcpys", "memsets")  # a Trace's groups of timed events
@@ -32,6 +32,7 @@ MEMORY = {"ts": (attrgetter("ts"), "d"), "device_type": (attrgetter("args.device
           "device_id": (attrgetter("args.device_id"), "q"), "alloc_bytes": (attrgetter("args.alloc_bytes"), "d"),
           "total_allocated": (attrgetter("args.total_allocated"), "d"),
           "total_reserved": (attrgetter("args.total_reserved"), "d")}
+PID = attrgetter("pid")
 UNREADABLE = (AttributeError, TypeError, OverflowError)  # no arguments; None, text or a float for an integer; too big
 
 
@@ -48,6 +49,8 @@ class EventSorter:
         self.name_code = {name: array("i") for name in GROUPS}  # per event: its name's code, in file order
         self.memory_read = {field: array(code) for field, (_, code) in MEMORY.items()}
         self.unread: set[str] = set()  # fields left to read afterwards ("memory": the instants' fields)
+        self.annotation = array("b")  # per operator: whether it is a user annotation (`Columns.annotation`)
+        self.host_pids: set = set()  # the processes ('pid') of the operators and runtime calls
 
     def add(self, events: list) -> None:
         """Sort a run of events (the next ones in the file) and read their fields."""
@@ -71,6 +74,8 @@ class EventSorter:
                 bucket.append(e)
             elif kind is Instant and e.name == "[memory]":
                 memory.append(e)
+        self.annotation.extend(map(ANNOTATION.__eq__, map(CATEGORY, ops)))
+        self.host_pids.update(map(PID, ops), map(PID, run["runtime"]))
         for name, new in run.items():
             if new:
                 self.groups[name] += new
@@ -97,6 +102,10 @@ class EventSorter:
             return None
         values = as_array(self.read[field][name])
         return values if order is None else values[order]
+
+    def annotations(self, order: np.ndarray) -> np.ndarray:
+        """`Columns.annotation` of the operators, in their sorted `order`."""
+        return as_array(self.annotation)[order]
 
     def ids(self, field: str, orders: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """The groups' ids (thread, correlation) in their sorted orders, where all are read and none is
@@ -127,7 +136,7 @@ class EventSorter:
 
 def as_array(values: array) -> np.ndarray:
     """The numpy array of an array.array's values, as the dtype numpy gives such values read from a list."""
-    dtype = {"d": np.float64, "q": np.int64, "i": np.int32}[values.typecode]
+    dtype = {"d": np.float64, "q": np.int64, "i": np.int32, "b": np.bool_}[values.typecode]
     return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
+from advisor.analysis.columns import (ANNOTATION, CATEGORY, DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
                                       devices_of, id_columns, memory_fields, memory_samples, whole_ids)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
@@ -54,6 +54,7 @@ class Trace:
     time_unit: str = "us"
     event_count: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # odd but legal events left out: reason → count
+    host_pids: set = field(default_factory=set)  # the processes ('pid') of its operators and runtime calls
     # Each group of events above (but the memory samples) as arrays, in its order: "steps", "ops", "kernels", ...
     columns: dict[str, Columns] = field(default_factory=dict)
 
@@ -98,7 +99,7 @@ def build_trace(path: Path | str, doc: TraceDocument, sorter: EventSorter | None
         sorter.add(events)
     scale, unit = _time_scale(doc, events)
     trace = Trace(path=str(path), distributed=doc.distributedInfo, time_unit=unit, event_count=len(events),
-                  **sorter.groups)
+                  host_pids=sorter.host_pids, **sorter.groups)
     memory_events = sorter.memory
     timed = [getattr(trace, name) for name in GROUPS]
     if not any(timed):
@@ -153,8 +154,13 @@ def build_trace(path: Path | str, doc: TraceDocument, sorter: EventSorter | None
             devices = device, np.ones(device.size, dtype=bool)
         else:
             devices = devices_of(group) if name in DEVICE_GROUPS else (None, None)
+        annotation = None
+        if name == "ops":
+            annotation = sorter.annotations(orders[name]) if read else \
+                np.fromiter(map(ANNOTATION.__eq__, map(CATEGORY, group)), bool, len(group))
         trace.columns[name] = columns_of(group, *times[name], tids[name], ids.get(name), *devices,
-                                         names=sorter.names(name, orders[name]) if read and name != "steps" else None)
+                                         names=sorter.names(name, orders[name]) if read and name != "steps" else None,
+                                         annotation=annotation)
     runtime_names = set(trace.columns["runtime"].names)
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.accelerator, trace.gpu_vocabulary = _accelerator(sorter.group_of_category)
