@@ -93,11 +93,19 @@ class Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
         return None if self.args is None else self.args.correlation
 
 
-class Instant(Event, tag="i"):
-    """An instant ('ph': 'i') event: the analysis reads the `[memory]` ones, and of their arguments the allocator's
-    (a struct of five fields rather than the thirteen of `Args`: 28,000 of them in a trace that records memory)."""
+class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    """An instant ('ph': 'i') event: the analysis reads the `[memory]` ones, their name, time and, of their
+    arguments, the allocator's (a struct of five fields rather than the thirteen of `Args`); not their category,
+    process or thread, which would be three more objects each of the 28,000 in a trace that records memory."""
 
+    name: str = ""
+    ts: Union[int, float, None] = None
     args: Union[MemoryArgs, None] = None
+
+    @property
+    def ph(self) -> str:
+        """The event's phase."""
+        return self.__struct_config__.tag
 
 
 class Unused(msgspec.Struct, gc=False, tag_field="ph"):

@@ -23,7 +23,9 @@ from advisor.analysis.events import Event, Instant, LooseEvent, kind_of
 GROUPS = ("steps", "ops", "runtime", "kernels", "memcpys", "memsets")  # a Trace's groups of timed events
 GROUP_OF_KIND = {"op": "ops", "annotation": "ops", "runtime": "runtime", "kernel": "kernels", "memcpy": "memcpys",
                  "memset": "memsets"}
-# The fields read as events arrive: (getter, array type: 'd' float, 'q' 64-bit integer, groups that have it).
+# The fields read as events arrive: (getter, type: 'd' float, 'q' 64-bit integer, groups that have it). Floats are
+# read a run at a time by numpy (None: NaN, as `validation.floats_of` reads them), integers into an array.array,
+# which takes integers only (numpy would read 1.5 or '7' as an integer too).
 FIELDS = {"ts": (attrgetter("ts"), "d", GROUPS), "dur": (attrgetter("dur"), "d", GROUPS),
           "tid": (attrgetter("tid"), "q", GROUPS), "correlation": (attrgetter("args.correlation"), "q", LINKED),
           "device": (attrgetter("args.device"), "q", DEVICE_GROUPS)}
@@ -44,10 +46,10 @@ class EventSorter:
         self.groups: dict[str, list] = {name: [] for name in GROUPS}
         self.memory: list = []  # the `[memory]` instants
         self.group_of_category: dict = {}  # a category's group, None for those the analysis skips; filled as met
-        self.read = {field: {name: array(code) for name in groups} for field, (_, code, groups) in FIELDS.items()}
+        self.read = {field: {name: new_values(code) for name in groups} for field, (_, code, groups) in FIELDS.items()}
         self.codes = {name: defaultdict(count().__next__) for name in GROUPS}  # a new name gets the next code
         self.name_code = {name: array("i") for name in GROUPS}  # per event: its name's code, in file order
-        self.memory_read = {field: array(code) for field, (_, code) in MEMORY.items()}
+        self.memory_read = {field: new_values(code) for field, (_, code) in MEMORY.items()}
         self.unread: set[str] = set()  # fields left to read afterwards ("memory": the instants' fields)
         self.annotation = array("b")  # per operator: whether it is a user annotation (`Columns.annotation`)
         self.host_pids: set = set()  # the processes ('pid') of the operators and runtime calls
@@ -88,11 +90,14 @@ class EventSorter:
             for field, (get, _) in MEMORY.items():
                 self.read_into("memory", self.memory_read[field], get, memory)
 
-    def read_into(self, field: str, values: array, get, events: list) -> None:
-        """Append each event's `get` to `values`, or leave `field` unread where one does not fit."""
+    def read_into(self, field: str, values: array | list, get, events: list) -> None:
+        """Append each event's `get` to `values` (`new_values`), or leave `field` unread where one does not fit."""
         if field not in self.unread:
             try:
-                values.extend(map(get, events))
+                if isinstance(values, list):
+                    values.append(np.fromiter(map(get, events), np.float64, len(events)))
+                else:
+                    values.extend(map(get, events))
             except UNREADABLE:
                 self.unread.add(field)
 
@@ -134,8 +139,15 @@ class EventSorter:
         return {field: as_array(values) for field, values in self.memory_read.items()}
 
 
-def as_array(values: array) -> np.ndarray:
-    """The numpy array of an array.array's values, as the dtype numpy gives such values read from a list."""
+def new_values(code: str) -> array | list:
+    """Where a field's values are kept as they are read: floats ('d') in a list of arrays, a run's each."""
+    return [] if code == "d" else array(code)
+
+
+def as_array(values: array | list) -> np.ndarray:
+    """The numpy array of values kept (`new_values`), as the dtype numpy gives such values read from a list."""
+    if isinstance(values, list):
+        return np.concatenate(values) if values else np.zeros(0, dtype=np.float64)
     dtype = {"d": np.float64, "q": np.int64, "i": np.int32, "b": np.bool_}[values.typecode]
     return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
