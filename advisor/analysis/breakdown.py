@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 from advisor.analysis import intervals as iv
-from advisor.analysis.columns import external_ids
+from advisor.analysis.columns import with_external_id
 from advisor.analysis.steps import Step
 from advisor.analysis.trace import Trace
 
@@ -58,7 +58,7 @@ def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
     collective_ids = {trace.ops[i].external_id for i in np.flatnonzero(comm).tolist()}
     kernel_comm = kernels.where_name(is_communication_kernel)
     if collective_ids:  # kernels a collective annotation launched: communication too
-        kernel_comm |= np.fromiter(map(collective_ids.__contains__, external_ids(trace.kernels)), bool, len(kernels))
+        kernel_comm |= with_external_id(kernels, trace.kernels, collective_ids)
     # The annotations, then the kernels, in that order (as the intervals were always gathered).
     comm_starts = np.concatenate([ops.ts[comm], kernels.ts[kernel_comm]])
     comm_ends = np.concatenate([ops.end[comm], kernels.end[kernel_comm]])

@@ -28,7 +28,8 @@ GROUP_OF_KIND = {"op": "ops", "annotation": "ops", "runtime": "runtime", "kernel
 # which takes integers only (numpy would read 1.5 or '7' as an integer too).
 FIELDS = {"ts": (attrgetter("ts"), "d", GROUPS), "dur": (attrgetter("dur"), "d", GROUPS),
           "tid": (attrgetter("tid"), "q", GROUPS), "correlation": (attrgetter("args.correlation"), "q", LINKED),
-          "device": (attrgetter("args.device"), "q", DEVICE_GROUPS)}
+          "device": (attrgetter("args.device"), "q", DEVICE_GROUPS),
+          "external_id": (attrgetter("args.external_id"), "q", ("kernels",))}
 # Of the `[memory]` instants: their time and the allocator's fields (`columns.MEMORY_FIELDS`).
 MEMORY = {"ts": (attrgetter("ts"), "d"), "device_type": (attrgetter("args.device_type"), "q"),
           "device_id": (attrgetter("args.device_id"), "q"), "alloc_bytes": (attrgetter("args.alloc_bytes"), "d"),

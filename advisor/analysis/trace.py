@@ -158,9 +158,10 @@ def build_trace(path: Path | str, doc: TraceDocument, sorter: EventSorter | None
         if name == "ops":
             annotation = sorter.annotations(orders[name]) if read else \
                 np.fromiter(map(ANNOTATION.__eq__, map(CATEGORY, group)), bool, len(group))
-        trace.columns[name] = columns_of(group, *times[name], tids[name], ids.get(name), *devices,
-                                         names=sorter.names(name, orders[name]) if read and name != "steps" else None,
-                                         annotation=annotation)
+        trace.columns[name] = columns_of(
+            group, *times[name], tids[name], ids.get(name), *devices, annotation=annotation,
+            names=sorter.names(name, orders[name]) if read and name != "steps" else None,
+            external_id=sorter.values("external_id", name, orders[name]) if read and name == "kernels" else None)
     runtime_names = set(trace.columns["runtime"].names)
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
     trace.accelerator, trace.gpu_vocabulary = _accelerator(sorter.group_of_category)
