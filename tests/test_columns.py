@@ -136,6 +136,7 @@ def test_the_fields_read_as_events_are_sorted_are_those_read_from_the_events(pat
                       "annotation", "external_id"):
             x, y = getattr(a.columns[name], field), getattr(b.columns[name], field)
             if field == "external_id" and y is None:  # read from the events where a collective asks
+                assert x is None or x.tolist() == [e.args.external_id for e in events], name
                 continue
             assert type(x) is type(y), (name, field)
             if isinstance(x, np.ndarray):
