@@ -36,7 +36,8 @@ MEMORY = {"ts": (attrgetter("ts"), "d"), "device_type": (attrgetter("args.device
           "total_allocated": (attrgetter("args.total_allocated"), "d"),
           "total_reserved": (attrgetter("args.total_reserved"), "d")}
 PID = attrgetter("pid")
-UNREADABLE = (AttributeError, TypeError, OverflowError)  # no arguments; None, text or a float for an integer; too big
+# A field that cannot be read so: no arguments; None, text or a float for an integer; a number too big.
+UNREADABLE = (AttributeError, TypeError, OverflowError, ValueError)
 
 
 class EventSorter:

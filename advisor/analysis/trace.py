@@ -21,8 +21,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from advisor.analysis.columns import (ANNOTATION, CATEGORY, DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
-                                      devices_of, id_columns, memory_fields, memory_samples, whole_ids)
+from advisor.analysis.columns import (ANNOTATION, CATEGORY, DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples,
+                                      columns_of, correlations, devices_of, id_columns, memory_fields, memory_samples,
+                                      whole_ids)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
 from advisor.analysis.events import Event, TraceDocument, accelerator_of, decode, decode_pieces, kind_of
