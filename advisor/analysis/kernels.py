@@ -51,8 +51,6 @@ MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[s
                            r"flash_|_sdpa_|splitKreduce", re.IGNORECASE)
 
 
-
-
 @lru_cache(maxsize=None)
 def is_tensor_core(vendor: str, kernel_name: str) -> bool:
     """Whether a kernel of this vendor ran on Tensor Cores (matrix cores), by its name."""

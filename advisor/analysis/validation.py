@@ -86,10 +86,10 @@ def check_times(path: Path | str, events: list[Event], groups: list[list[Event]]
 
 
 def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event], memcpys: list[Event],
-                fields: dict[str, list]) -> None:
+                fields: dict) -> None:
     """TraceError naming the first event whose byte counts are negative (but for freed bytes) or beyond
     MAX_BYTES: a copy's bytes, an allocation's bytes, the allocator's totals. `fields`: the memory events'
-    `columns.memory_fields`."""
+    `columns.memory_fields` (or those fields as arrays, as `sorting.EventSorter.memory_fields` reads them)."""
     bad = []
     if not all_byte_counts(fields):
         for e in memory_events:
