@@ -265,6 +265,12 @@ _loaded: OrderedDict[tuple, tuple[Trace, int]] = OrderedDict()
 _loaded_lock = threading.Lock()
 
 
+def forget_traces() -> None:
+    """Drop the traces this process keeps (`_loaded`)."""
+    with _loaded_lock:
+        _loaded.clear()
+
+
 @contextmanager
 def collector_paused():
     """Pause the cyclic garbage collector: a trace is hundreds of thousands of small acyclic objects,
