@@ -16,6 +16,7 @@ from advisor.analysis.reading import json_text, read_file
 from advisor.analysis.sorting import FIELDS, EventSorter
 from advisor.analysis.trace import build_trace, load_trace
 from conftest import SAMPLE_RUNS, TRACES
+from trace_builder import TraceBuilder
 
 REAL = [TRACES / "a100-rank3-of-8.pt.trace.json.gz", TRACES / "h200-gpt-attention-by-hand.pt.trace.json.gz",
         TRACES / "mi250-rocm-minitoy.pt.trace.json.gz", TRACES / "legacy-format-computeProperties.json.gz",
@@ -91,6 +92,17 @@ def test_the_innermost_operator_of_each_launch_is_the_one_a_stack_finds(path: Pa
     assert {code_of[k]: v for k, v in expected.items()} == by_id
     if trace.kernels and trace.runtime and trace.ops:
         assert by_id, "some launch on a real GPU trace has an operator around it"
+
+
+def test_a_launch_after_its_threads_operators_have_ended_has_no_operator(tmp_path: Path):
+    """A thread whose operators all ended before its launch: the launch has no operator around it (the
+    analysis once failed with an IndexError there)."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("aten::mm", 1, 10)
+    b.launch("volta_sgemm_128x64_nn", 50, 5, 60, 100)
+    trace = load_trace(b.write(tmp_path / "t.pt.trace.json"))
+    assert launching_ops(trace, np.unique(trace.columns["runtime"].correlation)).tolist() == [-1]
 
 
 @pytest.mark.parametrize("path", [TRACES / "h100-image-classifier-workers0.pt.trace.json.gz",

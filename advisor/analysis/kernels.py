@@ -166,9 +166,9 @@ def launching_ops(trace: Trace, correlations: np.ndarray) -> np.ndarray:
         op = rightmost_above(ops.end[thread_ops], last, starts)
         ids.append(runtime.correlation[on_thread][op >= 0])
         innermost.append(thread_ops[op[op >= 0]])
-    if not ids:
+    ids, innermost = (np.concatenate(ids), np.concatenate(innermost)) if ids else ((), ())
+    if not len(ids):  # no call has an operator around it (those of its thread ended before it)
         return found
-    ids, innermost = np.concatenate(ids), np.concatenate(innermost)
     # The last call with each id: unique ids of the reversed list keep their first (the last) occurrence.
     unique_ids, last_of = np.unique(ids[::-1], return_index=True)
     at = np.clip(np.searchsorted(unique_ids, correlations), 0, max(unique_ids.size - 1, 0))
