@@ -13,8 +13,10 @@ from advisor.analysis.columns import DEVICE_GROUPS, LINKED, device_of
 from advisor.analysis.events import decode
 from advisor.analysis.kernels import launching_ops
 from advisor.analysis.reading import json_text, read_file
-from advisor.analysis.trace import load_trace
+from advisor.analysis.sorting import FIELDS, EventSorter
+from advisor.analysis.trace import build_trace, load_trace
 from conftest import SAMPLE_RUNS, TRACES
+from trace_builder import TraceBuilder
 
 REAL = [TRACES / "a100-rank3-of-8.pt.trace.json.gz", TRACES / "h200-gpt-attention-by-hand.pt.trace.json.gz",
         TRACES / "mi250-rocm-minitoy.pt.trace.json.gz", TRACES / "legacy-format-computeProperties.json.gz",
@@ -92,6 +94,17 @@ def test_the_innermost_operator_of_each_launch_is_the_one_a_stack_finds(path: Pa
         assert by_id, "some launch on a real GPU trace has an operator around it"
 
 
+def test_a_launch_after_its_threads_operators_have_ended_has_no_operator(tmp_path: Path):
+    """A thread whose operators all ended before its launch: the launch has no operator around it (the
+    analysis once failed with an IndexError there)."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("aten::mm", 1, 10)
+    b.launch("volta_sgemm_128x64_nn", 50, 5, 60, 100)
+    trace = load_trace(b.write(tmp_path / "t.pt.trace.json"))
+    assert launching_ops(trace, np.unique(trace.columns["runtime"].correlation)).tolist() == [-1]
+
+
 @pytest.mark.parametrize("path", [TRACES / "h100-image-classifier-workers0.pt.trace.json.gz",
                                   next(SAMPLE_RUNS.glob("char_transformer/trials/00-baseline/*.pt.trace.json.gz"))],
                          ids=lambda p: p.parent.name if "sample_runs" in str(p) else p.name)
@@ -109,3 +122,40 @@ def test_memory_samples_agree_with_the_memory_events(path: Path):
         values = [getattr(e.args, field) for e in events]
         assert np.isnan(column).tolist() == [v is None for v in values]
         assert column[~np.isnan(column)].tolist() == [float(v) for v in values if v is not None]
+
+
+@pytest.mark.parametrize("path", [*REAL, TRACES / "v100-memory-events.pt.trace.json.gz"], ids=lambda p: p.name)
+def test_the_fields_read_as_events_are_sorted_are_those_read_from_the_events(path: Path):
+    """A Trace whose columns' fields were read as its events were sorted (`sorting.EventSorter`, what every
+    trace Kineto writes gets) has the columns and memory samples of one whose fields were all read from the
+    events afterwards (what a field not as Kineto writes it gets)."""
+    raw, _ = read_file(path)
+    doc = decode(path, json_text(path, raw))
+    read, unread = EventSorter(), EventSorter()
+    read.add(doc.traceEvents)
+    unread.add(doc.traceEvents)
+    unread.unread |= {*FIELDS, "memory"}
+    # Every trace here but the legacy one (threads named by text, kernels without external ids) is read in full.
+    assert not read.unread or ("legacy" in path.name and read.unread == {"tid", "external_id"})
+    a, b = build_trace(path, doc, read), build_trace(path, decode(path, json_text(path, raw)), unread)
+    for name in GROUPS:
+        events, c = getattr(a, name), a.columns[name]
+        assert c.names == tuple(dict.fromkeys(e.name for e in events)), name  # in order of first appearance
+        assert [c.names[i] for i in c.name_code.tolist()] == [e.name for e in events], name
+        if name == "ops":
+            assert c.annotation.tolist() == [e.cat == "user_annotation" for e in events]
+        for field in ("ts", "dur", "end", "names", "name_code", "tid", "correlation", "device", "on_device",
+                      "annotation", "external_id"):
+            x, y = getattr(a.columns[name], field), getattr(b.columns[name], field)
+            if field == "external_id" and y is None:  # read from the events where a collective asks
+                assert x is None or x.tolist() == [e.args.external_id for e in events], name
+                continue
+            assert type(x) is type(y), (name, field)
+            if isinstance(x, np.ndarray):
+                assert x.dtype == y.dtype and np.array_equal(x, y), (name, field)
+            else:
+                assert x == y, (name, field)
+    for field in ("ts", "device_type", "device_id", "bytes", "total_allocated", "total_reserved"):
+        x, y = getattr(a.memory, field), getattr(b.memory, field)
+        assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True), field
+    assert a.host_pids == {e.pid for e in a.ops + a.runtime} and len(a.memory) == len(b.memory)

@@ -97,7 +97,7 @@ from advisor.escape import strings_without_surrogates
 from advisor.files import is_regular
 from advisor.shapes import TRIAL, RecordError, conform_record, read_record
 from advisor.analysis.reading import trace_files
-from advisor.analysis.trace import Trace, collector_paused, load_trace
+from advisor.analysis.trace import Trace, collector_paused, forget_traces, load_trace
 
 SCHEMA = "advisor.analysis/1"
 
@@ -194,11 +194,15 @@ class ReadProblem:
 
 
 def diagnose_or_problem(path: Path, steps: str | None, timelines: bool):
-    """`diagnose_file` in a reading process: its result, or the ReadProblem it met."""
+    """`diagnose_file` in a reading process: its result, or the ReadProblem it met. The process keeps no trace
+    (`forget_traces`): it sends the Diagnosis back and reads no file twice, and the next file's events take the
+    memory this one's held, where new memory is faulted in page by page."""
     try:
         return diagnose_file(path, steps, timelines)
     except (TraceError, RecordError) as exc:
         return ReadProblem(type(exc), exc.path, exc.problem)
+    finally:
+        forget_traces()
 
 
 def diagnose_files(files: list[Path], steps: str | None, timelines: bool, parallel: bool = False) -> list:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from itertools import chain
 from operator import attrgetter
 from statistics import median
 
@@ -80,7 +79,7 @@ def degenerate(trace: Trace, steps: list[Step]) -> str | None:
         return (f"only {count} events inside {len(steps)} step(s): too few to say what a step does "
                 "(a forward, backward and optimizer step record dozens)")
     own = set(map(PID, trace.steps))
-    if own and not own.issuperset(chain(map(PID, trace.ops), map(PID, trace.runtime))):  # another process's events
+    if own and not own.issuperset(trace.host_pids):  # another process's events
         host_events = trace.ops + trace.runtime
         pids = [e.pid for e, inside in zip(host_events, host_mask) if inside]
         mine = sum(1 for pid in pids if pid in own)

@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 from advisor.analysis import intervals as iv
-from advisor.analysis.columns import external_ids
+from advisor.analysis.columns import with_external_id
 from advisor.analysis.steps import Step
 from advisor.analysis.trace import Trace
 
@@ -53,12 +53,14 @@ def _operator_role(name: str) -> str:
 def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
     """Merged time intervals of each breakdown role over the whole trace."""
     ops, kernels = trace.columns["ops"], trace.columns["kernels"]
-    op_role = ops.name_classes(_operator_role)
-    comm = op_role == "communication"
+    # Each role a mask made once per distinct name: comparing an array of the roles' names is a Python
+    # comparison per operator.
+    comm, dataloader, cpu_op = (ops.where_name(lambda name, role=role: _operator_role(name) == role)
+                                for role in ("communication", "dataloader", "cpu_op"))
     collective_ids = {trace.ops[i].external_id for i in np.flatnonzero(comm).tolist()}
     kernel_comm = kernels.where_name(is_communication_kernel)
     if collective_ids:  # kernels a collective annotation launched: communication too
-        kernel_comm |= np.fromiter(map(collective_ids.__contains__, external_ids(trace.kernels)), bool, len(kernels))
+        kernel_comm |= with_external_id(kernels, trace.kernels, collective_ids)
     # The annotations, then the kernels, in that order (as the intervals were always gathered).
     comm_starts = np.concatenate([ops.ts[comm], kernels.ts[kernel_comm]])
     comm_ends = np.concatenate([ops.end[comm], kernels.end[kernel_comm]])
@@ -68,8 +70,8 @@ def role_intervals(trace: Trace) -> dict[str, iv.Intervals]:
         "memset": iv.from_columns(trace.columns["memsets"]),
         "communication": iv.merge(comm_starts, comm_ends),
         "runtime": iv.from_columns(trace.columns["runtime"]),
-        "dataloader": iv.from_columns(ops, op_role == "dataloader"),
-        "cpu_op": iv.from_columns(ops, op_role == "cpu_op"),
+        "dataloader": iv.from_columns(ops, dataloader),
+        "cpu_op": iv.from_columns(ops, cpu_op),
     }
 
 

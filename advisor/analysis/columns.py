@@ -16,6 +16,8 @@ from operator import attrgetter
 import numpy as np
 
 NAME = attrgetter("name")
+CATEGORY = attrgetter("cat")
+ANNOTATION = "user_annotation"  # the category of the ops that are annotations, not operators
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +37,11 @@ class Columns:
     # arguments, else its 'pid'), where that is an integer (`on_device`); None for the other groups.
     device: np.ndarray | None = None
     on_device: np.ndarray | None = None
+    # Per operator (the ops group only, None for the others): whether it is a user annotation (category
+    # 'user_annotation': '## forward ##', 'Optimizer.step#...'), not an operator.
+    annotation: np.ndarray | None = None
+    # Per kernel (None for the other groups, or where one is not an integer): its 'External id'.
+    external_id: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.ts.size
@@ -53,12 +60,17 @@ class Columns:
 
 
 def columns_of(events: list, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, correlation: np.ndarray | None,
-               device: np.ndarray | None = None, on_device: np.ndarray | None = None) -> Columns:
+               device: np.ndarray | None = None, on_device: np.ndarray | None = None,
+               names: tuple[tuple[str, ...], np.ndarray] | None = None, annotation: np.ndarray | None = None,
+               external_id: np.ndarray | None = None) -> Columns:
     """The Columns of `events`, whose starts, durations, threads and correlation ids are the arrays given (in
-    the events' order)."""
-    codes: defaultdict[str, int] = defaultdict(count().__next__)  # a new name gets the next code
-    name_code = np.fromiter(map(codes.__getitem__, map(NAME, events)), np.int32, len(events))
-    return Columns(ts, dur, ts + dur, tuple(codes), name_code, tid, correlation, device, on_device)
+    the events' order); `names`: their distinct names and each one's code, where the caller has them;
+    `annotation`, `external_id`: see `Columns`."""
+    if names is None:
+        codes: defaultdict[str, int] = defaultdict(count().__next__)  # a new name gets the next code
+        name_code = np.fromiter(map(codes.__getitem__, map(NAME, events)), np.int32, len(events))
+        names = tuple(codes), name_code
+    return Columns(ts, dur, ts + dur, *names, tid, correlation, device, on_device, annotation, external_id)
 
 
 EXTERNAL_ID = attrgetter("args.external_id")
@@ -72,6 +84,17 @@ def external_ids(events: list) -> list:
     except AttributeError:  # an event without arguments
         ids = [None]
     return ids if None not in ids else [e.external_id for e in events]
+
+
+def with_external_id(columns: Columns, events: list, ids: set) -> np.ndarray:
+    """Which of the events (whose Columns are given) have an external id among `ids`: on the column where it has
+    one and all the ids are integers, else from each event."""
+    if columns.external_id is not None and all(type(i) is int for i in ids):
+        try:
+            return among(columns.external_id, np.fromiter(ids, np.int64, len(ids)))
+        except OverflowError:  # an id beyond 64 bits
+            pass
+    return np.fromiter(map(ids.__contains__, external_ids(events)), bool, len(events))
 
 
 TID = attrgetter("tid")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 import msgspec
 
@@ -93,11 +93,19 @@ class Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
         return None if self.args is None else self.args.correlation
 
 
-class Instant(Event, tag="i"):
-    """An instant ('ph': 'i') event: the analysis reads the `[memory]` ones, and of their arguments the allocator's
-    (a struct of five fields rather than the thirteen of `Args`: 28,000 of them in a trace that records memory)."""
+class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    """An instant ('ph': 'i') event: the analysis reads the `[memory]` ones, their name, time and, of their
+    arguments, the allocator's (a struct of five fields rather than the thirteen of `Args`); not their category,
+    process or thread, which would be three more objects each of the 28,000 in a trace that records memory."""
 
+    name: str = ""
+    ts: Union[int, float, None] = None
     args: Union[MemoryArgs, None] = None
+
+    @property
+    def ph(self) -> str:
+        """The event's phase."""
+        return self.__struct_config__.tag
 
 
 class Unused(msgspec.Struct, gc=False, tag_field="ph"):
@@ -241,16 +249,18 @@ _BETWEEN_EVENTS = b"},\n  {"
 _HEAD_BYTES = 16 * 2**20  # the most text before the events, or in one event, that `decode_pieces` holds
 
 
-def decode_pieces(path: Path, pieces: Iterator[bytes]) -> tuple[TraceDocument, int] | None:
+def decode_pieces(path: Path, pieces: Iterator[bytes], sink: Callable[[list], None] | None = None
+                  ) -> tuple[TraceDocument, int] | None:
     """(the document, the length of its text) decoded from its JSON text in pieces (`reading.inflated_pieces`),
-    each run of whole events as it arrives; None where the text does not split so (the caller decodes it whole,
-    as `decode`, which also names any problem).
+    each run of whole events as it arrives (and handed to `sink`, in file order, while its events are still in
+    the processor's cache: `sorting.EventSorter.add`); None where the text does not split so (the caller
+    decodes it whole, as `decode`, which also names any problem).
 
     The text is cut only between two events of the top-level 'traceEvents' array, and every run of events and
     the rest of the document decode on their own, which they can only where the cuts lie between events: a
     cut inside an event or a string leaves brackets or quotes open. The document is the same as `decode`'s."""
     try:
-        return _decode_pieces(pieces)
+        return _decode_pieces(pieces, sink or _ignore)
     except (Unclean, msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         return None
     finally:
@@ -259,7 +269,11 @@ def decode_pieces(path: Path, pieces: Iterator[bytes]) -> tuple[TraceDocument, i
             close()
 
 
-def _decode_pieces(pieces: Iterator[bytes]) -> tuple[TraceDocument, int] | None:
+def _ignore(events: list) -> None:
+    pass
+
+
+def _decode_pieces(pieces: Iterator[bytes], sink: Callable[[list], None]) -> tuple[TraceDocument, int] | None:
     # Each run is decoded from bytes of its own: an event's undecoded arguments (msgspec.Raw) keep them alive.
     held, held_bytes, size, head, events = [], 0, 0, None, []  # held: the text not decoded yet, in parts
     for piece in pieces:
@@ -283,7 +297,9 @@ def _decode_pieces(pieces: Iterator[bytes]) -> tuple[TraceDocument, int] | None:
                 return None
             continue
         view = memoryview(piece)
-        events += _EVENTS_DECODER.decode(b"".join((*held, view[:cut + 1], b"]")))
+        run = _EVENTS_DECODER.decode(b"".join((*held, view[:cut + 1], b"]")))
+        sink(run)
+        events += run
         held = [b"[", view[cut + 2:]]  # from after the comma
         held_bytes = 1 + len(held[1])
     if head is None:
@@ -292,6 +308,7 @@ def _decode_pieces(pieces: Iterator[bytes]) -> tuple[TraceDocument, int] | None:
     if rest.find(b'"traceEvents"', len(head)) >= 0:  # the key again after the events? the last one counts
         return None
     doc = _DOCUMENT_DECODER.decode(rest)
+    sink(doc.traceEvents)
     events += doc.traceEvents
     doc.traceEvents = events
     return doc, size

@@ -10,7 +10,6 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
-from operator import attrgetter
 
 import numpy as np
 
@@ -50,9 +49,6 @@ LAYOUT_KERNEL = re.compile(r"nchw_?(?:2|to)_?nhwc|nhwc_?(?:2|to)_?nchw", re.IGNO
 # compiled regions): cuBLAS/cutlass/nvjet GEMMs, cuDNN convolutions, AMD Tensile (Cijk_), attention.
 MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|winograd|[sh]\d*cudnn|nvjet|^Cijk_|fmha|"
                            r"flash_|_sdpa_|splitKreduce", re.IGNORECASE)
-
-
-CATEGORY = attrgetter("cat")
 
 
 @lru_cache(maxsize=None)
@@ -156,8 +152,7 @@ def launching_ops(trace: Trace, correlations: np.ndarray) -> np.ndarray:
     found = np.full(correlations.size, -1)
     if not calls.size or not len(ops):
         return found
-    # User annotations ('## forward ##', 'Optimizer.step#...') are not operators.
-    is_op = np.fromiter(map("user_annotation".__ne__, map(CATEGORY, trace.ops)), bool, len(ops))
+    is_op = ~ops.annotation  # user annotations ('## forward ##', 'Optimizer.step#...') are not operators
     call_tids = runtime.tid[calls]
     _, first = np.unique(call_tids, return_index=True)
     ids, innermost = [], []
@@ -171,9 +166,9 @@ def launching_ops(trace: Trace, correlations: np.ndarray) -> np.ndarray:
         op = rightmost_above(ops.end[thread_ops], last, starts)
         ids.append(runtime.correlation[on_thread][op >= 0])
         innermost.append(thread_ops[op[op >= 0]])
-    if not ids:
+    ids, innermost = (np.concatenate(ids), np.concatenate(innermost)) if ids else ((), ())
+    if not len(ids):  # no call has an operator around it (those of its thread ended before it)
         return found
-    ids, innermost = np.concatenate(ids), np.concatenate(innermost)
     # The last call with each id: unique ids of the reversed list keep their first (the last) occurrence.
     unique_ids, last_of = np.unique(ids[::-1], return_index=True)
     at = np.clip(np.searchsorted(unique_ids, correlations), 0, max(unique_ids.size - 1, 0))

@@ -15,18 +15,20 @@ import zlib
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
-from advisor.analysis.columns import (DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples, columns_of, correlations,
-                                      devices_of, id_columns, memory_fields, memory_samples)
+from advisor.analysis.columns import (ANNOTATION, CATEGORY, DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples,
+                                      columns_of, correlations, devices_of, id_columns, memory_fields, memory_samples,
+                                      whole_ids)
 from advisor.analysis.devices import Device, described_devices, devices_from_events
 from advisor.analysis.intervals import DURATION, START
-from advisor.analysis.events import (Event, Instant, LooseEvent, TraceDocument, accelerator_of, decode, decode_pieces,
-                                     kind_of)
+from advisor.analysis.events import Event, TraceDocument, accelerator_of, decode, decode_pieces, kind_of
 from advisor.analysis.reading import json_text, read_file
+from advisor.analysis.sorting import GROUPS, EventSorter, memory_samples_read
 from advisor.analysis.validation import check_sizes, check_times, floats_of, usable_steps
 from advisor.errors import NotATrace, TraceError
 
@@ -53,6 +55,7 @@ class Trace:
     time_unit: str = "us"
     event_count: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # odd but legal events left out: reason → count
+    host_pids: set = field(default_factory=set)  # the processes ('pid') of its operators and runtime calls
     # Each group of events above (but the memory samples) as arrays, in its order: "steps", "ops", "kernels", ...
     columns: dict[str, Columns] = field(default_factory=dict)
 
@@ -88,69 +91,81 @@ def _time_scale(doc: TraceDocument, events: list[Event]) -> tuple[float, str]:
     return 1.0, "us"
 
 
-def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
-    """Sort a decoded document into a Trace: kinds, relative microseconds, devices, memory samples."""
+def build_trace(path: Path | str, doc: TraceDocument, sorter: EventSorter | None = None) -> Trace:
+    """Sort a decoded document into a Trace: kinds, relative microseconds, devices, memory samples. `sorter`: its
+    events sorted, and their fields read, as they were decoded (`decode_pieces`); sorted here otherwise."""
     events = doc.traceEvents
+    if sorter is None:
+        sorter = EventSorter()
+        sorter.add(events)
     scale, unit = _time_scale(doc, events)
-    trace = Trace(path=str(path), distributed=doc.distributedInfo, time_unit=unit, event_count=len(events))
-    buckets = {"op": trace.ops, "annotation": trace.ops, "runtime": trace.runtime, "kernel": trace.kernels,
-               "memcpy": trace.memcpys, "memset": trace.memsets}
-    bucket_of_category: dict = {}  # category -> list to append to, or None to skip; filled as met
-    steps = trace.steps
-    memory_events = []
-    for e in events:
-        kind = type(e)  # its phase (`events.Event` is 'X')
-        if kind is LooseEvent:  # decoded loose: its phase is a field
-            kind = Event if e.ph == "X" else Instant if e.ph == "i" else None
-        if kind is Event:
-            cat = e.cat
-            bucket = bucket_of_category.get(cat, False)
-            if bucket is False:
-                bucket = bucket_of_category[cat] = buckets.get(kind_of(cat))
-            if bucket is None:
-                continue
-            if bucket is trace.ops and e.name.startswith("ProfilerStep#"):
-                bucket = steps
-            bucket.append(e)
-        elif kind is Instant and e.name == "[memory]":
-            memory_events.append(e)
-    timed = steps + trace.ops + trace.runtime + trace.kernels + trace.memcpys + trace.memsets
-    if not timed:
+    trace = Trace(path=str(path), distributed=doc.distributedInfo, time_unit=unit, event_count=len(events),
+                  host_pids=sorter.host_pids, **sorter.groups)
+    memory_events = sorter.memory
+    timed = [getattr(trace, name) for name in GROUPS]
+    if not any(timed):
         raise NotATrace(path, f"no events the analysis can use: none of its {len(events)} events is a complete "
                               "('ph': 'X') event of a known category (operators, runtime calls, kernels, copies)")
-    # Checked once over the kept events, vectorized, not inside the loop above.
-    groups = ("steps", "ops", "runtime", "kernels", "memcpys", "memsets")  # in the order of `timed`
-    times = {name: (floats_of(getattr(trace, name), "ts"), floats_of(getattr(trace, name), "dur")) for name in groups}
+    # Checked once over the kept events, vectorized, not inside the loop above. The fields the sorter read serve
+    # where it could read them; the others are read from the events.
+    read_memory = sorter.memory_fields()
+    times = {name: (sorter.values("ts", name), sorter.values("dur", name)) for name in GROUPS}
+    times = {name: (floats_of(group, "ts") if ts is None else ts, floats_of(group, "dur") if dur is None else dur)
+             for group, (name, (ts, dur)) in zip(timed, times.items())}
     check_times(path, events, timed, memory_events, scale,
-                tuple(np.concatenate([times[name][i] for name in groups]) for i in (0, 1)))
-    fields = memory_fields(memory_events)
+                tuple(np.concatenate([times[name][i] for name in GROUPS]) for i in (0, 1)),
+                None if read_memory is None else read_memory["ts"])
+    fields = memory_fields(memory_events) if read_memory is None or scale != 1.0 else read_memory
     check_sizes(path, events, memory_events, trace.memcpys, fields)
     origin = 0
     if scale != 1.0:
         # Integer nanoseconds since the epoch do not fit a float exactly: subtract the (integer) origin
         # first, exactly, then scale. Microsecond timestamps fit a float as they are.
-        origin = min(e.ts for e in timed + memory_events)
-        for e in timed:
+        origin = min(e.ts for e in chain(*timed, memory_events))
+        for e in chain(*timed):
             e.ts = (e.ts - origin) * scale
             e.dur = e.dur * scale
     trace.origin_us = origin * scale
-    trace.memory = memory_samples(memory_events, origin, scale, fields)
+    trace.memory = memory_samples(memory_events, origin, scale, fields) if fields is not read_memory else \
+        memory_samples_read(read_memory)
     trace.steps.sort(key=START)
     trace.steps[:] = usable_steps(trace.steps, trace.skipped)
-    for name in groups:
+    orders = {}
+    for name in GROUPS:
         group = getattr(trace, name)
         # The times read for the check serve, unless they changed since (scaled, or steps left out).
         known = times[name] if scale == 1.0 and name != "steps" else None
-        group[:], *times[name] = sorted_by_start(group, name == "ops", known)
-    tids = dict(zip(groups, id_columns([list(map(TID, getattr(trace, name))) for name in groups])))
-    ids = dict(zip(LINKED, id_columns([correlations(getattr(trace, name)) for name in LINKED])))
-    for name in groups:
+        group[:], *times[name], orders[name] = sorted_by_start(group, name == "ops", known)
+    # What the sorter read is in file order: it serves in the groups' sorted orders (unless times were scaled,
+    # or too large for floats to sort), where it could read it all.
+    read = scale == 1.0 and all(orders[name] is not None for name in GROUPS[1:])
+    tids = sorter.ids("tid", {name: orders[name] for name in GROUPS[1:]}) if read else None
+    step_tids = whole_ids(list(map(TID, trace.steps)))
+    if tids is None or step_tids is None:
+        tids = dict(zip(GROUPS, id_columns([list(map(TID, getattr(trace, name))) for name in GROUPS])))
+    else:
+        tids["steps"] = step_tids
+    ids = sorter.ids("correlation", {name: orders[name] for name in LINKED}) if read else None
+    if ids is None:
+        ids = dict(zip(LINKED, id_columns([correlations(getattr(trace, name)) for name in LINKED])))
+    for name in GROUPS:
         group = getattr(trace, name)
-        trace.columns[name] = columns_of(group, *times[name], tids[name], ids.get(name),
-                                         *(devices_of(group) if name in DEVICE_GROUPS else (None, None)))
+        device = sorter.values("device", name, orders[name]) if read and name in DEVICE_GROUPS else None
+        if device is not None:  # every one an integer
+            devices = device, np.ones(device.size, dtype=bool)
+        else:
+            devices = devices_of(group) if name in DEVICE_GROUPS else (None, None)
+        annotation = None
+        if name == "ops":
+            annotation = sorter.annotations(orders[name]) if read else \
+                np.fromiter(map(ANNOTATION.__eq__, map(CATEGORY, group)), bool, len(group))
+        trace.columns[name] = columns_of(
+            group, *times[name], tids[name], ids.get(name), *devices, annotation=annotation,
+            names=sorter.names(name, orders[name]) if read and name != "steps" else None,
+            external_id=sorter.values("external_id", name, orders[name]) if read and name == "kernels" else None)
     runtime_names = set(trace.columns["runtime"].names)
     kernel_kinds = {e.args.kind for e in trace.kernels[:50] if e.args is not None and e.args.kind}
-    trace.accelerator, trace.gpu_vocabulary = _accelerator(bucket_of_category)
+    trace.accelerator, trace.gpu_vocabulary = _accelerator(sorter.group_of_category)
     trace.devices = described_devices(path, doc, runtime_names, kernel_kinds)
     if not trace.devices:
         trace.devices = devices_from_events(trace, set(trace.columns["kernels"].names))
@@ -158,9 +173,11 @@ def build_trace(path: Path | str, doc: TraceDocument) -> Trace:
 
 
 def sorted_by_start(events: list[Event], enclosing_first: bool,
-                    times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[list[Event], np.ndarray, np.ndarray]:
+                    times: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[list[Event], np.ndarray, np.ndarray, np.ndarray | None]:
     """The events sorted by start (stably; with `enclosing_first`, the longer of two that start together
-    first: an operator before its first child), and their starts and durations as arrays, in that order.
+    first: an operator before its first child), their starts and durations as arrays, in that order, and the
+    order (each one's index among the events given; None where they were sorted as Python numbers).
 
     Sorted on the arrays, which the figures use too (`Trace.columns`), rather than by a key read from each
     event. Times beyond 2**53 (which floats cannot tell apart) are sorted as Python numbers instead. `times`:
@@ -172,9 +189,9 @@ def sorted_by_start(events: list[Event], enclosing_first: bool,
         if enclosing_first:
             events = sorted(events, key=DURATION, reverse=True)
         events = sorted(events, key=START)
-        return events, np.fromiter(map(START, events), float, n), np.fromiter(map(DURATION, events), float, n)
+        return events, np.fromiter(map(START, events), float, n), np.fromiter(map(DURATION, events), float, n), None
     order = np.lexsort((-dur, ts)) if enclosing_first else np.argsort(ts, kind="stable")
-    return list(map(events.__getitem__, order.tolist())), ts[order], dur[order]
+    return list(map(events.__getitem__, order.tolist())), ts[order], dur[order], order
 
 
 def _accelerator(bucket_of_category: dict) -> tuple[str | None, bool]:
@@ -212,8 +229,10 @@ def load_trace(path: Path | str) -> Trace:
             return kept[0]
     with collector_paused():
         # A gzipped trace is decoded piece by piece as it inflates; one that does not split so, whole.
-        decoded = decode_pieces(path, pieces) if pieces is not None else None
+        sorter = EventSorter()
+        decoded = decode_pieces(path, pieces, sorter.add) if pieces is not None else None
         if decoded is None:
+            sorter = None  # sorted from the whole document instead
             text = json_text(path, raw)
             del raw
             size = len(text)
@@ -223,7 +242,7 @@ def load_trace(path: Path | str) -> Trace:
             doc, size = decoded
         if not doc.traceEvents:
             raise TraceError(path, "trace has no events ('traceEvents' is empty)")
-        trace = build_trace(path, doc)
+        trace = build_trace(path, doc, sorter)
     if key is not None and size <= KEPT_BYTES:
         with _loaded_lock:
             _loaded[key] = (trace, size)
@@ -244,6 +263,12 @@ KEPT_TRACES = 8
 KEPT_BYTES = 128 * 2**20
 _loaded: OrderedDict[tuple, tuple[Trace, int]] = OrderedDict()
 _loaded_lock = threading.Lock()
+
+
+def forget_traces() -> None:
+    """Drop the traces this process keeps (`_loaded`)."""
+    with _loaded_lock:
+        _loaded.clear()
 
 
 @contextmanager

@@ -8,6 +8,7 @@ out and counted. The checks are vectorized over all kept events at once.
 
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 
@@ -47,20 +48,25 @@ def _first_in_file(events: list[Event], candidates: list[Event]) -> tuple[int, E
     return position[id(e)], e
 
 
-def check_times(path: Path | str, events: list[Event], timed: list[Event], memory_events: list[Event],
-                scale: float, times: tuple | None = None) -> None:
+def check_times(path: Path | str, events: list[Event], groups: list[list[Event]], memory_events: list[Event],
+                scale: float, times: tuple | None = None, memory_ts: np.ndarray | None = None) -> None:
     """TraceError naming the first event (in file order) whose times the analysis cannot use: no 'ts' or
-    'dur', a negative duration, one longer than MAX_SPAN_US, a time further than that from the rest. `times`:
-    the timed events' (starts, durations) as `floats_of` reads them, where the caller has them already."""
-    timed_ts, timed_dur = times if times is not None else (floats_of(timed, "ts"), floats_of(timed, "dur"))
+    'dur', a negative duration, one longer than MAX_SPAN_US, a time further than that from the rest. `groups`:
+    the timed events, in groups; `times`: their (starts, durations) as `floats_of` reads them, and `memory_ts`
+    the memory events' starts, where the caller has them already."""
+    count = sum(map(len, groups))  # (the groups are joined where an event is named only)
+    if times is None:
+        timed = list(chain(*groups))
+        times = floats_of(timed, "ts"), floats_of(timed, "dur")
+    timed_ts, timed_dur = times
     with np.errstate(invalid="ignore", over="ignore"):
-        ts = np.concatenate([timed_ts, floats_of(memory_events, "ts")]) * scale
+        ts = np.concatenate([timed_ts, floats_of(memory_events, "ts") if memory_ts is None else memory_ts]) * scale
         dur = np.concatenate([timed_dur, np.zeros(len(memory_events))]) * scale
         finite = np.isfinite(ts) & np.isfinite(dur)
         center = _low_median(ts[finite])
         bad = ~finite | (dur < 0) | (dur > MAX_SPAN_US) | (np.abs(ts - center) > MAX_SPAN_US)
     if bad.any():
-        everyone = timed + memory_events
+        everyone = list(chain(*groups, memory_events))
         i, e = _first_in_file(events, [everyone[k] for k in np.flatnonzero(bad)])
         if e.name == "[memory]" and e.ph == "i":
             problem = "has no 'ts'" if e.ts is None else f"has a time far from the rest of the trace (ts {e.ts})"
@@ -75,15 +81,15 @@ def check_times(path: Path | str, events: list[Event], timed: list[Event], memor
         else:
             problem = f"lies more than a week from the rest of the trace (ts {e.ts})"
         raise TraceError(path, f"event {i} ({e.name!r}) {problem}")
-    if not (dur > 0).any() and np.ptp(ts[:len(timed)]) == 0:
+    if not (dur > 0).any() and np.ptp(ts[:count]) == 0:
         raise TraceError(path, "its events span no time (each lasts 0 µs, all at one moment): nothing to analyse")
 
 
 def check_sizes(path: Path | str, events: list[Event], memory_events: list[Event], memcpys: list[Event],
-                fields: dict[str, list]) -> None:
+                fields: dict) -> None:
     """TraceError naming the first event whose byte counts are negative (but for freed bytes) or beyond
     MAX_BYTES: a copy's bytes, an allocation's bytes, the allocator's totals. `fields`: the memory events'
-    `columns.memory_fields`."""
+    `columns.memory_fields` (or those fields as arrays, as `sorting.EventSorter.memory_fields` reads them)."""
     bad = []
     if not all_byte_counts(fields):
         for e in memory_events:
