@@ -67,7 +67,7 @@ def _is_start_up_call(name: str) -> bool:
     return START_UP_CALL.match(name) is not None
 
 
-def degenerate(trace: Trace, steps: list[Step]) -> str | None:
+def why_degenerate(trace: Trace, steps: list[Step]) -> str | None:
     """Why the steps cannot describe training (too few events, events of another process, start-up calls),
     or None. A degenerate trace gets figures but no bound and no speed advice."""
     windows = [(s.start, s.end) for s in steps]
@@ -179,7 +179,7 @@ def find_bound(platform: str, shares: dict[str, float], problem: str | None, mem
     - "memory" when the trial ran out of memory, ran micro-batches to fit, device headroom is under
       MEMORY_NEARLY_GONE, or memory grows every step (a leak): memory decides whether the run goes on at
       all, whatever the trace shows.
-    - None when the trace is degenerate (`degenerate`): no other bound can be read from it.
+    - None when the trace is degenerate (`why_degenerate`): no other bound can be read from it.
     - CPU-only traces: "input" when the DataLoader holds at least CPU_INPUT_BOUND of the step,
       "communication" when the rank waits in collectives with nothing computing at least
       CPU_COMMUNICATION_BOUND of it, else "compute" (the CPU computing the step is all that is left).

@@ -14,7 +14,7 @@ from statistics import median
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.attention import attention
-from advisor.analysis.bound import bound_time, degenerate, find_bound, loader_queue
+from advisor.analysis.bound import bound_time, find_bound, loader_queue, why_degenerate
 from advisor.analysis.breakdown import breakdown, gpu_utilization, role_intervals
 from advisor.analysis.communication import Communication, communication
 from advisor.analysis.copies import Copies, copy_events, host_to_device_copies
@@ -200,7 +200,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
         bound_shares = {b: steady if b == "input" else v * scale for b, v in bound_shares.items()}
     elif loader is not None:
         missing.append("a window long enough to see the DataLoader keep up or not: " + loader.message)
-    problem = degenerate(trace, steps)
+    problem = why_degenerate(trace, steps)
     if problem is not None:
         missing.append("steps that describe training: " + problem)
         extra["degenerate"] = problem

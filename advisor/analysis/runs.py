@@ -19,7 +19,7 @@ from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.job import Job, jobs_of, rank_of
 from advisor.errors import AdvisorError, TraceError
 from advisor.files import inside
-from advisor.shapes import SESSION, TRIAL, conform_record, read_record
+from advisor.shapes import SESSION, conform_record, read_record
 
 Z95 = 1.96  # about 95% of a normal distribution lies within 1.96 standard errors
 

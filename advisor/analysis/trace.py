@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
 from advisor.analysis.columns import (ANNOTATION, CATEGORY, DEVICE_GROUPS, LINKED, TID, Columns, MemorySamples,
