@@ -1,6 +1,6 @@
 """This process's memory as the kernel counts it, the one place a trial reads it: the peak and current resident
-set, virtual size and writable data (Linux's /proc/self/status; getrusage's peak where there is no /proc), and
-the reset of the peak that lets an in-process trial measure its own."""
+set, virtual size and writable data (Linux's /proc/self/status), the lifetime peak (getrusage, what a trial
+process records), and the reset of /proc's peak that lets an in-process trial measure its own."""
 
 from __future__ import annotations
 
@@ -26,11 +26,9 @@ def proc_status_bytes() -> dict[str, int]:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (since `reset_peak_rss`, where it was reset)."""
-    peak = proc_status_bytes().get("peak_rss_bytes")
-    if peak is not None:
-        return peak
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: KiB on Linux, bytes on macOS
+    """This process's peak resident set size over its life (getrusage's ru_maxrss: KiB on Linux, bytes on macOS);
+    since `reset_peak_rss` it is `proc_status_bytes()["peak_rss_bytes"]` (VmHWM)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
 

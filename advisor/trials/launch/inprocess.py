@@ -33,7 +33,7 @@ from advisor.trials.harness.activations import is_out_of_memory
 from advisor.trials.harness.driver import StepDriver, TrialComplete
 from advisor.trials.harness.trial_facts import SetupProblem, device_facts, resolve_device
 from advisor.trials.harness.entry import user_traceback
-from advisor.trials.harness.process_memory import peak_rss_bytes, reset_peak_rss
+from advisor.trials.harness.process_memory import proc_status_bytes, reset_peak_rss
 from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
 from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
@@ -259,7 +259,7 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
             if batches is not loader or not getattr(loader, "persistent_workers", False):
                 shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
             iterator = batches = None
-            peak = peak_rss_bytes() if measured_peak else None
+            peak = proc_status_bytes().get("peak_rss_bytes") if measured_peak else None  # VmHWM since the reset
             if peak is not None and "memory" in result:
                 result["memory"]["peak_rss_bytes"] = peak
             result["dataloaders"] = [r.to_dict(training=True) for r in records]
