@@ -14,7 +14,7 @@ import pytest
 from advisor.analysis.analyze import analyze_file
 from advisor.analysis.whatif import calibrate, predict, step_graph, steady_figures, transform
 from advisor.search.predictions import model_changes, prediction_error, step_share
-from advisor.search.state import samples_gain
+from advisor.analysis.worth import samples_gain
 from advisor.trials.knobs import Knobs
 
 DATA = Path(__file__).parent / "data"

@@ -18,9 +18,10 @@ from advisor.search.predictions import prediction_error
 from advisor.search.proposal import Proposal, check_on_best
 from advisor.search.remeasures import across_loads, beside_best, beside_fresh_best, settling, without_best_again
 from advisor.search.simplify import keep_simpler, simplifies
-from advisor.search.state import best_row, compile_payback, samples_gain, save, trial_row
-from advisor.search.trial_runner import decide_row, figures_text, measured, own_bound, predicted_text, recorded_losses, \
-    run_one, trial_record
+from advisor.analysis.worth import samples_gain
+from advisor.search.state import best_row, compile_payback, save, trial_row
+from advisor.search.trial_runner import decide_row, figures_text, measured, own_bound, predicted_text, \
+    recorded_losses, run_one, trial_record
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import TrialResult
 from advisor.trials.record.adaptive import windows_target

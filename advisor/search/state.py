@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from advisor.analysis.worth import samples_gain  # the search's unit; its modules read it from here
+from advisor.analysis.worth import samples_gain
 from advisor.errors import AdvisorError
 from advisor.search.checkpointing import checkpoint_figures
 from advisor.report.tensorboard import SESSION_RUN
