@@ -22,8 +22,8 @@ from advisor.search.speedup import session_speedup, speedup_note
 from advisor.search.proposal import Proposal
 from advisor.search.state import SessionOptions, best_row, save, trial_row
 from advisor.search.strategy import knobs_key
-from advisor.search.trial_runner import TrialRunner, figures_text, measure_record, measured, own_bound, recorded_losses, \
-    run_one, trial_record, trial_time_limit
+from advisor.search.trial_runner import TrialRunner, figures_text, measure_record, measured, own_bound, \
+    recorded_losses, run_one, trial_record, trial_time_limit
 from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.record.measurement import Measurement, noise
 from advisor.trials.record.turns import finished, start_turns, windows_log

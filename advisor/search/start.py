@@ -18,8 +18,8 @@ from advisor.errors import AdvisorError
 from advisor.search.outputs import out_of_memory_note
 from advisor.search.proposal import check_on_best
 from advisor.search.space import own_text
-from advisor.search.state import SESSION_FILE, SessionOptions, discard_unstarted, resume_state, lock_session, new_state, \
-    reference_row, save, trial_row
+from advisor.search.state import SESSION_FILE, SessionOptions, discard_unstarted, lock_session, new_state, \
+    reference_row, resume_state, save, trial_row
 from advisor.search.strategy import SearchSpace, recovery_plan, turned
 from advisor.search.trial_runner import TrialRunner, as_runner, end_left_behind, figures_text, lint_script, own_bound, \
     recorded_losses, run_one, subprocess_runner

@@ -1,7 +1,8 @@
 """The memory figures of a trial's steps, taken inside the trial (torch imported lazily): each step's (the
 process's and the allocator's), the activations of the first step, the model's parameter dtypes after it,
 where memory stood at an out-of-memory failure or at the end of a finished trial, and the peaks.
-The step driver (`advisor.trials.harness.driver`) holds one; the figures themselves are `advisor.trials.harness.activations`'.
+The step driver (`advisor.trials.harness.driver`) holds one; the figures themselves are
+`advisor.trials.harness.activations`'.
 """
 
 from __future__ import annotations

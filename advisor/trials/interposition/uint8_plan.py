@@ -26,8 +26,8 @@ class BytePlan:
     uint8: str  # what it becomes, e.g. "np.asarray(image, dtype=np.uint8)"
     normalization: str | None  # the normalizing statement the rewrite removes, as written
     function: Any = None  # the rewritten __getitem__ (not recorded)
-    # A torchvision pipeline (advisor.trials.interposition.uint8_transforms): kind "transform", the names of its transforms
-    # in order, the Dataset's attribute that holds it; `multiply`: the conversion is x * (1 / 255) (v2's ToDtype).
+    # A torchvision pipeline (`uint8_transforms`): kind "transform", the names of its transforms in order, the
+    # Dataset's attribute that holds it; `multiply`: the conversion is x * (1 / 255) (v2's ToDtype).
     kind: str = "getitem"
     multiply: bool = False
     transforms: tuple[str, ...] = ()

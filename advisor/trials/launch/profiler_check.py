@@ -176,8 +176,8 @@ def cuda_profiler_problem(device: str, timeout_s: float = PROBE_TIMEOUT_S) -> st
         return None
     env = dict(os.environ, PYTHONPATH=advisor_importable(os.environ))
     try:
-        done = subprocess.run([sys.executable, "-m", "advisor.trials.launch.profiler_check", device], capture_output=True,
-                              text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        done = subprocess.run([sys.executable, "-m", "advisor.trials.launch.profiler_check", device],
+                              capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
         result = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
         return None

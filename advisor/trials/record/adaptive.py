@@ -51,7 +51,8 @@ class Against:
                    int(data.get("max_windows") or MIN_WINDOWS))
 
 
-def windows_target(samples_per_s: float | None, relative_se: float | None, min_gain: float, windows: int) -> Against | None:
+def windows_target(samples_per_s: float | None, relative_se: float | None, min_gain: float,
+                   windows: int) -> Against | None:
     """The target of a trial measured against a best with this figure (None when there is none to beat)."""
     if not samples_per_s or windows < 1:
         return None
