@@ -45,6 +45,7 @@ from advisor.code.lint import script_findings
 from advisor.shapes import read_record
 from advisor.trials.launch.inprocess import run_trial_in_process, step_source
 from advisor.trials.launch.training_state import TrainingState
+from advisor.knobs import IN_PROCESS_KNOBS
 from advisor.trials.knobs import Knobs
 from advisor.analysis.reading import trace_files
 from advisor.trials.record import TRIAL_FILE, TrialResult, load_trial
@@ -377,7 +378,6 @@ class Session:
 # In the notebook's process the optimizer and the Dataset are built already: only the model knobs reach them,
 # and not torch.compile: dynamo's caches and guards for the model's code stay in the process after the trial,
 # which no undo short of torch._dynamo.reset() (that would also drop the user's own compiled code) removes.
-IN_PROCESS_KNOBS = ("channels_last", "tf32", "cudnn_benchmark", "checkpointing")
 
 
 def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 16, device: str = "auto",

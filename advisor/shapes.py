@@ -16,6 +16,7 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.files import describe_os_error, read_regular
+from advisor.knobs import CHOICE, DATALOADER_KNOBS, FLAG as FLAG_KNOB, KNOBS as KNOB_LIST
 
 # Scalar shapes.
 TEXT = "text"
@@ -152,11 +153,9 @@ def conform_record(record: dict, shape: dict) -> tuple[dict, list[str]]:
 
 # ---- the shapes readers rely on ------------------------------------------------------------------------
 
-_LOADER = {"num_workers": COUNT, "prefetch_factor": COUNT, "batch_size": COUNT, "pin_memory": FLAG,
-           "persistent_workers": FLAG}
-KNOBS = {**_LOADER, "amp": TEXT, "accumulation_steps": COUNT, "non_blocking": FLAG, "channels_last": FLAG,
-         "compile": FLAG, "fused_optimizer": FLAG, "tf32": FLAG, "cudnn_benchmark": FLAG, "uint8_copies": FLAG,
-         "sdpa": FLAG, "checkpointing": FLAG}
+# A knob's value as a record holds it, by what the knob takes (`advisor.knobs`).
+KNOBS = {k.name: TEXT if k.kind == CHOICE else FLAG if k.kind == FLAG_KNOB else COUNT for k in KNOB_LIST}
+_LOADER = {name: KNOBS[name] for name in DATALOADER_KNOBS}
 
 # trial.json, as the analysis (diagnosis, rules, terminal, report) reads it.
 TRIAL = {

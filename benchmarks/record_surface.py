@@ -27,7 +27,6 @@ settings of the relative standard error of a setting's median.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -39,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from advisor.knobs import BY_NAME  # noqa: E402
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.trials.record import TRIAL_FILE
 from advisor.trials.launch.runner import run_trial  # noqa: E402
@@ -61,24 +61,18 @@ def values(text: str, kind=str) -> list:
     return [kind(v) for v in text.split(",") if v]
 
 
-KNOB_TYPES = {f.name: f.type for f in dataclasses.fields(Knobs)}
 
 
 def knob_axis(text: str) -> tuple[str, list]:
-    """`NAME=V1,V2` → (name, values typed as the Knobs field: ints, off/on booleans, strings)."""
+    """`NAME=V1,V2` → (name, values as the knob reads them: ints, off/on booleans, strings; `fp32`: no AMP)."""
     name, _, listed = text.partition("=")
-    kind = KNOB_TYPES.get(name)
-    if kind is None or not listed:
-        raise SystemExit(f"--knob {text}: expected NAME=V1,V2 with NAME a knob ({', '.join(KNOB_TYPES)})")
-    typed = []
-    for v in listed.split(","):
-        if "bool" in str(kind):
-            typed.append(v in ("on", "true", "1"))
-        elif "int" in str(kind):
-            typed.append(int(v))
-        else:
-            typed.append(None if v in ("off", "none", "fp32") else v)
-    return name, typed
+    knob = BY_NAME.get(name)
+    if knob is None or not listed:
+        raise SystemExit(f"--knob {text}: expected NAME=V1,V2 with NAME a knob ({', '.join(BY_NAME)})")
+    try:
+        return name, [None if v == "fp32" else knob.parse(v) for v in listed.split(",")]
+    except ValueError as exc:
+        raise SystemExit(f"--knob {text}: {exc}") from None
 
 
 def knob_points(axes: list[tuple[str, list]]) -> list[tuple[str, Knobs]]:

@@ -25,7 +25,8 @@ from pathlib import Path
 from conftest import ROOT, SAMPLE_RUNS, TRACES
 
 PACKAGE = ROOT / "advisor"
-SHARED = {"advisor.errors", "advisor.files", "advisor.shapes", "advisor.escape"}
+# The registry of knobs is shared like the records' shapes: every part reads what a knob is from it.
+SHARED = {"advisor.errors", "advisor.files", "advisor.shapes", "advisor.escape", "advisor.knobs"}
 # What each part of advisor may import of advisor, besides itself and the shared modules.
 ALLOWED = {
     "shared": set(),
@@ -53,7 +54,7 @@ def modules() -> dict[str, Path]:
 
 def part_of(module: str) -> str:
     """Which row of ALLOWED a module falls under: 'analysis', 'shared', 'cli', ..."""
-    if module in SHARED:
+    if within(module, SHARED):
         return "shared"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "advisor"
@@ -198,17 +199,19 @@ def test_each_role_of_the_trials_package_imports_only_what_its_role_allows():
     assert not wrong, "\n".join(wrong)
 
 
-# Module names that stand in more than one package, and why: the same knob in the stage that applies it inside
-# a trial (trials/interposition) and the one that writes it into the user's code (code/patch), the search's own
-# part of checkpointing among them; an analysis figure and the rule family that reads it (analysis/rules).
+# Module names that stand in more than one package, and why: the same knob in its declaration (knobs), the stage
+# that applies it inside a trial (trials/interposition) and the one that writes it into the user's code
+# (code/patch), the search's own part of checkpointing among them; an analysis figure and the rule family that
+# reads it (analysis/rules).
 # Any other name is one module's: a reader who meets `memory.py` or `syntax.py` knows which one is meant.
 SHARED_NAMES = {
     "attention.py": {"analysis", "code/patch", "trials/interposition"},
-    "checkpointing.py": {"code/patch", "search", "trials/interposition"},
+    "checkpointing.py": {"code/patch", "knobs", "search", "trials/interposition"},
     "frameworks.py": {"code/patch", "trials/interposition"},
     "loaders.py": {"code/patch", "trials/interposition"},
     "model.py": {"code/patch", "trials/interposition"},
     "step.py": {"code/patch", "trials/interposition"},
+    "uint8_copies.py": {"knobs", "trials/interposition"},
     "copies.py": {"analysis", "analysis/rules"},
     "memory.py": {"analysis", "analysis/rules"},
 }

@@ -24,11 +24,10 @@ from advisor.search.decision import Decision
 from advisor.search.state import best_row
 from advisor.search.proposal import Proposal, on_best
 from advisor.search.strategy import turned
-from advisor.trials.knobs import MODEL_KNOBS, Knobs
+from advisor.knobs import BY_NAME, MODEL_KNOBS
+from advisor.trials.knobs import Knobs
 
 RECOMMENDATION = "without"  # the recommendation of a trial that takes a knob off: "without-compile"
-CHANGES = {"compile": "torch.compile", "channels_last": "channels_last", "fused_optimizer": "the fused optimizer",
-           "tf32": "TF32 matmuls", "cudnn_benchmark": "cudnn.benchmark", "sdpa": "scaled_dot_product_attention"}
 
 
 def unproven_knobs(state: dict[str, Any]) -> list[str]:
@@ -72,7 +71,7 @@ def _first_with(state: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] 
 
 def without_proposal(knobs: Knobs, knob: str) -> Proposal:
     """The best's settings without `knob` (the script's own value back), as a change to measure."""
-    change = CHANGES.get(knob, knob)
+    change = BY_NAME[knob].title
     return on_best(knobs, {knob: None}, f"{RECOMMENDATION}-{knob}", f"without {change}",
                    f"without-{knob.replace('_', '-')}", 0.0, None, helps_now=False,
                    why=f"{change} came in without a gain of its own; the simpler setting, unless slower",
@@ -90,7 +89,7 @@ def swap_proposal(state: dict[str, Any], knobs: Knobs, reverted: Proposal) -> Pr
     for held in MODEL_KNOBS:
         recommendation = f"{reverted.recommendation}-{RECOMMENDATION}-{held}"
         if held != knob and getattr(knobs, held) and recommendation not in tried:
-            change = CHANGES.get(held, held)
+            change = BY_NAME[held].title
             return on_best(knobs, {knob: getattr(reverted.knobs, knob), held: None}, recommendation,
                            f"{reverted.change} {RECOMMENDATION} {change}",
                            f"{reverted.slug}-{RECOMMENDATION}-{held.replace('_', '-')}", reverted.predicted_gain,

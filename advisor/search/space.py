@@ -16,13 +16,12 @@ from typing import Any, Iterable
 from advisor.errors import AdvisorError
 from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.strategy import SearchSpace
-from advisor.trials.knobs import MODEL_KNOBS, Knobs
+from advisor.knobs import BY_NAME, SWITCHED_KNOBS, TURNED
+from advisor.trials.knobs import Knobs
 
 TRY = "try"  # the recommendation id of a trial the user asked for with --try
-# Knobs that go with another and are never turned alone by the search (workers persist with their count).
-COMPANIONS = {"persistent_workers"}
-KNOB_NAMES = tuple(f.name for f in dataclasses.fields(Knobs) if f.name not in COMPANIONS)
-TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+# Knobs that go with another are never turned alone by the search (workers persist with their count).
+KNOB_NAMES = TURNED
 
 
 def _unknown(flag: str, name: str) -> AdvisorError:
@@ -44,25 +43,11 @@ def knob_names(values: Iterable[str], flag: str) -> tuple[str, ...]:
 
 
 def _value(name: str, text: str | None) -> Any:
-    """One knob's value as `--try` gives it: a flag alone is true, `amp` alone is bf16."""
-    kind = str(next(f.type for f in dataclasses.fields(Knobs) if f.name == name))
-    if text is None:
-        if kind.startswith("bool"):
-            return True
-        if name == "amp":
-            return "bf16"
-        raise AdvisorError(f"--try: {name} needs a value, e.g. {name}=4")
-    raw = text.strip().lower()
-    if kind.startswith("bool"):
-        if raw in TRUE or raw in FALSE:
-            return raw in TRUE
-        raise AdvisorError(f"--try: {name} is true or false, not {text!r}")
-    if kind.startswith("int"):
-        try:
-            return int(raw)
-        except ValueError:
-            raise AdvisorError(f"--try: {name} is a whole number, not {text!r}") from None
-    return None if raw in ("none", "off") else raw
+    """One knob's value as `--try` gives it: a flag alone is true, `amp` alone is bf16 (each knob's `parse`)."""
+    try:
+        return BY_NAME[name].parse(text)
+    except ValueError as exc:
+        raise AdvisorError(f"--try: {exc}") from None
 
 
 def try_settings(text: str) -> dict[str, Any]:
@@ -103,7 +88,7 @@ def in_process_tries(tries: tuple[str, ...], model_knobs: tuple[str, ...]) -> No
     """`tune()` runs trials in the notebook's process: a try of a model knob it cannot apply there (a compile
     leaves dynamo's caches behind; the optimizer and Dataset are built already) is refused in one line."""
     for text in tries:
-        out = sorted(k for k in try_settings(text) if k in (*MODEL_KNOBS, "uint8_copies") and k not in model_knobs)
+        out = sorted(k for k in try_settings(text) if k in SWITCHED_KNOBS and k not in model_knobs)
         if out:
             raise AdvisorError(f"tries: {', '.join(out)} cannot be tried in the notebook's process "
                                f"(its model knobs: {', '.join(model_knobs)})")

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from advisor.analysis.worth import ceiling
-from advisor.trials.knobs import MODEL_KNOBS, Knobs
+from advisor.knobs import SWITCHED_KNOBS
+from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
 from advisor.search.expected import rank
@@ -85,7 +86,7 @@ def surface_space(points: list[SurfacePoint]) -> SearchSpace:
         batch_sizes=tuple(sorted(b for b in column["batch_size"] if isinstance(b, int))),
         amp=tuple(sorted(a for a in column["amp"] if a)),
         pinned_copies=any(p.settings[pin] and p.settings[blocking] for p in points),
-        model_knobs=tuple(k for k in (*MODEL_KNOBS, "uint8_copies") if len(column[k]) > 1),
+        model_knobs=tuple(k for k in SWITCHED_KNOBS if len(column[k]) > 1),
         skip=frozenset() if len(column["threads"]) > 1 else frozenset({"threads"}),
     )
 

@@ -8,7 +8,8 @@ from typing import Any
 import libcst as cst
 
 from advisor.code.syntax import dotted, literal_node, put_keyword
-from advisor.trials.knobs import DDP_KNOBS, Knobs
+from advisor.knobs import DDP_KNOBS
+from advisor.trials.knobs import Knobs
 
 
 def ddp_changes(knobs: Knobs, user_values: dict) -> dict[str, Any]:

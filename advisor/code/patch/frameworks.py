@@ -31,7 +31,8 @@ from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import ArgparseRewrite, LoaderRewrite, set_constants
 from advisor.code.settings import Elsewhere
 from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_node, put_keyword, replace_arg
-from advisor.trials.knobs import TRAINING_ARGUMENTS, Knobs
+from advisor.knobs import TRAINING_ARGUMENTS
+from advisor.trials.knobs import Knobs
 
 LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
 

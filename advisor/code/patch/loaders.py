@@ -12,7 +12,8 @@ from advisor.code.patch.facts import NOT_LITERAL, ScriptFacts, argparse_dest
 from advisor.code.syntax import double_star, dotted, drop_keywords, keyword_arg, literal_node, literal_value, \
     put_keyword, replace_arg
 from advisor.code.settings import Elsewhere
-from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
+from advisor.knobs import DATALOADER_KNOBS
+from advisor.trials.knobs import Knobs
 
 DATALOADER_NAMES = ("DataLoader",)
 # Positions in DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,

@@ -8,7 +8,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from advisor.trials.knobs import APPLIED, DDP_KNOBS, Knobs, not_applicable
+from advisor.knobs import DDP_KNOBS
+from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 
 class DDPKnobs:

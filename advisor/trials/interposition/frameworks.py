@@ -21,7 +21,8 @@ import importlib.machinery
 import sys
 from typing import Any, Callable
 
-from advisor.trials.knobs import APPLIED, TRAINING_ARGUMENTS, Knobs, not_applicable
+from advisor.knobs import TRAINING_ARGUMENTS
+from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from advisor.trials.interposition.uint8_copies import mark, plan_of, rewrite_dataset
-from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
+from advisor.knobs import DATALOADER_KNOBS
+from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the advisor package

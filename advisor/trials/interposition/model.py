@@ -32,11 +32,13 @@ from typing import Any
 
 from advisor.trials.interposition.attention import FusedAttention
 from advisor.trials.interposition.checkpointing import CheckpointBlocks
+from advisor.knobs import applied_at
+from advisor.knobs.knob import AT_FIRST_CALL
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 # The knobs this interposition applies at the model's first call (not knobs.MODEL_KNOBS: the fused optimizer is
 # applied where the optimizer is built; checkpointing, a memory knob, is applied here).
-AT_FIRST_CALL = ("channels_last", "compile", "tf32", "cudnn_benchmark", "sdpa", "checkpointing")
+FIRST_CALL_KNOBS = applied_at(AT_FIRST_CALL)
 TF32_CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 
 
@@ -90,7 +92,7 @@ class ModelInterposition:
         self.attention = FusedAttention()  # sdpa: the attention forwards rewritten
         self.checkpoints = CheckpointBlocks()
         self.undo_stack = contextlib.ExitStack()
-        self.requested = any(getattr(knobs, name) for name in AT_FIRST_CALL)
+        self.requested = any(getattr(knobs, name) for name in FIRST_CALL_KNOBS)
         if self.requested and device_type != "cuda":
             for name, why in (("tf32", "TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none"),
                               ("cudnn_benchmark", "cuDNN autotuning needs a CUDA device")):
@@ -221,7 +223,7 @@ class ModelInterposition:
     def outcomes_after_steps(self) -> dict[str, str]:
         """Every requested knob's outcome: those no model call ever reached say so."""
         out = dict(self.outcomes)
-        for name in AT_FIRST_CALL:
+        for name in FIRST_CALL_KNOBS:
             if getattr(self.knobs, name) and name not in out:
                 out[name] = not_applicable("no module with parameters was called in the steps")
         return out

@@ -34,7 +34,8 @@ from advisor.trials.harness.driver import StepDriver, TrialComplete
 from advisor.trials.harness.trial_facts import SetupProblem, device_facts, resolve_device
 from advisor.trials.harness.entry import user_traceback
 from advisor.trials.harness.process_memory import proc_status_bytes, reset_peak_rss
-from advisor.trials.knobs import APPLIED, DATALOADER_KNOBS, Knobs, not_applicable
+from advisor.knobs import DATALOADER_KNOBS
+from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
 from advisor.trials.record import (LOG_FILE, RESULT_FILE, SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult,

@@ -140,7 +140,8 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.trials.record.measurement import measure
 from advisor.trials.record.ranks import merge_ranks, rank_files
-from advisor.trials.knobs import DATALOADER_KNOBS, Knobs
+from advisor.knobs import DATALOADER_KNOBS
+from advisor.trials.knobs import Knobs
 from advisor.trials.record.storage import number, write_json_atomic
 from advisor.trials.record.memory_summary import add_profiler_memory, memory_growth
 

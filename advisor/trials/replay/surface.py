@@ -40,16 +40,17 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.trials.record.storage import write_json_atomic
-from advisor.trials.knobs import MODEL_KNOBS, Knobs
+from advisor.knobs import FLAG, KNOBS
+from advisor.trials.knobs import Knobs
 from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.record.adaptive import Against, settled
 from advisor.trials.replay.load_drift import LoadDrift, other_load
 
-# What tells two recorded settings apart: the loader's and the step's knobs, then the threads, 8-bit copies and
-# the model knobs (a CPU truth surface varies those).
-SETTINGS = ("amp", "batch_size", "num_workers", "pin_memory", "non_blocking", "accumulation_steps", "threads",
-            "uint8_copies", *MODEL_KNOBS)
-SWITCHES = ("pin_memory", "non_blocking", "uint8_copies", *MODEL_KNOBS)  # off where neither knob nor script sets them
+# What tells two recorded settings apart: the knobs a surface holds (`Knob.on_surface`: the loader's and the
+# step's, the threads, the model knobs, 8-bit copies; a CPU truth surface varies those).
+SETTINGS = tuple(k.name for k in KNOBS if k.on_surface)
+# The on/off knobs among them: off where neither knob nor script sets them.
+SWITCHES = tuple(k.name for k in KNOBS if k.on_surface and k.kind == FLAG)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""The registry of knobs: one module a knob (its `Knob` and its reference text), gathered here in order.
+
+The order is the order of `Knobs`' fields, of a trial's folder name (`amp-bf16+num-workers-2`) and of the
+knobs in trial.json. Everything that iterates over the knobs reads this registry: `Knobs`
+(`advisor.trials.knobs`), the record's shapes (`advisor.shapes`), `--only`/`--skip`/`--try`
+(`advisor.search.space`), the recorded surfaces (`advisor.trials.replay.surface`), the frameworks'
+fields, and the documentation's knob page. Adding a knob: a module beside these and its line below
+(docs/development.md, "Adding a knob"). Stdlib only.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from advisor.knobs.knob import CHOICE, COUNT, DATA, DDP, FLAG, LOADER, MEMORY, MODEL, WORKERS, Knob
+
+NAMES = ("amp", "batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "non_blocking",
+         "accumulation_steps", "threads", "channels_last", "compile", "fused_optimizer", "tf32", "cudnn_benchmark",
+         "sdpa", "uint8_copies", "checkpointing", "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view",
+         "ddp_static_graph", "ddp_find_unused_parameters")
+KNOBS: tuple[Knob, ...] = tuple(import_module(f"{__name__}.{name}").KNOB for name in NAMES)
+BY_NAME = {knob.name: knob for knob in KNOBS}
+
+
+def of_part(*parts: str) -> tuple[str, ...]:
+    """The names of the knobs of these parts (`LOADER`, `MODEL`, ...), in the registry's order."""
+    return tuple(k.name for k in KNOBS if k.part in parts)
+
+
+def applied_at(where: str) -> tuple[str, ...]:
+    """The names of the knobs a trial applies at this point (`AT_FIRST_CALL`, ...), in the registry's order."""
+    return tuple(k.name for k in KNOBS if k.applied == where)
+
+
+DATALOADER_KNOBS = of_part(LOADER)
+MODEL_KNOBS = of_part(MODEL)  # how the model runs: taken off again where their place is in doubt
+SWITCHED_KNOBS = of_part(MODEL, DATA)  # turned on where a surface holds both sides of them
+MEMORY_KNOBS = of_part(MEMORY)  # buy memory, not speed: proposed where memory binds
+DDP_KNOBS = of_part(DDP)
+IN_PROCESS_KNOBS = tuple(k.name for k in KNOBS if k.in_process)  # what `advisor.tune()` applies in its process
+TURNED = tuple(k.name for k in KNOBS if not k.companion)  # what --only, --skip and --try name
+# knob -> the field of transformers' TrainingArguments that sets it
+TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
+
+__all__ = ["BY_NAME", "CHOICE", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG", "IN_PROCESS_KNOBS", "KNOBS",
+           "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "SWITCHED_KNOBS", "TRAINING_ARGUMENTS", "TURNED", "WORKERS",
+           "Knob", "applied_at", "of_part"]

@@ -1,0 +1,12 @@
+"""`accumulation_steps`: micro-batches with gradient accumulation, the effective batch kept.
+
+- **In the trial**: micro-batches with gradient accumulation that keep the effective batch: the loader
+  yields micro-batches, the loss is scaled, `optimizer.step`/`zero_grad` act once per cycle.
+- **Proposed when**: the user's own settings run out of memory (after AMP, before a smaller batch).
+- **Not applicable**: without a step function (`script.py:train_step`).
+- **The patch writes**: the accumulation in the step (a counter and a constant at module level).
+"""
+
+from advisor.knobs.knob import AROUND_STEP, COUNT, NEEDS_A_VALUE, STEP, Knob
+
+KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE)

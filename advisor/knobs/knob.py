@@ -1,0 +1,101 @@
+"""`Knob`: what one knob is, declared once in its own module of `advisor.knobs`.
+
+A knob's module holds its declaration (a `Knob`: its values, how they read on the command line and in a
+folder's name, what part of the training it belongs to, where it is applied, its framework's field) and its
+reference text, the module's docstring, which the documentation site renders as the knob's section. The
+registry (`advisor.knobs`) gathers them; `Knobs` (`advisor.trials.knobs`), the record's shapes, `--only`,
+`--skip` and `--try`, the recorded surfaces and the docs iterate over it. Stdlib only: read by the analysis,
+which runs without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# What values a knob takes.
+FLAG = "flag"  # true or false
+COUNT = "count"  # a whole number from 1
+WORKERS = "workers"  # a whole number from 0
+CHOICE = "choice"  # one of `choices`
+
+# The part of the training a knob belongs to (how the search, the surfaces and the patch group them).
+LOADER = "loader"  # an argument of the training DataLoader
+STEP = "step"  # how the step runs: precision, copies, accumulation
+PROCESS = "process"  # a setting of the whole training process
+MODEL = "model"  # how the model runs: layout, compiler, kernels (taken off again where its place is in doubt)
+DATA = "data"  # what the Dataset hands out
+MEMORY = "memory"  # buys memory, not speed: proposed where memory binds
+DDP = "ddp"  # an argument of DistributedDataParallel, on every rank
+
+# Where inside the trial it is applied (the interposition that applies it).
+AT_LOADER = "where the training DataLoader is built"
+AROUND_STEP = "around each call of the step"
+AT_STEPS_START = "when the steps start"
+AT_FIRST_CALL = "at the model's first call"
+AT_OPTIMIZER = "where the optimizer is built"
+AT_DATASET = "in the training Dataset and the step's copies"
+AT_DDP = "where DistributedDataParallel wraps the model"
+
+TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+NEEDS_A_VALUE = object()  # `--try NAME` alone is not enough: the knob has no natural value to try
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob's declaration; its module's docstring is its reference text."""
+
+    name: str
+    kind: str  # FLAG, COUNT, WORKERS or CHOICE
+    part: str  # LOADER, STEP, PROCESS, MODEL, DATA, MEMORY or DDP
+    applied: str  # where the trial applies it (AT_*)
+    title: str  # how a change of it reads in a session ("TF32 matmuls")
+    choices: tuple = ()  # CHOICE: the values it takes (None: the user's)
+    alone: Any = True  # what `--try NAME` with no value tries (NEEDS_A_VALUE: it needs one)
+    training_argument: str | None = None  # the field of transformers' TrainingArguments that sets it
+    in_process: bool = False  # `advisor.tune()` can apply it in the notebook's process
+    on_surface: bool = True  # a recorded surface tells settings apart by it
+    companion: bool = False  # goes with another knob and is never turned alone (workers persist with their count)
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""
+        if value is None:
+            return None
+        if self.kind == CHOICE:
+            if value not in self.choices:
+                named = ", ".join(str(c) for c in self.choices if c is not None)
+                return f"{self.name} must be one of {named} or None, not {value!r}"
+        elif self.kind == FLAG:
+            if not isinstance(value, bool):
+                return f"{self.name} must be true or false, not {value!r}"
+        elif not isinstance(value, int) or isinstance(value, bool) or value < (0 if self.kind == WORKERS else 1):
+            least = "an integer >= 0" if self.kind == WORKERS else "a positive integer"
+            return f"{self.name} must be {least}, not {value!r}"
+        return None
+
+    def label(self, value: Any) -> str:
+        """This knob at `value` in a folder's name: `amp-bf16`, `channels-last`, `no-compile`, `num-workers-4`."""
+        dashed = self.name.replace("_", "-")
+        if self.kind == CHOICE:
+            return f"{dashed}-{value}"
+        if isinstance(value, bool):
+            return dashed if value else f"no-{dashed}"
+        return f"{dashed}-{value}"
+
+    def parse(self, text: str | None) -> Any:
+        """A value as the command line gives it (`--try NAME=TEXT`, or `--try NAME` alone); ValueError if not one."""
+        if text is None:
+            if self.alone is NEEDS_A_VALUE:
+                raise ValueError(f"{self.name} needs a value, e.g. {self.name}=4")
+            return self.alone
+        raw = text.strip().lower()
+        if self.kind == FLAG:
+            if raw in TRUE or raw in FALSE:
+                return raw in TRUE
+            raise ValueError(f"{self.name} is true or false, not {text!r}")
+        if self.kind in (COUNT, WORKERS):
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"{self.name} is a whole number, not {text!r}") from None
+        return None if raw in ("none", "off") else raw

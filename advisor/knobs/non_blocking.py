@@ -1,0 +1,12 @@
+"""`non_blocking`: asynchronous host-to-device copies of the batch.
+
+- **In the trial**: `non_blocking=True` on the step's host-to-device `.to()` / `.cuda()` copies. It is tried
+  with [`pin_memory`](#advisor.knobs.pin_memory) as one change: an asynchronous copy needs a pinned source.
+- **Proposed when**: host-to-device copies bind (on an accelerator), with pinned memory.
+- **Not applicable**: the CPU.
+- **The patch writes**: `non_blocking=True` in the step's copies.
+"""
+
+from advisor.knobs.knob import AROUND_STEP, FLAG, STEP, Knob
+
+KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies")

@@ -1,0 +1,19 @@
+"""`num_workers`: the training DataLoader's worker processes.
+
+- **In the trial**: the training DataLoader is built with the new arguments (DataLoader construction is
+  interposed; an evaluation loader is left as it is). On the CPU the step's torch threads make room for the
+  workers (`threads`: `torch.set_num_threads`), since workers and the step fighting over the cores is
+  slower than either alone.
+- **Proposed when**: the input pipeline binds: 2, 4, 8, … workers up to the cores, each size measured; a
+  size that did not help does not stop the climb while the loader still binds. Under another bound, where
+  the loader wait the trace shows could give at least `--min-gain` (its expected improvement never more than
+  that wait can take back).
+- **Not applicable**: a script with no DataLoader (a `get_batch()` loop, full-batch L-BFGS).
+- **The patch writes**: the DataLoader's arguments where the script sets them (its constant, flag default or
+  keyword).
+"""
+
+from advisor.knobs.knob import AT_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob
+
+KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
+            training_argument="dataloader_num_workers")

@@ -1,0 +1,14 @@
+"""`persistent_workers`: the training DataLoader's workers kept alive across epochs.
+
+- **In the trial**: the training DataLoader built with `persistent_workers=True`, so that its workers live
+  across epochs. It goes with [`num_workers`](#advisor.knobs.num_workers): the search sets it with every
+  worker count it tries, and never turns it alone (`--only`, `--skip` and `--try` do not take it).
+- **Not applicable**: a loader with no workers.
+- **The patch writes**: `persistent_workers=True` beside the workers (`persistent_workers=args.num_workers >
+  0` where the count is only known at run time).
+"""
+
+from advisor.knobs.knob import AT_LOADER, FLAG, LOADER, Knob
+
+KNOB = Knob("persistent_workers", FLAG, LOADER, AT_LOADER, "persistent workers", on_surface=False, companion=True,
+            training_argument="dataloader_persistent_workers")

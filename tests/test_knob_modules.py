@@ -1,0 +1,75 @@
+"""A knob is one module of `advisor/knobs/`: its declaration and reference text, gathered by the registry.
+
+What else still names a knob is listed, module by module, in tests/data/knobs_named_outside.json: the parts
+not moved into the knob's module yet (its interposition, the search's moves, the what-if model, the patch).
+The list only shrinks: a module that starts naming a knob fails here (read the knob from the registry
+instead), and one that stops must be taken off the list, so that it says what is left.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+
+import pytest
+
+from conftest import ROOT
+
+from advisor.knobs import BY_NAME, KNOBS, NAMES
+from advisor.knobs.knob import CHOICE, FLAG, NEEDS_A_VALUE
+from advisor.trials.knobs import Knobs
+
+OUTSIDE = ROOT / "tests" / "data" / "knobs_named_outside.json"
+
+
+def knobs_named(path) -> set[str]:
+    """The knobs a module names: as a string ("tf32"), an attribute (`knobs.tf32`) or a keyword (`tf32=True`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and node.value in BY_NAME:
+            found.add(node.value)
+        elif isinstance(node, ast.Attribute) and node.attr in BY_NAME \
+                and not (isinstance(node.value, ast.Name) and node.value.id == "torch"):  # torch.compile is torch's
+            found.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg in BY_NAME:
+            found.add(node.arg)
+    return found
+
+
+def test_no_module_outside_the_knobs_names_a_knob_it_was_not_listed_for():
+    named = {}
+    for path in sorted((ROOT / "advisor").rglob("*.py")):
+        relative = path.relative_to(ROOT / "advisor")
+        if relative.parts[0] != "knobs" and (found := knobs_named(path)):
+            named[relative.as_posix()] = sorted(found)
+    listed = json.loads(OUTSIDE.read_text())["modules"]
+    new = {m: sorted(set(k) - set(listed.get(m, ()))) for m, k in named.items() if set(k) - set(listed.get(m, ()))}
+    gone = {m: sorted(set(k) - set(named.get(m, ()))) for m, k in listed.items() if set(k) - set(named.get(m, ()))}
+    assert not new, f"modules that now name knobs outside advisor/knobs (read them from the registry): {new}"
+    assert not gone, f"no longer named there: take them off {OUTSIDE.name}: {gone}"
+
+
+def test_the_registry_holds_each_knob_module_once_and_knobs_has_a_field_each():
+    modules = sorted(p.stem for p in (ROOT / "advisor" / "knobs").glob("*.py") if p.stem not in ("__init__", "knob"))
+    assert sorted(NAMES) == modules  # a module not in the registry would be a knob nobody reads
+    assert [k.name for k in KNOBS] == list(NAMES)
+    assert [f.name for f in dataclasses.fields(Knobs)] == list(NAMES)
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
+def test_each_knob_reads_checks_and_labels_its_own_values(knob):
+    value = knob.choices[-1] if knob.kind == CHOICE else True if knob.kind == FLAG else 3
+    assert knob.problem(value) is None and knob.problem(None) is None
+    assert Knobs(**{knob.name: value}).requested() == {knob.name: value}
+    assert knob.problem("x") and knob.problem(-1)  # text and a negative number are no knob's values
+    with pytest.raises(ValueError, match=knob.name):
+        Knobs(**{knob.name: "x"})
+    assert knob.parse(str(value).lower()) == value
+    if knob.alone is NEEDS_A_VALUE:
+        with pytest.raises(ValueError, match="needs a value"):
+            knob.parse(None)
+    else:
+        assert knob.problem(knob.parse(None)) is None
+    assert Knobs(**{knob.name: value}).label() == knob.label(value) != "baseline"
+    assert knob.name.replace("_", "-") in knob.label(value)
