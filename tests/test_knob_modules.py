@@ -73,3 +73,23 @@ def test_each_knob_reads_checks_and_labels_its_own_values(knob):
         assert knob.problem(knob.parse(None)) is None
     assert Knobs(**{knob.name: value}).label() == knob.label(value) != "baseline"
     assert knob.name.replace("_", "-") in knob.label(value)
+
+
+def test_a_torch_setting_knob_reads_sets_and_puts_back_its_own_setting():
+    """The process-wide settings' own hooks on this machine's torch: cudnn.benchmark is a flag torch keeps on
+    any device, and the matmul precision reads the script's own; TF32 itself needs an Ampere GPU."""
+    import contextlib
+
+    import torch
+
+    cudnn, tf32 = BY_NAME["cudnn_benchmark"].setting, BY_NAME["tf32"].setting
+    assert cudnn.own(torch) is None and tf32.own(torch) is None  # torch's defaults: the script set neither
+    with contextlib.ExitStack() as undo:
+        assert cudnn.apply(torch, undo) is None
+        assert torch.backends.cudnn.benchmark and cudnn.own(torch) == "cudnn.benchmark"
+    assert not torch.backends.cudnn.benchmark  # put back
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert tf32.own(torch) == "float32 matmul precision 'medium'"
+    finally:
+        torch.set_float32_matmul_precision("highest")

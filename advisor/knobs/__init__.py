@@ -37,11 +37,12 @@ MODEL_KNOBS = of_part(MODEL)  # how the model runs: taken off again where their 
 SWITCHED_KNOBS = of_part(MODEL, DATA)  # turned on where a surface holds both sides of them
 MEMORY_KNOBS = of_part(MEMORY)  # buy memory, not speed: proposed where memory binds
 DDP_KNOBS = of_part(DDP)
+TORCH_SETTINGS = tuple(k for k in KNOBS if k.setting)  # process-wide torch settings: applied, read, written alike
 IN_PROCESS_KNOBS = tuple(k.name for k in KNOBS if k.in_process)  # what `advisor.tune()` applies in its process
 TURNED = tuple(k.name for k in KNOBS if not k.companion)  # what --only, --skip and --try name
 # knob -> the field of transformers' TrainingArguments that sets it
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
 __all__ = ["BY_NAME", "CHOICE", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG", "IN_PROCESS_KNOBS", "KNOBS",
-           "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "SWITCHED_KNOBS", "TRAINING_ARGUMENTS", "TURNED", "WORKERS",
-           "Knob", "applied_at", "of_part"]
+           "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS",
+           "TURNED", "WORKERS", "Knob", "applied_at", "of_part"]

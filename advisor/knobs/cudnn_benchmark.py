@@ -6,6 +6,23 @@
 - **The patch writes**: the setting after the imports.
 """
 
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob
+from typing import Any
 
-KNOB = Knob("cudnn_benchmark", FLAG, MODEL, AT_FIRST_CALL, "cudnn.benchmark", in_process=True)
+from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, TorchSetting
+
+
+def own(torch: Any) -> str | None:
+    """The script's own: cudnn.benchmark turned on."""
+    return "cudnn.benchmark" if torch.backends.cudnn.benchmark else None
+
+
+def apply(torch: Any, undo: Any) -> str | None:
+    """cudnn.benchmark on for the trial, put back by `undo`."""
+    undo.callback(setattr, torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.benchmark = True
+    return None
+
+
+KNOB = Knob("cudnn_benchmark", FLAG, MODEL, AT_FIRST_CALL, "cudnn.benchmark", in_process=True, setting=TorchSetting(
+    off_cuda="cuDNN autotuning needs a CUDA device", own=own, apply=apply,
+    lines=("torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape",)))

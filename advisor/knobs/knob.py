@@ -11,7 +11,7 @@ which runs without torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 # What values a knob takes.
 FLAG = "flag"  # true or false
@@ -42,6 +42,18 @@ NEEDS_A_VALUE = object()  # `--try NAME` alone is not enough: the knob has no na
 
 
 @dataclass(frozen=True)
+class TorchSetting:
+    """A knob that is a process-wide torch setting (CUDA's): applied at the model's first call and put back after
+    the trial (`advisor.trials.interposition.model`), the script's own read there
+    (`advisor.trials.interposition.own_settings`), written by the patch as lines after the imports."""
+
+    off_cuda: str  # why it is not applicable on another device
+    own: Callable[[Any], str | None]  # (torch) -> how the script's own setting reads, None where it set none
+    apply: Callable[[Any, Any], str | None]  # (torch, an ExitStack to undo it) -> None, or why not applicable
+    lines: tuple[str, ...]  # what the patch writes after the imports
+
+
+@dataclass(frozen=True)
 class Knob:
     """One knob's declaration; its module's docstring is its reference text."""
 
@@ -56,6 +68,7 @@ class Knob:
     in_process: bool = False  # `advisor.tune()` can apply it in the notebook's process
     on_surface: bool = True  # a recorded surface tells settings apart by it
     companion: bool = False  # goes with another knob and is never turned alone (workers persist with their count)
+    setting: TorchSetting | None = None  # where the knob is one process-wide torch setting
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""

@@ -9,6 +9,7 @@ import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts, is_optimizer_constructor
 from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_value, put_keyword
+from advisor.knobs import TORCH_SETTINGS
 from advisor.trials.knobs import Knobs
 
 # torch.optim classes with a fused implementation (CUDA and CPU); the others take foreach=True.
@@ -17,7 +18,7 @@ FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
 
 def model_changes(knobs: Knobs, user_values: dict) -> dict[str, bool]:
     """The model knobs this patch turns on: those the trial turned and the script does not set already."""
-    names = ("channels_last", "compile", "fused_optimizer", "tf32", "cudnn_benchmark")
+    names = ("channels_last", "compile", "fused_optimizer", *(knob.name for knob in TORCH_SETTINGS))
     return {n: True for n in names if getattr(knobs, n) and not user_values.get(n)}
 
 
@@ -34,12 +35,7 @@ def rewrite_model(module: cst.Module, changes: dict[str, bool]) -> tuple[cst.Mod
         elif (changes.get("channels_last") or changes.get("compile")) and not rewrite.model_placed:
             notes.append("the model the optimizer is built from is not a plain name: "
                          + "; ".join(what for knob, what in MANUAL.items() if changes.get(knob) and knob != "fused_optimizer"))
-    lines = []
-    if changes.get("tf32"):
-        lines += ['torch.set_float32_matmul_precision("high")  # fp32 matmuls as TF32 on Tensor Cores (Ampere+)',
-                  "torch.backends.cudnn.allow_tf32 = True  # and convolutions"]
-    if changes.get("cudnn_benchmark"):
-        lines.append("torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape")
+    lines = [line for knob in TORCH_SETTINGS if changes.get(knob.name) for line in knob.setting.lines]
     if lines:
         body = list(module.body)
         index = after_imports(body)

@@ -1,5 +1,6 @@
-"""The knobs that change the model and how torch runs it: `channels_last`, `compile`, `tf32`,
-`cudnn_benchmark` and `sdpa` (`advisor.trials.interposition.attention`). Inside the trial only (torch imported lazily).
+"""The knobs that change the model and how torch runs it: `channels_last`, `compile`, `sdpa`
+(`advisor.trials.interposition.attention`), and the process-wide torch settings (`tf32`, `cudnn_benchmark`).
+Inside the trial only (torch imported lazily).
 
 They reach the model at its first call, through a global module forward pre-hook: the model exists by then
 (whether the script has a step function or only a loop), and the optimizer has no state yet, so nothing
@@ -15,9 +16,9 @@ the first step made is left in the old layout. Each outermost module call of a m
   and graphs are counted from dynamo's own counters. A compile that fails (the backend is unavailable, the
   compiler refuses a construct) puts the eager forward back and the trial goes on: not applicable, with
   the reason.
-- `tf32` (`torch.set_float32_matmul_precision("high")` and cuDNN's TF32 convolutions) and `cudnn_benchmark`
-  (`torch.backends.cudnn.benchmark = True`): process-wide, set at the same moment over what the script set
-  itself; on the CPU there is neither TF32 nor cuDNN: not applicable.
+- the process-wide torch settings (a knob whose module declares a `TorchSetting`: `tf32`, `cudnn_benchmark`):
+  set at the same moment over what the script set itself, by the knob's own module, which also says how the
+  script's own setting reads; on the CPU there is neither TF32 nor cuDNN: not applicable.
 
 - `checkpointing`: the model's repeated blocks run under activation checkpointing
   (`advisor.trials.interposition.checkpointing`); a model that repeats none: not applicable, and said so.
@@ -32,14 +33,13 @@ from typing import Any
 
 from advisor.trials.interposition.attention import FusedAttention
 from advisor.trials.interposition.checkpointing import CheckpointBlocks
-from advisor.knobs import applied_at
+from advisor.knobs import TORCH_SETTINGS, applied_at
 from advisor.knobs.knob import AT_FIRST_CALL
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 # The knobs this interposition applies at the model's first call (not knobs.MODEL_KNOBS: the fused optimizer is
 # applied where the optimizer is built; checkpointing, a memory knob, is applied here).
 FIRST_CALL_KNOBS = applied_at(AT_FIRST_CALL)
-TF32_CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 
 
 def has_conv2d(module: Any) -> bool:
@@ -78,7 +78,7 @@ def to_channels_last(value: Any) -> Any:
 
 
 class ModelInterposition:
-    """channels_last, compile, TF32 and cudnn.benchmark, applied at the model's first call."""
+    """channels_last, compile, sdpa, checkpointing and the torch settings, applied at the model's first call."""
 
     def __init__(self, knobs: Knobs, device_type: str):
         self.knobs = knobs
@@ -94,10 +94,9 @@ class ModelInterposition:
         self.undo_stack = contextlib.ExitStack()
         self.requested = any(getattr(knobs, name) for name in FIRST_CALL_KNOBS)
         if self.requested and device_type != "cuda":
-            for name, why in (("tf32", "TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none"),
-                              ("cudnn_benchmark", "cuDNN autotuning needs a CUDA device")):
-                if getattr(knobs, name):
-                    self.outcomes[name] = not_applicable(why)
+            for knob in TORCH_SETTINGS:
+                if getattr(knobs, knob.name):
+                    self.outcomes[knob.name] = not_applicable(knob.setting.off_cuda)
 
     def install(self) -> None:
         """Interpose for the trial: a global forward pre-hook (and post-hook, for the call depth)."""
@@ -155,24 +154,11 @@ class ModelInterposition:
 
         if self.device_type != "cuda":
             return
-        if self.knobs.tf32:
-            major = torch.cuda.get_device_capability()[0]
-            precision, allow = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-            self.user["tf32"] = precision != "highest"
-            if major < TF32_CAPABILITY:
-                self.outcomes["tf32"] = not_applicable(f"this GPU (compute capability {major}.x) has no TF32; "
-                                                       "Ampere (8.0) and later do")
-            else:
-                torch.set_float32_matmul_precision("high")
-                torch.backends.cudnn.allow_tf32 = True
-                self.undo_stack.callback(torch.set_float32_matmul_precision, precision)
-                self.undo_stack.callback(setattr, torch.backends.cudnn, "allow_tf32", allow)
-                self.outcomes["tf32"] = APPLIED
-        if self.knobs.cudnn_benchmark:
-            self.user["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
-            self.undo_stack.callback(setattr, torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
-            torch.backends.cudnn.benchmark = True
-            self.outcomes["cudnn_benchmark"] = APPLIED
+        for knob in TORCH_SETTINGS:  # tf32, cudnn.benchmark: each knob's module sets and puts back its own
+            if getattr(self.knobs, knob.name):
+                self.user[knob.name] = knob.setting.own(torch) is not None
+                why = knob.setting.apply(torch, self.undo_stack)
+                self.outcomes[knob.name] = APPLIED if why is None else not_applicable(why)
 
     def _channels_last(self, module: Any) -> None:
         import torch

@@ -9,9 +9,10 @@ Read in every trial, whatever its knobs, so the baseline records them:
   forward; an evaluation under `no_grad` does not count). The advisor's own autocast is entered from its
   code and is never taken for the script's.
 - `fused_optimizer`: a torch.optim optimizer built with `fused=True` (`FusedOptimizers` sees every build).
-- `compile`, `channels_last`, `cudnn_benchmark`, `tf32`: at the first call of the model, whether it is
-  compiled already (`torch.compile(model)`, `model.compile()`), its convolutions are in channels_last, and
-  the process-wide flags are set.
+- `compile`, `channels_last` and the process-wide torch settings (`tf32`, `cudnn_benchmark`: each knob's
+  module says how its own reads): at the first call of the model, whether it is compiled already
+  (`torch.compile(model)`, `model.compile()`), its convolutions are in channels_last, and the process-wide
+  flags are set.
 - `accumulation_steps`: backward passes per optimizer step, where the script accumulates gradients itself.
 
 Each is recorded with where the script sets it (`file.py:LINE`, the nearest frame of the user's code)
@@ -26,6 +27,7 @@ import statistics
 import sys
 from typing import Any
 
+from advisor.knobs import TORCH_SETTINGS
 from advisor.trials.interposition.gradients import patched_attribute
 from advisor.trials.interposition.loaders import INSTALLED, user_site
 from advisor.trials.knobs import Knobs
@@ -159,11 +161,10 @@ class OwnSettings:
         if conv is not None and conv.weight.is_contiguous(memory_format=torch.channels_last) \
                 and not conv.weight.is_contiguous():
             self.settings["channels_last"] = own_setting(True, "channels_last", None)
-        if torch.backends.cudnn.benchmark:
-            self.settings["cudnn_benchmark"] = own_setting(True, "cudnn.benchmark", None)
-        if torch.get_float32_matmul_precision() != "highest":
-            self.settings["tf32"] = own_setting(True, f"float32 matmul precision "
-                                                      f"{torch.get_float32_matmul_precision()!r}", None)
+        for knob in TORCH_SETTINGS:  # tf32, cudnn.benchmark: each knob's module reads the script's own
+            text = knob.setting.own(torch)
+            if text is not None:
+                self.settings[knob.name] = own_setting(True, text, None)
 
     def backward_ran(self) -> None:
         """A scalar's backward ran (the loss of a micro-batch)."""
