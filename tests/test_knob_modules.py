@@ -30,7 +30,7 @@ def knobs_named(path) -> set[str]:
         if isinstance(node, ast.Constant) and node.value in BY_NAME:
             found.add(node.value)
         elif isinstance(node, ast.Attribute) and node.attr in BY_NAME \
-                and not (isinstance(node.value, ast.Name) and node.value.id == "torch"):  # torch.compile is torch's
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("torch", "re")):  # their compile
             found.add(node.attr)
         elif isinstance(node, ast.keyword) and node.arg in BY_NAME:
             found.add(node.arg)
