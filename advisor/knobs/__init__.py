@@ -40,9 +40,17 @@ DDP_KNOBS = of_part(DDP)
 TORCH_SETTINGS = tuple(k for k in KNOBS if k.setting)  # process-wide torch settings: applied, read, written alike
 IN_PROCESS_KNOBS = tuple(k.name for k in KNOBS if k.in_process)  # what `advisor.tune()` applies in its process
 TURNED = tuple(k.name for k in KNOBS if not k.companion)  # what --only, --skip and --try name
+ADVISED = tuple(k for k in KNOBS if k.advice)  # turned on where a finding of the trace advises them
+
+
+def advised_by(advice: str) -> dict[str, bool]:
+    """The knobs a finding's advice turns on (its `Recommendation.knobs`), by the finding's id."""
+    return {k.name: True for k in KNOBS if k.advice == advice}
+
+
 # knob -> the field of transformers' TrainingArguments that sets it
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
-__all__ = ["BY_NAME", "CHOICE", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG", "IN_PROCESS_KNOBS", "KNOBS",
+__all__ = ["ADVISED", "BY_NAME", "CHOICE", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG", "IN_PROCESS_KNOBS", "KNOBS",
            "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS",
-           "TURNED", "WORKERS", "Knob", "applied_at", "of_part"]
+           "TURNED", "WORKERS", "Knob", "advised_by", "applied_at", "of_part"]

@@ -11,4 +11,4 @@
 
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob
 
-KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True)
+KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last")

@@ -69,6 +69,9 @@ class Knob:
     on_surface: bool = True  # a recorded surface tells settings apart by it
     companion: bool = False  # goes with another knob and is never turned alone (workers persist with their count)
     setting: TorchSetting | None = None  # where the knob is one process-wide torch setting
+    # The finding (`advisor.analysis.rules`, by its id) whose advice turns this knob on, with the finding's gain
+    # and bound: the search proposes it on the best wherever the trace gives that advice.
+    advice: str | None = None
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""

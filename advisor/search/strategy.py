@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from advisor.analysis.worth import ceiling
-from advisor.knobs import SWITCHED_KNOBS
+from advisor.knobs import ADVISED, SWITCHED_KNOBS
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
@@ -137,14 +137,13 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         threads_proposal(best.knobs, state, cores, accelerator),
         batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
         ddp_proposal(recs.get("ddp-buckets"), bound, best.knobs, options),
-        model_knob_proposal(recs.get("channels-last"), "channels_last", "channels_last", best.knobs, space),
         compile_proposal(recs.get("cuda-graphs"), bound, best.knobs, space),
         model_knob_proposal(recs.get("fused-optimizer"), "fused_optimizer", "fused optimizer", best.knobs, space),
         tf32_proposal(recs.get("tf32"), recs.get("amp"), best.knobs, state, space),
         bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space,
                        effective(best.knobs, state.get("user_values") or {}, "num_workers") or 0),
-        model_knob_proposal(recs.get("cudnn-benchmark"), "cudnn_benchmark", "cudnn.benchmark", best.knobs, space),
-        model_knob_proposal(recs.get("sdpa"), "sdpa", "scaled_dot_product_attention", best.knobs, space),
+        # The knobs a finding's advice turns on (channels_last, cudnn.benchmark, sdpa: each knob's module names it).
+        *(model_knob_proposal(recs.get(k.advice), k.name, k.title, best.knobs, space) for k in ADVISED),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
     refused = not_applicable_knobs(state)
@@ -268,8 +267,9 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
 
 
 def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: SearchSpace) -> Proposal | None:
-    """A knob one rule advises and names the bound of: channels_last (convolutions), a fused optimizer (its
-    step's time), cudnn.benchmark (convolutions of fixed shapes), sdpa (attention written by hand)."""
+    """A knob one rule advises and names the bound of: a knob whose module names that advice (channels_last for
+    convolutions, cudnn.benchmark for convolutions of fixed shapes, sdpa for attention written by hand), and a
+    fused optimizer (its step's time)."""
     if rec is None or getattr(knobs, knob) or not space.allows(knob):
         return None
     return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)

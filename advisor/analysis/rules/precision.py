@@ -6,6 +6,7 @@ scaled_dot_product_attention for attention written by hand."""
 from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
+from advisor.knobs import advised_by
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 
 ELIGIBLE_SHARE = 0.20  # of kernel time (GPU) or step time (CPU)
@@ -20,6 +21,11 @@ ATTENTION_SHARE = 0.05  # of the step in attention written by hand: the fused ca
 def tried(d: Diagnosis, knob: str) -> bool:
     """Whether the trial behind this trace already ran with the knob on."""
     return bool(((d.trial or {}).get("knobs") or {}).get(knob))
+
+
+def tried_advice(d: Diagnosis, advice: str) -> bool:
+    """Whether the trial behind this trace already ran with the knobs this advice turns on (`advisor.knobs`)."""
+    return any(tried(d, knob) for knob in advised_by(advice))
 
 
 def has_matrix_units(d: Diagnosis) -> tuple[bool, str]:
@@ -148,7 +154,7 @@ def _autocast_code(device_type: str, dtype: str) -> str:
 def channels_last(d: Diagnosis) -> Recommendation | None:
     """Convolutions in NCHW: on a GPU cuDNN converts them to NHWC around each one (layout kernels); on a CPU
     oneDNN's convolutions run faster on channels_last tensors. Keep the model and its input channels_last."""
-    if tried(d, "channels_last") or not d.step_time_us:
+    if tried_advice(d, "channels-last") or not d.step_time_us:
         return None
     code = ("model = model.to(memory_format=torch.channels_last)\n"
             "x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)")
@@ -159,7 +165,7 @@ def channels_last(d: Diagnosis) -> Recommendation | None:
         return Recommendation(
             id="channels-last",
             title="Use channels_last memory format for the model and its input",
-            knobs={"channels_last": True},
+            knobs=advised_by("channels-last"),
             predicted_gain=0.15 * share,
             evidence=(f"{pct(share)} of the step is in convolution operators, on NCHW tensors",),
             code_change=code,
@@ -172,7 +178,7 @@ def channels_last(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="channels-last",
         title="Use channels_last memory format for the model and its input",
-        knobs={"channels_last": True},
+        knobs=advised_by("channels-last"),
         predicted_gain=0.8 * layout_us / d.step_time_us,
         evidence=(f"{pct(d.layout_share)} of kernel time converts layouts (nchwToNhwc/nhwcToNchw) around "
                   f"convolutions, {ms(layout_us)} per step; AMP does not remove it",),
@@ -214,7 +220,7 @@ def cudnn_benchmark(d: Diagnosis) -> Recommendation | None:
     """Convolutions of the same shapes every step: cuDNN's autotuner picks the fastest algorithm per shape
     once, in the first steps."""
     dev = d.device
-    if d.platform != "gpu" or dev is None or dev.vendor != "nvidia" or tried(d, "cudnn_benchmark"):
+    if d.platform != "gpu" or dev is None or dev.vendor != "nvidia" or tried_advice(d, "cudnn-benchmark"):
         return None
     share = d.extra.get("conv_share") or 0.0
     constant = d.extra.get("conv_shapes_constant")
@@ -227,7 +233,7 @@ def cudnn_benchmark(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="cudnn-benchmark",
         title="Let cuDNN pick the fastest convolution algorithms (cudnn.benchmark)",
-        knobs={"cudnn_benchmark": True},
+        knobs=advised_by("cudnn-benchmark"),
         predicted_gain=0.1 * share * min(kernel_share, 1.0),
         evidence=tuple(evidence),
         code_change="torch.backends.cudnn.benchmark = True  # before the first step",
@@ -241,14 +247,14 @@ def sdpa(d: Diagnosis) -> Recommendation | None:
     scaled_dot_product_attention computes it without materialising that matrix."""
     found = d.extra.get("attention") or {}
     share = found.get("hand_written_share") or 0.0
-    if tried(d, "sdpa") or share < ATTENTION_SHARE:
+    if tried_advice(d, "sdpa") or share < ATTENTION_SHARE:
         return None
     # The usual gain of the fused kernels on a GPU is 2-4x on attention; on a CPU its flash kernel's, less.
     speedup = 3.0 if d.platform == "gpu" else 1.5
     return Recommendation(
         id="sdpa",
         title="Compute attention with torch.nn.functional.scaled_dot_product_attention",
-        knobs={"sdpa": True},
+        knobs=advised_by("sdpa"),
         predicted_gain=share * (1 - 1 / speedup),
         evidence=(f"{pct(share)} of the step is attention written by hand ({found.get('per_step', 0):.0f} a step: "
                   "a matmul into a (…, t, t) matrix, mask, softmax, matmul with the values)",),
