@@ -11,6 +11,7 @@ fields, and the documentation's knob page. Adding a knob: a module beside these 
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Any
 
 from advisor.knobs.knob import CHOICE, COUNT, DATA, DDP, FLAG, LOADER, MEMORY, MODEL, WORKERS, Knob
 
@@ -39,7 +40,28 @@ MEMORY_KNOBS = of_part(MEMORY)  # buy memory, not speed: proposed where memory b
 DDP_KNOBS = of_part(DDP)
 TORCH_SETTINGS = tuple(k for k in KNOBS if k.setting)  # process-wide torch settings: applied, read, written alike
 IN_PROCESS_KNOBS = tuple(k.name for k in KNOBS if k.in_process)  # what `advisor.tune()` applies in its process
-TURNED = tuple(k.name for k in KNOBS if not k.companion)  # what --only, --skip and --try name
+COMPANIONS = frozenset(k.name for k in KNOBS if k.companion_of)  # go with another knob, never turned alone
+TURNED = tuple(k.name for k in KNOBS if not k.companion_of)  # what --only, --skip and --try name
+ORDERED = frozenset(k.name for k in KNOBS if k.kind in (COUNT, WORKERS))  # a larger value is a move one way
+NEEDS_WORKERS = tuple(k for k in KNOBS if k.needs_workers)  # DataLoader rejects them without worker processes
+# Knobs that change how batches reach the step, not what it computes.
+NEUTRAL = frozenset(k.name for k in KNOBS if not k.numerics)
+
+
+def with_companions(moves: dict[str, Any]) -> dict[str, Any]:
+    """The moves with the knobs that go with them (more workers persist across epochs)."""
+    return {**moves, **{k.name: k.companion_of[1] for k in KNOBS
+                        if k.companion_of and moves.get(k.companion_of[0]) and k.name not in moves}}
+
+
+def companions_of(knobs: Any) -> set[str]:
+    """The knobs that go with these (by name): persistent_workers with num_workers."""
+    return {k.name for k in KNOBS if k.companion_of and k.companion_of[0] in knobs}
+
+
+def without_lone_companions(moves: dict[str, Any]) -> dict[str, Any]:
+    """The moves less a companion whose knob does not move with it."""
+    return {k: v for k, v in moves.items() if k not in COMPANIONS or BY_NAME[k].companion_of[0] in moves}
 ADVISED = tuple(k for k in KNOBS if k.advice)  # turned on where a finding of the trace advises them
 
 
@@ -51,6 +73,7 @@ def advised_by(advice: str) -> dict[str, bool]:
 # knob -> the field of transformers' TrainingArguments that sets it
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
-__all__ = ["ADVISED", "BY_NAME", "CHOICE", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG", "IN_PROCESS_KNOBS", "KNOBS",
+__all__ = ["ADVISED", "BY_NAME", "COMPANIONS", "NEEDS_WORKERS", "NEUTRAL", "ORDERED", "CHOICE", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG", "IN_PROCESS_KNOBS", "KNOBS",
            "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS",
-           "TURNED", "WORKERS", "Knob", "advised_by", "applied_at", "of_part"]
+           "TURNED", "WORKERS", "Knob", "advised_by", "applied_at", "companions_of", "of_part", "with_companions",
+           "without_lone_companions"]

@@ -67,7 +67,14 @@ class Knob:
     training_argument: str | None = None  # the field of transformers' TrainingArguments that sets it
     in_process: bool = False  # `advisor.tune()` can apply it in the notebook's process
     on_surface: bool = True  # a recorded surface tells settings apart by it
-    companion: bool = False  # goes with another knob and is never turned alone (workers persist with their count)
+    # The knob this one goes with, and its value when that one moves: never turned alone (workers persist with
+    # their count). --only, --skip and --try do not take it.
+    companion_of: tuple[str, Any] | None = None
+    # A DataLoader argument torch accepts only with worker processes: the value it takes without them (False,
+    # None), which the trial and the patch put in its place where there are none.
+    needs_workers: bool = False
+    without_workers: Any = None
+    numerics: bool = True  # changes what the step computes, not only how its batches reach it
     setting: TorchSetting | None = None  # where the knob is one process-wide torch setting
     # The finding (`advisor.analysis.rules`, by its id) whose advice turns this knob on, with the finding's gain
     # and bound: the search proposes it on the best wherever the trace gives that advice.

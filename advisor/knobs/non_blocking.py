@@ -9,4 +9,4 @@
 
 from advisor.knobs.knob import AROUND_STEP, FLAG, STEP, Knob
 
-KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies")
+KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False)

@@ -16,4 +16,4 @@
 from advisor.knobs.knob import AT_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob
 
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
-            training_argument="dataloader_num_workers")
+            training_argument="dataloader_num_workers", numerics=False)

@@ -10,5 +10,6 @@
 
 from advisor.knobs.knob import AT_LOADER, FLAG, LOADER, Knob
 
-KNOB = Knob("persistent_workers", FLAG, LOADER, AT_LOADER, "persistent workers", on_surface=False, companion=True,
+KNOB = Knob("persistent_workers", FLAG, LOADER, AT_LOADER, "persistent workers", on_surface=False,
+            companion_of=("num_workers", True), needs_workers=True, without_workers=False, numerics=False,
             training_argument="dataloader_persistent_workers")

@@ -11,4 +11,4 @@
 from advisor.knobs.knob import AT_LOADER, COUNT, LOADER, NEEDS_A_VALUE, Knob
 
 KNOB = Knob("prefetch_factor", COUNT, LOADER, AT_LOADER, "the prefetch depth", alone=NEEDS_A_VALUE, on_surface=False,
-            training_argument="dataloader_prefetch_factor")
+            needs_workers=True, numerics=False, training_argument="dataloader_prefetch_factor")

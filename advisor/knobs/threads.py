@@ -10,4 +10,4 @@
 
 from advisor.knobs.knob import AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob
 
-KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE)
+KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False)

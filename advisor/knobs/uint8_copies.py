@@ -52,4 +52,4 @@
 
 from advisor.knobs.knob import AT_DATASET, DATA, FLAG, Knob
 
-KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images")
+KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images", numerics=False)

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.knobs import NEUTRAL
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
@@ -224,9 +225,6 @@ def kept_beyond_noise_over(state: dict[str, Any], top: dict[str, Any], other: di
                for t in state["trials"])
 
 
-# Knobs that change how batches reach the step, not what it computes.
-NEUTRAL = frozenset({"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "non_blocking", "threads",
-                     "uint8_copies"})
 
 
 def changed_knobs(row: dict[str, Any], state: dict[str, Any]) -> set[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.knobs import COMPANIONS
 from advisor.search.proposal import Proposal, moves_of
 from advisor.trials.knobs import Knobs
 
@@ -66,5 +67,5 @@ def failed_settings(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any,
 
 
 def _all_but(knobs: dict[str, Any], knob: str) -> dict[str, Any]:
-    """The settings other than `knob` (persistent_workers goes with the workers)."""
-    return {k: v for k, v in knobs.items() if k not in (knob, "persistent_workers")}
+    """The settings other than `knob` (a companion goes with its knob: persistent_workers with the workers)."""
+    return {k: v for k, v in knobs.items() if k != knob and k not in COMPANIONS}

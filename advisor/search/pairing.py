@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from advisor.knobs import COMPANIONS, ORDERED, companions_of, without_lone_companions
 from advisor.search.bounds import trial_bound
 from advisor.search.expected import rank
 from advisor.search.history import moved_on
@@ -56,7 +57,7 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
     base = dataclasses.replace(best, **first_moves)
     batch = first_moves.get("batch_size") or best.batch_size or user.get("batch_size") or candidate.batch_size
     source = dataclasses.replace(candidate, knobs=base, batch_size=batch)
-    first_knobs = set(first_moves) | ({"persistent_workers"} if "num_workers" in first_moves else set())
+    first_knobs = set(first_moves) | companions_of(first_moves)
     top = best_row(state)
     # Every second move from there, each with the first made on the best as one change, simulated together by
     # the what-if model (its interactions: a larger batch lowers the per-sample cost of workers and copies) and
@@ -90,12 +91,11 @@ def clearly_slower(state: dict[str, Any], moves: dict[str, Any], bound: str | No
                 or t["gain"] >= -SLOWER_NOISES * t["noise"] or moved_on(state, t, best_sps)):
             continue
         base = rows.get(t["base"]) if t.get("base") else None
-        slower = {k: v for k, v in moves_of(t, base["knobs"] if base else None).items() if k != "persistent_workers"}
+        slower = {k: v for k, v in moves_of(t, base["knobs"] if base else None).items() if k not in COMPANIONS}
         if slower and slower.items() <= moves.items():
             return True
     return False
 
-ORDERED = ("num_workers", "batch_size", "threads", "accumulation_steps", "prefetch_factor", "ddp_bucket_cap_mb")
 
 
 def still_moves(moves: dict[str, Any], before: dict[str, Any], best: Knobs, user: dict[str, Any]) -> dict[str, Any]:
@@ -111,9 +111,7 @@ def still_moves(moves: dict[str, Any], before: dict[str, Any], best: Knobs, user
         if knob in ORDERED and None not in (value, current, was) and (value > was) != (value > current):
             continue  # the best went past it already
         kept[knob] = value
-    if "persistent_workers" in kept and "num_workers" not in kept:
-        del kept["persistent_workers"]
-    return kept
+    return without_lone_companions(kept)
 
 def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: SearchSpace,
               best: Knobs) -> Proposal | None:
@@ -132,7 +130,7 @@ def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: 
         paired.append(row["name"])
         before = rows[row["base"]]["knobs"] if row.get("base") in rows else {}
         moves = still_moves(moves_of(row, before), before, best, user)
-        if not {k for k in moves if k != "persistent_workers"}:
+        if not set(moves) - COMPANIONS:
             continue  # the best holds it already, or went past it
         same = all(best.to_dict().get(k) == before.get(k) for k in moves)
         change = row["change"].removesuffix(" (again)") if same else moves_text(moves)
@@ -151,7 +149,7 @@ def moves_text(moves: dict[str, Any]) -> str:
     pinned = bool(moves.get("pin_memory") and moves.get("non_blocking"))
     parts = ["pin_memory + non_blocking copies"] if pinned else []
     for knob, value in moves.items():
-        if knob == "persistent_workers" or (pinned and knob in ("pin_memory", "non_blocking")):
+        if knob in COMPANIONS or (pinned and knob in ("pin_memory", "non_blocking")):
             continue
         parts.append(words[knob](value) if knob in words else f"{knob}={value}")
     return " + ".join(parts)

@@ -16,6 +16,7 @@ import dataclasses
 import statistics
 from typing import Any
 
+from advisor.knobs import COMPANIONS
 from advisor.analysis.whatif import StepGraph, calibrate, predict, step_graph
 from advisor.trials.knobs import Knobs
 
@@ -23,7 +24,6 @@ from advisor.trials.knobs import Knobs
 MODELLED = {"num_workers": "num_workers", "batch_size": "batch_size", "amp": "amp", "pin_memory": "pinned",
             "non_blocking": "pinned", "uint8_copies": "uint8_copies", "channels_last": "channels_last",
             "fused_optimizer": "fused_optimizer", "compile": "compile", "threads": "threads"}
-IGNORED = {"persistent_workers"}  # goes with num_workers
 NOT_PREDICTIONS = ("confirm",)  # re-measures of a setting already measured: no change was predicted
 
 
@@ -51,7 +51,7 @@ def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
     a knob the model has no transformation for, or nothing."""
     a = before.to_dict() if isinstance(before, Knobs) else dict(before)
     b = after.to_dict() if isinstance(after, Knobs) else dict(after)
-    turned = {k for k, v in b.items() if v != a.get(k)} - IGNORED
+    turned = {k for k, v in b.items() if v != a.get(k)} - COMPANIONS  # persistent_workers goes with the workers
     if not turned or turned - set(MODELLED):
         return None
 

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from advisor.knobs import COMPANIONS
 from advisor.trials.knobs import Knobs
 
 
@@ -88,7 +89,7 @@ def own_moves(moves: dict[str, Any], best: Knobs, user: dict[str, Any]) -> dict[
     would measure and credit what the script did all along."""
     now = best.to_dict()
     return {k: v for k, v in moves.items()
-            if k != "persistent_workers" and (now.get(k) if now.get(k) is not None else user.get(k)) == v}
+            if k not in COMPANIONS and (now.get(k) if now.get(k) is not None else user.get(k)) == v}
 
 
 def moves_of(row: dict[str, Any], base_knobs: dict[str, Any] | None) -> dict[str, Any]:

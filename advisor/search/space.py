@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from advisor.errors import AdvisorError
 from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.strategy import SearchSpace
-from advisor.knobs import BY_NAME, SWITCHED_KNOBS, TURNED
+from advisor.knobs import BY_NAME, COMPANIONS, SWITCHED_KNOBS, TURNED, with_companions
 from advisor.trials.knobs import Knobs
 
 TRY = "try"  # the recommendation id of a trial the user asked for with --try
@@ -64,8 +64,7 @@ def try_settings(text: str) -> dict[str, Any]:
         values[name] = _value(name, value if has_value else None)
     if not values:
         raise AdvisorError(f"--try: no knob in {text!r}; give KNOB or KNOB=VALUE")
-    if values.get("num_workers"):
-        values["persistent_workers"] = True  # as the search sets workers: they live across epochs
+    values = with_companions(values)  # as the search sets workers: they live across epochs
     try:
         Knobs(**values)
     except ValueError as exc:
@@ -109,7 +108,7 @@ def pending_try(options: Any, state: dict[str, Any], best: Knobs, diagnosis: Any
             continue
         values = try_settings(text)
         own = own_moves(values, best, state.get("user_values") or {})
-        if own and own == {k: v for k, v in values.items() if k != "persistent_workers"}:
+        if own and own == {k: v for k, v in values.items() if k not in COMPANIONS}:
             note = f"{change}: not run, the script has it already ({own_text(own, state)})"
             if note not in state["notes"]:
                 state["notes"].append(note)

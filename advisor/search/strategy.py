@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from advisor.analysis.worth import ceiling
-from advisor.knobs import ADVISED, SWITCHED_KNOBS
+from advisor.knobs import ADVISED, COMPANIONS, SWITCHED_KNOBS, companions_of, with_companions
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
@@ -169,10 +169,10 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
 
 
 def turned(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any]) -> set[str]:
-    """The knobs a change turns (persistent_workers goes with num_workers and is not counted)."""
+    """The knobs a change turns (a companion, persistent_workers with num_workers, is not counted)."""
     a = before.to_dict() if isinstance(before, Knobs) else before
     b = after.to_dict() if isinstance(after, Knobs) else after
-    return {k for k, v in b.items() if v != a.get(k)} - {"persistent_workers"}
+    return {k for k, v in b.items() if v != a.get(k)} - COMPANIONS
 
 
 def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
@@ -192,7 +192,7 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     user = state["user_values"]
     current = effective(knobs, user, "num_workers") or 0
     # What a workers change moves with it (the threads that make room for them on a CPU) is not its base.
-    moved = ("num_workers", "persistent_workers", "threads")
+    moved = ("num_workers", *companions_of({"num_workers"}), "threads")
     base = {k: v for k, v in knobs.to_dict().items() if k not in moved}
     past = [t["knobs"].get("num_workers") or 0 for t in state["trials"]
             if t.get("recommendation") == "more-workers" and t.get("tried_under") == bound.name
@@ -206,7 +206,7 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
     errored = failed_settings(state, knobs, "num_workers")
     why = f"in place of workers {floor}, which failed ({errored[floor]}): the next count" if floor in errored else None
     gain = rec.predicted_gain if rec is not None else 0.5
-    moves: dict[str, Any] = {"num_workers": target, "persistent_workers": True}
+    moves: dict[str, Any] = with_companions({"num_workers": target})
     threads = knobs.threads or state["user_values"].get("threads")
     change = f"workers {current}→{target}"
     if (not accelerator and threads and threads + target > cores and max(1, cores - target) < threads

@@ -12,7 +12,7 @@ from advisor.code.patch.facts import NOT_LITERAL, ScriptFacts, argparse_dest
 from advisor.code.syntax import double_star, dotted, drop_keywords, keyword_arg, literal_node, literal_value, \
     put_keyword, replace_arg
 from advisor.code.settings import Elsewhere
-from advisor.knobs import DATALOADER_KNOBS
+from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS
 from advisor.trials.knobs import Knobs
 
 DATALOADER_NAMES = ("DataLoader",)
@@ -150,24 +150,23 @@ class LoaderRewrite(cst.CSTTransformer):
         if workers == 0:
             # DataLoader rejects these without worker processes (the user's values were valid for
             # their own worker count, so fewer workers means dropping them; False / None may stay).
-            harmless = {"persistent_workers": (True, False), "prefetch_factor": (True, None)}
+            harmless = {knob.name: (True, knob.without_workers) for knob in NEEDS_WORKERS}
             return drop_keywords(call, [a.keyword.value for a in call.args if a.keyword is not None
                                          and a.keyword.value in harmless
                                          and literal_value(a.value) != harmless[a.keyword.value]])
-        if "persistent_workers" in self.changes:
-            value = self.changes["persistent_workers"]
-            if value and workers is None:
-                call = put_keyword(call, "persistent_workers", _workers_check(workers_node))
+        for knob in NEEDS_WORKERS:  # persistent_workers, prefetch_factor
+            if knob.name not in self.changes:
+                continue
+            value = self.changes[knob.name]
+            if workers is None and value != knob.without_workers:
+                # Workers known only at run time: `persistent_workers=args.num_workers > 0`,
+                # `prefetch_factor=4 if args.num_workers > 0 else None`.
+                expr = _workers_check(workers_node) if value is True and knob.without_workers is False else \
+                    cst.IfExp(test=_workers_check(workers_node), body=literal_node(value),
+                              orelse=literal_node(knob.without_workers))
+                call = put_keyword(call, knob.name, expr)
             else:
-                call = self._set(call, "persistent_workers", value)
-        if "prefetch_factor" in self.changes:
-            value = self.changes["prefetch_factor"]
-            if workers is None:
-                expr = cst.IfExp(test=_workers_check(workers_node), body=literal_node(value),
-                                 orelse=cst.Name("None"))
-                call = put_keyword(call, "prefetch_factor", expr)
-            else:
-                call = self._set(call, "prefetch_factor", value)
+                call = self._set(call, knob.name, value)
         return call
 
     def _workers(self, call: cst.Call) -> cst.BaseExpression:

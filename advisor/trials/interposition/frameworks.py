@@ -21,7 +21,7 @@ import importlib.machinery
 import sys
 from typing import Any, Callable
 
-from advisor.knobs import TRAINING_ARGUMENTS
+from advisor.knobs import NEEDS_WORKERS, TRAINING_ARGUMENTS
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 
@@ -112,18 +112,17 @@ class TrainerSettings:
         if knobs.num_workers is not None:
             arguments.dataloader_num_workers = knobs.num_workers
             self.outcomes["num_workers"] = APPLIED
-        if not workers:  # the Trainer hands these to a DataLoader that rejects them without workers
-            arguments.dataloader_persistent_workers = False
-            arguments.dataloader_prefetch_factor = None
-        for knob in ("persistent_workers", "prefetch_factor"):
-            value = getattr(knobs, knob)
+        for knob in NEEDS_WORKERS:  # persistent_workers, prefetch_factor
+            if not workers:  # the Trainer hands these to a DataLoader that rejects them without workers
+                setattr(arguments, knob.training_argument, knob.without_workers)
+            value = getattr(knobs, knob.name)
             if value is None:
                 continue
-            if not workers and value:
-                self.outcomes[knob] = not_applicable("the DataLoader has no worker processes")
+            if not workers and value != knob.without_workers:
+                self.outcomes[knob.name] = not_applicable("the DataLoader has no worker processes")
             else:
-                setattr(arguments, TRAINING_ARGUMENTS[knob], value)
-                self.outcomes[knob] = APPLIED
+                setattr(arguments, knob.training_argument, value)
+                self.outcomes[knob.name] = APPLIED
         if knobs.pin_memory is not None:
             if not self.accelerator:
                 self.outcomes["pin_memory"] = not_applicable("no accelerator: batches stay in host memory")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from advisor.trials.interposition.uint8_copies import mark, plan_of, rewrite_dataset
-from advisor.knobs import DATALOADER_KNOBS
+from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
@@ -98,23 +98,19 @@ def plan_loader_arguments(
         effective["num_workers"] = knobs.num_workers
         outcomes["num_workers"] = APPLIED
     workers = effective["num_workers"] or 0
-    if workers == 0:
-        # DataLoader raises for these without worker processes; the user's own values were valid for
-        # their worker count, so fewer workers means dropping them.
-        effective["persistent_workers"] = False
-        effective["prefetch_factor"] = None
-    if knobs.persistent_workers is not None:
-        if workers == 0 and knobs.persistent_workers:
-            outcomes["persistent_workers"] = not_applicable("the DataLoader has no worker processes")
-        else:
-            effective["persistent_workers"] = knobs.persistent_workers
-            outcomes["persistent_workers"] = APPLIED
-    if knobs.prefetch_factor is not None:
+    for knob in NEEDS_WORKERS:  # persistent_workers, prefetch_factor
         if workers == 0:
-            outcomes["prefetch_factor"] = not_applicable("the DataLoader has no worker processes")
+            # DataLoader raises for these without worker processes; the user's own values were valid for
+            # their worker count, so fewer workers means dropping them.
+            effective[knob.name] = knob.without_workers
+        value = getattr(knobs, knob.name)
+        if value is None:
+            continue
+        if workers == 0 and value != knob.without_workers:
+            outcomes[knob.name] = not_applicable("the DataLoader has no worker processes")
         else:
-            effective["prefetch_factor"] = knobs.prefetch_factor
-            outcomes["prefetch_factor"] = APPLIED
+            effective[knob.name] = value
+            outcomes[knob.name] = APPLIED
     if knobs.pin_memory is not None:
         if not accelerator:
             outcomes["pin_memory"] = not_applicable("no accelerator: batches stay in host memory")
