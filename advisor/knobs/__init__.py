@@ -4,8 +4,8 @@ The order is the order of `Knobs`' fields, of a trial's folder name (`amp-bf16+n
 knobs in trial.json. Everything that iterates over the knobs reads this registry: `Knobs`
 (`advisor.trials.knobs`), the record's shapes (`advisor.shapes`), `--only`/`--skip`/`--try`
 (`advisor.search.space`), the recorded surfaces (`advisor.trials.replay.surface`), the frameworks'
-fields, and the documentation's knob page. Adding a knob: a module beside these and its line below
-(docs/development.md, "Adding a knob"). Stdlib only.
+fields, the search's companions and orders, and the documentation's knob page. Adding a knob: a module
+beside these and its line below (docs/architecture/index.md, "A new knob"). Stdlib only.
 """
 
 from __future__ import annotations
