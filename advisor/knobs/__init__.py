@@ -73,7 +73,7 @@ def advised_by(advice: str) -> dict[str, bool]:
 # knob -> the field of transformers' TrainingArguments that sets it
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
-__all__ = ["ADVISED", "BY_NAME", "COMPANIONS", "NEEDS_WORKERS", "NEUTRAL", "ORDERED", "CHOICE", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG", "IN_PROCESS_KNOBS", "KNOBS",
-           "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS",
-           "TURNED", "WORKERS", "Knob", "advised_by", "applied_at", "companions_of", "of_part", "with_companions",
-           "without_lone_companions"]
+__all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG",
+           "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "NEEDS_WORKERS", "NEUTRAL",
+           "ORDERED", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TURNED", "WORKERS", "Knob",
+           "advised_by", "applied_at", "companions_of", "of_part", "with_companions", "without_lone_companions"]

@@ -11,4 +11,5 @@
 
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob
 
-KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile")
+KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile",
+            trainer_keywords=(("torch_compile", True),))

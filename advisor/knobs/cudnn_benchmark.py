@@ -23,7 +23,8 @@ def apply(torch: Any, undo: Any) -> str | None:
     return None
 
 
-KNOB = Knob("cudnn_benchmark", FLAG, MODEL, AT_FIRST_CALL, "cudnn.benchmark", in_process=True, advice="cudnn-benchmark",
-            setting=TorchSetting(
-    off_cuda="cuDNN autotuning needs a CUDA device", own=own, apply=apply,
-    lines=("torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape",)))
+KNOB = Knob(
+    "cudnn_benchmark", FLAG, MODEL, AT_FIRST_CALL, "cudnn.benchmark", in_process=True, advice="cudnn-benchmark",
+    setting=TorchSetting(
+        off_cuda="cuDNN autotuning needs a CUDA device", own=own, apply=apply,
+        lines=("torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape",)))

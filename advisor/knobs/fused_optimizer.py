@@ -9,4 +9,5 @@
 
 from advisor.knobs.knob import AT_OPTIMIZER, FLAG, MODEL, Knob
 
-KNOB = Knob("fused_optimizer", FLAG, MODEL, AT_OPTIMIZER, "the fused optimizer")
+KNOB = Knob("fused_optimizer", FLAG, MODEL, AT_OPTIMIZER, "the fused optimizer",
+            trainer_keywords=(("optim", "adamw_torch_fused"),))

@@ -65,6 +65,9 @@ class Knob:
     choices: tuple = ()  # CHOICE: the values it takes (None: the user's)
     alone: Any = True  # what `--try NAME` with no value tries (NEEDS_A_VALUE: it needs one)
     training_argument: str | None = None  # the field of transformers' TrainingArguments that sets it
+    # What the patch writes in TrainingArguments(...) for the knob turned on, where the Trainer has its own way to
+    # do what the trial applied by interposition (`torch_compile=True` for a compiled model).
+    trainer_keywords: tuple[tuple[str, Any], ...] = ()
     in_process: bool = False  # `advisor.tune()` can apply it in the notebook's process
     on_surface: bool = True  # a recorded surface tells settings apart by it
     # The knob this one goes with, and its value when that one moves: never turned alone (workers persist with

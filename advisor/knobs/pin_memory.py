@@ -9,4 +9,5 @@
 
 from advisor.knobs.knob import AT_LOADER, FLAG, LOADER, Knob
 
-KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory", numerics=False)
+KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory",
+            numerics=False)

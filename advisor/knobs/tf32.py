@@ -33,7 +33,9 @@ def apply(torch: Any, undo: Any) -> str | None:
     return None
 
 
-KNOB = Knob("tf32", FLAG, MODEL, AT_FIRST_CALL, "TF32 matmuls", in_process=True, setting=TorchSetting(
-    off_cuda="TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none", own=own, apply=apply,
-    lines=('torch.set_float32_matmul_precision("high")  # fp32 matmuls as TF32 on Tensor Cores (Ampere+)',
-           "torch.backends.cudnn.allow_tf32 = True  # and convolutions")))
+KNOB = Knob(
+    "tf32", FLAG, MODEL, AT_FIRST_CALL, "TF32 matmuls", in_process=True, trainer_keywords=(("tf32", True),),
+    setting=TorchSetting(
+        off_cuda="TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none", own=own, apply=apply,
+        lines=('torch.set_float32_matmul_precision("high")  # fp32 matmuls as TF32 on Tensor Cores (Ampere+)',
+               "torch.backends.cudnn.allow_tf32 = True  # and convolutions")))

@@ -31,7 +31,7 @@ from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import ArgparseRewrite, LoaderRewrite, set_constants
 from advisor.code.settings import Elsewhere
 from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_node, put_keyword, replace_arg
-from advisor.knobs import TRAINING_ARGUMENTS
+from advisor.knobs import KNOBS, TRAINING_ARGUMENTS
 from advisor.trials.knobs import Knobs
 
 LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
@@ -55,12 +55,9 @@ def trainer_keywords(knobs: Knobs, user: dict, accumulation_steps: int | None) -
         out["accumulation_steps"] = {"per_device_train_batch_size": batch // k, "gradient_accumulation_steps": k}
         if knobs.batch_size is not None:
             out["batch_size"] = {}  # the micro-batch above is the batch knob's too
-    if knobs.compile and not user.get("compile"):
-        out["compile"] = {"torch_compile": True}
-    if knobs.fused_optimizer and not user.get("fused_optimizer"):
-        out["fused_optimizer"] = {"optim": "adamw_torch_fused"}
-    if knobs.tf32 and not user.get("tf32"):
-        out["tf32"] = {"tf32": True}
+    for knob in KNOBS:  # the Trainer's own way to compile, fuse the optimizer, use TF32 (each knob's module says)
+        if knob.trainer_keywords and getattr(knobs, knob.name) and not user.get(knob.name):
+            out[knob.name] = dict(knob.trainer_keywords)
     return out
 
 
