@@ -128,19 +128,21 @@ def test_a_zygote_that_died_is_replaced_and_its_trial_ends_with_it(tmp_path, mon
     started = time.monotonic()
     result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "second", steps=2, wait=0, warmup=0,
                                  windows=0, device="cpu", timeout_s=60),
-                                 on_start=lambda pid, token: _kill_parent_soon(pid))
+                                 on_start=lambda pid, token: _kill_parent_once_hanging(pid, tmp_path))
     # Forked from a new zygote, which then died too: the trial followed it, long before its time limit.
     assert result.status == "error" and time.monotonic() - started < 40, result.message
     record = trial_record(result.path)
     assert record["pid"] != first["pid"]
 
 
-def _kill_parent_soon(pid):
+def _kill_parent_once_hanging(pid, folder):
     import psutil
 
     zygote = psutil.Process(pid).ppid()
     assert zygote != os.getpid()
-    time.sleep(3)  # in the step that hangs by now, or on its way there
+    deadline = time.monotonic() + 30
+    while not (folder / f"facts-{pid}.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # its first step writes them, then hangs
     os.kill(zygote, signal.SIGKILL)
 
 
