@@ -116,7 +116,9 @@ def test_a_step_of_many_operators_is_counted_and_recorded_within_the_budget(tmp_
 
 def test_windows_that_would_outlast_the_time_limit_are_cut_to_fit(tmp_path):
     # Steps of 0.3 s and a limit of 6 s: ten windows of five steps (15 s) never fit in what is left after the
-    # profiled steps; the trial measures the windows that fit and ends measured, not timed out.
+    # profiled steps; the trial measures the windows that fit and ends measured, not timed out. The limit counts
+    # from the trial's start: it is forked from the zygote the test above started (a zygote's own start, 2-5 s
+    # of importing torch, would take most of it).
     script = write_script(tmp_path, """
         import time
 
