@@ -147,8 +147,7 @@ def ten_trial_specs() -> list[LadderRow]:
 
 def rewrite_trace_names(src: Path, dst: Path, payloads: tuple[str, ...]) -> Path:
     """A copy of a real trace with every kernel and operator name (and device name) carrying `payloads`."""
-    with gzip.open(src, "rt") as f:
-        doc = json.load(f)
+    doc = json.loads(gzip.decompress(src.read_bytes()))
     rewritten = 0
     for e in doc["traceEvents"]:
         cat = str(e.get("cat", "")).lower()
@@ -157,8 +156,9 @@ def rewrite_trace_names(src: Path, dst: Path, payloads: tuple[str, ...]) -> Path
             rewritten += 1
     for dev in doc.get("deviceProperties") or []:
         dev["name"] = f"{payloads[-1]}{dev.get('name', '')}"
-    with gzip.open(dst, "wt") as f:
-        json.dump(doc, f)
+    # Written whole and compressed at level 1: json.dump into a gzip stream at its default level 9 took over a
+    # second for a 30 MB trace; the readers take either alike.
+    dst.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
     return dst
 
 

@@ -130,19 +130,51 @@ def wait_for_steps(folder: Path, deadline_s: float) -> None:
         time.sleep(0.1)
 
 
+# TINY, but the second process to run it (the session's second trial) hangs from its third step on: it is in its
+# steps when the advisor is killed, however slow the machine, and the third (the resume's run of it) runs through.
+SECOND_HANGS = """
+    import os, time
+    import torch
+    from torch.utils.data import DataLoader
+
+    with open(STARTS, "a") as f:  # one character for each trial process that runs the script
+        f.write("x")
+    second = os.path.getsize(STARTS) == 2
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    calls = []
+
+    def train_step(x):
+        calls.append(1)
+        if second and len(calls) > 2:
+            time.sleep(60)
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if __name__ == "__main__":
+        for epoch in range(10_000):
+            for x in DataLoader(torch.randn(256, 8), batch_size=8):
+                train_step(x)
+"""
+
+
 def test_sigkill_of_the_advisor_mid_trial_then_resume_leaves_nothing_behind(tmp_path, trial_startup_s):
-    script = tiny(tmp_path, sleep=0.05)
+    script = write_script(tmp_path, SECOND_HANGS.replace("STARTS", repr(str(tmp_path / "starts"))))
     out = tmp_path / "session"
     advisor = subprocess.Popen([sys.executable, "-m", "advisor.cli", "profile", f"{script}:train_step", "--out",
-                                str(out), "--device", "cpu", "--steps", "30", "--windows", "0", "--max-trials", "2",
+                                str(out), "--device", "cpu", "--steps", "3", "--windows", "0", "--max-trials", "2",
                                 "--skip", "compile"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # Wait for the second trial's steps: the baseline is finished and recorded by then.
+    # Wait for the second trial's steps (it hangs in its third): the baseline is finished and recorded by then.
     deadline = time.monotonic() + 20 + 8 * trial_startup_s
     while True:
         assert time.monotonic() < deadline, "the session never got to its second trial"
         running = json.loads((out / "session.json").read_text()).get("running_trial") if (out / "session.json").exists() else None
-        if running and running["name"].startswith("01-") and (out / "trials" / running["name"] / "steps.jsonl").exists():
+        steps = out / "trials" / running["name"] / "steps.jsonl" if running else None
+        if running and running["name"].startswith("01-") and steps.exists() and steps.read_text().strip():
             break
         time.sleep(0.1)
     before = json.loads((out / "session.json").read_text())

@@ -114,6 +114,63 @@ def test_a_step_of_many_operators_is_counted_and_recorded_within_the_budget(tmp_
     assert counter.stop() == pytest.approx(plan["ops_per_step"], rel=0.02) and plan["ops_per_step"] > 5_000
 
 
+def test_windows_that_would_outlast_the_time_limit_are_cut_to_fit(tmp_path):
+    # Steps of 0.3 s and a limit of 6 s: ten windows of five steps (15 s) never fit in what is left after the
+    # profiled steps; the trial measures the windows that fit and ends measured, not timed out. The limit counts
+    # from the trial's start: it is forked from the zygote the test above started (a zygote's own start, 2-5 s
+    # of importing torch, would take most of it).
+    script = write_script(tmp_path, """
+        import time
+
+        def train_step(step):
+            time.sleep(0.3)
+
+        if __name__ == "__main__":
+            for step in range(1000):
+                train_step(step)
+    """)
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, wait=1, warmup=0,
+                                 device="cpu", windows=10, window_s=1.0, timeout_s=6, profile=False))
+    record = trial_record(result.path)
+    assert result.status == "ok", result.message
+    schedule = record["schedule"]
+    assert "would outlast the trial's time limit" in record["windows_cut"], record["windows_cut"]
+    assert 0 <= schedule["windows"] < 10 and schedule["windows_measured"] == schedule["windows"], schedule
+
+
+def test_a_dropped_trace_gives_its_memory_back():
+    """glibc keeps the freed blocks of the profiler's events: a trial whose trace was written ran on with it resident
+    (time_sequence_prediction: 2.5 kB an operator recorded) unless the trial trims the heap once it drops the
+    profiler."""
+    import psutil
+    import torch
+
+    from advisor.trials.harness.profiler import give_back_trace_memory, profile
+
+    process = psutil.Process()
+    x = torch.randn(8, 8)
+    x.add(1).mul(2)  # the operators' first calls (and their allocations) before the baseline
+    give_back_trace_memory()
+    before = process.memory_info().rss
+    prof = profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    prof.start()
+    for _ in range(5_000):
+        x.add(1).mul(2).sum()
+    prof.stop()
+    recorded = process.memory_info().rss - before
+    del prof
+    give_back_trace_memory()
+    left = process.memory_info().rss - before
+    assert recorded > 10 * 2**20, recorded  # 15 000 operators held by the stopped profiler (some 100 MB)
+    assert left < recorded / 4, (left, recorded)
+
+
+# The two tests below make the budgets small. A trial's environment picks the zygote it is forked from
+# (advisor.trials.launch.zygote), and each new one imports torch again (2-5 s here): the two share one
+# environment, with both budgets small, and come after the module's trials at the defaults, whose zygote the
+# next module's trials find still kept. Neither budget is near what the other test's trial reaches: the LBFGS
+# trial holds some 400 MB, the memory test's step runs a handful of operators.
+SMALL_BUDGETS = {"ADVISOR_TRACE_BUDGET": "8M", "ADVISOR_TRIAL_MEMORY": "1500M"}
 
 # pytorch/examples' time_sequence_prediction scaled down (its 1 000 time steps to 20, LBFGS's 20 iterations a
 # step to 4): the same LBFGS closure over two LSTMCells, some 12 000 operators a step instead of 2.6 million.
@@ -157,7 +214,7 @@ def test_a_step_over_a_light_steps_budget_is_recorded_in_part(tmp_path):
     script = write_script(tmp_path, SEQUENCE, "sequence.py")
     out = tmp_path / "session"
     done = advisor_main("profile", str(script), "--no-apply", "--device", "cpu", "--windows", "1",
-                        "--window", "0.1", "--out", str(out), env={"ADVISOR_TRACE_BUDGET": "8M"})
+                        "--window", "0.1", "--out", str(out), env=SMALL_BUDGETS)
     assert done.returncode == 0, done.stderr
     record = trial_record(out / "trials" / "00-baseline")
     plan = record["trace_plan"]
@@ -187,7 +244,8 @@ def test_a_step_over_a_light_steps_budget_is_recorded_in_part(tmp_path):
 
 
 def test_a_trial_that_holds_more_memory_than_the_watch_allows_is_stopped(tmp_path, monkeypatch):
-    monkeypatch.setenv("ADVISOR_TRIAL_MEMORY", "1500M")  # read by the advisor's process, which watches
+    for name, value in SMALL_BUDGETS.items():  # ADVISOR_TRIAL_MEMORY: read by the advisor's process, which watches
+        monkeypatch.setenv(name, value)
     script = write_script(tmp_path, """
         import time
         import torch
@@ -212,52 +270,3 @@ def test_a_trial_that_holds_more_memory_than_the_watch_allows_is_stopped(tmp_pat
     assert record["watched_peak_bytes"] > 1500 * 2**20
     # The operators were counted before the steps that held the memory: the record keeps the estimate.
     assert record["trace_plan"]["ops_per_step"] > 0 and "its trace was estimated at" in result.message
-
-
-def test_windows_that_would_outlast_the_time_limit_are_cut_to_fit(tmp_path):
-    # Steps of 0.3 s and a limit of 12 s: ten windows of five steps (15 s) never fit in what is left after the
-    # profiled steps; the trial measures the windows that fit and ends measured, not timed out.
-    script = write_script(tmp_path, """
-        import time
-
-        def train_step(step):
-            time.sleep(0.3)
-
-        if __name__ == "__main__":
-            for step in range(1000):
-                train_step(step)
-    """)
-    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=1, wait=1, warmup=0,
-                                 device="cpu", windows=10, window_s=1.0, timeout_s=12, profile=False))
-    record = trial_record(result.path)
-    assert result.status == "ok", result.message
-    schedule = record["schedule"]
-    assert "would outlast the trial's time limit" in record["windows_cut"], record["windows_cut"]
-    assert 0 <= schedule["windows"] < 10 and schedule["windows_measured"] == schedule["windows"], schedule
-
-
-def test_a_dropped_trace_gives_its_memory_back():
-    """glibc keeps the freed blocks of the profiler's events: a trial whose trace was written ran on with it resident
-    (time_sequence_prediction: 2.5 kB an operator recorded) unless the trial trims the heap once it drops the
-    profiler."""
-    import psutil
-    import torch
-
-    from advisor.trials.harness.profiler import give_back_trace_memory, profile
-
-    process = psutil.Process()
-    x = torch.randn(8, 8)
-    x.add(1).mul(2)  # the operators' first calls (and their allocations) before the baseline
-    give_back_trace_memory()
-    before = process.memory_info().rss
-    prof = profile(activities=[torch.profiler.ProfilerActivity.CPU])
-    prof.start()
-    for _ in range(5_000):
-        x.add(1).mul(2).sum()
-    prof.stop()
-    recorded = process.memory_info().rss - before
-    del prof
-    give_back_trace_memory()
-    left = process.memory_info().rss - before
-    assert recorded > 10 * 2**20, recorded  # 15 000 operators held by the stopped profiler (some 100 MB)
-    assert left < recorded / 4, (left, recorded)

@@ -17,7 +17,6 @@ from trial_helpers import trial_record, write_script
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
-from advisor.trials.record import TRIAL_TOKEN
 from advisor.trials.launch.zygote import FRESH_VARIABLE, start_trial
 
 # The step writes down, once, what its process is.
@@ -117,6 +116,9 @@ def test_a_switch_to_another_environment_and_back_forks_from_the_zygote_kept_for
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
 def test_a_zygote_that_died_is_replaced_and_its_trial_ends_with_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # In the environment the test above switched to, whose zygote it kept: the zygotes killed here are that
+    # environment's, and the default one the tests after it fork from lives on (a new one imports torch again).
+    monkeypatch.setenv("ADVISOR_TEST_SWITCH", "1")
     script = write_script(tmp_path, FACTS.replace("return (x * 2).sum()", """if os.path.exists("hang"):
             time.sleep(60)
         return (x * 2).sum()""").replace("import json, os", "import json, os, time"))
@@ -126,19 +128,21 @@ def test_a_zygote_that_died_is_replaced_and_its_trial_ends_with_it(tmp_path, mon
     started = time.monotonic()
     result = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "second", steps=2, wait=0, warmup=0,
                                  windows=0, device="cpu", timeout_s=60),
-                                 on_start=lambda pid, token: _kill_parent_soon(pid))
+                                 on_start=lambda pid, token: _kill_parent_once_hanging(pid, tmp_path))
     # Forked from a new zygote, which then died too: the trial followed it, long before its time limit.
     assert result.status == "error" and time.monotonic() - started < 40, result.message
     record = trial_record(result.path)
     assert record["pid"] != first["pid"]
 
 
-def _kill_parent_soon(pid):
+def _kill_parent_once_hanging(pid, folder):
     import psutil
 
     zygote = psutil.Process(pid).ppid()
     assert zygote != os.getpid()
-    time.sleep(3)  # in the step that hangs by now, or on its way there
+    deadline = time.monotonic() + 30
+    while not (folder / f"facts-{pid}.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # its first step writes them, then hangs
     os.kill(zygote, signal.SIGKILL)
 
 
@@ -247,6 +251,14 @@ def test_a_forked_rank_is_the_process_a_fresh_rank_would_be(tmp_path, monkeypatc
     assert not left_behind(forked_record["token"])
 
 
+def trial_environment() -> dict[str, str]:
+    """A CPU trial's environment, with a token of its own: what torchrun's launcher is forked with, from the
+    zygote the trials above forked from (another environment would start a zygote of its own)."""
+    from advisor.trials.launch.runner import _child_environment
+
+    return _child_environment(None, "cpu", uuid.uuid4().hex)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")
 @pytest.mark.parametrize("body", ["import sys; print('out'); sys.exit(3)", "raise SystemExit('bye')",
                                   "print('out'); raise ValueError('broke')", "print('out')"])
@@ -254,8 +266,8 @@ def test_a_module_forked_ends_as_python_m_would(tmp_path, body):
     """What the zygote runs as `python -m` (torchrun's launcher) ends as a fresh `python -m` would: its exit code,
     its output, an exception's traceback; at once, without Python's finalisation of what the zygote imported."""
     (tmp_path / "ending.py").write_text(body + "\n")
-    fresh = subprocess.run([sys.executable, "-m", "ending"], cwd=tmp_path, capture_output=True, text=True)
-    env = {**os.environ, TRIAL_TOKEN: uuid.uuid4().hex}
+    env = trial_environment()
+    fresh = subprocess.run([sys.executable, "-m", "ending"], cwd=tmp_path, env=env, capture_output=True, text=True)
     forked = start_trial(sys.executable, None, str(tmp_path), env, str(tmp_path / "log"), 60, module=["ending"])
     assert forked is not None and forked.pid != os.getpid()
     assert forked.wait(60) == fresh.returncode
@@ -271,8 +283,7 @@ def test_a_request_beyond_the_pipes_buffer_reaches_the_zygote_whole(tmp_path):
     """A session's TensorBoard run travels to the zygote's child in its request (`call_forked`); a long
     session's is larger than the pipe's 64 KiB buffer. The child gets every byte."""
     (tmp_path / "sized.py").write_text("import pathlib, sys\npathlib.Path('size').write_text(str(len(sys.argv[1])))\n")
-    env = {**os.environ, TRIAL_TOKEN: uuid.uuid4().hex}
-    forked = start_trial(sys.executable, None, str(tmp_path), env, str(tmp_path / "log"), 60,
+    forked = start_trial(sys.executable, None, str(tmp_path), trial_environment(), str(tmp_path / "log"), 60,
                          module=["sized", "x" * 300_000])
     assert forked is not None and forked.wait(60) == 0, (tmp_path / "log").read_text()
     assert (tmp_path / "size").read_text() == "300000"
