@@ -91,10 +91,10 @@ def run_script(script: Path | str, *args: str, cwd: Path, timeout: float = 600) 
     import signal
     import uuid
 
-    from advisor.trials.launch.runner import _child_environment
+    from advisor.trials.launch.runner import child_environment
     from advisor.trials.launch.zygote import start_trial
 
-    env = _child_environment(None, "cpu", uuid.uuid4().hex)  # a trial's: it finds the trials' zygote
+    env = child_environment(None, "cpu", uuid.uuid4().hex)  # a trial's: it finds the trials' zygote
     command = [str(script), *args]
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "output.log"

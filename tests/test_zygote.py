@@ -254,9 +254,9 @@ def test_a_forked_rank_is_the_process_a_fresh_rank_would_be(tmp_path, monkeypatc
 def trial_environment() -> dict[str, str]:
     """A CPU trial's environment, with a token of its own: what torchrun's launcher is forked with, from the
     zygote the trials above forked from (another environment would start a zygote of its own)."""
-    from advisor.trials.launch.runner import _child_environment
+    from advisor.trials.launch.runner import child_environment
 
-    return _child_environment(None, "cpu", uuid.uuid4().hex)
+    return child_environment(None, "cpu", uuid.uuid4().hex)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")

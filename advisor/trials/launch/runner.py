@@ -100,7 +100,7 @@ def run_trial(spec: TrialSpec, *, on_start: Callable[[int, str], None] | None = 
 
     config = _harness_config(record, out, step_module, spec.loader)
     config["deadline"] = started + timeout_s  # windows that would outlast it are cut (StepSchedule.fit_windows)
-    child_env = _child_environment(spec.env, spec.device, record["token"])
+    child_env = child_environment(spec.env, spec.device, record["token"])
     if spec.ray_address is not None:
         from advisor.trials.launch.ray_job import run_ray_job
 
@@ -250,7 +250,7 @@ def _harness_config(record: dict[str, Any], out: Path, step_module: dict[str, An
 COMPILE_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
 
-def _child_environment(env: dict[str, str] | None, device: str, token: str) -> dict[str, str]:
+def child_environment(env: dict[str, str] | None, device: str, token: str) -> dict[str, str]:
     """The trial process's environment: `env` (or ours), this advisor importable, the trial's token, and
     torch.compile's caches on (COMPILE_CACHES) unless the user set them."""
     child_env = dict(os.environ if env is None else env)
