@@ -11,4 +11,5 @@
 
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob
 
-KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last")
+KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last",
+            spread=(0.15, 0.30))

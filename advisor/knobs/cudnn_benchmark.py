@@ -25,6 +25,7 @@ def apply(torch: Any, undo: Any) -> str | None:
 
 KNOB = Knob(
     "cudnn_benchmark", FLAG, MODEL, AT_FIRST_CALL, "cudnn.benchmark", in_process=True, advice="cudnn-benchmark",
+    spread=(0.05, None),
     setting=TorchSetting(
         off_cuda="cuDNN autotuning needs a CUDA device", own=own, apply=apply,
         lines=("torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape",)))

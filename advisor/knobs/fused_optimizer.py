@@ -10,4 +10,4 @@
 from advisor.knobs.knob import AT_OPTIMIZER, FLAG, MODEL, Knob
 
 KNOB = Knob("fused_optimizer", FLAG, MODEL, AT_OPTIMIZER, "the fused optimizer",
-            trainer_keywords=(("optim", "adamw_torch_fused"),))
+            advice="fused-optimizer", spread=(0.05, 0.05), trainer_keywords=(("optim", "adamw_torch_fused"),))

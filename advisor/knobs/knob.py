@@ -82,6 +82,9 @@ class Knob:
     # The finding (`advisor.analysis.rules`, by its id) whose advice turns this knob on, with the finding's gain
     # and bound: the search proposes it on the best wherever the trace gives that advice.
     advice: str | None = None
+    # σ of what its advice moves samples/s by, before a session measured any (`advisor.analysis.worth`): on an
+    # accelerator, and on the CPU (None: the default spread).
+    spread: tuple[float | None, float | None] = (None, None)
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""

@@ -32,4 +32,4 @@
 
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob
 
-KNOB = Knob("sdpa", FLAG, MODEL, AT_FIRST_CALL, "scaled_dot_product_attention", advice="sdpa")
+KNOB = Knob("sdpa", FLAG, MODEL, AT_FIRST_CALL, "scaled_dot_product_attention", advice="sdpa", spread=(0.15, 0.15))

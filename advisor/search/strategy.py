@@ -138,11 +138,11 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
         ddp_proposal(recs.get("ddp-buckets"), bound, best.knobs, options),
         compile_proposal(recs.get("cuda-graphs"), bound, best.knobs, space),
-        model_knob_proposal(recs.get("fused-optimizer"), "fused_optimizer", "fused optimizer", best.knobs, space),
         tf32_proposal(recs.get("tf32"), recs.get("amp"), best.knobs, state, space),
         bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space,
                        effective(best.knobs, state.get("user_values") or {}, "num_workers") or 0),
-        # The knobs a finding's advice turns on (channels_last, cudnn.benchmark, sdpa: each knob's module names it).
+        # The knobs a finding's advice turns on (channels_last, a fused optimizer, cudnn.benchmark, sdpa: each knob's
+        # module names the advice).
         *(model_knob_proposal(recs.get(k.advice), k.name, k.title, best.knobs, space) for k in ADVISED),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
@@ -268,8 +268,8 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
 
 def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: SearchSpace) -> Proposal | None:
     """A knob one rule advises and names the bound of: a knob whose module names that advice (channels_last for
-    convolutions, cudnn.benchmark for convolutions of fixed shapes, sdpa for attention written by hand), and a
-    fused optimizer (its step's time)."""
+    convolutions, a fused optimizer for its step's time, cudnn.benchmark for convolutions of fixed shapes, sdpa
+    for attention written by hand)."""
     if rec is None or getattr(knobs, knob) or not space.allows(knob):
         return None
     return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
-from advisor.analysis.rules.recommendation import Recommendation, ms, pct
+from advisor.analysis.rules.recommendation import Recommendation, ms, pct, tried_advice
+from advisor.knobs import advised_by
 
 LOW_UTILIZATION = 0.80
 HEADROOM = 0.30
@@ -97,7 +98,7 @@ def fused_optimizer(d: Diagnosis) -> Recommendation | None:
     opt = d.extra.get("optimizer")
     if d.platform not in ("gpu", "cpu") or not opt or opt["implementation"] == "fused" or not d.step_time_us:
         return None  # torch has fused optimizer kernels for CUDA and the CPU
-    if ((d.trial or {}).get("knobs") or {}).get("fused_optimizer"):
+    if tried_advice(d, "fused-optimizer"):
         return None
     share = opt["us_per_step"] / d.step_time_us
     if share < OPTIMIZER_SHARE:
@@ -114,7 +115,7 @@ def fused_optimizer(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="fused-optimizer",
         title=f"Use the {change} {name} optimizer ({option})",
-        knobs={"fused_optimizer": True},
+        knobs=advised_by("fused-optimizer"),
         predicted_gain=factor * share,
         evidence=(f"{name}.step takes {ms(opt['us_per_step'])} per step ({pct(share)} of the step), running "
                   f"its {opt['implementation']} implementation",),

@@ -6,8 +6,8 @@ scaled_dot_product_attention for attention written by hand."""
 from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
+from advisor.analysis.rules.recommendation import Recommendation, ms, pct, tried, tried_advice
 from advisor.knobs import advised_by
-from advisor.analysis.rules.recommendation import Recommendation, ms, pct
 
 ELIGIBLE_SHARE = 0.20  # of kernel time (GPU) or step time (CPU)
 TENSOR_CORE_SHARE_LOW = 0.50
@@ -16,16 +16,6 @@ CPU_CONV_SHARE = 0.20  # of step time in convolution operators on the CPU: chann
 CUDNN_CONV_SHARE = 0.10  # of kernel time in convolutions: cuDNN autotuning worth measuring
 TF32_CAPABILITY = (8, 0)  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 ATTENTION_SHARE = 0.05  # of the step in attention written by hand: the fused call worth measuring
-
-
-def tried(d: Diagnosis, knob: str) -> bool:
-    """Whether the trial behind this trace already ran with the knob on."""
-    return bool(((d.trial or {}).get("knobs") or {}).get(knob))
-
-
-def tried_advice(d: Diagnosis, advice: str) -> bool:
-    """Whether the trial behind this trace already ran with the knobs this advice turns on (`advisor.knobs`)."""
-    return any(tried(d, knob) for knob in advised_by(advice))
 
 
 def has_matrix_units(d: Diagnosis) -> tuple[bool, str]:

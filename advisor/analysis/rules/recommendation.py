@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from advisor.knobs import advised_by
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,16 @@ class Recommendation:
     # workers); None where no share bounds it (AMP, a larger batch; pinned copies, which can pay beyond theirs).
     recoverable: float | None = field(default=None, kw_only=True)
     worth: float = field(default=0.0, kw_only=True)  # its expected improvement of samples/s (`analysis.worth`)
+
+
+def tried(d: Any, knob: str) -> bool:
+    """Whether the trial behind this diagnosis's trace already ran with the knob on."""
+    return bool(((d.trial or {}).get("knobs") or {}).get(knob))
+
+
+def tried_advice(d: Any, advice: str) -> bool:
+    """Whether the trial behind this trace already ran with the knobs this advice turns on (`advisor.knobs`)."""
+    return any(tried(d, knob) for knob in advised_by(advice))
 
 
 def pct(x: float) -> str:
