@@ -375,11 +375,6 @@ class Session:
         return render_session_html(self.path)
 
 
-# In the notebook's process the optimizer and the Dataset are built already: only the model knobs reach them,
-# and not torch.compile: dynamo's caches and guards for the model's code stay in the process after the trial,
-# which no undo short of torch._dynamo.reset() (that would also drop the user's own compiled code) removes.
-
-
 def tune(train_step: Callable, loader: Iterable, *, steps: int = 5, max_trials: int = 16, device: str = "auto",
          out: str | os.PathLike | None = None, keep_effective_batch: bool = False, wait: int = 2, warmup: int = 1,
          time_budget_s: float | None = None, windows: int = 5, window_s: float = 1.0,

@@ -28,14 +28,15 @@ DATA = "data"  # what the Dataset hands out
 MEMORY = "memory"  # buys memory, not speed: proposed where memory binds
 DDP = "ddp"  # an argument of DistributedDataParallel, on every rank
 
-# Where inside the trial it is applied (the interposition that applies it).
-AT_LOADER = "where the training DataLoader is built"
-AROUND_STEP = "around each call of the step"
-AT_STEPS_START = "when the steps start"
-AT_FIRST_CALL = "at the model's first call"
-AT_OPTIMIZER = "where the optimizer is built"
-AT_DATASET = "in the training Dataset and the step's copies"
-AT_DDP = "where DistributedDataParallel wraps the model"
+# Where inside the trial it is applied, and by which interposition (`advisor.trials.interposition.*`; the
+# script is never edited).
+AT_LOADER = "where the training DataLoader is built"  # loaders (the Trainer's fields: frameworks)
+AROUND_STEP = "around each call of the step"  # step, gradients; with no step function, loop
+AT_STEPS_START = "when the steps start"  # advisor.trials.harness.driver
+AT_FIRST_CALL = "at the model's first call"  # model (attention, checkpointing)
+AT_OPTIMIZER = "where the optimizer is built"  # optimizers
+AT_DATASET = "in the training Dataset and the step's copies"  # uint8_copies
+AT_DDP = "where DistributedDataParallel wraps the model"  # ddp_arguments, on every rank alike
 
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 NEEDS_A_VALUE = object()  # `--try NAME` alone is not enough: the knob has no natural value to try
@@ -68,7 +69,10 @@ class Knob:
     # What the patch writes in TrainingArguments(...) for the knob turned on, where the Trainer has its own way to
     # do what the trial applied by interposition (`torch_compile=True` for a compiled model).
     trainer_keywords: tuple[tuple[str, Any], ...] = ()
-    in_process: bool = False  # `advisor.tune()` can apply it in the notebook's process
+    # `advisor.tune()` can apply it in the notebook's process. There the optimizer and the Dataset are built already,
+    # and a compile is not: dynamo's caches and guards for the model's code would stay in the process after the
+    # trial, which no undo short of torch._dynamo.reset() (dropping the user's own compiled code too) removes.
+    in_process: bool = False
     on_surface: bool = True  # a recorded surface tells settings apart by it
     # The knob this one goes with, and its value when that one moves: never turned alone (workers persist with
     # their count). --only, --skip and --try do not take it.

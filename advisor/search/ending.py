@@ -225,8 +225,6 @@ def kept_beyond_noise_over(state: dict[str, Any], top: dict[str, Any], other: di
                for t in state["trials"])
 
 
-
-
 def changed_knobs(row: dict[str, Any], state: dict[str, Any]) -> set[str]:
     """The script's own settings a trial's knobs change."""
     user = state.get("user_values") or {}
