@@ -132,33 +132,16 @@ def wait_for_steps(folder: Path, deadline_s: float) -> None:
 
 # TINY, but the second process to run it (the session's second trial) hangs from its third step on: it is in its
 # steps when the advisor is killed, however slow the machine, and the third (the resume's run of it) runs through.
-SECOND_HANGS = """
-    import os, time
-    import torch
-    from torch.utils.data import DataLoader
-
+SECOND_HANGS = TINY.replace("    torch.manual_seed(0)\n", """    torch.manual_seed(0)
+    import os
     with open(STARTS, "a") as f:  # one character for each trial process that runs the script
         f.write("x")
     second = os.path.getsize(STARTS) == 2
-    model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     calls = []
-
-    def train_step(x):
-        calls.append(1)
+""").replace("        time.sleep(SLEEP)\n", """        calls.append(1)
         if second and len(calls) > 2:
             time.sleep(60)
-        loss = model(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    if __name__ == "__main__":
-        for epoch in range(10_000):
-            for x in DataLoader(torch.randn(256, 8), batch_size=8):
-                train_step(x)
-"""
+""").replace("NAN_ABOVE", "None")
 
 
 def test_sigkill_of_the_advisor_mid_trial_then_resume_leaves_nothing_behind(tmp_path, trial_startup_s):
