@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TRACES
 from session_checks import assert_decisions_follow_measurements
 from trial_helpers import trial_record, write_script
 
@@ -190,6 +191,27 @@ def tried(knobs, recommendation, decision, bound, status="ok"):
 def test_worker_ladder_leaves_cores_to_the_training_process():
     assert worker_ladder(16) == (2, 4, 8, 14)
     assert worker_ladder(2) == (2,) and worker_ladder(4) == (2, 4) and worker_ladder(1) == (2,)
+
+
+def test_tf32_waits_for_amp_which_does_more_of_the_same():
+    """On the H100's fp32 trace the diagnosis advises both AMP and TF32. TF32, whose module says it comes after AMP,
+    is proposed only once AMP was tried and not kept, and never on a best that holds AMP; the advised fused
+    optimizer is proposed from the start."""
+    from advisor.analysis.analyze import analyze_file
+    from advisor.search.bounds import Bound
+
+    diagnosis = analyze_file(TRACES / "h100-char-transformer-fp32.pt.trace.json.gz")
+    assert {"amp", "tf32"} <= {r.id for r in diagnosis.recommendations}
+
+    def proposed(state, knobs=Knobs()):
+        return [p.recommendation for p in propose(diagnosis, Bound("compute"), best_trial(knobs), state,
+                                                  SessionOptions(), SearchSpace())]
+
+    first = proposed(gpu_state())
+    assert "amp" in first and "fused-optimizer" in first and "tf32" not in first
+    after_amp = gpu_state([tried(Knobs(amp="bf16"), "amp", "reverted", "compute")])
+    assert "tf32" in proposed(after_amp)
+    assert "tf32" not in proposed(after_amp, Knobs(amp="bf16"))
 
 
 def test_the_bound_orders_the_round_and_workers_climb_past_a_size_that_did_not_help():

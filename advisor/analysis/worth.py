@@ -21,7 +21,7 @@ from advisor.knobs import ADVISED
 # moves a few percent.
 # A knob turned on by a finding's advice declares its own (`Knob.spread`: channels_last, the fused optimizer, ...).
 SPREAD_GPU = {"more-workers": 0.30, "pin-memory": 0.30, "amp": 0.25, "larger-batch": 0.10, "fewer-copy-bytes": 0.10,
-              "compile": 0.20, "cuda-graphs": 0.15, "tf32": 0.10, "ddp-buckets": 0.10, "fewer-threads": 0.10,
+              "compile": 0.20, "cuda-graphs": 0.15, "ddp-buckets": 0.10, "fewer-threads": 0.10,
               **{k.advice: k.spread[0] for k in ADVISED if k.spread[0] is not None}}
 SPREAD_CPU = {"more-workers": 0.30, "amp": 0.20, "larger-batch": 0.10, "fewer-copy-bytes": 0.10, "compile": 0.30,
               "fewer-threads": 0.10, **{k.advice: k.spread[1] for k in ADVISED if k.spread[1] is not None}}

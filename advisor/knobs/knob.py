@@ -89,6 +89,9 @@ class Knob:
     # σ of what its advice moves samples/s by, before a session measured any (`advisor.analysis.worth`): on an
     # accelerator, and on the CPU (None: the default spread).
     spread: tuple[float | None, float | None] = (None, None)
+    # A knob that does less of what another does (TF32 of what AMP does): proposed only where the best does not hold
+    # that one, and, where the trace advises that one too, once its change was tried (and not kept).
+    after: str | None = None
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""

@@ -35,6 +35,7 @@ def apply(torch: Any, undo: Any) -> str | None:
 
 KNOB = Knob(
     "tf32", FLAG, MODEL, AT_FIRST_CALL, "TF32 matmuls", in_process=True, trainer_keywords=(("tf32", True),),
+    advice="tf32", spread=(0.10, None), after="amp",
     setting=TorchSetting(
         off_cuda="TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none", own=own, apply=apply,
         lines=('torch.set_float32_matmul_precision("high")  # fp32 matmuls as TF32 on Tensor Cores (Ampere+)',

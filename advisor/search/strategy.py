@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from advisor.analysis.worth import ceiling
-from advisor.knobs import ADVISED, COMPANIONS, SWITCHED_KNOBS, companions_of, with_companions
+from advisor.knobs import ADVISED, COMPANIONS, SWITCHED_KNOBS, Knob, companions_of, with_companions
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
@@ -138,12 +138,11 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
         ddp_proposal(recs.get("ddp-buckets"), bound, best.knobs, options),
         compile_proposal(recs.get("cuda-graphs"), bound, best.knobs, space),
-        tf32_proposal(recs.get("tf32"), recs.get("amp"), best.knobs, state, space),
         bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space,
                        effective(best.knobs, state.get("user_values") or {}, "num_workers") or 0),
-        # The knobs a finding's advice turns on (channels_last, a fused optimizer, cudnn.benchmark, sdpa: each knob's
-        # module names the advice).
-        *(model_knob_proposal(recs.get(k.advice), k.name, k.title, best.knobs, space) for k in ADVISED),
+        # The knobs a finding's advice turns on (channels_last, a fused optimizer, TF32, cudnn.benchmark, sdpa: each
+        # knob's module names the advice).
+        *(model_knob_proposal(recs, k, best.knobs, state, space) for k in ADVISED),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
     refused = not_applicable_knobs(state)
@@ -266,13 +265,20 @@ def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, An
                    predicted=rec is not None)
 
 
-def model_knob_proposal(rec: Any, knob: str, change: str, knobs: Knobs, space: SearchSpace) -> Proposal | None:
+def model_knob_proposal(recs: dict[str, Any], knob: Knob, knobs: Knobs, state: dict[str, Any],
+                        space: SearchSpace) -> Proposal | None:
     """A knob one rule advises and names the bound of: a knob whose module names that advice (channels_last for
-    convolutions, a fused optimizer for its step's time, cudnn.benchmark for convolutions of fixed shapes, sdpa
-    for attention written by hand)."""
-    if rec is None or getattr(knobs, knob) or not space.allows(knob):
+    convolutions, a fused optimizer for its step's time, TF32 for fp32 matmuls off the Tensor Cores, cudnn.benchmark
+    for convolutions of fixed shapes, sdpa for attention written by hand). A knob that does less of what another
+    does (TF32 of what AMP does) waits for that one: not beside it, nor before its advised change was tried."""
+    rec = recs.get(knob.advice)
+    if rec is None or getattr(knobs, knob.name) or not space.allows(knob.name):
         return None
-    return on_best(knobs, {knob: True}, rec.id, change, knob.replace("_", "-"), rec.predicted_gain, rec.bound)
+    if knob.after and (getattr(knobs, knob.after) or (recs.get(knob.after) is not None and not any(
+            t.get("recommendation") == knob.after for t in state["trials"]))):
+        return None
+    return on_best(knobs, {knob.name: True}, rec.id, knob.title, knob.name.replace("_", "-"), rec.predicted_gain,
+                   rec.bound)
 
 
 def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace, workers: int = 0) -> Proposal | None:
@@ -299,16 +305,6 @@ def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace
     target = "host" if graphs is not None or bound.name == "host" else "compute"
     return on_best(knobs, {"compile": True}, "compile", "torch.compile", "compile", gain, target,
                    predicted=graphs is not None)
-
-
-def tf32_proposal(rec: Any, amp: Any, knobs: Knobs, state: dict[str, Any], space: SearchSpace) -> Proposal | None:
-    """TF32 for fp32 matmuls off the Tensor Cores, once AMP was tried and not kept (or is not proposed):
-    AMP moves the same work further, so it goes first."""
-    if rec is None or knobs.tf32 or knobs.amp or not space.allows("tf32"):
-        return None
-    if amp is not None and not any(t.get("recommendation") == "amp" for t in state["trials"]):
-        return None
-    return on_best(knobs, {"tf32": True}, "tf32", "TF32 matmuls", "tf32", rec.predicted_gain, "compute")
 
 
 def ddp_proposal(rec: Any, bound: Bound, knobs: Knobs, options: Any) -> Proposal | None:

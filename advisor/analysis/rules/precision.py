@@ -6,7 +6,7 @@ scaled_dot_product_attention for attention written by hand."""
 from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
-from advisor.analysis.rules.recommendation import Recommendation, ms, pct, tried, tried_advice
+from advisor.analysis.rules.recommendation import Recommendation, ms, pct, tried_advice
 from advisor.knobs import advised_by
 
 ELIGIBLE_SHARE = 0.20  # of kernel time (GPU) or step time (CPU)
@@ -182,7 +182,7 @@ def tf32(d: Diagnosis) -> Recommendation | None:
     """fp32 matmuls and convolutions off the Tensor Cores of an Ampere or later GPU: TF32 puts them on,
     keeping fp32 storage and range (one line, no autocast): where AMP is not wanted or did not pay."""
     dev = d.device
-    if d.platform != "gpu" or dev is None or dev.vendor != "nvidia" or tried(d, "tf32") or mostly_float64(d):
+    if d.platform != "gpu" or dev is None or dev.vendor != "nvidia" or tried_advice(d, "tf32") or mostly_float64(d):
         return None
     cap = dev.compute_capability
     if cap is None or cap < TF32_CAPABILITY or d.eligible_share is None or d.tensor_core_share is None:
@@ -195,7 +195,7 @@ def tf32(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="tf32",
         title="Let fp32 matmuls run on Tensor Cores as TF32",
-        knobs={"tf32": True},
+        knobs=advised_by("tf32"),
         predicted_gain=0.4 * d.eligible_share * min(kernel_share, 1.0),
         evidence=(f"{pct(d.eligible_share)} of kernel time is fp32 matmul/convolution work not on Tensor Cores",
                   f"the GPU runs TF32 on its Tensor Cores (compute capability {dev.capability_text})"),
