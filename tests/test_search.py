@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TRACES
 from session_checks import assert_decisions_follow_measurements
 from trial_helpers import trial_record, write_script
 
@@ -30,7 +29,7 @@ from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
-from conftest import ROOT, SURFACES, advisor_main, whole_at
+from conftest import ROOT, SURFACES, TRACES, advisor_main, whole_at
 
 SURFACE = SURFACES / "h100-image-classifier"
 TRIALS = ROOT / "tests" / "data" / "trials" / "h200-conv-classifier"
