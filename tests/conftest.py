@@ -83,18 +83,26 @@ def advisor_main(*args: str, cwd: Path | None = None, env: dict | None = None) -
     return subprocess.CompletedProcess(["advisor", *args], code, *text)
 
 
+def trial_environment() -> dict[str, str]:
+    """A CPU trial's environment, with a token of its own: a process started with it is forked from the zygote
+    this worker's trials fork from (another environment would start a zygote of its own)."""
+    import uuid
+
+    from advisor.trials.launch.runner import child_environment
+
+    return child_environment(None, "cpu", uuid.uuid4().hex)
+
+
 def run_script(script: Path | str, *args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGS` run from `cwd` on the CPU, as a user runs a script a patch changed: forked from this
     worker's zygote, as its trials are (torch and dynamo imported already: 4 s less CPU than a fresh Python on
     this machine), else a fresh process. stdout and stderr come together, in both fields. The child finds
     `tests.as_script` where its trials find the advisor: in the checkout, whose tests/ is beside the package."""
     import signal
-    import uuid
 
-    from advisor.trials.launch.runner import child_environment
     from advisor.trials.launch.zygote import start_trial
 
-    env = child_environment(None, "cpu", uuid.uuid4().hex)  # a trial's: it finds the trials' zygote
+    env = trial_environment()  # a trial's: it finds the trials' zygote
     command = [str(script), *args]
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "output.log"

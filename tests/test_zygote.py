@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 from test_distributed import left_behind
@@ -18,6 +17,7 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
 from advisor.trials.launch.zygote import FRESH_VARIABLE, start_trial
+from conftest import trial_environment
 
 # The step writes down, once, what its process is.
 FACTS = """
@@ -249,14 +249,6 @@ def test_a_forked_rank_is_the_process_a_fresh_rank_would_be(tmp_path, monkeypatc
             assert one[same] == other[same], same
     assert forked[0]["draw"] != forked[1]["draw"]  # numpy seeded anew in each rank
     assert not left_behind(forked_record["token"])
-
-
-def trial_environment() -> dict[str, str]:
-    """A CPU trial's environment, with a token of its own: what torchrun's launcher is forked with, from the
-    zygote the trials above forked from (another environment would start a zygote of its own)."""
-    from advisor.trials.launch.runner import child_environment
-
-    return child_environment(None, "cpu", uuid.uuid4().hex)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="forked trials are Linux's")

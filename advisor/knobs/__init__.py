@@ -62,6 +62,8 @@ def companions_of(knobs: Any) -> set[str]:
 def without_lone_companions(moves: dict[str, Any]) -> dict[str, Any]:
     """The moves less a companion whose knob does not move with it."""
     return {k: v for k, v in moves.items() if k not in COMPANIONS or BY_NAME[k].companion_of[0] in moves}
+
+
 ADVISED = tuple(k for k in KNOBS if k.advice)  # turned on where a finding of the trace advises them
 
 
