@@ -99,11 +99,16 @@ def by_hand(name: str, patch: Path, folder: Path) -> tuple[float, tuple[float, f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("targets", nargs="*", default=list(TARGETS), choices=list(TARGETS))
+    # Checked here, not by argparse's choices: with nargs="*" this Python checks the empty list (or a default list)
+    # against the choices as one value, and the bench refused to run without arguments, as `make bench` runs it.
+    parser.add_argument("targets", nargs="*", help=f"of {', '.join(TARGETS)} (default: all)")
     args = parser.parse_args()
+    unknown = [t for t in args.targets if t not in TARGETS]
+    if unknown:
+        parser.error(f"unknown target {unknown[0]!r} (choose from {', '.join(TARGETS)})")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.targets:
+        for name in args.targets or list(TARGETS):
             rows = []
             for run in range(args.runs):
                 row = session(name, Path(tmp) / f"{name}-{run}")
