@@ -46,4 +46,5 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3, 20.0))
 
 
-KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16", whatif=WHAT_IF)
+KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
+            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF)

@@ -47,4 +47,5 @@ WHAT_IF = WhatIf("compile", "compiled", setting, transform, "compile", prior=0.5
 
 
 KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile",
-            trainer_keywords=(("torch_compile", True),), whatif=WHAT_IF)
+            trainer_keywords=(("torch_compile", True),), proposed_as="compile", spread=(0.20, 0.30),
+            whatif=WHAT_IF)

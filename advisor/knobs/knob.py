@@ -113,8 +113,11 @@ class Knob:
     # The finding (`advisor.analysis.rules`, by its id) whose advice turns this knob on, with the finding's gain
     # and bound: the search proposes it on the best wherever the trace gives that advice.
     advice: str | None = None
-    # σ of what its advice moves samples/s by, before a session measured any (`advisor.analysis.worth`): on an
-    # accelerator, and on the CPU (None: the default spread).
+    # The id of the change it is proposed as where no finding's advice turns it on (a finding's, or the search's
+    # own move: "more-workers", "amp"; a `Proposal.recommendation`).
+    proposed_as: str | None = None
+    # σ of what that change (its advice, or what it is proposed as) moves samples/s by, before a session measured any
+    # (`advisor.analysis.worth`): on an accelerator, and on the CPU (None: the default spread).
     spread: tuple[float | None, float | None] = (None, None)
     # A knob that does less of what another does (TF32 of what AMP does): proposed only where the best does not hold
     # that one, and, where the trace advises that one too, once its change was tried (and not kept).

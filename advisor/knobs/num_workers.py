@@ -37,4 +37,5 @@ WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=
 
 
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
-            training_argument="dataloader_num_workers", numerics=False, whatif=WHAT_IF)
+            training_argument="dataloader_num_workers", numerics=False, proposed_as="more-workers",
+            spread=(0.30, 0.30), whatif=WHAT_IF)

@@ -33,4 +33,4 @@ PINNED = WhatIf("pinned", "pinned", setting, transform, "copies", prior=2.0, bou
 
 
 KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory",
-            numerics=False, whatif=PINNED)
+            numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED)

@@ -38,4 +38,4 @@ WHAT_IF = WhatIf("threads", "threads", setting, transform, "threads", prior=1.0,
 
 
 KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False,
-            whatif=WHAT_IF)
+            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF)

@@ -80,4 +80,5 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 WHAT_IF = WhatIf("uint8_copies", "uint8", setting, transform, "uint8", prior=0.03, bounds=(-0.3, 0.5))
 
 
-KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images", numerics=False, whatif=WHAT_IF)
+KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images", numerics=False, proposed_as="fewer-copy-bytes",
+            spread=(0.10, 0.10), whatif=WHAT_IF)
