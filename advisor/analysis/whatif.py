@@ -33,7 +33,7 @@ from typing import Any
 from advisor.knobs import TRANSFORMATIONS, WHAT_IFS
 from advisor.knobs.graph import StepGraph, TrialSettings
 
-# Each transformation's parameter before the session measured anything (on a CPU where it differs there), and the
+# Each transformation's parameter before the session measured anything (and on a CPU, where it differs), and the
 # range calibration may move it in, as each knob's module declares them (`Knob.whatif`).
 PRIORS: dict[str, float] = {f: w.prior for w in TRANSFORMATIONS for f in w.parameters()}
 PRIORS_CPU: dict[str, float] = {f: w.prior_cpu for w in TRANSFORMATIONS if w.prior_cpu is not None
