@@ -1,7 +1,8 @@
 """A knob is one module of `advisor/knobs/`: its declaration and reference text, gathered by the registry.
 
 What else still names a knob is listed, module by module, in tests/data/knobs_named_outside.json: the parts
-not moved into the knob's module yet (its interposition, the search's moves, the what-if model, the patch).
+not moved into the knob's module yet (its interposition, the search's moves, the patch; the what-if model where it
+builds its graph from a trace).
 The list only shrinks: a module that starts naming a knob fails here (read the knob from the registry
 instead), and one that stops must be taken off the list, so that it says what is left.
 """
@@ -16,7 +17,9 @@ import pytest
 
 from conftest import ROOT
 
-from advisor.knobs import BY_NAME, KNOBS, NAMES
+from advisor.analysis.whatif import priors, transform
+from advisor.knobs import BY_NAME, KNOBS, NAMES, TRANSFORMATIONS, making
+from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import CHOICE, FLAG, NEEDS_A_VALUE
 from advisor.trials.knobs import Knobs
 
@@ -51,7 +54,8 @@ def test_no_module_outside_the_knobs_names_a_knob_it_was_not_listed_for():
 
 
 def test_the_registry_holds_each_knob_module_once_and_knobs_has_a_field_each():
-    modules = sorted(p.stem for p in (ROOT / "advisor" / "knobs").glob("*.py") if p.stem not in ("__init__", "knob"))
+    shared = ("__init__", "knob", "graph")  # the registry, the declaration, the what-if model's graph
+    modules = sorted(p.stem for p in (ROOT / "advisor" / "knobs").glob("*.py") if p.stem not in shared)
     assert sorted(NAMES) == modules  # a module not in the registry would be a knob nobody reads
     assert [k.name for k in KNOBS] == list(NAMES)
     assert [f.name for f in dataclasses.fields(Knobs)] == list(NAMES)
@@ -73,6 +77,38 @@ def test_each_knob_reads_checks_and_labels_its_own_values(knob):
         assert knob.problem(knob.parse(None)) is None
     assert Knobs(**{knob.name: value}).label() == knob.label(value) != "baseline"
     assert knob.name.replace("_", "-") in knob.label(value)
+
+
+def a_value(knob):
+    """A value of the knob other than its default."""
+    return knob.choices[-1] if knob.kind == CHOICE else True if knob.kind == FLAG else 3
+
+
+@pytest.mark.parametrize("what_if", TRANSFORMATIONS, ids=lambda w: w.term)
+def test_each_modelled_knob_reads_its_setting_and_transforms_the_graph_by_it(what_if):
+    """A knob's what-if part, from its module: a trial that set the knobs making the change reads as that setting
+    (one that set none, as off), the graph holding it is not moved by setting it again, and is by another value."""
+    knobs = {name: a_value(BY_NAME[name]) for name in making(what_if.term)}
+    counted = BY_NAME[next(iter(knobs))].kind not in (CHOICE, FLAG)
+    setting = what_if.read(TrialSettings.of({"knobs": knobs}))
+    assert setting == (3 if counted else True)
+    if len(knobs) > 1:  # a change several knobs make together is not made by one of them alone
+        assert not what_if.read(TrialSettings.of({"knobs": dict([next(iter(knobs.items()))])}))
+    elif not counted:
+        assert what_if.read(TrialSettings.of({})) is False
+    # A CPU step whose call binds, and beside it the workers' share of the two cores.
+    fields = dict(batch=32, workers=2, cores=2, step_s=0.1, produce_s=0.15, host_s=0.02, device_s=0.06, idle_s=0.04,
+                  matmul_s=0.02, matmul_tc_s=0.02, copy_s=0.01, conv_s=0.01, optimizer_s=0.01, platform="cpu", threads=4)
+    graph = StepGraph(**{**fields, what_if.field: setting})
+    p = priors(graph)[what_if.family_of(graph)]
+    again = transform(graph, what_if.term, setting, p)
+    assert again.samples_per_s == pytest.approx(graph.samples_per_s, rel=1e-12)
+    other = 5 if isinstance(setting, int) and not isinstance(setting, bool) else not setting
+    moved = transform(graph, what_if.term, other, p)
+    assert getattr(moved, what_if.field) == other
+    assert dataclasses.replace(moved, **{what_if.field: setting}) != graph  # it moved the step's times, not only that
+    for name in making(what_if.term):
+        assert transform(graph, name, other, p) == moved  # each knob's name finds the same transformation
 
 
 def test_a_torch_setting_knob_reads_sets_and_puts_back_its_own_setting():

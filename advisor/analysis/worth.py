@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import math
 
-from advisor.knobs import ADVISED
+from advisor.knobs import KNOBS
+
+
+def spreads(accelerator: bool) -> dict[str, float]:
+    """σ of each knob's change that declares one (`Knob.spread`), by the change's id: its advice, or what it is
+    proposed as."""
+    column = 0 if accelerator else 1
+    return {k.advice or k.proposed_as: k.spread[column] for k in KNOBS
+            if (k.advice or k.proposed_as) and k.spread[column] is not None}
+
 
 # σ of a change's relative change of samples/s before a session measured any of its kind. Wide where one change
 # can double the step (workers, pinned copies beside a fed loader, AMP off the Tensor Cores), narrow where it
-# moves a few percent.
-# A knob turned on by a finding's advice declares its own (`Knob.spread`: channels_last, the fused optimizer, ...).
-SPREAD_GPU = {"more-workers": 0.30, "pin-memory": 0.30, "amp": 0.25, "larger-batch": 0.10, "fewer-copy-bytes": 0.10,
-              "compile": 0.20, "cuda-graphs": 0.15, "ddp-buckets": 0.10, "fewer-threads": 0.10,
-              **{k.advice: k.spread[0] for k in ADVISED if k.spread[0] is not None}}
-SPREAD_CPU = {"more-workers": 0.30, "amp": 0.20, "larger-batch": 0.10, "fewer-copy-bytes": 0.10, "compile": 0.30,
-              "fewer-threads": 0.10, **{k.advice: k.spread[1] for k in ADVISED if k.spread[1] is not None}}
+# moves a few percent. Each knob declares its own (`Knob.spread`); CUDA graphs are no knob's.
+SPREAD_GPU = {"cuda-graphs": 0.15, **spreads(True)}
+SPREAD_CPU = spreads(False)
 DEFAULT_SPREAD = 0.10
 EVIDENCE = 1.5  # a change that addresses the bound the trace shows: the trace says there is room, its spread wider
 

@@ -4,8 +4,9 @@ The order is the order of `Knobs`' fields, of a trial's folder name (`amp-bf16+n
 knobs in trial.json. Everything that iterates over the knobs reads this registry: `Knobs`
 (`advisor.trials.knobs`), the record's shapes (`advisor.shapes`), `--only`/`--skip`/`--try`
 (`advisor.search.space`), the recorded surfaces (`advisor.trials.replay.surface`), the frameworks'
-fields, the search's companions and orders, and the documentation's knob page. Adding a knob: a module
-beside these and its line below (docs/architecture/index.md, "A new knob"). Stdlib only.
+fields, the search's companions and orders, the what-if model's transformations and priors
+(`advisor.analysis.whatif`), and the documentation's knob page. Adding a knob: a module beside these and its line
+below (docs/architecture/index.md, "A new knob"). Stdlib only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from advisor.knobs.knob import CHOICE, COUNT, DATA, DDP, FLAG, LOADER, MEMORY, MODEL, WORKERS, Knob
+from advisor.knobs.knob import CHOICE, COUNT, DATA, DDP, FLAG, LOADER, MEMORY, MODEL, WORKERS, Knob, WhatIf
 
 NAMES = ("amp", "batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "non_blocking",
          "accumulation_steps", "threads", "channels_last", "compile", "fused_optimizer", "tf32", "cudnn_benchmark",
@@ -72,10 +73,24 @@ def advised_by(advice: str) -> dict[str, bool]:
     return {k.name: True for k in KNOBS if k.advice == advice}
 
 
+# The what-if model's part of each knob it transforms (`Knob.whatif`, `advisor.analysis.whatif`): by the knob's
+# name, by the model's name for the change (pin_memory and non_blocking make one, "pinned"), and the
+# transformations once each, in the registry's order.
+MODELLED = {k.name: k.whatif for k in KNOBS if k.whatif}
+TRANSFORMATIONS = tuple({w.term: w for w in MODELLED.values()}.values())
+WHAT_IFS = {**MODELLED, **{w.term: w for w in TRANSFORMATIONS}}
+
+
+def making(term: str) -> tuple[str, ...]:
+    """The knobs whose settings together make the model's change `term` (pinned: pin_memory and non_blocking)."""
+    return tuple(name for name, w in MODELLED.items() if w.term == term)
+
+
 # knob -> the field of transformers' TrainingArguments that sets it
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
 __all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG",
-           "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODEL_KNOBS", "NAMES", "NEEDS_WORKERS", "NEUTRAL",
-           "ORDERED", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TURNED", "WORKERS", "Knob",
-           "advised_by", "applied_at", "companions_of", "of_part", "with_companions", "without_lone_companions"]
+           "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS", "NAMES", "NEEDS_WORKERS",
+           "NEUTRAL", "ORDERED", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS",
+           "TURNED", "WHAT_IFS", "WORKERS", "Knob", "WhatIf", "advised_by", "applied_at", "companions_of",
+           "making", "of_part", "with_companions", "without_lone_companions"]

@@ -11,6 +11,40 @@
   `mixed_precision="bf16"`).
 """
 
-from advisor.knobs.knob import AROUND_STEP, CHOICE, STEP, Knob
+from __future__ import annotations
 
-KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16")
+import dataclasses
+from typing import Any
+
+from advisor.knobs.graph import StepGraph, TrialSettings
+from advisor.knobs.knob import AROUND_STEP, CHOICE, STEP, Knob, WhatIf
+
+def setting(trial: TrialSettings) -> bool:
+    """Whether the trial ran in 16 bits: the knob, else the script's own autocast."""
+    return trial.flag("amp")
+
+
+def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> StepGraph:
+    """The matrix kernels off the Tensor Cores run r× faster (r = p, else the device's `amp_ratio`); those on
+    them already move half the bytes; turned off, they leave the Tensor Cores."""
+    if bool(value) == g.amp:
+        return g
+    r = p if p > 0 else g.amp_ratio
+    if value:  # off the Tensor Cores onto them; those on them already move half the bytes
+        saved = g.matmul_s * (1 - 1 / r) + g.matmul_tc_s * (1 - 1 / min(2.0, r))
+        moved = dict(matmul_s=0.0, matmul_tc_s=g.matmul_s / r + g.matmul_tc_s / min(2.0, r))
+    else:  # back to fp32: the matrix kernels leave the Tensor Cores
+        saved = -(g.matmul_tc_s * (r - 1))
+        moved = dict(matmul_s=g.matmul_tc_s * r + g.matmul_s, matmul_tc_s=0.0)
+    before = g.matmul_s + g.matmul_tc_s  # the convolutions among them move alike
+    conv = g.conv_s * (moved["matmul_s"] + moved["matmul_tc_s"]) / before if before > 0 else g.conv_s
+    return dataclasses.replace(g, amp=bool(value), device_s=max(0.0, g.device_s - saved), conv_s=conv, **moved)
+
+
+# r: matmul/convolution kernels off the Tensor Cores run r× faster in 16 bits (0: the device's ratio of 16-bit
+# matrix to fp32 throughput, `amp_ratio`).
+WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3, 20.0))
+
+
+KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
+            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF)

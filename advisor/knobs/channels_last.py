@@ -9,7 +9,39 @@
   in channels_last where the step moves it to the device.
 """
 
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from advisor.knobs.graph import StepGraph, TrialSettings, layout_share, relayout
+from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, WhatIf
+
+def setting(trial: TrialSettings) -> bool:
+    """Whether the trial's model ran in channels_last."""
+    return trial.flag("channels_last")
+
+
+def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> StepGraph:
+    """On a GPU, the share p of the layout conversion kernels removed; on a CPU, of the layout-sensitive time."""
+    if bool(value) == g.channels_last:
+        return g
+    if g.platform == "cpu":
+        # The layout-sensitive time (the convolutions and the normalisations and pools around them; on a
+        # CPU there are no conversion kernels of their own): the share p of it saved, or given back.
+        share = layout_share(g, p)
+        return dataclasses.replace(relayout(g, 0.0, share) if value else relayout(g, share, 0.0),
+                                   channels_last=bool(value))
+    # On a GPU turning it off brings back conversion kernels the trace cannot show: no change predicted.
+    saved = g.layout_s * p if value else 0.0
+    return dataclasses.replace(g, channels_last=bool(value), device_s=g.device_s - saved,
+                               layout_s=g.layout_s - saved)
+
+
+# The share of the layout conversions it removes; on a CPU, where there are none, of the layout-sensitive time.
+WHAT_IF = WhatIf("channels_last", "channels_last", setting, transform, "channels_last", prior=1.0,
+                 bounds=(0.0, 1.0), prior_cpu=0.25)
+
 
 KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last",
-            spread=(0.15, 0.30))
+            spread=(0.15, 0.30), whatif=WHAT_IF)

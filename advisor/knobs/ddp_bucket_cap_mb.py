@@ -9,4 +9,5 @@
 
 from advisor.knobs.knob import AT_DDP, COUNT, DDP, NEEDS_A_VALUE, Knob
 
-KNOB = Knob("ddp_bucket_cap_mb", COUNT, DDP, AT_DDP, "DDP bucket size", alone=NEEDS_A_VALUE, on_surface=False)
+KNOB = Knob("ddp_bucket_cap_mb", COUNT, DDP, AT_DDP, "DDP bucket size", alone=NEEDS_A_VALUE, on_surface=False,
+            proposed_as="ddp-buckets", spread=(0.10, None))

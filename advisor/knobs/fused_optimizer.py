@@ -7,7 +7,30 @@
 - **The patch writes**: `fused=True` in the optimizer's constructor.
 """
 
-from advisor.knobs.knob import AT_OPTIMIZER, FLAG, MODEL, Knob
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, undone
+from advisor.knobs.knob import AT_OPTIMIZER, FLAG, MODEL, Knob, WhatIf
+
+def setting(trial: TrialSettings) -> bool:
+    """Whether the trial's optimizer was fused: the knob, else the script's own."""
+    return trial.flag("fused_optimizer")
+
+
+def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> StepGraph:
+    """The share p of the optimizer's host time removed, or given back when turned off."""
+    if bool(value) == g.fused:
+        return g
+    saved = g.optimizer_s * p if value else -g.optimizer_s * undone(p)
+    return dataclasses.replace(host_cut(g, saved), fused=bool(value), optimizer_s=g.optimizer_s - saved)
+
+
+WHAT_IF = WhatIf("fused_optimizer", "fused", setting, transform, "fused", prior=0.9, bounds=(0.0, 1.0))
+
 
 KNOB = Knob("fused_optimizer", FLAG, MODEL, AT_OPTIMIZER, "the fused optimizer",
-            advice="fused-optimizer", spread=(0.05, 0.05), trainer_keywords=(("optim", "adamw_torch_fused"),))
+            advice="fused-optimizer", spread=(0.05, 0.05), trainer_keywords=(("optim", "adamw_torch_fused"),),
+            whatif=WHAT_IF)

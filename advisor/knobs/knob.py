@@ -1,11 +1,11 @@
 """`Knob`: what one knob is, declared once in its own module of `advisor.knobs`.
 
 A knob's module holds its declaration (a `Knob`: its values, how they read on the command line and in a
-folder's name, what part of the training it belongs to, where it is applied, its framework's field) and its
-reference text, the module's docstring, which the documentation site renders as the knob's section. The
-registry (`advisor.knobs`) gathers them; `Knobs` (`advisor.trials.knobs`), the record's shapes, `--only`,
-`--skip` and `--try`, the recorded surfaces and the docs iterate over it. Stdlib only: read by the analysis,
-which runs without torch.
+folder's name, what part of the training it belongs to, where it is applied, its framework's field, its part
+of the what-if model: a `WhatIf`) and its reference text, the module's docstring, which the documentation site
+renders as the knob's section. The registry (`advisor.knobs`) gathers them; `Knobs` (`advisor.trials.knobs`),
+the record's shapes, `--only`, `--skip` and `--try`, the recorded surfaces, the what-if model and the docs
+iterate over it. Stdlib only: read by the analysis, which runs without torch.
 """
 
 from __future__ import annotations
@@ -55,6 +55,33 @@ class TorchSetting:
 
 
 @dataclass(frozen=True)
+class WhatIf:
+    """A knob's part of the what-if model (`advisor.analysis.whatif`): how a trial's record reads its setting, and
+    the transformation of the step graph (`advisor.knobs.graph.StepGraph`) that a change of it makes, with the one
+    parameter a session calibrates from what it measured."""
+
+    term: str  # the model's name for the change: the knob's own, or one that several knobs make together
+    field: str  # the StepGraph field that holds the setting
+    read: Callable[[Any], Any]  # (TrialSettings) -> the setting the trial ran with
+    transform: Callable[[Any, Any, float, dict], Any]  # (graph, value, parameter, all parameters) -> graph after
+    family: str  # the name of its parameter
+    prior: float  # the parameter before the session measured anything
+    bounds: tuple[float, float]  # the range calibration may move it in
+    prior_cpu: float | None = None  # ... on a CPU, where it differs there
+    # One parameter per kind of graph (the batch's, per precision and loader), and the one a graph takes.
+    families: tuple[str, ...] = ()
+    family_for: Callable[[Any], str] | None = None
+
+    def parameters(self) -> tuple[str, ...]:
+        """The names of its parameters."""
+        return self.families or (self.family,)
+
+    def family_of(self, graph: Any) -> str:
+        """The parameter that sets it on `graph`."""
+        return self.family_for(graph) if self.family_for else self.family
+
+
+@dataclass(frozen=True)
 class Knob:
     """One knob's declaration; its module's docstring is its reference text."""
 
@@ -86,12 +113,16 @@ class Knob:
     # The finding (`advisor.analysis.rules`, by its id) whose advice turns this knob on, with the finding's gain
     # and bound: the search proposes it on the best wherever the trace gives that advice.
     advice: str | None = None
-    # σ of what its advice moves samples/s by, before a session measured any (`advisor.analysis.worth`): on an
-    # accelerator, and on the CPU (None: the default spread).
+    # The id of the change it is proposed as where no finding's advice turns it on (a finding's, or the search's
+    # own move: "more-workers", "amp"; a `Proposal.recommendation`).
+    proposed_as: str | None = None
+    # σ of what that change (its advice, or what it is proposed as) moves samples/s by, before a session measured any
+    # (`advisor.analysis.worth`): on an accelerator, and on the CPU (None: the default spread).
     spread: tuple[float | None, float | None] = (None, None)
     # A knob that does less of what another does (TF32 of what AMP does): proposed only where the best does not hold
     # that one, and, where the trace advises that one too, once its change was tried (and not kept).
     after: str | None = None
+    whatif: WhatIf | None = None  # where the what-if model predicts what a change of it does
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""

@@ -8,5 +8,7 @@
 """
 
 from advisor.knobs.knob import AROUND_STEP, FLAG, STEP, Knob
+from advisor.knobs.pin_memory import PINNED
 
-KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False)
+# The what-if model's change is pin_memory's: pinned copies, which take both.
+KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED)

@@ -13,7 +13,29 @@
   keyword).
 """
 
-from advisor.knobs.knob import AT_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from advisor.knobs.graph import StepGraph, TrialSettings
+from advisor.knobs.knob import AT_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob, WhatIf
+
+def setting(trial: TrialSettings) -> int:
+    """The worker processes of the trial's loader."""
+    return int(trial.value("num_workers", 0) or 0)
+
+
+def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> StepGraph:
+    """A worker's batch takes (1 + α·W) of one process alone (α = p): W workers contend for the machine."""
+    a = p
+    alone = g.produce_s / (1 + a * g.workers)
+    return dataclasses.replace(g, workers=int(value), produce_s=alone * (1 + a * int(value)))
+
+
+WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=0.05, bounds=(0.0, 1.0))
+
 
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
-            training_argument="dataloader_num_workers", numerics=False)
+            training_argument="dataloader_num_workers", numerics=False, proposed_as="more-workers",
+            spread=(0.30, 0.30), whatif=WHAT_IF)

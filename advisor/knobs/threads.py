@@ -8,6 +8,34 @@
 - **The patch writes**: `torch.set_num_threads(N)` after the imports, where CUDA is not available.
 """
 
-from advisor.knobs.knob import AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob
+from __future__ import annotations
 
-KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False)
+import dataclasses
+from typing import Any
+
+from advisor.knobs.graph import StepGraph, TrialSettings
+from advisor.knobs.knob import AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob, WhatIf
+
+def setting(trial: TrialSettings) -> int:
+    """The torch threads the trial's step ran on: the knob's, else the script's, else what the trial recorded
+    (0: not known)."""
+    torch_threads = ((trial.record.get("device_facts") or {}).get("cpu") or {}).get("torch_threads")
+    return int(trial.value("threads", torch_threads or 0) or 0)
+
+
+def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> StepGraph:
+    """On a CPU, the step's operators (not the optimizer's host work) take (T/T')^β as long (β = p) on T'
+    threads as on T; on a GPU the host's work is one Python thread, which torch's threads do not move."""
+    if g.platform != "cpu" or not g.threads or int(value) == g.threads:
+        return g
+    k = (g.threads / max(1, int(value))) ** p
+    return dataclasses.replace(g, threads=int(value), device_s=g.host_s + g.ops_s * k, matmul_s=g.matmul_s * k,
+                               matmul_tc_s=g.matmul_tc_s * k, conv_s=g.conv_s * k)
+
+
+# β, 1: the operators split perfectly over their threads (the CPU time they take stays the same).
+WHAT_IF = WhatIf("threads", "threads", setting, transform, "threads", prior=1.0, bounds=(0.2, 1.5))
+
+
+KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False,
+            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF)

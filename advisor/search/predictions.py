@@ -16,14 +16,10 @@ import dataclasses
 import statistics
 from typing import Any
 
-from advisor.knobs import COMPANIONS
+from advisor.knobs import COMPANIONS, MODELLED, ORDERED, making
 from advisor.analysis.whatif import StepGraph, calibrate, predict, step_graph
 from advisor.trials.knobs import Knobs
 
-# Knobs → the model's names; a change that turns any other knob is not the model's to predict.
-MODELLED = {"num_workers": "num_workers", "batch_size": "batch_size", "amp": "amp", "pin_memory": "pinned",
-            "non_blocking": "pinned", "uint8_copies": "uint8_copies", "channels_last": "channels_last",
-            "fused_optimizer": "fused_optimizer", "compile": "compile", "threads": "threads"}
 NOT_PREDICTIONS = ("confirm",)  # re-measures of a setting already measured: no change was predicted
 
 
@@ -48,7 +44,7 @@ def graph_of(state: dict[str, Any], name: str | None) -> StepGraph | None:
 def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
                   user_values: dict[str, Any]) -> dict[str, Any] | None:
     """What a change sets, in the model's terms (knob → the effective value after it); None when it turns
-    a knob the model has no transformation for, or nothing."""
+    a knob the model has no transformation for (`advisor.knobs.MODELLED`), or nothing."""
     a = before.to_dict() if isinstance(before, Knobs) else dict(before)
     b = after.to_dict() if isinstance(after, Knobs) else dict(after)
     turned = {k for k, v in b.items() if v != a.get(k)} - COMPANIONS  # persistent_workers goes with the workers
@@ -60,15 +56,14 @@ def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
         return user_values.get(name) if v is None else v
     out: dict[str, Any] = {}
     for k in sorted(turned):
-        if MODELLED[k] == "pinned":
-            out["pinned"] = bool(value(b, "pin_memory")) and bool(value(b, "non_blocking"))
-        elif k in ("num_workers", "batch_size", "threads"):
+        term = MODELLED[k].term
+        if k in ORDERED:  # a count
             v = value(b, k)
             if v is None:
                 return None
-            out[k] = int(v or 0)
-        else:
-            out[k] = bool(value(b, k))
+            out[term] = int(v or 0)
+        else:  # a flag, on where each knob that makes the change is (pinned copies: pin_memory and non_blocking)
+            out[term] = all(bool(value(b, n)) for n in making(term))
     return out
 
 
