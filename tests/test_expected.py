@@ -14,6 +14,7 @@ import pytest
 from advisor.search.bounds import Bound
 from advisor.search.decision import Decision
 from advisor.search.expected import deferred_for, expected_improvement, levers_left, rank, spread, untried, value
+from advisor.search.policy import STOP_SHARE
 from advisor.search.proposal import on_best
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose, surface_space
@@ -176,3 +177,26 @@ def test_eight_bit_images_are_a_candidate_beside_workers_and_win_the_confirmatio
     assert final.uint8_copies and final.num_workers == 2, final
     assert any(t.get("recommendation") == "confirm" and t["decision"] == "kept" and t["knobs"].get("uint8_copies")
                for t in state["trials"])
+
+
+
+def test_the_session_stops_once_no_change_left_is_worth_a_trial(tmp_path):
+    """Replayed at 10 % on the CPU image surface (2 cores, 36 trials): workers 0→2 and 8-bit images kept, batch 64
+    reverted; what is left (batch 128, which the session's own batch 64 priced near +0 %) is worth less than half
+    the least gain worth keeping, and the search spent trials on it before the end. Now it stops there, with every
+    lever the trace pointed at measured, and goes to the confirmation with the budget to spare: on the surface's
+    best."""
+    surface = ROOT / "tests" / "data" / "surfaces" / "cpu-image-classifier"
+    options = SessionOptions(max_trials=36)
+    state = replay(surface, tmp_path / "s", 0.10, 0, options=options)
+    rows = state["trials"]
+    stop = next(n for n in state["notes"] if n.startswith("stopped"))
+    assert stop.startswith("stopped: the answer is known"), stop
+    most = float(stop.rsplit(": ", 1)[1].rstrip("%)")) / 100
+    assert most < STOP_SHARE * options.min_gain, stop
+    search = [t for t in rows[1:] if t.get("recommendation") != "confirm"]
+    assert len(search) <= 4 and len(rows) < options.max_trials and not state.get("unmeasured"), [t["name"] for t in rows]
+    measured = {k for t in rows if t["status"] == "ok" for k in str(t.get("recommendation")).split("+")}
+    assert {"more-workers", "fewer-copy-bytes", "larger-batch"} <= measured, measured
+    final = Knobs.from_dict(state["final_knobs"])
+    assert (final.num_workers, final.threads, final.uint8_copies, final.batch_size) == (2, 1, True, None), final

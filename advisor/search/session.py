@@ -34,8 +34,8 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
                 script: bool = True, space: SearchSpace | None = None,
                 extra: dict[str, Any] | None = None,
                 progress: Callable[[Any], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) the session until a full round over the knobs keeps nothing or the budget is
-    spent; return the record.
+    """Run (or resume) the session until no change left is worth a trial or the budget is spent; return the
+    record.
 
     Trials run in subprocesses unless `runner` runs them some other way (the notebook API runs them in
     its own process; a replay serves recorded ones; a runner whose `remeasure` is False cannot measure

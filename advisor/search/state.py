@@ -115,7 +115,7 @@ class SessionOptions:
         measure = (f"{self.steps} profiled steps and {self.windows} steady-state windows of {self.window_s:g} s"
                    if self.windows else f"{self.steps} profiled steps")
         return (f"budget: at most {self.max_trials} trials{time_part}, each {measure}; the session ends "
-                "sooner when a full round over the knobs keeps nothing")
+                "sooner when no change left is worth a trial")
 
 
 def new_state(target: str, script: str | None, out: Path, options: SessionOptions, command: str,
