@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from advisor.analysis.analyze import analyze_file  # noqa: E402
 from advisor.analysis.whatif import calibrate, predict, step_graph, steady_figures  # noqa: E402
 from advisor.analysis.worth import samples_gain  # noqa: E402
-from advisor.search.strategy import ROUND_GAIN  # noqa: E402
+from advisor.knobs.offer import ROUND_GAIN  # noqa: E402
 from advisor.trials.record.measurement import measure, noise  # noqa: E402
 from advisor.trials.record import TRIAL_FILE  # noqa: E402
 from advisor.trials.replay.surface import load_surface  # noqa: E402

@@ -18,9 +18,11 @@ import pytest
 from conftest import ROOT
 
 from advisor.analysis.whatif import priors, transform
-from advisor.knobs import BY_NAME, KNOBS, NAMES, TRANSFORMATIONS, making
+from advisor.knobs import BY_NAME, KNOBS, NAMES, OFFERING, TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import CHOICE, FLAG, NEEDS_A_VALUE
+from advisor.knobs.offer import Best
+from advisor.search.strategy import SearchSpace
 from advisor.trials.knobs import Knobs
 
 OUTSIDE = ROOT / "tests" / "data" / "knobs_named_outside.json"
@@ -54,7 +56,8 @@ def test_no_module_outside_the_knobs_names_a_knob_it_was_not_listed_for():
 
 
 def test_the_registry_holds_each_knob_module_once_and_knobs_has_a_field_each():
-    shared = ("__init__", "knob", "graph")  # the registry, the declaration, the what-if model's graph
+    # The registry, the declaration, the what-if model's graph, what a knob offers the search.
+    shared = ("__init__", "knob", "graph", "offer")
     modules = sorted(p.stem for p in (ROOT / "advisor" / "knobs").glob("*.py") if p.stem not in shared)
     assert sorted(NAMES) == modules  # a module not in the registry would be a knob nobody reads
     assert [k.name for k in KNOBS] == list(NAMES)
@@ -129,3 +132,25 @@ def test_a_torch_setting_knob_reads_sets_and_puts_back_its_own_setting():
         assert tf32.own(torch) == "float32 matmul precision 'medium'"
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+@pytest.mark.parametrize("knob", OFFERING, ids=lambda k: k.name)
+def test_each_offering_knob_offers_its_own_move_until_the_best_holds_it(knob):
+    """A knob that offers the search a move: from an untouched best (a CUDA device with Tensor Cores, or this
+    kind of CPU; two ranks; each bound in turn) it offers a move of itself, and from the best that took that move
+    it offers nothing more."""
+    devices = {"cuda": {"type": "cuda", "gpu": {"compute_capability": "9.0", "bf16_supported": True}},
+               "cpu": {"type": "cpu"}}
+
+    def best(knobs: Knobs, device: dict, bound: str | None) -> Best:
+        return Best(knobs, {}, bound, device, 8, 2, knobs.threads or 8, SearchSpace(), 2)
+
+    made = [(offer, device) for device in devices.values()
+            for bound in ("input", "copy", "compute", "host", "communication", None)
+            if (offer := knob.offer(best(Knobs(), device, bound))) is not None]
+    assert made, f"{knob.name} offers nothing from any best"
+    for offer, device in made:
+        assert knob.name in offer.moves and offer.change and offer.slug, offer
+        assert (offer.recommendation or knob.proposed_as), offer
+        taken = dataclasses.replace(Knobs(), **offer.moves)
+        assert knob.offer(best(taken, device, offer.bound)) is None, offer

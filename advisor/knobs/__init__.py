@@ -45,6 +45,7 @@ COMPANIONS = frozenset(k.name for k in KNOBS if k.companion_of)  # go with anoth
 TURNED = tuple(k.name for k in KNOBS if not k.companion_of)  # what --only, --skip and --try name
 ORDERED = frozenset(k.name for k in KNOBS if k.kind in (COUNT, WORKERS))  # a larger value is a move one way
 NEEDS_WORKERS = tuple(k for k in KNOBS if k.needs_workers)  # DataLoader rejects them without worker processes
+OFFERING = tuple(k for k in KNOBS if k.offer)  # each offers the search its own move from the best (`knobs.offer`)
 # Knobs that change how batches reach the step, not what it computes.
 NEUTRAL = frozenset(k.name for k in KNOBS if not k.numerics)
 

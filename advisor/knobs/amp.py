@@ -18,6 +18,7 @@ from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import AROUND_STEP, CHOICE, STEP, Knob, WhatIf
+from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial ran in 16 bits: the knob, else the script's own autocast."""
@@ -46,5 +47,24 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3, 20.0))
 
 
+def offer(best: Best) -> Offer | None:
+    """Autocast to the dtype the rules chose for this device (they check it computes it natively); on a GPU with
+    Tensor Cores also without their advice, as part of a round over the knobs."""
+    if best.knobs.amp is not None:
+        return None
+    advice = best.advice.get("amp")
+    if advice is not None:
+        dtype, gain = advice.knobs.get("amp", "bf16"), advice.predicted_gain
+    else:
+        gpu = (best.device.get("gpu") or {}) if best.accelerator else {}
+        major = int(str(gpu.get("compute_capability") or "0").split(".")[0] or 0)
+        if major < 7:
+            return None
+        dtype, gain = ("bf16" if gpu.get("bf16_supported") else "fp16"), ROUND_GAIN
+    if best.space.amp is not None and dtype not in best.space.amp:
+        return None
+    return Offer({"amp": dtype}, f"AMP {dtype}", f"amp-{dtype}", gain, "compute", predicted=advice is not None)
+
+
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
-            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF)
+            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, offer=offer)

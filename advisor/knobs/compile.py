@@ -16,6 +16,7 @@ from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share, relayout, undone
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, WhatIf
+from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's model was compiled: the knob, else the script's own."""
@@ -46,6 +47,19 @@ WHAT_IF = WhatIf("compile", "compiled", setting, transform, "compile", prior=0.5
                  prior_cpu=-0.2)
 
 
+def offer(best: Best) -> Offer | None:
+    """torch.compile: fused kernels for a compute- or launch-bound step. No rule predicts its gain on a
+    compute-bound step (it is measured, its compile time reported apart); on a launch-bound GPU step the CUDA
+    graphs rule's figure stands for it."""
+    graphs = best.advice.get("cuda-graphs")
+    if best.knobs.compile or not best.space.allows("compile") or (
+            graphs is None and best.bound not in ("compute", "host")):
+        return None
+    gain = graphs.predicted_gain if graphs is not None else ROUND_GAIN
+    target = "host" if graphs is not None or best.bound == "host" else "compute"
+    return Offer({"compile": True}, "torch.compile", "compile", gain, target, predicted=graphs is not None)
+
+
 KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile",
             trainer_keywords=(("torch_compile", True),), proposed_as="compile", spread=(0.20, 0.30),
-            whatif=WHAT_IF)
+            whatif=WHAT_IF, offer=offer)

@@ -123,6 +123,9 @@ class Knob:
     # that one, and, where the trace advises that one too, once its change was tried (and not kept).
     after: str | None = None
     whatif: WhatIf | None = None  # where the what-if model predicts what a change of it does
+    # The move it offers the search from the best of now (`advisor.knobs.offer`: a function of a `Best` that
+    # returns an `Offer` or None), where the search proposes it on its own.
+    offer: Callable[[Any], Any] | None = None
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, faster_copies
 from advisor.knobs.knob import AT_LOADER, FLAG, LOADER, Knob, WhatIf
+from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's copies were pinned: its loader pinned its batches, and the step copied them
@@ -32,5 +33,21 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 PINNED = WhatIf("pinned", "pinned", setting, transform, "copies", prior=2.0, bounds=(0.5, 8.0))
 
 
+def offer(best: Best) -> Offer | None:
+    """Pinned host memory and non_blocking copies, as one change (either alone does little), on an accelerator."""
+    knobs, space = best.knobs, best.space
+    if not best.accelerator or not space.pinned_copies or (knobs.pin_memory and knobs.non_blocking):
+        return None
+    wanted = [k for k in ("pin_memory", "non_blocking") if space.permits({k})]  # --only/--skip may keep one
+    if not wanted:
+        return None
+    found = [best.advice[i] for i in ("pin-memory", "non-blocking")
+             if i in best.advice and i.replace("-", "_") in wanted]
+    gain = sum(r.predicted_gain for r in found) if found else (0.05 if best.bound == "copy" else ROUND_GAIN)
+    change, slug = (("pin_memory + non_blocking copies", "pinned-copies") if len(wanted) == 2 else
+                    (f"{wanted[0]} alone", wanted[0].replace("_", "-")))
+    return Offer({k: True for k in wanted}, change, slug, gain, "copy", predicted=bool(found))
+
+
 KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory",
-            numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED)
+            numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED, offer=offer)

@@ -15,6 +15,7 @@ from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob, WhatIf
+from advisor.knobs.offer import Best, Offer
 
 def setting(trial: TrialSettings) -> int:
     """The torch threads the trial's step ran on: the knob's, else the script's, else what the trial recorded
@@ -37,5 +38,17 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 WHAT_IF = WhatIf("threads", "threads", setting, transform, "threads", prior=1.0, bounds=(0.2, 1.5))
 
 
+def offer(best: Best) -> Offer | None:
+    """On the CPU, with DataLoader workers: fewer torch threads for the step, so that it and the workers do not
+    fight over the cores (threads + workers within the cores)."""
+    if best.accelerator or best.workers < 1 or not best.threads:
+        return None
+    target = max(1, best.cores - best.workers)
+    if best.threads <= target:
+        return None
+    return Offer({"threads": target}, f"threads {best.threads}→{target} beside {best.workers} workers",
+                 f"threads-{target}", 0.1, "input", predicted=False)
+
+
 KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False,
-            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF)
+            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF, offer=offer)

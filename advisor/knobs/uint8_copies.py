@@ -56,6 +56,7 @@ from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, faster_copies, undone
 from advisor.knobs.knob import AT_DATASET, DATA, FLAG, Knob, WhatIf
+from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 UINT8_BYTES = 4.0  # a float32 image over its 8-bit one
 
@@ -80,5 +81,20 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 WHAT_IF = WhatIf("uint8_copies", "uint8", setting, transform, "uint8", prior=0.03, bounds=(-0.3, 0.5))
 
 
+def offer(best: Best) -> Offer | None:
+    """8-bit images from the loader, converted where the step moves them: a quarter of the bytes to copy where the
+    copies bind (the rule's figure), and the conversion out of the workers wherever there are workers (the
+    what-if model prices it; whatever the bound: a loader that no longer binds on its own still shares the cores
+    with the step)."""
+    advice = best.advice.get("fewer-copy-bytes")
+    if best.knobs.uint8_copies or not best.space.allows("uint8_copies") or (
+            advice is None and best.bound not in ("input", "copy") and best.workers <= 0):
+        return None
+    gain = advice.predicted_gain if advice is not None else ROUND_GAIN
+    target = "copy" if advice is not None or best.bound == "copy" else "input"
+    return Offer({"uint8_copies": True}, "8-bit images, converted on the device", "uint8-copies", gain, target,
+                 predicted=advice is not None)
+
+
 KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images", numerics=False, proposed_as="fewer-copy-bytes",
-            spread=(0.10, 0.10), whatif=WHAT_IF)
+            spread=(0.10, 0.10), whatif=WHAT_IF, offer=offer)

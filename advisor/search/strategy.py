@@ -29,6 +29,10 @@ bound held is tried again only once the bound has moved (and the base it would b
 changed with it). Candidate values come from a `SearchSpace`: free for live trials, or those a
 recorded surface holds. Pure functions over the session record.
 
+The moves of AMP, pinned copies, threads, compile, 8-bit images and DDP's arguments are their knobs' own
+(`Knob.offer`, `advisor.knobs.offer`): this module asks each for its move from the best and ranks them with the
+ladders it keeps itself (the workers, the batch) and the knobs a finding's advice turns on.
+
 Every proposal is made by `advisor.search.proposal.on_best`: the best of now with its moves applied.
 What the session learned of each move (reverted under a bound, within its noise, failed) is
 `advisor.search.history`'s.
@@ -42,7 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from advisor.analysis.worth import ceiling
-from advisor.knobs import ADVISED, COMPANIONS, SWITCHED_KNOBS, Knob, companions_of, with_companions
+from advisor.knobs import ADVISED, COMPANIONS, OFFERING, SWITCHED_KNOBS, Knob, companions_of, with_companions
+from advisor.knobs.offer import ROUND_GAIN, Best
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
 from advisor.search.checkpointing import checkpoint_pair, recovery_move
@@ -52,7 +57,6 @@ from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.predictions import reprice
 from advisor.trials.replay.surface import SETTINGS, SurfacePoint
 
-ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured experiment, tried last
 
 
 @dataclass(frozen=True)
@@ -127,28 +131,25 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     accelerator = facts.get("type") == "cuda"
     # Each rank of a data-parallel trial on this node gets its share of the cores.
     cores = max(1, ((facts.get("cpu") or {}).get("logical_cores") or 1) // max(1, options.nproc_per_node))
+    user = state.get("user_values") or {}
+    here = Best(best.knobs, recs, bound.name, facts, cores, effective(best.knobs, user, "num_workers") or 0,
+                best.knobs.threads or user.get("threads"), space, getattr(options, "nproc_per_node", 1))
     found = [
         workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores, accelerator),
         # The top of the ladder beside its next step: where a larger batch or pinned copies change what workers
         # are worth, the step between may read nothing (the model and the expected improvement choose).
         workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores, accelerator, top=True),
-        copies_proposal(recs, bound, best.knobs, space, accelerator),
-        amp_proposal(recs.get("amp"), best.knobs, space, facts),
-        threads_proposal(best.knobs, state, cores, accelerator),
         batch_proposal(recs.get("larger-batch"), bound, best, state, options, space),
-        ddp_proposal(recs.get("ddp-buckets"), bound, best.knobs, options),
-        compile_proposal(recs.get("cuda-graphs"), bound, best.knobs, space),
-        bytes_proposal(recs.get("fewer-copy-bytes"), bound, best.knobs, space,
-                       effective(best.knobs, state.get("user_values") or {}, "num_workers") or 0),
-        # The knobs a finding's advice turns on (channels_last, a fused optimizer, TF32, cudnn.benchmark, sdpa: each
-        # knob's module names the advice).
+        # The moves a knob's module offers on its own (AMP, pinned copies, threads, compile, 8-bit images, DDP's
+        # arguments), and those a finding's advice turns on (channels_last, a fused optimizer, TF32,
+        # cudnn.benchmark, sdpa: each knob's module names the advice).
+        *(offered(k, here) for k in OFFERING),
         *(model_knob_proposal(recs, k, best.knobs, state, space) for k in ADVISED),
     ]
     tried = {knobs_key(t["knobs"]) for t in state["trials"]}
     refused = not_applicable_knobs(state)
     best_sps = next((t.get("samples_per_s") for t in state["trials"] if t.get("name") == best.name), None)
     out = []
-    user = state.get("user_values") or {}
     for p in found:
         if p is None or knobs_key(p.knobs) in tried or turned(best.knobs, p.knobs) & refused:
             continue
@@ -178,6 +179,15 @@ def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
     """The knobs an earlier trial of the session found not applicable to this script or device."""
     return {k for t in state["trials"] for k, v in (t.get("outcomes") or {}).items()
             if str(v).startswith("not applicable")}
+
+
+def offered(knob: Knob, best: Best) -> Proposal | None:
+    """The move a knob's module offers from the best of now (`Knob.offer`), as a proposal on the best."""
+    offer = knob.offer(best)
+    if offer is None:
+        return None
+    return on_best(best.knobs, offer.moves, offer.recommendation or knob.proposed_as, offer.change, offer.slug,
+                   offer.gain, offer.bound, predicted=offer.predicted)
 
 
 def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any], space: SearchSpace,
@@ -216,55 +226,6 @@ def workers_proposal(rec: Any, bound: Bound, knobs: Knobs, state: dict[str, Any]
                    predicted=rec is not None, recoverable=rec.recoverable if rec is not None else None)
 
 
-def copies_proposal(recs: dict[str, Any], bound: Bound, knobs: Knobs, space: SearchSpace,
-                    accelerator: bool) -> Proposal | None:
-    """Pinned host memory and non_blocking copies, as one change: either alone does little."""
-    if not accelerator or not space.pinned_copies or (knobs.pin_memory and knobs.non_blocking):
-        return None
-    wanted = [k for k in ("pin_memory", "non_blocking") if space.permits({k})]  # --only/--skip may keep one
-    if not wanted:
-        return None
-    found = [recs[i] for i in ("pin-memory", "non-blocking") if i in recs and i.replace("-", "_") in wanted]
-    gain = sum(r.predicted_gain for r in found) if found else (0.05 if bound.name == "copy" else ROUND_GAIN)
-    change, slug = (("pin_memory + non_blocking copies", "pinned-copies") if len(wanted) == 2 else
-                    (f"{wanted[0]} alone", wanted[0].replace("_", "-")))
-    return on_best(knobs, {k: True for k in wanted}, "pin-memory", change, slug, gain, "copy", predicted=bool(found))
-
-
-def threads_proposal(knobs: Knobs, state: dict[str, Any], cores: int, accelerator: bool) -> Proposal | None:
-    """On the CPU, with DataLoader workers: fewer torch threads for the step, so that it and the workers
-    do not fight over the cores (threads + workers within the cores)."""
-    user = state["user_values"]
-    workers = effective(knobs, user, "num_workers") or 0
-    current = knobs.threads or user.get("threads")
-    if accelerator or workers < 1 or not current:
-        return None
-    target = max(1, cores - workers)
-    if current <= target:
-        return None
-    return on_best(knobs, {"threads": target}, "fewer-threads", f"threads {current}→{target} beside {workers} workers",
-                   f"threads-{target}", 0.1, "input", predicted=False)
-
-
-def amp_proposal(rec: Any, knobs: Knobs, space: SearchSpace, facts: dict[str, Any]) -> Proposal | None:
-    """Autocast to the dtype the rules chose for this device (they check it computes it natively); on a
-    GPU with Tensor Cores also without their advice, as part of a round over the knobs."""
-    if knobs.amp is not None:
-        return None
-    if rec is not None:
-        dtype, gain = rec.knobs.get("amp", "bf16"), rec.predicted_gain
-    else:
-        gpu = (facts.get("gpu") or {}) if facts.get("type") == "cuda" else {}
-        major = int(str(gpu.get("compute_capability") or "0").split(".")[0] or 0)
-        if major < 7:
-            return None
-        dtype, gain = ("bf16" if gpu.get("bf16_supported") else "fp16"), ROUND_GAIN
-    if space.amp is not None and dtype not in space.amp:
-        return None
-    return on_best(knobs, {"amp": dtype}, "amp", f"AMP {dtype}", f"amp-{dtype}", gain, "compute",
-                   predicted=rec is not None)
-
-
 def model_knob_proposal(recs: dict[str, Any], knob: Knob, knobs: Knobs, state: dict[str, Any],
                         space: SearchSpace) -> Proposal | None:
     """A knob one rule advises and names the bound of: a knob whose module names that advice (channels_last for
@@ -279,50 +240,6 @@ def model_knob_proposal(recs: dict[str, Any], knob: Knob, knobs: Knobs, state: d
         return None
     return on_best(knobs, {knob.name: True}, rec.id, knob.title, knob.name.replace("_", "-"), rec.predicted_gain,
                    rec.bound)
-
-
-def bytes_proposal(rec: Any, bound: Bound, knobs: Knobs, space: SearchSpace, workers: int = 0) -> Proposal | None:
-    """8-bit images from the loader, converted where the step moves them: a quarter of the bytes to copy
-    where the copies bind (the rule's figure), and the conversion out of the workers wherever there are
-    workers (the what-if model prices it; whatever the bound: a loader that no longer binds on its own still
-    shares the cores with the step)."""
-    if knobs.uint8_copies or not space.allows("uint8_copies") or (
-            rec is None and bound.name not in ("input", "copy") and workers <= 0):
-        return None
-    gain = rec.predicted_gain if rec is not None else ROUND_GAIN
-    target = "copy" if rec is not None or bound.name == "copy" else "input"
-    return on_best(knobs, {"uint8_copies": True}, "fewer-copy-bytes", "8-bit images, converted on the device",
-                   "uint8-copies", gain, target, predicted=rec is not None)
-
-
-def compile_proposal(graphs: Any, bound: Bound, knobs: Knobs, space: SearchSpace) -> Proposal | None:
-    """torch.compile: fused kernels for a compute- or launch-bound step. No rule predicts its gain on a
-    compute-bound step (it is measured, its compile time reported apart); on a launch-bound GPU step the
-    CUDA graphs rule's figure stands for it."""
-    if knobs.compile or not space.allows("compile") or (graphs is None and bound.name not in ("compute", "host")):
-        return None
-    gain = graphs.predicted_gain if graphs is not None else ROUND_GAIN
-    target = "host" if graphs is not None or bound.name == "host" else "compute"
-    return on_best(knobs, {"compile": True}, "compile", "torch.compile", "compile", gain, target,
-                   predicted=graphs is not None)
-
-
-def ddp_proposal(rec: Any, bound: Bound, knobs: Knobs, options: Any) -> Proposal | None:
-    """DistributedDataParallel's own arguments, in a data-parallel session: those the rules chose for
-    exposed all-reduce (bucket size, bucket views, no search for unused parameters), else bucket views
-    alone as part of a round over the knobs."""
-    if getattr(options, "nproc_per_node", 1) <= 1:
-        return None
-    wanted = dict(rec.knobs) if rec is not None else {"ddp_gradient_as_bucket_view": True}
-    wanted = {k: v for k, v in wanted.items() if getattr(knobs, k) != v}
-    if not wanted:
-        return None
-    gain = rec.predicted_gain if rec is not None else (0.05 if bound.name == "communication" else ROUND_GAIN)
-    change = "DDP " + ", ".join(f"{k.removeprefix('ddp_')}={v}" for k, v in wanted.items())
-    slug = "-".join(k.removeprefix("ddp_").replace("_", "-") + ("" if v is True else f"-{v}".lower())
-                    for k, v in wanted.items())
-    return on_best(knobs, wanted, "ddp-buckets", change, f"ddp-{slug}", gain, "communication",
-                   predicted=rec is not None)
 
 
 def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
