@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from advisor.search.bounds import Bound
+from advisor.search.budget import STOP_SHARE
 from advisor.search.decision import Decision
 from advisor.search.expected import deferred_for, expected_improvement, levers_left, rank, spread, untried, value
-from advisor.search.policy import STOP_SHARE
 from advisor.search.proposal import on_best
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose, surface_space

@@ -105,11 +105,11 @@ def test_a_change_that_was_not_applicable_is_never_the_runner_up(tmp_path):
     state["best"] = state["trials"][0]["name"]
     best = SimpleNamespace(name=state["best"], path=out / state["trials"][0]["folder"])
     fastest = max(state["trials"][1:], key=lambda t: t["samples_per_s"] or 0)
-    assert contender(out, state, best)[0] is fastest  # ahead of the best (the baseline here)
+    assert contender(out, state, best, 0.03)[0] is fastest  # ahead of the best (the baseline here)
     # The same row, had its only knob been not applicable: it measured a setting already run.
     knob = sorted(turned(state["trials"][0]["knobs"], fastest["knobs"]))[0]
     fastest.update(decision="not applicable", outcomes={knob: "not applicable: the surface holds none"})
-    assert (contender(out, state, best) or [None])[0] is not fastest
+    assert (contender(out, state, best, 0.03) or [None])[0] is not fastest
 
 
 def test_the_cli_refuses_an_unknown_knob_in_one_line_and_creates_nothing(tmp_path):

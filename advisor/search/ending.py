@@ -17,7 +17,8 @@ from advisor.knobs import NEUTRAL
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
-from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS
+from advisor.analysis.worth import expected_improvement
+from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS, STOP_SHARE
 from advisor.search.remeasures import first_change, measured_at_one_load, once_more, run_folders, runs_of
 from advisor.search.speedup import session_speedup, speedup_note
 from advisor.search.proposal import Proposal
@@ -28,6 +29,8 @@ from advisor.search.trial_runner import TrialRunner, figures_text, measure_recor
 from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.record.measurement import Measurement, noise
 from advisor.trials.record.turns import finished, start_turns, windows_log
+
+CONFIRM_ROUNDS = 3  # at most: a budget left over is spent telling the two fastest settings apart
 
 
 def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
@@ -119,11 +122,11 @@ def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], w
 def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                   reference_losses: list[float], log: Callable[[str], None],
                   leave: int = 0, leave_later: int | None = None) -> TrialResult:
-    """Before the session ends, measure the best and the runner-up (`contender`: the fastest other setting
-    within the noise of the best or ahead of it) once more, and keep whichever the
-    pooled runs say is faster; again while the two stay within the noise of each other, up to CONFIRM_ROUNDS
-    rounds, as the budget allows, `leave` trials aside (`leave_later` after the first round, else as many; each
-    round's runs pooled with the earlier ones). Returns the best."""
+    """Before the session ends, measure the best and the runner-up (`contender`: the fastest other setting that
+    may still be the faster) once more, and keep whichever the pooled runs say is faster; again while the one left
+    behind may still be (`worth_confirming`), up to CONFIRM_ROUNDS rounds, as the budget allows, `leave` trials
+    aside (`leave_later` after the first round, else as many; each round's runs pooled with the earlier ones).
+    Returns the best."""
     for number in range(CONFIRM_ROUNDS):
         aside = leave if number == 0 or leave_later is None else leave_later
         best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, aside)
@@ -132,16 +135,13 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     return best
 
 
-CONFIRM_ROUNDS = 3  # at most: a budget left over is spent telling the two fastest settings apart
-
-
 def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                    reference_losses: list[float], log: Callable[[str], None],
                    leave: int = 0) -> tuple[TrialResult, bool]:
     """One round of `confirm_best`: (the best, whether the two are still within the noise of each other)."""
     if not run.remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + leave:
         return best, False
-    top, found = best_row(state), contender(out, state, best)
+    top, found = best_row(state), contender(out, state, best, options.min_gain)
     if found is None:
         return best, False
     runner_up, earlier = found
@@ -211,7 +211,14 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     state["best"] = winner.name
     state["final_knobs"] = applied_only(winner).knobs.to_dict()
     save(state)
-    return applied_only(winner), abs(decision.gain) <= decision.noise
+    behind = -decision.gain if decision.keep else decision.gain  # the lead of the one left behind
+    return applied_only(winner), worth_confirming(behind, decision.noise, options.min_gain)
+
+
+def worth_confirming(lead: float, noise: float, min_gain: float) -> bool:
+    """Whether a setting `lead` ahead of the best (negative: behind), with `noise` (two standard errors of the
+    difference), is expected to improve on it by STOP_SHARE of the least gain worth keeping, the search's own bar."""
+    return expected_improvement(lead, noise / 2) >= STOP_SHARE * min_gain
 
 
 def kept_beyond_noise_over(state: dict[str, Any], top: dict[str, Any], other: dict[str, Any]) -> bool:
@@ -231,10 +238,11 @@ def changed_knobs(row: dict[str, Any], state: dict[str, Any]) -> set[str]:
     return {k for k, v in in_effect(row).items() if v is not None and v != user.get(k)}
 
 
-def contender(out: Path, state: dict[str, Any], best: TrialResult) -> tuple[dict[str, Any], list[Path]] | None:
+def contender(out: Path, state: dict[str, Any], best: TrialResult,
+              min_gain: float) -> tuple[dict[str, Any], list[Path]] | None:
     """The runner-up to confirm the best against, and the folders of its runs: of the other settings, fastest
-    first, the first not clearly behind the best (within their noise of each other, or measured across a change
-    of the machine's load); None where every one is clearly behind. Never a change that was not applicable (it
+    first, the first that may still be the faster (within the noise, and `worth_confirming`), or measured across
+    a change of the machine's load; None where every one is clearly behind. Never a change that was not applicable (it
     measured a setting already run, not another one). The fastest other is not always the one: a change kept
     beyond its noise by a hair (batch 64 at +10.8 %, noise 10.0 %) leaves the setting it was kept over within the
     noise, while a slower but steadier setting between the two reads clearly behind."""
@@ -264,7 +272,8 @@ def contender(out: Path, state: dict[str, Any], best: TrialResult) -> tuple[dict
         # then is no closer call than the fastest).
         if rank == 0 and pair_changed(runs_of(out, state, top["knobs"]), runs_of(out, state, row["knobs"])):
             return row, earlier
-        if row_measure.samples_per_s >= best_measure.samples_per_s * (1 - noise(best_measure, row_measure)):
+        spread, lead = noise(best_measure, row_measure), row_measure.samples_per_s / best_measure.samples_per_s - 1
+        if lead >= -spread and worth_confirming(lead, spread, min_gain):
             return row, earlier
     return None
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from advisor.search.budget import reserve
+from advisor.search.budget import STOP_SHARE, reserve
 from advisor.search.cost import by_cost, slower_compile
 from advisor.search.decision import Decision, decide
 from advisor.search.expected import levers_left, untried, value
@@ -26,10 +26,6 @@ from advisor.trials.record import TrialResult
 from advisor.trials.record.measurement import Measurement
 
 PAIR_TRIES = 2  # a pair that fails gives way once to the next second move of the same first move
-# A session stops when no candidate's expected improvement reaches this share of the least gain worth keeping. Not
-# the whole of it: a trial is worth more than its own expected gain, as the base of the pairs that follow it (at
-# the whole, the replayed four-change surface with holes ended on 0.57 and 0.79 of its best in 2 of 30 seeds).
-STOP_SHARE = 0.5
 
 
 @dataclass(frozen=True)
