@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share, relayout, undone
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, WhatIf
+from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
 
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's model was compiled: the knob, else the script's own."""
@@ -46,6 +46,14 @@ WHAT_IF = WhatIf("compile", "compiled", setting, transform, "compile", prior=0.5
                  prior_cpu=-0.2)
 
 
-KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile",
-            trainer_keywords=(("torch_compile", True),), proposed_as="compile", spread=(0.20, 0.30),
-            whatif=WHAT_IF)
+# Before the optimizer; under Lightning, before `trainer.fit(model)`; under transformers' Trainer, its own field.
+WRITTEN = Written(
+    ON_MODEL,
+    lines=("{model} = torch.compile({model})  # compiles on the first steps; save {model}._orig_mod.state_dict()",),
+    manual="after building the model: model = torch.compile(model)", trainer_keywords=(("torch_compile", True),),
+    lightning_model="{model} = torch.compile({model})  # Lightning trains the compiled module (compiled in the first "
+                    "steps)")
+
+
+KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile", proposed_as="compile", spread=(0.20, 0.30),
+            whatif=WHAT_IF, written=WRITTEN)

@@ -4,6 +4,7 @@
   into the all-reduce buckets, one copy fewer.
 """
 
-from advisor.knobs.knob import AT_DDP, DDP, FLAG, Knob
+from advisor.knobs.knob import AT_DDP, DDP, FLAG, IN_DDP, Knob, Written
 
-KNOB = Knob("ddp_gradient_as_bucket_view", FLAG, DDP, AT_DDP, "DDP bucket views", on_surface=False)
+KNOB = Knob("ddp_gradient_as_bucket_view", FLAG, DDP, AT_DDP, "DDP bucket views", on_surface=False,
+            written=Written(IN_DDP, argument="gradient_as_bucket_view"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, faster_copies
-from advisor.knobs.knob import AT_LOADER, FLAG, LOADER, Knob, WhatIf
+from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, WhatIf, Written
 
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's copies were pinned: its loader pinned its batches, and the step copied them
@@ -33,4 +33,5 @@ PINNED = WhatIf("pinned", "pinned", setting, transform, "copies", prior=2.0, bou
 
 
 KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory",
-            numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED)
+            numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED,
+            written=Written(IN_LOADER, position=7))
