@@ -20,7 +20,9 @@ from conftest import ROOT
 from advisor.analysis.whatif import priors, transform
 from advisor.knobs import BY_NAME, KNOBS, NAMES, OFFERING, TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import CHOICE, FLAG, NEEDS_A_VALUE
+from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
+from advisor.knobs.knob import AFTER_IMPORTS, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, IN_OPTIMIZER, IN_STEP, \
+    NEEDS_A_VALUE, ON_MODEL
 from advisor.knobs.offer import Best
 from advisor.search.strategy import SearchSpace
 from advisor.trials.knobs import Knobs
@@ -154,3 +156,29 @@ def test_each_offering_knob_offers_its_own_move_until_the_best_holds_it(knob):
         assert (offer.recommendation or knob.proposed_as), offer
         taken = dataclasses.replace(Knobs(), **offer.moves)
         assert knob.offer(best(taken, device, offer.bound)) is None, offer
+
+
+PLACES = (IN_LOADER, IN_STEP, AFTER_IMPORTS, ON_MODEL, IN_OPTIMIZER, IN_DDP, FROM_TRIAL)
+TINY = """import torch
+from torch import nn
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.AdamW(model.parameters())
+"""
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
+def test_each_knob_declares_where_the_patch_writes_it_and_the_patch_writes_its_lines_there(knob, tmp_path):
+    """A knob's `Written`, from its module: a place the patch knows; the lines it declares (after the imports, on
+    the model) are in the patch of a script that builds a model and its optimizer, at the knob's value."""
+    written = knob.written
+    assert written is not None and written.at in PLACES
+    assert bool(written.lines) == (written.at in (AFTER_IMPORTS, ON_MODEL))
+    assert bool(written.argument) == (written.at == IN_DDP)
+    assert (written.record in {**RECORDED_FIRST, **RECORDED}) == (written.at == FROM_TRIAL)
+    if written.lines:
+        script = tmp_path / "train.py"
+        script.write_text(TINY)
+        diff = plan_patch(script, None, Knobs(**{knob.name: a_value(knob)}), {}).diff
+        for line in written.lines:
+            assert f"+{line.format(value=a_value(knob), model='model')}\n" in diff

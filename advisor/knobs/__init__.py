@@ -5,7 +5,8 @@ knobs in trial.json. Everything that iterates over the knobs reads this registry
 (`advisor.trials.knobs`), the record's shapes (`advisor.shapes`), `--only`/`--skip`/`--try`
 (`advisor.search.space`), the recorded surfaces (`advisor.trials.replay.surface`), the frameworks'
 fields, the search's companions and orders, the what-if model's transformations and priors
-(`advisor.analysis.whatif`), and the documentation's knob page. Adding a knob: a module beside these and its line
+(`advisor.analysis.whatif`), the patch (`advisor.code.patch`: where each knob is written, `written_at`), and the
+documentation's knob page. Adding a knob: a module beside these and its line
 below (docs/architecture/index.md, "A new knob"). Stdlib only.
 """
 
@@ -32,6 +33,11 @@ def of_part(*parts: str) -> tuple[str, ...]:
 def applied_at(where: str) -> tuple[str, ...]:
     """The names of the knobs a trial applies at this point (`AT_FIRST_CALL`, ...), in the registry's order."""
     return tuple(k.name for k in KNOBS if k.applied == where)
+
+
+def written_at(*places: str) -> tuple[Knob, ...]:
+    """The knobs the patch writes at these places (`IN_LOADER`, `AFTER_IMPORTS`, ...), in the registry's order."""
+    return tuple(k for k in KNOBS if k.written and k.written.at in places)
 
 
 DATALOADER_KNOBS = of_part(LOADER)
@@ -94,4 +100,4 @@ __all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COUNT", "DATALOADER_KN
            "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS", "NAMES", "NEEDS_WORKERS",
            "NEUTRAL", "ORDERED", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS",
            "TURNED", "WHAT_IFS", "WORKERS", "Knob", "WhatIf", "advised_by", "applied_at", "companions_of",
-           "making", "of_part", "with_companions", "without_lone_companions"]
+           "making", "of_part", "with_companions", "without_lone_companions", "written_at"]

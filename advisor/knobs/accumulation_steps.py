@@ -7,6 +7,11 @@
 - **The patch writes**: the accumulation in the step (a counter and a constant at module level).
 """
 
-from advisor.knobs.knob import AROUND_STEP, COUNT, NEEDS_A_VALUE, STEP, Knob
+from advisor.knobs.knob import AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, Written
 
-KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE)
+# In a plain script, the step's accumulation; under transformers' Trainer, micro-batches of the batch with its own
+# accumulation (where the batch divides).
+WRITTEN = Written(IN_STEP, micro_batches_of="batch_size", trainer_count="gradient_accumulation_steps")
+
+KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE,
+            written=WRITTEN)

@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AROUND_STEP, CHOICE, STEP, Knob, WhatIf
+from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> bool:
@@ -46,6 +46,13 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 # matrix to fp32 throughput, `amp_ratio`).
 WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3, 20.0))
 
+# In the step (autocast, and for fp16 the GradScaler: `advisor.code.patch.step`); in a framework, its own setting.
+# The Trainer refuses bf16 without a GPU unless told it trains on the CPU: neutral where one is there.
+WRITTEN = Written(IN_STEP, trainer_for={"bf16": (("bf16", True), ("use_cpu", Code("not torch.cuda.is_available()"))),
+                                        "fp16": (("fp16", True),)},
+                  accelerator_argument="mixed_precision",
+                  lightning_for={"bf16": (("precision", "bf16-mixed"),), "fp16": (("precision", "16-mixed"),)})
+
 
 def offer(best: Best) -> Offer | None:
     """Autocast to the dtype the rules chose for this device (they check it computes it natively); on a GPU with
@@ -67,4 +74,4 @@ def offer(best: Best) -> Offer | None:
 
 
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
-            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, offer=offer)
+            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, written=WRITTEN, offer=offer)

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AT_LOADER, COUNT, LOADER, NEEDS_A_VALUE, Knob, WhatIf
+from advisor.knobs.knob import AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, WhatIf, Written
 
 def setting(trial: TrialSettings) -> int:
     """The batch the trial's loader was built with, else the one its summary names."""
@@ -45,4 +45,4 @@ WHAT_IF = WhatIf("batch_size", "batch", setting, transform, "batch", prior=1.0, 
 
 KNOB = Knob("batch_size", COUNT, LOADER, AT_LOADER, "the batch size", alone=NEEDS_A_VALUE,
             training_argument="per_device_train_batch_size", proposed_as="larger-batch", spread=(0.10, 0.10),
-            whatif=WHAT_IF)
+            whatif=WHAT_IF, written=Written(IN_LOADER, position=1, excluded_by="batch_sampler"))

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, layout_share, relayout
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, WhatIf
+from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
 
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's model ran in channels_last."""
@@ -43,5 +43,14 @@ WHAT_IF = WhatIf("channels_last", "channels_last", setting, transform, "channels
                  bounds=(0.0, 1.0), prior_cpu=0.25)
 
 
+LINE = "{model} = {model}.to(memory_format=torch.channels_last)  # NHWC: faster convolutions"
+WRITTEN = Written(
+    ON_MODEL, lines=(LINE,), manual="after building the model: model = model.to(memory_format=torch.channels_last)",
+    batch_keyword=("memory_format", "torch.channels_last"),
+    batch_manual="the batch the model takes is not made channels_last here (the model's first convolution converts "
+                 "it); to skip that copy: x = x.to(device, memory_format=torch.channels_last)",
+    lightning_model=LINE)
+
+
 KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last",
-            spread=(0.15, 0.30), whatif=WHAT_IF)
+            spread=(0.15, 0.30), whatif=WHAT_IF, written=WRITTEN)

@@ -17,7 +17,7 @@
   no such call is found, a note says what to change.
 """
 
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MEMORY, Knob
+from advisor.knobs.knob import AT_FIRST_CALL, FLAG, FROM_TRIAL, MEMORY, Knob, Written
 
 KNOB = Knob("checkpointing", FLAG, MEMORY, AT_FIRST_CALL, "activation checkpointing", in_process=True,
-            on_surface=False)
+            on_surface=False, written=Written(FROM_TRIAL, record="checkpoint_plan"))

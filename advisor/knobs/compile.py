@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share, relayout, undone
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, WhatIf
+from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> bool:
@@ -47,6 +47,15 @@ WHAT_IF = WhatIf("compile", "compiled", setting, transform, "compile", prior=0.5
                  prior_cpu=-0.2)
 
 
+# Before the optimizer; under Lightning, before `trainer.fit(model)`; under transformers' Trainer, its own field.
+WRITTEN = Written(
+    ON_MODEL,
+    lines=("{model} = torch.compile({model})  # compiles on the first steps; save {model}._orig_mod.state_dict()",),
+    manual="after building the model: model = torch.compile(model)", trainer_keywords=(("torch_compile", True),),
+    lightning_model="{model} = torch.compile({model})  # Lightning trains the compiled module (compiled in the first "
+                    "steps)")
+
+
 def offer(best: Best) -> Offer | None:
     """torch.compile: fused kernels for a compute- or launch-bound step. No rule predicts its gain on a
     compute-bound step (it is measured, its compile time reported apart); on a launch-bound GPU step the CUDA
@@ -60,6 +69,5 @@ def offer(best: Best) -> Offer | None:
     return Offer({"compile": True}, "torch.compile", "compile", gain, target, predicted=graphs is not None)
 
 
-KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile",
-            trainer_keywords=(("torch_compile", True),), proposed_as="compile", spread=(0.20, 0.30),
-            whatif=WHAT_IF, offer=offer)
+KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile", proposed_as="compile", spread=(0.20, 0.30),
+            whatif=WHAT_IF, written=WRITTEN, offer=offer)

@@ -8,7 +8,7 @@
 
 from typing import Any
 
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, TorchSetting
+from advisor.knobs.knob import AFTER_IMPORTS, AT_FIRST_CALL, FLAG, MODEL, Knob, TorchSetting, Written
 
 
 def own(torch: Any) -> str | None:
@@ -26,6 +26,6 @@ def apply(torch: Any, undo: Any) -> str | None:
 KNOB = Knob(
     "cudnn_benchmark", FLAG, MODEL, AT_FIRST_CALL, "cudnn.benchmark", in_process=True, advice="cudnn-benchmark",
     spread=(0.05, None),
-    setting=TorchSetting(
-        off_cuda="cuDNN autotuning needs a CUDA device", own=own, apply=apply,
-        lines=("torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape",)))
+    setting=TorchSetting(off_cuda="cuDNN autotuning needs a CUDA device", own=own, apply=apply),
+    written=Written(AFTER_IMPORTS, lines=(
+        "torch.backends.cudnn.benchmark = True  # cuDNN picks the fastest algorithm per input shape",)))

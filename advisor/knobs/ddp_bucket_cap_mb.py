@@ -7,7 +7,7 @@
 - **The patch writes**: the arguments in the `DistributedDataParallel(...)` call.
 """
 
-from advisor.knobs.knob import AT_DDP, COUNT, DDP, NEEDS_A_VALUE, Knob
+from advisor.knobs.knob import AT_DDP, COUNT, DDP, IN_DDP, NEEDS_A_VALUE, Knob, Written
 
 KNOB = Knob("ddp_bucket_cap_mb", COUNT, DDP, AT_DDP, "DDP bucket size", alone=NEEDS_A_VALUE, on_surface=False,
-            proposed_as="ddp-buckets", spread=(0.10, None))
+            proposed_as="ddp-buckets", spread=(0.10, None), written=Written(IN_DDP, argument="bucket_cap_mb"))

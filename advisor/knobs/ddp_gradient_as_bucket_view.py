@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from advisor.knobs.knob import AT_DDP, DDP, FLAG, Knob
+from advisor.knobs.knob import AT_DDP, DDP, FLAG, IN_DDP, Knob, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 
@@ -29,4 +29,5 @@ def offer(best: Best) -> Offer | None:
                  recommendation="ddp-buckets")
 
 
-KNOB = Knob("ddp_gradient_as_bucket_view", FLAG, DDP, AT_DDP, "DDP bucket views", on_surface=False, offer=offer)
+KNOB = Knob("ddp_gradient_as_bucket_view", FLAG, DDP, AT_DDP, "DDP bucket views", on_surface=False,
+            written=Written(IN_DDP, argument="gradient_as_bucket_view"), offer=offer)

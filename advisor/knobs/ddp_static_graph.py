@@ -4,6 +4,7 @@
   or `--try` asks for it.
 """
 
-from advisor.knobs.knob import AT_DDP, DDP, FLAG, Knob
+from advisor.knobs.knob import AT_DDP, DDP, FLAG, IN_DDP, Knob, Written
 
-KNOB = Knob("ddp_static_graph", FLAG, DDP, AT_DDP, "DDP static graph", on_surface=False)
+KNOB = Knob("ddp_static_graph", FLAG, DDP, AT_DDP, "DDP static graph", on_surface=False,
+            written=Written(IN_DDP, argument="static_graph"))

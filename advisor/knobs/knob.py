@@ -2,15 +2,16 @@
 
 A knob's module holds its declaration (a `Knob`: its values, how they read on the command line and in a
 folder's name, what part of the training it belongs to, where it is applied, its framework's field, its part
-of the what-if model: a `WhatIf`) and its reference text, the module's docstring, which the documentation site
-renders as the knob's section. The registry (`advisor.knobs`) gathers them; `Knobs` (`advisor.trials.knobs`),
-the record's shapes, `--only`, `--skip` and `--try`, the recorded surfaces, the what-if model and the docs
-iterate over it. Stdlib only: read by the analysis, which runs without torch.
+of the what-if model: a `WhatIf`, how the patch writes it: a `Written`) and its reference text, the module's
+docstring, which the documentation site renders as the knob's section. The registry (`advisor.knobs`) gathers
+them; `Knobs` (`advisor.trials.knobs`), the record's shapes, `--only`, `--skip` and `--try`, the recorded
+surfaces, the what-if model, the patch and the docs iterate over it. Stdlib only: read by the analysis, which
+runs without torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 # What values a knob takes.
@@ -38,6 +39,15 @@ AT_OPTIMIZER = "where the optimizer is built"  # optimizers
 AT_DATASET = "in the training Dataset and the step's copies"  # uint8_copies
 AT_DDP = "where DistributedDataParallel wraps the model"  # ddp_arguments, on every rank alike
 
+# Where the patch (`advisor.code.patch`) writes it in a plain script, as a user would by hand.
+IN_LOADER = "in the training DataLoader's arguments"  # its call, or the constant, flag default or config they read
+IN_STEP = "in the step function"  # autocast, non_blocking copies, accumulation (`advisor.code.patch.step`)
+AFTER_IMPORTS = "after the script's imports"  # `Written.lines`
+ON_MODEL = "on the model, just before the optimizer is built from it"  # `Written.lines`
+IN_OPTIMIZER = "in the optimizer's constructor"  # fused=True (foreach=True for a class without a fused kernel)
+IN_DDP = "in the DistributedDataParallel(...) call"  # `Written.argument`
+FROM_TRIAL = "where the trial's record says it changed the code"  # `Written.record`: the trial's plan
+
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 NEEDS_A_VALUE = object()  # `--try NAME` alone is not enough: the knob has no natural value to try
 
@@ -46,12 +56,50 @@ NEEDS_A_VALUE = object()  # `--try NAME` alone is not enough: the knob has no na
 class TorchSetting:
     """A knob that is a process-wide torch setting (CUDA's): applied at the model's first call and put back after
     the trial (`advisor.trials.interposition.model`), the script's own read there
-    (`advisor.trials.interposition.own_settings`), written by the patch as lines after the imports."""
+    (`advisor.trials.interposition.own_settings`); the patch writes it as lines after the imports (its `Written`)."""
 
     off_cuda: str  # why it is not applicable on another device
     own: Callable[[Any], str | None]  # (torch) -> how the script's own setting reads, None where it set none
     apply: Callable[[Any, Any], str | None]  # (torch, an ExitStack to undo it) -> None, or why not applicable
-    lines: tuple[str, ...]  # what the patch writes after the imports
+
+
+@dataclass(frozen=True)
+class Code:
+    """A value the patch writes as code, not as a literal: set only where the call does not set it itself."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Written:
+    """How the patch (`advisor.code.patch`) writes a knob the session kept: where in a plain script, and in a
+    framework's own settings where the script configures one (transformers' TrainingArguments, accelerate's
+    Accelerator, Lightning's Trainer). Text only: the patch's syntax-tree edits read it."""
+
+    at: str  # where in a plain script (IN_*)
+    # AFTER_IMPORTS, ON_MODEL: its lines, `{value}` the knob's value, `{model}` the model's name.
+    lines: tuple[str, ...] = ()
+    manual: str | None = None  # ON_MODEL, IN_OPTIMIZER: what to write by hand where that place is not found
+    argument: str | None = None  # IN_DDP: DistributedDataParallel's keyword
+    position: int | None = None  # IN_LOADER: its position among DataLoader's arguments, where it has one
+    excluded_by: str | None = None  # IN_LOADER: the DataLoader argument that, given, leaves it out
+    record: str | None = None  # FROM_TRIAL: the field of trial.json that holds what the trial changed
+    # ON_MODEL: the keyword (and its code) the step's move of the batch to the device takes, and what to write by
+    # hand where no such move is found.
+    batch_keyword: tuple[str, str] | None = None
+    batch_manual: str | None = None
+    # TrainingArguments keywords for each of its values (whatever the script's own: amp's bf16=True), where the
+    # Trainer has its own way to do what the trial applied by interposition, and ...
+    trainer_for: dict[Any, tuple[tuple[str, Any], ...]] = field(default_factory=dict, compare=False)
+    # ... for the knob turned on, where the script does not turn it on itself (`torch_compile=True`).
+    trainer_keywords: tuple[tuple[str, Any], ...] = ()
+    # Micro-batches of this knob (the batch's): its TrainingArguments field takes the batch over this knob's value,
+    # and `trainer_count` the value.
+    micro_batches_of: str | None = None
+    trainer_count: str | None = None
+    accelerator_argument: str | None = None  # the Accelerator(...) keyword that takes its value
+    lightning_for: dict[Any, tuple[tuple[str, Any], ...]] = field(default_factory=dict, compare=False)  # Trainer(...)
+    lightning_model: str | None = None  # under Lightning: the line on `{model}` right before `trainer.fit(model)`
 
 
 @dataclass(frozen=True)
@@ -93,9 +141,6 @@ class Knob:
     choices: tuple = ()  # CHOICE: the values it takes (None: the user's)
     alone: Any = True  # what `--try NAME` with no value tries (NEEDS_A_VALUE: it needs one)
     training_argument: str | None = None  # the field of transformers' TrainingArguments that sets it
-    # What the patch writes in TrainingArguments(...) for the knob turned on, where the Trainer has its own way to
-    # do what the trial applied by interposition (`torch_compile=True` for a compiled model).
-    trainer_keywords: tuple[tuple[str, Any], ...] = ()
     # `advisor.tune()` can apply it in the notebook's process. There the optimizer and the Dataset are built already,
     # and a compile is not: dynamo's caches and guards for the model's code would stay in the process after the
     # trial, which no undo short of torch._dynamo.reset() (dropping the user's own compiled code too) removes.
@@ -123,6 +168,7 @@ class Knob:
     # that one, and, where the trace advises that one too, once its change was tried (and not kept).
     after: str | None = None
     whatif: WhatIf | None = None  # where the what-if model predicts what a change of it does
+    written: Written | None = None  # how the patch writes it
     # The move it offers the search from the best of now (`advisor.knobs.offer`: a function of a `Best` that
     # returns an `Offer` or None), where the search proposes it on its own.
     offer: Callable[[Any], Any] | None = None

@@ -7,8 +7,9 @@
 - **The patch writes**: `non_blocking=True` in the step's copies.
 """
 
-from advisor.knobs.knob import AROUND_STEP, FLAG, STEP, Knob
+from advisor.knobs.knob import AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written
 from advisor.knobs.pin_memory import PINNED
 
 # The what-if model's change is pin_memory's: pinned copies, which take both.
-KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED)
+KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED,
+            written=Written(IN_STEP))

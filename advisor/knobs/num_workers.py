@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AT_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob, WhatIf
+from advisor.knobs.knob import AT_LOADER, IN_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob, WhatIf, Written
 
 def setting(trial: TrialSettings) -> int:
     """The worker processes of the trial's loader."""
@@ -38,4 +38,4 @@ WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=
 
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
             training_argument="dataloader_num_workers", numerics=False, proposed_as="more-workers",
-            spread=(0.30, 0.30), whatif=WHAT_IF)
+            spread=(0.30, 0.30), whatif=WHAT_IF, written=Written(IN_LOADER, position=5))

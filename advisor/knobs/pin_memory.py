@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, faster_copies
-from advisor.knobs.knob import AT_LOADER, FLAG, LOADER, Knob, WhatIf
+from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> bool:
@@ -50,4 +50,5 @@ def offer(best: Best) -> Offer | None:
 
 
 KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory",
-            numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED, offer=offer)
+            numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED,
+            written=Written(IN_LOADER, position=7), offer=offer)

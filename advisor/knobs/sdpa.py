@@ -30,6 +30,7 @@
   ran (names the mask reads, then the one call; recorded in its trial.json), split to the file's width.
 """
 
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob
+from advisor.knobs.knob import AT_FIRST_CALL, FLAG, FROM_TRIAL, MODEL, Knob, Written
 
-KNOB = Knob("sdpa", FLAG, MODEL, AT_FIRST_CALL, "scaled_dot_product_attention", advice="sdpa", spread=(0.15, 0.15))
+KNOB = Knob("sdpa", FLAG, MODEL, AT_FIRST_CALL, "scaled_dot_product_attention", advice="sdpa", spread=(0.15, 0.15),
+            written=Written(FROM_TRIAL, record="attention_plan"))

@@ -9,7 +9,7 @@
 
 from typing import Any
 
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, Knob, TorchSetting
+from advisor.knobs.knob import AFTER_IMPORTS, AT_FIRST_CALL, FLAG, MODEL, Knob, TorchSetting, Written
 
 CAPABILITY = 8  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
 
@@ -34,9 +34,10 @@ def apply(torch: Any, undo: Any) -> str | None:
 
 
 KNOB = Knob(
-    "tf32", FLAG, MODEL, AT_FIRST_CALL, "TF32 matmuls", in_process=True, trainer_keywords=(("tf32", True),),
-    advice="tf32", spread=(0.10, None), after="amp",
+    "tf32", FLAG, MODEL, AT_FIRST_CALL, "TF32 matmuls", in_process=True, advice="tf32", spread=(0.10, None),
+    after="amp",
     setting=TorchSetting(
-        off_cuda="TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none", own=own, apply=apply,
-        lines=('torch.set_float32_matmul_precision("high")  # fp32 matmuls as TF32 on Tensor Cores (Ampere+)',
-               "torch.backends.cudnn.allow_tf32 = True  # and convolutions")))
+        off_cuda="TF32 is a mode of NVIDIA Tensor Cores (Ampere and later); the CPU has none", own=own, apply=apply),
+    written=Written(AFTER_IMPORTS, trainer_keywords=(("tf32", True),), lines=(
+        'torch.set_float32_matmul_precision("high")  # fp32 matmuls as TF32 on Tensor Cores (Ampere+)',
+        "torch.backends.cudnn.allow_tf32 = True  # and convolutions")))

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob, WhatIf
+from advisor.knobs.knob import AFTER_IMPORTS, AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob, WhatIf, Written
 from advisor.knobs.offer import Best, Offer
 
 def setting(trial: TrialSettings) -> int:
@@ -37,6 +37,12 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 # β, 1: the operators split perfectly over their threads (the CPU time they take stays the same).
 WHAT_IF = WhatIf("threads", "threads", setting, transform, "threads", prior=1.0, bounds=(0.2, 1.5))
 
+# The session tries fewer threads only for a step on the CPU, beside its DataLoader workers: a run on a GPU (the same
+# script on another machine) keeps torch's default, which its CPU-side work may need.
+WRITTEN = Written(AFTER_IMPORTS, lines=(
+    "if not torch.cuda.is_available():  # measured by advisor on the CPU, beside the DataLoader workers",
+    "    torch.set_num_threads({value})  # torch's intra-op threads"))
+
 
 def offer(best: Best) -> Offer | None:
     """On the CPU, with DataLoader workers: fewer torch threads for the step, so that it and the workers do not
@@ -51,4 +57,4 @@ def offer(best: Best) -> Offer | None:
 
 
 KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False,
-            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF, offer=offer)
+            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF, written=WRITTEN, offer=offer)

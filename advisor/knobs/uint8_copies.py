@@ -55,7 +55,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, faster_copies, undone
-from advisor.knobs.knob import AT_DATASET, DATA, FLAG, Knob, WhatIf
+from advisor.knobs.knob import AT_DATASET, DATA, FLAG, FROM_TRIAL, Knob, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 UINT8_BYTES = 4.0  # a float32 image over its 8-bit one
@@ -97,4 +97,4 @@ def offer(best: Best) -> Offer | None:
 
 
 KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images", numerics=False, proposed_as="fewer-copy-bytes",
-            spread=(0.10, 0.10), whatif=WHAT_IF, offer=offer)
+            spread=(0.10, 0.10), whatif=WHAT_IF, written=Written(FROM_TRIAL, record="uint8_plan"), offer=offer)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+from advisor.knobs import written_at
+from advisor.knobs.knob import IN_LOADER
+
 NO_GRAD_CONTEXTS = {
     "torch.no_grad",
     "torch.inference_mode",
@@ -34,5 +37,6 @@ BATCHNORM_MODELS = re.compile(
 )
 DTYPE_HALF = {"torch.float16", "torch.half"}
 ITERATOR_WRAPPERS = {"enumerate", "iter", "zip", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "itertools.islice"}
-DATALOADER_POSITIONAL = {"num_workers": 5, "pin_memory": 7}  # DataLoader(dataset, batch_size, ...)
+# DataLoader(dataset, batch_size, ...): where each knob's argument sits, as its module declares (`Written.position`).
+DATALOADER_POSITIONAL = {k.name: k.written.position for k in written_at(IN_LOADER) if k.written.position is not None}
 OPTIMIZER_NAME = re.compile(r"optim|^opt|scaler", re.IGNORECASE)

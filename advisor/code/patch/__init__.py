@@ -52,8 +52,7 @@ A target that runs its own loop over batches gets the autocast block and the acc
 inside the loop that holds the backward, once per iteration.
 """
 
-from advisor.code.patch.plan import PATCH_NAME, Patch, add_threads, plan_patch, patched_source, rewrite_step, \
-    suggest_patch, write_patch
+from advisor.code.patch.plan import PATCH_NAME, Patch, plan_patch, patched_source, rewrite_step, suggest_patch, \
+    write_patch
 
-__all__ = ["PATCH_NAME", "Patch", "add_threads", "plan_patch", "patched_source", "rewrite_step", "suggest_patch",
-           "write_patch"]
+__all__ = ["PATCH_NAME", "Patch", "plan_patch", "patched_source", "rewrite_step", "suggest_patch", "write_patch"]

@@ -8,14 +8,15 @@ from typing import Any
 import libcst as cst
 
 from advisor.code.syntax import dotted, literal_node, put_keyword
-from advisor.knobs import DDP_KNOBS
+from advisor.knobs import written_at
+from advisor.knobs.knob import IN_DDP
 from advisor.trials.knobs import Knobs
 
 
 def ddp_changes(knobs: Knobs, user_values: dict) -> dict[str, Any]:
     """The DDP arguments to write: each knob set to a value other than the script's own."""
-    return {knob.removeprefix("ddp_"): getattr(knobs, knob) for knob in DDP_KNOBS
-            if getattr(knobs, knob) is not None and getattr(knobs, knob) != user_values.get(knob)}
+    return {knob.written.argument: getattr(knobs, knob.name) for knob in written_at(IN_DDP)
+            if getattr(knobs, knob.name) is not None and getattr(knobs, knob.name) != user_values.get(knob.name)}
 
 
 def is_ddp_call(call: cst.Call) -> bool:

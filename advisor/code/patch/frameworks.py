@@ -16,6 +16,8 @@ sets it (the DataLoader rewrite's rules, `advisor.code.patch.loaders`):
   code (`train_dataloader`, `configure_optimizers`, `torch.set_float32_matmul_precision`): the plain rules
   write them.
 
+Each knob's keywords are declared in its module (`Written`: `trainer_for`, `trainer_keywords`,
+`micro_batches_of`, `accelerator_argument`, `lightning_for`, `lightning_model`; `Knob.training_argument`).
 `rewrite_frameworks` returns the knobs it wrote; the plain rules write the rest.
 """
 
@@ -29,53 +31,53 @@ import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts
 from advisor.code.patch.loaders import ArgparseRewrite, LoaderRewrite, set_constants
+from advisor.code.patch.written import to_write
 from advisor.code.settings import Elsewhere
 from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_node, put_keyword, replace_arg
-from advisor.knobs import KNOBS, TRAINING_ARGUMENTS
+from advisor.knobs import BY_NAME, KNOBS, TRAINING_ARGUMENTS
+from advisor.knobs.knob import Code
 from advisor.trials.knobs import Knobs
 
 LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
 
 
 def trainer_keywords(knobs: Knobs, user: dict, accumulation_steps: int | None) -> dict[str, Any]:
-    """The TrainingArguments keywords for the knobs, by knob: {knob: {keyword: value}}."""
+    """The TrainingArguments keywords for the knobs, by knob: {knob: {keyword: value}} (each knob's `Written`)."""
     out: dict[str, dict[str, Any]] = {}
-    if knobs.amp == "bf16":
-        # The Trainer refuses bf16 without a GPU unless told it trains on the CPU: neutral where one is there.
-        out["amp"] = {"bf16": True, "use_cpu": Expression("not torch.cuda.is_available()")}
-    elif knobs.amp:
-        out["amp"] = {"fp16": True}
-    for knob, keyword in TRAINING_ARGUMENTS.items():
-        value = getattr(knobs, knob)
-        if value is not None and value != user.get(knob):
-            out[knob] = {keyword: value}
+    for knob in KNOBS:  # a keyword for each of its values (`bf16=True`)
+        value = getattr(knobs, knob.name)
+        if value and knob.written and knob.written.trainer_for:
+            out[knob.name] = dict(knob.written.trainer_for[value])
+    for name, keyword in TRAINING_ARGUMENTS.items():
+        value = getattr(knobs, name)
+        if value is not None and value != user.get(name):
+            out[name] = {keyword: value}
     k = accumulation_steps or 1
-    batch = knobs.batch_size or user.get("batch_size")
-    if k > 1 and batch and batch % k == 0:
-        out["accumulation_steps"] = {"per_device_train_batch_size": batch // k, "gradient_accumulation_steps": k}
-        if knobs.batch_size is not None:
-            out["batch_size"] = {}  # the micro-batch above is the batch knob's too
-    for knob in KNOBS:  # the Trainer's own way to compile, fuse the optimizer, use TF32 (each knob's module says)
-        if knob.trainer_keywords and getattr(knobs, knob.name) and not user.get(knob.name):
-            out[knob.name] = dict(knob.trainer_keywords)
+    for knob in KNOBS:  # micro-batches of the batch, with the Trainer's own accumulation
+        of = knob.written.micro_batches_of if knob.written else None
+        if of is None:
+            continue
+        batch = getattr(knobs, of) or user.get(of)
+        if k > 1 and batch and batch % k == 0:
+            out[knob.name] = {TRAINING_ARGUMENTS[of]: batch // k, knob.written.trainer_count: k}
+            if getattr(knobs, of) is not None:
+                out[of] = {}  # the micro-batch above is the batch knob's too
+    for name in to_write(knobs, user):  # the Trainer's own way to compile, fuse the optimizer, use TF32
+        if BY_NAME[name].written.trainer_keywords:
+            out[name] = dict(BY_NAME[name].written.trainer_keywords)
     return out
-
-
-@dataclass(frozen=True)
-class Expression:
-    """A keyword's value written as code, added only where the call does not set that keyword itself."""
-
-    code: str
 
 
 def accelerator_keywords(knobs: Knobs) -> dict[str, Any]:
     """`Accelerator(...)` keywords, by knob."""
-    return {"amp": {"mixed_precision": knobs.amp}} if knobs.amp else {}
+    return {k.name: {k.written.accelerator_argument: getattr(knobs, k.name)} for k in KNOBS
+            if k.written and k.written.accelerator_argument and getattr(knobs, k.name)}
 
 
 def lightning_keywords(knobs: Knobs) -> dict[str, Any]:
     """Lightning `Trainer(...)` keywords, by knob."""
-    return {"amp": {"precision": "bf16-mixed" if knobs.amp == "bf16" else "16-mixed"}} if knobs.amp else {}
+    return {k.name: dict(k.written.lightning_for[getattr(knobs, k.name)]) for k in KNOBS
+            if k.written and k.written.lightning_for and getattr(knobs, k.name)}
 
 
 @dataclass
@@ -140,10 +142,10 @@ class KeywordRewrite(LoaderRewrite):
         call = updated_node
         for keyword, value in self.keywords.items():
             arg = keyword_arg(call, keyword)
-            if isinstance(value, Expression):
+            if isinstance(value, Code):
                 if arg is None:
-                    call = put_keyword(call, keyword, cst.parse_expression(value.code))
-                    self.needs_torch = self.needs_torch or "torch." in value.code
+                    call = put_keyword(call, keyword, cst.parse_expression(value.text))
+                    self.needs_torch = self.needs_torch or "torch." in value.text
             elif arg is not None and isinstance(arg.value, cst.SimpleString):  # optim="adamw_torch", precision="32"
                 call = replace_arg(call, arg, literal_node(value))
             else:
@@ -177,7 +179,7 @@ def with_torch_import(module: cst.Module) -> cst.Module:
 
 
 class BeforeFit(BlockRewrite):
-    """channels_last and torch.compile on the model right before the first `<trainer>.fit(model, ...)`."""
+    """Lines on the model (channels_last, torch.compile) right before the first `<trainer>.fit(model, ...)`."""
 
     def __init__(self, lines: list[str]):
         super().__init__()
@@ -206,12 +208,6 @@ def fit_model(statement: cst.BaseStatement) -> str | None:
         return None
     arg = next((a for a in call.args if a.keyword is None or a.keyword.value == "model"), None)
     return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
-
-
-LIGHTNING_MODEL_LINES = {
-    "channels_last": "{model} = {model}.to(memory_format=torch.channels_last)  # NHWC: faster convolutions",
-    "compile": "{model} = torch.compile({model})  # Lightning trains the compiled module (compiled in the first steps)",
-}
 
 
 @dataclass
@@ -253,15 +249,16 @@ def rewrite_frameworks(edited: dict[Path, cst.Module], module_of: Callable[[Path
 
 def lightning_model(edited: dict[Path, cst.Module], path: Path, module: cst.Module, knobs: Knobs,
                     user_values: dict, notes: list[str]) -> set[str]:
-    """channels_last / torch.compile before `trainer.fit(model)`; the knobs written."""
-    wanted = [k for k in LIGHTNING_MODEL_LINES if getattr(knobs, k) and not user_values.get(k)]
-    if not wanted:
+    """Each knob's line on the model (`Written.lightning_model`) before `trainer.fit(model)`; the knobs written."""
+    lines = {name: BY_NAME[name].written.lightning_model for name in to_write(knobs, user_values)
+             if BY_NAME[name].written.lightning_model}
+    if not lines:
         return set()
-    rewrite = BeforeFit([LIGHTNING_MODEL_LINES[k] for k in wanted])
+    rewrite = BeforeFit(list(lines.values()))
     changed = module.visit(rewrite)
     if not rewrite.placed:
         notes.append("no trainer.fit(model) call with a plain name was found: "
-                     + "; ".join(f"{k}: {LIGHTNING_MODEL_LINES[k].format(model='model')}" for k in wanted))
+                     + "; ".join(f"{k}: {line.format(model='model')}" for k, line in lines.items()))
         return set()
     edited[path] = with_torch_import(changed)
-    return set(wanted)
+    return set(lines)

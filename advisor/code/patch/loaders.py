@@ -12,13 +12,16 @@ from advisor.code.patch.facts import NOT_LITERAL, ScriptFacts, argparse_dest
 from advisor.code.syntax import double_star, dotted, drop_keywords, keyword_arg, literal_node, literal_value, \
     put_keyword, replace_arg
 from advisor.code.settings import Elsewhere
-from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS
+from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS, written_at
+from advisor.knobs.knob import IN_LOADER
 from advisor.trials.knobs import Knobs
 
 DATALOADER_NAMES = ("DataLoader",)
 # Positions in DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
-# pin_memory, ...); prefetch_factor and persistent_workers are keyword-only.
-DATALOADER_POSITIONS = {"batch_size": 1, "batch_sampler": 4, "num_workers": 5, "pin_memory": 7}
+# pin_memory, ...): each knob's (`Written.position`; prefetch_factor and persistent_workers are keyword-only), and
+# batch_sampler's, which leaves the batch size out.
+DATALOADER_POSITIONS = {**{k.name: k.written.position for k in written_at(IN_LOADER) if k.written.position is not None},
+                        "batch_sampler": 4}
 MAX_LINE = 100  # where added DataLoader arguments wrap onto a new line
 
 
@@ -138,15 +141,13 @@ class LoaderRewrite(cst.CSTTransformer):
 
     def _knobs_into(self, call: cst.Call) -> cst.Call:
         """The call with the knobs' values (planning constant and argparse changes on the way)."""
-        sampler = _find_arg(call, "batch_sampler")
-        if "batch_size" in self.changes and (sampler is None or literal_value(sampler.value) == (True, None)):
-            call = self._set(call, "batch_size", self.changes["batch_size"])
-        if "num_workers" in self.changes:
-            call = self._set(call, "num_workers", self.changes["num_workers"])
+        for knob in written_at(IN_LOADER):  # those DataLoader takes with or without workers, in the registry's order
+            excluded = _find_arg(call, knob.written.excluded_by) if knob.written.excluded_by else None
+            if knob.name in self.changes and not knob.needs_workers and \
+                    (excluded is None or literal_value(excluded.value) == (True, None)):  # not with a batch_sampler
+                call = self._set(call, knob.name, self.changes[knob.name])
         workers_node = self._workers(call)
         workers = self._static_value(workers_node)  # None: known only at run time
-        if "pin_memory" in self.changes:
-            call = self._set(call, "pin_memory", self.changes["pin_memory"])
         if workers == 0:
             # DataLoader rejects these without worker processes (the user's values were valid for
             # their own worker count, so fewer workers means dropping them; False / None may stay).

@@ -1,64 +1,48 @@
-"""The model knobs written where the script sets those things up: channels_last and torch.compile after the
-model is built (just before the optimizer is made from its parameters), `fused=True` (or `foreach=True`)
-where the optimizer is constructed, TF32 and cudnn.benchmark at the top of the training code (after the
-imports), as a user would write them by hand."""
+"""The model knobs written where the script sets those things up (each knob's `Written` says which and how): the
+lines on the model after it is built (just before the optimizer is made from its parameters: channels_last,
+torch.compile), `fused=True` (or `foreach=True`) where the optimizer is constructed, and the keyword the step's move
+of the batch takes (channels_last), as a user would write them by hand. TF32 and cudnn.benchmark, lines after the
+imports, are `advisor.code.patch.written`'s."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts, is_optimizer_constructor
-from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_value, put_keyword
-from advisor.knobs import TORCH_SETTINGS
-from advisor.trials.knobs import Knobs
+from advisor.code.syntax import BlockRewrite, dotted, keyword_arg, literal_value, put_keyword
+from advisor.knobs import BY_NAME
+from advisor.knobs.knob import IN_OPTIMIZER, ON_MODEL
 
 # torch.optim classes with a fused implementation (CUDA and CPU); the others take foreach=True.
 FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
 
 
-def model_changes(knobs: Knobs, user_values: dict) -> dict[str, bool]:
-    """The model knobs this patch turns on: those the trial turned and the script does not set already."""
-    names = ("channels_last", "compile", "fused_optimizer", *(knob.name for knob in TORCH_SETTINGS))
-    return {n: True for n in names if getattr(knobs, n) and not user_values.get(n)}
-
-
-def rewrite_model(module: cst.Module, changes: dict[str, bool]) -> tuple[cst.Module, list[str]]:
-    """The module with the model knobs written in; notes say what could not be placed."""
+def rewrite_model(module: cst.Module, changes: dict[str, object]) -> tuple[cst.Module, list[str]]:
+    """The module with the model knobs of `changes` (written ON_MODEL or IN_OPTIMIZER, by name) written in; notes
+    say what could not be placed."""
     notes: list[str] = []
-    facts = ScriptFacts.collect(module)
-    if changes.get("channels_last") or changes.get("compile") or changes.get("fused_optimizer"):
-        rewrite = ModelSetup(changes, facts)
-        module = module.visit(rewrite)
-        if not rewrite.optimizers:
-            notes.append("no torch.optim optimizer is built in this file: "
-                         + "; ".join(what for knob, what in MANUAL.items() if changes.get(knob)))
-        elif (changes.get("channels_last") or changes.get("compile")) and not rewrite.model_placed:
-            notes.append("the model the optimizer is built from is not a plain name: "
-                         + "; ".join(what for knob, what in MANUAL.items() if changes.get(knob) and knob != "fused_optimizer"))
-    lines = [line for knob in TORCH_SETTINGS if changes.get(knob.name) for line in knob.setting.lines]
-    if lines:
-        body = list(module.body)
-        index = after_imports(body)
-        new = [] if facts.torch_bound else [cst.parse_statement("import torch")]
-        new += [cst.parse_statement(line) for line in lines]
-        module = module.with_changes(body=[*body[:index], *new, *body[index:]])
+    knobs = [BY_NAME[name] for name in changes]
+    if not knobs:
+        return module, notes
+    rewrite = ModelSetup(knobs, ScriptFacts.collect(module))
+    module = module.visit(rewrite)
+    if not rewrite.optimizers:
+        notes.append("no torch.optim optimizer is built in this file: "
+                     + "; ".join(knob.written.manual for knob in knobs))
+    elif rewrite.on_model and not rewrite.model_placed:
+        notes.append("the model the optimizer is built from is not a plain name: "
+                     + "; ".join(knob.written.manual for knob in rewrite.on_model))
     return module, notes
-
-
-MANUAL = {
-    "channels_last": "after building the model: model = model.to(memory_format=torch.channels_last)",
-    "compile": "after building the model: model = torch.compile(model)",
-    "fused_optimizer": "build the optimizer with fused=True",
-}
 
 
 class ModelSetup(BlockRewrite):
     """Before the first optimizer built from `<model>.parameters()`: the model lines; in every optimizer
     constructor: fused=True (foreach=True for classes without a fused kernel)."""
 
-    def __init__(self, changes: dict[str, bool], facts: ScriptFacts):
+    def __init__(self, knobs: list, facts: ScriptFacts):
         super().__init__()
-        self.changes = changes
+        self.on_model = [knob for knob in knobs if knob.written.at == ON_MODEL]  # their lines, in order
+        self.fused = any(knob.written.at == IN_OPTIMIZER for knob in knobs)
         self.facts = facts
         self.optimizers = 0
         self.model_placed = False
@@ -92,17 +76,11 @@ class ModelSetup(BlockRewrite):
                 continue
             self.optimizers += 1
             model = self._model_name(call)
-            if model is not None and not self.model_placed and (self.changes.get("channels_last")
-                                                                 or self.changes.get("compile")):
-                if self.changes.get("channels_last"):
-                    out.append(cst.parse_statement(
-                        f"{model} = {model}.to(memory_format=torch.channels_last)  # NHWC: faster convolutions"))
-                if self.changes.get("compile"):
-                    out.append(cst.parse_statement(
-                        f"{model} = torch.compile({model})  # compiles on the first steps; save "
-                        f"{model}._orig_mod.state_dict()"))
+            if model is not None and not self.model_placed and self.on_model:
+                out += [cst.parse_statement(line.format(model=model))
+                        for knob in self.on_model for line in knob.written.lines]
                 self.model_placed = True
-            if self.changes.get("fused_optimizer"):
+            if self.fused:
                 statement = statement.visit(_Fused(call, self.facts))
             out.append(statement)
         return out
@@ -129,11 +107,11 @@ class _Fused(cst.CSTTransformer):
         return put_keyword(updated_node, option, cst.Name("True"))
 
 
-def rewrite_inputs(module: cst.Module, target: str) -> tuple[cst.Module, bool]:
-    """In the step function `target`: the batch the model is called with, made channels_last where it is moved
-    to the device (`x = x.to(device)` → `x = x.to(device, memory_format=torch.channels_last)`). Returns the
+def rewrite_inputs(module: cst.Module, target: str, keyword: tuple[str, str]) -> tuple[cst.Module, bool]:
+    """In the step function `target`: the keyword (its name, its code) in the move of the batch the model is called
+    with to the device (`x = x.to(device)` → `x = x.to(device, memory_format=torch.channels_last)`). Returns the
     module and whether it found that line."""
-    rewrite = MovedInput(target.rsplit(".", 1)[-1])
+    rewrite = MovedInput(target.rsplit(".", 1)[-1], keyword)
     module = module.visit(rewrite)
     return module, rewrite.done
 
@@ -141,9 +119,10 @@ def rewrite_inputs(module: cst.Module, target: str) -> tuple[cst.Module, bool]:
 class MovedInput(cst.CSTTransformer):
     """The first name both moved with `.to(...)` in the function and called into as a first argument."""
 
-    def __init__(self, function: str):
+    def __init__(self, function: str, keyword: tuple[str, str] | None = None):
         super().__init__()
         self.function = function
+        self.keyword = keyword
         self.depth = 0
         self.moved: set[str] = set()
         self.fed: str | None = None
@@ -184,8 +163,8 @@ class MovedInput(cst.CSTTransformer):
 
 
     def rewritten(self, moved: cst.Call) -> cst.BaseExpression:
-        """What the batch's `x.to(device)` becomes: here, channels_last."""
-        return put_keyword(moved, "memory_format", cst.parse_expression("torch.channels_last"))
+        """What the batch's `x.to(device)` becomes: with the keyword."""
+        return put_keyword(moved, self.keyword[0], cst.parse_expression(self.keyword[1]))
 
 
 def is_move(node: cst.BaseExpression, name: str) -> bool:

@@ -8,6 +8,7 @@ import difflib
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 
@@ -20,12 +21,15 @@ from advisor.code.patch.loaders import loader_changes, rewrite_dataloaders
 from advisor.code.patch.byte_step import rewrite_step_bytes
 from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes
 from advisor.code.patch.checkpointing import manual_note, rewrite_checkpointing
-from advisor.code.patch.model import model_changes, rewrite_inputs, rewrite_model
+from advisor.code.patch.model import rewrite_inputs, rewrite_model
 from advisor.code.patch.step import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
+from advisor.code.patch.written import add_after_imports, to_write
 from advisor.code.syntax import after_imports
 from advisor.code.settings import Elsewhere, search_files, set_definitions
 from advisor.errors import AdvisorError
+from advisor.knobs import BY_NAME, written_at
+from advisor.knobs.knob import AFTER_IMPORTS, FROM_TRIAL, IN_OPTIMIZER, ON_MODEL
 from advisor.trials.knobs import Knobs
 
 PATCH_NAME = "suggested.patch"
@@ -58,10 +62,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     gradient accumulation are written into (None: none of those). `loader_site`: where the training
     loader is built (`file.py:LINE`; default: every DataLoader call of the script); its values are
     changed where they are set — in its call, a constant, a flag's default, a config in another module.
-    `checkpoint_plan`: where the checkpointed blocks sit (the trial's record), for the checkpointing knob.
-    The threads knob is `torch.set_num_threads(N)` after the script's imports, where CUDA is not available.
-    `attention_plan`: the attention lines the best trial's sdpa replaced (trial.json), written first, while
-    every file's lines are still those the trial read.
+    `uint8_plan`, `attention_plan`, `checkpoint_plan`: what the best trial changed (its trial.json), for the
+    knobs written from their trial's record (`Written.record`); the attention first, while every file's lines
+    are still those the trial read. Each knob is written where its module's `Written` says: the DataLoader's
+    arguments, the step, the model and the optimizer, lines after the script's imports.
     """
     script = Path(script).resolve()
     root = Path(root).resolve() if root is not None else script.parent
@@ -76,8 +80,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
 
     edited: dict[Path, cst.Module] = {}
     notes: list[str] = []
-    if knobs.sdpa and attention_plan and not user_values.get("sdpa"):
-        notes += write_attention(edited, module_of, attention_plan)
+    records = {"attention_plan": attention_plan, "uint8_plan": uint8_plan, "checkpoint_plan": checkpoint_plan}
+    step_path = Path(step_file).resolve() if step_file is not None else script
+    notes += write_recorded(RECORDED_FIRST, edited, module_of, knobs, records, Sites(script, step_path, target),
+                            user_values)
     found = site_of(loader_site)
     loader_file, line = (found[0].resolve(), found[1]) if found else (script, None)
     elsewhere = Elsewhere(search_files(script, loader_file, root), loader_file)
@@ -100,39 +106,32 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     for path in {d.file for d, _ in elsewhere.changes}:
         base = edited.get(path) or module_of(path)
         edited[path] = set_definitions(base, [(d, v) for d, v in elsewhere.changes if d.file == path])
-    step_path = Path(step_file).resolve() if step_file is not None else script
-    if target is not None and (knobs.amp or knobs.non_blocking or (accumulation_steps or 1) > 1):
+    step = StepPlan.of(knobs)
+    if target is not None and (step.turned() or (accumulation_steps or 1) > 1):
         base = edited.get(step_path) or module_of(step_path)
         edited[step_path] = rewrite_step(base, target, knobs, accumulation_steps, str(step_path))
-    elif knobs.amp or knobs.non_blocking:
-        kept = ", ".join(f"{k}={getattr(knobs, k)}" for k in ("amp", "non_blocking") if getattr(knobs, k))
-        notes.append(f"{kept} is not written: the function that runs the step is not known (a framework's loop "
-                     "runs it); put the forward under torch.autocast (amp) and pass non_blocking=True to "
-                     ".to(device), or set the framework's own mixed-precision option")
+    elif step.turned():
+        notes.append(step.unwritten())
     if ddp_changes(knobs, user_values):
         edited[script], ddp_notes = rewrite_ddp(edited.get(script) or module_of(script), knobs, user_values)
         notes += ddp_notes
-    changes = model_changes(knobs, user_values)
+    changes = to_write(knobs, user_values, ON_MODEL, IN_OPTIMIZER)
     if changes:
         edited[script], model_notes = rewrite_model(edited.get(script) or module_of(script), changes)
         notes += model_notes
-    if changes.get("channels_last"):
+    for name in changes:  # the batch, where the step moves it (channels_last)
+        written = BY_NAME[name].written
         placed = False
-        if target is not None:
-            edited[step_path], placed = rewrite_inputs(edited.get(step_path) or module_of(step_path), target)
-        if not placed:
-            notes.append("the batch the model takes is not made channels_last here (the model's first convolution "
-                         "converts it); to skip that copy: x = x.to(device, memory_format=torch.channels_last)")
-    if knobs.uint8_copies and uint8_plan and uint8_plan.get("kind") == "transform":
-        notes += write_pipeline_bytes(edited, module_of, [Path(uint8_plan["file"]).resolve(), script, step_path],
-                                      step_path, target, uint8_plan)
-    elif knobs.uint8_copies and uint8_plan:
-        notes += write_bytes(edited, module_of, Path(uint8_plan["file"]).resolve(), step_path, target, uint8_plan)
-    if knobs.checkpointing:
-        notes += write_checkpointing(edited, module_of, checkpoint_plan)
-    if knobs.threads and knobs.threads != user_values.get("threads"):
-        base = edited.get(script) or module_of(script)
-        edited[script] = add_threads(base, knobs.threads)
+        if written.batch_keyword and target is not None:
+            edited[step_path], placed = rewrite_inputs(edited.get(step_path) or module_of(step_path), target,
+                                                       written.batch_keyword)
+        if written.batch_keyword and not placed:
+            notes.append(written.batch_manual)
+    notes += write_recorded(RECORDED, edited, module_of, knobs, records, Sites(script, step_path, target),
+                            user_values)
+    settings = to_write(knobs, user_values, AFTER_IMPORTS)
+    if settings:
+        edited[script] = add_after_imports(edited.get(script) or module_of(script), settings)
     diffs = []
     for path, after in sorted(edited.items()):
         if path not in sources:
@@ -163,7 +162,35 @@ def unwritten_loader(changes: dict, user_values: dict, site: str | None) -> str:
             "configures that library's training DataLoader")
 
 
-def write_checkpointing(edited: dict, module_of, plan: dict | None) -> list[str]:
+@dataclass(frozen=True)
+class Sites:
+    """Where a change a trial recorded is written: beside the script, the step's file and function; and the
+    script's own value of the knob."""
+
+    script: Path
+    step_path: Path
+    target: str | None
+    own: Any = None
+
+
+def write_recorded(writers: dict, edited: dict, module_of, knobs: Knobs, records: dict, sites: Sites,
+                   user_values: dict) -> list[str]:
+    """Each knob written from its trial's record (`FROM_TRIAL`) whose record `writers` writes, in the registry's
+    order, into `edited`; the notes for what is not found."""
+    notes = []
+    for knob in written_at(FROM_TRIAL):
+        if knob.written.record in writers and getattr(knobs, knob.name):
+            notes += writers[knob.written.record](edited, module_of, records.get(knob.written.record),
+                                                  dataclasses.replace(sites, own=user_values.get(knob.name)))
+    return notes
+
+
+def write_attention_plan(edited: dict, module_of, plan: list | None, sites: Sites) -> list[str]:
+    """The attention the trial rewrote (its record's lines), where the script does not use SDPA already."""
+    return write_attention(edited, module_of, plan) if plan and not sites.own else []
+
+
+def write_checkpointing(edited: dict, module_of, plan: dict | None, sites: Sites | None = None) -> list[str]:
     """The checkpointing change into `edited`: the blocks' calls in the forward that runs them; a note where not."""
     path = Path(plan["file"]).resolve() if plan and plan.get("file") else None
     if path is None or not path.is_file():
@@ -173,6 +200,16 @@ def write_checkpointing(edited: dict, module_of, plan: dict | None) -> list[str]
         return [manual_note(plan)]
     edited[path] = module
     return []
+
+
+def write_uint8(edited: dict, module_of, plan: dict | None, sites: Sites) -> list[str]:
+    """The 8-bit copies the trial made: of a torchvision pipeline, or of the Dataset's own conversion."""
+    if not plan:
+        return []
+    if plan.get("kind") == "transform":
+        return write_pipeline_bytes(edited, module_of, [Path(plan["file"]).resolve(), sites.script, sites.step_path],
+                                    sites.step_path, sites.target, plan)
+    return write_bytes(edited, module_of, Path(plan["file"]).resolve(), sites.step_path, sites.target, plan)
 
 
 def write_bytes(edited: dict, module_of, dataset_file: Path, step_path: Path, target: str | None,
@@ -226,6 +263,12 @@ def write_pipeline_bytes(edited: dict, module_of, files: list[Path], step_path: 
         return []
     return [f"8-bit copies are not written: the pipeline Compose([{pipeline}]) was not found written as one list "
             "in the loader's, the script's or the step's file"]
+
+
+# The writers of what trials record they changed (`Written.record`): the attention first, while every file's lines
+# are those the trial read; the Dataset's bytes and the checkpointed blocks after the plain rules.
+RECORDED_FIRST = {"attention_plan": write_attention_plan}
+RECORDED = {"uint8_plan": write_uint8, "checkpoint_plan": write_checkpointing}
 
 
 def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
@@ -303,28 +346,10 @@ def rewrite_step(module: cst.Module, target: str, knobs: Knobs, accumulation_ste
     if not facts.target_exists(target):
         raise AdvisorError(f"{filename}: cannot patch: {facts.not_found_message(target)}")
     accumulation = accumulation_steps if accumulation_steps and accumulation_steps > 1 else None
-    step = StepPlan(
-        amp=knobs.amp, non_blocking=bool(knobs.non_blocking), accumulation=accumulation,
-        scaler_name=facts.free_name("scaler", "grad_scaler", "advisor_scaler"),
-    )
+    step = StepPlan.of(knobs, accumulation, facts.free_name("scaler", "grad_scaler", "advisor_scaler"))
     transformer = TargetRewrite(target, step, facts)
     module = module.visit(transformer)
     return add_module_statements(module, facts, step, transformer)
-
-
-def add_threads(module: cst.Module, threads: int) -> cst.Module:
-    """`torch.set_num_threads(N)` right after the imports, when no GPU is there (with `import torch` if the
-    script has none)."""
-    facts = ScriptFacts.collect(module)
-    body = list(module.body)
-    index = after_imports(body)
-    lines = [] if facts.torch_bound else [cst.parse_statement("import torch")]
-    # The session tries fewer threads only for a step on the CPU, beside its DataLoader workers: a run on a
-    # GPU (the same script on another machine) keeps torch's default, which its CPU-side work may need.
-    lines.append(cst.parse_statement(
-        "if not torch.cuda.is_available():  # measured by advisor on the CPU, beside the DataLoader workers\n"
-        f"    torch.set_num_threads({int(threads)})  # torch's intra-op threads\n"))
-    return module.with_changes(body=[*body[:index], *lines, *body[index:]])
 
 
 def patched_source(source: str, target: str, knobs: Knobs, user_values: dict, *,

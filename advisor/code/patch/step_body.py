@@ -23,10 +23,28 @@ class StepPlan:
     accumulation: int | None
     scaler_name: str
 
+    @classmethod
+    def of(cls, knobs: Any, accumulation: int | None = None, scaler_name: str = "scaler") -> StepPlan:
+        """The plan for the knobs written in the step (`IN_STEP`) of a `Knobs`, with `accumulation` micro-steps."""
+        return cls(amp=knobs.amp, non_blocking=bool(knobs.non_blocking), accumulation=accumulation,
+                   scaler_name=scaler_name)
+
     @property
     def fp16(self) -> bool:
         """fp16 autocast, which needs a GradScaler."""
         return self.amp == "fp16"
+
+    def turned(self) -> bool:
+        """Whether autocast or non_blocking copies are to be written."""
+        return bool(self.amp or self.non_blocking)
+
+    def unwritten(self) -> str:
+        """The note where no step function is known to write them in."""
+        kept = ", ".join(f"{name}={value}" for name, value in (("amp", self.amp), ("non_blocking", self.non_blocking))
+                         if value)
+        return (f"{kept} is not written: the function that runs the step is not known (a framework's loop runs it); "
+                "put the forward under torch.autocast (amp) and pass non_blocking=True to .to(device), or set the "
+                "framework's own mixed-precision option")
 
 
 DTYPE_NAMES = {
