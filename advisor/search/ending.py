@@ -17,8 +17,8 @@ from advisor.knobs import NEUTRAL
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
-from advisor.analysis.worth import expected_improvement
 from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS, STOP_SHARE
+from advisor.search.expected import remeasure_value
 from advisor.search.remeasures import first_change, measured_at_one_load, once_more, run_folders, runs_of
 from advisor.search.speedup import session_speedup, speedup_note
 from advisor.search.proposal import Proposal
@@ -218,7 +218,7 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
 def worth_confirming(lead: float, noise: float, min_gain: float) -> bool:
     """Whether a setting `lead` ahead of the best (negative: behind), with `noise` (two standard errors of the
     difference), is expected to improve on it by STOP_SHARE of the least gain worth keeping, the search's own bar."""
-    return expected_improvement(lead, noise / 2) >= STOP_SHARE * min_gain
+    return remeasure_value(lead, noise) >= STOP_SHARE * min_gain
 
 
 def kept_beyond_noise_over(state: dict[str, Any], top: dict[str, Any], other: dict[str, Any]) -> bool:
@@ -272,8 +272,8 @@ def contender(out: Path, state: dict[str, Any], best: TrialResult,
         # then is no closer call than the fastest).
         if rank == 0 and pair_changed(runs_of(out, state, top["knobs"]), runs_of(out, state, row["knobs"])):
             return row, earlier
-        spread, lead = noise(best_measure, row_measure), row_measure.samples_per_s / best_measure.samples_per_s - 1
-        if lead >= -spread and worth_confirming(lead, spread, min_gain):
+        spread, ahead = noise(best_measure, row_measure), row_measure.samples_per_s / best_measure.samples_per_s - 1
+        if ahead >= -spread and worth_confirming(ahead, spread, min_gain):
             return row, earlier
     return None
 

@@ -58,7 +58,6 @@ from advisor.search.predictions import reprice
 from advisor.trials.replay.surface import SETTINGS, SurfacePoint
 
 
-
 @dataclass(frozen=True)
 class SearchSpace:
     """The values the search may give each knob: None = free (live trials), else those a surface holds."""
@@ -133,7 +132,7 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     cores = max(1, ((facts.get("cpu") or {}).get("logical_cores") or 1) // max(1, options.nproc_per_node))
     user = state.get("user_values") or {}
     here = Best(best.knobs, recs, bound.name, facts, cores, effective(best.knobs, user, "num_workers") or 0,
-                best.knobs.threads or user.get("threads"), space, getattr(options, "nproc_per_node", 1))
+                best.knobs.threads or user.get("threads"), space, options.nproc_per_node)
     found = [
         workers_proposal(recs.get("more-workers"), bound, best.knobs, state, space, cores, accelerator),
         # The top of the ladder beside its next step: where a larger batch or pinned copies change what workers
