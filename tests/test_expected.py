@@ -6,11 +6,15 @@ one move at a time walks off (replayed from real H100 trial folders), sessions e
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 import math
+import shutil
 import sys
 
 import pytest
 
+from advisor.search.best import best_trial as best_trial_of, bound_of
 from advisor.search.bounds import Bound
 from advisor.search.budget import STOP_SHARE
 from advisor.search.decision import Decision
@@ -26,6 +30,8 @@ from test_search import Traced, best_trial, gpu_state, rec
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from pair_surfaces import build_surface  # noqa: E402
+
+TRIALS_H200 = ROOT / "tests" / "data" / "trials" / "h200-conv-session"  # a real H200 session's records
 
 
 def test_expected_improvement_is_the_mean_of_the_gain_above_zero():
@@ -53,16 +59,66 @@ def test_a_lever_the_model_prices_at_zero_is_not_vetoed_by_the_rule_order():
     assert value(workers, state) > value(idle, state)
 
 
-def test_the_session_narrows_a_kind_of_change_by_its_own_predictions():
+def test_the_session_learns_the_models_error_on_a_kind_of_change():
+    """A row measured from another best narrows or widens its kind's spread; rows measured from the best of now
+    that the model priced alike (the rungs of a ladder) move its next price of their kind by what they missed."""
+    best = Knobs(num_workers=4, persistent_workers=True)
     state = gpu_state()
+    state["best"] = here = "00-baseline"
     prior = spread("amp", state)
     state["trials"].append({"status": "ok", "recommendation": "amp", "predicted_samples_gain": 0.0, "gain": 0.01,
-                            "knobs": Knobs(amp="bf16").to_dict()})
-    assert spread("amp", state) < prior  # the model was right about AMP here: less to hope for, or fear
+                            "noise": 0.04, "base": "elsewhere", "knobs": Knobs(amp="bf16").to_dict()})
+    assert spread("amp", state) < prior  # the model was right about AMP there: less to hope for, or fear
+    batch = on_best(best, {"batch_size": 256}, "larger-batch", "batch 128→256", "batch-256", 0.0, "host",
+                    helps_now=False)
+    before = value(batch, state)
     state["trials"].append({"status": "ok", "recommendation": "larger-batch", "predicted_samples_gain": 0.0,
-                            "gain": 0.9, "knobs": Knobs(batch_size=64).to_dict()})
-    assert spread("larger-batch", state) > spread("larger-batch", gpu_state())  # it missed the batch by 90 points
+                            "gain": 0.9, "noise": 0.04, "base": "elsewhere", "knobs": Knobs(batch_size=64).to_dict()})
+    assert spread("larger-batch", state) > prior and value(batch, state) > 3 * before  # missed by 90 points
+    workers = on_best(best, {"num_workers": 8}, "more-workers", "workers 4→8", "workers-8", 0.41, "input")
+    before = value(workers, state)
+    missed = {"status": "ok", "recommendation": "more-workers", "predicted_samples_gain": 0.70, "gain": -0.11,
+              "noise": 0.04, "knobs": Knobs(num_workers=6).to_dict()}
+    # Overpriced by 81 points from this best: the next worker count is worth a fraction of what it was.
+    assert value(workers, {**state, "trials": [*state["trials"], {**missed, "base": here}]}) < 0.25 * before
+    # The same miss from another best, or at a setting the model priced otherwise, only widens the spread.
+    assert value(workers, {**state, "trials": [*state["trials"], {**missed, "base": "elsewhere"}]}) >= before
+    priced_otherwise = {**missed, "base": here, "predicted_samples_gain": 1.03}
+    assert value(workers, {**state, "trials": [*state["trials"], priced_otherwise]}) >= before
     assert spread("amp+pin-memory", gpu_state()) > spread("amp", gpu_state())  # a pair: both moves' spreads
+    assert spread("pin-memory", state) == spread("pin-memory", gpu_state())  # a kind no row measured: the prior
+
+
+def test_a_worker_count_overpriced_on_a_real_h200_waits_behind_the_levers_not_measured(tmp_path):
+    """Real records of `make gpu-check`'s conv session on an H200: on batch 128 the trace shows the loop waiting
+    38 % of the step for its loader, and the model priced every worker count at +70 %. Workers 0→2 measured
+    -11 %; the session then spent its last two search trials on workers 4 (-15 %) and 8 (-9 %), each priced
+    +70 % again and ranked higher than before (the miss had only widened its spread), and pinned copies, AMP
+    and 8-bit images went unmeasured. The miss now moves the price: pinned copies, not measured yet, go before
+    the next worker count, which is worth a fraction of the first."""
+    session = tmp_path / "session"
+    for folder in TRIALS_H200.iterdir():
+        if folder.is_dir():
+            (session / "trials" / folder.name).mkdir(parents=True)
+            for trace in folder.glob("*.pt.trace.json.gz"):
+                shutil.copy(trace, session / "trials" / folder.name / trace.name)
+            (session / "trials" / folder.name / "trial.json").write_bytes(
+                gzip.decompress((folder / "trial.json.gz").read_bytes()))
+    recorded = json.loads((TRIALS_H200 / "session.json").read_text())
+    state = {**recorded, "trials": recorded["trials"][:3], "best": "02-batch-128"}
+    best = best_trial_of(session, state)
+    diagnosis, _, bound = bound_of(session, state, best)
+    assert bound.name == "input"
+    first = rank(propose(diagnosis, bound, best, state, SessionOptions(), SearchSpace()), state)
+    assert first[0].change == "workers 0→2"  # the loader binds: the first worker count leads
+    state["trials"] = recorded["trials"][:4]
+    workers_2 = state["trials"][3]
+    assert workers_2["gain"] < -0.1 and workers_2["predicted_samples_gain"] > 0.6
+    after = rank(propose(diagnosis, bound, best, state, SessionOptions(), SearchSpace()), state)
+    worth = {p.change: value(p, state) for p in after}
+    order = [p.change for p in after]
+    assert order.index("pin_memory + non_blocking copies") < order.index("workers 0→4"), worth
+    assert worth["workers 0→4"] < 0.25 * value(first[0], {**state, "trials": recorded["trials"][:3]})
 
 
 def test_a_move_within_its_noise_waits_while_a_lever_is_unmeasured():

@@ -67,10 +67,11 @@ def ceiling(recoverable: float | None) -> float | None:
     return samples_gain(min(max(recoverable, 0.0), 1 - 1e-3)) if recoverable is not None else None
 
 
-def worth(predicted_share: float, sigma: float, recoverable: float | None = None) -> float:
-    """The expected improvement of a change predicted to save `predicted_share` of the step, with spread
-    `sigma`, never wider than what its evidence can take back (`recoverable`, a share of the step)."""
+def worth(predicted_share: float, sigma: float, recoverable: float | None = None, shift: float = 0.0) -> float:
+    """The expected improvement of a change predicted to save `predicted_share` of the step, moved by `shift`
+    (what the session learnt of the model's error on such changes), with spread `sigma`, never wider than what
+    its evidence can take back (`recoverable`, a share of the step)."""
     top = ceiling(recoverable)
     if top is not None:
         sigma = min(sigma, top)
-    return expected_improvement(samples_gain(min(predicted_share, 1 - 1e-3)), sigma)
+    return expected_improvement(samples_gain(min(predicted_share, 1 - 1e-3)) + shift, sigma)

@@ -1,8 +1,9 @@
 """Expected improvement: one scale on which every candidate trial is ranked, a first move, a pair or a re-measure.
 
 A candidate carries a predicted gain μ (the what-if model's, else the rules' figure: a relative change of
-samples/s) and an uncertainty σ: the prior spread of that kind of change on this kind of device, narrowed by
-how far the session's own predictions of that kind were from what it measured. Its value is the expected
+samples/s) and an uncertainty σ: the prior spread of that kind of change on this kind of device. The session's
+own measured rows of that kind correct both (`calibrated`): a miss measured from the best of now moves the
+next price by what it missed, a miss from an earlier best widens σ. Its value is the expected
 improvement over the best, E[max(0, X)] for X ~ N(μ, σ²) = μ·Φ(μ/σ) + σ·φ(μ/σ): a change the model prices at
 +0 % is still worth a trial where its spread is wide (AMP under fp32 matrix products, pinned copies beside
 a loader that binds), and a re-measure of a move read within its noise is worth only what it can still
@@ -17,29 +18,64 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from advisor.analysis.worth import EVIDENCE, expected_improvement, kinds, prior_spread, worth
+from advisor.analysis.worth import EVIDENCE, expected_improvement, kinds, prior_spread, samples_gain, worth
 from advisor.search.proposal import Proposal
 
+# Of the model's error on a kind of change from one best (its spread's variance), the part the kind's settings
+# share: a worker count the model overpriced by 80 points at 2 workers is overpriced at 4 too (the cost of moving
+# batches between processes it leaves out is the same), while a setting's own part keeps a neighbour worth a
+# trial where the miss was small.
+SHARED = 0.8
 
-def spread(recommendation: str | None, state: dict[str, Any]) -> float:
-    """σ of a change of this kind in this session: the prior, narrowed (or widened) by the session's own
-    predictions of its kinds, each measured row's error counting as one more draw beside the prior."""
-    accelerator = (state.get("device") or {}).get("type") == "cuda"
-    sigma = prior_spread(recommendation, accelerator)
+
+def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
+               priced: float | None = None) -> tuple[float, float]:
+    """What the session's own measured rows of this kind of change say of the model's next price of it: (the
+    shift of its mean, its σ).
+
+    Rows measured from another best (the step has changed since) only narrow or widen the spread: each row's
+    error counts as one more draw beside the prior. Rows measured from the best of now that the model priced as
+    it prices this setting (`priced`, a relative change of samples/s), within one standard error of the row's
+    measurement (its noise is two), are settings it cannot tell apart on this step (the rungs of a ladder, all
+    priced alike), so they share its error here: of its variance SHARED is common to them, the rest each
+    setting's own. Each such row's error (measured less predicted) is one draw of the common part, with its
+    setting's own part and its measurement's noise; the posterior of the common part moves the mean, and its
+    variance with a new setting's own part makes the σ. No row of the kind: (0, prior)."""
     mine = set(kinds(recommendation))
-    errors = [abs(t["predicted_samples_gain"] - t["gain"]) for t in state.get("trials") or []
-              if t.get("predicted_samples_gain") is not None and t.get("gain") is not None
-              and set(kinds(t.get("recommendation"))) == mine]
-    if not errors:
-        return sigma
-    return math.sqrt((sigma ** 2 + sum(e * e for e in errors)) / (1 + len(errors)))
+    rows = [t for t in state.get("trials") or [] if t.get("predicted_samples_gain") is not None
+            and t.get("gain") is not None and set(kinds(t.get("recommendation"))) == mine]
+    here = [t for t in rows if priced is not None and t.get("base") is not None and t["base"] == state.get("best")
+            and abs(t["predicted_samples_gain"] - priced) <= (t.get("noise") or 0.0) / 2]
+    errors = [t["gain"] - t["predicted_samples_gain"] for t in rows if t not in here]
+    sigma = math.sqrt((prior ** 2 + sum(e * e for e in errors)) / (1 + len(errors)))
+    if not here or sigma <= 0:
+        return 0.0, sigma
+    own = (1 - SHARED) * sigma ** 2
+    draws = [(t["gain"] - t["predicted_samples_gain"], own + (t.get("noise") or 0.0) ** 2 / 4) for t in here]
+    precision = 1 / (SHARED * sigma ** 2) + sum(1 / v for _, v in draws)
+    return sum(e / v for e, v in draws) / precision, math.sqrt(1 / precision + own)
+
+
+def prior_for(recommendation: str | None, state: dict[str, Any], helps_now: bool = False) -> float:
+    """σ of a change of this kind on this session's device before the session measured any: wider where it
+    addresses the bound the trace shows."""
+    accelerator = (state.get("device") or {}).get("type") == "cuda"
+    return prior_spread(recommendation, accelerator) * (EVIDENCE if helps_now else 1.0)
+
+
+def spread(recommendation: str | None, state: dict[str, Any], helps_now: bool = False) -> float:
+    """σ of a change of this kind in this session: its prior, narrowed or widened by the session's own measured
+    rows of its kind (`calibrated`)."""
+    return calibrated(recommendation, state, prior_for(recommendation, state, helps_now))[1]
 
 
 def value(proposal: Proposal, state: dict[str, Any]) -> float:
-    """The expected improvement of a proposal over the best (its predicted gain, its kind's spread; wider where
-    it addresses the bound the trace shows)."""
-    sigma = spread(proposal.recommendation, state) * (EVIDENCE if proposal.helps_now else 1.0)
-    return worth(proposal.predicted_gain, sigma, proposal.recoverable)
+    """The expected improvement of a proposal over the best: its predicted gain moved by what the session
+    measured of its kind, with its kind's spread (`calibrated`)."""
+    prior = prior_for(proposal.recommendation, state, proposal.helps_now)
+    shift, sigma = calibrated(proposal.recommendation, state, prior,
+                              samples_gain(min(proposal.predicted_gain, 1 - 1e-3)))
+    return worth(proposal.predicted_gain, sigma, proposal.recoverable, shift)
 
 
 def rank(proposals: list[Proposal], state: dict[str, Any]) -> list[Proposal]:
