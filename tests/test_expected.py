@@ -18,7 +18,8 @@ from advisor.search.best import best_trial as best_trial_of, bound_of
 from advisor.search.bounds import Bound
 from advisor.search.budget import STOP_SHARE
 from advisor.search.decision import Decision
-from advisor.search.expected import deferred_for, expected_improvement, levers_left, rank, spread, untried, value
+from advisor.search.expected import (calibrated, deferred_for, expected_improvement, levers_left, prior_for, rank,
+                                     untried, value)
 from advisor.search.proposal import on_best
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose, surface_space
@@ -32,6 +33,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from pair_surfaces import build_surface  # noqa: E402
 
 TRIALS_H200 = ROOT / "tests" / "data" / "trials" / "h200-conv-session"  # a real H200 session's records
+
+
+def spread(kind: str, state: dict) -> float:
+    """σ of a change of this kind in this session: its prior, narrowed or widened by the rows of its kind."""
+    return calibrated(kind, state, prior_for(kind, state))[1]
 
 
 def test_expected_improvement_is_the_mean_of_the_gain_above_zero():

@@ -44,9 +44,12 @@ def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
     mine = set(kinds(recommendation))
     rows = [t for t in state.get("trials") or [] if t.get("predicted_samples_gain") is not None
             and t.get("gain") is not None and set(kinds(t.get("recommendation"))) == mine]
-    here = [t for t in rows if priced is not None and t.get("base") is not None and t["base"] == state.get("best")
-            and abs(t["predicted_samples_gain"] - priced) <= (t.get("noise") or 0.0) / 2]
-    errors = [t["gain"] - t["predicted_samples_gain"] for t in rows if t not in here]
+    here, elsewhere = [], []
+    for t in rows:
+        alike = (priced is not None and t.get("base") is not None and t["base"] == state.get("best")
+                 and abs(t["predicted_samples_gain"] - priced) <= (t.get("noise") or 0.0) / 2)
+        (here if alike else elsewhere).append(t)
+    errors = [t["gain"] - t["predicted_samples_gain"] for t in elsewhere]
     sigma = math.sqrt((prior ** 2 + sum(e * e for e in errors)) / (1 + len(errors)))
     if not here or sigma <= 0:
         return 0.0, sigma
@@ -61,12 +64,6 @@ def prior_for(recommendation: str | None, state: dict[str, Any], helps_now: bool
     addresses the bound the trace shows."""
     accelerator = (state.get("device") or {}).get("type") == "cuda"
     return prior_spread(recommendation, accelerator) * (EVIDENCE if helps_now else 1.0)
-
-
-def spread(recommendation: str | None, state: dict[str, Any], helps_now: bool = False) -> float:
-    """σ of a change of this kind in this session: its prior, narrowed or widened by the session's own measured
-    rows of its kind (`calibrated`)."""
-    return calibrated(recommendation, state, prior_for(recommendation, state, helps_now))[1]
 
 
 def value(proposal: Proposal, state: dict[str, Any]) -> float:
