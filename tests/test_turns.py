@@ -3,6 +3,8 @@ load that comes and goes falls on both alike; and a trial whose partner never co
 
 from __future__ import annotations
 
+import pytest
+
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
@@ -49,6 +51,62 @@ def test_a_trial_whose_partner_never_comes_measures_alone(tmp_path):
     result = trial(script, tmp_path / "alone", Knobs(), second)
     assert result.ok, result.message
     assert [name for name, *_ in windows_log(tmp_path / "turns")] == ["alone"] * WINDOWS
+
+
+def test_a_pair_for_the_speedup_stops_once_its_windows_settle_the_ratio(tmp_path):
+    """The baseline and the best measured for the speedup (`settle`, issue 71): both stop, after as many windows
+    each, at the first count where the windows they logged put the ratio's noise within it; here a loose one, so
+    three windows each of the eight asked for."""
+    import threading
+
+    from advisor.trials.record.turns import finished, settled, window_groups
+
+    script = write_script(tmp_path, TINY)
+    ends = start_turns(tmp_path / "turns", "a", "b", wait_s=30.0, settle=0.5)
+    results = {}
+
+    def run(i, name):
+        try:
+            results[name] = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / name, steps=1, wait=0,
+                                                warmup=0, windows=8, window_s=0.2, device="cpu",
+                                                turns=ends[i].to_dict()))
+        finally:
+            finished(ends[i])
+
+    threads = [threading.Thread(target=run, args=(i, name)) for i, name in enumerate("ab")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(results[n].ok for n in "ab"), {n: r.message for n, r in results.items()}
+    assert [name for name, *_ in windows_log(tmp_path / "turns")] == ["a", "b"] * 3
+    groups = window_groups(tmp_path / "turns")
+    for name in "ab":
+        record = trial_record(results[name].path)
+        assert record["schedule"]["windows_measured"] == 3 and record["schedule"]["windows"] == 8
+        # each logged window is the one the trial measured: its samples over its seconds
+        assert [s / t for s, t in groups[name]] == pytest.approx(record["summary"]["steady"]["windows"], rel=1e-4)
+    assert settled(ends[0]) and settled(ends[1])
+
+
+def test_the_windows_in_turns_settle_on_their_ratios_noise(tmp_path):
+    """`settled` reads the log both trials write: not before each has its least windows, not for a pair measured
+    for a decision (no `settle`), and only once two standard errors of the ratio are within `settle`."""
+    from advisor.trials.record.turns import pass_turn, settled
+
+    a, b = start_turns(tmp_path / "turns", "a", "b", wait_s=1.0, settle=0.05)
+    steady = {"a": [100.0, 101.0, 99.0, 100.5], "b": [200.0, 202.0, 198.0, 201.0]}
+    for window in range(3):
+        for ends in (a, b):
+            assert not settled(ends)  # fewer than three windows on one side at least
+            pass_turn(ends, window, 0.0, 1.0, (steady[ends.me][window], 1.0))
+    assert settled(a) and settled(b)
+    assert not settled(start_turns(tmp_path / "turns", "a", "b", wait_s=1.0)[0])  # a decision's pair: every window
+    noisy = start_turns(tmp_path / "noisy", "a", "b", wait_s=1.0, settle=0.05)
+    for window, (x, y) in enumerate(zip([100.0, 130.0, 80.0, 115.0], [200.0, 150.0, 240.0, 190.0])):
+        pass_turn(noisy[0], window, 0.0, 1.0, (x, 1.0))
+        pass_turn(noisy[1], window, 0.0, 1.0, (y, 1.0))
+    assert not settled(noisy[0])
 
 
 def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_slower_there_is_dropped(tmp_path,

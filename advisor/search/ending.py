@@ -297,15 +297,15 @@ def fit_together(rows: list[dict[str, Any]], state: dict[str, Any]) -> bool:
 
 
 def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-             proposals: list[tuple[Proposal, str]],
-             windows: int | None = None) -> list[tuple[TrialResult, dict[str, Any], Measurement]]:
+             proposals: list[tuple[Proposal, str]], windows: int | None = None,
+             settle: float = 0.0) -> list[tuple[TrialResult, dict[str, Any], Measurement]]:
     """Two settings run at once, each a trial of its own, their measurement windows in turns (`windows` each,
-    else the session's): the first's first, then one of the other's, and so on, the one whose turn it is not
-    waiting before its next step."""
+    else the session's; fewer once their ratio's noise is within `settle`): the first's first, then one of the
+    other's, and so on, the one whose turn it is not waiting before its next step."""
     index = len(state["trials"])
     names = [f"{index + i:02d}-{slug}" for i, (_, slug) in enumerate(proposals)]
     wait_s = max(trial_time_limit(options, p.knobs) for p, _ in proposals)
-    ends = start_turns(out / "turns" / names[0], names[0], names[1], wait_s)
+    ends = start_turns(out / "turns" / names[0], names[0], names[1], wait_s, settle)
     results: list[Any] = [None, None]
 
     def go(i: int) -> None:
@@ -335,8 +335,8 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
                      reference: dict[str, Any], log: Callable[[str], None]) -> float | None:
     """The baseline and the best run side by side at the end, their windows in turns, so that a load that
     comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS) and the claim
-    needs (none after the one that settles it: `claim_settled`): where those
-    windows ran at the quietest load the two ever ran at, the best's samples/s over the baseline's in them and
+    needs (none after the one that settles it: `claim_settled`; a pair's windows stop once they settle it): where
+    those windows ran at the quietest load the two ever ran at, the best's samples/s over the baseline's in them and
     every other run of the two at that load (a pair that fails or does not take turns ends them: the pairs
     before it count); else None (no budget left, the two would not fit in memory at once, the best is the
     baseline, the first pair failed)."""
@@ -359,7 +359,7 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
         log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) "
             f"side by side, their windows in turns, for the speedup at one load"
             + (f" (pair {number + 1} of {count})" if count > 1 else ""))
-        done = run_pair(run, out, state, options, proposals, windows)
+        done = run_pair(run, out, state, options, proposals, windows, settle=CLAIM_NOISE)
         for i, ((result, record, measurement), (proposal, _)) in enumerate(zip(done, proposals)):
             row, other = (reference, top)[i], (top, reference)[i]
             measured_row(state, index + i, result, record, proposal, measurement,

@@ -29,7 +29,7 @@ from advisor.trials.record.ranks import rank_files
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, leading_dimension
-from advisor.trials.record.turns import Turns, finished, pass_turn, wait_for_the_other, wait_for_turn
+from advisor.trials.record.turns import Turns, finished, pass_turn, settled, wait_for_the_other, wait_for_turn
 from advisor.trials.record.schedule import StepSchedule
 from advisor.trials.harness.op_count import OpCounter
 from advisor.trials.harness.step_memory import StepMemory
@@ -350,15 +350,17 @@ class StepDriver:
 
     def _take_turn(self, closed: int | None) -> None:
         """Windows in turns: pass the turn after window `closed` (None: before the first window), wait for it
-        to come back, then settle again before the next window counts."""
+        to come back, then settle again before the next window counts; done once the two's windows settle."""
         if closed is not None:
-            pass_turn(self.turns, closed, self.window_began or time.time(), time.time())
+            pass_turn(self.turns, closed, self.window_began or time.time(), time.time(), self.schedule.groups[-1])
             self.window_began = None
-        if self.done:
+        waited = 0.0 if self.done or settled(self.turns) else wait_for_turn(self.turns, first=closed is None)
+        if self.done or settled(self.turns):  # read again after the wait: the other's window may have settled it
+            self.done = True
             finished(self.turns)
             wait_for_the_other(self.turns)
             return
-        if wait_for_turn(self.turns, first=closed is None) > PAUSED_S:
+        if waited > PAUSED_S:
             self.schedule.resettle(self.index)
         if self.load_meter is not None:
             self.load_meter.sample()  # the pause is not the next window's load: the other trial ran in it

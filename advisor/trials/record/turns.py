@@ -13,19 +13,24 @@ passes it on after each window, and writes `done-NAME` once it has measured all 
 measures without waiting). Neither measures its first window before both have reached theirs (`ready-NAME`):
 the other's start-up and profiled steps would run beside it; and the first to finish waits for the other's
 `done-NAME` before it ends (`wait_for_the_other`), so that its ending does not run beside the other's last
-window. `windows.log` holds a line per window measured (name, window, start, end: epoch seconds), which shows
-the windows did not overlap. A trial waits at most `wait_s` for its turn (the other may have failed), then
-measures anyway. Torch-free.
+window. `windows.log` holds a line per window measured (name, window, start, end: epoch seconds; then its samples and
+seconds), which shows the windows did not overlap. A trial waits at most `wait_s` for its turn (the other may have
+failed), then measures anyway. Where the two are the baseline and the best, measured for the speedup (`settle`),
+both stop once the windows they logged put the speedup within that noise (`settled`): each reads the same log, so
+the two stop after as many windows each. Torch-free.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from advisor.trials.record.measurement import ratio_relative_se
 
 # How often a waiting trial reads the turn: small beside a window of a second or more. Each read wakes the
 # waiting process beside the other's window: every 2 ms, the windows measured 3-4% of the CPU taken by others.
@@ -41,24 +46,29 @@ class Turns:
     me: str
     other: str
     wait_s: float
+    settle: float = 0.0  # both stop once their ratio's noise is within this (0: every window asked for)
+    min_windows: int = 3  # ... and each has measured at least this many
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (the trial's config, trial.json's `schedule.turns`)."""
-        return {"folder": self.folder, "me": self.me, "other": self.other, "wait_s": self.wait_s}
+        return {"folder": self.folder, "me": self.me, "other": self.other, "wait_s": self.wait_s,
+                "settle": self.settle, "min_windows": self.min_windows}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Turns | None":
         """Back from JSON; None for a trial that measures alone."""
         if not isinstance(data, dict) or not data.get("folder"):
             return None
-        return cls(str(data["folder"]), str(data["me"]), str(data["other"]), float(data.get("wait_s") or 60.0))
+        return cls(str(data["folder"]), str(data["me"]), str(data["other"]), float(data.get("wait_s") or 60.0),
+                   float(data.get("settle") or 0.0), int(data.get("min_windows") or 3))
 
 
-def start_turns(folder: Path, first: str, second: str, wait_s: float) -> tuple[Turns, Turns]:
-    """A fresh turn folder whose first turn is `first`'s; the two trials' ends of it."""
+def start_turns(folder: Path, first: str, second: str, wait_s: float,
+                settle: float = 0.0) -> tuple[Turns, Turns]:
+    """A fresh turn folder whose first turn is `first`'s; the two trials' ends of it (`settle`: see `Turns`)."""
     folder.mkdir(parents=True, exist_ok=True)
     _write(folder / TURN_FILE, first)
-    return Turns(str(folder), first, second, wait_s), Turns(str(folder), second, first, wait_s)
+    return (Turns(str(folder), first, second, wait_s, settle), Turns(str(folder), second, first, wait_s, settle))
 
 
 def _write(path: Path, text: str) -> None:
@@ -90,12 +100,27 @@ def wait_for_turn(turns: Turns, first: bool = False) -> float:
     return time.monotonic() - began
 
 
-def pass_turn(turns: Turns, window: int, started: float, ended: float) -> None:
-    """This trial measured window `window` from `started` to `ended` (epoch seconds): log it, pass the turn."""
+def pass_turn(turns: Turns, window: int, started: float, ended: float,
+              group: tuple[float, float] | None = None) -> None:
+    """This trial measured window `window` from `started` to `ended` (epoch seconds), `group` its (samples,
+    seconds): log it, pass the turn."""
     folder = Path(turns.folder)
+    measured = f" {group[0]:.6g} {group[1]:.6f}" if group else ""
     with open(folder / LOG_FILE, "a") as log:
-        log.write(f"{turns.me} {window} {started:.6f} {ended:.6f}\n")
+        log.write(f"{turns.me} {window} {started:.6f} {ended:.6f}{measured}\n")
     _write(folder / TURN_FILE, turns.other)
+
+
+def settled(turns: Turns) -> bool:
+    """Whether the windows both trials logged so far put the ratio of their samples/s within `turns.settle` (two
+    standard errors of the difference, as `measurement.noise` reads them), each with `min_windows` at least."""
+    if not turns.settle:
+        return False
+    sides = [window_groups(Path(turns.folder)).get(name, []) for name in (turns.me, turns.other)]
+    if min(len(side) for side in sides) < turns.min_windows:
+        return False
+    errors = [ratio_relative_se(side) for side in sides]
+    return None not in errors and 2 * math.hypot(*errors) <= turns.settle
 
 
 def finished(turns: Turns) -> None:
@@ -123,6 +148,20 @@ def windows_log(folder: Path) -> list[tuple[str, int, float, float]]:
     out = []
     for line in lines:
         parts = line.split()
-        if len(parts) == 4:
+        if len(parts) in (4, 6):
             out.append((parts[0], int(parts[1]), float(parts[2]), float(parts[3])))
     return out
+
+
+def window_groups(folder: Path) -> dict[str, list[tuple[float, float]]]:
+    """Each trial's windows measured in turn, as (samples, seconds), in the order they were logged."""
+    try:
+        lines = (Path(folder) / LOG_FILE).read_text().splitlines()
+    except OSError:
+        return {}
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 6:
+            groups.setdefault(parts[0], []).append((float(parts[4]), float(parts[5])))
+    return groups
