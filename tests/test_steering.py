@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.search.ending import contender
+from advisor.search.runner_up import contender
 from advisor.search.session import run_session
 from advisor.search.space import KNOB_NAMES, check_steering, knob_names, try_settings
 from advisor.search.state import SessionOptions

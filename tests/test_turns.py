@@ -268,19 +268,12 @@ def test_the_best_is_confirmed_against_the_setting_within_its_noise_not_a_steadi
     the least gain worth keeping (the search's own bar for a trial). AMP at 628 with those windows (560-700) is
     within the noise but not worth a trial now (about a 7 % chance of being ahead, by little); spread wider
     (480-820), about as fast, it is, and the steadier compile between the two is still passed over."""
-    import json
     from types import SimpleNamespace
 
-    from advisor.search.ending import contender
+    from advisor.search.runner_up import contender
 
     def setting(name, knobs, rates):
-        """A trial folder whose windows (five steps of batch 32 each) ran at `rates`, and its row."""
-        steps = [{"phase": "window", "window": w, "batch_size": 32, "wall_s": 32 / rate}
-                 for w, rate in enumerate(rates) for _ in range(5)]
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "trial.json").write_text(json.dumps({"name": name, "status": "ok", "steps": steps}))
-        return {"name": name, "folder": name, "status": "ok", "decision": "reverted", "knobs": knobs,
-                "samples_per_s": sum(rates) / len(rates)}
+        return measured_setting(tmp_path, name, knobs, rates)
 
     amp = {"amp": "bf16", "channels_last": True}
     rows = [setting("00-baseline", {}, [340, 345, 343]),
@@ -296,3 +289,51 @@ def test_the_best_is_confirmed_against_the_setting_within_its_noise_not_a_steadi
     # Steady at its level, it is clearly behind too: nothing to confirm.
     rows[1] = setting("02-amp-bf16-steady", amp, [626, 628, 630])
     assert contender(tmp_path, state, best, 0.03) is None
+
+
+def measured_setting(folder, name, knobs, rates, decision="reverted"):
+    """A trial folder whose windows (five steps of batch 32 each) ran at `rates`, and its row."""
+    import json
+
+    steps = [{"phase": "window", "window": w, "batch_size": 32, "wall_s": 32 / rate}
+             for w, rate in enumerate(rates) for _ in range(5)]
+    (folder / name).mkdir()
+    (folder / name / "trial.json").write_text(json.dumps({"name": name, "status": "ok", "steps": steps}))
+    return {"name": name, "folder": name, "status": "ok", "decision": decision, "knobs": knobs,
+            "samples_per_s": sum(rates) / len(rates)}
+
+
+def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws_between_processes(tmp_path):
+    """The knob-grid bench's conv session (8 trials): batch 128 kept at +3.2 % (its windows' noise 2.5 %) over
+    batch 32, with batch 64 read 0.8 % behind it in another process. Their windows alone said the runner-up could
+    not be ahead by enough to be worth a trial, and the session ended on batch 128, which read 1197 samples/s
+    measured again (batch 64: 1571). Each process is a draw of its setting's level: with the prior spread
+    between processes (`draws.PRIOR`, the truth surfaces'), batch 64 is the runner-up to confirm. A session whose
+    own runs of one setting agreed closely has learnt that its draws are small, and passes it over."""
+    from types import SimpleNamespace
+
+    from advisor.search import draws
+    from advisor.search.runner_up import contender, worth_confirming
+    from advisor.trials.record.measurement import noise
+    from advisor.search.trial_runner import measure_record, trial_record
+
+    amp = {"amp": "bf16", "channels_last": True}
+    rows = [measured_setting(tmp_path, "00-baseline", {}, [650, 666, 682]),
+            measured_setting(tmp_path, "02-amp-bf16", amp, [1512, 1530, 1550], "kept"),
+            measured_setting(tmp_path, "03-batch-64", dict(amp, batch_size=64), [1549, 1567, 1584]),
+            measured_setting(tmp_path, "04-batch-128", dict(amp, batch_size=128), [1560, 1579, 1599], "kept")]
+    state = {"trials": rows, "best": "04-batch-128", "pooled": {}}
+    best = SimpleNamespace(name="04-batch-128", path=tmp_path / "04-batch-128")
+    figures = [measure_record([trial_record(tmp_path / r["folder"])]) for r in (rows[3], rows[2])]
+    windows_only = noise(*figures)
+    assert not worth_confirming(figures[1].samples_per_s / figures[0].samples_per_s - 1, windows_only, 0.03)
+    assert draws.session_spread(tmp_path, state) == draws.PRIOR  # no setting measured twice yet
+    runner_up, folders = contender(tmp_path, state, best, 0.03)
+    assert runner_up["name"] == "03-batch-64" and folders == [tmp_path / "03-batch-64"]
+    # The baseline measured in six more processes, each within 0.3 % of the first: the draws are small here.
+    for i in range(6):
+        rates = [r + (i % 3 - 1) * 1.5 for r in (650, 666, 682)]
+        rows.append(measured_setting(tmp_path, f"{5 + i:02d}-baseline-again", {}, rates, "measured"))
+    assert draws.session_spread(tmp_path, state) <= draws.PRIOR / 2
+    assert contender(tmp_path, state, best, 0.03) is None
+

@@ -17,8 +17,8 @@ from advisor.knobs import NEUTRAL
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
-from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS, STOP_SHARE
-from advisor.search.expected import remeasure_value
+from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS
+from advisor.search.runner_up import contender, worth_confirming
 from advisor.search.remeasures import first_change, measured_at_one_load, once_more, run_folders, runs_of
 from advisor.search.speedup import session_speedup, speedup_note
 from advisor.search.proposal import Proposal
@@ -215,12 +215,6 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     return applied_only(winner), worth_confirming(behind, decision.noise, options.min_gain)
 
 
-def worth_confirming(lead: float, noise: float, min_gain: float) -> bool:
-    """Whether a setting `lead` ahead of the best (negative: behind), with `noise` (two standard errors of the
-    difference), is expected to improve on it by STOP_SHARE of the least gain worth keeping, the search's own bar."""
-    return remeasure_value(lead, noise) >= STOP_SHARE * min_gain
-
-
 def kept_beyond_noise_over(state: dict[str, Any], top: dict[str, Any], other: dict[str, Any]) -> bool:
     """Whether the best's setting was kept over the other's, measured against it beyond the noise: a confirmation
     within the noise then does not undo it on its faster figure alone (a batch kept at +21 %, noise 5 %, over
@@ -236,46 +230,6 @@ def changed_knobs(row: dict[str, Any], state: dict[str, Any]) -> set[str]:
     """The script's own settings a trial's knobs change."""
     user = state.get("user_values") or {}
     return {k for k, v in in_effect(row).items() if v is not None and v != user.get(k)}
-
-
-def contender(out: Path, state: dict[str, Any], best: TrialResult,
-              min_gain: float) -> tuple[dict[str, Any], list[Path]] | None:
-    """The runner-up to confirm the best against, and the folders of its runs: of the other settings, fastest
-    first, the first that may still be the faster (within the noise, and `worth_confirming`), or measured across
-    a change of the machine's load; None where every one is clearly behind. Never a change that was not applicable (it
-    measured a setting already run, not another one). The fastest other is not always the one: a change kept
-    beyond its noise by a hair (batch 64 at +10.8 %, noise 10.0 %) leaves the setting it was kept over within the
-    noise, while a slower but steadier setting between the two reads clearly behind."""
-    top = best_row(state)
-    best_measure = measured(out, state, best)
-    fastest: dict[tuple, dict[str, Any]] = {}
-    for t in state["trials"]:
-        key = knobs_key(in_effect(t))
-        if (t["status"] == "ok" and t.get("samples_per_s") and t["decision"] != "not applicable"
-                and key != knobs_key(in_effect(top))
-                and (key not in fastest or t["samples_per_s"] > fastest[key]["samples_per_s"])):
-            fastest[key] = t
-    rows = {t["name"]: t for t in state["trials"]}
-    top_key = knobs_key(in_effect(top))
-
-    def lead(t: dict[str, Any]) -> float:
-        # Against the best's own setting, the gain decided beside it (at one load) says more than samples/s
-        # measured at loads of their own; other rows are compared by their figures.
-        base = rows.get(t.get("base") or "")
-        if base is not None and knobs_key(in_effect(base)) == top_key and t.get("gain") is not None:
-            return t["gain"]
-        return t["samples_per_s"] / top["samples_per_s"] - 1 if top.get("samples_per_s") else 0.0
-    for rank, row in enumerate(sorted(fastest.values(), key=lambda t: -lead(t))):
-        earlier = run_folders(out, state, row)
-        row_measure = measure_record([trial_record(f) for f in earlier])
-        # The fastest other is confirmed too where its runs and the best's span a change of load (a slower one
-        # then is no closer call than the fastest).
-        if rank == 0 and pair_changed(runs_of(out, state, top["knobs"]), runs_of(out, state, row["knobs"])):
-            return row, earlier
-        spread, ahead = noise(best_measure, row_measure), row_measure.samples_per_s / best_measure.samples_per_s - 1
-        if ahead >= -spread and worth_confirming(ahead, spread, min_gain):
-            return row, earlier
-    return None
 
 
 PAIR_TRIALS = 2  # the baseline and the best, side by side

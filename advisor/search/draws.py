@@ -1,0 +1,56 @@
+"""How far a setting's level moves from one trial process to the next, beyond its windows' own noise.
+
+A trial's windows give its figure's standard error within its process. Built again in another process, the same
+setting runs at a level of its own (where its buffers land in memory, which cores its threads get), so two settings
+measured in processes of their own also differ by those draws, which no trial's windows show. On the CPU truth
+surfaces (`tests/data/surfaces/cpu-*`, every setting measured in three processes, in shuffled order on a shared
+machine) that spread, beyond the windows' own, is 1.9-6.7 % (`PRIOR`: their median, by `process_spread`). The
+knob-grid bench's conv session kept batch 128 at +3.2 % (its windows' noise 2.5 %) on a trial that read 1579
+samples/s; the same setting read 1197 measured again.
+
+The session's settings measured in more than one process estimate it: each two runs of a setting give half their
+squared log-ratio less their windows' own variance; `PRIOR` stands for `PRIOR_PAIRS` such pairs until they do.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from advisor.search.applicable import in_effect
+from advisor.search.strategy import knobs_key
+from advisor.search.trial_runner import measure_record, trial_record
+from advisor.trials.record.measurement import Measurement
+
+PRIOR = 0.055  # the CPU truth surfaces' median spread between processes, beyond the windows' (tests check it)
+PRIOR_PAIRS = 2  # the prior counts as this many pairs of runs of one setting
+
+
+def process_spread(runs_by_setting: list[list[Measurement]], prior_pairs: int = PRIOR_PAIRS) -> float:
+    """The relative spread of a setting's level between processes: `PRIOR` (as `prior_pairs` pairs of runs), moved
+    by each setting's runs (one measurement a process) where there are two or more."""
+    total, count = PRIOR ** 2 * prior_pairs, prior_pairs
+    for runs in runs_by_setting:
+        for a, b in zip(runs, runs[1:]):
+            if a.samples_per_s and b.samples_per_s:
+                within = (a.relative_se or 0.0) ** 2 + (b.relative_se or 0.0) ** 2
+                total += max(0.0, math.log(a.samples_per_s / b.samples_per_s) ** 2 - within) / 2
+                count += 1
+    return math.sqrt(total / count) if count else PRIOR
+
+
+def session_spread(out: Path, state: dict[str, Any]) -> float:
+    """`process_spread` from the session's own runs: each trial that measured is one process of its setting."""
+    runs: dict[tuple, list[Measurement]] = {}
+    for t in state["trials"]:
+        if t.get("status") == "ok" and t.get("samples_per_s") and t.get("folder"):
+            runs.setdefault(knobs_key(in_effect(t)), []).append(measure_record([trial_record(out / t["folder"])]))
+    return process_spread(list(runs.values()))
+
+
+def between(spread: float, a_runs: int, b_runs: int) -> float:
+    """What the draws add to the noise of the difference of two settings pooled over `a_runs` and `b_runs`
+    processes: two standard errors, as `measurement.noise` gives the windows'."""
+    return 2 * spread * math.sqrt(1 / max(1, a_runs) + 1 / max(1, b_runs))
