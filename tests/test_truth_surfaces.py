@@ -93,3 +93,33 @@ def test_the_prior_spread_between_processes_is_the_truth_surfaces_own():
 
     steady = [[Measurement(rate, 0.002, (), 50, 5.0, "windows", None) for rate in (100.0, 100.2, 99.9)]] * 8
     assert draws.process_spread(steady) < draws.PRIOR / 2
+
+
+def test_one_run_of_each_of_two_settings_reads_within_the_width_the_session_says():
+    """The note beside a claimed speedup (`draws.run_to_run_width`): on each CPU truth surface, every two settings'
+    speedup read from their first two processes each, with the spread those processes give, and then one more run
+    of each timed against the other as a user would: the user's ratio falls within the width in most pairs (about
+    95 % for a normal; these draws' tails are heavier). The windows' own noise in its place would be overconfident."""
+    import itertools
+    import math
+
+    from advisor.search import draws
+    from advisor.trials.record.measurement import measure
+
+    for surface in SURFACES:
+        runs: dict[str, dict[int, float]] = {}
+        for record in sorted(surface.glob("*/trial.json")):
+            setting, run = record.parent.name.rsplit("-r", 1)
+            runs.setdefault(setting, {})[int(run)] = measure([json.loads(record.read_text())["steps"]])
+        # How far the user's run of each (the third) reads from the claim off the first two of each, in log terms.
+        misses = [abs(math.log(b[3].samples_per_s / a[3].samples_per_s * (a[1].samples_per_s + a[2].samples_per_s)
+                               / (b[1].samples_per_s + b[2].samples_per_s)))
+                  for a, b in itertools.permutations(runs.values(), 2)]
+
+        def inside(width: float) -> float:
+            return sum(miss <= math.log(1 + width) for miss in misses) / len(misses)
+
+        spread = draws.process_spread([[r[1], r[2]] for r in runs.values()])
+        assert inside(draws.run_to_run_width(spread, 2, 2)) >= 0.85, (surface.name, spread)
+        windows = statistics.median(m.relative_se for r in runs.values() for m in r.values())
+        assert inside(draws.run_to_run_width(windows, 2, 2)) < 0.85, (surface.name, windows)

@@ -41,16 +41,45 @@ def process_spread(runs_by_setting: list[list[Measurement]], prior_pairs: int = 
     return math.sqrt(total / count) if count else PRIOR
 
 
-def session_spread(out: Path, state: dict[str, Any]) -> float:
-    """`process_spread` from the session's own runs: each trial that measured is one process of its setting."""
+def session_runs(out: Path, state: dict[str, Any]) -> dict[tuple, list[Measurement]]:
+    """Each setting's runs in the session (a measurement a trial that measured: one process each)."""
     runs: dict[tuple, list[Measurement]] = {}
     for t in state["trials"]:
         if t.get("status") == "ok" and t.get("samples_per_s") and t.get("folder"):
             runs.setdefault(knobs_key(in_effect(t)), []).append(measure_record([trial_record(out / t["folder"])]))
-    return process_spread(list(runs.values()))
+    return runs
+
+
+def session_spread(out: Path, state: dict[str, Any]) -> float:
+    """`process_spread` from the session's own runs: each trial that measured is one process of its setting."""
+    return process_spread(list(session_runs(out, state).values()))
 
 
 def between(spread: float, a_runs: int, b_runs: int) -> float:
     """What the draws add to the noise of the difference of two settings pooled over `a_runs` and `b_runs`
     processes: two standard errors, as `measurement.noise` gives the windows'."""
     return 2 * spread * math.sqrt(1 / max(1, a_runs) + 1 / max(1, b_runs))
+
+
+def run_to_run_width(spread: float, base_runs: int, best_runs: int) -> float:
+    """Within ± this share of a speedup read from `base_runs` and `best_runs` processes of the two settings, one
+    run of each reads about 95 % of the time: their own two draws, and the claim's (on the CPU truth surfaces,
+    88-92 % of such pairs fell inside, the draws' tails being heavier than a normal's)."""
+    return 2 * spread * math.sqrt(2 + 1 / max(1, base_runs) + 1 / max(1, best_runs))
+
+
+def run_to_run_note(out: Path, state: dict[str, Any], reference: dict[str, Any], best: dict[str, Any]) -> str:
+    """What a user timing one run of the patched script against one of the original may read beside the claimed
+    speedup: each of their two runs is a draw of its setting's level, as each of the session's runs was."""
+    runs = session_runs(out, state)
+    spread = process_spread(list(runs.values()))
+    counts = [len(runs.get(knobs_key(in_effect(row)), ())) or 1 for row in (reference, best)]
+    width = run_to_run_width(spread, *counts)
+    learnt = any(len(r) > 1 for r in runs.values())
+    source = ("this session's settings measured more than once, beside the CPU truth surfaces' figure" if learnt
+              else "the CPU truth surfaces, where each setting ran in three processes")
+    return (f"Each run builds its settings at a level of its own: {100 * spread:.1f} % apart from one process to "
+            f"the next ({source}). One run of the patched script timed against one run of the original reads "
+            f"within about ±{100 * width:.0f} % of ×{state['speedup']:.2f} (95 %), the claim resting on "
+            f"{counts[0]} and {counts[1]} run(s) of the two.")
+

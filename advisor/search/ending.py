@@ -18,6 +18,7 @@ from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
 from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS
+from advisor.search.draws import run_to_run_note
 from advisor.search.runner_up import contender, worth_confirming
 from advisor.search.remeasures import first_change, measured_at_one_load, once_more, run_folders, runs_of
 from advisor.search.speedup import session_speedup, speedup_note
@@ -61,6 +62,8 @@ def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionO
         state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
         if state["speedup_basis"] != "direct" or side_by_side:
             state["notes"].append(speedup_note(state, reference, side_by_side))
+    if state["best"] != reference["name"] and state.get("speedup"):
+        state["notes"].append(run_to_run_note(out, state, reference, best_row(state)))
     return best
 
 
