@@ -96,11 +96,11 @@ def test_the_windows_in_turns_settle_on_their_ratios_noise(tmp_path):
 
     a, b = start_turns(tmp_path / "turns", "a", "b", wait_s=1.0, settle=0.05)
     steady = {"a": [100.0, 101.0, 99.0, 100.5], "b": [200.0, 202.0, 198.0, 201.0]}
-    for window in range(3):
+    for window in range(4):
         for ends in (a, b):
-            assert not settled(ends)  # fewer than three windows on one side at least
+            assert not settled(ends) or window == 3 and ends is a  # fewer than three each, or not as many
             pass_turn(ends, window, 0.0, 1.0, (steady[ends.me][window], 1.0))
-    assert settled(a) and settled(b)
+        assert settled(a) == settled(b) == (window >= 2)
     assert not settled(start_turns(tmp_path / "turns", "a", "b", wait_s=1.0)[0])  # a decision's pair: every window
     noisy = start_turns(tmp_path / "noisy", "a", "b", wait_s=1.0, settle=0.05)
     for window, (x, y) in enumerate(zip([100.0, 130.0, 80.0, 115.0], [200.0, 150.0, 240.0, 190.0])):
@@ -313,6 +313,7 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
     from types import SimpleNamespace
 
     from advisor.search import draws
+    from advisor.search.ending import CLAIM_NOISE, pair_settle
     from advisor.search.runner_up import contender, worth_confirming
     from advisor.trials.record.measurement import noise
     from advisor.search.trial_runner import measure_record, trial_record
@@ -328,6 +329,9 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
     windows_only = noise(*figures)
     assert not worth_confirming(figures[1].samples_per_s / figures[0].samples_per_s - 1, windows_only, 0.03)
     assert draws.session_spread(tmp_path, state) == draws.PRIOR  # no setting measured twice yet
+    # A pair's windows in turns stop at half what the draws add to their ratio: more windows cannot narrow that.
+    assert pair_settle(tmp_path, state) == pytest.approx(draws.between(draws.PRIOR, 1, 1) / 2)
+    assert pair_settle(tmp_path, state) > CLAIM_NOISE
     runner_up, folders = contender(tmp_path, state, best, 0.03)
     assert runner_up["name"] == "03-batch-64" and folders == [tmp_path / "03-batch-64"]
     # The baseline measured in six more processes, each within 0.3 % of the first: the draws are small here.
@@ -336,4 +340,5 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
         rows.append(measured_setting(tmp_path, f"{5 + i:02d}-baseline-again", {}, rates, "measured"))
     assert draws.session_spread(tmp_path, state) <= draws.PRIOR / 2
     assert contender(tmp_path, state, best, 0.03) is None
+    assert pair_settle(tmp_path, state) < draws.between(draws.PRIOR, 1, 1) / 2
 

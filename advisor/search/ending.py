@@ -18,7 +18,7 @@ from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
 from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS
-from advisor.search.draws import run_to_run_note
+from advisor.search.draws import between, run_to_run_note, session_spread
 from advisor.search.runner_up import contender, worth_confirming
 from advisor.search.remeasures import first_change, measured_at_one_load, once_more, run_folders, runs_of
 from advisor.search.speedup import session_speedup, speedup_note
@@ -156,7 +156,7 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
         index = len(state["trials"])
         log(f"trials {index:02d}-{index + 1:02d}: {top['name']} and {runner_up['name']} side by side, their windows "
             "in turns, to confirm the best against the runner-up")
-        paired = run_pair(run, out, state, options, proposals)
+        paired = run_pair(run, out, state, options, proposals, settle=pair_settle(out, state))
     for i, ((row, folders), (proposal, slug)) in enumerate(zip(both, proposals)):
         index = len(state["trials"])
         if in_turns:
@@ -316,7 +316,7 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
         log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) "
             f"side by side, their windows in turns, for the speedup at one load"
             + (f" (pair {number + 1} of {count})" if count > 1 else ""))
-        done = run_pair(run, out, state, options, proposals, windows, settle=CLAIM_NOISE)
+        done = run_pair(run, out, state, options, proposals, windows, settle=pair_settle(out, state))
         for i, ((result, record, measurement), (proposal, _)) in enumerate(zip(done, proposals)):
             row, other = (reference, top)[i], (top, reference)[i]
             measured_row(state, index + i, result, record, proposal, measurement,
@@ -362,6 +362,12 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
 
 
 CLAIM_NOISE = 0.05  # the claim's 95 % interval within ± this: one more pair would not change what is said
+
+
+def pair_settle(out: Path, state: dict[str, Any]) -> float:
+    """The noise of their ratio at which a pair's windows in turns stop: CLAIM_NOISE, or half what the draws between
+    the two processes add to it (`draws`), where that is more: no window narrows that part, another pair does."""
+    return max(CLAIM_NOISE, between(session_spread(out, state), 1, 1) / 2)
 
 
 def claim_settled(records: list[list[dict[str, Any]]]) -> str | None:

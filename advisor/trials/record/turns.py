@@ -113,11 +113,12 @@ def pass_turn(turns: Turns, window: int, started: float, ended: float,
 
 def settled(turns: Turns) -> bool:
     """Whether the windows both trials logged so far put the ratio of their samples/s within `turns.settle` (two
-    standard errors of the difference, as `measurement.noise` reads them), each with `min_windows` at least."""
+    standard errors of the difference, as `measurement.noise` reads them), with as many each, `min_windows` at
+    least."""
     if not turns.settle:
         return False
     sides = [window_groups(Path(turns.folder)).get(name, []) for name in (turns.me, turns.other)]
-    if min(len(side) for side in sides) < turns.min_windows:
+    if len(sides[0]) != len(sides[1]) or len(sides[0]) < turns.min_windows:  # as many windows each: a load alike
         return False
     errors = [ratio_relative_se(side) for side in sides]
     return None not in errors and 2 * math.hypot(*errors) <= turns.settle
