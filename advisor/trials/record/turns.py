@@ -15,9 +15,9 @@ the other's start-up and profiled steps would run beside it; and the first to fi
 `done-NAME` before it ends (`wait_for_the_other`), so that its ending does not run beside the other's last
 window. `windows.log` holds a line per window measured (name, window, start, end: epoch seconds; then its samples and
 seconds), which shows the windows did not overlap. A trial waits at most `wait_s` for its turn (the other may have
-failed), then measures anyway. Where the two are the baseline and the best, measured for the speedup (`settle`),
-both stop once the windows they logged put the speedup within that noise (`settled`): each reads the same log, so
-the two stop after as many windows each. Torch-free.
+failed), then measures anyway. Where the pair is told the noise that settles it (`settle`: the speedup's pairs and
+the confirmation's), both stop once the windows they logged put their ratio within it (`settled`): each reads the
+same log, so the two stop after as many windows each. Torch-free.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from advisor.trials.record.adaptive import MIN_WINDOWS
 from advisor.trials.record.measurement import ratio_relative_se
 
 # How often a waiting trial reads the turn: small beside a window of a second or more. Each read wakes the
@@ -47,7 +48,7 @@ class Turns:
     other: str
     wait_s: float
     settle: float = 0.0  # both stop once their ratio's noise is within this (0: every window asked for)
-    min_windows: int = 3  # ... and each has measured at least this many
+    min_windows: int = MIN_WINDOWS  # ... and each has measured at least this many
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (the trial's config, trial.json's `schedule.turns`)."""
@@ -60,7 +61,7 @@ class Turns:
         if not isinstance(data, dict) or not data.get("folder"):
             return None
         return cls(str(data["folder"]), str(data["me"]), str(data["other"]), float(data.get("wait_s") or 60.0),
-                   float(data.get("settle") or 0.0), int(data.get("min_windows") or 3))
+                   float(data.get("settle") or 0.0), int(data.get("min_windows") or MIN_WINDOWS))
 
 
 def start_turns(folder: Path, first: str, second: str, wait_s: float,
