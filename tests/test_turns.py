@@ -9,7 +9,7 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
 from advisor.trials.record.turns import start_turns, windows_log
-from trial_helpers import trial_record, write_script
+from trial_helpers import pair_in_turns, trial_record, write_script
 
 TINY = '''
 import torch
@@ -58,28 +58,12 @@ def test_a_pair_for_the_speedup_stops_once_its_windows_settle_the_ratio(tmp_path
     each, at the first count (three at least) where the windows they logged put the ratio's noise within it; here
     a loose one, so well before the eight asked for, however loaded the machine."""
     import math
-    import threading
 
     from advisor.trials.record.measurement import ratio_relative_se
-    from advisor.trials.record.turns import finished, settled, window_groups
+    from advisor.trials.record.turns import Turns, settled, window_groups
 
     script = write_script(tmp_path, TINY)
-    ends = start_turns(tmp_path / "turns", "a", "b", wait_s=30.0, settle=1.0)
-    results = {}
-
-    def run(i, name):
-        try:
-            results[name] = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / name, steps=1, wait=0,
-                                                warmup=0, windows=8, window_s=0.2, device="cpu",
-                                                turns=ends[i].to_dict()))
-        finally:
-            finished(ends[i])
-
-    threads = [threading.Thread(target=run, args=(i, name)) for i, name in enumerate("ab")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = pair_in_turns(script, tmp_path, windows=8, settle=1.0)
     assert all(results[n].ok for n in "ab"), {n: r.message for n, r in results.items()}
     groups = window_groups(tmp_path / "turns")
     count = len(groups["a"])
@@ -93,7 +77,7 @@ def test_a_pair_for_the_speedup_stops_once_its_windows_settle_the_ratio(tmp_path
         assert record["schedule"]["windows_measured"] == count and record["schedule"]["windows"] == 8
         # each logged window is the one the trial measured: its samples over its seconds
         assert [s / t for s, t in groups[name]] == pytest.approx(record["summary"]["steady"]["windows"], rel=1e-4)
-    assert settled(ends[0]) and settled(ends[1])
+    assert all(settled(Turns.from_dict(trial_record(results[n].path)["schedule"]["turns"])) for n in "ab")
 
 
 def test_the_windows_in_turns_settle_on_their_ratios_noise(tmp_path):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from test_distributed import left_behind
-from trial_helpers import trial_record, write_script
+from trial_helpers import pair_in_turns, trial_record, write_script
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
@@ -286,28 +286,9 @@ def test_both_trials_of_a_pair_are_forked_from_one_zygote_and_each_is_its_own_pr
     """Two trials at once, their windows in turns (the ending's pairs): the second is forked while the first runs,
     from the same zygote, rather than started afresh; each is a process of its own (its pid, group, token and
     numpy draw), and each ends with its own exit code."""
-    import threading
-
-    from advisor.trials.record.turns import finished, start_turns
-
     monkeypatch.chdir(tmp_path)
     script = write_script(tmp_path, FACTS)
-    ends = start_turns(tmp_path / "turns", "a", "b", wait_s=30.0)
-    results = {}
-
-    def run(i, name):
-        try:
-            results[name] = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / name, steps=1, wait=0,
-                                                warmup=0, windows=2, window_s=0.2, device="cpu",
-                                                turns=ends[i].to_dict()))
-        finally:
-            finished(ends[i])
-
-    threads = [threading.Thread(target=run, args=(i, name)) for i, name in enumerate("ab")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = pair_in_turns(script, tmp_path, windows=2)
     assert all(results[name].status == "ok" for name in "ab"), {n: r.message for n, r in results.items()}
     facts = [json.loads((tmp_path / f"facts-{trial_record(results[n].path)['pid']}.json").read_text()) for n in "ab"]
     assert facts[0]["ppid"] == facts[1]["ppid"] != os.getpid()  # both children of the one zygote

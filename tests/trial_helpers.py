@@ -24,6 +24,35 @@ def trial_record(folder: Path) -> dict:
     return json.loads((folder / "trial.json").read_text())
 
 
+def pair_in_turns(script: Path, folder: Path, windows: int, settle: float = 0.0) -> dict:
+    """Two real trials of `script` ("a" and "b", in `folder`) run at once, their windows in turns (`folder /
+    "turns"`), as the session's ending runs them; each one's TrialResult by name."""
+    import threading
+
+    from advisor.trials.knobs import Knobs
+    from advisor.trials.launch.runner import run_trial
+    from advisor.trials.record.turns import finished, start_turns
+    from advisor.trials.spec import TrialSpec
+
+    ends = start_turns(folder / "turns", "a", "b", wait_s=30.0, settle=settle)
+    results = {}
+
+    def run(i: int, name: str) -> None:
+        try:
+            results[name] = run_trial(TrialSpec(f"{script}:train_step", Knobs(), folder / name, steps=1, wait=0,
+                                                warmup=0, windows=windows, window_s=0.2, device="cpu",
+                                                turns=ends[i].to_dict()))
+        finally:
+            finished(ends[i])
+
+    threads = [threading.Thread(target=run, args=(i, name)) for i, name in enumerate("ab")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def profiler_step_durations(trace: Path) -> dict[int, float]:
     """{N: seconds} of each `ProfilerStep#N` span in a Chrome trace (.json or .json.gz)."""
     opener = gzip.open if trace.suffix == ".gz" else open
