@@ -69,28 +69,34 @@ def test_pairs_differ_in_one_knob_and_a_knob_without_a_transformation_has_no_pre
     assert isinstance(cpu_surfaces.model_change(some.graph, "threads", 1), float)  # the cores' share: a price
 
 
+def surface_runs(surface: Path) -> dict:
+    """Each setting of a CPU truth surface: its runs' measurements by run number (each run a process of its own)."""
+    from advisor.trials.record.measurement import measure
+
+    runs: dict[str, dict] = {}
+    for record in sorted(surface.glob("*/trial.json")):
+        setting, run = record.parent.name.rsplit("-r", 1)
+        runs.setdefault(setting, {})[int(run)] = measure([json.loads(record.read_text())["steps"]])
+    return runs
+
+
 def test_the_prior_spread_between_processes_is_the_truth_surfaces_own():
     """`draws.PRIOR`, how far a setting's level moves from one process to the next beyond its windows' noise, is
     the median of what the CPU truth surfaces measured (each setting in three processes), by the estimator the
     session uses on its own runs; and each surface's is beyond what its windows alone say (the draws are real)."""
     from advisor.search import draws
-    from advisor.trials.record.measurement import measure
+    from advisor.trials.record.measurement import Measurement
 
     spreads, within = [], []
     for surface in SURFACES:
-        runs: dict[str, list] = {}
-        for record in sorted(surface.glob("*/trial.json")):
-            trial = json.loads(record.read_text())
-            runs.setdefault(record.parent.name.rsplit("-r", 1)[0], []).append(measure([trial["steps"]]))
-        assert all(len(r) == 3 for r in runs.values()), surface
-        spreads.append(draws.process_spread(list(runs.values()), prior_pairs=0))
-        within.append(statistics.median(m.relative_se for r in runs.values() for m in r))
+        runs = surface_runs(surface)
+        assert all(sorted(r) == [1, 2, 3] for r in runs.values()), surface
+        spreads.append(draws.process_spread([list(r.values()) for r in runs.values()], prior_pairs=0))
+        within.append(statistics.median(m.relative_se for r in runs.values() for m in r.values()))
     assert all(s > w for s, w in zip(spreads, within)), (spreads, within)
     assert draws.PRIOR == pytest.approx(statistics.median(spreads), abs=0.005), spreads
     # With no runs of its own, a session's estimate is the prior; runs of one setting that agree pull it down.
     assert draws.process_spread([]) == draws.PRIOR
-    from advisor.trials.record.measurement import Measurement
-
     steady = [[Measurement(rate, 0.002, (), 50, 5.0, "windows", None) for rate in (100.0, 100.2, 99.9)]] * 8
     assert draws.process_spread(steady) < draws.PRIOR / 2
 
@@ -104,13 +110,9 @@ def test_one_run_of_each_of_two_settings_reads_within_the_width_the_session_says
     import math
 
     from advisor.search import draws
-    from advisor.trials.record.measurement import measure
 
     for surface in SURFACES:
-        runs: dict[str, dict[int, float]] = {}
-        for record in sorted(surface.glob("*/trial.json")):
-            setting, run = record.parent.name.rsplit("-r", 1)
-            runs.setdefault(setting, {})[int(run)] = measure([json.loads(record.read_text())["steps"]])
+        runs = surface_runs(surface)
         # How far the user's run of each (the third) reads from the claim off the first two of each, in log terms.
         misses = [abs(math.log(b[3].samples_per_s / a[3].samples_per_s * (a[1].samples_per_s + a[2].samples_per_s)
                                / (b[1].samples_per_s + b[2].samples_per_s)))
