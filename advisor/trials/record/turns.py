@@ -141,29 +141,23 @@ def wait_for_the_other(turns: Turns) -> None:
         time.sleep(POLL_S)
 
 
-def windows_log(folder: Path) -> list[tuple[str, int, float, float]]:
-    """The windows measured in turn: (trial, window, start, end), in the order they were logged."""
+def _logged(folder: Path) -> list[list[str]]:
+    """The fields of each line of `windows.log`, in the order they were logged (none before the first window)."""
     try:
-        lines = (Path(folder) / LOG_FILE).read_text().splitlines()
+        return [line.split() for line in (Path(folder) / LOG_FILE).read_text().splitlines()]
     except OSError:
         return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) in (4, 6):
-            out.append((parts[0], int(parts[1]), float(parts[2]), float(parts[3])))
-    return out
+
+
+def windows_log(folder: Path) -> list[tuple[str, int, float, float]]:
+    """The windows measured in turn: (trial, window, start, end), in the order they were logged."""
+    return [(p[0], int(p[1]), float(p[2]), float(p[3])) for p in _logged(folder) if len(p) in (4, 6)]
 
 
 def window_groups(folder: Path) -> dict[str, list[tuple[float, float]]]:
     """Each trial's windows measured in turn, as (samples, seconds), in the order they were logged."""
-    try:
-        lines = (Path(folder) / LOG_FILE).read_text().splitlines()
-    except OSError:
-        return {}
     groups: dict[str, list[tuple[float, float]]] = {}
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 6:
-            groups.setdefault(parts[0], []).append((float(parts[4]), float(parts[5])))
+    for p in _logged(folder):
+        if len(p) == 6:
+            groups.setdefault(p[0], []).append((float(p[4]), float(p[5])))
     return groups
