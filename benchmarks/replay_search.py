@@ -24,7 +24,12 @@ the median found/best ≥ 0.97 and the worst of the seeds ≥ 0.85; at 15%, with
 median ≥ 0.90; every session within its budget (a third of the surface's points; the ridge's 19 trials).
 Each line also counts the levers the trace pointed at that sessions left unmeasured when the budget ended.
 
-    .venv/bin/python benchmarks/replay_search.py [--seeds 30] [--jobs 2] [SURFACE_DIR | BUILT_NAME ...]
+With `--draws D` every case is replayed with each served trial a process of its own, its level drawn with
+relative spread D about its setting's (`ReplayRunner(draws=D)`; 0.055 is what the CPU truth surfaces measured
+between processes, `advisor.search.draws.PRIOR`): how the search holds when no trial's windows show that spread.
+The floors are the same; docs/benchmarks.md gives the figures.
+
+    .venv/bin/python benchmarks/replay_search.py [--seeds 30] [--jobs 2] [--draws D] [SURFACE_DIR | BUILT_NAME ...]
 """
 
 from __future__ import annotations
@@ -80,11 +85,11 @@ def budget_of(surface: Path, points: list) -> int:
 
 
 def one_session(surface: Path, points: list, noise: float, seed: int, tmp: Path,
-                drift: float | None = None) -> tuple[float, int, dict]:
+                drift: float | None = None, draws: float | None = None) -> tuple[float, int, dict]:
     """(recorded samples/s of the setting found, trials, the session's time record) of one replayed session."""
-    out = tmp / f"s-{noise}-{drift}-{seed}"
+    out = tmp / f"s-{noise}-{drift}-{draws}-{seed}"
     state = run_session(f"{surface.resolve()}:replay", out, SessionOptions(max_trials=budget_of(surface, points)),
-                        runner=ReplayRunner(points, out, noise, seed, drift), script=False,
+                        runner=ReplayRunner(points, out, noise, seed, drift, draws), script=False,
                         space=surface_space(points), extra={"replay": str(surface.resolve())}, log=lambda m: None)
     best = next(t for t in state["trials"] if t["name"] == state["best"])
     served = json.loads((out / best["folder"] / "trial.json").read_text()).get("replayed_from")
@@ -97,8 +102,8 @@ def one_session(surface: Path, points: list, noise: float, seed: int, tmp: Path,
 
 
 def _session(job: tuple) -> tuple[float, int, dict]:
-    surface, noise, seed, drift, tmp = job
-    return one_session(surface, load_surface(surface), noise, seed, tmp, drift)
+    surface, noise, seed, drift, tmp, draws = job
+    return one_session(surface, load_surface(surface), noise, seed, tmp, drift, draws)
 
 
 def case_line(runs: list, best: float, budget: int, floor: tuple[float, float] | None) -> tuple[bool, str]:
@@ -121,15 +126,16 @@ def case_line(runs: list, best: float, budget: int, floor: tuple[float, float] |
                  f"{'' if met else '   BELOW THE FLOOR'}")
 
 
-def bench(surface: Path, tmp: Path, seeds: int, pool) -> bool:
+def bench(surface: Path, tmp: Path, seeds: int, pool, draws: float | None = None) -> bool:
     """Every case and seed on one surface; whether it meets the floors."""
     points = load_surface(surface)
     best = max(recorded_sps(p.folder) for p in points)
     budget = budget_of(surface, points)
-    print(f"{surface.name}: {len(points)} points, best {best:.0f} samples/s, budget {budget} trials", flush=True)
+    print(f"{surface.name}: {len(points)} points, best {best:.0f} samples/s, budget {budget} trials"
+          + (f", each trial's level drawn with spread {100 * draws:.1f}%" if draws else ""), flush=True)
     ok = True
     for (noise, drift), floor in CASES.items():
-        jobs = [(surface, noise, seed, drift, tmp) for seed in range(seeds if noise else 1)]
+        jobs = [(surface, noise, seed, drift, tmp, draws) for seed in range(seeds if noise else 1)]
         met, line = case_line(pool.map(_session, jobs), best, budget, floor)
         ok &= met
         print(f"  spread {100 * noise:4.1f}%{f' + drift {drift:g}' if drift else '          '}: {line}", flush=True)
@@ -139,6 +145,8 @@ def bench(surface: Path, tmp: Path, seeds: int, pool) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--draws", type=float, default=None, metavar="D",
+                        help="each served trial's level drawn about its setting's with relative spread D (0.055)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("surfaces", nargs="*", help="surface folders, or names of pair_surfaces.py's (default: all of both)")
     args = parser.parse_args()
@@ -148,7 +156,7 @@ def main() -> int:
         recorded = ([Path(a) for a in args.surfaces if a not in BUILT] if args.surfaces
                     else sorted(p for p in SURFACES.iterdir() if p.is_dir()))
         built = [build_surface(name, tmp / name)[0] for name in (named if args.surfaces else BUILT)]
-        results = [bench(s, tmp / f"runs-{i}", args.seeds, pool) for i, s in enumerate(recorded + built)]
+        results = [bench(s, tmp / f"runs-{i}", args.seeds, pool, args.draws) for i, s in enumerate(recorded + built)]
     ok = all(results)
     print(f"{'PASS' if ok else 'FAIL'}: at 10% spread, with and without drift {DRIFT:g}, median ≥ 0.97 and min ≥ "
           "0.85; at 15%, with and without drift, median ≥ 0.90; each session within a third of the points")

@@ -426,6 +426,23 @@ def test_noise_draws_windows_around_the_recording_and_a_seed_replays_the_same_se
            [(t["change"], t["samples_per_s"], t["decision"]) for t in runs[1]]
 
 
+def test_with_draws_each_served_trial_is_a_process_at_a_level_of_its_own(tmp_path):
+    """The windows a seed draws are the same with draws as without, each trial's scaled by a level of its own:
+    the spread between processes that no trial's windows show (`advisor.search.draws`)."""
+    points, knobs = surface_points(), Knobs(num_workers=8, persistent_workers=True)
+
+    def windows(folder, draws):
+        runner = ReplayRunner(points, tmp_path / folder, noise=0.05, seed=3, draws=draws)
+        return [trial_record(runner(f"{i:02d}-w8", knobs).path)["summary"]["steady"]["windows"] for i in range(6)]
+
+    plain, drawn, again = windows("plain", None), windows("drawn", 0.1), windows("again", 0.1)
+    assert drawn == again  # a seed replays the same draws
+    levels = [statistics.mean(d[i] / p[i] for i in range(len(p))) for p, d in zip(plain, drawn)]
+    for p, d, level in zip(plain, drawn, levels):
+        assert [w * level for w in p] == pytest.approx(d)  # one level a trial, its windows' noise as without
+    assert len({round(level, 6) for level in levels}) == len(levels) and 0.02 < statistics.pstdev(levels) < 0.3
+
+
 def test_a_re_measure_serves_the_next_recording_of_a_setting(tmp_path):
     surface = tmp_path / "surface"
     for name in ("fp32-b32-w0-pageable", "fp32-b32-w2-pageable", "fp32-b32-w4-pageable"):

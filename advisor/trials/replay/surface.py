@@ -18,7 +18,9 @@ machine, and a setting can be measured again (`remeasure`); at 0 every window is
 `noise` None the recording is served as it is, and with one recording per setting it cannot be measured
 again. Measured against the best (`against`, `advisor.trials.record.adaptive`), a served trial draws windows until
 they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.replay.load_drift`) a
-load that comes and goes slows each step served at its time, and each window reports it.
+load that comes and goes slows each step served at its time, and each window reports it. With `draws` each served
+trial is a process of its own: its windows are drawn around its setting's samples/s × (1 + draws · N(0, 1)), one
+draw a trial, as a live setting runs at a level of its own in each process (`advisor.search.draws`).
 
 Every served trial is placed on a simulated clock: it costs its recorded start-up, profiled steps and
 end, and its drawn windows (each slowed by the load at its time), so `times` in its record read as a live
@@ -104,10 +106,10 @@ NOISE_WINDOW_STEPS = 4  # steps in each
 class ReplayRunner:
     """Serves recorded trials for the session's knobs, into `out/trials/<name>`; with `noise`, each with
     steady-state windows drawn around its setting's recorded samples/s (relative spread `noise`, generator
-    `seed`)."""
+    `seed`); with `draws`, around a level drawn for each served trial (relative spread `draws`)."""
 
     def __init__(self, points: list[SurfacePoint], out: Path, noise: float | None = None, seed: int = 0,
-                 drift: float | None = None):
+                 drift: float | None = None, draws: float | None = None):
         self.points = points
         self.out = Path(out)
         # The baseline's user values: every point of a surface was recorded from the same step.
@@ -123,6 +125,9 @@ class ReplayRunner:
         # Measuring a setting again counts new steps only where there are new ones to count.
         self.remeasure = noise is not None or any(len(v) > 1 for v in self.by_settings.values())
         self.drift = LoadDrift(drift, seed) if drift else None
+        # Each served process a draw of its setting's level (`advisor.search.draws`), from a generator of its own:
+        # a seed replays the same windows with draws as without.
+        self.draws, self.draw_random = draws, random.Random(f"draws-{seed}")
         self.adaptive = noise is not None  # windows are drawn, so as many as a comparison needs
         self.paired = False  # one trial at a time: served trials take no turns
         self.epoch = time.time()
@@ -182,6 +187,8 @@ class ReplayRunner:
 
         summary = record.get("summary") or {}
         rate, batch = truth, summary.get("batch_size")
+        if rate and self.draws:
+            rate *= max(0.05, 1 + self.draws * self.draw_random.gauss(0.0, 1.0))
         profiled = [s for s in record.get("steps") or [] if "window" not in s]
         if not rate or not batch:
             self._retime(record, 0.0)
@@ -221,6 +228,8 @@ class ReplayRunner:
         steady = measure([steps])
         summary.update(steady=steady.to_dict(), samples_per_s=steady.samples_per_s)
         record["replay_noise"] = self.noise
+        if self.draws:
+            record["replay_draws"] = self.draws
 
     @staticmethod
     def _on_cpu(record: dict[str, Any]) -> bool:
