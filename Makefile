@@ -13,16 +13,14 @@ install:
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[test,docs]'
 
-# Three workers on a 2-core machine, a file each at a time: most tests wait on trials that run in their own
-# processes (a time limit, a hanging rank, a server starting), and a third worker fills those waits (3:28 against
-# 3:41 with two, run one after the other on the 2-core EPYC); the tests are written to hold on a busy machine
-# (each worker is the others' busy neighbour). With Python's
+# Two workers, a file each at a time: most tests wait on trials that run in their own processes, and the
+# tests are written to hold on a busy machine (each worker is the other's busy neighbour). With Python's
 # bytecode cache on even where the environment turns it off (PYTHONDONTWRITEBYTECODE): the suite starts some
 # hundred Python processes (the CLI, zygotes, torchrun's ranks), each of which would compile the package anew,
 # and each worker would rewrite every test module's asserts again (about 4 s). Files are handed out in the
 # order tests/conftest.py gives them (longest first), not reordered by their number of tests.
 test:
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The property-based tests of tests/test_analyze_fuzz.py (mutated traces, trial.json and session.json through
 # `advisor analyze` and `advisor report`) with many more examples than `make test` runs (100 per property).
