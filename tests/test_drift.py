@@ -435,14 +435,26 @@ print(json.dumps({"own_worker": mine, "stranger": meter.sample()}))
 
 def test_a_trials_own_workers_are_not_load_and_another_process_is(tmp_path):
     cpu = min(os.sched_getaffinity(0))
-    done = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(cpu)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    loads = json.loads(done.stdout)
-    mine, stranger = loads["own_worker"], loads["stranger"]
-    # Beside its own busy worker on one core the trial's thread waits about half its time, but none of that
-    # is load; a process that is not the trial's takes about half the core from it.
-    assert mine["waited"] > mine["taken"], loads
-    assert stranger["taken"] > 0.3 and stranger["taken"] > mine["taken"], loads
+
+    def probe() -> dict:
+        done = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(cpu)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def told_apart(loads: dict) -> bool:
+        # Beside its own busy worker on one core the trial's thread waits about half its time, but none of that
+        # is load; a process that is not the trial's takes about half the core from it.
+        mine, stranger = loads["own_worker"], loads["stranger"]
+        return mine["waited"] > mine["taken"] and stranger["taken"] > 0.3 and stranger["taken"] > mine["taken"]
+
+    # Another process of the machine's that lands on the core in one phase and not the other counts in that phase
+    # alone (a CPU-bound process beside the suite once read 0.60 taken beside the own worker, 0.50 beside the
+    # stranger): a probe again, up to three, where that happened.
+    probes = [probe()]
+    while not told_apart(probes[-1]) and len(probes) < 3:
+        probes.append(probe())
+    assert told_apart(probes[-1]), probes
+    mine = probes[-1]["own_worker"]
     assert contention(mine) == mine["taken"] and contention({"waited": 0.4, "other_cpu": 0.1}) == 0.4
 
 
