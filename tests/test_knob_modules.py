@@ -182,3 +182,17 @@ def test_each_knob_declares_where_the_patch_writes_it_and_the_patch_writes_its_l
         diff = plan_patch(script, None, Knobs(**{knob.name: a_value(knob)}), {}).diff
         for line in written.lines:
             assert f"+{line.format(value=a_value(knob), model='model')}\n" in diff
+
+
+def test_moves_read_in_each_knobs_words_and_a_knobs_lint_rule_is_one_lint_has():
+    from advisor.code.lint.rules import RULES
+    from advisor.knobs import COPY_KNOBS, LINT_FIXES, moves_text
+
+    assert moves_text({"num_workers": 8, "persistent_workers": True, "batch_size": 64}) == "workers →8 + batch →64"
+    assert moves_text({"amp": None, "threads": 1}) == "AMP off + threads →1"
+    # Pinned memory and non_blocking copies read as the one change they are tried as; either alone by its name.
+    assert moves_text({"batch_size": 128, "pin_memory": True, "non_blocking": True}) == \
+        "pin_memory + non_blocking copies + batch →128"
+    assert moves_text({"pin_memory": True}) == "pin_memory=True"
+    assert LINT_FIXES and all(rule in RULES and BY_NAME[knob].lint == rule for rule, knob in LINT_FIXES.items())
+    assert set(COPY_KNOBS) == {"pin_memory", "non_blocking"}

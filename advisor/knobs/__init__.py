@@ -72,6 +72,19 @@ def without_lone_companions(moves: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in moves.items() if k not in COMPANIONS or BY_NAME[k].companion_of[0] in moves}
 
 
+COPY_KNOBS = tuple(k.name for k in KNOBS if k.copies)  # on host-to-device copies: nothing to measure on the CPU
+LINT_FIXES = {k.lint: k.name for k in KNOBS if k.lint}  # an `advisor lint` rule → the knob its fix sets
+
+
+def moves_text(moves: dict[str, Any]) -> str:
+    """Moves in words ("workers →8 + batch →64"): knobs that read as one change together in its words, a
+    companion left to its knob."""
+    joined = [k for k in KNOBS if k.together and moves.get(k.name) and moves.get(k.together[0])]
+    covered = {name for k in joined for name in (k.name, k.together[0])}
+    return " + ".join([k.together[1] for k in joined] + [BY_NAME[name].move_text(value) for name, value in moves.items()
+                                                          if name not in COMPANIONS and name not in covered])
+
+
 ADVISED = tuple(k for k in KNOBS if k.advice)  # turned on where a finding of the trace advises them
 
 

@@ -74,4 +74,5 @@ def offer(best: Best) -> Offer | None:
 
 
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
-            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, written=WRITTEN, offer=offer)
+            proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, written=WRITTEN, offer=offer,
+            moved=lambda v: f"AMP {v}" if v else "AMP off")

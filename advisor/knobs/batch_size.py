@@ -45,4 +45,5 @@ WHAT_IF = WhatIf("batch_size", "batch", setting, transform, "batch", prior=1.0, 
 
 KNOB = Knob("batch_size", COUNT, LOADER, AT_LOADER, "the batch size", alone=NEEDS_A_VALUE,
             training_argument="per_device_train_batch_size", proposed_as="larger-batch", spread=(0.10, 0.10),
-            whatif=WHAT_IF, written=Written(IN_LOADER, position=1, excluded_by="batch_sampler"))
+            whatif=WHAT_IF, written=Written(IN_LOADER, position=1, excluded_by="batch_sampler"),
+            moved=lambda v: f"batch →{v}")

@@ -172,6 +172,18 @@ class Knob:
     # The move it offers the search from the best of now (`advisor.knobs.offer`: a function of a `Best` that
     # returns an `Offer` or None), where the search proposes it on its own.
     offer: Callable[[Any], Any] | None = None
+    # How its move to a value reads in a change's words ("workers →8"; else "name=value"), and the knob it reads as
+    # one change with where both move, with those words (pinned memory and non_blocking copies).
+    moved: Callable[[Any], str] | None = None
+    together: tuple[str, str] | None = None
+    # The `advisor lint` rule whose fix sets this knob in the script: the report puts what the session measured of
+    # the knob beside that finding.
+    lint: str | None = None
+    copies: bool = False  # acts on host-to-device copies: nothing to measure on the CPU, where batches are not copied
+
+    def move_text(self, value: Any) -> str:
+        """Its move to `value` in a change's words."""
+        return self.moved(value) if self.moved else f"{self.name}={value}"
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not one of this knob's (one line), or None; None itself is "the user's value"."""

@@ -12,4 +12,4 @@ from advisor.knobs.pin_memory import PINNED
 
 # The what-if model's change is pin_memory's: pinned copies, which take both.
 KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED,
-            written=Written(IN_STEP))
+            written=Written(IN_STEP), lint="non-blocking-copy", copies=True)

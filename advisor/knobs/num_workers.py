@@ -38,4 +38,5 @@ WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=
 
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
             training_argument="dataloader_num_workers", numerics=False, proposed_as="more-workers",
-            spread=(0.30, 0.30), whatif=WHAT_IF, written=Written(IN_LOADER, position=5))
+            spread=(0.30, 0.30), whatif=WHAT_IF, written=Written(IN_LOADER, position=5),
+            moved=lambda v: f"workers →{v}", lint="dataloader-num-workers")

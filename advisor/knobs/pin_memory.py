@@ -51,4 +51,5 @@ def offer(best: Best) -> Offer | None:
 
 KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory",
             numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED,
-            written=Written(IN_LOADER, position=7), offer=offer)
+            written=Written(IN_LOADER, position=7), offer=offer,
+            together=("non_blocking", "pin_memory + non_blocking copies"), lint="dataloader-pin-memory", copies=True)

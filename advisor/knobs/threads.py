@@ -57,4 +57,5 @@ def offer(best: Best) -> Offer | None:
 
 
 KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False,
-            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF, written=WRITTEN, offer=offer)
+            proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF, written=WRITTEN, offer=offer,
+            moved=lambda v: f"threads →{v}")

@@ -9,15 +9,11 @@ shown after a session never contradicts what the session measured.
 from __future__ import annotations
 
 from advisor.analysis.bound import BOUNDS
+from advisor.knobs import COPY_KNOBS, LINT_FIXES
 from advisor.report.formatting import gain
 
 # Rows that re-measure a setting already tried (to confirm the best): not a change of their own.
 REMEASURES = ("confirm",)
-# The lint rules whose fix is a knob the session measures, and that knob.
-LINT_KNOBS = {"dataloader-num-workers": "num_workers", "dataloader-pin-memory": "pin_memory",
-              "non-blocking-copy": "non_blocking"}
-# Knobs that act on host-to-device copies: nothing to measure in a session that ran on the CPU.
-COPY_KNOBS = ("pin_memory", "non_blocking")
 
 
 def changes(rows: list[dict]) -> list[dict]:
@@ -58,7 +54,7 @@ def lint_findings(lint: list[dict], session: dict, rows: list[dict], unit: str) 
     final = session.get("final_knobs") or {}
     out = []
     for finding in lint:
-        knob = LINT_KNOBS.get(str(finding.get("rule")))
+        knob = LINT_FIXES.get(str(finding.get("rule")))
         note = ""
         tried = [r for r in changes(rows) if knob and (r.get("knobs") or {}).get(knob) is not None]
         if knob in COPY_KNOBS and device == "cpu":

@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from advisor.knobs import COMPANIONS, ORDERED, companions_of, without_lone_companions
+from advisor.knobs import COMPANIONS, ORDERED, companions_of, moves_text, without_lone_companions
 from advisor.search.bounds import trial_bound
 from advisor.search.expected import rank
 from advisor.search.history import moved_on
@@ -141,15 +141,3 @@ def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: 
         if pair is not None:
             return pair
     return None
-
-def moves_text(moves: dict[str, Any]) -> str:
-    """Moves in words, where a recorded change's own words no longer fit the best they are made on."""
-    words = {"amp": lambda v: f"AMP {v}" if v else "AMP off", "num_workers": lambda v: f"workers →{v}",
-             "batch_size": lambda v: f"batch →{v}", "threads": lambda v: f"threads →{v}"}
-    pinned = bool(moves.get("pin_memory") and moves.get("non_blocking"))
-    parts = ["pin_memory + non_blocking copies"] if pinned else []
-    for knob, value in moves.items():
-        if knob in COMPANIONS or (pinned and knob in ("pin_memory", "non_blocking")):
-            continue
-        parts.append(words[knob](value) if knob in words else f"{knob}={value}")
-    return " + ".join(parts)
