@@ -69,5 +69,6 @@ def offer(best: Best) -> Offer | None:
     return Offer({"compile": True}, "torch.compile", "compile", gain, target, predicted=graphs is not None)
 
 
+# torch.compile of a large model takes minutes on its first steps: a trial that compiles gets this much more time.
 KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile", proposed_as="compile", spread=(0.20, 0.30),
-            whatif=WHAT_IF, written=WRITTEN, offer=offer)
+            whatif=WHAT_IF, written=WRITTEN, offer=offer, first_steps_s=600.0)

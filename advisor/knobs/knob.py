@@ -180,6 +180,8 @@ class Knob:
     # the knob beside that finding.
     lint: str | None = None
     copies: bool = False  # acts on host-to-device copies: nothing to measure on the CPU, where batches are not copied
+    # Seconds its first steps may take beyond a trial's --timeout where it is on (at least as long again: a compile).
+    first_steps_s: float = 0.0
 
     def move_text(self, value: Any) -> str:
         """Its move to `value` in a change's words."""

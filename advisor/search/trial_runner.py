@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from advisor.files import file_stamps
+from advisor.knobs import KNOBS
 from advisor.trials.knobs import Knobs
 from advisor.trials.record.storage import number
 from advisor.search.bounds import trial_bound
@@ -158,13 +159,11 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                   paired=options.windows > 0 and options.nproc_per_node <= 1 and options.ray_address is None)
 
 
-COMPILE_ALLOWANCE_S = 600.0  # torch.compile of a large model takes minutes on its first steps
-
-
 def trial_time_limit(options: SessionOptions, knobs: Knobs) -> float:
-    """Seconds a trial may take: --timeout, and as long again (at least COMPILE_ALLOWANCE_S more) for one
-    that compiles, whose first steps hold the compile."""
-    return options.timeout_s + (max(options.timeout_s, COMPILE_ALLOWANCE_S) if knobs.compile else 0.0)
+    """Seconds a trial may take: --timeout, and as long again (at least a knob's `first_steps_s` more) for one
+    whose knobs hold up its first steps (a compile)."""
+    allowance = max((k.first_steps_s for k in KNOBS if k.first_steps_s and getattr(knobs, k.name)), default=None)
+    return options.timeout_s + (max(options.timeout_s, allowance) if allowance is not None else 0.0)
 
 
 def end_left_behind(state: dict[str, Any], log: Callable[[str], None]) -> None:
