@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.knobs import written_at
+from advisor.knobs.knob import FROM_TRIAL
 from advisor.search.state import SessionOptions, save
 from advisor.search.timing import session_time
 from advisor.trials.knobs import Knobs
@@ -98,6 +100,12 @@ def best_plan(out: Path, state: dict[str, Any], knob: str, field: str) -> Any:
         return None
 
 
+def recorded_plans(out: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """What the best trial recorded for the patch of each knob written from its trial's record, by the record's
+    field (`uint8_plan`, `attention_plan`, `checkpoint_plan`: `write_patch`'s keywords)."""
+    return {k.written.record: best_plan(out, state, k.name, k.written.record) for k in written_at(FROM_TRIAL)}
+
+
 def wrap_up(out: Path, state: dict[str, Any], options: SessionOptions) -> None:
     """The session done: the batch's notes and the time it took in the record, saved, and the outputs written."""
     state["notes"].extend(batch_notes(state, options))
@@ -125,10 +133,7 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
             written, notes = write_patch(script, func, final, state["user_values"], out,
                                          root=repository_root(script), accumulation_steps=final.accumulation_steps,
                                          loader_site=(state.get("training_loader") or {}).get("site"),
-                                         step_file=step_file,
-                                         uint8_plan=best_plan(out, state, "uint8_copies", "uint8_plan"),
-                                         attention_plan=best_plan(out, state, "sdpa", "attention_plan"),
-                                          checkpoint_plan=best_plan(out, state, "checkpointing", "checkpoint_plan"))
+                                         step_file=step_file, **recorded_plans(out, state))
             state["notes"].extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")
