@@ -24,6 +24,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules import ranked
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
+from advisor.knobs import proposed_knobs
 
 STRAGGLER_SHARE = 0.15  # own time beyond the other ranks' median, as a share of the job's step
 COMMUNICATION_SHARE = 0.15  # median exposed communication that makes the job communication-bound
@@ -150,7 +151,7 @@ def straggler_advice(s: Straggler, d: Diagnosis, own: list[Recommendation]) -> R
         workers = next((r for r in own if r.id == "more-workers"), None)
         return Recommendation(
             id="straggler-workers", title=f"Rank {s.rank} waits on its DataLoader: raise num_workers",
-            knobs={"num_workers": "increase"}, predicted_gain=s.share,
+            knobs=proposed_knobs("more-workers", "increase"), predicted_gain=s.share,
             evidence=evidence + (workers.evidence if workers is not None else ()),
             code_change="DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True)  # on every rank",
             caveat="A rank whose data is slower to read (a slow disk, larger samples) needs more workers than the "

@@ -94,6 +94,12 @@ def advised_by(advice: str) -> dict[str, bool]:
     return {k.name: True for k in KNOBS if k.advice == advice}
 
 
+def proposed_knobs(change: str, value: Any = True) -> dict[str, Any]:
+    """The knobs a finding's change turns where the search proposes them by a move of its own (their
+    `proposed_as`, the finding's id), each at `value` ("increase": up their ladder); its `Recommendation.knobs`."""
+    return {k.name: value for k in KNOBS if k.proposed_as == change}
+
+
 # The what-if model's part of each knob it transforms (`Knob.whatif`, `advisor.analysis.whatif`): by the knob's
 # name, by the model's name for the change (pin_memory and non_blocking make one, "pinned"), and the
 # transformations once each, in the registry's order.

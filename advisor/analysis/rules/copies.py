@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
+from advisor.knobs import proposed_knobs
 
 PAGEABLE_COPY_SHARE = 0.005
 SYNC_WAIT_SHARE = 0.002
@@ -28,7 +29,7 @@ def pin_memory(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="pin-memory",
         title="Pin host memory: DataLoader(pin_memory=True)",
-        knobs={"pin_memory": True},
+        knobs=proposed_knobs("pin-memory"),
         # Pinned copies run at the link's full speed (about twice pageable) and let the host go on.
         predicted_gain=0.5 * cost,
         evidence=tuple(evidence),
@@ -84,7 +85,7 @@ def fewer_copy_bytes(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="fewer-copy-bytes",
         title="Copy fewer bytes to the device: uint8 (or half) on the host, convert on the device",
-        knobs={"uint8_copies": True},
+        knobs=proposed_knobs("fewer-copy-bytes"),
         # float32 → uint8 sends a quarter of the bytes.
         predicted_gain=0.75 * share,
         evidence=(f"host-to-device copies take {pct(total)} of the step on the device ({ms(c.total_us)}{overlap})",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct, tried_advice
-from advisor.knobs import advised_by
+from advisor.knobs import advised_by, proposed_knobs
 
 LOW_UTILIZATION = 0.80
 HEADROOM = 0.30
@@ -58,7 +58,7 @@ def larger_batch(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="larger-batch",
         title="Use a larger batch",
-        knobs={"batch_size": "increase"},
+        knobs=proposed_knobs("larger-batch", "increase"),
         predicted_gain=0.5 * (1 - util),
         evidence=tuple(evidence),
         code_change="DataLoader(dataset, batch_size=2 * batch_size, ...)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
+from advisor.knobs import proposed_knobs
 
 def loader_workers(trial: dict | None) -> tuple[int | None, int | None]:
     """(the training DataLoader's workers, the machine's logical cores) as a trial recorded them, each None
@@ -41,7 +42,7 @@ def more_workers(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="more-workers",
         title="Load data in parallel: raise DataLoader num_workers",
-        knobs={"num_workers": "increase"},
+        knobs=proposed_knobs("more-workers", "increase"),
         predicted_gain=0.9 * share,
         evidence=tuple(evidence),
         code_change=f"DataLoader(dataset, batch_size=..., num_workers={target}, persistent_workers=True)",
