@@ -332,4 +332,3 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
     assert draws.session_spread(tmp_path, state) <= draws.PRIOR / 2
     assert contender(tmp_path, state, best, 0.03) is None
     assert pair_settle(tmp_path, state) < draws.between(draws.PRIOR, 1, 1) / 2
-

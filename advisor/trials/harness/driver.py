@@ -354,8 +354,8 @@ class StepDriver:
         if closed is not None:
             pass_turn(self.turns, closed, self.window_began or time.time(), time.time(), self.schedule.groups[-1])
             self.window_began = None
-        waited = 0.0 if self.done or settled(self.turns) else wait_for_turn(self.turns, first=closed is None)
-        if self.done or settled(self.turns):  # read again after the wait: the other's window may have settled it
+        waited = 0.0 if (done := self.done or settled(self.turns)) else wait_for_turn(self.turns, first=closed is None)
+        if done or settled(self.turns):  # read again after a wait only: the other's window may have settled it
             self.done = True
             finished(self.turns)
             wait_for_the_other(self.turns)
