@@ -16,7 +16,9 @@ from advisor.search.expected import deferred_for
 from advisor.search.policy import Policy
 from advisor.search.predictions import prediction_error
 from advisor.search.proposal import Proposal, check_on_best
-from advisor.search.remeasures import across_loads, beside_best, beside_fresh_best, settling, without_best_again
+from advisor.search.draws import between, measured_spread
+from advisor.search.remeasures import across_loads, beside_best, beside_fresh_best, run_folders, settling, \
+    without_best_again
 from advisor.search.simplify import keep_simpler, simplifies
 from advisor.analysis.worth import samples_gain
 from advisor.search.state import best_row, compile_payback, save, trial_row
@@ -58,8 +60,9 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
     if beside is None and decision is not None and run.remeasure:
         decision, unmeasured = without_best_again(out, state, record, decision, lambda b, c: policy.judge(
             b, c, losses, reference_losses, proposal))
-    if decision is not None and simplifies(proposal):
-        decision = keep_simpler(decision, options.min_gain)
+    if decision is not None and simplifies(proposal):  # one run of it against the best's runs: their draws too
+        decision = keep_simpler(decision, options.min_gain,
+                                between(measured_spread(state, run), 1, len(run_folders(out, state, best_row(state)))))
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
     row["load"] = load_text(record)
     if (row.get("compile") or {}).get("compile_s") is not None:

@@ -55,6 +55,16 @@ def session_spread(out: Path, state: dict[str, Any]) -> float:
     return process_spread(list(session_runs(out, state).values()))
 
 
+def measured_spread(state: dict[str, Any], run: Any) -> float:
+    """The draws between the runner's processes where they were measured: what the runner says of its own (a replay
+    serves them, or none: `TrialRunner.process_draws`); else `PRIOR` on the CPU (the CPU truth surfaces) and 0 on
+    another device, whose draws this project has not measured. Not the session's own runs: a setting run again
+    after the load changed reads the load's change as a draw (a replay under a drifting load read 38 %)."""
+    if getattr(run, "process_draws", None) is not None:
+        return run.process_draws
+    return PRIOR if ((state.get("device") or {}).get("type") or "cpu") == "cpu" else 0.0
+
+
 def between(spread: float, a_runs: int, b_runs: int) -> float:
     """What the draws add to the noise of the difference of two settings pooled over `a_runs` and `b_runs`
     processes: two standard errors, as `measurement.noise` gives the windows'."""

@@ -32,6 +32,9 @@ class TrialRunner(Protocol):
     remeasure: bool  # it can measure a setting twice (a replay without noise and one recording a setting cannot)
     adaptive: bool  # a trial's windows can follow a comparison with the best (`against`)
     paired: bool  # it runs two trials at once, their windows in turns (`turns`)
+    # How far a setting's level moves between its processes, where the runner knows (a replay serves its own draws,
+    # or none); None: live processes, whose draws are the device's (`advisor.search.draws.measured_spread`).
+    process_draws: float | None
 
     def __call__(self, name: str, knobs: Knobs, **options: Any) -> TrialResult: ...
 
@@ -44,6 +47,7 @@ class Runner:
     remeasure: bool = True
     adaptive: bool = False
     paired: bool = False
+    process_draws: float | None = None
 
     def __call__(self, name: str, knobs: Knobs, **options: Any) -> TrialResult:
         return self.run(name, knobs, **options)

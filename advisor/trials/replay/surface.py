@@ -128,6 +128,7 @@ class ReplayRunner:
         # Each served process a draw of its setting's level (`advisor.search.draws`), from a generator of its own:
         # a seed replays the same windows with draws as without.
         self.draws, self.draw_random = draws, random.Random(f"draws-{seed}")
+        self.process_draws = draws or 0.0  # the session's `TrialRunner.process_draws`: none, or the ones served
         self.adaptive = noise is not None  # windows are drawn, so as many as a comparison needs
         self.paired = False  # one trial at a time: served trials take no turns
         self.epoch = time.time()
