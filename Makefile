@@ -34,7 +34,9 @@ fuzz:
 docs:
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
+# runs/demo is the demo's own folder: each `make demo` starts it afresh (a session refuses a folder that holds one).
 demo:
+	rm -rf runs/demo
 	$(VENV)/bin/advisor profile examples/image_classifier.py --device cpu --max-trials 8 --out runs/demo
 
 bench:
