@@ -8,15 +8,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from advisor.knobs import DDP_KNOBS
+from advisor.knobs import BY_NAME, DDP_KNOBS
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 
 class DDPKnobs:
     """Wraps DistributedDataParallel.__init__: the DDP knobs set, the user's values and the outcomes kept."""
 
-    ARGUMENTS = {"ddp_bucket_cap_mb": "bucket_cap_mb", "ddp_gradient_as_bucket_view": "gradient_as_bucket_view",
-                 "ddp_static_graph": "static_graph", "ddp_find_unused_parameters": "find_unused_parameters"}
+    ARGUMENTS = {name: BY_NAME[name].written.argument for name in DDP_KNOBS}  # knob -> DDP's keyword
 
     def __init__(self, knobs: Knobs):
         self.knobs = knobs
