@@ -11,7 +11,7 @@ import time
 
 import pytest
 from test_distributed import left_behind
-from trial_helpers import pair_in_turns, trial_record, write_script
+from trial_helpers import EXAMPLES, pair_in_turns, trial_record, write_script
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
@@ -295,3 +295,56 @@ def test_both_trials_of_a_pair_are_forked_from_one_zygote_and_each_is_its_own_pr
     assert facts[0]["pid"] != facts[1]["pid"] and all(f["pgid"] == f["pid"] == f["sid"] for f in facts)
     assert facts[0]["token"] != facts[1]["token"] and all(f["proc_token"] == f["token"] for f in facts)
     assert facts[0]["draw"] != facts[1]["draw"]
+
+
+PARSES_IN_THREADS = """
+import gc, sys, threading
+from pathlib import Path
+from advisor.trials.launch.runner import _locate_step
+
+script, failures, parsed = Path(sys.argv[1]), [], threading.Event()
+
+
+class Finalized:  # Python code run from the garbage collector: where CPython switches threads mid-parse
+    def __del__(self):
+        sum(range(50))
+
+
+def litter():
+    for _ in range(20_000):
+        if parsed.is_set():
+            return
+        a, b = Finalized(), Finalized()
+        a.other, b.other = b, a
+
+
+def locate():
+    for _ in range(100):
+        try:
+            _locate_step(script, script, "main")
+        except Exception as exc:
+            failures.append(repr(exc))
+            return
+
+
+sys.setswitchinterval(1e-6)
+gc.set_threshold(50)
+threading.Thread(target=litter, daemon=True).start()
+parsers = [threading.Thread(target=locate) for _ in range(2)]
+for thread in parsers:
+    thread.start()
+for thread in parsers:
+    thread.join()
+parsed.set()
+print(failures)
+"""
+
+
+def test_the_two_trials_of_a_pair_locate_their_step_from_two_threads_at_once():
+    """The ending starts a pair's two trials from two threads, and each parses the script to find its step: on
+    CPython 3.11 two parses at once failed one trial with "SystemError: AST constructor recursion depth mismatch"
+    (seen in this suite on the test above). The parses are taken one at a time."""
+    done = subprocess.run([sys.executable, "-c", PARSES_IN_THREADS, str(EXAMPLES / "image_classifier.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -200,15 +201,28 @@ def _new_record(*, name: str, target: str | None, step: str | None, script: Path
     }
 
 
+# One parse at a time: the ending starts the two trials of a pair from two threads, and CPython 3.11 keeps the
+# depth of the tree it builds in one counter for all threads, so two parses at once can fail with "SystemError: AST
+# constructor recursion depth mismatch" (python/cpython#106905; a test in tests/test_zygote.py makes it happen).
+_PARSING = threading.Lock()
+
+
+def _parse(path: Path) -> ast.Module:
+    """The file's tree, one parse at a time in this process."""
+    source = path.read_text()
+    with _PARSING:
+        return ast.parse(source, filename=str(path))
+
+
 def _locate_step(script: Path, defined_in: Path, func: str | None) -> None:
     """Parse the script and the file that defines the step, and find the step there (TargetNotFound when
     it is not); a file that does not parse is an AdvisorError."""
     parsed = script
     try:
-        tree = ast.parse(script.read_text(), filename=str(script))
+        tree = _parse(script)
         if defined_in != script:
             parsed = defined_in
-            tree = ast.parse(defined_in.read_text(), filename=str(defined_in))
+            tree = _parse(defined_in)
         if func is not None:
             locate_target(tree, func)
     except (SyntaxError, ValueError) as exc:
