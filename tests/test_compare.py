@@ -99,6 +99,27 @@ def test_one_setting_measured_twice_is_the_same_within_the_noise():
     assert done.returncode == 0 and "the same within the noise" in done.stdout and "passed" in done.stdout
 
 
+def test_runs_from_two_machines_say_so_beside_the_verdict():
+    """The image classifier recorded on an AMD EPYC with avx512_bf16 (the CPU surface) against the same script's
+    session on an Intel Xeon with AMX and another torch: the difference is said to be the machines' as much as the
+    settings', naming which facts differ, beside the verdict in the terminal and in the document. Two runs of one
+    machine (the surface's runs 1 and 3; the surface against the conv example's session, recorded on that
+    machine's kind) say nothing of it. One CPU model name ("AMD EPYC") covers CPUs with and without bf16
+    instructions: those are a setting of their own."""
+    surface = str(CPU / FAST)
+    code, doc = compare_json(surface, str(SAMPLE_RUNS / "image_classifier"))
+    assert code == 0 and doc["machines"].startswith("A and B ran on different machines")
+    assert "(device, CPU bf16 instructions, torch:" in doc["machines"]
+    settings = {s["name"]: (s["a"], s["b"]) for s in doc["settings"]}
+    assert settings["CPU bf16 instructions"] == ("avx512_bf16", "amx_bf16, amx_tile, avx512_bf16")
+    assert "CPU cores" not in settings  # two cores each
+    done = run_advisor("compare", surface, str(SAMPLE_RUNS / "image_classifier"))
+    said, figures = done.stdout.find("A and B ran on different machines"), done.stdout.find("\nFigures")
+    assert 0 < said < figures, done.stdout  # with the verdict, before the tables
+    for pair in ((CPU / TWICE[0], CPU / TWICE[1]), (CPU / FAST, SAMPLE_RUNS / "conv_classifier")):
+        assert compare(*pair).machines is None
+
+
 def test_a_slower_pair_fails_the_gate():
     """Two workers, then none: B is slower beyond the noise, by more than 5% (exit 1) but not more than 50%
     (exit 0); the other way round B is faster, and the gate passes."""

@@ -19,7 +19,8 @@ machine's load between the two runs adds its own (docs/compare.md).
      "tensor_cores": {"a_share", "b_share", "moved_onto": [MOVE], "moved_off": [MOVE], "text"},
      "settings": [{"name", "a", "b"}],                                 # only those that differ
      "ranks": {"a": RANK | null, "b": RANK | null} | null,             # data-parallel runs: the slowest rank
-     "notes": [str]}
+     "notes": [str],
+     "machines": str | null}                                           # where they ran on different machines
 
     RUN = {"path", "kind": "session"|"trial"|"trace"|"traces", "label", "unit", "rate", "relative_se",
            "interval", "source": "windows"|"steps"|"trace steps", "samples", "batch_size", "step_ms",
@@ -50,6 +51,8 @@ ROLE_LABELS = {"kernel": "kernels (compute)", "memcpy": "copies", "memset": "mem
                "communication": "communication", "runtime": "runtime calls (launches)",
                "dataloader": "loader wait (DataLoader)", "cpu_op": "CPU operators", "other": "other host time"}
 SAME = "same"
+# The settings (`runs.settings_of`) that say which machine and build a run had: where they differ, so may the speed.
+MACHINE = ("device", "CPU cores", "CPU bf16 instructions", "torch", "CUDA")
 UNKNOWN = "unknown"  # no noise estimate (each run one step or window) or no rate: faster or slower cannot be said
 SOURCE_WORDS = {"windows": "steady-state windows", "steps": "profiled steps of its trial",
                 "trace steps": "ProfilerStep spans of its trace"}
@@ -112,6 +115,7 @@ class Comparison:
     tensor_cores: dict
     settings: tuple[tuple[str, str | None, str | None], ...]
     notes: tuple[str, ...] = ()
+    machines: str | None = None  # where the two ran on different machines: which of their facts differ
 
     def slower_than(self, percent: float) -> bool:
         """B is slower than A beyond the noise, by more than `percent` % of A's rate (the CI gate)."""
@@ -210,6 +214,16 @@ def figures_of(a: Run, b: Run, unit: str) -> list[Figure]:
     return [f for f in out if f.a is not None or f.b is not None]
 
 
+def machines_text(a: Run, b: Run) -> str | None:
+    """Where A and B ran on different machines (each side's record says, and they differ): which of its facts, in
+    words; None where they ran alike or a side does not say."""
+    differ = [n for n in MACHINE if a.settings.get(n) and b.settings.get(n) and a.settings[n] != b.settings[n]]
+    if not differ:
+        return None
+    return (f"A and B ran on different machines ({', '.join(differ)}: see the settings that differ): what moved "
+            "between them is the machines' as much as the settings'")
+
+
 def compare_runs(a: Run, b: Run) -> Comparison:
     """Compare two loaded runs (the figures of their representative traces, their timings, settings)."""
     verdict = verdict_of(a, b)
@@ -225,7 +239,7 @@ def compare_runs(a: Run, b: Run) -> Comparison:
     if verdict.unit == "steps/s":
         notes.append("compared in steps/s: a run does not know its batch size")
     common = dict(a=a, b=b, verdict=verdict, figures=tuple(figures_of(a, b, verdict.unit)), settings=settings,
-                  notes=tuple(notes))
+                  notes=tuple(notes), machines=machines_text(a, b))
     da, db = a.diagnosis, b.diagnosis
     if da is None or db is None:
         return Comparison(breakdown=(), moved_most=None, kernel_families=(), kernels=(), operator_families=(),
@@ -332,4 +346,5 @@ def comparison_to_dict(c: Comparison) -> dict:
         "settings": [{"name": n, "a": x, "b": y} for n, x, y in c.settings],
         "ranks": ranks if any(ranks.values()) else None,
         "notes": list(c.notes),
+        "machines": c.machines,
     }

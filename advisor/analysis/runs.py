@@ -206,7 +206,7 @@ def _text(value) -> str | None:
 
 def settings_of(trial: dict | None, d: Diagnosis | None, job: Job | None) -> dict[str, str]:
     """A run's settings, flat (name → text): the knobs applied, the script's own values, its own settings
-    (autocast, compile ...), torch and CUDA, the device, the world size."""
+    (autocast, compile ...), torch and CUDA, the host's cores and bf16 instructions, the device, the world size."""
     trial = trial or {}
     out: dict[str, str] = {}
     for key, value in (trial.get("knobs") or {}).items():
@@ -231,9 +231,13 @@ def settings_of(trial: dict | None, d: Diagnosis | None, job: Job | None) -> dic
     gpu = facts.get("gpu") if isinstance(facts.get("gpu"), dict) else {}
     if isinstance(gpu.get("cuda"), str):
         out["CUDA"] = gpu["cuda"]
+    cpu = facts.get("cpu") if isinstance(facts.get("cpu"), dict) else {}
+    if isinstance(cpu.get("logical_cores"), int):
+        out["CPU cores"] = str(cpu["logical_cores"])
+    if isinstance(cpu.get("bf16_instructions"), list):  # one model name covers CPUs with and without them
+        out["CPU bf16 instructions"] = ", ".join(map(str, cpu["bf16_instructions"])) or "none"
     device = d.device.name if d is not None and d.device is not None else None
     if not device:
-        cpu = facts.get("cpu") if isinstance(facts.get("cpu"), dict) else {}
         device = gpu.get("name") or (f"CPU: {cpu['model']}" if isinstance(cpu.get("model"), str) else None)
     platform = d.platform if d is not None else "cpu" if facts.get("type") == "cpu" else "gpu" if gpu else None
     if device or platform:

@@ -77,6 +77,7 @@ class ComparisonView:
     settings: tuple[tuple[str, str, str], ...]
     ranks: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
+    machines: str | None
 
 
 def headline(c: Comparison) -> str:
@@ -132,7 +133,7 @@ def comparison_view(c: Comparison) -> ComparisonView:
         operators=tuple(move_row(m) for m in c.operators),
         tensor_cores=c.tensor_cores["text"], moved_onto=tuple(move_row(m) for m in c.tensor_cores["moved_onto"]),
         settings=tuple((n, "—" if x is None else x, "—" if y is None else y) for n, x, y in c.settings),
-        ranks=ranks, notes=c.notes)
+        ranks=ranks, notes=c.notes, machines=c.machines)
 
 
 # ---- HTML ----
@@ -169,6 +170,8 @@ def print_comparison(c: Comparison, console: Console | None = None) -> None:
     console.print(Text(view.headline, style=style))
     console.print(Text(for_terminal(view.verdict)))
     console.print(Text(view.rates))
+    if view.machines:  # beside the verdict: it says whose the difference may be
+        console.print(Text(for_terminal(view.machines), style="bold yellow"))
     if view.moved_most:
         console.print(Text("Moved most: ", style="bold") + Text(for_terminal(view.moved_most)))
     if view.breakdown_rows:
