@@ -196,3 +196,28 @@ def test_moves_read_in_each_knobs_words_and_a_knobs_lint_rule_is_one_lint_has():
     assert moves_text({"pin_memory": True}) == "pin_memory=True"
     assert LINT_FIXES and all(rule in RULES and BY_NAME[knob].lint == rule for rule, knob in LINT_FIXES.items())
     assert set(COPY_KNOBS) == {"pin_memory", "non_blocking"}
+
+
+def test_amp_says_why_it_is_never_tried_on_a_cpu_without_bf16_instructions():
+    """On a CPU whose bf16 instructions torch will not use (none, or oneDNN capped below them), the session says why
+    it never tries AMP, unless the script autocasts itself; on a CPU with them and on a GPU it says nothing. The
+    facts are recorded trials' (the CPU surface's EPYC with avx512_bf16, the H100 surface's), read as the trial
+    reads a machine (`bf16_instructions`)."""
+    from advisor.knobs import amp
+    from advisor.trials.harness.trial_facts import bf16_instructions
+
+    surfaces = ROOT / "tests" / "data" / "surfaces"
+    epyc = surfaces / "cpu-image-classifier" / "num_workers=0-batch_size=128-uint8_copies=off-threads=1-r1"
+    facts = json.loads((epyc / "trial.json").read_text())["device_facts"]
+    h100 = json.loads((surfaces / "h100-image-classifier" / "bf16-b128-w0-pin" / "trial.json").read_text())
+    assert amp.not_tried_here(facts, {}) is None and amp.not_tried_here(h100["device_facts"], {}) is None
+    flags = set(facts["cpu"]["bf16_instructions"]) | {"avx2"}
+    for environ in ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, {}):
+        found = bf16_instructions(flags - ({"avx512_bf16"} if not environ else set()), environ)
+        assert found == []
+        without = {**facts, "cpu": {**facts["cpu"], "bf16_instructions": found}}
+        note = amp.not_tried_here(without, {})
+        assert note.startswith("bf16 autocast (AMP) is not tried on this CPU (AMD EPYC): it has no bf16 instructions")
+        own = {"amp": {"value": "bf16", "what": "bf16 autocast", "site": "train.py:84"}}
+        assert amp.not_tried_here(without, own) is None  # the script's own autocast: the trials keep it
+    assert amp.not_tried_here(None, {}) is None  # a baseline that recorded no facts: nothing known to say

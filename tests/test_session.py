@@ -66,6 +66,10 @@ def test_session_on_the_image_classifier_grows_workers_first(tmp_path):
     assert 'id="lint"' in (out / "report.html").read_text()
     assert saved["trials"][0]["bound"] in (*BOUNDS, None)  # the baseline's row has its own bound too
     assert set(saved["core_use"]) == {"cores", "ranks", "workers", "threads", "all_used"}
+    # bf16 autocast is tried where this CPU has bf16 instructions; where it has none, a note says why it never is.
+    bf16 = saved["device"]["cpu"]["bf16_instructions"]
+    said = [n for n in saved["notes"] if n.startswith("bf16 autocast (AMP) is not tried on this CPU")]
+    assert len(said) == (0 if bf16 else 1), saved["notes"]
     if saved["final_knobs"] and any(v is not None for v in saved["final_knobs"].values()):
         assert saved["patch_root"] == str(ROOT)  # the patch's paths start at the repository's top
         check_patch_reproduces_settings(out, saved, tmp_path / "repo")

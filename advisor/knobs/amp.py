@@ -5,7 +5,8 @@
   outermost module call (the forward).
 - **Proposed when**: the device computes (compute binds), and when memory binds.
 - **Not applicable**: bf16 on a CPU without bf16 instructions (there autocast is emulated and slower than
-  fp32: `advisor doctor` shows the CPU's); fp16 with a GradScaler without a step function.
+  fp32: `advisor doctor` shows the CPU's; the session's notes say so after the baseline); fp16 with a GradScaler
+  without a step function.
 - **The patch writes**: autocast around the step's forward and, for fp16, the GradScaler
   (`advisor/code/patch/step.py`); in a framework, its own setting (`bf16=True`, `precision="bf16-mixed"`,
   `mixed_precision="bf16"`).
@@ -71,6 +72,19 @@ def offer(best: Best) -> Offer | None:
     if best.space.amp is not None and dtype not in best.space.amp:
         return None
     return Offer({"amp": dtype}, f"AMP {dtype}", f"amp-{dtype}", gain, "compute", predicted=advice is not None)
+
+
+def not_tried_here(device_facts: dict[str, Any] | None, own_settings: dict[str, Any]) -> str | None:
+    """The session's note where bf16 autocast is never tried: on a CPU known to have no bf16 instructions, for a
+    script that does not autocast itself. None elsewhere."""
+    facts = device_facts or {}
+    cpu = facts.get("cpu") if isinstance(facts.get("cpu"), dict) else {}
+    if facts.get("type") != "cpu" or cpu.get("bf16_instructions") != [] or own_settings.get(KNOB.name):
+        return None
+    model = f" ({cpu['model']})" if isinstance(cpu.get("model"), str) else ""
+    return (f"bf16 autocast (AMP) is not tried on this CPU{model}: it has no bf16 instructions, so autocast would "
+            "emulate bf16 and run slower than float32. On a CPU with them (avx512_bf16, AMX) or a GPU it is worth a "
+            "trial: `advisor doctor` shows a machine's")
 
 
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from advisor.errors import AdvisorError
+from advisor.knobs import amp
 from advisor.search.outputs import out_of_memory_note
 from advisor.search.proposal import check_on_best
 from advisor.search.space import own_text
@@ -126,6 +127,9 @@ def run_baseline(run: TrialRunner, state: dict[str, Any], log: Callable[[str], N
         state["notes"].append("the script called init_process_group: each trial runs it as a one-rank job "
                               "(--nproc-per-node N runs N ranks)")
         log(f"  note: {state['notes'][-1]}")
+    if baseline.ok and (note := amp.not_tried_here(state["device"], state["own_settings"])):
+        state["notes"].append(note)
+        log(f"  note: {note}")
     if baseline.ok and measurement.unit == "steps/s":
         state["notes"].append("no step took a batch from a DataLoader or as an argument: speed is measured in "
                               "steps/s, and the batch-size and DataLoader knobs do not apply")
