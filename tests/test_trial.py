@@ -334,6 +334,27 @@ def test_script_that_ends_too_soon_and_a_timing_only_trial(tmp_path):
     assert trial_record(plain.path)["trace_files"] == []
 
 
+def test_a_script_that_updates_its_parameters_by_hand_is_told_to_name_its_step(tmp_path):
+    """No torch.optim optimizer (pytorch/examples' word_language_model: `p.data.add_(p.grad, alpha=-lr)`): the
+    trial counts no step, and says how to give it one."""
+    script = write_script(tmp_path, """
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        for _ in range(20):
+            model.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+    """, name="by_hand.py")
+    result = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "t", steps=1, wait=0, warmup=0, device="cpu"))
+    assert result.status == "error"
+    assert result.message.startswith("by_hand.py finished after 0 optimizer step(s); the trial needs ")
+    assert result.message.endswith("): a step is counted at each torch.optim optimizer's step(); where the script "
+                                   "updates its parameters itself, name a function that runs one training step "
+                                   "(by_hand.py:FUNCTION)")
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     script = write_script(tmp_path, "def train_step(:\n")
     assert cli.main(["profile", f"{script}:train_step", "--out", str(tmp_path / "o")]) == 2

@@ -147,6 +147,9 @@ class StepSchedule:
             return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
                                                f"{self.window} of {self.windows} measurement window(s)"}
         what = f"call(s) of {target}" if target else "optimizer step(s)"
-        return {"status": "error",
-                "message": f"{script} finished after {steps_run} {what}; the trial needs "
-                           f"{self.total} (wait {self.wait} + warmup {self.warmup} + record {self.active})"}
+        message = (f"{script} finished after {steps_run} {what}; the trial needs {self.total} (wait {self.wait} + "
+                   f"warmup {self.warmup} + record {self.active})")
+        if not steps_run and not target:  # pytorch/examples' word_language_model updates p.data by hand
+            message += (": a step is counted at each torch.optim optimizer's step(); where the script updates its "
+                        f"parameters itself, name a function that runs one training step ({script}:FUNCTION)")
+        return {"status": "error", "message": message}
