@@ -674,3 +674,56 @@ def test_threads_are_set_only_where_no_gpu_is(tmp_path):
     assert ast.unparse(guards[0].test) == "not torch.cuda.is_available()"
     assert [ast.unparse(s) for s in guards[0].body] == ["torch.set_num_threads(1)"]
     assert not any("set_num_threads" in ast.unparse(s) for s in tree.body if not isinstance(s, ast.If))
+
+
+GAN = """
+    import torch
+    from torch import nn, optim
+
+    netG = nn.Sequential(nn.ConvTranspose2d(8, 3, 4, 2, 1), nn.Tanh())
+    netD = nn.Sequential(nn.Conv2d(3, 8, 4, 2, 1), nn.Flatten(), nn.Linear(8 * 4 * 4, 1))
+    optimizerD = optim.Adam(netD.parameters(), lr=2e-4)
+    optimizerG = optim.Adam(netG.parameters(), lr=2e-4)
+    extra = optim.SGD(netD.parameters(), lr=0.1)  # the same model again: its lines are written once
+
+
+    def train_step(noise, real):
+        loss_fn = nn.BCEWithLogitsLoss()
+        optimizerD.zero_grad()
+        fake = netG(noise)
+        d_loss = loss_fn(netD(real), torch.ones(len(real), 1)) + loss_fn(netD(fake.detach()), torch.zeros(len(real), 1))
+        d_loss.backward()
+        optimizerD.step()
+        optimizerG.zero_grad()
+        g_loss = loss_fn(netD(fake), torch.ones(len(real), 1))
+        g_loss.backward()
+        optimizerG.step()
+        return g_loss.detach()
+
+
+    if __name__ == "__main__":
+        for _ in range(2):
+            train_step(torch.randn(4, 8, 4, 4), torch.randn(4, 3, 8, 8))
+        conv = (netG[0].weight, netD[0].weight)
+        print(all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in conv))
+"""
+
+
+def test_each_model_of_a_gan_gets_its_lines_before_its_own_optimizer(tmp_path):
+    """Two models, each with its optimizer (pytorch/examples' DCGAN: netD, then netG): the trial applies
+    channels_last and compile to each model it calls, so the patch writes each model's lines before its first
+    optimizer, not the first model's alone (DCGAN's patch compiled netD and left netG eager)."""
+    script = tmp_path / "train.py"
+    for knobs in (Knobs(channels_last=True, compile=True), Knobs(channels_last=True)):
+        script.write_text(textwrap.dedent(GAN))
+        apply(tmp_path, suggest_patch(script, "train_step", knobs, USER_VALUES))
+        lines = [line.strip() for line in script.read_text().splitlines()]
+        for model, optimizer in (("netD", "optimizerD"), ("netG", "optimizerG")):
+            at = lines.index(f"{optimizer} = optim.Adam({model}.parameters(), lr=2e-4)")
+            placed = lines[at - 2:at] if knobs.compile else lines[at - 1:at]
+            assert placed[0].startswith(f"{model} = {model}.to(memory_format=torch.channels_last)"), lines
+            assert not knobs.compile or placed[1].startswith(f"{model} = torch.compile({model})"), lines
+        assert sum(line.startswith("netD = netD.to(") for line in lines) == 1
+    # The patched script runs (channels_last alone: compiling is the compile knob's tests'), each model NHWC.
+    done = run_script(script, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip().endswith("True"), done.stdout

@@ -36,7 +36,8 @@ def rewrite_model(module: cst.Module, changes: dict[str, object]) -> tuple[cst.M
 
 
 class ModelSetup(BlockRewrite):
-    """Before the first optimizer built from `<model>.parameters()`: the model lines; in every optimizer
+    """Before the first optimizer built from each model's `<model>.parameters()`: that model's lines (a GAN's
+    generator and discriminator each, as the trial applies them to each model it calls); in every optimizer
     constructor: fused=True (foreach=True for classes without a fused kernel)."""
 
     def __init__(self, knobs: list, facts: ScriptFacts):
@@ -45,7 +46,12 @@ class ModelSetup(BlockRewrite):
         self.fused = any(knob.written.at == IN_OPTIMIZER for knob in knobs)
         self.facts = facts
         self.optimizers = 0
-        self.model_placed = False
+        self.placed: set[str] = set()  # the models (by their first name: `model` covers `model.decoder`) written
+
+    @property
+    def model_placed(self) -> bool:
+        """Whether the model lines were written for at least one model."""
+        return bool(self.placed)
 
     def _optimizer_call(self, statement: cst.BaseStatement) -> cst.Call | None:
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
@@ -67,7 +73,7 @@ class ModelSetup(BlockRewrite):
         return None
 
     def statements(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        """The block with the model lines before its first optimizer, fused in each optimizer's call."""
+        """The block with each model's lines before its first optimizer, fused in each optimizer's call."""
         out: list[cst.BaseStatement] = []
         for statement in body:
             call = self._optimizer_call(statement)
@@ -76,10 +82,10 @@ class ModelSetup(BlockRewrite):
                 continue
             self.optimizers += 1
             model = self._model_name(call)
-            if model is not None and not self.model_placed and self.on_model:
+            if model is not None and model.split(".")[0] not in self.placed and self.on_model:
                 out += [cst.parse_statement(line.format(model=model))
                         for knob in self.on_model for line in knob.written.lines]
-                self.model_placed = True
+                self.placed.add(model.split(".")[0])
             if self.fused:
                 statement = statement.visit(_Fused(call, self.facts))
             out.append(statement)
