@@ -84,7 +84,7 @@ def test_the_conv_sessions_patch_applies_and_runs(conv_session, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     text = script.read_text()
     for knob, line in (("channels_last", "model = model.to(memory_format=torch.channels_last)"),
-                       ("compile", "model = torch.compile(model)"), ("amp", "torch.autocast(")):
+                       ("compile", "model.compile()"), ("amp", "torch.autocast(")):
         assert (line in text) == bool(final.get(knob)), knob
     # The session's batch: a compiled model then reuses the kernels its trials compiled for that shape.
     run = run_script("examples/conv_classifier.py", "--max-steps", "3", "--batch-size", "8", cwd=root)

@@ -6,7 +6,9 @@
 - **Proposed when**: compute or launch overhead binds.
 - **Not applicable**: a compile that fails (no C++ compiler for the CPU backend, a construct the compiler
   refuses): the eager forward is put back, the trial goes on, the reason is recorded.
-- **The patch writes**: `torch.compile` of the model just before the optimizer is built from it.
+- **The patch writes**: `model.compile()` just before the optimizer is built from the model (in place: the
+  model's class, its state_dict keys and what `torch.save(model)` writes stay as they were); under Lightning,
+  `model = torch.compile(model)` before `trainer.fit(model)`; under transformers' Trainer, `torch_compile=True`.
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ WHAT_IF = WhatIf("compile", "compiled", setting, transform, "compile", prior=0.5
 
 
 # Before the optimizer; under Lightning, before `trainer.fit(model)`; under transformers' Trainer, its own field.
+# In a plain script `model.compile()`, not `model = torch.compile(model)`: the wrapper that returns changes what the
+# script saves (pytorch/examples' word_language_model: `torch.save(model)`, then a `torch.load` that allows its own
+# classes only, failed on the OptimizedModule) and prefixes every state_dict key with `_orig_mod.`.
 WRITTEN = Written(
     ON_MODEL,
-    lines=("{model} = torch.compile({model})  # compiles on the first steps; save {model}._orig_mod.state_dict()",),
-    manual="after building the model: model = torch.compile(model)", trainer_keywords=(("torch_compile", True),),
+    lines=("{model}.compile()  # in place: its class, state_dict keys and torch.save(model) unchanged",),
+    manual="after building the model: model.compile()", trainer_keywords=(("torch_compile", True),),
     lightning_model="{model} = torch.compile({model})  # Lightning trains the compiled module (compiled in the first "
                     "steps)")
 
