@@ -334,6 +334,33 @@ def test_script_that_ends_too_soon_and_a_timing_only_trial(tmp_path):
     assert trial_record(plain.path)["trace_files"] == []
 
 
+def test_a_script_that_ends_within_its_first_window_still_has_a_noise(tmp_path):
+    """pytorch/examples' VAE on a small dataset: the script ended 24 steps into its first window, and each
+    decision of the session read "noise 0.0%". The lone window's steps, in blocks, give its noise."""
+    from advisor.trials.record.measurement import MIN_WINDOW_STEPS, measure, noise
+
+    script = write_script(tmp_path, """
+        import sys
+        import torch
+
+        model = torch.nn.Linear(64, 64)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(int(sys.argv[1])):
+            optimizer.zero_grad()
+            model(torch.randn(32, 64)).pow(2).mean().backward()
+            optimizer.step()
+    """, name="short.py")
+    result = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "t", steps=2, wait=0, warmup=0, device="cpu",
+                                 windows=3, window_s=30.0, script_args=["40"]))
+    assert result.ok, result.message
+    steps = trial_record(result.path)["steps"]
+    window = [s for s in steps if s.get("window") is not None]
+    assert {s["window"] for s in window} == {0} and len(window) >= 2 * MIN_WINDOW_STEPS  # one window, cut short
+    measured = measure([steps])
+    assert measured.source == "windows" and len(measured.windows) == 1
+    assert measured.relative_se is not None and noise(measured, measured) > 0
+
+
 def test_a_script_that_updates_its_parameters_by_hand_is_told_to_name_its_step(tmp_path):
     """No torch.optim optimizer (pytorch/examples' word_language_model: `p.data.add_(p.grad, alpha=-lr)`): the
     trial counts no step, and says how to give it one."""

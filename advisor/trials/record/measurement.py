@@ -4,7 +4,8 @@ A trial measures its step in *windows* after the profiled steps (the harness's m
 window lasts at least `window_s` seconds and spans at least one cycle of the DataLoader's workers, so a
 prefetch queue that fills and drains is averaged inside each window rather than mistaken for a change.
 Samples/s is all samples over all time (a ratio estimator over the windows); its noise comes from the
-spread between windows, never from single steps.
+spread between windows, never from single steps. A script that ended within its first window leaves one: its
+noise is then read from blocks of that window's steps (`lone_window_blocks`), not taken as none.
 
 Trials recorded without windows (older records, recorded surfaces) are measured on their profiled
 steps, in blocks of consecutive steps: blocks of two where steps alternate (a queue filling and
@@ -20,6 +21,10 @@ from typing import Any, Iterable
 
 BLOCK_STEPS = 2
 Z95 = 1.96
+# Steps a window holds at least, whatever its seconds (`schedule.StepSchedule`): windows of one or two long steps
+# read a decision's noise at 17-22% on a quiet machine (char transformer, 0.5 s steps, 1 s windows); five steps
+# average the step-to-step spread down to a few percent.
+MIN_WINDOW_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class Measurement:
     """Samples/s of one or more runs of the same settings, with its relative standard error."""
 
     samples_per_s: float | None
-    relative_se: float | None  # standard error of samples_per_s / samples_per_s; None with one window
+    relative_se: float | None  # standard error of samples_per_s / samples_per_s; None with one window too short
     windows: tuple[float, ...]  # samples/s of each window (or block of steps)
     steps: int
     seconds: float
@@ -91,6 +96,16 @@ def lag1_autocorrelation(values: list[float]) -> float:
     return sum(a * b for a, b in zip(dev, dev[1:])) / var if var else 0.0
 
 
+def lone_window_blocks(window: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The only window of a script that ended before its second, as (samples, seconds) of blocks of
+    MIN_WINDOW_STEPS consecutive steps (a short last block joins the one before): a noise estimate where there
+    would be none. Read within one window, it can only understate the spread between windows."""
+    blocks = [window[i:i + MIN_WINDOW_STEPS] for i in range(0, len(window), MIN_WINDOW_STEPS)]
+    if len(blocks) > 1 and len(blocks[-1]) < MIN_WINDOW_STEPS:
+        blocks[-2] = blocks[-2] + blocks.pop()
+    return [(sum(s["batch_size"] for s in b), sum(s["wall_s"] for s in b)) for b in blocks]
+
+
 def ratio_relative_se(groups: list[tuple[float, float]]) -> float | None:
     """Relative standard error of R = Σ samples / Σ seconds over groups (samples, seconds).
 
@@ -118,12 +133,13 @@ def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
     if not any(_usable(s) for run in runs for s in run if isinstance(s, dict)):
         runs, unit = [per_step(run) for run in runs], "steps/s"
     groups: list[tuple[float, float]] = []
-    rates, sources = [], set()
+    rates, sources, cuts = [], set(), []
     steps = 0
     waited = walls = 0.0
     for run in runs:
         cut, source = window_groups(run)
         sources.add(source)
+        cuts += cut
         for group in cut:
             samples = sum(s["batch_size"] for s in group)
             seconds = sum(s["wall_s"] for s in group)
@@ -140,9 +156,12 @@ def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
     samples = sum(s for s, _ in groups)
     seconds = sum(t for _, t in groups)
     source = "windows" if sources == {"windows"} else ("blocks" if "blocks" in sources else "steps")
+    se = ratio_relative_se(groups)
+    if se is None and source == "windows" and len(cuts) == 1:  # the script ended within its first window
+        se = ratio_relative_se(lone_window_blocks(cuts[0]))
     return Measurement(
         samples_per_s=samples / seconds if seconds > 0 else None,
-        relative_se=ratio_relative_se(groups),
+        relative_se=se,
         windows=tuple(rates),
         steps=steps,
         seconds=seconds,

@@ -14,11 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.trials.record.adaptive import Against, settled
-
-# Steps a window holds at least, whatever its seconds: windows of one or two long steps read a decision's
-# noise at 17-22% on a quiet machine (char transformer, 0.5 s steps, 1 s windows); five steps average the
-# step-to-step spread down to a few percent.
-MIN_WINDOW_STEPS = 5
+from advisor.trials.record.measurement import MIN_WINDOW_STEPS
 
 
 class StepSchedule:
