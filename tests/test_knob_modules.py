@@ -218,6 +218,7 @@ def test_amp_says_why_it_is_never_tried_on_a_cpu_without_bf16_instructions():
         without = {**facts, "cpu": {**facts["cpu"], "bf16_instructions": found}}
         note = amp.not_tried_here(without, {})
         assert note.startswith("bf16 autocast (AMP) is not tried on this CPU (AMD EPYC): it has no bf16 instructions")
+        assert note.endswith("`advisor doctor` shows which bf16 instructions a machine has."), note  # a whole sentence
         own = {"amp": {"value": "bf16", "what": "bf16 autocast", "site": "train.py:84"}}
         assert amp.not_tried_here(without, own) is None  # the script's own autocast: the trials keep it
     assert amp.not_tried_here(None, {}) is None  # a baseline that recorded no facts: nothing known to say

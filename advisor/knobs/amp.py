@@ -84,7 +84,7 @@ def not_tried_here(device_facts: dict[str, Any] | None, own_settings: dict[str, 
     model = f" ({cpu['model']})" if isinstance(cpu.get("model"), str) else ""
     return (f"bf16 autocast (AMP) is not tried on this CPU{model}: it has no bf16 instructions, so autocast would "
             "emulate bf16 and run slower than float32. On a CPU with them (avx512_bf16, AMX) or a GPU it is worth a "
-            "trial: `advisor doctor` shows a machine's")
+            "trial. `advisor doctor` shows which bf16 instructions a machine has.")
 
 
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
