@@ -293,6 +293,59 @@ def test_argparse_default(tmp_path):
     assert "        num_workers=opts.loader_workers,\n        persistent_workers=opts.loader_workers > 0,\n    )" in after
 
 
+MNIST_SHAPED = """\
+    import argparse
+    import torch
+
+
+    def train(model, loader, optimizer):
+        for data, target in loader:
+            optimizer.zero_grad()
+            model(data).sum().backward()
+            optimizer.step()
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--batch-size', type=int, default=64, metavar='N')
+        parser.add_argument('--test-batch-size', type=int, default=1000, metavar='N')
+        args = parser.parse_args()
+        use_cuda = torch.cuda.is_available()
+        train_kwargs = {'batch_size': args.batch_size}
+        test_kwargs = {'batch_size': args.test_batch_size}
+        if use_cuda:
+            cuda_kwargs = {'num_workers': 1, 'pin_memory': True, 'shuffle': True}
+            train_kwargs.update(cuda_kwargs)
+            test_kwargs.update(cuda_kwargs)
+        {later}
+        train_loader = torch.utils.data.DataLoader(range(100), **train_kwargs)
+"""
+
+
+@pytest.mark.parametrize("later", ["pass", "train_kwargs.update({'batch_size': 32})", "train_kwargs['batch_size'] = 32",
+                                   "train_kwargs |= {'batch_size': 32}", "train_kwargs.update(**other)"])
+def test_a_loader_set_from_a_dict_of_keywords_is_patched_where_the_dict_takes_its_value(tmp_path, later):
+    """pytorch/examples' MNIST (the script most PyTorch scripts grew from) builds its loader with
+    `DataLoader(dataset, **train_kwargs)`, `train_kwargs = {'batch_size': args.batch_size}`: the patch merged the new
+    size into the call (`**{**train_kwargs, "batch_size": 256}`) where the script's own place for it is the
+    `--batch-size` default. Where something after could set the entry (an update from a mapping that has it, or
+    from one the source does not show, an item set), the merge stays: it is right whatever the dict holds."""
+    knobs = Knobs(batch_size=256, num_workers=2, persistent_workers=True)
+    diff, after = patch_text(tmp_path, MNIST_SHAPED.replace("{later}", later), knobs,
+                             dict(USER_VALUES, batch_size=64, num_workers=0), target="train")
+    tree = ast.parse(after)
+    loader = next(n for n in ast.walk(tree) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "train_loader")
+    # The workers: the CUDA branch's update sets them, so they are merged into the call whatever the source says.
+    assert "'num_workers': 2, 'persistent_workers': True" in ast.unparse(loader.value), ast.unparse(loader.value)
+    assert argparse_default(tree, "--test-batch-size") == "1000"
+    if later == "pass":
+        assert argparse_default(tree, "--batch-size") == "256"
+        assert "'batch_size'" not in ast.unparse(loader.value)
+    else:
+        assert argparse_default(tree, "--batch-size") == "64"
+        assert "'batch_size': 256" in ast.unparse(loader.value), ast.unparse(loader.value)
+
+
 def test_fp16_grad_scaler_rewrite(tmp_path):
     source = '''\
         import torch

@@ -51,6 +51,11 @@ class ScriptFacts:
     torch_bound: bool = False
     mentions_cuda: bool = False
     optim_imports: set[str] = field(default_factory=set)  # names imported from torch.optim
+    # NAME = {"key": value, ...} anywhere (None: NAME assigned something else too), and what may change them after:
+    # the arguments of NAME.update(...) and the keys of NAME[key] = ... (None: a key not written as a literal).
+    dicts: dict[str, list[cst.Dict | None]] = field(default_factory=dict)
+    dict_updates: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
+    dict_keys_set: dict[str, list[Any]] = field(default_factory=dict)
 
     @classmethod
     def collect(cls, module: cst.Module) -> "ScriptFacts":
@@ -103,6 +108,24 @@ class ScriptFacts:
             return True, defaults[0][1]
         return False, None
 
+    def mapping_entry(self, name: str, key: str) -> cst.BaseExpression | None:
+        """What `key` is in the mapping NAME (`DataLoader(data, **NAME)`), where that is known from the source alone:
+        NAME assigned once, to a dict literal that has `key`, and nothing after it that could set `key` (an
+        `update` from a dict literal without it, or a name assigned once to one, leaves it alone). Else None."""
+        assigned = self.dicts.get(name, [])
+        if len(assigned) != 1 or assigned[0] is None:
+            return None
+        entry = _entry(assigned[0], key)
+        if entry is None or any(k is None or k == key for k in self.dict_keys_set.get(name, [])):
+            return None
+        for update in self.dict_updates.get(name, []):
+            other = update if isinstance(update, cst.Dict) else None
+            if isinstance(update, cst.Name) and len(self.dicts.get(update.value, [])) == 1:
+                other = self.dicts[update.value][0]
+            if other is None or not _plain(other) or _entry(other, key) is not None:
+                return None
+        return entry
+
     def target_exists(self, target: str) -> bool:
         """Whether `f` (a function not directly in a class) or `C.m` is defined."""
         return bool(self.functions.get(target))
@@ -118,6 +141,18 @@ class ScriptFacts:
 
 
 NOT_LITERAL = object()
+
+
+def _plain(mapping: cst.Dict) -> bool:
+    """A dict literal whose every key is a string literal (no `**other` in it)."""
+    return all(isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) for e in mapping.elements)
+
+
+def _entry(mapping: cst.Dict, key: str) -> cst.BaseExpression | None:
+    """The value of `key` in a plain dict literal; None where it has none, or is not plain."""
+    if not _plain(mapping):
+        return None
+    return next((e.value for e in mapping.elements if e.key.evaluated_value == key), None)  # type: ignore[union-attr]
 
 
 class _FactsVisitor(cst.CSTVisitor):
@@ -162,6 +197,14 @@ class _FactsVisitor(cst.CSTVisitor):
         self.owners.pop()
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            if isinstance(t.target, cst.Name):
+                self.facts.dicts.setdefault(t.target.value, []).append(
+                    node.value if isinstance(node.value, cst.Dict) and len(node.targets) == 1 else None)
+            elif isinstance(t.target, cst.Subscript) and isinstance(t.target.value, cst.Name):
+                index = t.target.slice[0].slice if len(t.target.slice) == 1 else None
+                ok, key = literal_value(index.value) if isinstance(index, cst.Index) else (False, None)
+                self.facts.dict_keys_set.setdefault(t.target.value.value, []).append(key if ok else None)
         if not isinstance(node.value, cst.Call):
             return
         func = dotted(node.value.func) or ""
@@ -178,6 +221,11 @@ class _FactsVisitor(cst.CSTVisitor):
                 if cls is not None:
                     self.facts.class_devices.setdefault(cls, set()).add(name)
 
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.target, cst.Name):  # `kwargs |= other` updates it as `kwargs.update(other)` does
+            self.facts.dict_updates.setdefault(node.target.value, []).append(
+                node.value if isinstance(node.operator, cst.BitOrAssign) else cst.Ellipsis())
+
     def visit_Call(self, node: cst.Call) -> None:
         if isinstance(node.func, cst.Attribute):
             attr = node.func.attr.value
@@ -189,6 +237,11 @@ class _FactsVisitor(cst.CSTVisitor):
                     self.facts.argparse_defaults.setdefault(dest, []).append(entry)
             elif attr == "cuda":
                 self.facts.mentions_cuda = True
+            elif attr == "update" and isinstance(node.func.value, cst.Name):
+                # One positional mapping; keywords or more than one argument: nothing known of what it sets.
+                known = len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star
+                self.facts.dict_updates.setdefault(node.func.value.value, []).append(
+                    node.args[0].value if known else cst.Ellipsis())
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = node.evaluated_value

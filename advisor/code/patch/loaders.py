@@ -204,36 +204,53 @@ class LoaderRewrite(cst.CSTTransformer):
         """Give the DataLoader argument `name` the value: in place, at its definition, or added."""
         arg = _find_arg(call, name)
         if arg is None:
+            # `DataLoader(data, **kwargs)` with `kwargs = {"batch_size": args.batch_size, ...}`: where the entry's
+            # value is set (an argparse default, a constant), as if it were the call's own argument.
+            mapping = double_star(call)
+            entry = (self.facts.mapping_entry(mapping.value.value, name)
+                     if mapping is not None and isinstance(mapping.value, cst.Name) else None)
+            if entry is not None and self._at_definition(name, entry, value):
+                return call
             return put_keyword(call, name, literal_node(value))
         ok, current = literal_value(arg.value)
         if ok:
             if current == value and type(current) is type(value):
                 return call
             return replace_arg(call, arg, literal_node(value))
+        if self._at_definition(name, arg.value, value):
+            return call
         user = self.user_values.get(name, NOT_LITERAL)
-        if isinstance(arg.value, cst.Name):
-            ok, current = self.facts.constant(arg.value.value)
-            if ok and (user is NOT_LITERAL or current == user):
-                self.constant_changes[arg.value.value] = value
-                return call
-        if isinstance(arg.value, cst.Attribute) and isinstance(arg.value.value, cst.Name):
-            ok, current = self.facts.argparse_default(arg.value.attr.value)
-            if ok and (user is NOT_LITERAL or current == user):
-                self.argparse_changes[arg.value.attr.value] = value
-                return call
-            if ok and self.elsewhere is not None:
-                # A flag whose default is not what ran: the command line set it. Writing a literal over
-                # it would silently disable the flag; the command is what to change.
-                flag = arg.value.attr.value
-                self.elsewhere.notes.append(f"{name} comes from the command line (--{flag} {user!r} overrode its "
-                                            f"default): run with --{flag} {value!r}")
-                return call
         if self.elsewhere is not None and isinstance(arg.value, (cst.Attribute, cst.Name)) and user is not NOT_LITERAL:
             key = arg.value.attr.value if isinstance(arg.value, cst.Attribute) else arg.value.value
             if self.elsewhere.set(key, user, value, parameters=isinstance(arg.value, cst.Name)):
                 return call
         self.comment_frames[-1].append(f"was {name}={self.facts.module.code_for_node(arg.value)}")
         return replace_arg(call, arg, literal_node(value))
+
+
+    def _at_definition(self, name: str, expression: cst.BaseExpression, value: Any) -> bool:
+        """Plan `value` where `expression` (the argument's) is defined, if this file defines it: a module constant or
+        an argparse default that is what ran; or, for a flag the command line set, a note to change the command.
+        Whether it did."""
+        user = self.user_values.get(name, NOT_LITERAL)
+        if isinstance(expression, cst.Name):
+            ok, current = self.facts.constant(expression.value)
+            if ok and (user is NOT_LITERAL or current == user):
+                self.constant_changes[expression.value] = value
+                return True
+        if isinstance(expression, cst.Attribute) and isinstance(expression.value, cst.Name):
+            ok, current = self.facts.argparse_default(expression.attr.value)
+            if ok and (user is NOT_LITERAL or current == user):
+                self.argparse_changes[expression.attr.value] = value
+                return True
+            if ok and self.elsewhere is not None:
+                # A flag whose default is not what ran: the command line set it. Writing a literal over
+                # it would silently disable the flag; the command is what to change.
+                flag = expression.attr.value
+                self.elsewhere.notes.append(f"{name} comes from the command line (--{flag} {user!r} overrode its "
+                                            f"default): run with --{flag} {value!r}")
+                return True
+        return False
 
 
 def _wrap_added(call: cst.Call, before: cst.Call, module: cst.Module, *, paren_column: int,
