@@ -101,6 +101,8 @@ def test_image_classifier_via_cli(tmp_path, capsys, monkeypatch):
     assert "…" not in output, output
     whole_at(summary)
     assert "Next:" in output and "s left" not in output and "warm-up step" not in output
+    # Nothing was tried, so nothing was found fastest: the way to try the recommendations instead.
+    assert "no change was tried" in output and "measured fastest" not in output, output
     folder = out / "trials" / "00-baseline"
     record = trial_record(folder)
     assert record["schema"] == SCHEMA and record["status"] == "ok"

@@ -401,6 +401,10 @@ def next_steps(state: dict[str, Any], out: Path) -> list[tuple[str, list[str]]]:
                       [f"patch -p1 < {shlex.quote(str(out / patch))}"]))
     elif any(v is not None for v in (state.get("final_knobs") or {}).values()):
         steps.append(("make the settings above in your code (there is no patch: see the notes)", []))
+    elif len(state["trials"]) == 1 and (state.get("options") or {}).get("max_trials") == 1:
+        # Nothing but the baseline was measured: no change was found slower, none was tried.
+        steps.append(("no change was tried: this run measured your script as it is (--no-apply, or --max-trials "
+                      "1); run `advisor profile` without it to try the recommendations and keep what pays", []))
     else:
         steps.append(("nothing to change: your own settings measured fastest", []))
     bound = state.get("bound") or {}
