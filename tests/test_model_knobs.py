@@ -121,3 +121,76 @@ def test_a_trial_that_compiles_gets_time_for_its_compile():
     assert trial_time_limit(SessionOptions(timeout_s=60), Knobs(amp="bf16")) == 60
     assert trial_time_limit(SessionOptions(timeout_s=60), Knobs(compile=True)) == 660
     assert trial_time_limit(SessionOptions(timeout_s=900), Knobs(compile=True)) == 1800
+
+
+SIAMESE = '''
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Siamese(nn.Module):
+    """Two images through one convolution tower, their features compared (pytorch/examples' siamese_network)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tower = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, a, b):
+        return torch.sigmoid(self.head(torch.abs(self.tower(a) - self.tower(b)))).squeeze(1)
+
+
+torch.manual_seed(0)
+device = torch.device("cpu")
+model = Siamese().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+pairs = TensorDataset(torch.randn(128, 1, 16, 16), torch.randn(128, 1, 16, 16), torch.randint(0, 2, (128,)).float())
+loader = DataLoader(pairs, batch_size=8, drop_last=True)
+
+
+def train_step(images_1, images_2, targets):
+    images_1, images_2, targets = images_1.to(device), images_2.to(device), targets.to(device)
+    optimizer.zero_grad()
+    loss = nn.functional.binary_cross_entropy(model(images_1, images_2), targets)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+for epoch in range({epochs}):
+    for images_1, images_2, targets in loader:
+        train_step(images_1, images_2, targets)
+'''
+
+
+def test_a_model_of_two_images_gets_both_in_channels_last_in_the_trial_and_the_patch(tmp_path):
+    """pytorch/examples' siamese network feeds two images to one model: the trial made both channels_last (every 4-D
+    input), while the patch wrote it on the first image only. The trial records the positions of the model's 4-D
+    inputs, and the patch moves each of them (never the 1-D targets, which channels_last refuses)."""
+    import ast
+    import subprocess
+    import sys
+
+    from advisor.code.patch.plan import plan_patch
+
+    script = write(tmp_path, "siamese.py", SIAMESE.replace("{epochs}", "20"))
+    result = run_trial(TrialSpec(f"{script}:train_step", Knobs(channels_last=True), tmp_path / "t", steps=2, wait=1,
+                                 warmup=1, device="cpu", windows=0))
+    assert result.ok, result.message
+    assert result.knob_outcomes["channels_last"] == APPLIED
+    inputs = json.loads((tmp_path / "t" / "trial.json").read_text())["channels_last_inputs"]
+    assert inputs == [0, 1], inputs
+    diff = plan_patch(script, "train_step", Knobs(channels_last=True), {}, channels_last_inputs=inputs).diff
+    (tmp_path / "suggested.patch").write_text(diff)
+    applied = subprocess.run(["git", "apply", "suggested.patch"], cwd=tmp_path, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr + diff
+    after = script.read_text()
+    moved = next(n for n in ast.walk(ast.parse(after)) if isinstance(n, ast.Assign)
+                 and ast.unparse(n.targets[0]) == "(images_1, images_2, targets)")
+    assert [ast.unparse(e) for e in moved.value.elts] == [
+        "images_1.to(device, memory_format=torch.channels_last)",
+        "images_2.to(device, memory_format=torch.channels_last)", "targets.to(device)"], ast.unparse(moved)
+    patched = write(tmp_path, "patched.py", after.replace("range(20)", "range(1)"))  # one epoch is enough
+    done = subprocess.run([sys.executable, str(patched)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

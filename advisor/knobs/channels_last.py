@@ -6,7 +6,8 @@
   want NHWC).
 - **Not applicable**: a model without 2-D convolutions.
 - **The patch writes**: the model in channels_last just before the optimizer is built from it, the batch
-  in channels_last where the step moves it to the device.
+  in channels_last where the step moves it to the device: each input the trial found 4-D at the model's first
+  call (its record's `channels_last_inputs`: both images of a siamese model, never its 1-D targets).
 """
 
 from __future__ import annotations

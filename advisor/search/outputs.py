@@ -133,7 +133,9 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
             written, notes = write_patch(script, func, final, state["user_values"], out,
                                          root=repository_root(script), accumulation_steps=final.accumulation_steps,
                                          loader_site=(state.get("training_loader") or {}).get("site"),
-                                         step_file=step_file, **recorded_plans(out, state))
+                                         step_file=step_file, **recorded_plans(out, state),
+                                         channels_last_inputs=best_plan(out, state, "channels_last",
+                                                                        "channels_last_inputs"))
             state["notes"].extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")

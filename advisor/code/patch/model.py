@@ -113,33 +113,38 @@ class _Fused(cst.CSTTransformer):
         return put_keyword(updated_node, option, cst.Name("True"))
 
 
-def rewrite_inputs(module: cst.Module, target: str, keyword: tuple[str, str]) -> tuple[cst.Module, bool]:
+def rewrite_inputs(module: cst.Module, target: str, keyword: tuple[str, str],
+                   positions: list[int] | None = None) -> tuple[cst.Module, bool]:
     """In the step function `target`: the keyword (its name, its code) in the move of the batch the model is called
-    with to the device (`x = x.to(device)` → `x = x.to(device, memory_format=torch.channels_last)`). Returns the
-    module and whether it found that line."""
-    rewrite = MovedInput(target.rsplit(".", 1)[-1], keyword)
+    with to the device (`x = x.to(device)` → `x = x.to(device, memory_format=torch.channels_last)`): each input at
+    `positions` of the model's call (what the trial found 4-D there: a siamese model's two images), else the first.
+    Returns the module and whether it found those lines."""
+    rewrite = MovedInput(target.rsplit(".", 1)[-1], keyword, tuple(positions) if positions else (0,))
     module = module.visit(rewrite)
     return module, rewrite.done
 
 
 class MovedInput(cst.CSTTransformer):
-    """The first name both moved with `.to(...)` in the function and called into as a first argument."""
+    """The names both moved with `.to(...)` in the function and called into at `positions` of the model's call (the
+    first call that takes a moved name first)."""
 
-    def __init__(self, function: str, keyword: tuple[str, str] | None = None):
+    def __init__(self, function: str, keyword: tuple[str, str] | None = None, positions: tuple[int, ...] = (0,)):
         super().__init__()
         self.function = function
         self.keyword = keyword
+        self.positions = positions
         self.depth = 0
         self.moved: set[str] = set()
-        self.fed: str | None = None
+        self.fed: str | None = None  # the model's first input
+        self.inputs: set[str] = set()  # those at `positions`, not moved yet
         self.done = False
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         if node.name.value != self.function or self.done:
             return self.depth > 0
         self.depth += 1
-        self.moved, self.fed = set(), None
-        node.visit(_Collect(self))  # which name is moved, and fed to the model first
+        self.moved, self.fed, self.inputs = set(), None, set()
+        node.visit(_Collect(self))  # which names are moved, and fed to the model
         return True
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
@@ -157,15 +162,16 @@ class MovedInput(cst.CSTTransformer):
             pairs = list(zip([e.value for e in targets[0].elements], [e.value for e in value.elements]))
         elif len(targets) == 1:
             pairs = [(targets[0], value)]
-        for name, moved in pairs:
-            if isinstance(name, cst.Name) and name.value == self.fed and is_move(moved, self.fed):
-                new = self.rewritten(moved)
-                self.done = True
-                if isinstance(value, cst.Tuple):
-                    elements = [e.with_changes(value=new) if e.value is moved else e for e in value.elements]
-                    return updated_node.with_changes(value=value.with_changes(elements=elements))
-                return updated_node.with_changes(value=new)
-        return updated_node
+        found = {id(moved): self.rewritten(moved) for name, moved in pairs
+                 if isinstance(name, cst.Name) and name.value in self.inputs and is_move(moved, name.value)}
+        if not found:
+            return updated_node
+        self.inputs -= {name.value for name, moved in pairs if id(moved) in found}
+        self.done = not self.inputs
+        if isinstance(value, cst.Tuple):
+            elements = [e.with_changes(value=found.get(id(e.value), e.value)) for e in value.elements]
+            return updated_node.with_changes(value=value.with_changes(elements=elements))
+        return updated_node.with_changes(value=found[id(value)])
 
 
     def rewritten(self, moved: cst.Call) -> cst.BaseExpression:
@@ -202,3 +208,6 @@ class _Collect(cst.CSTVisitor):
         if isinstance(first, cst.Name) and first.value in self.owner.moved and \
                 (isinstance(node.func, cst.Name) or callee.startswith("self.")):
             self.owner.fed = first.value
+            given = [a.value for a in node.args if a.keyword is None and not a.star]
+            self.owner.inputs = {given[i].value for i in self.owner.positions if i < len(given)
+                                 and isinstance(given[i], cst.Name) and given[i].value in self.owner.moved}

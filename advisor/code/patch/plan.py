@@ -55,7 +55,8 @@ def site_of(site: str | None) -> tuple[Path, int] | None:
 def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
                root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
                step_file: Path | None = None, uint8_plan: dict | None = None,
-               attention_plan: list | None = None, checkpoint_plan: dict | None = None) -> Patch:
+               attention_plan: list | None = None, checkpoint_plan: dict | None = None,
+               channels_last_inputs: list[int] | None = None) -> Patch:
     """The change that applies `knobs` where the script sets them.
 
     `target`: the step function in `step_file` (default: the script) that autocast, non_blocking and
@@ -64,8 +65,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     changed where they are set — in its call, a constant, a flag's default, a config in another module.
     `uint8_plan`, `attention_plan`, `checkpoint_plan`: what the best trial changed (its trial.json), for the
     knobs written from their trial's record (`Written.record`); the attention first, while every file's lines
-    are still those the trial read. Each knob is written where its module's `Written` says: the DataLoader's
-    arguments, the step, the model and the optimizer, lines after the script's imports.
+    are still those the trial read. `channels_last_inputs`: the positions of the model's inputs the best trial
+    found 4-D (default: the first), each moved to the device in channels_last. Each knob is written where its
+    module's `Written` says: the DataLoader's arguments, the step, the model and the optimizer, lines after the
+    script's imports.
     """
     script = Path(script).resolve()
     root = Path(root).resolve() if root is not None else script.parent
@@ -124,7 +127,7 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         placed = False
         if written.batch_keyword and target is not None:
             edited[step_path], placed = rewrite_inputs(edited.get(step_path) or module_of(step_path), target,
-                                                       written.batch_keyword)
+                                                       written.batch_keyword, channels_last_inputs)
         if written.batch_keyword and not placed:
             notes.append(written.batch_manual)
     notes += write_recorded(RECORDED, edited, module_of, knobs, records, Sites(script, step_path, target),
@@ -284,12 +287,13 @@ def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: d
 def write_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, folder: Path, *,
                 root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
                 step_file: Path | None = None, uint8_plan: dict | None = None,
-                attention_plan: list | None = None,
-                checkpoint_plan: dict | None = None) -> tuple[Path | None, list[str]]:
+                attention_plan: list | None = None, checkpoint_plan: dict | None = None,
+                channels_last_inputs: list[int] | None = None) -> tuple[Path | None, list[str]]:
     """Write `folder/suggested.patch`; return its path (None when nothing changes) and the patch's notes."""
     patch = plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
                        loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan,
-                       attention_plan=attention_plan, checkpoint_plan=checkpoint_plan)
+                       attention_plan=attention_plan, checkpoint_plan=checkpoint_plan,
+                       channels_last_inputs=channels_last_inputs)
     if not patch.diff:
         return None, patch.notes
     path = Path(folder) / PATCH_NAME

@@ -244,6 +244,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             # Every hand-written attention the check found: rewritable (the form read), or why not (the number).
             result["attention_modules"] = model.attention.found if model is not None and knobs.sdpa else None
             result["checkpoint_plan"] = model.checkpoints.plan if model is not None else None
+            result["channels_last_inputs"] = model.layout_inputs if model is not None else None
             result["optimizers"] = optimizers.record() if optimizers is not None else None
             result["own_settings"] = own.record(result["optimizers"]) if own is not None else None
             trains = training_loader(loader_records)

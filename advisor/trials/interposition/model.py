@@ -89,6 +89,9 @@ class ModelInterposition:
         self.depth = 0
         self.compiled: list[tuple[Any, bool, Any]] = []  # (module, had its own forward, that forward)
         self.layouts: list[Any] = []  # modules moved to channels_last
+        # The positions of the 4-D floating-point inputs of the first call of a module moved to channels_last: those
+        # the trial makes channels_last, and the patch writes it for (`channels_last_inputs` of trial.json).
+        self.layout_inputs: list[int] | None = None
         self.attention = FusedAttention()  # sdpa: the attention forwards rewritten
         self.checkpoints = CheckpointBlocks()
         self.undo_stack = contextlib.ExitStack()
@@ -124,6 +127,9 @@ class ModelInterposition:
             self.seen.add(key)
             self._first_call(module, args)
         if self.knobs.channels_last and any(m is module for m in self.layouts):
+            if self.layout_inputs is None:
+                self.layout_inputs = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dim() == 4
+                                      and a.is_floating_point()]
             return to_channels_last(args)
         return None
 

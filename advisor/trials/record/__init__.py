@@ -82,6 +82,8 @@ trial.json (schema "advisor.trial/1"), written atomically at the start (status "
                      window_graphs?} (`compile_summary`; window_graphs > 0: a recompile inside the windows)
     checkpoint_plan null, or with the checkpointing knob applied: {holder, file, attribute, how ("loop" or
                      "sequential"), block, count, names}: the module holding the checkpointed blocks
+    channels_last_inputs null, or with channels_last applied: the positions of the 4-D floating-point inputs of
+                     the model's first call, which the trial made channels_last (the patch writes it on each)
     summary         {steps_recorded, median_step_s, median_call_s, samples_per_s, batch_size, loss,
                      peak_memory_bytes, peak_memory_source, peak_rss_bytes, peak_vms_bytes, peak_data_bytes,
                      profiler_peak_allocated_bytes, cuda_max_allocated_bytes?, cuda_total_bytes?,
@@ -371,6 +373,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     record["attention_plan"] = harness.get("attention_plan")  # the attention lines sdpa replaced, for the patch
     record["attention_modules"] = harness.get("attention_modules")  # each attention found: rewritable or why not
     record["checkpoint_plan"] = harness.get("checkpoint_plan")  # where the checkpointed blocks sit, for the patch
+    record["channels_last_inputs"] = harness.get("channels_last_inputs")  # the model's 4-D inputs, for the patch
     record["windows_cut"] = harness.get("windows_cut")  # why fewer windows were measured (the time limit)
     record["trace_plan"] = harness.get("trace_plan") or record.get("trace_plan")  # the operators counted, and the steps the trace could hold
     record["steps"] = rank_steps[0]
