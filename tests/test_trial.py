@@ -384,6 +384,42 @@ def test_a_script_that_updates_its_parameters_by_hand_is_told_to_name_its_step(t
                                    "(by_hand.py:FUNCTION)")
 
 
+def test_a_script_that_trains_in_processes_it_starts_is_told_why_no_step_was_counted(tmp_path):
+    """pytorch/examples' mnist_hogwild trains in processes of its own (`mp.Process(target=train)`), each with its
+    torch.optim optimizer: the trial counted no step and told the user to name a step function, which runs in the
+    children too. It says which processes the script started, and that their steps are not the trial's; the
+    DataLoader's own workers are not among them."""
+    script = write_script(tmp_path, """
+        import multiprocessing as mp
+        import torch
+        from torch.utils.data import DataLoader
+
+
+        def train(rank):
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(10):
+                optimizer.zero_grad()
+                model(torch.randn(8, 4)).pow(2).mean().backward()
+                optimizer.step()
+
+
+        if __name__ == "__main__":
+            list(DataLoader(range(8), num_workers=1))  # a worker of the loader's: not the script's own
+            workers = [mp.get_context("fork").Process(target=train, args=(rank,)) for rank in range(2)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+    """, name="hogwild.py")
+    result = run_trial(TrialSpec(str(script), Knobs(), tmp_path / "t", steps=1, wait=0, warmup=0, device="cpu"))
+    assert result.status == "error"
+    assert result.message.startswith("hogwild.py finished after 0 optimizer step(s); the trial needs "), result.message
+    assert "; the script started 2 process(es) of its own (train): the trial counts the steps of the script's own " \
+           "process, not theirs" in result.message, result.message
+    assert "name a function" not in result.message
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     script = write_script(tmp_path, "def train_step(:\n")
     assert cli.main(["profile", f"{script}:train_step", "--out", str(tmp_path / "o")]) == 2

@@ -46,6 +46,7 @@ from typing import Any
 
 from advisor.trials.harness.activations import is_out_of_memory
 from advisor.trials.harness.driver import StepDriver, TargetInWorker, TrialComplete
+from advisor.trials.harness.own_processes import OwnProcesses, started_text
 from advisor.trials.interposition.frameworks import TrainerSettings
 from advisor.trials.harness.trial_facts import SetupProblem, cap_memory, device_facts, resolve_device
 from advisor.trials.knobs import APPLIED, Knobs
@@ -160,6 +161,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                                  training=config.get("loader"), taken=trainer.taken)
         tracker = LoaderTracker()
         tracker.install()
+        processes = OwnProcesses()
+        processes.install()
         ddp = DDPKnobs(knobs)
         ddp.install()
         if not config.get("torchrun"):
@@ -212,7 +215,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             if exc.code not in (None, 0):
                 raise
         driver.finish()
-        result.update(driver.schedule.script_ended(driver.index, os.path.basename(script), target))
+        result.update(driver.schedule.script_ended(driver.index, os.path.basename(script), target,
+                                                   started_text(processes.targets)))
     except TrialComplete:
         result.update(status="ok", message=driver.schedule.completed_message())
     except TargetNotFound as exc:

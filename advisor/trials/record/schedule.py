@@ -136,16 +136,19 @@ class StepSchedule:
             text += f", then {self.window} window(s) of at least {self.window_s:g} s measured"
         return text
 
-    def script_ended(self, steps_run: int, script: str, target: str | None) -> dict[str, str]:
+    def script_ended(self, steps_run: int, script: str, target: str | None, processes: str = "") -> dict[str, str]:
         """Status and message when the script returned on its own after `steps_run` steps: ok once the
-        profiled steps ran (with the windows it got), an error before."""
+        profiled steps ran (with the windows it got), an error before (`processes`: what it says of the processes
+        the script started itself, where it counted none)."""
         if steps_run >= self.total:
             return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
                                                f"{self.window} of {self.windows} measurement window(s)"}
         what = f"call(s) of {target}" if target else "optimizer step(s)"
         message = (f"{script} finished after {steps_run} {what}; the trial needs {self.total} (wait {self.wait} + "
                    f"warmup {self.warmup} + record {self.active})")
-        if not steps_run and not target:  # pytorch/examples' word_language_model updates p.data by hand
+        if not steps_run and processes:  # pytorch/examples' mnist_hogwild trains in processes it starts
+            message += processes
+        elif not steps_run and not target:  # pytorch/examples' word_language_model updates p.data by hand
             message += (": a step is counted at each torch.optim optimizer's step(); where the script updates its "
                         f"parameters itself, name a function that runs one training step ({script}:FUNCTION)")
         return {"status": "error", "message": message}
