@@ -323,7 +323,8 @@ MNIST_SHAPED = """\
 
 
 @pytest.mark.parametrize("later", ["pass", "train_kwargs.update({'batch_size': 32})", "train_kwargs['batch_size'] = 32",
-                                   "train_kwargs |= {'batch_size': 32}", "train_kwargs.update(**other)"])
+                                   "train_kwargs |= {'batch_size': 32}", "train_kwargs.update(**other)",
+                                   "train_kwargs.pop('batch_size')"])
 def test_a_loader_set_from_a_dict_of_keywords_is_patched_where_the_dict_takes_its_value(tmp_path, later):
     """pytorch/examples' MNIST (the script most PyTorch scripts grew from) builds its loader with
     `DataLoader(dataset, **train_kwargs)`, `train_kwargs = {'batch_size': args.batch_size}`: the patch merged the new

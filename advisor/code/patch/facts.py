@@ -237,9 +237,11 @@ class _FactsVisitor(cst.CSTVisitor):
                     self.facts.argparse_defaults.setdefault(dest, []).append(entry)
             elif attr == "cuda":
                 self.facts.mentions_cuda = True
-            elif attr == "update" and isinstance(node.func.value, cst.Name):
-                # One positional mapping; keywords or more than one argument: nothing known of what it sets.
-                known = len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star
+            elif attr in ("update", "pop", "popitem", "setdefault", "clear") and isinstance(node.func.value, cst.Name):
+                # One positional mapping given to update; keywords, more arguments or another mutation: nothing
+                # known of what it sets or takes out.
+                known = (attr == "update" and len(node.args) == 1 and node.args[0].keyword is None
+                         and not node.args[0].star)
                 self.facts.dict_updates.setdefault(node.func.value.value, []).append(
                     node.args[0].value if known else cst.Ellipsis())
 
