@@ -335,7 +335,8 @@ def test_a_loader_set_from_a_dict_of_keywords_is_patched_where_the_dict_takes_it
     diff, after = patch_text(tmp_path, MNIST_SHAPED.replace("{later}", later), knobs,
                              dict(USER_VALUES, batch_size=64, num_workers=0), target="train")
     tree = ast.parse(after)
-    loader = next(n for n in ast.walk(tree) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "train_loader")
+    loader = next(n for n in ast.walk(tree)
+                  if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "train_loader")
     # The workers: the CUDA branch's update sets them, so they are merged into the call whatever the source says.
     assert "'num_workers': 2, 'persistent_workers': True" in ast.unparse(loader.value), ast.unparse(loader.value)
     assert argparse_default(tree, "--test-batch-size") == "1000"
