@@ -227,7 +227,6 @@ class LoaderRewrite(cst.CSTTransformer):
         self.comment_frames[-1].append(f"was {name}={self.facts.module.code_for_node(arg.value)}")
         return replace_arg(call, arg, literal_node(value))
 
-
     def _at_definition(self, name: str, expression: cst.BaseExpression, value: Any) -> bool:
         """Plan `value` where `expression` (the argument's) is defined, if this file defines it: a module constant or
         an argparse default that is what ran; or, for a flag the command line set, a note to change the command.
