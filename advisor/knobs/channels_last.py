@@ -47,7 +47,7 @@ WHAT_IF = WhatIf("channels_last", "channels_last", setting, transform, "channels
 LINE = "{model} = {model}.to(memory_format=torch.channels_last)  # NHWC: faster convolutions"
 WRITTEN = Written(
     ON_MODEL, lines=(LINE,), manual="after building the model: model = model.to(memory_format=torch.channels_last)",
-    batch_keyword=("memory_format", "torch.channels_last"),
+    batch_keyword=("memory_format", "torch.channels_last"), batch_record="channels_last_inputs",
     batch_manual="the batch the model takes is not made channels_last here (the model's first convolution converts "
                  "it); to skip that copy: x = x.to(device, memory_format=torch.channels_last)",
     lightning_model=LINE)

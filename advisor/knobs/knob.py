@@ -88,6 +88,7 @@ class Written:
     # hand where no such move is found.
     batch_keyword: tuple[str, str] | None = None
     batch_manual: str | None = None
+    batch_record: str | None = None  # the field of trial.json naming the model's inputs it goes on (their positions)
     # TrainingArguments keywords for each of its values (whatever the script's own: amp's bf16=True), where the
     # Trainer has its own way to do what the trial applied by interposition, and ...
     trainer_for: dict[Any, tuple[tuple[str, Any], ...]] = field(default_factory=dict, compare=False)

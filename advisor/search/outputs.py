@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.knobs import written_at
+from advisor.knobs import KNOBS, written_at
 from advisor.knobs.knob import FROM_TRIAL
 from advisor.search.state import SessionOptions, save
 from advisor.search.timing import session_time
@@ -106,6 +106,13 @@ def recorded_plans(out: Path, state: dict[str, Any]) -> dict[str, Any]:
     return {k.written.record: best_plan(out, state, k.name, k.written.record) for k in written_at(FROM_TRIAL)}
 
 
+def batch_inputs(out: Path, state: dict[str, Any]) -> list[int] | None:
+    """The positions of the model's inputs the best trial moved in the layout a kept knob gives the batch (the
+    record of the knob whose patch writes it where the step moves the batch: `Written.batch_record`), or None."""
+    return next((found for k in KNOBS if k.written.batch_record
+                 and (found := best_plan(out, state, k.name, k.written.batch_record)) is not None), None)
+
+
 def wrap_up(out: Path, state: dict[str, Any], options: SessionOptions) -> None:
     """The session done: the batch's notes and the time it took in the record, saved, and the outputs written."""
     state["notes"].extend(batch_notes(state, options))
@@ -134,8 +141,7 @@ def finish_outputs(out: Path, state: dict[str, Any]) -> None:
                                          root=repository_root(script), accumulation_steps=final.accumulation_steps,
                                          loader_site=(state.get("training_loader") or {}).get("site"),
                                          step_file=step_file, **recorded_plans(out, state),
-                                         channels_last_inputs=best_plan(out, state, "channels_last",
-                                                                        "channels_last_inputs"))
+                                         channels_last_inputs=batch_inputs(out, state))
             state["notes"].extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
             state["notes"].append(f"no suggested.patch: {exc}")
