@@ -307,8 +307,10 @@ MNIST_SHAPED = """\
 
     def main():
         parser = argparse.ArgumentParser()
-        parser.add_argument('--batch-size', type=int, default=64, metavar='N')
-        parser.add_argument('--test-batch-size', type=int, default=1000, metavar='N')
+        parser.add_argument('--batch-size', type=int, default=64, metavar='N',
+                            help='input batch size for training (default: 64)')
+        parser.add_argument('--test-batch-size', type=int, default=1000, metavar='N',
+                            help='input batch size for testing (default: 1000)')
         args = parser.parse_args()
         use_cuda = torch.cuda.is_available()
         train_kwargs = {'batch_size': args.batch_size}
@@ -342,6 +344,9 @@ def test_a_loader_set_from_a_dict_of_keywords_is_patched_where_the_dict_takes_it
     assert argparse_default(tree, "--test-batch-size") == "1000"
     if later == "pass":
         assert argparse_default(tree, "--batch-size") == "256"
+        # Its help says the default in words: it says the new one (the test batch's is left as it was).
+        assert "help='input batch size for training (default: 256)')" in after, after
+        assert "help='input batch size for testing (default: 1000)')" in after
         assert "'batch_size'" not in ast.unparse(loader.value)
     else:
         assert argparse_default(tree, "--batch-size") == "64"

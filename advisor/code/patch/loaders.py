@@ -87,9 +87,27 @@ class ArgparseRewrite(cst.CSTTransformer):
         dest = argparse_dest(updated_node)
         if dest not in self.changes:
             return updated_node
-        args = [a.with_changes(value=literal_node(self.changes[dest]))
-                if a.keyword is not None and a.keyword.value == "default" else a for a in updated_node.args]
+        new = self.changes[dest]
+        old = next((literal_value(a.value) for a in updated_node.args
+                    if a.keyword is not None and a.keyword.value == "default"), (False, None))
+        args = [a.with_changes(value=literal_node(new)) if a.keyword is not None and a.keyword.value == "default"
+                else a.with_changes(value=_help_with_default(a.value, old, new))
+                if a.keyword is not None and a.keyword.value == "help" else a for a in updated_node.args]
         return updated_node.with_changes(args=args)
+
+
+def _help_with_default(help_text: cst.BaseExpression, old: tuple[bool, Any], new: Any) -> cst.BaseExpression:
+    """A flag's help string that states its default in words (MNIST's "input batch size for training (default:
+    64)") with the new one; as it was where it states none, or builds it (`%(default)s` follows by itself)."""
+    if not old[0] or not isinstance(help_text, cst.SimpleString):
+        return help_text
+    text = help_text.value
+    for said in (f"default: {old[1]!s}", f"default {old[1]!s}", f"default={old[1]!s}"):
+        at = text.find(said)
+        end = at + len(said)
+        if at >= 0 and not (end < len(text) and (text[end].isalnum() or text[end] == ".")):  # 64, not 640
+            return help_text.with_changes(value=text[:at] + said.replace(str(old[1]), str(new)) + text[end:])
+    return help_text
 
 
 class LoaderRewrite(cst.CSTTransformer):
