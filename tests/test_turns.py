@@ -111,6 +111,7 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
 
     from advisor.search.ending import PAIR_TRIALS, SPEEDUP_WINDOWS, speedup_in_turns
     from advisor.search.applicable import in_effect
+    from advisor.search.drift import at_one_load as cut_to_one_load, window_loads
     from advisor.search.remeasures import measured_at_one_load, runs_of
     from advisor.search.speedup import speedup_note
     from advisor.search.session import run_session
@@ -157,6 +158,9 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
             assert record["schedule"]["turns"]["me"] == row["name"] and (turns / f"done-{row['name']}").exists()
             assert record["schedule"]["windows_measured"] == windows
     assert "pair 1 of 2" in said[0] and (settled or "pair 2 of 2" in said[1]), said
+
+    def load_of(cut):  # the load the two were cut to: the most beside any window kept
+        return max((load for side in cut for run in side for load in window_loads(run)), default=0.0)
     # Off the windows at the quietest load both ran at, pooled with every earlier run of the two at that load (the
     # session's baseline, and the best's first run): all of them, where the machine's load held still.
     pooled = measured_at_one_load(runs_of(out, state, in_effect(kept)), runs_of(out, state, in_effect(baseline)))
@@ -164,8 +168,13 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
                                        [trial_record(out / r["folder"]) for r in rows[::2]])
     every = [measure_record([trial_record(out / r["folder"]) for r in side]) for side in (rows[1::2], rows[::2])]
     ratios = [(m[0].samples_per_s / m[1].samples_per_s) for m in (pooled, at_one_load, every) if m]
-    # Its first run too, where that ran at the same load (under a load that moved, the turns' windows alone).
-    assert not (pooled and at_one_load) or len(pooled[0].windows) >= len(at_one_load[0].windows)
+    # Its first run too, where that ran at the same load. Under a load that moved, the runs pooled can meet at a
+    # quieter load than the turns alone (a clone's suite, beside a benchmark: 3 windows pooled, 4 in turns).
+    pooled_cut = cut_to_one_load(runs_of(out, state, in_effect(kept)), runs_of(out, state, in_effect(baseline)))
+    turns_cut = cut_to_one_load([trial_record(out / r["folder"]) for r in rows[1::2]],
+                                [trial_record(out / r["folder"]) for r in rows[::2]])
+    if pooled_cut and turns_cut and load_of(pooled_cut) >= load_of(turns_cut):
+        assert len(pooled[0].windows) >= len(at_one_load[0].windows)
     if speedup is None:  # a busy machine: every window in turns ran under more load than the two ran at before
         assert "all ran under a load" in said[-1]
     else:
