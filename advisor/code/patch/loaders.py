@@ -88,11 +88,13 @@ class ArgparseRewrite(cst.CSTTransformer):
         if dest not in self.changes:
             return updated_node
         new = self.changes[dest]
-        old = next((literal_value(a.value) for a in updated_node.args
-                    if a.keyword is not None and a.keyword.value == "default"), (False, None))
-        args = [a.with_changes(value=literal_node(new)) if a.keyword is not None and a.keyword.value == "default"
-                else a.with_changes(value=_help_with_default(a.value, old, new))
-                if a.keyword is not None and a.keyword.value == "help" else a for a in updated_node.args]
+        keywords = {a.keyword.value: a for a in updated_node.args if a.keyword is not None}
+        old = literal_value(keywords["default"].value) if "default" in keywords else (False, None)
+        written = {"default": literal_node(new)}
+        if "help" in keywords:
+            written["help"] = _help_with_default(keywords["help"].value, old, new)
+        args = [a.with_changes(value=written[a.keyword.value]) if a.keyword is not None and a.keyword.value in written
+                else a for a in updated_node.args]
         return updated_node.with_changes(args=args)
 
 
