@@ -164,6 +164,7 @@ def diagnose(trace: Trace, steps_wanted: str | None = None, trial: dict | None =
     else:
         extra.update(host_figures(trace, steps))
         extra["conv_share"] = mix.conv_share
+        extra["nchw_share"] = mix.nchw_share
         # The loader's wait with no kernel running: the breakdown credits the copies (and runtime calls) that
         # run during it before the loader, which hides a loader bound behind copies.
         windows = iv.from_spans((s.start, s.end) for s in steps)

@@ -30,9 +30,10 @@ class EventArgs(msgspec.Struct, gc=False):
     device: Union[int, str, None] = None
     bytes: Union[int, float, None] = None
     kind: Union[str, None] = None
-    # Shapes and dtypes of an operator's inputs: kept undecoded (Raw), read only for collectives' sizes,
-    # so that the thousands of other operators that carry them cost no lists.
+    # Shapes, strides and dtypes of an operator's inputs: kept undecoded (Raw), read only for collectives' sizes
+    # and the layout of convolutions' inputs, so that the thousands of other operators that carry them cost no lists.
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
+    input_strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
 
 

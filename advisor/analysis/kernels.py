@@ -1,4 +1,5 @@
-"""What the step's kernels do: Tensor Core (matrix core) use, matmul work AMP could move, layout conversions.
+"""What the step's kernels do: Tensor Core (matrix core) use, matmul work AMP could move, layout conversions,
+and the layout-sensitive kernels that run on NCHW inputs (read from the trace's strides).
 
 The Tensor Core patterns are one table (`TENSOR_CORE_PATTERNS`), one family per row, Volta to Hopper and
 AMD CDNA, each family with its own test.
@@ -11,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 
 from advisor.analysis.breakdown import is_communication_kernel
@@ -113,6 +115,40 @@ def is_conv_op(op_name: str) -> bool:
     return CONV_OP.search(op_name) is not None
 
 
+# Operators whose kernels are chosen by the memory layout of their 4-D input: the convolutions and the
+# normalisations and pools around them, forward and backward (on the H200 conv surface channels_last halved
+# their kernel time in fp32 without a single layout conversion kernel in the trace).
+NORM_POOL_OP = re.compile(r"^aten::(\w*batch_norm\w*|\w*group_norm\w*|\w*instance_norm\w*|"
+                          r"\w*(?:max|avg)_pool[23]d\w*|adaptive_\w*pool[23]d\w*)$")
+
+
+@lru_cache(maxsize=None)
+def is_layout_sensitive_op(op_name: str) -> bool:
+    """Whether an operator's kernels depend on its input's layout (a convolution, a norm or pool, or a backward)."""
+    return is_conv_op(op_name) or NORM_POOL_OP.match(op_name) is not None
+
+
+def nchw_input(op) -> bool | None:
+    """Whether an operator's first input is a 4-D tensor laid out NCHW (contiguous), by its recorded strides:
+    False where it is channels_last, None where the trace has no strides or the layouts cannot be told apart
+    (one channel, or 1×1 images)."""
+    args = op.args
+    if args is None or not args.input_dims or not args.input_strides:
+        return None
+    try:
+        dims, strides = msgspec.json.decode(args.input_dims), msgspec.json.decode(args.input_strides)
+    except msgspec.DecodeError:
+        return None
+    if not dims or not strides or len(dims[0]) != 4 or len(strides[0]) != 4:
+        return None
+    (_, c, h, w), stride = dims[0], strides[0]
+    if c <= 1 or h * w <= 1:
+        return None
+    if list(stride[1:]) == [h * w, w, 1]:
+        return True
+    return False if list(stride[1:]) == [1, w * c, c] else None
+
+
 def conv_shapes_constant(trace: Trace, steps: list[Step]) -> bool | None:
     """Whether every step ran its convolutions on the same input shapes (what cuDNN autotuning needs to
     pay); None when the trace has no convolutions or no shapes (recorded without record_shapes)."""
@@ -188,6 +224,7 @@ class KernelMix:
     layout_share: float | None = None
     by_name_share: float = 0.0  # kernel time no operator launched, classified by its name
     conv_share: float = 0.0  # kernel time of convolutions (by their operator, else by the kernel's name)
+    nchw_share: float = 0.0  # kernel time of convolutions, norms and pools on NCHW inputs (`nchw_input`)
 
 
 def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
@@ -236,6 +273,12 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
         return sum(durations[mask].tolist(), 0.0)  # in the kernels' order, as they were always added
 
     tc, by_name, eligible_all, layout = time_of(on_tc), time_of(by_name_k), time_of(eligible), time_of(is_layout)
+    # Kernels of layout-sensitive operators whose input the trace shows NCHW: each such operator read once.
+    sensitive = np.flatnonzero(np.array([n is not None and is_layout_sensitive_op(n) for n in op_names])[op_code])
+    nchw_k = np.zeros(chosen.size, dtype=bool)
+    if sensitive.size:
+        launched, which = np.unique(op_index[sensitive], return_inverse=True)
+        nchw_k[sensitive] = np.array([nchw_input(trace.ops[i]) is True for i in launched.tolist()])[which]
     eligible_left, conv = time_of(~is_layout & eligible & ~on_tc), time_of(conv_k)
     known = vendor in _TC_REGEX
     return KernelMix(
@@ -246,4 +289,5 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
         layout_share=layout / total,
         by_name_share=by_name / total,
         conv_share=conv / total,
+        nchw_share=time_of(nchw_k & ~is_layout) / total,
     )

@@ -40,6 +40,7 @@ class StepGraph:
     amp_ratio: float = 2.0  # the device's 16-bit matrix throughput over its fp32 (the AMP prior)
     copy_s: float = 0.0  # host-to-device copies, and the host's waits on them, with no kernel beside them
     layout_s: float = 0.0  # NCHW↔NHWC conversion kernels
+    nchw_s: float = 0.0  # on a GPU: kernels of convolutions, norms and pools on NCHW inputs (their layout's choice)
     conv_s: float = 0.0  # on a CPU: the convolution operators' time (channels_last acts on it)
     optimizer_s: float = 0.0  # the optimizer's step on the host
     amp: bool = False

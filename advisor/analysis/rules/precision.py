@@ -1,17 +1,20 @@
 """Compute: mixed precision on Tensor Cores (matrix cores, or the CPU's bf16 units), TF32 for fp32 matmuls
-on Ampere and later, channels_last for convolutions (the layout conversions AMP leaves around them on a
-GPU, the convolutions themselves on a CPU), cuDNN autotuning for convolutions of fixed shapes, and the fused
-scaled_dot_product_attention for attention written by hand."""
+on Ampere and later, channels_last for convolutions (on a GPU the layout conversions AMP leaves around them
+and the convolutions, norms and pools the trace shows on NCHW inputs; the convolutions themselves on a CPU),
+cuDNN autotuning for convolutions of fixed shapes, and the fused scaled_dot_product_attention for attention
+written by hand."""
 
 from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct, tried_advice
 from advisor.knobs import advised_by
+from advisor.knobs.channels_last import WHAT_IF as CHANNELS_LAST
 
 ELIGIBLE_SHARE = 0.20  # of kernel time (GPU) or step time (CPU)
 TENSOR_CORE_SHARE_LOW = 0.50
 LAYOUT_SHARE = 0.05  # of kernel time: layout conversions worth removing with channels_last
+NCHW_SHARE = 0.20  # of kernel time: convolutions, norms and pools on NCHW inputs, worth measuring in channels_last
 CPU_CONV_SHARE = 0.20  # of step time in convolution operators on the CPU: channels_last worth measuring
 CUDNN_CONV_SHARE = 0.10  # of kernel time in convolutions: cuDNN autotuning worth measuring
 TF32_CAPABILITY = (8, 0)  # Ampere and later run fp32 matmuls on Tensor Cores as TF32
@@ -142,8 +145,9 @@ def _autocast_code(device_type: str, dtype: str) -> str:
 
 
 def channels_last(d: Diagnosis) -> Recommendation | None:
-    """Convolutions in NCHW: on a GPU cuDNN converts them to NHWC around each one (layout kernels); on a CPU
-    oneDNN's convolutions run faster on channels_last tensors. Keep the model and its input channels_last."""
+    """Convolutions in NCHW: on a GPU cuDNN converts them to NHWC around each one (layout kernels), and the
+    convolutions, norms and pools on NCHW inputs run slower kernels than their NHWC ones; on a CPU oneDNN's
+    convolutions run faster on channels_last tensors. Keep the model and its input channels_last."""
     if tried_advice(d, "channels-last") or not d.step_time_us:
         return None
     code = ("model = model.to(memory_format=torch.channels_last)\n"
@@ -162,16 +166,23 @@ def channels_last(d: Diagnosis) -> Recommendation | None:
             caveat="Most with bf16 autocast; measure it, some layers prefer NCHW.",
             bound="compute",
         )
-    if d.platform != "gpu" or not d.layout_share or d.layout_share < LAYOUT_SHARE:
+    layout, nchw = d.layout_share or 0.0, d.extra.get("nchw_share") or 0.0
+    if d.platform != "gpu" or (layout < LAYOUT_SHARE and nchw < NCHW_SHARE):
         return None
-    layout_us = d.layout_share * d.kernel_us
+    layout_us, nchw_us = layout * d.kernel_us, nchw * d.kernel_us
+    evidence = []
+    if nchw >= NCHW_SHARE:
+        evidence.append(f"{pct(nchw)} of kernel time is convolutions, norms and pools on NCHW inputs (the trace's "
+                        f"strides), {ms(nchw_us)} per step: their NHWC kernels are faster")
+    if layout >= LAYOUT_SHARE:
+        evidence.append(f"{pct(layout)} of kernel time converts layouts (nchwToNhwc/nhwcToNchw) around "
+                        f"convolutions, {ms(layout_us)} per step; AMP does not remove it")
     return Recommendation(
         id="channels-last",
         title="Use channels_last memory format for the model and its input",
         knobs=advised_by("channels-last"),
-        predicted_gain=0.8 * layout_us / d.step_time_us,
-        evidence=(f"{pct(d.layout_share)} of kernel time converts layouts (nchwToNhwc/nhwcToNchw) around "
-                  f"convolutions, {ms(layout_us)} per step; AMP does not remove it",),
+        predicted_gain=CHANNELS_LAST.prior * (layout_us + nchw_us) / d.step_time_us,
+        evidence=tuple(evidence),
         code_change=code,
         caveat="Helps convolutions (most with AMP); measure it, some layers prefer NCHW.",
         bound="compute",
