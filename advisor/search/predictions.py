@@ -68,7 +68,9 @@ def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
 
 
 def observations(state: dict[str, Any]) -> list[tuple[StepGraph, dict[str, Any], float]]:
-    """(base graph, change, measured relative change of samples/s) of every measured trial of the session."""
+    """(base graph, change, measured relative change of samples/s) of every measured trial of the session: the
+    gain its decision read (against the best measured again beside it where the load had changed, pooled at one
+    load), else its first figure over its base's: a trial's first figure and its base's read at two loads."""
     rows = {t["name"]: t for t in state.get("trials") or []}
     out = []
     for t in rows.values():
@@ -80,7 +82,8 @@ def observations(state: dict[str, Any]) -> list[tuple[StepGraph, dict[str, Any],
             continue
         changes = model_changes(base["knobs"], t["knobs"], state.get("user_values") or {})
         if changes is not None:
-            out.append((graph, changes, t["samples_per_s"] / base["samples_per_s"] - 1))
+            gain = t.get("gain")
+            out.append((graph, changes, gain if gain is not None else t["samples_per_s"] / base["samples_per_s"] - 1))
     return out
 
 

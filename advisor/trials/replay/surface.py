@@ -9,18 +9,21 @@ not told apart), copied into the session's own folder under the session's trial 
 tested on real GPU measurements without a GPU.
 
 A surface may hold several recordings of one setting (folders with the same settings): a re-measure
-serves the next one. With `noise` (0 included) each served trial's steady-state windows are drawn afresh
-around the setting's samples/s (the median of its recordings, the truth a bench judges the session by: drawn
-around each recording's own figure, the setting's truth would change with how often it is served) with that
-relative spread (a seeded generator: the same seed replays
-the same session), so every measurement, re-measures included, carries independent noise as on a live
-machine, and a setting can be measured again (`remeasure`); at 0 every window is that figure. With
-`noise` None the recording is served as it is, and with one recording per setting it cannot be measured
-again. Measured against the best (`against`, `advisor.trials.record.adaptive`), a served trial draws windows until
-they settle the comparison, as a live trial measures them. With `drift` (`advisor.trials.replay.load_drift`) a
-load that comes and goes slows each step served at its time, and each window reports it. With `draws` each served
-trial is a process of its own: its windows are drawn around its setting's samples/s × (1 + draws · N(0, 1)), one
-draw a trial, as a live setting runs at a level of its own in each process (`advisor.search.draws`).
+serves the next one, with the trace of the setting's first recording where its own was not kept
+(`record_surface.py --traces first`), as a live re-measure profiles the same step again.
+
+With `noise` (0 included) each served trial's steady-state windows are drawn afresh around the setting's
+samples/s (the median of its recordings, the truth a bench judges the session by: drawn around each recording's
+own figure, the setting's truth would change with how often it is served) with that relative spread (a seeded
+generator: the same seed replays the same session), so every measurement, re-measures included, carries
+independent noise as on a live machine, and a setting can be measured again (`remeasure`); at 0 every window is
+that figure. With `noise` None the recording is served as it is, and with one recording per setting it cannot be
+measured again. Measured against the best (`against`, `advisor.trials.record.adaptive`), a served trial draws
+windows until they settle the comparison, as a live trial measures them. With `drift`
+(`advisor.trials.replay.load_drift`) a load that comes and goes slows each step served at its time, and each
+window reports it. With `draws` each served trial is a process of its own: its windows are drawn around its
+setting's samples/s × (1 + draws · N(0, 1)), one draw a trial, as a live setting runs at a level of its own in
+each process (`advisor.search.draws`).
 
 Every served trial is placed on a simulated clock: it costs its recorded start-up, profiled steps and
 end, and its drawn windows (each slowed by the load at its time), so `times` in its record read as a live
@@ -53,6 +56,7 @@ from advisor.trials.replay.load_drift import LoadDrift, other_load
 SETTINGS = tuple(k.name for k in KNOBS if k.on_surface)
 # The on/off knobs among them: off where neither knob nor script sets them.
 SWITCHES = tuple(k.name for k in KNOBS if k.on_surface and k.kind == FLAG)
+TRACE_GLOB = "*.pt.trace.json*"
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,8 @@ class ReplayRunner:
         point = recordings[served % len(recordings)]  # a re-measure serves the next recording
         shutil.copytree(point.folder, folder)
         record = json.loads((folder / TRIAL_FILE).read_text())
+        if not any(folder.glob(TRACE_GLOB)):
+            record["trace_files"] = self._setting_trace(recordings, folder)
         asked = knobs.to_dict()
         # The outcomes of the knobs this trial sets: a recording's knob set to "off" said nothing of this one.
         outcomes = {k: v for k, v in (record.get("knob_outcomes") or {}).items() if asked.get(k) is not None}
@@ -157,6 +163,18 @@ class ReplayRunner:
             self._retime(record, 0.0)
         write_json_atomic(folder / TRIAL_FILE, record)
         return load_trial(folder)
+
+    @staticmethod
+    def _setting_trace(recordings: list[SurfacePoint], folder: Path) -> list[str]:
+        """A run recorded without its trace (`record_surface.py --traces first`) is served with the trace of its
+        setting's first run that has one, as a live trial of that setting would have profiled the same step."""
+        for other in recordings:
+            traces = sorted(other.folder.glob(TRACE_GLOB))
+            if traces:
+                for trace in traces:
+                    shutil.copy2(trace, folder / trace.name)
+                return [t.name for t in traces]
+        return []
 
     def _load(self, t: float) -> float:
         return self.drift.factor(t) if self.drift is not None else 1.0
