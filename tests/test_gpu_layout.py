@@ -103,16 +103,3 @@ def test_the_model_is_calibrated_on_the_gain_the_decision_read_not_on_two_first_
     assert decided and len(seen) >= len(decided)
     assert sorted(round(g, 9) for _, _, g in seen) == sorted(round(t["gain"], 9) for t in decided)
     assert any(t["knobs"].get("batch_size") == 512 for t in rows.values()), [t["change"] for t in rows.values()]
-
-
-@pytest.mark.parametrize("batch", [32, 128, 512])
-def test_workers_are_priced_by_what_taking_a_batch_from_them_costs_the_training_thread(batch):
-    # The images are in memory: two workers slowed every batch size by 15-30% (their batches rebuilt from shared
-    # memory in the training thread, a batch's bytes at about 1.2 GB/s); the model priced them at +13% to +92%.
-    inline = f"amp=off-batch_size={batch}-channels_last=off-num_workers=0"
-    truth = setting_rate(inline.replace("workers=0", "workers=2")) / setting_rate(inline) - 1
-    graph = step_graph(analyze_path(SURFACE / f"{inline}-r1")[0])
-    assert graph.batch_bytes == pytest.approx(batch * 3 * 64 * 64 * 4, rel=0.01)  # the float images it copies
-    predicted = predict(graph, {"num_workers": 2})
-    assert truth < -0.1 and predicted < 0, (truth, predicted)
-    assert abs(predicted - truth) < 0.2, (truth, predicted)  # the noise of two settings, ±8 points, and the prior

@@ -23,13 +23,6 @@ COMPILED_LAYOUT = 0.25
 CPU_LAYOUT_MAX = 0.6
 
 
-# Bytes a second the training thread takes batches from DataLoader workers at: its `__next__` rebuilding the tensors
-# from shared memory (1.4-3.1 GB/s on the H200 conv surface, 16 cores, images held in memory) and the first touch
-# of those fresh pages in the copy to the device; the step with 2 workers was longer than the call without them by
-# a batch's bytes at 1.0-1.4 GB/s at batches 32 to 512, so that workers slowed every batch size there by 15-30%.
-HANDOFF_RATE = 1.2e9
-
-
 @dataclass(frozen=True)
 class StepGraph:
     """One step as the what-if model sees it, in seconds of the trial's steady state."""
@@ -47,7 +40,6 @@ class StepGraph:
     amp_ratio: float = 2.0  # the device's 16-bit matrix throughput over its fp32 (the AMP prior)
     copy_s: float = 0.0  # host-to-device copies, and the host's waits on them, with no kernel beside them
     layout_s: float = 0.0  # NCHW↔NHWC conversion kernels
-    batch_bytes: float = 0.0  # on a GPU: the bytes the step copies to the device (0: not known, none on a CPU)
     nchw_s: float = 0.0  # on a GPU: kernels of convolutions, norms and pools on NCHW inputs (their layout's choice)
     conv_s: float = 0.0  # on a CPU: the convolution operators' time (channels_last acts on it)
     optimizer_s: float = 0.0  # the optimizer's step on the host
@@ -77,12 +69,6 @@ class StepGraph:
         """The training thread's call, on the critical path (the longer of its host and device sides)."""
         return max(self.host_s, self.device_s + self.idle_s)
 
-    @property
-    def handoff_s(self) -> float:
-        """The training thread's time to take a batch from a worker process (its tensors rebuilt from shared
-        memory): its bytes at HANDOFF_RATE; none without workers."""
-        return self.batch_bytes / HANDOFF_RATE if self.workers > 0 else 0.0
-
     def steady_step_s(self) -> float:
         """The step time the graph gives: the loader's side or the call (`advisor.analysis.whatif`)."""
         if self.workers <= 0:
@@ -90,8 +76,7 @@ class StepGraph:
         cores = max(1, self.cores)
         # The workers' batches and the call's own threads share the cores: where together they ask for more
         # CPU time than the cores give, the step waits for it (a worker count that pays on 16 cores loses on 2).
-        return max(self.call_s + self.handoff_s, self.produce_s / min(self.workers, cores),
-                   (self.produce_s + self.cpu_s + self.handoff_s) / cores)
+        return max(self.call_s, self.produce_s / min(self.workers, cores), (self.produce_s + self.cpu_s) / cores)
 
     @property
     def samples_per_s(self) -> float:
