@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.files import regular_traces_in
 from advisor.trials.record.storage import write_json_atomic
 from advisor.knobs import FLAG, KNOBS
 from advisor.trials.knobs import Knobs
@@ -56,7 +57,6 @@ from advisor.trials.replay.load_drift import LoadDrift, other_load
 SETTINGS = tuple(k.name for k in KNOBS if k.on_surface)
 # The on/off knobs among them: off where neither knob nor script sets them.
 SWITCHES = tuple(k.name for k in KNOBS if k.on_surface and k.kind == FLAG)
-TRACE_GLOB = "*.pt.trace.json*"
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class ReplayRunner:
         point = recordings[served % len(recordings)]  # a re-measure serves the next recording
         shutil.copytree(point.folder, folder)
         record = json.loads((folder / TRIAL_FILE).read_text())
-        if not any(folder.glob(TRACE_GLOB)):
+        if not regular_traces_in(folder):
             record["trace_files"] = self._setting_trace(recordings, folder)
         asked = knobs.to_dict()
         # The outcomes of the knobs this trial sets: a recording's knob set to "off" said nothing of this one.
@@ -169,7 +169,7 @@ class ReplayRunner:
         """A run recorded without its trace (`record_surface.py --traces first`) is served with the trace of its
         setting's first run that has one, as a live trial of that setting would have profiled the same step."""
         for other in recordings:
-            traces = sorted(other.folder.glob(TRACE_GLOB))
+            traces = regular_traces_in(other.folder)
             if traces:
                 for trace in traces:
                     shutil.copy2(trace, folder / trace.name)
