@@ -16,11 +16,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-import msgspec
 import numpy as np
 
 from advisor.analysis import intervals as iv
-from advisor.analysis.events import Event
+from advisor.analysis.events import Event, input_lists
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -73,11 +72,8 @@ def siblings(ops: list[Event]) -> list[list[Event]]:
 
 def dims_of(op: Event) -> list:
     """The operator's input shapes, where the trace recorded them."""
-    raw = op.args.input_dims if op.args is not None else None
-    try:
-        return msgspec.json.decode(raw) if raw else []
-    except msgspec.DecodeError:
-        return []
+    found = input_lists(op.args, "input_dims")
+    return found[0] if found is not None else []
 
 
 def between_matmuls(group: list[Event], i: int, matmul, layer) -> tuple[float, float] | None:

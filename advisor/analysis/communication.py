@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import msgspec
 import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.breakdown import collective_kind
+from advisor.analysis.events import input_lists
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -68,12 +68,10 @@ class Communication:
 def collective_bytes(args) -> float | None:
     """Bytes of a collective's first input (the tensor, or the bucket, it reduces), from its annotation's
     "Input Dims" and "Input type"; None when the trace did not record shapes."""
-    if args is None or not args.input_dims or not args.input_type:
+    found = input_lists(args, "input_dims", "input_type")
+    if found is None:
         return None
-    try:
-        dims, types = msgspec.json.decode(args.input_dims), msgspec.json.decode(args.input_type)
-    except msgspec.DecodeError:
-        return None
+    dims, types = found
     if not dims or not types or not isinstance(dims[0], list) or types[0] not in DTYPE_BYTES:
         return None
     shape = dims[0]

@@ -37,6 +37,18 @@ class EventArgs(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
 
 
+def input_lists(args: EventArgs | None, *fields: str) -> tuple[list, ...] | None:
+    """An operator's input lists that these `EventArgs` fields hold ("Input Dims", "Input Strides", "Input
+    type"), decoded; None where the trace did not record one of them or it cannot be read."""
+    raws = [getattr(args, f) for f in fields] if args is not None else []
+    if not raws or not all(raws):
+        return None
+    try:
+        return tuple(msgspec.json.decode(raw) for raw in raws)
+    except msgspec.DecodeError:
+        return None
+
+
 class MemoryArgs(msgspec.Struct, gc=False):
     """The arguments of a `[memory]` instant that the analysis reads: the allocator's event."""
 

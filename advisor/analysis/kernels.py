@@ -12,11 +12,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 
-import msgspec
 import numpy as np
 
 from advisor.analysis.breakdown import is_communication_kernel
 from advisor.analysis.columns import among, distinct, rightmost_above
+from advisor.analysis.events import input_lists
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
 
@@ -132,13 +132,10 @@ def nchw_input(op) -> bool | None:
     """Whether an operator's first input is a 4-D tensor laid out NCHW (contiguous), by its recorded strides:
     False where it is channels_last, None where the trace has no strides or the layouts cannot be told apart
     (one channel, or 1×1 images)."""
-    args = op.args
-    if args is None or not args.input_dims or not args.input_strides:
+    found = input_lists(op.args, "input_dims", "input_strides")
+    if found is None:
         return None
-    try:
-        dims, strides = msgspec.json.decode(args.input_dims), msgspec.json.decode(args.input_strides)
-    except msgspec.DecodeError:
-        return None
+    dims, strides = found
     if not dims or not strides or len(dims[0]) != 4 or len(strides[0]) != 4:
         return None
     (_, c, h, w), stride = dims[0], strides[0]
@@ -265,16 +262,17 @@ def kernel_mix(trace: Trace, steps: list[Step], vendor: str) -> KernelMix:
         name, op = columns.names[pair // len(op_names)], op_names[pair % len(op_names)]
         conv = (is_conv_op(op) if op is not None else CONV_KERNEL.search(name) is not None) \
             and not _is_layout_kernel(name)
-        table.append((conv, op is None) + _kernel_class(vendor, name, op))
-    table = np.array(table, dtype=bool).reshape(-1, 5)[pair_of.reshape(-1)]
-    conv_k, by_name_k, on_tc, eligible, is_layout = table.T
+        sensitive = op is not None and is_layout_sensitive_op(op)
+        table.append((conv, op is None, sensitive) + _kernel_class(vendor, name, op))
+    table = np.array(table, dtype=bool).reshape(-1, 6)[pair_of.reshape(-1)]
+    conv_k, by_name_k, sensitive_k, on_tc, eligible, is_layout = table.T
 
     def time_of(mask) -> float:
         return sum(durations[mask].tolist(), 0.0)  # in the kernels' order, as they were always added
 
     tc, by_name, eligible_all, layout = time_of(on_tc), time_of(by_name_k), time_of(eligible), time_of(is_layout)
     # Kernels of layout-sensitive operators whose input the trace shows NCHW: each such operator read once.
-    sensitive = np.flatnonzero(np.array([n is not None and is_layout_sensitive_op(n) for n in op_names])[op_code])
+    sensitive = np.flatnonzero(sensitive_k)
     nchw_k = np.zeros(chosen.size, dtype=bool)
     if sensitive.size:
         launched, which = np.unique(op_index[sensitive], return_inverse=True)
