@@ -126,9 +126,8 @@ def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
     return StepGraph(**settings, cores=int(cores), step_s=step, produce_s=produce, host_s=host, device_s=device,
                      idle_s=idle, matmul_s=matmul, matmul_tc_s=matmul_tc, amp_ratio=amp_ratio(trial, diagnosis.platform),
                      copy_s=min(device, copies.exposed_us * scale), layout_s=(diagnosis.layout_share or 0.0)
-                     * diagnosis.kernel_us * scale, nchw_s=extra.get("nchw_share", 0.0) * diagnosis.kernel_us * scale
-                     if diagnosis.platform != "cpu" else 0.0, conv_s=conv, optimizer_s=optimizer,
-                     platform=diagnosis.platform)
+                     * diagnosis.kernel_us * scale, nchw_s=extra.get("nchw_share", 0.0) * diagnosis.kernel_us * scale,
+                     conv_s=conv, optimizer_s=optimizer, platform=diagnosis.platform)
 
 
 def amp_ratio(trial: dict, platform: str) -> float:
