@@ -81,12 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [(s, True) for s in recorded] + [(build_surface(n, tmp / n)[0], False) for n in BUILT]
     if argv:
         # A surface named by its folder's name or its path; one that names none is an error, not a vacuous "met".
-        unknown = [a for a in argv if not any(s.name == a or s.resolve() == Path(a).resolve() for s, _ in chosen)]
+        def names(surface: Path, arg: str) -> bool:
+            return surface.name == arg or surface.resolve() == Path(arg).resolve()
+        unknown = [a for a in argv if not any(names(s, a) for s, _ in chosen)]
         if unknown:
             print(f"session_predictions: {unknown[0]}: not a surface of tests/data/surfaces or pair_surfaces "
                   f"({', '.join(s.name for s, _ in chosen)})", file=sys.stderr)
             return 2
-        chosen = [(s, r) for s, r in chosen if s.name in argv or any(s.resolve() == Path(a).resolve() for a in argv)]
+        chosen = [(s, r) for s, r in chosen if any(names(s, a) for a in argv)]
     met = True
     print("session predictions (each surface replayed once with no noise): trials, median |predicted − measured|,"
           " sign right beyond the recording's noise")
