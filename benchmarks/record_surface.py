@@ -93,7 +93,7 @@ def summarize(out: Path, runs: dict[str, list[str]]) -> float | None:
     figures; return the recording's noise floor (median relative standard error of a setting's median)."""
     settings, errors = [], []
     for name, folders in runs.items():
-        rates, knobs = [], None
+        rates, knobs, recorded = [], None, []
         for folder in folders:
             path = out / folder / TRIAL_FILE
             if path.exists():
@@ -102,6 +102,7 @@ def summarize(out: Path, runs: dict[str, list[str]]) -> float | None:
                 rate = (record.get("summary") or {}).get("samples_per_s")
                 if record.get("status") == "ok" and rate:
                     rates.append(rate)
+                    recorded.append(folder)  # a run stopped by the deadline is not listed: no folder to serve
         if not rates:
             continue
         median = statistics.median(rates)
@@ -109,7 +110,7 @@ def summarize(out: Path, runs: dict[str, list[str]]) -> float | None:
         error = spread / math.sqrt(len(rates)) if spread is not None else None
         if error is not None:
             errors.append(error)
-        settings.append({"name": name, "knobs": knobs, "samples_per_s": median, "runs": folders,
+        settings.append({"name": name, "knobs": knobs, "samples_per_s": median, "runs": recorded,
                          "run_samples_per_s": rates, "relative_sd": spread, "relative_se": error})
         figure = f", runs ±{100 * spread:.1f}% (sd)" if spread is not None else ""
         print(f"  {name}: {median:.1f} samples/s from {len(rates)} run(s){figure}", flush=True)
@@ -177,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {figure} ({time.monotonic() - started:.1f} s)", flush=True)
     summarize(out, runs)
     if args.traces == "first":
-        for folders in runs.values():
-            for trace in (t for folder in folders[1:] for t in (out / folder).glob("*.pt.trace.json*")):
+        for folders in runs.values():  # the first run that recorded keeps its trace (r1 may not have run)
+            kept = [f for f in folders if list((out / f).glob("*.pt.trace.json*"))]
+            for trace in (t for folder in kept[1:] for t in (out / folder).glob("*.pt.trace.json*")):
                 trace.unlink()
     if args.no_session:
         return 0

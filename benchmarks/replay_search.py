@@ -1,8 +1,8 @@
 """Benchmark: the search replayed on response surfaces, under noise and drift, thirty seeds a case.
 
-Surfaces: those in `tests/data/surfaces/` (two recorded on a real H100; three CPU truth surfaces, each setting
-recorded three times, judged by each setting's median, where the search also turns threads, 8-bit copies,
-channels_last, compile and a fused optimizer) and those of
+Surfaces: those in `tests/data/surfaces/` (two recorded on a real H100, two on an H200; three CPU truth
+surfaces, each setting recorded three times, judged by each setting's median, where the search also turns
+threads, 8-bit copies, channels_last, compile and a fused optimizer) and those of
 `benchmarks/pair_surfaces.py` (real trial folders with set throughputs): two where two knobs pay only
 together (pinned copies × workers, bf16 × batch), one whose best needs four changes together (bf16, batch,
 workers, pinned copies, from a step the loader and the training thread each partly bind), and the same with

@@ -38,9 +38,10 @@ def test_the_summary_is_each_settings_median_and_the_noise_floor_its_median_erro
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "trial.json").write_text(json.dumps(
             {"status": "ok", "knobs": {"threads": 1}, "summary": {"samples_per_s": rate}}))
-    floor = summarize(tmp_path, {"a": ["a-r1", "a-r2", "a-r3"], "b": ["b-r1"], "c": ["c-r1"]})
+    floor = summarize(tmp_path, {"a": ["a-r1", "a-r2", "a-r3", "a-r4"], "b": ["b-r1"], "c": ["c-r1"]})
     doc = json.loads((tmp_path / "surface.json").read_text())
     a, b = doc["settings"]  # c never ran: left out
+    assert a["runs"] == ["a-r1", "a-r2", "a-r3"]  # a-r4 stopped by a deadline: no folder to serve
     assert (a["samples_per_s"], a["run_samples_per_s"], b["relative_sd"]) == (100.0, [100.0, 104.0, 98.0], None)
     assert floor == doc["noise_floor"] == pytest.approx(statistics.stdev([100, 104, 98]) / 100 / 3 ** 0.5)
 
