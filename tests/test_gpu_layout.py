@@ -4,13 +4,15 @@ kernel worth removing, and where the search used to end at 0.77 of the best with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from advisor.analysis.analyze import analyze_path
-from advisor.analysis.whatif import predict, step_graph
+from advisor.analysis.whatif import calibrate, predict, step_graph
+from advisor.knobs.num_workers import HANDOFF
 from advisor.search.predictions import observations
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
@@ -103,3 +105,29 @@ def test_the_model_is_calibrated_on_the_gain_the_decision_read_not_on_two_first_
     assert decided and len(seen) >= len(decided)
     assert sorted(round(g, 9) for _, _, g in seen) == sorted(round(t["gain"], 9) for t in decided)
     assert any(t["knobs"].get("batch_size") == 512 for t in rows.values()), [t["change"] for t in rows.values()]
+
+
+def test_the_workers_hand_off_is_learnt_from_one_measured_worker_trial_and_prices_the_other_batches():
+    # The images are in memory: two workers slowed every batch size by 15-30% (each batch rebuilt from shared memory
+    # in the training thread, its bytes at about 1.2 GB/s). Before any worker trial the model prices them as it
+    # always did; once the batch-128 trial of two workers is measured, the hand-off it learns prices batches 32 and
+    # 512 with the right sign and near their truth.
+    def move(batch):
+        inline = f"amp=off-batch_size={batch}-channels_last=off-num_workers=0"
+        truth = setting_rate(inline.replace("workers=0", "workers=2")) / setting_rate(inline) - 1
+        return step_graph(analyze_path(SURFACE / f"{inline}-r1")[0]), truth
+
+    graph, truth = move(128)
+    assert graph.batch_bytes == pytest.approx(128 * 3 * 64 * 64 * 4, rel=0.01)  # the float images it copies
+    assert truth < -0.1 and predict(graph, {"num_workers": 2}) > 0.3, "before a worker trial: the price of old"
+    params = calibrate([(graph, {"num_workers": 2}, truth)])
+    assert 0.5e-9 < params[HANDOFF] < 1.5e-9, params  # about 1.2 GB/s: the training thread's hand-off
+    assert abs(predict(graph, {"num_workers": 2}, params) - truth) < 0.05
+    for batch in (32, 512):
+        other, other_truth = move(batch)
+        predicted = predict(other, {"num_workers": 2}, params)
+        assert other_truth < -0.1 and predicted < 0, (batch, other_truth, predicted)
+        assert abs(predicted - other_truth) < 0.2, (batch, other_truth, predicted)
+    # Where the step copies nothing to a device (a CPU's graph), there is no hand-off to learn.
+    assert calibrate([(dataclasses.replace(graph, batch_bytes=0.0, platform="cpu"), {"num_workers": 2},
+                       truth)]).get(HANDOFF, 0.0) == 0.0

@@ -26,19 +26,21 @@ each one's assumptions. Pure functions; never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import Any
 
 from advisor.knobs import TRANSFORMATIONS, WHAT_IFS
 from advisor.knobs.graph import StepGraph, TrialSettings
+from advisor.knobs.num_workers import HANDOFF
 
 # Each transformation's parameter before the session measured anything (and on a CPU, where it differs), and the
 # range calibration may move it in, as each knob's module declares them (`Knob.whatif`).
-PRIORS: dict[str, float] = {f: w.prior for w in TRANSFORMATIONS for f in w.parameters()}
+PRIORS: dict[str, float] = {f: w.prior_of(f) for w in TRANSFORMATIONS for f in w.parameters()}
 PRIORS_CPU: dict[str, float] = {f: w.prior_cpu for w in TRANSFORMATIONS if w.prior_cpu is not None
                                  for f in w.parameters()}
-RANGES: dict[str, tuple[float, float]] = {f: w.bounds for w in TRANSFORMATIONS for f in w.parameters()}
+RANGES: dict[str, tuple[float, float]] = {f: w.bounds_of(f) for w in TRANSFORMATIONS for f in w.parameters()}
 KNOB_OF = {name: w.family for name, w in WHAT_IFS.items()}  # the knobs the model transforms, and the model's changes
 
 __all__ = ["KNOB_OF", "PRIORS", "PRIORS_CPU", "RANGES", "StepGraph", "amp_ratio", "calibrate", "family_of", "fit",
@@ -127,6 +129,7 @@ def step_graph(diagnosis: Any, batch: int | None = None) -> StepGraph | None:
                      idle_s=idle, matmul_s=matmul, matmul_tc_s=matmul_tc, amp_ratio=amp_ratio(trial, diagnosis.platform),
                      copy_s=min(device, copies.exposed_us * scale), layout_s=(diagnosis.layout_share or 0.0)
                      * diagnosis.kernel_us * scale, nchw_s=extra.get("nchw_share", 0.0) * diagnosis.kernel_us * scale,
+                     batch_bytes=(copies.bytes or 0.0) if diagnosis.platform != "cpu" else 0.0,
                      conv_s=conv, optimizer_s=optimizer, platform=diagnosis.platform)
 
 
@@ -167,6 +170,8 @@ def priors(g: StepGraph) -> dict[str, float]:
 def predict(g: StepGraph, changes: dict[str, Any], params: dict[str, float] | None = None) -> float:
     """The relative change of samples/s that setting `changes` (knob → value) gives, by the graph."""
     params = {**priors(g), **(params or {})}
+    # The workers' hand-off is the machine's: the graph before the change pays it as the one after does.
+    g = dataclasses.replace(g, handoff_s_per_byte=params.get(HANDOFF, 0.0))
     after = g
     for knob, value in changes.items():
         after = transform(after, knob, value, params[family_of(after, knob)], params)
@@ -190,6 +195,9 @@ def fit(g: StepGraph, changes: dict[str, Any], measured: float, family: str,
     return min((abs(predict(g, changes, {**base, family: x}) - measured), x) for x in fine)[1]
 
 
+RESIDUAL = 0.05  # a miss the first parameter leaves beyond this is taught to the knob's second
+
+
 def calibrate(observations: list[tuple[StepGraph, dict[str, Any], float]],
               params: dict[str, float] | None = None) -> dict[str, float]:
     """Parameters corrected by measured changes of this script on this device: each observation (the
@@ -204,4 +212,12 @@ def calibrate(observations: list[tuple[StepGraph, dict[str, Any], float]],
         x = fit(g, changes, measured, family, params)
         if x is not None:
             found.setdefault(family, []).append(x)
+        # A miss the first parameter cannot reproduce teaches the knob's second (the workers' hand-off), with the
+        # first as fitted.
+        then = next((WHAT_IFS[k].then for k in changes if WHAT_IFS[k].then), None)
+        first = {**(params or {}), **({family: x} if x is not None else {})}
+        if then and abs(predict(g, changes, first) - measured) > RESIDUAL:
+            y = fit(g, changes, measured, then, first)
+            if y is not None:
+                found.setdefault(then, []).append(y)
     return {**(params or {}), **{f: statistics.median(xs) for f, xs in found.items()}}

@@ -27,7 +27,8 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
     k = (int(value) / g.batch) ** p
     return dataclasses.replace(g, batch=int(value), produce_s=g.produce_s * k, device_s=g.device_s * k,
                                matmul_s=g.matmul_s * k, matmul_tc_s=g.matmul_tc_s * k, copy_s=g.copy_s * k,
-                               layout_s=g.layout_s * k, nchw_s=g.nchw_s * k, conv_s=g.conv_s * k)
+                               layout_s=g.layout_s * k, nchw_s=g.nchw_s * k, conv_s=g.conv_s * k,
+                               batch_bytes=g.batch_bytes * int(value) / g.batch)
 
 
 def family(g: StepGraph) -> str:

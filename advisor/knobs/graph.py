@@ -40,6 +40,8 @@ class StepGraph:
     amp_ratio: float = 2.0  # the device's 16-bit matrix throughput over its fp32 (the AMP prior)
     copy_s: float = 0.0  # host-to-device copies, and the host's waits on them, with no kernel beside them
     layout_s: float = 0.0  # NCHW↔NHWC conversion kernels
+    batch_bytes: float = 0.0  # on a GPU: the bytes the step copies to the device (0: not known, none on a CPU)
+    handoff_s_per_byte: float = 0.0  # with workers: what taking a batch from one costs the training thread, a byte
     nchw_s: float = 0.0  # on a GPU: kernels of convolutions, norms and pools on NCHW inputs (their layout's choice)
     conv_s: float = 0.0  # on a CPU: the convolution operators' time (channels_last acts on it)
     optimizer_s: float = 0.0  # the optimizer's step on the host
@@ -69,6 +71,12 @@ class StepGraph:
         """The training thread's call, on the critical path (the longer of its host and device sides)."""
         return max(self.host_s, self.device_s + self.idle_s)
 
+    @property
+    def handoff_s(self) -> float:
+        """The training thread's time to take a batch from a worker process (its tensors rebuilt from shared
+        memory, their fresh pages touched by the copy): none without workers."""
+        return self.batch_bytes * self.handoff_s_per_byte if self.workers > 0 else 0.0
+
     def steady_step_s(self) -> float:
         """The step time the graph gives: the loader's side or the call (`advisor.analysis.whatif`)."""
         if self.workers <= 0:
@@ -76,7 +84,8 @@ class StepGraph:
         cores = max(1, self.cores)
         # The workers' batches and the call's own threads share the cores: where together they ask for more
         # CPU time than the cores give, the step waits for it (a worker count that pays on 16 cores loses on 2).
-        return max(self.call_s, self.produce_s / min(self.workers, cores), (self.produce_s + self.cpu_s) / cores)
+        return max(self.call_s + self.handoff_s, self.produce_s / min(self.workers, cores),
+                   (self.produce_s + self.cpu_s + self.handoff_s) / cores)
 
     @property
     def samples_per_s(self) -> float:

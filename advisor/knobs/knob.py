@@ -120,10 +120,22 @@ class WhatIf:
     # One parameter per kind of graph (the batch's, per precision and loader), and the one a graph takes.
     families: tuple[str, ...] = ()
     family_for: Callable[[Any], str] | None = None
+    # A second parameter, calibrated where the first cannot reproduce a measured change (`whatif.calibrate`),
+    # and any parameter's own (prior, bounds) where they are not the knob's.
+    then: str | None = None
+    family_priors: tuple[tuple[str, float, tuple[float, float]], ...] = ()
+
+    def prior_of(self, family: str) -> float:
+        """The prior of one of its parameters."""
+        return next((prior for name, prior, _ in self.family_priors if name == family), self.prior)
+
+    def bounds_of(self, family: str) -> tuple[float, float]:
+        """The range calibration may move one of its parameters in."""
+        return next((bounds for name, _, bounds in self.family_priors if name == family), self.bounds)
 
     def parameters(self) -> tuple[str, ...]:
         """The names of its parameters."""
-        return self.families or (self.family,)
+        return (self.families or (self.family,)) + ((self.then,) if self.then else ())
 
     def family_of(self, graph: Any) -> str:
         """The parameter that sets it on `graph`."""

@@ -33,7 +33,16 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
     return dataclasses.replace(g, workers=int(value), produce_s=alone * (1 + a * int(value)))
 
 
-WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=0.05, bounds=(0.0, 1.0))
+# What a worker trial's miss teaches beyond α, where α cannot reproduce it: the hand-off, seconds a byte the training
+# thread pays to take a batch from a worker (rebuilt from shared memory, its fresh pages touched by the copy), on a
+# graph that knows its batch's bytes (a GPU's). It is the machine's, so it starts at none: no prediction changes
+# before a worker trial measured it. On the H200 conv surface (images in memory) it was a batch's bytes at
+# 1.0-1.4 GB/s, and two workers slowed every batch size by 15-30% where the model without it said +13% to +92%.
+HANDOFF = "workers_handoff"
+HANDOFF_MOST = 2e-9  # s a byte: 0.5 GB/s, under the slowest the H200 surface read
+
+WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=0.05, bounds=(0.0, 1.0),
+                 then=HANDOFF, family_priors=((HANDOFF, 0.0, (0.0, HANDOFF_MOST)),))
 
 
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,

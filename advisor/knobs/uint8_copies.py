@@ -73,7 +73,8 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
     produce = g.produce_s
     if g.workers > 0:
         produce *= (1 - p) if value else 1 + undone(p)
-    return faster_copies(g, UINT8_BYTES, bool(value), produce_s=produce, uint8=bool(value))
+    return faster_copies(g, UINT8_BYTES, bool(value), produce_s=produce, uint8=bool(value),
+                         batch_bytes=g.batch_bytes / UINT8_BYTES if value else g.batch_bytes * UINT8_BYTES)
 
 
 # u: the share of a worker's batch time that converting to float and passing four times the bytes between
