@@ -19,7 +19,8 @@ from advisor.search.bounds import Bound
 from advisor.search.budget import STOP_SHARE
 from advisor.search.decision import Decision
 from advisor.search.expected import (calibrated, deferred_for, expected_improvement, levers_left, prior_for, rank,
-                                     untried, value)
+                                     repriced, untried, value)
+from advisor.search.predictions import predicted_change, session_params
 from advisor.search.proposal import on_best
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose, surface_space
@@ -125,6 +126,11 @@ def test_a_worker_count_overpriced_on_a_real_h200_waits_behind_the_levers_not_me
     order = [p.change for p in after]
     assert order.index("pin_memory + non_blocking copies") < order.index("workers 0→4"), worth
     assert worth["workers 0→4"] < 0.25 * value(first[0], {**state, "trials": recorded["trials"][:3]})
+    # The model itself learnt it: the hand-off that workers 0→2 measured prices the next count below zero, and the
+    # row's miss, read against the model as it is now, is gone (not counted a second time in the spread).
+    params = session_params(state)
+    assert predicted_change(state, "02-batch-128", best.knobs, {**best.knobs.to_dict(), "num_workers": 4}, params) < 0
+    assert abs(repriced(state, [workers_2])[id(workers_2)] - workers_2["gain"]) < 0.05
 
 
 def test_a_move_within_its_noise_waits_while_a_lever_is_unmeasured():

@@ -67,13 +67,17 @@ def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
     return out
 
 
-def observations(state: dict[str, Any]) -> list[tuple[StepGraph, dict[str, Any], float]]:
-    """(base graph, change, measured relative change of samples/s) of every measured trial of the session: the
-    gain its decision read (against the best measured again beside it where the load had changed, pooled at one
-    load), else its first figure over its base's: a trial's first figure and its base's read at two loads."""
+def observations(state: dict[str, Any], leave_out: frozenset[str] = frozenset()
+                 ) -> list[tuple[StepGraph, dict[str, Any], float]]:
+    """(base graph, change, measured relative change of samples/s) of every measured trial of the session (but
+    those named in `leave_out`): the gain its decision read (against the best measured again beside it where the
+    load had changed, pooled at one load), else its first figure over its base's: a trial's first figure and its
+    base's read at two loads."""
     rows = {t["name"]: t for t in state.get("trials") or []}
     out = []
     for t in rows.values():
+        if t["name"] in leave_out:
+            continue
         base = rows.get(t.get("base"))
         graph = graph_of(state, t.get("base"))
         if base is None or graph is None or t.get("status") != "ok" or not _changed(t):
@@ -87,9 +91,10 @@ def observations(state: dict[str, Any]) -> list[tuple[StepGraph, dict[str, Any],
     return out
 
 
-def session_params(state: dict[str, Any]) -> dict[str, float]:
-    """The model's parameters for this script and device: the priors, corrected by what was measured."""
-    return calibrate(observations(state))
+def session_params(state: dict[str, Any], leave_out: frozenset[str] = frozenset()) -> dict[str, float]:
+    """The model's parameters for this script and device: the priors, corrected by what was measured (but the
+    trials named in `leave_out`)."""
+    return calibrate(observations(state, leave_out))
 
 
 def predicted_change(state: dict[str, Any], base_name: str, before: Knobs | dict[str, Any],
