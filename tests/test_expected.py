@@ -205,6 +205,22 @@ def test_a_ridge_session_measures_every_lever_and_ends_on_the_best(tmp_path, rid
     assert len(points) == 90 and surface_space(points).batch_sizes == (32, 64, 128, 256, 512)
 
 
+
+def test_a_real_loader_bound_h200_session_measures_every_lever_and_ends_on_the_best(tmp_path):
+    """The ridge's shape measured on a real H200 (tests/data/surfaces/h200-image-classifier: the image classifier
+    over AMP x batch x workers x pinned copies): at 10 % noise the session measures workers, pinned copies, AMP
+    and the batch within its third of the points, and ends on the surface's best, fp32 at batch 32 with 8
+    workers and pinned copies (924 samples/s, 7.5x the baseline)."""
+    surface = ROOT / "tests" / "data" / "surfaces" / "h200-image-classifier"
+    state = replay(surface, tmp_path / "s", 0.10, 0)
+    rows = state["trials"]
+    assert len(rows) <= len(load_surface(surface)) // 3
+    measured = {k for t in rows if t["status"] == "ok" for k in str(t.get("recommendation")).split("+")}
+    assert {"amp", "pin-memory", "more-workers", "larger-batch"} <= measured, measured
+    final = Knobs.from_dict(state["final_knobs"])
+    assert (final.amp, final.batch_size, final.num_workers, final.pin_memory) == (None, None, 8, True), final
+    assert not state.get("unmeasured")
+
 def test_a_confirmation_within_the_noise_does_not_undo_a_setting_kept_beyond_it(tmp_path):
     """Replayed at 10 % with a drifting load on the steady H100 surface: batch 64 was kept over 8 workers at
     +21 % (noise 5 %, beside the best at one load); the end's confirmation read the workers' setting +11 % ahead
