@@ -130,7 +130,7 @@ def test_a_worker_count_overpriced_on_a_real_h200_waits_behind_the_levers_not_me
     # row's miss, read against the model as it is now, is gone (not counted a second time in the spread).
     params = session_params(state)
     assert predicted_change(state, "02-batch-128", best.knobs, {**best.knobs.to_dict(), "num_workers": 4}, params) < 0
-    assert abs(repriced(state, [workers_2])[id(workers_2)] - workers_2["gain"]) < 0.05
+    assert abs(repriced(state, [workers_2], params)[id(workers_2)] - workers_2["gain"]) < 0.05
 
 
 def test_a_move_within_its_noise_waits_while_a_lever_is_unmeasured():

@@ -46,8 +46,11 @@ def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
     rows = [t for t in state.get("trials") or [] if t.get("predicted_samples_gain") is not None
             and t.get("gain") is not None and set(kinds(t.get("recommendation"))) == mine]
     # Each row's price as the model gives it now, calibrated on what the session measured: a miss the
-    # calibration has taken in (a worker hand-off learnt from the trial that missed) is not counted again.
-    now = repriced(state, rows)
+    # calibration has taken in (a worker hand-off learnt from the trial that missed) is not counted again. The
+    # calibration is read once for both uses below; a sketch of a session (trials without names) has none.
+    named = rows and all(t.get("name") for t in state.get("trials") or [])
+    params = session_params(state) if named else None
+    now = repriced(state, rows, params)
     here, elsewhere = [], []
     for t in rows:
         alike = (priced is not None and t.get("base") is not None and t["base"] == state.get("best")
@@ -56,7 +59,8 @@ def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
     errors = [t["gain"] - now[id(t)] for t in elsewhere]
     # A parameter the calibration took from these rows explains them by construction: each spends one row's say
     # on the spread (degrees of freedom), so a miss just absorbed neither widens σ nor narrows it to nothing.
-    sigma = math.sqrt((prior ** 2 + sum(e * e for e in errors)) / max(1, 1 + len(errors) - fitted(state, rows)))
+    spent = fitted(state, rows, params)
+    sigma = math.sqrt((prior ** 2 + sum(e * e for e in errors)) / max(1, 1 + len(errors) - spent))
     if not here or sigma <= 0:
         return 0.0, sigma
     own = (1 - SHARED) * sigma ** 2
@@ -65,25 +69,25 @@ def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
     return sum(e / v for e, v in draws) / precision, math.sqrt(1 / precision + own)
 
 
-def fitted(state: dict[str, Any], rows: list[dict[str, Any]]) -> int:
-    """How many of the model's parameters the session's calibration takes from these rows: those it sets
-    otherwise when they are left out."""
+def fitted(state: dict[str, Any], rows: list[dict[str, Any]], params: dict[str, float] | None) -> int:
+    """How many of the model's parameters (`params`, the session's calibration; None: none read) the calibration
+    takes from these rows: those it sets otherwise when they are left out."""
     names = frozenset(t["name"] for t in rows if t.get("name"))
-    if not names:
+    if params is None or not names:
         return 0
-    every, without = session_params(state), session_params(state, names)
-    return sum(1 for k, v in every.items() if without.get(k) != v)
+    without = session_params(state, names)
+    return sum(1 for k, v in params.items() if without.get(k) != v)
 
 
-def repriced(state: dict[str, Any], rows: list[dict[str, Any]]) -> dict[int, float]:
+def repriced(state: dict[str, Any], rows: list[dict[str, Any]],
+             params: dict[str, float] | None) -> dict[int, float]:
     """Each measured row's predicted change of samples/s (by the row's id) by the model as calibrated now
-    (`session_params`), where the model prices it; else the price it ran at."""
+    (`params`, the session's `session_params`), where the model prices it; else (or with no params) the price it
+    ran at."""
     trials = {t.get("name"): t for t in state.get("trials") or []}
-    named = rows and all(t.get("name") for t in state.get("trials") or [])  # a session record's rows (not sketches)
-    params = session_params(state) if named else {}
     out = {}
     for t in rows:
-        base = trials.get(t.get("base")) if named and t.get("base") is not None else None
+        base = trials.get(t.get("base")) if params is not None and t.get("base") is not None else None
         now = predicted_change(state, t["base"], base["knobs"], t["knobs"], params) if base is not None else None
         out[id(t)] = t["predicted_samples_gain"] if now is None else now
     return out
