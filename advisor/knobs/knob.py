@@ -121,17 +121,18 @@ class WhatIf:
     families: tuple[str, ...] = ()
     family_for: Callable[[Any], str] | None = None
     # A second parameter, calibrated where the first cannot reproduce a measured change (`whatif.calibrate`),
-    # and any parameter's own (prior, bounds) where they are not the knob's.
+    # with its own prior and range.
     then: str | None = None
-    family_priors: tuple[tuple[str, float, tuple[float, float]], ...] = ()
+    then_prior: float = 0.0
+    then_bounds: tuple[float, float] = (0.0, 0.0)
 
     def prior_of(self, family: str) -> float:
         """The prior of one of its parameters."""
-        return next((prior for name, prior, _ in self.family_priors if name == family), self.prior)
+        return self.then_prior if family == self.then else self.prior
 
     def bounds_of(self, family: str) -> tuple[float, float]:
         """The range calibration may move one of its parameters in."""
-        return next((bounds for name, _, bounds in self.family_priors if name == family), self.bounds)
+        return self.then_bounds if family == self.then else self.bounds
 
     def parameters(self) -> tuple[str, ...]:
         """The names of its parameters."""
