@@ -1,5 +1,5 @@
 """The sdpa knob on a GPU, as one prepared run: examples/gpt.py's model trained with its attention written by
-hand and with the `sdpa` rewrite (`advisor.trials.interposition.attention`), in fp32 and bf16 autocast.
+hand and with the `sdpa` rewrite (`advisor.trials.interposition.fused_attention`), in fp32 and bf16 autocast.
 
 Prints per setting: ms per step (CUDA events, after warm-up), peak allocated memory, the first losses without
 dropout (hand and fused must agree within float tolerance); writes one profiled trace of each form
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.trials.interposition.attention import FusedAttention  # noqa: E402
+from advisor.trials.interposition.fused_attention import FusedAttention  # noqa: E402
 
 
 def gpt_module():

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from advisor.trials.interposition.attention import FusedAttention
+from advisor.trials.interposition.fused_attention import FusedAttention
 from advisor.trials.harness.trial_facts import cpu_computes_bf16
 from conftest import ROOT
 

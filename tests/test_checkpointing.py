@@ -23,7 +23,7 @@ from advisor.search.bounds import Bound
 from advisor.search.state import SessionOptions, capped_peak
 from advisor.search.strategy import SearchSpace, batch_proposal
 from advisor.search.strategy import recovery_plan
-from advisor.trials.interposition.checkpointing import repeated_blocks
+from advisor.trials.interposition.checkpointed_blocks import repeated_blocks
 from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial

@@ -23,7 +23,7 @@ from advisor.trials.launch.profiler_check import cuda_profiler_problem, probe, t
 from advisor.trials.launch.processes import group_members
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
-from advisor.trials.interposition.uint8_copies import ByteCopies, mark
+from advisor.trials.interposition.eight_bit_images import ByteCopies, mark
 from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT
 

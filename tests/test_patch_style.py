@@ -62,7 +62,7 @@ def pipeline_plan(script: Path) -> dict:
     pytest.importorskip("torchvision")
     from torchvision import datasets, transforms
 
-    from advisor.trials.interposition.uint8_copies import rewrite_dataset
+    from advisor.trials.interposition.eight_bit_images import rewrite_dataset
 
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     pipeline = transforms.Compose([transforms.RandomResizedCrop(32, scale=(0.5, 1.0)),

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from advisor.trials.interposition.uint8_copies import ByteCopies, mark, rewrite_dataset
+from advisor.trials.interposition.eight_bit_images import ByteCopies, mark, rewrite_dataset
 from conftest import ROOT
 
 CORPUS = ROOT / "tests" / "corpus" / "pipelines"

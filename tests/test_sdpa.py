@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from advisor.analysis.analyze import analyze_file, diagnosis_to_dict
-from advisor.trials.interposition.attention import FusedAttention
+from advisor.trials.interposition.fused_attention import FusedAttention
 from advisor.trials.interposition.attention_source import Candidate, Refusal, find_attention, statements
 from conftest import ROOT, gpu_trace
 

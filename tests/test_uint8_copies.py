@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
-from advisor.trials.interposition.uint8_copies import ByteCopies, mark
+from advisor.trials.interposition.eight_bit_images import ByteCopies, mark
 from advisor.trials.interposition.uint8_plan import BytePlan
 from advisor.trials.interposition.uint8_probe import probe_plan
 from conftest import ROOT, run_script

@@ -44,7 +44,7 @@ datasets, T, v2 = (Imported(f"torchvision.{name}") for name in ("datasets", "tra
 from advisor.trials.knobs import APPLIED, Knobs  # noqa: E402
 from advisor.trials.launch.runner import run_trial  # noqa: E402
 from advisor.trials.spec import TrialSpec  # noqa: E402
-from advisor.trials.interposition.uint8_copies import ByteCopies, mark, plan_of, rewrite_dataset  # noqa: E402
+from advisor.trials.interposition.eight_bit_images import ByteCopies, mark, plan_of, rewrite_dataset  # noqa: E402
 from conftest import ROOT, run_script  # noqa: E402
 from trial_helpers import apply_bytes_patch  # noqa: E402
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from advisor.analysis import intervals as iv
 from advisor.analysis.breakdown import exclusive_time
-from advisor.analysis.copies import CopyEvents
+from advisor.analysis.copy_times import CopyEvents
 from advisor.analysis.findings import Finding
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace

@@ -17,12 +17,12 @@ from advisor.analysis.attention import attention
 from advisor.analysis.bound import bound_time, find_bound, loader_queue, why_degenerate
 from advisor.analysis.breakdown import breakdown, gpu_utilization, role_intervals
 from advisor.analysis.communication import Communication, communication
-from advisor.analysis.copies import Copies, copy_events, host_to_device_copies
+from advisor.analysis.copy_times import Copies, copy_events, host_to_device_copies
 from advisor.analysis.devices import Device
 from advisor.analysis.findings import Finding
 from advisor.analysis.kernels import conv_shapes_constant, is_conv_op, is_eligible_op, kernel_mix
 from advisor.analysis.launches import host_figures
-from advisor.analysis.memory import DeviceMemory, memory_peaks, memory_pressure
+from advisor.analysis.memory_peaks import DeviceMemory, memory_peaks, memory_pressure
 from advisor.analysis.steps import NO_STEP_SPANS, Step, find_steps, select_steps
 from advisor.analysis.timeline import step_timelines
 from advisor.analysis.trace import Trace

@@ -8,7 +8,7 @@
   fp32: `advisor doctor` shows the CPU's; the session's notes say so after the baseline); fp16 with a GradScaler
   without a step function.
 - **The patch writes**: autocast around the step's forward and, for fp16, the GradScaler
-  (`advisor/code/patch/step.py`); in a framework, its own setting (`bf16=True`, `precision="bf16-mixed"`,
+  (`advisor/code/patch/step_rewrite.py`); in a framework, its own setting (`bf16=True`, `precision="bf16-mixed"`,
   `mixed_precision="bf16"`).
 """
 
@@ -47,7 +47,7 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 # matrix to fp32 throughput, `amp_ratio`).
 WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3, 20.0))
 
-# In the step (autocast, and for fp16 the GradScaler: `advisor.code.patch.step`); in a framework, its own setting.
+# In the step (autocast, and for fp16 the GradScaler: `advisor.code.patch.step_rewrite`); in a framework, its own setting.
 # The Trainer refuses bf16 without a GPU unless told it trains on the CPU: neutral where one is there.
 WRITTEN = Written(IN_STEP, trainer_for={"bf16": (("bf16", True), ("use_cpu", Code("not torch.cuda.is_available()"))),
                                         "fp16": (("fp16", True),)},

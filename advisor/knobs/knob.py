@@ -41,7 +41,7 @@ AT_DDP = "where DistributedDataParallel wraps the model"  # ddp_arguments, on ev
 
 # Where the patch (`advisor.code.patch`) writes it in a plain script, as a user would by hand.
 IN_LOADER = "in the training DataLoader's arguments"  # its call, or the constant, flag default or config they read
-IN_STEP = "in the step function"  # autocast, non_blocking copies, accumulation (`advisor.code.patch.step`)
+IN_STEP = "in the step function"  # autocast, non_blocking copies, accumulation (`advisor.code.patch.step_rewrite`)
 AFTER_IMPORTS = "after the script's imports"  # `Written.lines`
 ON_MODEL = "on the model, just before the optimizer is built from it"  # `Written.lines`
 IN_OPTIMIZER = "in the optimizer's constructor"  # fused=True (foreach=True for a class without a fused kernel)

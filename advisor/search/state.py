@@ -52,7 +52,7 @@ from typing import Any
 
 from advisor.analysis.worth import samples_gain
 from advisor.errors import AdvisorError
-from advisor.search.checkpointing import checkpoint_figures
+from advisor.search.checkpoint_proposals import checkpoint_figures
 from advisor.report.tensorboard import SESSION_RUN
 from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.record import TRIAL_MARKER

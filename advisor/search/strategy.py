@@ -20,7 +20,7 @@ trial's bound are tried first:
     host     → torch.compile (fused kernels), a fused optimizer where its step takes time
     communication → DistributedDataParallel's arguments (bucket size, bucket views), with several ranks
     memory   → the out-of-memory recovery plan (`recovery_plan`); activation checkpointing with the
-               larger batch that does not fit without it (`advisor.search.checkpointing`)
+               larger batch that does not fit without it (`advisor.search.checkpoint_proposals`)
 
 Changes for other bounds follow, so that a full round over the knobs is tried before the session
 ends. A knob a trial found not applicable (channels_last on a model without convolutions, a compile
@@ -50,7 +50,7 @@ from advisor.knobs import ADVISED, COMPANIONS, OFFERING, SWITCHED_KNOBS, Knob, c
 from advisor.knobs.offer import ROUND_GAIN, Best
 from advisor.trials.knobs import Knobs
 from advisor.search.bounds import Bound
-from advisor.search.checkpointing import checkpoint_pair, recovery_move
+from advisor.search.checkpoint_proposals import checkpoint_pair, recovery_move
 from advisor.search.expected import rank
 from advisor.search.history import failed_settings, reverted_under, within_noise
 from advisor.search.proposal import Proposal, on_best, own_moves

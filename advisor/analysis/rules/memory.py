@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.analysis.diagnosis import Diagnosis
-from advisor.analysis.memory import memory_leak
+from advisor.analysis.memory_peaks import memory_leak
 from advisor.analysis.rules.recommendation import Recommendation
 
 MEMORY_TIGHT = 0.70  # peak above this share of capacity: memory, not speed, is what binds
@@ -59,7 +59,7 @@ def activation_checkpointing_advice(trial: dict | None, capacity: float | None =
     return Recommendation(
         id="activation-checkpointing",
         title=f"Checkpoint the {name} blocks: recompute their activations in backward",
-        knobs={"checkpointing": True},  # the session measures it with the batch it buys (advisor.search.checkpointing)
+        knobs={"checkpointing": True},  # the session measures it with the batch it buys (advisor.search.checkpoint_proposals)
         predicted_gain=0.0,
         evidence=tuple(evidence),
         code_change=("from torch.utils.checkpoint import checkpoint\n"

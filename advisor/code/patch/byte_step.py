@@ -21,7 +21,7 @@ import sys
 import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts
-from advisor.code.patch.model import MovedInput
+from advisor.code.patch.model_lines import MovedInput
 from advisor.code.syntax import after_imports
 
 

@@ -12,17 +12,17 @@ from typing import Any
 
 import libcst as cst
 
-from advisor.code.patch.attention import write_attention
+from advisor.code.patch.sdpa_calls import write_attention
 from advisor.code.patch.ddp import ddp_changes, rewrite_ddp
 from advisor.code.patch.facts import ScriptFacts
-from advisor.code.patch.frameworks import rewrite_frameworks
+from advisor.code.patch.framework_settings import rewrite_frameworks
 from advisor.code.patch.layout import fit, formatted, line_width
-from advisor.code.patch.loaders import loader_changes, rewrite_dataloaders
+from advisor.code.patch.loader_arguments import loader_changes, rewrite_dataloaders
 from advisor.code.patch.byte_step import rewrite_step_bytes
 from advisor.code.patch.bytes import imports_name, rewrite_dataset_bytes, rewrite_pipeline_bytes
-from advisor.code.patch.checkpointing import manual_note, rewrite_checkpointing
-from advisor.code.patch.model import rewrite_inputs, rewrite_model
-from advisor.code.patch.step import TargetRewrite, add_module_statements
+from advisor.code.patch.block_checkpoints import manual_note, rewrite_checkpointing
+from advisor.code.patch.model_lines import rewrite_inputs, rewrite_model
+from advisor.code.patch.step_rewrite import TargetRewrite, add_module_statements
 from advisor.code.patch.step_body import StepPlan
 from advisor.code.patch.written import add_after_imports, to_write
 from advisor.code.syntax import after_imports

@@ -56,7 +56,7 @@ from advisor.trials.interposition.loop import LoopInterposition, capture_losses,
 from advisor.trials.interposition.model import ModelInterposition, compile_failure, is_compile_error
 from advisor.trials.interposition.own_settings import OwnSettings
 from advisor.trials.interposition.optimizers import FusedOptimizers
-from advisor.trials.interposition.uint8_copies import ByteCopies
+from advisor.trials.interposition.eight_bit_images import ByteCopies
 from advisor.trials.harness.torchrun_rank import one_rank_on_demand, rank_of
 from advisor.trials.interposition.ddp_arguments import DDPKnobs
 from advisor.trials.record.ranks import rank_files

@@ -2,7 +2,7 @@
 it once the trial has read the numbers. Pure and torch-free (stdlib `ast`): the source says only *where* a
 candidate is; whether `F.scaled_dot_product_attention` computes the same is decided on the real batch
 (`advisor.trials.interposition.attention_check`), and the patch writes the same statements
-(`advisor.code.patch.attention`, from trial.json).
+(`advisor.code.patch.sdpa_calls`, from trial.json).
 
 A candidate is a run of consecutive statements of the forward's body:
 

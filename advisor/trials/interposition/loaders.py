@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from advisor.trials.interposition.uint8_copies import mark, plan_of, rewrite_dataset
+from advisor.trials.interposition.eight_bit_images import mark, plan_of, rewrite_dataset
 from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 

@@ -1,5 +1,5 @@
 """The knobs that change the model and how torch runs it: `channels_last`, `compile`, `sdpa`
-(`advisor.trials.interposition.attention`), and the process-wide torch settings (`tf32`, `cudnn_benchmark`).
+(`advisor.trials.interposition.fused_attention`), and the process-wide torch settings (`tf32`, `cudnn_benchmark`).
 Inside the trial only (torch imported lazily).
 
 They reach the model at its first call, through a global module forward pre-hook: the model exists by then
@@ -21,7 +21,7 @@ the first step made is left in the old layout. Each outermost module call of a m
   script's own setting reads; on the CPU there is neither TF32 nor cuDNN: not applicable.
 
 - `checkpointing`: the model's repeated blocks run under activation checkpointing
-  (`advisor.trials.interposition.checkpointing`); a model that repeats none: not applicable, and said so.
+  (`advisor.trials.interposition.checkpointed_blocks`); a model that repeats none: not applicable, and said so.
 
 `undo()` takes every change back (in-process trials run in the user's own notebook).
 """
@@ -31,8 +31,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from advisor.trials.interposition.attention import FusedAttention
-from advisor.trials.interposition.checkpointing import CheckpointBlocks
+from advisor.trials.interposition.fused_attention import FusedAttention
+from advisor.trials.interposition.checkpointed_blocks import CheckpointBlocks
 from advisor.knobs import TORCH_SETTINGS, applied_at
 from advisor.knobs.knob import AT_FIRST_CALL
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable

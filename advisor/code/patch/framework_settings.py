@@ -4,7 +4,7 @@ A script that trains through a framework holds no DataLoader call, autocast bloc
 constructor of its own: the framework builds them from its settings. Where the script (or a module of the
 repository it imports) builds the framework's settings object, the knobs go there, as keywords of that
 call; a keyword whose value is a name is followed to the constant, flag default or config field that
-sets it (the DataLoader rewrite's rules, `advisor.code.patch.loaders`):
+sets it (the DataLoader rewrite's rules, `advisor.code.patch.loader_arguments`):
 
 - transformers: `TrainingArguments(...)` (or a subclass's call): `bf16=True` / `fp16=True`,
   `per_device_train_batch_size` (micro-batches with `gradient_accumulation_steps` where the effective
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts
-from advisor.code.patch.loaders import ArgparseRewrite, LoaderRewrite, set_constants
+from advisor.code.patch.loader_arguments import ArgparseRewrite, LoaderRewrite, set_constants
 from advisor.code.patch.written import to_write
 from advisor.code.settings import Elsewhere
 from advisor.code.syntax import BlockRewrite, after_imports, dotted, keyword_arg, literal_node, put_keyword, replace_arg
