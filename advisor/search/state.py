@@ -1,40 +1,7 @@
 """The session record, `session.json`: what the search knows, rewritten atomically after every trial.
 
-session.json (schema "advisor.session/1"):
-
-    {"schema", "target", "script", "command", "options": {SessionOptions}, "status": "running"|"done"|
-     "interrupted"|"failed", "started_at", "updated_at", "device": {device facts of the baseline},
-     "user_values": {the user's own knob values}, "own_settings": {knob: {"value", "what", "site" ("file.py:LINE" |
-       null)}} of the settings the script makes itself (its autocast, a fused optimizer, a compiled model; read in
-       the baseline's run), "memory_cap": {what --memory-limit capped, as in trial.json} | null,
-     "training_loader": {site, ordinal, index} of the loader that feeds the steps (from the baseline) | null,
-     "unit": "samples/s" | "steps/s" (no step knew its batch size; "samples_per_s" fields then hold steps/s),
-     "baseline": name, "best": name, "final_knobs": {Knobs}, "speedup": float | null,
-     "speedup_basis": "direct" (the best's samples/s over the baseline's) | "one load" (their runs at one load)
-       | "chained" (the product of the kept rows' gains: the two never ran at one load; a note says so)
-       | "in turns" (the two run side by side at the end, their windows in turns: advisor.trials.record.turns),
-     "speedup_pairs": how many pairs of the two ran in turns for it (with "in turns"),
-     "bound": {"name", "label", "evidence"} of the best trial after the last trial,
-     "trials": [{"index", "name", "folder", "change", "recommendation", "knobs", "status", "decision"
-                 ("baseline"|"kept"|"reverted"|"failed"; "measured": the baseline or the best run again at the
-                 end, for the speedup at one load), "reason", "batch_size", "median_step_s",
-                 "samples_per_s", "interval" ([low, high], about 95%), "measured" ("windows"|"blocks"|"steps"),
-                 "peak_memory_bytes", "peak_memory_source", "capacity_bytes", "loss", "speedup", "gain",
-                 "moves" ({knob: value} the change made on the best it was measured against, its "base"; null for
-                 the baseline and re-measures), "base" (the name of that best),
-                 "predicted_gain" (share of step time the change was predicted to save), "predicted_samples_gain"
-                 (the same prediction as a change in samples/s, the unit of "gain"), "noise", "tried_under"
-                 (the best trial's bound when this was tried),
-                 "helps_now" (whether the change addresses that bound), "bound" (this trial's own bound),
-                 "bound_evidence" ([str], why that bound)}],
-     "recommendations": [open recommendations after the last trial], "notes": [str], "patch": str | null,
-     "patch_root": the folder `patch -p1 < suggested.patch` runs in | null (absent before it was recorded),
-     "core_use": {"cores", "ranks", "workers", "threads", "all_used"} of the best settings | null (absent before),
-     "lint": [advisor lint findings on the script] | null,
-     "pooled": {trial name: [folders of earlier runs of the same settings, measured together with it]},
-     "running_trial": {"name", "pid", "token"} of the trial in flight (a killed session's --resume ends it) | null}
-
-`replay` (the surface folder) is present for sessions replayed from a recorded surface.
+Its keys and their types, and those of each trial row, are declared in `advisor.search.record` and checked on
+every save and resume. `replay` (the surface folder) is present for sessions replayed from a recorded surface.
 """
 
 from __future__ import annotations
@@ -50,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from advisor.analysis.worth import samples_gain
 from advisor.errors import AdvisorError
 from advisor.search.checkpoint_proposals import checkpoint_figures
+from advisor.search.record import SCHEMA, typed
 from advisor.report.tensorboard import SESSION_RUN
 from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.record import TRIAL_MARKER
 
-SCHEMA = "advisor.session/1"
 SESSION_FILE = "session.json"
 LOCK_FILE = ".advisor.lock"
 SET_ASIDE = ".set-aside"  # where --resume moves what it finds in trials/ and did not make
@@ -136,7 +105,12 @@ def save(state: dict[str, Any]) -> None:
     """Rewrite session.json atomically."""
     state["updated_at"] = time.time()
     doc = {k: v for k, v in state.items() if not k.startswith("_")}
-    write_json_atomic(Path(state["_dir"]) / SESSION_FILE, doc)
+    path = Path(state["_dir"]) / SESSION_FILE
+    write_json_atomic(path, doc)  # first: a record that does not fit its types is still kept
+    try:
+        typed(doc)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{path}: the session wrote a record that does not fit advisor.search.record: {exc}") from None
 
 
 def lock_session(out: Path) -> int:
@@ -183,6 +157,10 @@ def resume_state(out: Path) -> dict[str, Any]:
         raise AdvisorError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(state, dict) or state.get("schema") != SCHEMA or not isinstance(state.get("trials"), list):
         raise AdvisorError(f"{path}: not an {SCHEMA} document")
+    try:
+        typed(state)
+    except msgspec.ValidationError as exc:
+        raise AdvisorError(f"{path}: not an {SCHEMA} document: {exc}") from None
     state["_dir"] = str(out)
     state.setdefault("pooled", {})
     trials = out / "trials"
