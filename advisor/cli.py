@@ -281,7 +281,9 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = SessionOptions()
     parser.add_argument("--max-trials", type=int, default=defaults.max_trials,
                         help=f"trials in all, baseline included (default {defaults.max_trials})")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="S",
+                        help="the whole session within S seconds, its end included: no trial starts that would "
+                             "leave too little time to confirm the best and read the speedup")
     parser.add_argument("--windows", type=int, default=defaults.windows,
                         help=f"steady-state windows measured after the profiled steps (default {defaults.windows}; "
                              "0: decide on the profiled steps)")

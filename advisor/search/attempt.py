@@ -49,7 +49,7 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
     target = windows_target(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
     result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log, target)
     losses = recorded_losses(result.path)
-    beside = beside_best(run, out, state, options, record, index, log) if result.ok else None
+    beside = beside_best(run, out, state, options, record, index, log, policy.time_for(state)) if result.ok else None
     # The machine changed: decide on the best measured beside; where none of the candidate's windows ran at
     # the load the best ran at then (`unmatched`), the candidate runs again beside it before anything is decided.
     unmatched = beside is not None and beside[1] is not None and beside[2] is None
@@ -74,8 +74,8 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
     # A trial whose windows followed the comparison measured to its cap already: no new process for it.
     again = decision is not None and run.remeasure and not partly and (  # partly: not what was proposed
         (decision.inconclusive and not run.adaptive and beside is None
-         and len(state["trials"]) + 2 <= options.max_trials)
-        or (unmatched and len(state["trials"]) + 3 <= options.max_trials))
+         and len(state["trials"]) + 2 <= options.max_trials and policy.time_for(state))
+        or (unmatched and len(state["trials"]) + 3 <= options.max_trials and policy.time_for(state)))
     deferred = deferred_for(decision, proposal, others, state) if again and not unmatched else None
     again = again and deferred is None
     if unmatched:
@@ -115,6 +115,7 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
         # beside the best is the first that counts, and one within its noise is measured once more like any other.
         again, unmatched = (unmatched and result.ok and decision is not None and decision.inconclusive
                             and decision.gain > 0 and len(state["trials"]) + 1 <= policy.options.max_trials
+                            and policy.time_for(state)
                             and deferred_for(decision, proposal, others, state) is None), False
     return result, decision
 

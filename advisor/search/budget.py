@@ -1,10 +1,19 @@
 """What the budget keeps back for the end of a session: the confirmation of the best, and the speedup's runs of
 the baseline beside the best. Every path that runs a trial (the loop, a pair's second move, the best measured
-again beside a drifted candidate) leaves them. Torch-free."""
+again beside a drifted candidate) leaves them. A --time-budget is the whole session's, its end included: the
+search leaves the end the time of the trials kept back for it, and the end runs what the time left holds, each
+trial priced at this session's trial time (`cost.trial_seconds`). Torch-free."""
 
 from __future__ import annotations
 
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from advisor.search.cost import trial_seconds
 from advisor.search.state import SessionOptions
+from advisor.search.timing import recorded_span
 from advisor.search.trial_runner import TrialRunner
 
 CONFIRM_TRIALS = 2  # the best and the runner-up, each measured once more before the session ends
@@ -27,3 +36,27 @@ def reserve(options: SessionOptions, run: TrialRunner) -> int:
         return 0
     return CONFIRM_TRIALS + ((2 * SPEEDUP_DRAWS if run.paired else 1) if options.max_trials >= SPEEDUP_BUDGET else 0)
 
+
+
+def kept_for_time(options: SessionOptions, run: TrialRunner) -> int:
+    """Trials' time the search leaves for the end under --time-budget: those `reserve` keeps back, and at least
+    the two that confirm the best or read the speedup at one load (a runner that cannot measure twice: none)."""
+    return max(reserve(options, run), CONFIRM_TRIALS) if run.remeasure else 0
+
+
+def trials_in_time(out: Path, state: dict[str, Any], options: SessionOptions, started: float | None) -> float:
+    """How many trials of this session's length the --time-budget left holds (inf without one). The time spent is
+    the clock's since `started` (time.monotonic()), or what the trials recorded where that is more; a replay's is
+    its trials' simulated time alone (the recorded machine's, not this one's)."""
+    if options.time_budget_s is None:
+        return math.inf
+    recorded, simulated = recorded_span(out, state)
+    spent = recorded if simulated or started is None else max(recorded, time.monotonic() - started)
+    return max(0.0, options.time_budget_s - spent) / trial_seconds(out, state)
+
+
+def trials_left(out: Path, state: dict[str, Any], options: SessionOptions, started: float | None) -> int:
+    """Trials the budget still allows: the --max-trials left, no more than the --time-budget left holds."""
+    left = options.max_trials - len(state["trials"])
+    in_time = trials_in_time(out, state, options, started)
+    return left if in_time == math.inf else min(left, math.floor(in_time))

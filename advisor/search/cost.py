@@ -11,7 +11,7 @@ from typing import Any
 
 from advisor.search.expected import value
 from advisor.search.proposal import Proposal
-from advisor.search.timing import row_record, trial_time
+from advisor.search.timing import recorded_span, row_record, trial_time
 
 # Seconds a first torch.compile adds to a trial before this session measured one: what the conv example's compile
 # trials took on a 2-core CPU (38 s and 47 s, issue 71); on a GPU a model of that size compiles in about as long.
@@ -70,8 +70,12 @@ def slower_compile(proposal: Proposal, decision: Any, second: Proposal | None, m
     return layout_only and not (second.predicted and second.predicted_gain >= min_gain)
 
 
-def answer_seconds(out: Path, state: dict[str, Any], max_trials: int, running: int = 1) -> float:
+def answer_seconds(out: Path, state: dict[str, Any], max_trials: int, running: int = 1,
+                   time_budget_s: float | None = None) -> float:
     """The time left to the answer, at most: the trials the budget still allows after the `running` ones, each a
-    trial's time in this session."""
-    left = max(0, max_trials - len(state.get("trials") or []) - running)
-    return left * trial_seconds(out, state)
+    trial's time in this session; no more than what the --time-budget leaves after the trial running now."""
+    per = trial_seconds(out, state)
+    answer = max(0, max_trials - len(state.get("trials") or []) - running) * per
+    if time_budget_s is not None:
+        answer = min(answer, max(0.0, time_budget_s - recorded_span(out, state)[0] - per))
+    return answer

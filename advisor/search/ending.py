@@ -17,7 +17,7 @@ from advisor.knobs import NEUTRAL
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
-from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS
+from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS, trials_left
 from advisor.search.draws import between, measured_spread, run_to_run_note, session_spread
 from advisor.search.runner_up import contender, worth_confirming
 from advisor.search.simplify import fewer_changes
@@ -36,10 +36,12 @@ CONFIRM_ROUNDS = 3  # at most: a budget left over is spent telling the two faste
 
 
 def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
-           reference: dict[str, Any], reference_losses: list[float], log: Callable[[str], None]) -> TrialResult:
+           reference: dict[str, Any], reference_losses: list[float], log: Callable[[str], None],
+           started: float | None = None) -> TrialResult:
     """The end of the search: the best confirmed, then the speedup read (in turns with the baseline where the
     runner runs two trials at once, else from the baseline once more right before the best), with the note
-    that says how; returns the best, which the confirmation may have changed."""
+    that says how, each as the budget left allows (its trials, and its time: --time-budget counts from `started`);
+    returns the best, which the confirmation may have changed."""
     in_turns, side_by_side = None, False
     if run.paired:  # the baseline and the best side by side, windows in turns, after the best is confirmed
         # The first round before any pair for the speedup; a later one (the two still within the noise) only
@@ -47,14 +49,15 @@ def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionO
         kept_back = options.max_trials >= SPEEDUP_BUDGET
         best = confirm_best(run, out, state, options, best, reference_losses, log,
                             leave=PAIR_TRIALS if kept_back else 0,
-                            leave_later=PAIR_TRIALS * SPEEDUP_DRAWS if kept_back else 0)
-        in_turns = speedup_in_turns(run, out, state, options, reference, log) if run.remeasure else None
+                            leave_later=PAIR_TRIALS * SPEEDUP_DRAWS if kept_back else 0, started=started)
+        in_turns = speedup_in_turns(run, out, state, options, reference, log, started) if run.remeasure else None
         if state["best"] != best.name:  # slower than the baseline in turns: the session went back to it
             best = applied_only(load_trial(out / best_row(state)["folder"]))
     else:
-        baseline = baseline_again(run, out, state, options, reference, log)
-        best = confirm_best(run, out, state, options, best, reference_losses, log)
-        side_by_side = baseline is not None and run_best_after_baseline(run, out, state, options, baseline, log)
+        baseline = baseline_again(run, out, state, options, reference, log, started)
+        best = confirm_best(run, out, state, options, best, reference_losses, log, started=started)
+        side_by_side = baseline is not None and run_best_after_baseline(run, out, state, options, baseline, log,
+                                                                        started)
     if in_turns is not None:
         state["speedup"], state["speedup_basis"] = in_turns, "in turns"
         if state["best"] != reference["name"]:  # else the note of the way back says it
@@ -69,14 +72,14 @@ def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionO
 
 
 def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-                   reference: dict[str, Any], log: Callable[[str], None]) -> str | None:
+                   reference: dict[str, Any], log: Callable[[str], None], started: float | None = None) -> str | None:
     """Before the best is confirmed, where the budget allows the best a run right after it, measure the
     baseline once more, so that the claimed speedup rests on runs of both at one load (`session_speedup` reads
     every run of the two cut to their windows at one load), not on what the machine did between the
     baseline's first run and the best's. The name of its row, or None."""
     top = best_row(state)
     # Never in the place of the confirmation's two trials: it is the best that the user banks on.
-    if (not run.remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + 1
+    if (not run.remeasure or trials_left(out, state, options, started) < CONFIRM_TRIALS + 1
             or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))):
         return None
     row = _speedup_run(run, state, reference, "the baseline", "right before the best", log)
@@ -84,7 +87,7 @@ def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: 
 
 
 def run_best_after_baseline(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, baseline: str,
-               log: Callable[[str], None]) -> bool:
+                            log: Callable[[str], None], started: float | None = None) -> bool:
     """The best once more right after the baseline's run for the speedup, unless confirming it ran it since;
     whether the best has a run after the baseline's."""
     rows = state["trials"]
@@ -92,7 +95,7 @@ def run_best_after_baseline(run: TrialRunner, out: Path, state: dict[str, Any], 
     key = knobs_key(in_effect(best_row(state)))
     if any(t["status"] == "ok" and knobs_key(t["knobs"]) == key for t in after):
         return True
-    if options.max_trials - len(rows) < 1:
+    if trials_left(out, state, options, started) < 1:
         return False
     return _speedup_run(run, state, best_row(state), "the best", "right after the baseline", log)["decision"] == \
         "measured"
@@ -125,7 +128,7 @@ def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], w
 
 def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                   reference_losses: list[float], log: Callable[[str], None],
-                  leave: int = 0, leave_later: int | None = None) -> TrialResult:
+                  leave: int = 0, leave_later: int | None = None, started: float | None = None) -> TrialResult:
     """Before the session ends, measure the best and the runner-up (`contender`: the fastest other setting that
     may still be the faster) once more, and keep whichever the pooled runs say is faster; again while the one left
     behind may still be (`worth_confirming`), up to CONFIRM_ROUNDS rounds, as the budget allows, `leave` trials
@@ -133,7 +136,7 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     Returns the best."""
     for number in range(CONFIRM_ROUNDS):
         aside = leave if number == 0 or leave_later is None else leave_later
-        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, aside)
+        best, unsettled = _confirm_round(run, out, state, options, best, reference_losses, log, aside, started)
         if not unsettled:
             break
     return best
@@ -141,9 +144,9 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
 
 def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
                    reference_losses: list[float], log: Callable[[str], None],
-                   leave: int = 0) -> tuple[TrialResult, bool]:
+                   leave: int = 0, started: float | None = None) -> tuple[TrialResult, bool]:
     """One round of `confirm_best`: (the best, whether the two are still within the noise of each other)."""
-    if not run.remeasure or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS + leave:
+    if not run.remeasure or trials_left(out, state, options, started) < CONFIRM_TRIALS + leave:
         return best, False
     top, found = best_row(state), contender(out, state, best, options.min_gain)
     if found is None:
@@ -309,7 +312,8 @@ def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: Sessio
 
 
 def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-                     reference: dict[str, Any], log: Callable[[str], None]) -> float | None:
+                     reference: dict[str, Any], log: Callable[[str], None],
+                     started: float | None = None) -> float | None:
     """The baseline and the best run side by side at the end, their windows in turns, so that a load that
     comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS) and the claim
     needs (none after the one that settles it: `claim_settled`; a pair's windows stop once they settle it): where
@@ -318,7 +322,7 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     before it count); else None (no budget left, the two would not fit in memory at once, the best is the
     baseline, the first pair failed)."""
     top = best_row(state)
-    count = min(SPEEDUP_PAIRS, (options.max_trials - len(state["trials"])) // PAIR_TRIALS)
+    count = min(SPEEDUP_PAIRS, trials_left(out, state, options, started) // PAIR_TRIALS)
     if (not count or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))
             or not fit_together([top, reference], state)):
         return None

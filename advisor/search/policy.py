@@ -6,13 +6,12 @@ pure functions over the session record (`strategy`, `expected`, `pairing`, `simp
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from advisor.search.budget import STOP_SHARE, reserve
-from advisor.search.cost import by_cost, slower_compile
+from advisor.search.budget import STOP_SHARE, kept_for_time, reserve, trials_in_time
+from advisor.search.cost import by_cost, seconds, slower_compile, trial_seconds
 from advisor.search.decision import Decision, decide
 from advisor.search.expected import levers_left, untried, value
 from advisor.search.pairing import late_pair, pair_proposal, pairs_on
@@ -36,12 +35,14 @@ class Policy:
     options: SessionOptions
     space: SearchSpace
     run: TrialRunner
+    started: float | None = None  # time.monotonic() when the session's trials began: --time-budget counts from it
     pair_tries: int = PAIR_TRIES
 
     @classmethod
-    def of(cls, out: Path, options: SessionOptions, space: SearchSpace, run: TrialRunner) -> Policy:
+    def of(cls, out: Path, options: SessionOptions, space: SearchSpace, run: TrialRunner,
+           started: float | None = None) -> Policy:
         """The policy of a session: the search space less what the user's --only and --skip keep out."""
-        return cls(out, options, user_space(space, options.only, options.skip), run)
+        return cls(out, options, user_space(space, options.only, options.skip), run, started)
 
     def next_trials(self, state: dict[str, Any], best: TrialResult, diagnosis: Any, bound: Any) -> list[Proposal]:
         """The candidates for the next trial, the one to run first: the user's --try settings, then a knob the
@@ -61,20 +62,22 @@ class Policy:
         late = late_pair(self.out, state, self.options, self.space, best.knobs)
         return [late] if late is not None else proposals
 
-    def stop(self, state: dict[str, Any], proposals: list[Proposal], started: float) -> str | None:
+    def stop(self, state: dict[str, Any], proposals: list[Proposal]) -> str | None:
         """Why the session stops before the next trial (the note it leaves), or None: nothing left to try, the
-        trials (less those kept back for the end) or the time spent, or the answer known (`answer_known`)."""
+        trials or the time (less what is kept back for the end) spent, or the answer known (`answer_known`)."""
         options = self.options
         if not proposals:
             return ("stopped: a full round over the knobs kept nothing more" if len(state["trials"]) > 1
                     else "stopped: nothing to try")
-        if not self.room(state):
+        if len(state["trials"]) >= options.max_trials - reserve(options, self.run):
             # One trial is a diagnosis-only run, not a budget that ran out: it stops without a note ("").
             return (f"stopped after {options.max_trials} trials (--max-trials) with {len(proposals)} change(s) left "
                     f"to try{levers_left(proposals, state)}" if options.max_trials > 1 else "")
-        if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
-            return (f"stopped: time budget of {options.time_budget_s:.0f} s spent (--time-budget)"
-                    f"{levers_left(proposals, state)}")
+        if not self.time_for(state, proposals[0]):
+            kept = kept_for_time(options, self.run)
+            return (f"stopped: time budget of {options.time_budget_s:.0f} s (--time-budget) spent"
+                    + (f", less the time of {kept} trials kept for the end" if kept else "")
+                    + levers_left(proposals, state))
         return self.answer_known(state, proposals)
 
     def answer_known(self, state: dict[str, Any], proposals: list[Proposal]) -> str | None:
@@ -91,8 +94,19 @@ class Policy:
                 f"{100 * STOP_SHARE * self.options.min_gain:.1f}% (the most, {likeliest.change}: {100 * most:+.1f}%)")
 
     def room(self, state: dict[str, Any]) -> bool:
-        """Whether one more trial fits in the budget less the trials kept back for the end."""
-        return len(state["trials"]) < self.options.max_trials - reserve(self.options, self.run)
+        """Whether one more trial fits in the budget (its trials and its time) less what is kept back for the end."""
+        return len(state["trials"]) < self.options.max_trials - reserve(self.options, self.run) \
+            and self.time_for(state)
+
+    def time_for(self, state: dict[str, Any], proposal: Proposal | None = None) -> bool:
+        """Whether the --time-budget left holds one more trial (`proposal`, priced as `cost.seconds`: a first
+        compile on top) and the trials' time kept for the end (`kept_for_time`)."""
+        if self.options.time_budget_s is None:
+            return True
+        trial = trial_seconds(self.out, state)
+        first = 1.0 if proposal is None else seconds(proposal, self.out, state) / trial
+        left = trials_in_time(self.out, state, self.options, self.started)
+        return left >= first + kept_for_time(self.options, self.run)
 
     def follow_up(self, state: dict[str, Any], best: TrialResult, proposal: Proposal, result: TrialResult,
                   decision: Decision | None, bound: Any) -> tuple[Proposal | None, str]:

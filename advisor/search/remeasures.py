@@ -22,13 +22,14 @@ from advisor.trials.record.measurement import Measurement
 
 
 def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-                record: dict[str, Any], index: int, log: Callable[[str], None]):
+                record: dict[str, Any], index: int, log: Callable[[str], None], in_time: bool = True):
     """When the measurements say the machine changed (`advisor.search.drift`), run the best once more,
     right after the candidate: (its row, the best's and the candidate's measurements at one load, why); both
     measurements None when that run failed, the candidate's alone (with the best's as just measured) when
-    none of its windows ran at a load the best ran at; None when nothing changed or the budget has no room."""
+    none of its windows ran at a load the best ran at; None when nothing changed or the budget has no room (its
+    trials, or `in_time`: the --time-budget's, `Policy.time_for`)."""
     # Within the budget less the trials kept back for confirming the best at the end.
-    if not run.remeasure or len(state["trials"]) + 2 > options.max_trials - reserve(options, run):
+    if not run.remeasure or not in_time or len(state["trials"]) + 2 > options.max_trials - reserve(options, run):
         return None
     top, runs = best_row(state), best_runs(out, state)
     changed = machine_changed(runs, record)

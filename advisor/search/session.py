@@ -61,9 +61,9 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     log(options.budget_text())
     started = time.monotonic()
     run = start.runner_for(runner, target, out, options, state, progress)
-    policy = Policy.of(out, options, space or SearchSpace(), run)
+    policy = Policy.of(out, options, space or SearchSpace(), run, started)
     try:
-        _sequence(policy, state, started, log)
+        _sequence(policy, state, log)
     except KeyboardInterrupt:
         state["status"] = "interrupted"
         state["notes"].append("interrupted: the report shows the trials finished so far")
@@ -87,7 +87,7 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     return state
 
 
-def _sequence(policy: Policy, state: dict[str, Any], started: float, log: Callable[[str], None]) -> None:
+def _sequence(policy: Policy, state: dict[str, Any], log: Callable[[str], None]) -> None:
     """The loop: the baseline (and its recovery from out of memory), then trial after trial on the best until the
     policy stops, then the end: the best confirmed, the speedup read, the outputs written."""
     run, out = policy.run, policy.out
@@ -96,7 +96,7 @@ def _sequence(policy: Policy, state: dict[str, Any], started: float, log: Callab
     while True:
         diagnosis, best_measure, bound = the_best.bound_of(out, state, best)
         proposals = policy.next_trials(state, best, diagnosis, bound)
-        stopped = policy.stop(state, proposals, started)
+        stopped = policy.stop(state, proposals)
         if stopped is not None:
             if stopped:
                 state["notes"].append(stopped)
@@ -123,6 +123,6 @@ def _sequence(policy: Policy, state: dict[str, Any], started: float, log: Callab
         elif state["best"] != best.name:  # the best, measured again beside a candidate, stays the best
             best = the_best.best_trial(out, state)
         save(state)
-    best = finish(run, out, state, policy.options, best, reference, reference_losses, log)
+    best = finish(run, out, state, policy.options, best, reference, reference_losses, log, policy.started)
     the_best.bound_of(out, state, best)
     outputs.wrap_up(out, state, policy.options)

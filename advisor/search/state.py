@@ -80,7 +80,7 @@ class SessionOptions:
 
     def budget_text(self) -> str:
         """The budget in words, printed when a session starts."""
-        time_part = f" or {self.time_budget_s:g} s" if self.time_budget_s is not None else ""
+        time_part = f" or {self.time_budget_s:g} s in all" if self.time_budget_s is not None else ""
         measure = (f"{self.steps} profiled steps and {self.windows} steady-state windows of {self.window_s:g} s"
                    if self.windows else f"{self.steps} profiled steps")
         return (f"budget: at most {self.max_trials} trials{time_part}, each {measure}; the session ends "

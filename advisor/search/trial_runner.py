@@ -143,7 +143,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
                  + 2 * max(0, windows - options.windows) * options.window_s)
         told = progress
         if progress is not None:  # the time left to the answer beside the trial's own, for the progress line
-            answer = answer_seconds(out, state, options.max_trials, 2 if turns else 1)
+            answer = answer_seconds(out, state, options.max_trials, 2 if turns else 1, options.time_budget_s)
             told = lambda p: progress(dataclasses.replace(p, answer_s=answer))  # noqa: E731
         try:
             spec = TrialSpec(target, knobs, out / "trials" / name, name=name, steps=options.steps, wait=options.wait,
