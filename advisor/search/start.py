@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from advisor.errors import AdvisorError
-from advisor.knobs import amp
+from advisor.knobs import MEMORY_KNOBS, amp
 from advisor.search.outputs import out_of_memory_note
 from advisor.search.proposal import check_on_best
 from advisor.search.space import own_text
@@ -164,7 +164,7 @@ def recover_from_oom(run: TrialRunner, state: dict[str, Any], log: Callable[[str
     for proposal in recovery_plan(state):
         if (json.dumps(proposal.knobs.to_dict(), sort_keys=True) in tried
                 or not space.permits(turned({}, proposal.knobs))
-                or (proposal.knobs.checkpointing and not space.allows("checkpointing"))):
+                or any(getattr(proposal.knobs, k) and not space.allows(k) for k in MEMORY_KNOBS)):
             continue
         check_on_best(proposal, Knobs())
         index = len(state["trials"])
