@@ -33,6 +33,9 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdi
 # No test downloads from a hub (none is reachable): the Hugging Face libraries are told so. Set for the whole suite,
 # not by the frameworks' module: a variable that differs between modules gives the trials a zygote of its own.
 os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# A session record that does not fit its types (advisor.search.record) fails the test that saved it, in this
+# process and in every advisor the suite starts; a user gets a warning and the session goes on.
+os.environ["ADVISOR_STRICT_RECORD"] = "1"
 DATA = ROOT / "tests" / "data"
 TRACES = DATA / "traces"  # real GPU traces (tests/data/README.md says where each came from)
 SURFACES = DATA / "surfaces"  # recorded response surfaces, replayed by the search tests

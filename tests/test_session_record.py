@@ -63,6 +63,24 @@ def test_a_key_the_search_misspells_fails_where_it_is_written(tmp_path):
     assert json.loads((out / SESSION_FILE).read_text())["trials"][0]["speed_up"] == 1.2  # written all the same
 
 
+def test_a_users_session_goes_on_past_a_record_that_does_not_fit_with_a_warning(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "session"
+    shutil.copytree(RECORDED[0].parent, out)
+    state = resume_state(out)
+    state["trials"][0]["speed_up"] = 1.2
+    monkeypatch.delenv("ADVISOR_STRICT_RECORD")
+    save(state)
+    warning = capsys.readouterr().err
+    assert warning.startswith(f"advisor: warning: {out / SESSION_FILE}: the session wrote a record that does not fit")
+    assert warning.count("\n") == 1 and "speed_up" in warning
+
+
+def test_what_a_session_records_where_nothing_was_written_or_timed_fits():
+    # No suggested.patch (it could not be written: patch and patch_root null), no trial that recorded its times.
+    doc = json.loads(RECORDED[-1].read_text()) | {"patch": None, "patch_root": None, "time": None, "core_use": None}
+    assert msgspec.to_builtins(typed(doc)) == doc
+
+
 def _record_reads(tree: ast.AST) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """(the keys read of `state`, the keys read of a row of its trials) with their lines: `x["key"]`,
     `x.get("key")`, `x.setdefault("key")`, `x.pop("key")`. A row is a name bound by iterating `state["trials"]`

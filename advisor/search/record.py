@@ -3,9 +3,10 @@
 
 The search still holds the record as a dict (the form it is written in, key order and all, so a session
 written by an earlier release resumes and reports unchanged). These types are checked where the record
-crosses the disk: every `save` (a misspelt or mistyped key the search writes fails there, not in the report
-weeks later) and every `--resume` (a session.json that is not one of ours gets one line naming the field).
-tests/test_session_record.py checks that what the search reads of the record is declared here.
+crosses the disk: every `save` (a misspelt or mistyped key the search writes is named there, not found in the
+report weeks later: an error under the test suite, ADVISOR_STRICT_RECORD=1, a one-line warning on stderr for a
+user, whose session goes on) and every `--resume` (a session.json that is not one of ours gets one line naming
+the field). tests/test_session_record.py checks that what the search reads of the record is declared here.
 
 `UNSET`: a key an earlier release did not write, or that is written only once it is known (absent, not null).
 """
@@ -99,10 +100,10 @@ class TrialRow(Record, kw_only=True):
     samples_per_s: float | None  # steps/s where the session's unit is
     interval: list[float] | None | UnsetType = UNSET  # [low, high], about 95 %
     measured: str | None | UnsetType = UNSET  # windows | blocks | steps
-    peak_memory_bytes: int | None
+    peak_memory_bytes: float | None  # bytes (an int, or a float where a device reported one)
     peak_memory_source: str | None
-    capacity_bytes: int | None
-    peak_capped_bytes: int | None | UnsetType = UNSET
+    capacity_bytes: float | None
+    peak_capped_bytes: float | None | UnsetType = UNSET
     checkpoint_blocks: dict[str, Any] | None | UnsetType = UNSET  # what checkpointing would wrap, and its bytes
     loss: float | None
     speedup: float | None
@@ -152,7 +153,7 @@ class SessionRecord(Record, kw_only=True):
     unit: str | UnsetType = UNSET  # samples/s | steps/s
     training_loader: dict[str, Any] | None | UnsetType = UNSET  # the loader that feeds the steps
     patch: str | None
-    patch_root: str | UnsetType = UNSET  # the folder `patch -p1 < suggested.patch` runs in
+    patch_root: str | None | UnsetType = UNSET  # the folder `patch -p1 < suggested.patch` runs in
     pooled: dict[str, list[str]] | UnsetType = UNSET  # trial → earlier runs of its settings measured with it
     running_trial: RunningTrial | None | UnsetType = UNSET
     sites: dict[str, Any] | UnsetType = UNSET  # where the step's phases are in the script
@@ -161,7 +162,7 @@ class SessionRecord(Record, kw_only=True):
     paired: list[str] | UnsetType = UNSET  # trials measured in turns against the best
     unmeasured: list[str] | UnsetType = UNSET  # levers the budget left unmeasured
     core_use: CoreUse | None | UnsetType = UNSET
-    time: SessionTime | UnsetType = UNSET
+    time: SessionTime | None | UnsetType = UNSET
     replay: str | UnsetType = UNSET  # the recorded surface a replayed session was served from
     replay_noise: float | None | UnsetType = UNSET
     replay_seed: int | None | UnsetType = UNSET
