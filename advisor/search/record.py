@@ -91,36 +91,53 @@ class TrialRow(Record, kw_only=True):
     change: str
     knobs: dict[str, Any]
     status: str
-    decision: str | None  # baseline | kept | reverted | failed | measured (filled in after the row is made)
+    decision: str | None
+    """baseline, kept, reverted, failed, not applicable or measured; null until the trial is decided."""
     reason: str
     recommendation: str | None
     message: str
     batch_size: int | None
     median_step_s: float | None
-    samples_per_s: float | None  # steps/s where the session's unit is
-    interval: list[float] | None | UnsetType = UNSET  # [low, high], about 95 %
-    measured: str | None | UnsetType = UNSET  # windows | blocks | steps
-    peak_memory_bytes: float | None  # bytes (an int, or a float where a device reported one)
+    samples_per_s: float | None
+    """Samples/s (steps/s where that is the session's unit)."""
+    interval: list[float] | None | UnsetType = UNSET
+    """The samples/s interval, [low, high], about 95 %."""
+    measured: str | None | UnsetType = UNSET
+    """What it was measured on: windows, blocks or steps."""
+    peak_memory_bytes: float | None
+    """Bytes: an int, or a float where a device reported one."""
     peak_memory_source: str | None
     capacity_bytes: float | None
     peak_capped_bytes: float | None | UnsetType = UNSET
-    checkpoint_blocks: dict[str, Any] | None | UnsetType = UNSET  # what checkpointing would wrap, and its bytes
+    checkpoint_blocks: dict[str, Any] | None | UnsetType = UNSET
+    """What checkpointing would wrap, and its bytes."""
     loss: float | None
     speedup: float | None
     gain: float | None
-    moves: dict[str, Any] | None | UnsetType = UNSET  # knob → value the change made on its base
-    base: str | UnsetType = UNSET  # the best it was measured against
-    predicted_gain: float | None  # share of step time the change was predicted to save
-    predicted_samples_gain: float | None | UnsetType = UNSET  # the same, as a change in samples/s
+    moves: dict[str, Any] | None | UnsetType = UNSET
+    """Knob → value the change made on its base."""
+    base: str | UnsetType = UNSET
+    """The best it was measured against."""
+    predicted_gain: float | None
+    """Share of step time the change was predicted to save."""
+    predicted_samples_gain: float | None | UnsetType = UNSET
+    """The same, as a change in samples/s."""
     noise: float | None
-    tried_under: str | None | UnsetType = UNSET  # the best trial's bound when this was tried
-    helps_now: bool | None | UnsetType = UNSET  # whether the change addresses that bound
-    bound: str | None | UnsetType = UNSET  # this trial's own bound
+    tried_under: str | None | UnsetType = UNSET
+    """The best trial's bound when this was tried."""
+    helps_now: bool | None | UnsetType = UNSET
+    """Whether the change addresses that bound."""
+    bound: str | None | UnsetType = UNSET
+    """This trial's own bound."""
     bound_evidence: list[str] | UnsetType = UNSET
-    outcomes: dict[str, str] | None | UnsetType = UNSET  # what each requested knob did
-    compile: dict[str, Any] | None | UnsetType = UNSET  # torch.compile's cost and graphs
-    load: str | None | UnsetType = UNSET  # what the machine's other work took from it
-    drift: str | UnsetType = UNSET  # the machine's load changed during the trial
+    outcomes: dict[str, str] | None | UnsetType = UNSET
+    """What each requested knob did."""
+    compile: dict[str, Any] | None | UnsetType = UNSET
+    """torch.compile's cost and graphs, where the trial compiled."""
+    load: str | None | UnsetType = UNSET
+    """What the machine's other work took from it."""
+    drift: str | UnsetType = UNSET
+    """Why the best was measured again beside it: the machine's load changed during the trial."""
 
 
 class SessionRecord(Record, kw_only=True):
@@ -129,45 +146,62 @@ class SessionRecord(Record, kw_only=True):
     schema: str
     target: str
     command: str
-    options: dict[str, Any]  # `SessionOptions.to_dict()`
-    status: str  # running | done | interrupted | failed
+    options: dict[str, Any]
+    """How the session ran (`SessionOptions.to_dict()`)."""
+    status: str
+    """running, done, interrupted or failed."""
     started_at: float
     updated_at: float
     trials: list[TrialRow]
-    recommendations: list[dict[str, Any]]  # the open recommendations after the last trial
+    recommendations: list[dict[str, Any]]
+    """The open recommendations after the last trial."""
     notes: list[str]
     script: str | None
     cwd: str | UnsetType = UNSET
     lint: list[dict[str, Any]] | None
-    device: dict[str, Any] | None  # the baseline's device facts
+    device: dict[str, Any] | None
+    """The baseline's device facts."""
     user_values: dict[str, Any]
     own_settings: dict[str, OwnSetting] | UnsetType = UNSET
-    memory_cap: dict[str, Any] | None | UnsetType = UNSET  # what --memory-limit capped, as in trial.json
+    memory_cap: dict[str, Any] | None | UnsetType = UNSET
+    """What --memory-limit capped, as in trial.json."""
     baseline: str | None
     best: str | None
     final_knobs: dict[str, Any] | None
     speedup: float | None
-    speedup_basis: str | UnsetType = UNSET  # direct | one load | chained | in turns
-    speedup_pairs: int | UnsetType = UNSET  # pairs run in turns for it
+    speedup_basis: str | UnsetType = UNSET
+    """How the speedup was read: direct, one load, chained or in turns."""
+    speedup_pairs: int | UnsetType = UNSET
+    """Pairs run in turns for it."""
     bound: BestBound | None | UnsetType = UNSET
-    unit: str | UnsetType = UNSET  # samples/s | steps/s
-    training_loader: dict[str, Any] | None | UnsetType = UNSET  # the loader that feeds the steps
+    unit: str | UnsetType = UNSET
+    """samples/s, or steps/s where no step knew its batch size."""
+    training_loader: dict[str, Any] | None | UnsetType = UNSET
+    """The loader that feeds the steps."""
     patch: str | None
-    patch_root: str | None | UnsetType = UNSET  # the folder `patch -p1 < suggested.patch` runs in
-    pooled: dict[str, list[str]] | UnsetType = UNSET  # trial → earlier runs of its settings measured with it
+    patch_root: str | None | UnsetType = UNSET
+    """The folder `patch -p1 < suggested.patch` runs in."""
+    pooled: dict[str, list[str]] | UnsetType = UNSET
+    """Trial → earlier runs of its settings measured with it."""
     running_trial: RunningTrial | None | UnsetType = UNSET
-    sites: dict[str, Any] | UnsetType = UNSET  # where the step's phases are in the script
-    graphs: dict[str, Any] | UnsetType = UNSET  # each trial's what-if graph (`advisor.knobs.graph`)
+    sites: dict[str, Any] | UnsetType = UNSET
+    """Where the step's phases are in the script."""
+    graphs: dict[str, Any] | UnsetType = UNSET
+    """Each trial's what-if graph (`advisor.knobs.graph`)."""
     prediction_error: PredictionError | None | UnsetType = UNSET
-    paired: list[str] | UnsetType = UNSET  # trials measured in turns against the best
-    unmeasured: list[str] | UnsetType = UNSET  # levers the budget left unmeasured
+    paired: list[str] | UnsetType = UNSET
+    """Trials measured in turns against the best."""
+    unmeasured: list[str] | UnsetType = UNSET
+    """Levers the budget left unmeasured."""
     core_use: CoreUse | None | UnsetType = UNSET
     time: SessionTime | None | UnsetType = UNSET
-    replay: str | UnsetType = UNSET  # the recorded surface a replayed session was served from
+    replay: str | UnsetType = UNSET
+    """The recorded surface a replayed session was served from."""
     replay_noise: float | None | UnsetType = UNSET
     replay_seed: int | None | UnsetType = UNSET
     replay_drift: float | None | UnsetType = UNSET
-    exhausted: list[Any] | UnsetType = UNSET  # written by releases before `unmeasured`
+    exhausted: list[Any] | UnsetType = UNSET
+    """Written by releases before `unmeasured`."""
 
 
 FIELDS = frozenset(SessionRecord.__struct_fields__)
