@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.search.budget import trials_in_time, trials_left
+from advisor.search.budget import end_cut_short, trials_in_time, trials_left
 from advisor.search.cost import answer_seconds, trial_seconds
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
@@ -66,3 +66,17 @@ def test_a_live_sessions_budget_counts_its_clock_and_its_trials_time():
     # The progress line's time to the answer: no more than the budget leaves after the trial running now.
     assert answer_seconds(LIVE, state, options.max_trials, 1, options.time_budget_s) == pytest.approx(2 * per, rel=0.01)
     assert answer_seconds(LIVE, state, options.max_trials, 1) == pytest.approx(9 * per)
+
+
+def test_an_end_the_time_budget_cut_short_is_said_and_only_then():
+    state = json.loads((LIVE / "session.json").read_text())
+    per, recorded, n = trial_seconds(LIVE, state), state["time"]["wall_s"], len(state["trials"])
+    now = time.monotonic()
+    short = SessionOptions(time_budget_s=recorded + 1.5 * per, max_trials=n + 10)
+    note = end_cut_short(LIVE, state, short, now)
+    assert note.startswith(f"the time budget (--time-budget {short.time_budget_s:g} s) left {1.5 * per:.0f} s for the "
+                           f"end, less than the 2 trials (about {2 * per:.0f} s) that measure the best again")
+    assert end_cut_short(LIVE, state, SessionOptions(time_budget_s=recorded + 3 * per, max_trials=n + 10), now) is None
+    # The trials ran out, not the time: the trial count says so already.
+    assert end_cut_short(LIVE, state, SessionOptions(time_budget_s=short.time_budget_s, max_trials=n + 1), now) is None
+    assert end_cut_short(LIVE, state, SessionOptions(max_trials=n + 10), now) is None

@@ -60,3 +60,15 @@ def trials_left(out: Path, state: dict[str, Any], options: SessionOptions, start
     left = options.max_trials - len(state["trials"])
     in_time = trials_in_time(out, state, options, started)
     return left if in_time == math.inf else min(left, math.floor(in_time))
+
+
+def end_cut_short(out: Path, state: dict[str, Any], options: SessionOptions, started: float | None) -> str | None:
+    """Where the --time-budget, not the trials left, leaves the end too little time to measure the best again (a
+    trial took longer than the session's trials before it): the note that says so, else None."""
+    in_time = trials_in_time(out, state, options, started)
+    if in_time >= CONFIRM_TRIALS or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
+        return None
+    per = trial_seconds(out, state)
+    return (f"the time budget (--time-budget {options.time_budget_s:g} s) left {in_time * per:.0f} s for the end, "
+            f"less than the {CONFIRM_TRIALS} trials (about {CONFIRM_TRIALS * per:.0f} s) that measure the best again: "
+            "it was not, and the speedup is read from the runs made before")

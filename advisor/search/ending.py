@@ -17,7 +17,7 @@ from advisor.knobs import NEUTRAL
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
-from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS, trials_left
+from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS, end_cut_short, trials_left
 from advisor.search.draws import between, measured_spread, run_to_run_note, session_spread
 from advisor.search.runner_up import contender, worth_confirming
 from advisor.search.simplify import fewer_changes
@@ -43,6 +43,7 @@ def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionO
     that says how, each as the budget left allows (its trials, and its time: --time-budget counts from `started`);
     returns the best, which the confirmation may have changed."""
     in_turns, side_by_side = None, False
+    cut, searched = end_cut_short(out, state, options, started), len(state["trials"])
     if run.paired:  # the baseline and the best side by side, windows in turns, after the best is confirmed
         # The first round before any pair for the speedup; a later one (the two still within the noise) only
         # before the speedup's second pair, its second draw of the two settings' levels.
@@ -66,6 +67,8 @@ def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionO
         state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
         if state["speedup_basis"] != "direct" or side_by_side:
             state["notes"].append(speedup_note(state, reference, side_by_side))
+    if cut and len(state["trials"]) == searched and state["best"] != reference["name"]:
+        state["notes"].append(cut)
     if state["best"] != reference["name"] and state.get("speedup"):
         state["notes"].append(run_to_run_note(out, state, reference, best_row(state)))
     return best
