@@ -41,7 +41,8 @@ def test_a_time_budget_holds_the_whole_session_and_keeps_time_for_the_end(tmp_pa
     state = replay(tmp_path, budget)
     assert state["time"]["simulated"] and state["time"]["wall_s"] <= budget  # the end included
     stopped = next(n for n in state["notes"] if n.startswith("stopped"))
-    assert stopped.startswith(f"stopped: time budget of {budget:.0f} s (--time-budget) spent, less the time of")
+    assert stopped.startswith(f"stopped: the time budget of {budget:g} s (--time-budget) holds no more trials beside "
+                              "the 3 kept for the end")
     # The end ran in the time kept for it: the best measured again (confirmed, or beside the baseline).
     assert any(t["recommendation"] == "confirm" for t in state["trials"])
     assert len(state["trials"]) < len(unbounded["trials"])

@@ -75,8 +75,8 @@ class Policy:
                     f"to try{levers_left(proposals, state)}" if options.max_trials > 1 else "")
         if not self.time_for(state, proposals[0]):
             kept = kept_for_time(options, self.run)
-            return (f"stopped: time budget of {options.time_budget_s:.0f} s (--time-budget) spent"
-                    + (f", less the time of {kept} trials kept for the end" if kept else "")
+            return (f"stopped: the time budget of {options.time_budget_s:g} s (--time-budget) holds no more trials"
+                    + (f" beside the {kept} kept for the end" if kept else "")
                     + levers_left(proposals, state))
         return self.answer_known(state, proposals)
 
