@@ -56,7 +56,8 @@ def trials_in_time(out: Path, state: dict[str, Any], options: SessionOptions, st
 
 
 def trials_left(out: Path, state: dict[str, Any], options: SessionOptions, started: float | None) -> int:
-    """Trials the budget still allows: the --max-trials left, no more than the --time-budget left holds."""
+    """Trials the budget still allows: the --max-trials left, no more than the whole trials the --time-budget left
+    holds (not the nearest: two trials in turns took 1.6 trials' time on the demo, and a budget is not overrun)."""
     left = options.max_trials - len(state["trials"])
     in_time = trials_in_time(out, state, options, started)
     return left if in_time == math.inf else min(left, math.floor(in_time))
