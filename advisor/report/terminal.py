@@ -430,10 +430,10 @@ def print_session(state: dict[str, Any], out: Path, reference: dict | None, cons
     console = console or Console(file=output_stream())
     print_ladder(state, console)
     final = {k: v for k, v in (state["final_knobs"] or {}).items() if v is not None}
-    against = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
+    measured_over = "the baseline" if reference is None or reference["name"] == state["baseline"] else (
         f"{reference['name']}, the first configuration that fitted")
     unit = state.get("unit") or "samples/s"
-    speed = f"×{state['speedup']:.2f} {unit} over {against}" if state.get("speedup") else "no speed-up"
+    speed = f"×{state['speedup']:.2f} {unit} over {measured_over}" if state.get("speedup") else "no speed-up"
     console.print(_text(f"Best: {state['best']} ({speed}); settings: "
                         + (", ".join(f"{k}={v}" for k, v in final.items()) or "as written")))
     timing = time_text(state.get("time"))
