@@ -47,7 +47,8 @@ def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> S
 # matrix to fp32 throughput, `amp_ratio`).
 WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3, 20.0))
 
-# In the step (autocast, and for fp16 the GradScaler: `advisor.code.patch.step_rewrite`); in a framework, its own setting.
+# In the step (autocast, and for fp16 the GradScaler: `advisor.code.patch.step_rewrite`); in a framework, its own
+# setting.
 # The Trainer refuses bf16 without a GPU unless told it trains on the CPU: neutral where one is there.
 WRITTEN = Written(IN_STEP, trainer_for={"bf16": (("bf16", True), ("use_cpu", Code("not torch.cuda.is_available()"))),
                                         "fp16": (("fp16", True),)},

@@ -1,6 +1,6 @@
 """The `uint8_copies` knob for torchvision pipelines: the training Dataset's transform hands out the 8-bit
-image, and the step's `.to(device)` converts and normalizes it (`advisor.trials.interposition.eight_bit_images`). Inside the
-trial only (torch and torchvision imported lazily, from the objects the script built).
+image, and the step's `.to(device)` converts and normalizes it (`advisor.trials.interposition.eight_bit_images`).
+Inside the trial only (torch and torchvision imported lazily, from the objects the script built).
 
 The forms it moves, found on the Dataset's instance (the attribute its `__getitem__` calls, e.g.
 `FakeData(transform=...)`, `ImageFolder(root, transform=...)`, a custom Dataset's `self.transform`; through
