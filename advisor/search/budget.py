@@ -37,7 +37,6 @@ def reserve(options: SessionOptions, run: TrialRunner) -> int:
     return CONFIRM_TRIALS + ((2 * SPEEDUP_DRAWS if run.paired else 1) if options.max_trials >= SPEEDUP_BUDGET else 0)
 
 
-
 def kept_for_time(options: SessionOptions, run: TrialRunner) -> int:
     """Trials' time the search leaves for the end under --time-budget: those `reserve` keeps back, and at least
     the two that confirm the best or read the speedup at one load (a runner that cannot measure twice: none)."""
