@@ -13,7 +13,7 @@ from typing import Any
 
 from advisor.search.cost import trial_seconds
 from advisor.search.state import SessionOptions
-from advisor.search.timing import recorded_span
+from advisor.search.timing import session_time
 from advisor.search.trial_runner import TrialRunner
 
 CONFIRM_TRIALS = 2  # the best and the runner-up, each measured once more before the session ends
@@ -49,8 +49,9 @@ def trials_in_time(out: Path, state: dict[str, Any], options: SessionOptions, st
     its trials' simulated time alone (the recorded machine's, not this one's)."""
     if options.time_budget_s is None:
         return math.inf
-    recorded, simulated = recorded_span(out, state)
-    spent = recorded if simulated or started is None else max(recorded, time.monotonic() - started)
+    so_far = session_time(out, state) or {"wall_s": 0.0, "simulated": False}  # its trials' first start to last end
+    recorded = so_far["wall_s"]
+    spent = recorded if so_far["simulated"] or started is None else max(recorded, time.monotonic() - started)
     return max(0.0, options.time_budget_s - spent) / trial_seconds(out, state)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from advisor.search.expected import value
 from advisor.search.proposal import Proposal
-from advisor.search.timing import recorded_span, row_record, trial_time
+from advisor.search.timing import row_record, session_time, trial_time
 
 # Seconds a first torch.compile adds to a trial before this session measured one: what the conv example's compile
 # trials took on a 2-core CPU (38 s and 47 s, issue 71); on a GPU a model of that size compiles in about as long.
@@ -77,5 +77,6 @@ def answer_seconds(out: Path, state: dict[str, Any], max_trials: int, running: i
     per = trial_seconds(out, state)
     answer = max(0, max_trials - len(state.get("trials") or []) - running) * per
     if time_budget_s is not None:
-        answer = min(answer, max(0.0, time_budget_s - recorded_span(out, state)[0] - per))
+        spent = (session_time(out, state) or {}).get("wall_s", 0.0)
+        answer = min(answer, max(0.0, time_budget_s - spent - per))
     return answer

@@ -61,19 +61,6 @@ def trial_time(record: dict[str, Any]) -> dict[str, float] | None:
             "measurement_s": windows}
 
 
-def recorded_span(out: Path, state: dict[str, Any]) -> tuple[float, bool]:
-    """(the session's time so far as its trials recorded it, whether that time is simulated: a replay's): the first
-    trial's start to the last one's end; 0 before any trial recorded its times."""
-    starts, ends, simulated = [], [], False
-    for row in state["trials"]:
-        record = row_record(Path(out), row)
-        if trial_time(record) is not None:
-            starts.append(record["times"]["started_at"])
-            ends.append(record["times"]["ended_at"])
-            simulated |= bool(record["times"].get("simulated"))
-    return (max(0.0, max(ends) - min(starts)) if starts else 0.0), simulated
-
-
 def exclusive_times(spans: list[tuple[float, float]]) -> list[float]:
     """Each span's share of the wall time: every instant divided equally among the spans that hold it."""
     edges = sorted({edge for span in spans for edge in span})
