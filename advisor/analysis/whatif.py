@@ -33,7 +33,6 @@ from typing import Any
 
 from advisor.knobs import TRANSFORMATIONS, WHAT_IFS
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.num_workers import HANDOFF
 
 # Each transformation's parameter before the session measured anything (and on a CPU, where it differs), and the
 # range calibration may move it in, as each knob's module declares them (`Knob.whatif`).
@@ -170,8 +169,9 @@ def priors(g: StepGraph) -> dict[str, float]:
 def predict(g: StepGraph, changes: dict[str, Any], params: dict[str, float] | None = None) -> float:
     """The relative change of samples/s that setting `changes` (knob → value) gives, by the graph."""
     params = {**priors(g), **(params or {})}
-    # The workers' hand-off is the machine's: the graph before the change pays it as the one after does.
-    g = dataclasses.replace(g, handoff_s_per_byte=params.get(HANDOFF, 0.0))
+    # A knob's second parameter that is the machine's (the workers' hand-off) is set on the graph before the change.
+    g = dataclasses.replace(g, **{w.then_field: params.get(w.then, w.then_prior) for w in TRANSFORMATIONS
+                                  if w.then_field})
     after = g
     for knob, value in changes.items():
         after = transform(after, knob, value, params[family_of(after, knob)], params)

@@ -121,10 +121,12 @@ class WhatIf:
     families: tuple[str, ...] = ()
     family_for: Callable[[Any], str] | None = None
     # A second parameter, calibrated where the first cannot reproduce a measured change (`whatif.calibrate`),
-    # with its own prior and range.
+    # with its own prior and range, and the StepGraph field it sets on every graph a prediction starts from (the
+    # machine's, not the change's: the graph before the change pays it as the one after does).
     then: str | None = None
     then_prior: float = 0.0
     then_bounds: tuple[float, float] = (0.0, 0.0)
+    then_field: str | None = None
 
     def prior_of(self, family: str) -> float:
         """The prior of one of its parameters."""

@@ -42,7 +42,7 @@ HANDOFF = "workers_handoff"
 HANDOFF_MOST = 2e-9  # s a byte: 0.5 GB/s, under the slowest the H200 surface read
 
 WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=0.05, bounds=(0.0, 1.0),
-                 then=HANDOFF, then_prior=0.0, then_bounds=(0.0, HANDOFF_MOST))
+                 then=HANDOFF, then_prior=0.0, then_bounds=(0.0, HANDOFF_MOST), then_field="handoff_s_per_byte")
 
 
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
