@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from types import SimpleNamespace
-
-from advisor.search.bounds import Bound
 from advisor.search.state import SessionOptions, capped_peak
-from advisor.search.strategy import SearchSpace, batch_proposal
+from advisor.knobs import BY_NAME
+from advisor.knobs.offer import Best, Learned
+from advisor.search.strategy import SearchSpace, offered
 from advisor.search.strategy import recovery_plan
 from advisor.trials.interposition.checkpointed_blocks import repeated_blocks
 from advisor.trials.interposition.model import ModelInterposition
@@ -166,12 +165,14 @@ def test_a_larger_batch_the_memory_model_puts_over_the_limit_comes_with_checkpoi
     baseline = {"name": "00-baseline", "status": "ok", "batch_size": 16, "peak_memory_bytes": 900 * mib,
                 "peak_capped_bytes": 180 * mib, "capacity_bytes": 230 * mib, "checkpoint_blocks": figures,
                 "knobs": Knobs().to_dict()}
-    best = SimpleNamespace(name="00-baseline", knobs=Knobs(), batch_size=16)
     options = SessionOptions(device="cpu")
 
-    def proposal(capacity: int, trials: tuple[dict, ...] = ()) -> object:
-        state = {"trials": [dict(baseline, capacity_bytes=capacity), *trials]}
-        return batch_proposal(None, Bound("host"), best, state, options, SearchSpace())
+    def proposal(capacity: int, trials: tuple[dict, ...] = (), space: SearchSpace = SearchSpace()) -> object:
+        """The batch's move from that best (its module's offer, as the search proposes it)."""
+        learned = Learned((dict(baseline, capacity_bytes=capacity), *trials))
+        made = offered(BY_NAME["batch_size"], Best.of(Knobs(), {}, "host", {}, 1, space, 1, learned, "00-baseline",
+                                                      16, options))
+        return made[0] if made else None
 
     pair = proposal(230 * mib)
     assert pair.recommendation == "checkpointing+larger-batch" and pair.move_dict == {"checkpointing": True,
@@ -180,9 +181,7 @@ def test_a_larger_batch_the_memory_model_puts_over_the_limit_comes_with_checkpoi
     assert proposal(2**34).move_dict == {"batch_size": 32}  # it fits: the batch step alone is the change
     measured = {"name": "01-checkpointing-batch-32", "status": "ok", "knobs": pair.knobs.to_dict()}
     assert proposal(230 * mib, (measured,)) is None
-    state = {"trials": [baseline]}
-    assert batch_proposal(None, Bound("host"), best, state, options, SearchSpace(skip=frozenset({"checkpointing"}))) \
-        is None
+    assert proposal(230 * mib, space=SearchSpace(skip=frozenset({"checkpointing"}))) is None
 
 
 def first_losses(script: Path, prints: int = 3) -> list[float]:

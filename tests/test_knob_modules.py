@@ -18,12 +18,13 @@ import pytest
 from conftest import ROOT
 
 from advisor.analysis.whatif import priors, transform
-from advisor.knobs import BY_NAME, KNOBS, NAMES, OFFERING, TRANSFORMATIONS, making
+from advisor.knobs import BY_NAME, KNOBS, NAMES, OFFERING, ORDERED, TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
 from advisor.knobs.knob import AFTER_IMPORTS, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, IN_OPTIMIZER, IN_STEP, \
     NEEDS_A_VALUE, ON_MODEL
-from advisor.knobs.offer import Best
+from advisor.knobs.offer import Best, Learned, Offer
+from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace
 from advisor.trials.knobs import Knobs
 
@@ -139,23 +140,29 @@ def test_a_torch_setting_knob_reads_sets_and_puts_back_its_own_setting():
 @pytest.mark.parametrize("knob", OFFERING, ids=lambda k: k.name)
 def test_each_offering_knob_offers_its_own_move_until_the_best_holds_it(knob):
     """A knob that offers the search a move: from an untouched best (a CUDA device with Tensor Cores, or this
-    kind of CPU; two ranks; each bound in turn) it offers a move of itself, and from the best that took that move
-    it offers nothing more."""
+    kind of CPU; two ranks of 8 cores, a script with 2 workers and 8 threads at batch 32, its baseline measured;
+    each bound in turn) it offers a move of itself, and from the best that took that move it offers nothing more,
+    or (a ladder) its next step up."""
     devices = {"cuda": {"type": "cuda", "gpu": {"compute_capability": "9.0", "bf16_supported": True}},
                "cpu": {"type": "cpu"}}
+    baseline = {"name": "00-baseline", "status": "ok", "batch_size": 32, "knobs": Knobs().to_dict()}
+    learned = Learned((baseline,), {"num_workers": 2, "threads": 8})
 
-    def best(knobs: Knobs, device: dict, bound: str | None) -> Best:
-        return Best(knobs, {}, bound, device, 8, 2, knobs.threads or 8, SearchSpace(), 2)
+    def offers(knobs: Knobs, device: dict, bound: str | None) -> list[Offer]:
+        made = knob.offer(Best.of(knobs, {}, bound, device, 8, SearchSpace(), 2, learned, "00-baseline",
+                                  knobs.batch_size or 32, SessionOptions()))
+        return [o for o in (made if isinstance(made, tuple) else (made,)) if o is not None]
 
     made = [(offer, device) for device in devices.values()
             for bound in ("input", "copy", "compute", "host", "communication", None)
-            if (offer := knob.offer(best(Knobs(), device, bound))) is not None]
+            for offer in offers(Knobs(), device, bound)]
     assert made, f"{knob.name} offers nothing from any best"
     for offer, device in made:
         assert knob.name in offer.moves and offer.change and offer.slug, offer
         assert (offer.recommendation or knob.proposed_as), offer
         taken = dataclasses.replace(Knobs(), **offer.moves)
-        assert knob.offer(best(taken, device, offer.bound)) is None, offer
+        for again in offers(taken, device, offer.bound):
+            assert knob.name in ORDERED and again.moves[knob.name] > offer.moves[knob.name], (offer, again)
 
 
 PLACES = (IN_LOADER, IN_STEP, AFTER_IMPORTS, ON_MODEL, IN_OPTIMIZER, IN_DDP, FROM_TRIAL)

@@ -23,8 +23,9 @@ from advisor.trials.record.measurement import measure, noise
 from advisor.search.state import SessionOptions
 from advisor.search.decision import decide
 from advisor.search.trial_runner import measure_record, recorded_losses
-from advisor.search.strategy import SearchSpace, fit_memory, next_batch_size, propose, surface_space, \
-    worker_ladder
+from advisor.knobs.batch_size import fit_memory, next_batch_size
+from advisor.knobs.num_workers import ladder as worker_ladder
+from advisor.search.strategy import SearchSpace, propose, surface_space
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.launch.runner import run_trial

@@ -52,7 +52,11 @@ COMPANIONS = frozenset(k.name for k in KNOBS if k.companion_of)  # go with anoth
 TURNED = tuple(k.name for k in KNOBS if not k.companion_of)  # what --only, --skip and --try name
 ORDERED = frozenset(k.name for k in KNOBS if k.kind in (COUNT, WORKERS))  # a larger value is a move one way
 NEEDS_WORKERS = tuple(k for k in KNOBS if k.needs_workers)  # DataLoader rejects them without worker processes
-OFFERING = tuple(k for k in KNOBS if k.offer)  # each offers the search its own move from the best (`knobs.offer`)
+# Each offers the search its own move from the best (`knobs.offer`), the ladders first.
+OFFERING = tuple(sorted((k for k in KNOBS if k.offer), key=lambda k: k.order))
+# Each offers its moves to the recovery plan of a baseline that ran out of memory (`Knob.recover`), in the plan's
+# order.
+RECOVERING = tuple(sorted((k for k in KNOBS if k.recover), key=lambda k: k.recovers_at))
 # Knobs that change how batches reach the step, not what it computes.
 NEUTRAL = frozenset(k.name for k in KNOBS if not k.numerics)
 
@@ -118,6 +122,7 @@ TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_a
 
 __all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG",
            "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS", "NAMES", "NEEDS_WORKERS",
-           "NEUTRAL", "ORDERED", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS",
+           "NEUTRAL", "OFFERING", "ORDERED", "RECOVERING", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS",
+           "TRANSFORMATIONS",
            "TURNED", "WHAT_IFS", "WORKERS", "Knob", "WhatIf", "advised_by", "applied_at", "companions_of",
            "making", "of_part", "with_companions", "without_lone_companions", "written_at"]

@@ -7,11 +7,23 @@
 - **The patch writes**: the accumulation in the step (a counter and a constant at module level).
 """
 
+from __future__ import annotations
+
 from advisor.knobs.knob import AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, Written
+from advisor.knobs.offer import Best, Offer
 
 # In a plain script, the step's accumulation; under transformers' Trainer, micro-batches of the batch with its own
 # accumulation (where the batch divides).
 WRITTEN = Written(IN_STEP, micro_batches_of="batch_size", trainer_count="gradient_accumulation_steps")
 
+def recover(best: Best) -> tuple[Offer, ...]:
+    """After an out-of-memory baseline: the user's batch in 2, 4 or 8 micro-batches (those it divides into), the
+    effective batch kept."""
+    batch = best.learned.user.get("batch_size")
+    return tuple(Offer({"accumulation_steps": k}, f"micro-batches {batch // k}×{k}", f"accumulate-{k}", 0.0,
+                       "memory", predicted=False, recommendation="oom-accumulation")
+                 for k in (2, 4, 8) if batch and batch % k == 0)
+
+
 KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE,
-            written=WRITTEN)
+            written=WRITTEN, recover=recover, recovers_at=3)

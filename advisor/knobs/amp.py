@@ -75,6 +75,20 @@ def offer(best: Best) -> Offer | None:
     return Offer({"amp": dtype}, f"AMP {dtype}", f"amp-{dtype}", gain, "compute", predicted=advice is not None)
 
 
+def recover(best: Best) -> Offer | None:
+    """After an out-of-memory baseline: autocast, which keeps every setting of the user's and halves the
+    activations; on a GPU bf16 where it computes it, else fp16; on the CPU bf16 only where it has bf16 instructions
+    (emulated, autocast is slower and buys nothing)."""
+    if best.accelerator:
+        dtype = "bf16" if (best.device.get("gpu") or {}).get("bf16_supported") else "fp16"
+    else:
+        dtype = "bf16" if (best.device.get("cpu") or {}).get("bf16_instructions") else None
+    if dtype is None:
+        return None
+    return Offer({"amp": dtype}, f"AMP {dtype}", f"amp-{dtype}", 0.0, "memory", predicted=False,
+                 recommendation="oom-amp")
+
+
 def not_tried_here(device_facts: dict[str, Any] | None, own_settings: dict[str, Any]) -> str | None:
     """The session's note where bf16 autocast is never tried: on a CPU known to have no bf16 instructions, for a
     script that does not autocast itself. None elsewhere."""
@@ -90,4 +104,4 @@ def not_tried_here(device_facts: dict[str, Any] | None, own_settings: dict[str, 
 
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
             proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, written=WRITTEN, offer=offer,
-            moved=lambda v: f"AMP {v}" if v else "AMP off")
+            recover=recover, recovers_at=1, moved=lambda v: f"AMP {v}" if v else "AMP off")

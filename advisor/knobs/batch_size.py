@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
+from advisor.knobs import checkpointing
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, WhatIf, Written
+from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> int:
     """The batch the trial's loader was built with, else the one its summary names."""
@@ -44,7 +46,109 @@ WHAT_IF = WhatIf("batch_size", "batch", setting, transform, "batch", prior=1.0, 
                  families=("batch", "batch_16", "batch_inline", "batch_16_inline"), family_for=family)
 
 
+def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
+    """Peak memory against batch size, from the trials run so far.
+
+    With two or more batch sizes, a least-squares line; with one, memory proportional to the batch,
+    which over-estimates (the fixed part scales too) and so errs on the safe side.
+    """
+    sizes = sorted({b for b, _ in points})
+    if len(sizes) >= 2:
+        n = len(points)
+        mx = sum(b for b, _ in points) / n
+        my = sum(m for _, m in points) / n
+        sxx = sum((b - mx) ** 2 for b, _ in points)
+        slope = max(sum((b - mx) * (m - my) for b, m in points) / sxx, 0.0)
+        return lambda b: my + slope * (b - mx)
+    b0, m0 = points[0]
+    return lambda b: m0 * b / b0
+
+
+def next_batch_size(current: int, points: list[tuple[int, float]], capacity: float | None, safety: float,
+                    failed: int | None, sizes: tuple[int, ...] | None = None) -> int | None:
+    """The next batch size to try: double (or the next size `sizes` holds), capped by the memory model;
+    bisect below a size that failed."""
+    if failed is not None:
+        size = (current + failed) // 2
+        if sizes is not None:
+            size = max((s for s in sizes if current < s < failed), default=0)
+        return size if size > current * 1.1 else None
+    if sizes is not None:
+        larger = [s for s in sorted(sizes) if s > current]
+        if not larger:
+            return None
+        size = larger[0]
+        if capacity and points and fit_memory(points)(size) > safety * capacity:
+            return None
+        return size
+    size = current * 2
+    if capacity and points:
+        predict = fit_memory(points)
+        limit = safety * capacity
+        while size > current and predict(size) > limit:
+            size = current + (size - current) // 2
+        if size <= current * 1.1:
+            return None
+    return size
+
+
+def offer(best: Best) -> Offer | None:
+    """A larger batch, while the memory model says it fits: advised for a launch-bound step, else a measured
+    experiment in the round over the knobs. Where the size the search wants does not fit, activation checkpointing
+    with it (`checkpointing.pair`). Not where the effective batch is kept, the batch was made to fit (an
+    out-of-memory baseline, micro-batches), or the script's loader takes a batch_sampler."""
+    trials, options = best.learned.trials, best.options
+    if options.keep_effective_batch or not trials:
+        return None
+    if trials[0]["status"] == "oom" or best.knobs.accumulation_steps:
+        return None  # memory-bound already: the batch was made to fit, not to grow
+    current = best.batch
+    if not current or best.learned.loader.get("batch_sampler"):
+        return None  # a loader built with the script's batch_sampler takes no batch_size: nothing to try
+    # Against a CPU --memory-limit, the memory the cap counts (the data segment beyond torch's own).
+    points = [(t["batch_size"], t.get("peak_capped_bytes") or t["peak_memory_bytes"]) for t in trials
+              if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
+    # The batch size a trial asked for: one that ran out of memory in its first step measured none.
+    failed = [t["knobs"]["batch_size"] for t in trials
+              if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
+    failed_above = min((b for b in failed if b > current), default=None)
+    capacity = trials[0].get("capacity_bytes")
+    rec = best.advice.get(KNOB.proposed_as)
+    gain = rec.predicted_gain if rec is not None else (0.1 if best.bound == "host" else ROUND_GAIN)
+    sizes, safety = best.space.batch_sizes, options.memory_safety
+    # The size the search wants, whether or not it fits: where it does not, checkpointing buys it.
+    wanted = next_batch_size(current, points, None, safety, None, sizes)
+    pair = checkpointing.pair(best, wanted, lambda b: not capacity or not points or
+                              fit_memory(points)(b) <= safety * capacity, failed_above, gain)
+    if pair is not None:
+        return pair
+    size = next_batch_size(current, points, capacity, safety, failed_above, sizes)
+    # A size whose trial failed otherwise than out of memory (a crash, a setting that cannot run) gives way to
+    # the next one of the same direction, and so does one that read within the noise (a step of the ladder too
+    # small for the noise to show; the next is twice as large): the row says so.
+    passed = {**best.learned.within_noise(best.knobs, "batch_size"),
+              **{b: f"failed ({why})" for b, why in best.learned.failed(best.knobs, "batch_size").items()}}
+    why = None
+    while size is not None and size in passed:
+        why = f"in place of batch {size}, which {passed[size]}: the next size"
+        size = next_batch_size(size, points, capacity, safety, failed_above, sizes)
+    if size is None:
+        return None
+    return Offer({"batch_size": size}, f"batch {current}→{size}", f"batch-{size}", gain, "host",
+                 predicted=rec is not None, why=why)
+
+
+def recover(best: Best) -> tuple[Offer, ...]:
+    """After an out-of-memory baseline, the last resort: the user's batch halved, quartered or an eighth (a smaller
+    effective batch, said plainly)."""
+    batch = best.learned.user.get("batch_size")
+    return tuple(Offer({"batch_size": batch // f}, f"batch {batch}→{batch // f} (smaller effective batch)",
+                       f"batch-{batch // f}", 0.0, "memory", predicted=False, recommendation="oom-smaller-batch")
+                 for f in (2, 4, 8) if batch and batch // f >= 1)
+
+
 KNOB = Knob("batch_size", COUNT, LOADER, AT_LOADER, "the batch size", alone=NEEDS_A_VALUE,
             training_argument="per_device_train_batch_size", proposed_as="larger-batch", spread=(0.10, 0.10),
             whatif=WHAT_IF, written=Written(IN_LOADER, position=1, excluded_by="batch_sampler"),
-            moved=lambda v: f"batch →{v}")
+            moved=lambda v: f"batch →{v}", offer=offer, order=1,
+            recover=recover, recovers_at=4)

@@ -17,7 +17,59 @@
   no such call is found, a note says what to change.
 """
 
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, FROM_TRIAL, MEMORY, Knob, Written
+from advisor.knobs.offer import Best, Offer
+
+
+def figures(record: dict[str, Any]) -> dict[str, Any] | None:
+    """What there is to checkpoint, as a trial's row holds it (`checkpoint_blocks`): the repeated blocks its
+    activation record names (`checkpoint_candidates`, largest first), their count, and what they saved for
+    backward at the trial's batch; None where it names none."""
+    acts = (record.get("summary") or {}).get("activations") or {}
+    candidates = acts.get("checkpoint_candidates") or []
+    if not candidates:
+        return None
+    top = next((c for c in acts.get("by_class") or [] if c.get("class") == candidates[0]), {})
+    return {"block": candidates[0], "count": top.get("count"), "saved_bytes": acts.get("saved_bytes"),
+            "block_bytes": top.get("bytes"), "block_output_bytes": top.get("output_bytes")}
+
+
+def pair(best: Best, wanted: int | None, fits: Callable[[int], bool], failed_above: int | None,
+         gain: float) -> Offer | None:
+    """Checkpointing with the larger batch it makes fit, where the search wants `wanted` (the batch's next size)
+    and the memory model (`fits`, for a batch without checkpointing) or an out-of-memory trial says it does not
+    fit; ordered as the batch step it stands for. Not where the best's trial names no repeated blocks
+    (`checkpoint_blocks`), nor where the pair was measured already (then the plain batch step is next)."""
+    current = best.batch
+    if best.knobs.checkpointing or not current or not best.space.allows("checkpointing"):
+        return None
+    figures = best.learned.row(best.name).get("checkpoint_blocks")
+    if not figures:
+        return None
+    target = failed_above if failed_above is not None else wanted
+    if target is None or target <= current or (failed_above is None and fits(target)):
+        return None  # it fits without: the plain batch step is the change to measure
+    moves = {"checkpointing": True, "batch_size": target}
+    if any(t.get("knobs") == dataclasses.replace(best.knobs, **moves).to_dict() for t in best.learned.trials):
+        return None
+    return Offer(moves, f"activation checkpointing of the {figures['block']} blocks + batch {current}→{target}",
+                 f"checkpointing-batch-{target}", gain, "host", recommendation="checkpointing+larger-batch")
+
+
+def recover(best: Best) -> Offer | None:
+    """After an out-of-memory baseline whose record names repeated blocks: checkpointing alone, the one way to keep
+    the batch as written in one step."""
+    figures = best.learned.trials[0].get("checkpoint_blocks") if best.learned.trials else None
+    if not figures:
+        return None
+    return Offer({"checkpointing": True}, f"activation checkpointing of the {figures['block']} blocks (the batch as "
+                 "written)", "checkpointing", 0.0, "memory", predicted=False, recommendation="oom-checkpointing")
+
 
 KNOB = Knob("checkpointing", FLAG, MEMORY, AT_FIRST_CALL, "activation checkpointing", in_process=True,
-            on_surface=False, written=Written(FROM_TRIAL, record="checkpoint_plan"))
+            on_surface=False, recover=recover, recovers_at=2, written=Written(FROM_TRIAL, record="checkpoint_plan"))

@@ -186,8 +186,16 @@ class Knob:
     whatif: WhatIf | None = None  # where the what-if model predicts what a change of it does
     written: Written | None = None  # how the patch writes it
     # The move it offers the search from the best of now (`advisor.knobs.offer`: a function of a `Best` that
-    # returns an `Offer` or None), where the search proposes it on its own.
+    # returns an `Offer`, several, or None), where the search proposes it on its own; and where its offers stand
+    # among candidates the search ranks equal (the ladders first: the workers, then the batch; then the registry's
+    # order).
     offer: Callable[[Any], Any] | None = None
+    order: int = 2
+    # Its moves in the recovery plan of a baseline that ran out of memory (a function of a `Best`, the baseline
+    # of the user's settings, that returns an `Offer`, several, or None), and their place in that plan: the plan
+    # tries what keeps the most of the user's settings first (AMP, checkpointing, micro-batches, a smaller batch).
+    recover: Callable[[Any], Any] | None = None
+    recovers_at: int = 0
     # How its move to a value reads in a change's words ("workers →8"; else "name=value"), and the knob it reads as
     # one change with where both move, with those words (pinned memory and non_blocking copies).
     moved: Callable[[Any], str] | None = None

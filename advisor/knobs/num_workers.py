@@ -20,6 +20,7 @@ from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import AT_LOADER, IN_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob, WhatIf, Written
+from advisor.knobs.offer import Best, Offer
 
 def setting(trial: TrialSettings) -> int:
     """The worker processes of the trial's loader."""
@@ -45,7 +46,55 @@ WHAT_IF = WhatIf("num_workers", "workers", setting, transform, "workers", prior=
                  then=HANDOFF, then_prior=0.0, then_bounds=(0.0, HANDOFF_MOST), then_field="handoff_s_per_byte")
 
 
+def ladder(cores: int) -> tuple[int, ...]:
+    """Worker counts to try: 2, 4, 8, … below the cap, then the cap; the cap leaves two cores to the
+    training process on machines with more than four, and is never below 2 (a loader that waits on
+    files or sleeps gains from workers even without a core of their own: measured, like any size)."""
+    cap = max(2, cores if cores <= 4 else cores - 2)
+    steps, w = [], 2
+    while w < cap:
+        steps.append(w)
+        w *= 2
+    return tuple(steps + [cap])
+
+
+def offer(best: Best) -> tuple[Offer | None, Offer | None] | None:
+    """More DataLoader workers while the loader binds (or its wait is advised away): the next size up the ladder,
+    and its largest where that is not the next (where a larger batch or pinned copies change what workers are
+    worth, the step between may read nothing: the model and the expected improvement choose). Past the sizes
+    tried from these settings under this bound that did not help. On the CPU the step's torch threads make room
+    for them (threads + workers within the cores): workers and threads fighting over the cores is slower than
+    either alone."""
+    rec = best.advice.get(KNOB.proposed_as)
+    if rec is None and best.bound != "input":
+        return None
+    from advisor.knobs import companions_of, with_companions  # the registry imports this module
+    # What a workers change moves with it (the threads that make room for them on a CPU) is not its base.
+    moved = ("num_workers", *companions_of({"num_workers"}), "threads")
+    past = [k.get("num_workers") or 0 for k in best.learned.steps_from(best.knobs, KNOB.proposed_as, best.bound, moved)]
+    floor = max([best.workers, *past])
+    sizes = best.space.workers if best.space.workers is not None else ladder(best.cores)
+    above = [w for w in sorted(sizes) if w > floor]
+    errored = best.learned.failed(best.knobs, "num_workers")
+    why = f"in place of workers {floor}, which failed ({errored[floor]}): the next count" if floor in errored else None
+
+    def to(target: int) -> Offer:
+        moves: dict[str, Any] = with_companions({"num_workers": target})
+        change = f"workers {best.workers}→{target}"
+        threads = best.threads
+        if (not best.accelerator and threads and threads + target > best.cores
+                and max(1, best.cores - target) < threads and best.space.permits({"threads"})):
+            moves["threads"] = max(1, best.cores - target)
+            change += f", threads {threads}→{moves['threads']}"
+        return Offer(moves, change, f"workers-{target}", rec.predicted_gain if rec is not None else 0.5, "input",
+                     predicted=rec is not None, why=why, recoverable=rec.recoverable if rec is not None else None)
+
+    if not above:
+        return None
+    return to(above[0]), (to(above[-1]) if len(above) > 1 else None)
+
+
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
             training_argument="dataloader_num_workers", numerics=False, proposed_as="more-workers",
             spread=(0.30, 0.30), whatif=WHAT_IF, written=Written(IN_LOADER, position=5),
-            moved=lambda v: f"workers →{v}", lint="dataloader-num-workers")
+            moved=lambda v: f"workers →{v}", lint="dataloader-num-workers", offer=offer, order=0)

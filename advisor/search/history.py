@@ -1,16 +1,14 @@
 """What the session has learned of each move, for the strategy: whether a move was reverted under the bound
-that holds, on a best the current one has not outgrown (then it waits for the bound to move), and which
-values of a ladder knob read within their noise or failed on the best's other settings (then the ladder
-goes on past them). Pure functions over the session record.
+that holds, on a best the current one has not outgrown (then it waits for the bound to move). Which values of a
+ladder knob read within their noise or failed on the best's other settings (then the ladder goes on past them) is
+what the ladder reads itself (`advisor.knobs.offer.Learned`). Pure functions over the session record.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from advisor.knobs import COMPANIONS
 from advisor.search.proposal import Proposal, moves_of
-from advisor.trials.knobs import Knobs
 
 
 # The bound has moved, for a change reverted under it, once the best is this much faster than the best it was
@@ -46,26 +44,3 @@ def reverted_under(state: dict[str, Any], proposal: Proposal, bound: str | None,
         if moves_of(t, base["knobs"] if base else None).items() <= moves.items():
             return True
     return False
-
-
-def within_noise(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
-    """The values of `knob` measured on these settings otherwise and reverted, but not clearly slower (the
-    change within its noise): value → what it read."""
-    others = _all_but(knobs.to_dict(), knob)
-    return {t["knobs"].get(knob): f"read {100 * t['gain']:+.0f}%, within its noise" for t in state["trials"]
-            if t["status"] == "ok" and t.get("decision") == "reverted" and t.get("gain") is not None
-            and t.get("noise") is not None and t["gain"] > -t["noise"] and t.get("knobs")
-            and "+" not in str(t.get("recommendation")) and _all_but(t["knobs"], knob) == others}
-
-
-def failed_settings(state: dict[str, Any], knobs: Knobs, knob: str) -> dict[Any, str]:
-    """The values of `knob` whose trial, on these settings otherwise, failed other than out of memory: value →
-    why."""
-    others = _all_but(knobs.to_dict(), knob)
-    return {t["knobs"].get(knob): (t.get("message") or t["status"]) for t in state["trials"]
-            if t["status"] not in ("ok", "oom") and t.get("knobs") and _all_but(t["knobs"], knob) == others}
-
-
-def _all_but(knobs: dict[str, Any], knob: str) -> dict[str, Any]:
-    """The settings other than `knob` (a companion goes with its knob: persistent_workers with the workers)."""
-    return {k: v for k, v in knobs.items() if k != knob and k not in COMPANIONS}

@@ -22,7 +22,7 @@ import msgspec
 
 from advisor.analysis.worth import samples_gain
 from advisor.errors import AdvisorError
-from advisor.search.checkpoint_proposals import checkpoint_figures
+from advisor.knobs.checkpointing import figures as checkpoint_figures
 from advisor.search.record import SCHEMA, typed
 from advisor.report.tensorboard import SESSION_RUN
 from advisor.trials.record.storage import write_json_atomic

@@ -59,7 +59,7 @@ def activation_checkpointing_advice(trial: dict | None, capacity: float | None =
     return Recommendation(
         id="activation-checkpointing",
         title=f"Checkpoint the {name} blocks: recompute their activations in backward",
-        # The session measures it with the batch it buys (advisor.search.checkpoint_proposals).
+        # The session measures it with the batch it buys (`advisor.knobs.checkpointing`).
         knobs={"checkpointing": True},
         predicted_gain=0.0,
         evidence=tuple(evidence),
