@@ -18,11 +18,11 @@ import pytest
 from conftest import ROOT
 
 from advisor.analysis.whatif import priors, transform
-from advisor.knobs import BY_NAME, KNOBS, NAMES, OFFERING, ORDERED, TRANSFORMATIONS, making
+from advisor.knobs import BY_NAME, KNOBS, NAMES, OFFERING, ORDERED, PLANNED_AT_LOADER, TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
-from advisor.knobs.knob import AFTER_IMPORTS, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, IN_OPTIMIZER, IN_STEP, \
-    NEEDS_A_VALUE, ON_MODEL
+from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, COUNT, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
+    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL, WORKERS
 from advisor.knobs.offer import Best, Learned, Offer
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace
@@ -229,3 +229,25 @@ def test_amp_says_why_it_is_never_tried_on_a_cpu_without_bf16_instructions():
         own = {"amp": {"value": "bf16", "what": "bf16 autocast", "site": "train.py:84"}}
         assert amp.not_tried_here(without, own) is None  # the script's own autocast: the trials keep it
     assert amp.not_tried_here(None, {}) is None  # a baseline that recorded no facts: nothing known to say
+
+
+@pytest.mark.parametrize("knob", PLANNED_AT_LOADER, ids=lambda k: k.name)
+def test_each_loader_knob_plans_its_own_argument_and_says_why_not_where_the_loader_refuses_it(knob):
+    """A knob the training DataLoader's arguments take, from its module (`Knob.in_loader`): on a batching loader
+    with workers feeding an accelerator it is applied and changes what the loader is built with; asked nothing, it
+    changes nothing; on a loader with a batch_sampler of the script's, no workers and no accelerator, it is applied
+    or says why not, and never leaves an argument DataLoader rejects without workers."""
+    from advisor.trials.interposition.loaders import plan_loader_arguments
+
+    value = 4 if knob.kind in (COUNT, WORKERS) else a_value(knob)
+    user = {"batch_size": 32, "batch_sampler": None, "num_workers": 2, "pin_memory": False,
+            "persistent_workers": False, "prefetch_factor": None}
+    effective, outcomes = plan_loader_arguments(user, Knobs(**{knob.name: value}), accelerator=True)
+    assert outcomes == {knob.name: APPLIED}
+    assert effective != {k: user[k] for k in effective}
+    assert plan_loader_arguments(user, Knobs(), accelerator=True)[1] == {}
+    refusing = {**user, "batch_sampler": object(), "num_workers": 0, "prefetch_factor": 2, "persistent_workers": True}
+    effective, outcomes = plan_loader_arguments(refusing, Knobs(**{knob.name: value}), accelerator=False)
+    assert outcomes[knob.name] == APPLIED or outcomes[knob.name].startswith("not applicable: "), outcomes
+    if effective["num_workers"] == 0:
+        assert all(effective[k.name] == k.without_workers for k in KNOBS if k.needs_workers)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from advisor.knobs.knob import CHOICE, COUNT, DATA, DDP, FLAG, LOADER, MEMORY, MODEL, WORKERS, Knob, WhatIf
+from advisor.knobs.knob import AT_DATASET, CHOICE, COUNT, DATA, DDP, FLAG, LOADER, MEMORY, MODEL, WORKERS, Knob, WhatIf
 
 NAMES = ("amp", "batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "non_blocking",
          "accumulation_steps", "threads", "channels_last", "compile", "fused_optimizer", "tf32", "cudnn_benchmark",
@@ -52,6 +52,9 @@ COMPANIONS = frozenset(k.name for k in KNOBS if k.companion_of)  # go with anoth
 TURNED = tuple(k.name for k in KNOBS if not k.companion_of)  # what --only, --skip and --try name
 ORDERED = frozenset(k.name for k in KNOBS if k.kind in (COUNT, WORKERS))  # a larger value is a move one way
 NEEDS_WORKERS = tuple(k for k in KNOBS if k.needs_workers)  # DataLoader rejects them without worker processes
+PLANNED_AT_LOADER = tuple(k for k in KNOBS if k.in_loader)  # the training DataLoader's arguments plan them in turn
+# Whose outcome the training loader decides: its arguments, its micro-batches, its Dataset's images.
+DECIDED_AT_LOADER = tuple(k.name for k in KNOBS if k.in_loader or k.applied == AT_DATASET)
 # Each offers the search its own move from the best (`knobs.offer`), the ladders first.
 OFFERING = tuple(sorted((k for k in KNOBS if k.offer), key=lambda k: k.order))
 # Each offers its moves to the recovery plan of a baseline that ran out of memory (`Knob.recover`), in the plan's
@@ -120,9 +123,9 @@ def making(term: str) -> tuple[str, ...]:
 # knob -> the field of transformers' TrainingArguments that sets it
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
-__all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS", "FLAG",
-           "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS", "NAMES", "NEEDS_WORKERS",
-           "NEUTRAL", "OFFERING", "ORDERED", "RECOVERING", "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS",
-           "TRANSFORMATIONS",
-           "TURNED", "WHAT_IFS", "WORKERS", "Knob", "WhatIf", "advised_by", "applied_at", "companions_of",
+__all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS",
+           "DECIDED_AT_LOADER", "FLAG", "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS", "NAMES",
+           "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "SWITCHED_KNOBS",
+           "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS", "TURNED", "WHAT_IFS", "WORKERS", "Knob", "WhatIf",
+           "advised_by", "applied_at", "companions_of",
            "making", "of_part", "with_companions", "without_lone_companions", "written_at"]

@@ -9,12 +9,29 @@
 
 from __future__ import annotations
 
-from advisor.knobs.knob import AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, Written
+from typing import Any
+
+from advisor.knobs.knob import APPLIED, AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, LoaderArguments, \
+    Written, not_applicable
 from advisor.knobs.offer import Best, Offer
 
 # In a plain script, the step's accumulation; under transformers' Trainer, micro-batches of the batch with its own
 # accumulation (where the batch divides).
 WRITTEN = Written(IN_STEP, micro_batches_of="batch_size", trainer_count="gradient_accumulation_steps")
+
+def in_loader(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
+    """The loader's micro-batch: its batch (the script's, or the batch_size knob's: the effective batch) over the
+    steps, where it divides."""
+    if value is None or value <= 1:
+        return None
+    batch = loader.effective.get("batch_size")
+    why = loader.unbatched()
+    if why is None and batch % value:
+        why = not_applicable(f"batch {batch} is not a multiple of {value}")
+    if why is None:
+        loader.effective["batch_size"] = batch // value
+    return why or APPLIED
+
 
 def recover(best: Best) -> tuple[Offer, ...]:
     """After an out-of-memory baseline: the user's batch in 2, 4 or 8 micro-batches (those it divides into), the
@@ -26,4 +43,5 @@ def recover(best: Best) -> tuple[Offer, ...]:
 
 
 KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE,
-            written=WRITTEN, recover=recover, recovers_at=3)
+            written=WRITTEN, recover=recover, recovers_at=3,
+            in_loader=in_loader, idle=(1,))

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from advisor.knobs import checkpointing
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, WhatIf, Written
+from advisor.knobs.knob import APPLIED, AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, LoaderArguments, \
+    WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> int:
@@ -44,6 +45,16 @@ def family(g: StepGraph) -> str:
 # recorded H100 steady surface 32→64 gained 30% with no workers, 5% less on average with them).
 WHAT_IF = WhatIf("batch_size", "batch", setting, transform, "batch", prior=1.0, bounds=(0.3, 1.5),
                  families=("batch", "batch_16", "batch_inline", "batch_16_inline"), family_for=family)
+
+
+def in_loader(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
+    """The loader's batch_size, where the script's loader batches by it (not by a batch_sampler of its own)."""
+    if value is None:
+        return None
+    why = loader.unbatched()
+    if why is None:
+        loader.effective[knob.name] = value
+    return why or APPLIED
 
 
 def fit_memory(points: list[tuple[int, float]]) -> Callable[[int], float]:
@@ -151,4 +162,4 @@ KNOB = Knob("batch_size", COUNT, LOADER, AT_LOADER, "the batch size", alone=NEED
             training_argument="per_device_train_batch_size", proposed_as="larger-batch", spread=(0.10, 0.10),
             whatif=WHAT_IF, written=Written(IN_LOADER, position=1, excluded_by="batch_sampler"),
             moved=lambda v: f"batch →{v}", offer=offer, order=1,
-            recover=recover, recovers_at=4)
+            recover=recover, recovers_at=4, in_loader=in_loader)

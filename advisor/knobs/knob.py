@@ -14,6 +14,60 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+# A requested knob's outcome in a trial: applied, or why not (`not_applicable`).
+APPLIED = "applied"
+
+
+def not_applicable(why: str) -> str:
+    """The outcome text for a knob that could not be applied."""
+    return f"not applicable: {why}"
+
+
+@dataclass
+class LoaderArguments:
+    """The training DataLoader's arguments as a trial plans them (`Knob.in_loader`): those the script gave (batch_size,
+    batch_sampler and each DataLoader knob's), those it will be built with (each DataLoader knob's, changed by the
+    knobs in turn), and whether its batches go to an accelerator."""
+
+    user: dict[str, Any]
+    effective: dict[str, Any]
+    accelerator: bool
+
+    @property
+    def workers(self) -> int:
+        """The worker processes it will be built with."""
+        return self.effective.get("num_workers") or 0
+
+    def unbatched(self) -> str | None:
+        """Why the loader's batch cannot be changed (a batch_sampler of the script's, or no batching), or None."""
+        if self.user.get("batch_sampler") is not None:
+            return not_applicable("the DataLoader uses a batch_sampler")
+        if self.effective.get("batch_size") is None:
+            return not_applicable("the DataLoader does not batch (batch_size=None)")
+        return None
+
+
+def as_given(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
+    """A DataLoader argument the knob's value replaces as it is."""
+    if value is None:
+        return None
+    loader.effective[knob.name] = value
+    return APPLIED
+
+
+def with_workers(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
+    """A DataLoader argument torch takes only with worker processes: without them, the value it takes then in place
+    of the script's (valid for its own worker count), and a requested one not applicable."""
+    if loader.workers == 0:
+        loader.effective[knob.name] = knob.without_workers
+    if value is None:
+        return None
+    if loader.workers == 0 and value != knob.without_workers:
+        return not_applicable("the DataLoader has no worker processes")
+    loader.effective[knob.name] = value
+    return APPLIED
+
+
 # What values a knob takes.
 FLAG = "flag"  # true or false
 COUNT = "count"  # a whole number from 1
@@ -168,6 +222,12 @@ class Knob:
     # A DataLoader argument torch accepts only with worker processes: the value it takes without them (False,
     # None), which the trial and the patch put in its place where there are none.
     needs_workers: bool = False
+    # How the trial plans the training DataLoader's arguments for it (`LoaderArguments`), in the registry's order:
+    # (knob, value or None, the arguments) -> its outcome, or None where it asked for nothing; `as_given`,
+    # `with_workers` or its module's own.
+    in_loader: Callable[[Any, Any, Any], str | None] | None = None
+    # Values with which it changes nothing in the trial (one micro-batch a step): applied as they are.
+    idle: tuple = ()
     without_workers: Any = None
     numerics: bool = True  # changes what the step computes, not only how its batches reach it
     setting: TorchSetting | None = None  # where the knob is one process-wide torch setting
@@ -206,6 +266,10 @@ class Knob:
     copies: bool = False  # acts on host-to-device copies: nothing to measure on the CPU, where batches are not copied
     # Seconds its first steps may take beyond a trial's --timeout where it is on (at least as long again: a compile).
     first_steps_s: float = 0.0
+
+    def changes_nothing(self, value: Any) -> bool:
+        """Whether the trial has nothing to change for this value (`idle`)."""
+        return any(type(value) is type(v) and value == v for v in self.idle)
 
     def move_text(self, value: Any) -> str:
         """Its move to `value` in a change's words."""

@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AT_LOADER, IN_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob, WhatIf, Written
+from advisor.knobs.knob import AT_LOADER, IN_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob, WhatIf, Written, as_given
 from advisor.knobs.offer import Best, Offer
 
 def setting(trial: TrialSettings) -> int:
@@ -97,4 +97,5 @@ def offer(best: Best) -> tuple[Offer | None, Offer | None] | None:
 KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alone=NEEDS_A_VALUE,
             training_argument="dataloader_num_workers", numerics=False, proposed_as="more-workers",
             spread=(0.30, 0.30), whatif=WHAT_IF, written=Written(IN_LOADER, position=5),
-            moved=lambda v: f"workers →{v}", lint="dataloader-num-workers", offer=offer, order=0)
+            moved=lambda v: f"workers →{v}", lint="dataloader-num-workers", offer=offer, order=0,
+            in_loader=as_given)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, faster_copies
-from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, WhatIf, Written
+from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, LoaderArguments, WhatIf, Written, as_given, \
+    not_applicable
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 def setting(trial: TrialSettings) -> bool:
@@ -49,7 +50,15 @@ def offer(best: Best) -> Offer | None:
     return Offer({k: True for k in wanted}, change, slug, gain, "copy", predicted=bool(found))
 
 
+def in_loader(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
+    """The loader's pin_memory, where its batches go to an accelerator."""
+    if value is not None and not loader.accelerator:
+        return not_applicable("no accelerator: batches stay in host memory")
+    return as_given(knob, value, loader)
+
+
 KNOB = Knob("pin_memory", FLAG, LOADER, AT_LOADER, "pinned memory", training_argument="dataloader_pin_memory",
             numerics=False, proposed_as="pin-memory", spread=(0.30, None), whatif=PINNED,
             written=Written(IN_LOADER, position=7), offer=offer,
-            together=("non_blocking", "pin_memory + non_blocking copies"), lint="dataloader-pin-memory", copies=True)
+            together=("non_blocking", "pin_memory + non_blocking copies"), lint="dataloader-pin-memory", copies=True,
+            in_loader=in_loader)

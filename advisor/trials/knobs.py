@@ -11,8 +11,8 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs import BY_NAME, KNOBS
-
-APPLIED = "applied"
+# A knob's outcome in a trial, read wherever trials record it.
+from advisor.knobs.knob import APPLIED, not_applicable  # noqa: F401
 
 
 class KnobValues:
@@ -61,7 +61,3 @@ def knobs_problem(knobs: Any) -> str | None:
             return problem
     return None
 
-
-def not_applicable(why: str) -> str:
-    """The outcome text for a knob that could not be applied."""
-    return f"not applicable: {why}"

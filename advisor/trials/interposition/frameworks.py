@@ -21,8 +21,9 @@ import importlib.machinery
 import sys
 from typing import Any, Callable
 
-from advisor.knobs import NEEDS_WORKERS, TRAINING_ARGUMENTS
-from advisor.trials.knobs import APPLIED, Knobs, not_applicable
+from advisor.knobs import DATALOADER_KNOBS, KNOBS, PLANNED_AT_LOADER, TRAINING_ARGUMENTS
+from advisor.knobs.knob import LoaderArguments
+from advisor.trials.knobs import APPLIED, Knobs
 
 
 
@@ -94,41 +95,22 @@ class TrainerSettings:
             return
         self.site = user_site()
         self.user = {knob: getattr(arguments, field, None) for knob, field in TRAINING_ARGUMENTS.items()}
-        self.user["accumulation_steps"] = getattr(arguments, "gradient_accumulation_steps", 1)
-        knobs = self.knobs
-        batch = knobs.batch_size or self.user["batch_size"]
-        if knobs.batch_size is not None:
-            arguments.per_device_train_batch_size = knobs.batch_size
-            self.outcomes["batch_size"] = APPLIED
-        k = knobs.accumulation_steps
-        if k is not None and k > 1:
-            if batch % k:
-                self.outcomes["accumulation_steps"] = not_applicable(f"batch {batch} is not a multiple of {k}")
-            else:
-                arguments.per_device_train_batch_size = batch // k
-                arguments.gradient_accumulation_steps = k * max(1, int(self.user["accumulation_steps"] or 1))
-                self.outcomes["accumulation_steps"] = APPLIED
-        workers = knobs.num_workers if knobs.num_workers is not None else self.user["num_workers"]
-        if knobs.num_workers is not None:
-            arguments.dataloader_num_workers = knobs.num_workers
-            self.outcomes["num_workers"] = APPLIED
-        for knob in NEEDS_WORKERS:  # persistent_workers, prefetch_factor
-            if not workers:  # the Trainer hands these to a DataLoader that rejects them without workers
-                setattr(arguments, knob.training_argument, knob.without_workers)
-            value = getattr(knobs, knob.name)
-            if value is None:
-                continue
-            if not workers and value != knob.without_workers:
-                self.outcomes[knob.name] = not_applicable("the DataLoader has no worker processes")
-            else:
-                setattr(arguments, knob.training_argument, value)
-                self.outcomes[knob.name] = APPLIED
-        if knobs.pin_memory is not None:
-            if not self.accelerator:
-                self.outcomes["pin_memory"] = not_applicable("no accelerator: batches stay in host memory")
-            else:
-                arguments.dataloader_pin_memory = knobs.pin_memory
-                self.outcomes["pin_memory"] = APPLIED
+        # A knob the Trainer counts itself (its micro-batches: gradient_accumulation_steps) multiplies its count.
+        counted = [k for k in KNOBS if k.written and k.written.trainer_count]
+        self.user.update({k.name: getattr(arguments, k.written.trainer_count, 1) for k in counted})
+        # The loader's arguments planned as for a DataLoader the script builds (`Knob.in_loader`), on the fields.
+        loader = LoaderArguments(self.user, {k: self.user.get(k) for k in DATALOADER_KNOBS}, self.accelerator)
+        for knob in PLANNED_AT_LOADER:
+            outcome = knob.in_loader(knob, getattr(self.knobs, knob.name), loader)
+            if outcome is not None:
+                self.outcomes[knob.name] = outcome
+        for name in DATALOADER_KNOBS:  # the Trainer hands these to its DataLoader
+            if loader.effective[name] != self.user.get(name):
+                setattr(arguments, TRAINING_ARGUMENTS[name], loader.effective[name])
+        for knob in counted:
+            if self.outcomes.get(knob.name) == APPLIED:
+                setattr(arguments, knob.written.trainer_count,
+                        getattr(self.knobs, knob.name) * max(1, int(self.user[knob.name] or 1)))
 
     def record(self) -> dict[str, Any] | None:
         """What the trial learnt: the framework, where it is configured, the script's values."""

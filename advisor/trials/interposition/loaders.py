@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from advisor.trials.interposition.eight_bit_images import mark, plan_of, rewrite_dataset
-from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS
+from advisor.knobs import BY_NAME, DATALOADER_KNOBS, DECIDED_AT_LOADER, PLANNED_AT_LOADER
+from advisor.knobs.knob import LoaderArguments
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
@@ -72,52 +73,13 @@ def plan_loader_arguments(
     persistent_workers and prefetch_factor. Overrides that DataLoader would reject (prefetch_factor or
     persistent_workers without workers, batch_size with a batch_sampler) are skipped with a reason.
     """
-    effective = {k: user.get(k) for k in DATALOADER_KNOBS}
+    loader = LoaderArguments(user, {k: user.get(k) for k in DATALOADER_KNOBS}, accelerator)
     outcomes: dict[str, str] = {}
-    if knobs.batch_size is not None:
-        if user.get("batch_sampler") is not None:
-            outcomes["batch_size"] = not_applicable("the DataLoader uses a batch_sampler")
-        elif user.get("batch_size") is None:
-            outcomes["batch_size"] = not_applicable("the DataLoader does not batch (batch_size=None)")
-        else:
-            effective["batch_size"] = knobs.batch_size
-            outcomes["batch_size"] = APPLIED
-    k = knobs.accumulation_steps
-    if k is not None and k > 1:
-        batch = effective["batch_size"]  # the user's, or the batch_size knob's: the effective batch
-        if user.get("batch_sampler") is not None:
-            outcomes["accumulation_steps"] = not_applicable("the DataLoader uses a batch_sampler")
-        elif batch is None:
-            outcomes["accumulation_steps"] = not_applicable("the DataLoader does not batch (batch_size=None)")
-        elif batch % k:
-            outcomes["accumulation_steps"] = not_applicable(f"batch {batch} is not a multiple of {k}")
-        else:
-            effective["batch_size"] = batch // k  # the micro-batch
-            outcomes["accumulation_steps"] = APPLIED
-    if knobs.num_workers is not None:
-        effective["num_workers"] = knobs.num_workers
-        outcomes["num_workers"] = APPLIED
-    workers = effective["num_workers"] or 0
-    for knob in NEEDS_WORKERS:  # persistent_workers, prefetch_factor
-        if workers == 0:
-            # DataLoader raises for these without worker processes; the user's own values were valid for
-            # their worker count, so fewer workers means dropping them.
-            effective[knob.name] = knob.without_workers
-        value = getattr(knobs, knob.name)
-        if value is None:
-            continue
-        if workers == 0 and value != knob.without_workers:
-            outcomes[knob.name] = not_applicable("the DataLoader has no worker processes")
-        else:
-            effective[knob.name] = value
-            outcomes[knob.name] = APPLIED
-    if knobs.pin_memory is not None:
-        if not accelerator:
-            outcomes["pin_memory"] = not_applicable("no accelerator: batches stay in host memory")
-        else:
-            effective["pin_memory"] = knobs.pin_memory
-            outcomes["pin_memory"] = APPLIED
-    return effective, outcomes
+    for knob in PLANNED_AT_LOADER:  # each knob's own plan (`Knob.in_loader`), in the registry's order
+        outcome = knob.in_loader(knob, getattr(knobs, knob.name), loader)
+        if outcome is not None:
+            outcomes[knob.name] = outcome
+    return loader.effective, outcomes
 
 
 def user_frame() -> Any:
@@ -194,7 +156,7 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         else:
             record.effective = dict(record.user)
             record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
-                               if k in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies") and k not in given}
+                               if k in DECIDED_AT_LOADER and k not in given}
         for key in DATALOADER_KNOBS:
             values[key] = record.effective[key]
         records.append(record)
@@ -311,11 +273,11 @@ def training_loader(records: list[LoaderRecord]) -> LoaderRecord | None:
 def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, str]:
     """Per requested DataLoader knob: its outcome over all loaders the script built."""
     outcomes = {}
-    for key in (*DATALOADER_KNOBS, "accumulation_steps", "uint8_copies"):
-        if getattr(knobs, key) is None:
+    for key in DECIDED_AT_LOADER:
+        value = getattr(knobs, key)
+        if value is None:
             continue
-        if (key == "accumulation_steps" and knobs.accumulation_steps == 1) or (key == "uint8_copies"
-                                                                             and not knobs.uint8_copies):
+        if BY_NAME[key].changes_nothing(value):
             outcomes[key] = APPLIED  # one micro-step per cycle, or float images as built: nothing to change
             continue
         # The training loader's reason first: "not the training loader" of the others is not why.
