@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from types import SimpleNamespace
+
 from advisor.search.state import SessionOptions, capped_peak
 from advisor.knobs import BY_NAME
 from advisor.knobs.offer import Best, Learned
@@ -170,8 +172,8 @@ def test_a_larger_batch_the_memory_model_puts_over_the_limit_comes_with_checkpoi
     def proposal(capacity: int, trials: tuple[dict, ...] = (), space: SearchSpace = SearchSpace()) -> object:
         """The batch's move from that best (its module's offer, as the search proposes it)."""
         learned = Learned((dict(baseline, capacity_bytes=capacity), *trials))
-        made = offered(BY_NAME["batch_size"], Best.of(Knobs(), {}, "host", {}, 1, space, 1, learned, "00-baseline",
-                                                      16, options))
+        made = offered(BY_NAME["batch_size"], Best.of(Knobs(), {}, "host", {}, 1, space, 1, learned,
+                                                      SimpleNamespace(name="00-baseline", batch_size=16), options))
         return made[0] if made else None
 
     pair = proposal(230 * mib)

@@ -202,7 +202,7 @@ def test_a_ridge_session_measures_every_lever_and_ends_on_the_best(tmp_path, rid
     assert (final.amp, final.num_workers, final.pin_memory, final.non_blocking) == ("bf16", 14, True, True), final
     assert final.batch_size >= 256, final
     assert not state.get("unmeasured")
-    assert len(points) == 90 and surface_space(points).batch_sizes == (32, 64, 128, 256, 512)
+    assert len(points) == 90 and surface_space(points).values("batch_size") == (32, 64, 128, 256, 512)
 
 
 

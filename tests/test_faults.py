@@ -88,7 +88,7 @@ def test_a_nan_loss_baseline_ends_with_a_report(tmp_path):
 def test_a_nan_loss_in_a_later_trial_is_reverted_and_the_session_reports(tmp_path):
     out = tmp_path / "session"
     # Only the batch may change: which other change a busy machine measures first is not what this tests.
-    batch_only = SearchSpace(workers=(0,), amp=(), pinned_copies=False, model_knobs=())
+    batch_only = SearchSpace(held={"num_workers": (0,), "amp": (), "pin_memory": ()}, model_knobs=())
     state = run_session(f"{tiny(tmp_path, nan_above=8)}:train_step", out, dataclasses.replace(QUICK, max_trials=3),
                         log=lambda m: None, space=batch_only)
     assert state["status"] == "done" and (out / "report.html").is_file()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -149,8 +150,9 @@ def test_each_offering_knob_offers_its_own_move_until_the_best_holds_it(knob):
     learned = Learned((baseline,), {"num_workers": 2, "threads": 8})
 
     def offers(knobs: Knobs, device: dict, bound: str | None) -> list[Offer]:
-        made = knob.offer(Best.of(knobs, {}, bound, device, 8, SearchSpace(), 2, learned, "00-baseline",
-                                  knobs.batch_size or 32, SessionOptions()))
+        made = knob.offer(Best.of(knobs, {}, bound, device, 8, SearchSpace(), 2, learned,
+                                  SimpleNamespace(name="00-baseline", batch_size=knobs.batch_size or 32),
+                                  SessionOptions()))
         return [o for o in (made if isinstance(made, tuple) else (made,)) if o is not None]
 
     made = [(offer, device) for device in devices.values()

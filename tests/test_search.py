@@ -237,7 +237,7 @@ def test_the_bound_orders_the_round_and_workers_climb_past_a_size_that_did_not_h
     cpu = {**gpu_state([tried(Knobs(num_workers=1, persistent_workers=True, threads=1), "more-workers", "reverted",
                               "input")], cores=2), "device": {"type": "cpu", "cpu": {"logical_cores": 2}}}
     cpu["user_values"]["threads"] = 2
-    proposals = propose(Traced("input", recs), Bound("input"), best_trial(), cpu, options, SearchSpace(workers=(0, 1, 2)))
+    proposals = propose(Traced("input", recs), Bound("input"), best_trial(), cpu, options, SearchSpace(held={"num_workers": (0, 1, 2)}))
     assert (proposals[0].knobs.num_workers, proposals[0].knobs.threads) == (2, 1)
 
 
@@ -329,13 +329,16 @@ def test_surface_settings_and_space():
     points = surface_points()
     assert len(points) == 52
     space = surface_space(points)
-    assert space.workers == (0, 2, 4, 8, 14) and space.batch_sizes == (32, 64, 128) and space.amp == ("bf16",)
-    assert space.pinned_copies
+    assert space.values("num_workers") == (0, 2, 4, 8, 14) and space.values("batch_size") == (32, 64, 128)
+    assert space.values("amp") == ("bf16",) and space.holds({"pin_memory": True, "non_blocking": True})
+    assert not space.holds({"amp": "bf16", "batch_size": 256}) and "accumulation_steps" in space.skip
     user = points[0].user_values
     assert settings_of({}, user)[:6] == (None, 32, 0, False, False, 1)
     assert settings_of(Knobs(num_workers=8, persistent_workers=True).to_dict(), user)[:6] == (None, 32, 8, False, False, 1)
     assert not any(settings_of(Knobs(num_workers=8).to_dict(), user)[7:])  # no 8-bit copies nor model knob
-    assert space.model_knobs == () and space.skip == {"threads"}  # the H100 surface holds none of them
+    # The H100 surface holds one value of the threads and of every model knob: none of them is turned there.
+    assert space.model_knobs == () and {"threads", "compile", "uint8_copies"} <= space.skip
+    assert not {"num_workers", "batch_size", "amp", "pin_memory", "non_blocking"} & space.skip
 
 
 def test_replay_finds_the_region_of_the_best_with_a_third_of_the_points(tmp_path):
@@ -375,7 +378,8 @@ def test_a_cpu_truth_surface_replays_its_model_knobs_and_the_search_reaches_its_
     surface = SURFACES / "cpu-image-classifier"
     points = load_surface(surface)
     space = surface_space(points)
-    assert space.model_knobs == ("uint8_copies",) and "threads" not in space.skip and space.workers == (0, 1, 2)
+    assert space.model_knobs == ("uint8_copies",) and "threads" not in space.skip
+    assert space.values("num_workers") == (0, 1, 2)
     doc = json.loads((surface / "surface.json").read_text())
     best_setting = max(doc["settings"], key=lambda s: s["samples_per_s"])
     out = tmp_path / "replay"

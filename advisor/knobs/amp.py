@@ -70,7 +70,7 @@ def offer(best: Best) -> Offer | None:
         if major < 7:
             return None
         dtype, gain = ("bf16" if gpu.get("bf16_supported") else "fp16"), ROUND_GAIN
-    if best.space.amp is not None and dtype not in best.space.amp:
+    if best.space.values("amp") is not None and dtype not in best.space.values("amp"):
         return None
     return Offer({"amp": dtype}, f"AMP {dtype}", f"amp-{dtype}", gain, "compute", predicted=advice is not None)
 

@@ -126,7 +126,7 @@ def offer(best: Best) -> Offer | None:
     capacity = trials[0].get("capacity_bytes")
     rec = best.advice.get(KNOB.proposed_as)
     gain = rec.predicted_gain if rec is not None else (0.1 if best.bound == "host" else ROUND_GAIN)
-    sizes, safety = best.space.batch_sizes, options.memory_safety
+    sizes, safety = best.space.values("batch_size"), options.memory_safety
     # The size the search wants, whether or not it fits: where it does not, checkpointing buys it.
     wanted = next_batch_size(current, points, None, safety, None, sizes)
     pair = checkpointing.pair(best, wanted, lambda b: not capacity or not points or

@@ -73,7 +73,8 @@ def offer(best: Best) -> tuple[Offer | None, Offer | None] | None:
     moved = ("num_workers", *companions_of({"num_workers"}), "threads")
     past = [k.get("num_workers") or 0 for k in best.learned.steps_from(best.knobs, KNOB.proposed_as, best.bound, moved)]
     floor = max([best.workers, *past])
-    sizes = best.space.workers if best.space.workers is not None else ladder(best.cores)
+    held = best.space.values("num_workers")
+    sizes = held if held is not None else ladder(best.cores)
     above = [w for w in sorted(sizes) if w > floor]
     errored = best.learned.failed(best.knobs, "num_workers")
     why = f"in place of workers {floor}, which failed ({errored[floor]}): the next count" if floor in errored else None

@@ -71,7 +71,7 @@ class Best:
     cores: int  # the CPU cores one rank has
     workers: int  # DataLoader workers in effect (set, or the script's)
     threads: int | None  # torch threads in effect (set, or the script's)
-    space: Any  # the values the search may give (`SearchSpace`: allows, permits, amp, pinned_copies, ...)
+    space: Any  # the values the search may give (`SearchSpace`: values, holds, allows, permits)
     ranks: int  # processes per node
     learned: Learned = Learned()  # what the session measured so far
     name: str | None = None  # its trial's name
@@ -80,12 +80,12 @@ class Best:
 
     @classmethod
     def of(cls, knobs: Any, advice: dict[str, Any], bound: str | None, device: dict[str, Any], cores: int,
-           space: Any, ranks: int, learned: Learned, name: str | None = None, batch: int | None = None,
-           options: Any = None) -> Best:
-        """The best of a session: its workers and threads those it sets, else the script's own."""
+           space: Any, ranks: int, learned: Learned, trial: Any = None, options: Any = None) -> Best:
+        """The best of a session (`trial`: its trial, with its name and the batch it measured; None: not run yet):
+        its workers and threads those it sets, else the script's own."""
         workers = knobs.num_workers if knobs.num_workers is not None else learned.user.get("num_workers")
         return cls(knobs, advice, bound, device, cores, workers or 0, knobs.threads or learned.user.get("threads"),
-                   space, ranks, learned, name, batch, options)
+                   space, ranks, learned, getattr(trial, "name", None), getattr(trial, "batch_size", None), options)
 
     @property
     def accelerator(self) -> bool:

@@ -37,7 +37,8 @@ PINNED = WhatIf("pinned", "pinned", setting, transform, "copies", prior=2.0, bou
 def offer(best: Best) -> Offer | None:
     """Pinned host memory and non_blocking copies, as one change (either alone does little), on an accelerator."""
     knobs, space = best.knobs, best.space
-    if not best.accelerator or not space.pinned_copies or (knobs.pin_memory and knobs.non_blocking):
+    if (not best.accelerator or not space.holds({"pin_memory": True, "non_blocking": True})
+            or (knobs.pin_memory and knobs.non_blocking)):
         return None
     wanted = [k for k in ("pin_memory", "non_blocking") if space.permits({k})]  # --only/--skip may keep one
     if not wanted:

@@ -60,15 +60,24 @@ from advisor.trials.replay.surface import SETTINGS, SurfacePoint
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The values the search may give each knob: None = free (live trials), else those a surface holds."""
+    """The values the search may give each knob: free (live trials), or those a recorded surface holds."""
 
-    workers: tuple[int, ...] | None = None
-    batch_sizes: tuple[int, ...] | None = None
-    amp: tuple[str, ...] | None = None
-    pinned_copies: bool = True  # whether pin_memory + non_blocking can be tried at all
+    held: dict[str, tuple[Any, ...]] | None = None  # knob → the values it may take (a knob not named: any)
+    points: tuple[dict[str, Any], ...] | None = None  # the settings a recorded surface holds, each by knob
     model_knobs: tuple[str, ...] | None = None  # channels_last, compile, ...: None = all (a surface holds none)
     only: frozenset[str] | None = None  # the user's --only: None = every knob (advisor.search.space)
-    skip: frozenset[str] = frozenset()  # the user's --skip
+    skip: frozenset[str] = frozenset()  # the user's --skip, and what a surface holds at one value only
+
+    def values(self, knob: str) -> tuple[Any, ...] | None:
+        """The values the search may give this knob (None: any)."""
+        return None if self.held is None else self.held.get(knob)
+
+    def holds(self, moves: dict[str, Any]) -> bool:
+        """Whether these values may be tried together: a surface holds a setting with all of them (of the knobs it
+        tells settings apart by); else each is one its knob may take."""
+        if self.points is not None:
+            return any(all(p[k] == v for k, v in moves.items() if k in p) for p in self.points)
+        return all(self.values(k) is None or v in self.values(k) for k, v in moves.items())
 
     def allows(self, knob: str) -> bool:
         """Whether the search may turn this model knob."""
@@ -80,18 +89,14 @@ class SearchSpace:
 
 
 def surface_space(points: list[SurfacePoint]) -> SearchSpace:
-    """The values the search may try on a recorded surface (`advisor.trials.replay.surface`): those it holds;
-    a model knob, 8-bit copies or the threads only where the surface holds both sides of it."""
-    column = {name: {p.settings[i] for p in points} for i, name in enumerate(SETTINGS)}
-    pin, blocking = SETTINGS.index("pin_memory"), SETTINGS.index("non_blocking")
-    return SearchSpace(
-        workers=tuple(sorted(w for w in column["num_workers"] if isinstance(w, int))),
-        batch_sizes=tuple(sorted(b for b in column["batch_size"] if isinstance(b, int))),
-        amp=tuple(sorted(a for a in column["amp"] if a)),
-        pinned_copies=any(p.settings[pin] and p.settings[blocking] for p in points),
-        model_knobs=tuple(k for k in SWITCHED_KNOBS if len(column[k]) > 1),
-        skip=frozenset() if len(column["threads"]) > 1 else frozenset({"threads"}),
-    )
+    """The values the search may try on a recorded surface (`advisor.trials.replay.surface`): those it holds, and
+    together only as its settings hold them; a knob it holds at one value only is not turned."""
+    settings = tuple(dict(zip(SETTINGS, p.settings)) for p in points)
+    column = {name: {s[name] for s in settings} for name in SETTINGS}
+    held = {name: tuple(sorted((v for v in values if v is not None), key=lambda v: (type(v).__name__, v)))
+            for name, values in column.items()}
+    return SearchSpace(held=held, points=settings, model_knobs=tuple(k for k in SWITCHED_KNOBS if len(column[k]) > 1),
+                       skip=frozenset(name for name, values in column.items() if len(values) <= 1))
 
 
 def knobs_key(knobs: dict[str, Any] | Knobs) -> str:
@@ -113,8 +118,7 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
     cores = max(1, ((facts.get("cpu") or {}).get("logical_cores") or 1) // max(1, options.nproc_per_node))
     user = state.get("user_values") or {}
     learned = Learned(tuple(state["trials"]), user, state.get("training_loader") or {})
-    here = Best.of(best.knobs, recs, bound.name, facts, cores, space, options.nproc_per_node, learned, best.name,
-                   best.batch_size, options)
+    here = Best.of(best.knobs, recs, bound.name, facts, cores, space, options.nproc_per_node, learned, best, options)
     found = [
         # The moves a knob's module offers (the ladders of workers and batch first, then AMP, pinned copies,
         # threads, compile, 8-bit images, DDP's arguments), and those a finding's advice turns on (channels_last, a
