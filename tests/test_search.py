@@ -237,7 +237,8 @@ def test_the_bound_orders_the_round_and_workers_climb_past_a_size_that_did_not_h
     cpu = {**gpu_state([tried(Knobs(num_workers=1, persistent_workers=True, threads=1), "more-workers", "reverted",
                               "input")], cores=2), "device": {"type": "cpu", "cpu": {"logical_cores": 2}}}
     cpu["user_values"]["threads"] = 2
-    proposals = propose(Traced("input", recs), Bound("input"), best_trial(), cpu, options, SearchSpace(held={"num_workers": (0, 1, 2)}))
+    proposals = propose(Traced("input", recs), Bound("input"), best_trial(), cpu, options,
+                        SearchSpace(held={"num_workers": (0, 1, 2)}))
     assert (proposals[0].knobs.num_workers, proposals[0].knobs.threads) == (2, 1)
 
 
