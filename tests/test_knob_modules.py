@@ -19,7 +19,8 @@ import pytest
 from conftest import ROOT
 
 from advisor.analysis.whatif import priors, transform
-from advisor.knobs import BY_NAME, KNOBS, NAMES, OFFERING, ORDERED, PLANNED_AT_LOADER, TRANSFORMATIONS, making
+from advisor.knobs import BY_NAME, DATALOADER_KNOBS, KNOBS, NAMES, OFFERING, ORDERED, PLANNED_AT_LOADER, \
+    TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
 from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, COUNT, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
@@ -239,11 +240,17 @@ def test_each_loader_knob_plans_its_own_argument_and_says_why_not_where_the_load
     with workers feeding an accelerator it is applied and changes what the loader is built with; asked nothing, it
     changes nothing; on a loader with a batch_sampler of the script's, no workers and no accelerator, it is applied
     or says why not, and never leaves an argument DataLoader rejects without workers."""
+    import inspect
+
+    from torch.utils.data import DataLoader
+
     from advisor.trials.interposition.loaders import plan_loader_arguments
 
     value = 4 if knob.kind in (COUNT, WORKERS) else a_value(knob)
-    user = {"batch_size": 32, "batch_sampler": None, "num_workers": 2, "pin_memory": False,
-            "persistent_workers": False, "prefetch_factor": None}
+    # What a script that left DataLoader's defaults gives, at batch 32 with 2 workers.
+    defaults = {name: p.default for name, p in inspect.signature(DataLoader.__init__).parameters.items()}
+    user = {**{name: defaults[name] for name in DATALOADER_KNOBS}, "batch_sampler": None, "batch_size": 32,
+            "num_workers": 2}
     effective, outcomes = plan_loader_arguments(user, Knobs(**{knob.name: value}), accelerator=True)
     assert outcomes == {knob.name: APPLIED}
     assert effective != {k: user[k] for k in effective}
