@@ -23,8 +23,8 @@ from advisor.knobs import BY_NAME, DATALOADER_KNOBS, KNOBS, NAMES, OFFERING, ORD
     TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
-from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, COUNT, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
-    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL, WORKERS
+from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
+    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL
 from advisor.knobs.offer import Best, Learned, Offer
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace
@@ -246,7 +246,7 @@ def test_each_loader_knob_plans_its_own_argument_and_says_why_not_where_the_load
 
     from advisor.trials.interposition.loaders import plan_loader_arguments
 
-    value = 4 if knob.kind in (COUNT, WORKERS) else a_value(knob)
+    value = 4 if knob.alone is NEEDS_A_VALUE else knob.alone  # what `--try NAME` alone tries
     # What a script that left DataLoader's defaults gives, at batch 32 with 2 workers.
     defaults = {name: p.default for name, p in inspect.signature(DataLoader.__init__).parameters.items()}
     user = {**{name: defaults[name] for name in DATALOADER_KNOBS}, "batch_sampler": None, "batch_size": 32,
