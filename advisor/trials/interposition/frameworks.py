@@ -21,7 +21,7 @@ import importlib.machinery
 import sys
 from typing import Any, Callable
 
-from advisor.knobs import DATALOADER_KNOBS, KNOBS, PLANNED_AT_LOADER, TRAINING_ARGUMENTS
+from advisor.knobs import KNOBS, PLANNED_AT_LOADER, TRAINING_ARGUMENTS
 from advisor.knobs.knob import LoaderArguments
 from advisor.trials.knobs import APPLIED, Knobs
 
@@ -98,15 +98,18 @@ class TrainerSettings:
         # A knob the Trainer counts itself (its micro-batches: gradient_accumulation_steps) multiplies its count.
         counted = [k for k in KNOBS if k.written and k.written.trainer_count]
         self.user.update({k.name: getattr(arguments, k.written.trainer_count, 1) for k in counted})
-        # The loader's arguments planned as for a DataLoader the script builds (`Knob.in_loader`), on the fields.
-        loader = LoaderArguments(self.user, {k: self.user.get(k) for k in DATALOADER_KNOBS}, self.accelerator)
+        # The loader's arguments planned as for a DataLoader the script builds (`Knob.in_loader`), on the fields: those
+        # the Trainer has a field for, and the micro-batches it counts. A loader knob it has no field for is left to the
+        # DataLoader it builds (the loader interposition).
+        loader = LoaderArguments(self.user, {k: self.user.get(k) for k in TRAINING_ARGUMENTS}, self.accelerator)
         for knob in PLANNED_AT_LOADER:
-            outcome = knob.in_loader(knob, getattr(self.knobs, knob.name), loader)
-            if outcome is not None:
-                self.outcomes[knob.name] = outcome
-        for name in DATALOADER_KNOBS:  # the Trainer hands these to its DataLoader
+            if knob.name in TRAINING_ARGUMENTS or knob in counted:
+                outcome = knob.in_loader(knob, getattr(self.knobs, knob.name), loader)
+                if outcome is not None:
+                    self.outcomes[knob.name] = outcome
+        for name, field in TRAINING_ARGUMENTS.items():  # the Trainer hands these to its DataLoader
             if loader.effective[name] != self.user.get(name):
-                setattr(arguments, TRAINING_ARGUMENTS[name], loader.effective[name])
+                setattr(arguments, field, loader.effective[name])
         for knob in counted:
             if self.outcomes.get(knob.name) == APPLIED:
                 setattr(arguments, knob.written.trainer_count,
