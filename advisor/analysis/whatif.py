@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from functools import lru_cache
 from typing import Any
 
 from advisor.knobs import TRANSFORMATIONS, WHAT_IFS
@@ -198,26 +199,41 @@ def fit(g: StepGraph, changes: dict[str, Any], measured: float, family: str,
 RESIDUAL = 0.05  # a miss the first parameter leaves beyond this is taught to the knob's second
 
 
+# A session calibrates again before each decision, on its observations so far and without each trial in turn: one
+# observation's fit is the same every time (a pure function of it), so it is made once.
+@lru_cache(maxsize=4096)
+def taught(g: StepGraph, changes: tuple[tuple[str, Any], ...], measured: float,
+           params: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """What one observation (the base's graph, the change as (knob, value) pairs, the measured relative change)
+    teaches: its family's parameter, and where that leaves a miss, the knob's second; none for a pair of knobs."""
+    change, given = dict(changes), dict(params)
+    families = {family_of(g, k) for k in change}
+    if len(families) != 1:
+        return ()  # a pair of knobs cannot say which of them did what
+    family = families.pop()
+    out = []
+    x = fit(g, change, measured, family, given)
+    if x is not None:
+        out.append((family, x))
+    # A miss the first parameter cannot reproduce teaches the knob's second (the workers' hand-off), with the first
+    # as fitted.
+    then = next((WHAT_IFS[k].then for k in change if WHAT_IFS[k].then), None)
+    first = {**given, **({family: x} if x is not None else {})}
+    if then and abs(predict(g, change, first) - measured) > RESIDUAL:
+        y = fit(g, change, measured, then, first)
+        if y is not None:
+            out.append((then, y))
+    return tuple(out)
+
+
 def calibrate(observations: list[tuple[StepGraph, dict[str, Any], float]],
               params: dict[str, float] | None = None) -> dict[str, float]:
     """Parameters corrected by measured changes of this script on this device: each observation (the
     base's graph, the change, the measured relative change of samples/s) of a single knob gives its
     family's parameter (`family_of`: the batch's per precision and loader); the median of those stands."""
     found: dict[str, list[float]] = {}
+    given = tuple(sorted((params or {}).items()))
     for g, changes, measured in observations:
-        families = {family_of(g, k) for k in changes}
-        if len(families) != 1:
-            continue  # a pair of knobs cannot say which of them did what
-        family = families.pop()
-        x = fit(g, changes, measured, family, params)
-        if x is not None:
+        for family, x in taught(g, tuple(changes.items()), measured, given):
             found.setdefault(family, []).append(x)
-        # A miss the first parameter cannot reproduce teaches the knob's second (the workers' hand-off), with the
-        # first as fitted.
-        then = next((WHAT_IFS[k].then for k in changes if WHAT_IFS[k].then), None)
-        first = {**(params or {}), **({family: x} if x is not None else {})}
-        if then and abs(predict(g, changes, first) - measured) > RESIDUAL:
-            y = fit(g, changes, measured, then, first)
-            if y is not None:
-                found.setdefault(then, []).append(y)
     return {**(params or {}), **{f: statistics.median(xs) for f, xs in found.items()}}
