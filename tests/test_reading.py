@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import shutil
 import threading
 import time
 import zlib
@@ -235,3 +236,24 @@ def test_a_prefetched_plain_json_trace_is_read_whole(tmp_path: Path):
     reading.prefetch(path)
     assert reading.read_file(path) == (path.read_bytes(), None)
     assert _prefetch_thread_ends()
+
+
+def test_a_session_read_again_in_its_report_parses_each_trace_once(tmp_path: Path, monkeypatch):
+    """A session's trials' traces, read by the search as it ran (paths relative to where it runs) and then by its
+    report (absolute, in order): the second reading of each is the Trace the first parsed, with the path as the
+    report gives it. A rewritten file is parsed again."""
+    from advisor.analysis.trace import forget_traces, load_trace
+
+    forget_traces()
+    sources = sorted(TRACES.glob("*.pt.trace.json.gz"), key=lambda p: p.stat().st_size)[:3]  # the smallest
+    for i in range(16):  # a session of 16 trials, each trace its own file
+        (tmp_path / f"{i:02d}").mkdir()
+        shutil.copy(sources[i % len(sources)], tmp_path / f"{i:02d}" / "trace.json.gz")
+    monkeypatch.chdir(tmp_path)
+    first = [load_trace(Path(f"{i:02d}") / "trace.json.gz") for i in range(16)]
+    again = [load_trace(tmp_path / f"{i:02d}" / "trace.json.gz") for i in range(16)]
+    assert all(a.ops is b.ops and b.path == str(tmp_path / f"{i:02d}" / "trace.json.gz")
+               for i, (a, b) in enumerate(zip(first, again)))
+    shutil.copy(sources[1], tmp_path / "00" / "trace.json.gz")  # another trace in its place
+    assert load_trace(tmp_path / "00" / "trace.json.gz").ops is not first[0].ops
+    forget_traces()

@@ -10,11 +10,12 @@ that store nanoseconds are converted here, once.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import zlib
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 
@@ -217,15 +218,16 @@ def load_trace(path: Path | str) -> Trace:
     may be shared with the process's other readers of that file (see `_loaded`): read it, never change it."""
     path = Path(path)
     raw, pieces = read_file(path)
-    # Keyed by what was read: the path as given (the Trace records it), the size and the CRC-32 of the bytes.
-    key = (str(path), len(raw), zlib.crc32(raw)) if len(raw) <= KEPT_BYTES else None
+    # Keyed by what was read: the file (its absolute path: the session names a trial's trace relative to where it
+    # ran, its report absolute), the size and the CRC-32 of the bytes. The Trace records the path as given.
+    key = (os.path.abspath(path), len(raw), zlib.crc32(raw)) if len(raw) <= KEPT_BYTES else None
     with _loaded_lock:
         kept = _loaded.get(key) if key is not None else None
         if kept is not None:
             _loaded.move_to_end(key)
             if pieces is not None:
                 pieces.close()
-            return kept[0]
+            return kept[0] if kept[0].path == str(path) else replace(kept[0], path=str(path))
     with collector_paused():
         # A gzipped trace is decoded piece by piece as it inflates; one that does not split so, whole.
         sorter = EventSorter()
@@ -257,8 +259,10 @@ def load_trace(path: Path | str) -> Trace:
 # milliseconds, and a file rewritten within one tick at the same size (a byte changed) would look unchanged.
 # A hit skips the gunzip too. Bounded:
 # the last KEPT_TRACES files, at most KEPT_BYTES of JSON text together (a parsed trace takes about twice its
-# text: 122 MB of memory for the 54 MB of a V100 trace with memory events).
-KEPT_TRACES = 8
+# text: 122 MB of memory for the 54 MB of a V100 trace with memory events). The count holds a whole session's
+# trials, so that its report, which reads them in order after the session did, finds each (with 8 kept, the
+# session's last 8 were each dropped just before the report came to them, and every trace was parsed twice).
+KEPT_TRACES = 64
 KEPT_BYTES = 128 * 2**20
 _loaded: OrderedDict[tuple, tuple[Trace, int]] = OrderedDict()
 _loaded_lock = threading.Lock()
