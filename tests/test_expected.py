@@ -205,7 +205,6 @@ def test_a_ridge_session_measures_every_lever_and_ends_on_the_best(tmp_path, rid
     assert len(points) == 90 and surface_space(points).values("batch_size") == (32, 64, 128, 256, 512)
 
 
-
 def test_a_real_loader_bound_h200_session_measures_every_lever_and_ends_on_the_best(tmp_path):
     """The ridge's shape measured on a real H200 (tests/data/surfaces/h200-image-classifier: the image classifier
     over AMP x batch x workers x pinned copies): at 10 % noise the session measures workers, pinned copies, AMP
@@ -220,6 +219,7 @@ def test_a_real_loader_bound_h200_session_measures_every_lever_and_ends_on_the_b
     final = Knobs.from_dict(state["final_knobs"])
     assert (final.amp, final.batch_size, final.num_workers, final.pin_memory) == (None, None, 8, True), final
     assert not state.get("unmeasured")
+
 
 def test_a_confirmation_within_the_noise_does_not_undo_a_setting_kept_beyond_it(tmp_path):
     """Replayed at 10 % with a drifting load on the steady H100 surface: batch 64 was kept over 8 workers at
@@ -261,7 +261,6 @@ def test_eight_bit_images_are_a_candidate_beside_workers_and_win_the_confirmatio
     assert final.uint8_copies and final.num_workers == 2, final
     assert any(t.get("recommendation") == "confirm" and t["decision"] == "kept" and t["knobs"].get("uint8_copies")
                for t in state["trials"])
-
 
 
 def test_the_session_stops_once_no_change_left_is_worth_a_trial(tmp_path):

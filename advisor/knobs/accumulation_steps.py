@@ -19,6 +19,7 @@ from advisor.knobs.offer import Best, Offer
 # accumulation (where the batch divides).
 WRITTEN = Written(IN_STEP, micro_batches_of="batch_size", trainer_count="gradient_accumulation_steps")
 
+
 def in_loader(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
     """The loader's micro-batch: its batch (the script's, or the batch_size knob's: the effective batch) over the
     steps, where it divides."""

@@ -21,6 +21,7 @@ from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
+
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial ran in 16 bits: the knob, else the script's own autocast."""
     return trial.flag("amp")

@@ -20,6 +20,7 @@ from advisor.knobs.knob import APPLIED, AT_LOADER, COUNT, IN_LOADER, LOADER, NEE
     WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
+
 def setting(trial: TrialSettings) -> int:
     """The batch the trial's loader was built with, else the one its summary names."""
     return int(trial.value("batch_size", (trial.record.get("summary") or {}).get("batch_size") or 1))

@@ -22,6 +22,7 @@ from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import AT_LOADER, IN_LOADER, LOADER, NEEDS_A_VALUE, WORKERS, Knob, WhatIf, Written, as_given
 from advisor.knobs.offer import Best, Offer
 
+
 def setting(trial: TrialSettings) -> int:
     """The worker processes of the trial's loader."""
     return int(trial.value("num_workers", 0) or 0)

@@ -16,6 +16,7 @@ from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, LoaderA
     not_applicable
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
+
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's copies were pinned: its loader pinned its batches, and the step copied them
     asynchronously."""

@@ -60,6 +60,7 @@ from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 UINT8_BYTES = 4.0  # a float32 image over its 8-bit one
 
+
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's Dataset handed out 8-bit images."""
     return bool(trial.knobs.get("uint8_copies"))

@@ -26,7 +26,6 @@ from advisor.knobs.knob import LoaderArguments
 from advisor.trials.knobs import APPLIED, Knobs
 
 
-
 class AfterImport(importlib.abc.MetaPathFinder):
     """Calls `callback(module)` once the module named `name` has been executed."""
 
