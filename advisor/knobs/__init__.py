@@ -57,6 +57,15 @@ PLANNED_AT_LOADER = tuple(k for k in KNOBS if k.in_loader)  # the training DataL
 DECIDED_AT_LOADER = tuple(k.name for k in KNOBS if k.in_loader or k.applied == AT_DATASET)
 # Each offers the search its own move from the best (`knobs.offer`), the ladders first.
 OFFERING = tuple(sorted((k for k in KNOBS if k.offer), key=lambda k: k.order))
+STARTING = tuple(k for k in KNOBS if k.at_steps_start)  # applied by the trial once the steps start (`at_steps_start`)
+COMPILING = tuple(k.name for k in KNOBS if k.compiles)
+
+
+def compiled(knobs: Any) -> bool:
+    """Whether these settings (`Knobs`) compile the step."""
+    return any(getattr(knobs, name) for name in COMPILING)
+
+
 # Each offers its moves to the recovery plan of a baseline that ran out of memory (`Knob.recover`), in the plan's
 # order.
 RECOVERING = tuple(sorted((k for k in KNOBS if k.recover), key=lambda k: k.recovers_at))
@@ -123,9 +132,9 @@ def making(term: str) -> tuple[str, ...]:
 # knob -> the field of transformers' TrainingArguments that sets it
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
-__all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS",
+__all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COMPILING", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS",
            "DECIDED_AT_LOADER", "FLAG", "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS", "NAMES",
-           "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "SWITCHED_KNOBS",
+           "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "STARTING", "SWITCHED_KNOBS",
            "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS", "TURNED", "WHAT_IFS", "WORKERS", "Knob", "WhatIf",
-           "advised_by", "applied_at", "companions_of",
+           "advised_by", "applied_at", "companions_of", "compiled",
            "making", "of_part", "with_companions", "without_lone_companions", "written_at"]

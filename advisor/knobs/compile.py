@@ -20,6 +20,7 @@ from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
+
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's model was compiled: the knob, else the script's own."""
     return trial.flag("compile")
@@ -76,4 +77,5 @@ def offer(best: Best) -> Offer | None:
 
 # torch.compile of a large model takes minutes on its first steps: a trial that compiles gets this much more time.
 KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile", proposed_as="compile", spread=(0.20, 0.30),
-            whatif=WHAT_IF, written=WRITTEN, offer=offer, first_steps_s=600.0)
+            whatif=WHAT_IF, written=WRITTEN, offer=offer, first_steps_s=600.0,
+            compiles=True)

@@ -15,6 +15,7 @@ from typing import Any
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, undone
 from advisor.knobs.knob import AT_OPTIMIZER, FLAG, IN_OPTIMIZER, MODEL, Knob, WhatIf, Written
 
+
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's optimizer was fused: the knob, else the script's own."""
     return trial.flag("fused_optimizer")
@@ -34,4 +35,5 @@ WHAT_IF = WhatIf("fused_optimizer", "fused", setting, transform, "fused", prior=
 KNOB = Knob("fused_optimizer", FLAG, MODEL, AT_OPTIMIZER, "the fused optimizer",
             advice="fused-optimizer", spread=(0.05, 0.05), whatif=WHAT_IF,
             written=Written(IN_OPTIMIZER, manual="build the optimizer with fused=True",
-                            trainer_keywords=(("optim", "adamw_torch_fused"),)))
+                            trainer_keywords=(("optim", "adamw_torch_fused"),)),
+            not_in_notebook="the notebook built its optimizer before the trial: build it with fused=True to measure it")

@@ -228,6 +228,11 @@ class Knob:
     in_loader: Callable[[Any, Any, Any], str | None] | None = None
     # Values with which it changes nothing in the trial (one micro-batch a step): applied as they are.
     idle: tuple = ()
+    # How the trial applies it once the steps start, over what the script set itself: (value, torch) -> its outcome.
+    at_steps_start: Callable[[Any, Any], str] | None = None
+    compiles: bool = False  # it compiles the step: its first steps compile, its graphs are counted step by step
+    # Why `advisor.tune()` cannot apply it in the notebook's process, where it cannot (its trial says so).
+    not_in_notebook: str | None = None
     without_workers: Any = None
     numerics: bool = True  # changes what the step computes, not only how its batches reach it
     setting: TorchSetting | None = None  # where the knob is one process-wide torch setting

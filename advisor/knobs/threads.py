@@ -14,8 +14,10 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AFTER_IMPORTS, AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob, WhatIf, Written
+from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, AT_STEPS_START, COUNT, NEEDS_A_VALUE, PROCESS, Knob, WhatIf, \
+    Written
 from advisor.knobs.offer import Best, Offer
+
 
 def setting(trial: TrialSettings) -> int:
     """The torch threads the trial's step ran on: the knob's, else the script's, else what the trial recorded
@@ -56,6 +58,12 @@ def offer(best: Best) -> Offer | None:
                  f"threads-{target}", 0.1, "input", predicted=False)
 
 
+def set_threads(value: int, torch: Any) -> str:
+    """torch's intra-op threads for the steps, over what the script set itself."""
+    torch.set_num_threads(value)
+    return APPLIED
+
+
 KNOB = Knob("threads", COUNT, PROCESS, AT_STEPS_START, "torch threads", alone=NEEDS_A_VALUE, numerics=False,
             proposed_as="fewer-threads", spread=(0.10, 0.10), whatif=WHAT_IF, written=WRITTEN, offer=offer,
-            moved=lambda v: f"threads →{v}")
+            moved=lambda v: f"threads →{v}", at_steps_start=set_threads)

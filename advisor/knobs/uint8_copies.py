@@ -100,4 +100,5 @@ def offer(best: Best) -> Offer | None:
 
 KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images", numerics=False, proposed_as="fewer-copy-bytes",
             spread=(0.10, 0.10), whatif=WHAT_IF, written=Written(FROM_TRIAL, record="uint8_plan"), offer=offer,
-            idle=(False,))
+            idle=(False,),
+            not_in_notebook="the notebook's loader and Dataset are its own: profile the script to measure 8-bit copies")

@@ -26,7 +26,9 @@ from typing import Any, Callable
 from advisor.trials.harness import profiler
 from advisor.trials.harness.torchrun_rank import all_measured
 from advisor.trials.record.ranks import rank_files
+from advisor.knobs import STARTING, compiled
 from advisor.trials.knobs import Knobs
+from advisor.trials.interposition.model import compiled_graphs
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, leading_dimension
 from advisor.trials.record.turns import Turns, finished, pass_turn, settled, wait_for_the_other, wait_for_turn
@@ -140,6 +142,7 @@ class StepDriver:
         self.period_start = time.perf_counter()
         self.times: dict[str, float] = {}
         self.user_threads: int | None = None  # torch's intra-op threads as the script left them
+        self.applied_at_start: dict[str, str] = {}  # the outcomes of the knobs applied once the steps start
         self.last_loss: Any = None  # the last scalar a backward ran from (the loss, when the step returns none)
         self.memory = StepMemory(device_type)
         self.load_meter: Any = None  # the machine's load beside each window, from the first window on
@@ -156,9 +159,9 @@ class StepDriver:
         # Where not even one light step fits the budget: counts the recorded step's operators and stops the
         # profiler (which writes its trace) at the plan's `ops_recorded`.
         self.cutter: OpCounter | None = None
-        # Whether the step is compiled (the knob, or the script's own torch.compile): a dispatch mode would
-        # make dynamo run the counted step eagerly and move the compile into the profiler's warm-up.
-        self.compiles: Callable[[], bool] = lambda: bool(self.knobs.compile)
+        # Whether the step is compiled (a knob, or the script's own torch.compile): dynamo would run a step counted
+        # under a dispatch mode eagerly and move the compile into the profiler's warm-up.
+        self.compiles: Callable[[], bool] = lambda: compiled(self.knobs)
         self.deadline: float | None = config.get("deadline")  # the time limit's end: windows are cut to fit it
         self.fastest_step_s: float | None = None  # of the steps after the first (set-up, a compile)
         self.windows_cut: str | None = None
@@ -237,8 +240,8 @@ class StepDriver:
         # The schedule as sized now, for the parent's progress display (advisor.trials.record.progress).
         write_json_atomic(self.out_dir / self.files["schedule"], self.schedule.to_dict())
         self.user_threads = torch.get_num_threads()
-        if self.knobs.threads:
-            torch.set_num_threads(self.knobs.threads)  # over what the script may have set itself
+        self.applied_at_start = {k.name: k.at_steps_start(getattr(self.knobs, k.name), torch)  # over the script's own
+                                 for k in STARTING if getattr(self.knobs, k.name)}  # (torch's threads)
         if self.use_profiler:
             self.prof = start_profiler(self.schedule, next_index, self.device_type, self.out_dir,
                                        self.files["worker"])
@@ -398,7 +401,7 @@ class StepDriver:
         if load is not None:
             step["load"] = load  # on the step that closed its window: other processes' share beside it
         step.update(self.memory.allocator_now())
-        if self.knobs.compile:
+        if compiled(self.knobs):
             step["graphs"] = compiled_graphs()  # a graph first counted in a window step compiled while measured
         self.steps_file.write(dumps(step) + "\n")
 
@@ -438,13 +441,3 @@ class StepDriver:
         result["model_dtypes"] = self.memory.model_dtypes
         result.setdefault("times", {}).update(self.times)
         return {**self.interposition.outcomes, **self.interposition.outcomes_after_steps()}
-
-
-def compiled_graphs() -> int | None:
-    """How many graphs dynamo has compiled in this process so far (its own counter); None if unreadable."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters.get("stats", {}).get("unique_graphs", 0))
-    except Exception:  # a figure we could not take must not fail the step
-        return None

@@ -49,7 +49,8 @@ from advisor.trials.harness.driver import StepDriver, TargetInWorker, TrialCompl
 from advisor.trials.harness.own_processes import OwnProcesses, started_text
 from advisor.trials.interposition.frameworks import TrainerSettings
 from advisor.trials.harness.trial_facts import SetupProblem, cap_memory, device_facts, resolve_device
-from advisor.trials.knobs import APPLIED, Knobs
+from advisor.knobs import compiled
+from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
     training_loader
 from advisor.trials.interposition.loop import LoopInterposition, capture_losses, mark_closures
@@ -180,7 +181,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             torch.Tensor.to = copies.to(torch.Tensor.to)  # for the rest of the trial's process
             tracker.convert = copies if device_type == "cpu" else None
         driver = StepDriver(config, device_type, loader_records, tracker)
-        driver.compiles = lambda: bool(knobs.compile) or own.compile_site is not None  # no operator count then
+        driver.compiles = lambda: compiled(knobs) or own.compile_site is not None  # no operator count then
         result["steps_expected"] = driver.schedule.total
         sites: dict[str, Any] = {}
         result["sites"] = sites
@@ -225,15 +226,14 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         result.update(status="error", message=str(exc))
     except BaseException as exc:  # the user's error, an OOM, or SIGINT inside the child
         result.update(failure(exc, driver, os.path.basename(script)))
-        if model is not None and knobs.compile and is_compile_error(exc):  # e.g. compiling the backward
+        if model is not None and compiled(knobs) and is_compile_error(exc):  # e.g. compiling the backward
             model.outcomes["compile"] = compile_failure(exc)
     finally:
         if driver is not None:
             step_outcomes = driver.close(result)
             if loop is not None:
                 step_outcomes = loop.outcomes
-            if knobs.threads:
-                step_outcomes["threads"] = APPLIED
+            step_outcomes = {**step_outcomes, **driver.applied_at_start}
             result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes, **ddp.outcomes(),
                                   **model_outcomes(model, optimizers), **(trainer.outcomes if trainer else {})}
             result["framework"] = trainer.record() if trainer is not None else None

@@ -62,6 +62,16 @@ def compile_failure(exc: BaseException) -> str:
     return not_applicable(f"torch.compile failed: {type(exc).__name__}: {first}".rstrip(": "))
 
 
+def compiled_graphs() -> int | None:
+    """How many graphs dynamo has compiled in this process so far (its own counter); None if unreadable."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters.get("stats", {}).get("unique_graphs", 0))
+    except Exception:  # a figure we could not take must not fail the step
+        return None
+
+
 def to_channels_last(value: Any) -> Any:
     """4-D floating-point tensors (also inside tuples, lists and dicts) in channels_last memory format."""
     import torch

@@ -34,8 +34,8 @@ from advisor.trials.harness.driver import StepDriver, TrialComplete
 from advisor.trials.harness.trial_facts import SetupProblem, device_facts, resolve_device
 from advisor.trials.harness.entry import user_traceback
 from advisor.trials.harness.process_memory import proc_status_bytes, reset_peak_rss
-from advisor.knobs import DATALOADER_KNOBS
-from advisor.trials.knobs import APPLIED, Knobs, not_applicable
+from advisor.knobs import DATALOADER_KNOBS, KNOBS
+from advisor.trials.knobs import Knobs, not_applicable
 from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.interposition.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
 from advisor.trials.record import (LOG_FILE, RESULT_FILE, SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult,
@@ -251,12 +251,9 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
                 result["outcomes"] = {**loader_outcomes, **driver.close(result), **model.outcomes_after_steps()}
                 result["compile"] = model.compile_record()
             model.undo()
-            if knobs.uint8_copies:
-                result.setdefault("outcomes", {})["uint8_copies"] = not_applicable(
-                    "the notebook's loader and Dataset are its own: profile the script to measure 8-bit copies")
-            if knobs.fused_optimizer:
-                result.setdefault("outcomes", {})["fused_optimizer"] = not_applicable(
-                    "the notebook built its optimizer before the trial: build it with fused=True to measure it")
+            for knob in KNOBS:  # what this process cannot apply (the notebook built it already)
+                if knob.not_in_notebook and getattr(knobs, knob.name):
+                    result.setdefault("outcomes", {})[knob.name] = not_applicable(knob.not_in_notebook)
             if batches is not loader or not getattr(loader, "persistent_workers", False):
                 shutdown_workers(iterator)  # the user's persistent workers stay with the user's loader
             iterator = batches = None
@@ -264,8 +261,8 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
             if peak is not None and "memory" in result:
                 result["memory"]["peak_rss_bytes"] = peak
             result["dataloaders"] = [r.to_dict(training=True) for r in records]
-            if knobs.threads:
-                result.setdefault("outcomes", {})["threads"] = APPLIED
+            if driver is not None:
+                result.setdefault("outcomes", {}).update(driver.applied_at_start)
             torch.set_num_threads(threads)
             if result["status"] == "oom":
                 release_memory()
