@@ -133,8 +133,8 @@ def making(term: str) -> tuple[str, ...]:
 TRAINING_ARGUMENTS = {k.name: k.training_argument for k in KNOBS if k.training_argument}
 
 __all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COMPILING", "COUNT", "DATALOADER_KNOBS", "DDP_KNOBS",
-           "DECIDED_AT_LOADER", "FLAG", "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS", "NAMES",
-           "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "STARTING", "SWITCHED_KNOBS",
-           "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS", "TURNED", "WHAT_IFS", "WORKERS", "Knob", "WhatIf",
-           "advised_by", "applied_at", "companions_of", "compiled",
-           "making", "of_part", "with_companions", "without_lone_companions", "written_at"]
+           "DECIDED_AT_LOADER", "FLAG", "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS",
+           "NAMES", "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "STARTING",
+           "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS", "TURNED", "WHAT_IFS",
+           "WORKERS", "Knob", "WhatIf", "advised_by", "applied_at", "companions_of", "compiled", "making", "of_part",
+           "with_companions", "without_lone_companions", "written_at"]
