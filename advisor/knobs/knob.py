@@ -38,6 +38,16 @@ class LoaderArguments:
         """The worker processes it will be built with."""
         return self.effective.get("num_workers") or 0
 
+    def plan(self, knobs: Any, planned: Any) -> dict[str, str]:
+        """Each of the `planned` knobs' outcome at its value in `knobs`, planned in turn (`Knob.in_loader`), where it
+        asked for something."""
+        outcomes = {}
+        for knob in planned:
+            outcome = knob.in_loader(knob, getattr(knobs, knob.name), self)
+            if outcome is not None:
+                outcomes[knob.name] = outcome
+        return outcomes
+
     def unbatched(self) -> str | None:
         """Why the loader's batch cannot be changed (a batch_sampler of the script's, or no batching), or None."""
         if self.user.get("batch_sampler") is not None:

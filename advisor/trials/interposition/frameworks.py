@@ -101,11 +101,8 @@ class TrainerSettings:
         # the Trainer has a field for, and the micro-batches it counts. A loader knob it has no field for is left to the
         # DataLoader it builds (the loader interposition).
         loader = LoaderArguments(self.user, {k: self.user.get(k) for k in TRAINING_ARGUMENTS}, self.accelerator)
-        for knob in PLANNED_AT_LOADER:
-            if knob.name in TRAINING_ARGUMENTS or knob in counted:
-                outcome = knob.in_loader(knob, getattr(self.knobs, knob.name), loader)
-                if outcome is not None:
-                    self.outcomes[knob.name] = outcome
+        self.outcomes.update(loader.plan(self.knobs, [k for k in PLANNED_AT_LOADER
+                                                      if k.name in TRAINING_ARGUMENTS or k in counted]))
         for name, field in TRAINING_ARGUMENTS.items():  # the Trainer hands these to its DataLoader
             if loader.effective[name] != self.user.get(name):
                 setattr(arguments, field, loader.effective[name])

@@ -74,11 +74,7 @@ def plan_loader_arguments(
     persistent_workers without workers, batch_size with a batch_sampler) are skipped with a reason.
     """
     loader = LoaderArguments(user, {k: user.get(k) for k in DATALOADER_KNOBS}, accelerator)
-    outcomes: dict[str, str] = {}
-    for knob in PLANNED_AT_LOADER:  # each knob's own plan (`Knob.in_loader`), in the registry's order
-        outcome = knob.in_loader(knob, getattr(knobs, knob.name), loader)
-        if outcome is not None:
-            outcomes[knob.name] = outcome
+    outcomes = loader.plan(knobs, PLANNED_AT_LOADER)  # each knob's own plan, in the registry's order
     return loader.effective, outcomes
 
 
