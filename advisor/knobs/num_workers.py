@@ -69,9 +69,10 @@ def offer(best: Best) -> tuple[Offer | None, Offer | None] | None:
     rec = best.advice.get(KNOB.proposed_as)
     if rec is None and best.bound != "input":
         return None
-    from advisor.knobs import companions_of, with_companions  # the registry imports this module
-    # What a workers change moves with it (the threads that make room for them on a CPU) is not its base.
-    moved = ("num_workers", *companions_of({"num_workers"}), "threads")
+    from advisor.knobs import with_companions  # the registry imports this module
+    # What a workers change moves with it (the threads that make room for them on a CPU; its companions, which
+    # `steps_from` leaves out of every base) is not its base.
+    moved = ("num_workers", "threads")
     past = [k.get("num_workers") or 0 for k in best.learned.steps_from(best.knobs, KNOB.proposed_as, best.bound, moved)]
     floor = max([best.workers, *past])
     held = best.space.values("num_workers")
