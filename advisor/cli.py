@@ -372,13 +372,14 @@ def steering(args: argparse.Namespace) -> dict:
 def profile_command(args: argparse.Namespace) -> int:
     """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
     # The session's modules are torch-free but not small: imported for this command only.
+    import msgspec
     from rich.console import Console
 
     from advisor.report.progress_line import progress_display
     from advisor.report.terminal import print_session
     from advisor.search.session import run_session
     from advisor.search.trial_runner import diagnose_trial
-    from advisor.search.state import SessionOptions, reference_row
+    from advisor.search.state import SessionOptions, document, reference_row
     from advisor.trials.record import load_trial
     from advisor.trials.launch.runner import default_out_dir
     from advisor.trials.harness.targets import parse_target
@@ -424,15 +425,16 @@ def profile_command(args: argparse.Namespace) -> int:
     state = run_session(target, out, options, command=command, resume=bool(args.resume),
                         log=lambda m: print(m, flush=True), runner=runner, script=not replay, space=space,
                         extra=extra, progress=progress_display(console))
-    out = Path(state["_dir"])
-    baseline = load_trial(out / state["trials"][0]["folder"])
+    out = Path(state.folder)
+    baseline = load_trial(out / state.trials[0].folder)
     if args.no_apply:
         from advisor.report.terminal import print_analysis
 
         diagnosis = diagnose_trial(baseline)
         if diagnosis is not None:
             print_analysis([diagnosis])
-    print_session(state, out, reference_row(state), console)
+    reference = reference_row(state)  # the report reads the record as session.json holds it
+    print_session(document(state), out, None if reference is None else msgspec.to_builtins(reference), console)
     return 0
 
 

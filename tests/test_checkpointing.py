@@ -30,6 +30,7 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
 from advisor.code.patch.plan import plan_patch
+from records import record
 from conftest import advisor_main, run_script, require
 from trial_helpers import EXAMPLES
 
@@ -225,7 +226,7 @@ def test_an_out_of_memory_baseline_tries_checkpointing_after_amp_and_before_micr
     figures = {"block": "Block", "count": 4, "saved_bytes": 100, "block_bytes": 90, "block_output_bytes": 4}
     state = {"device": {"type": "cpu", "cpu": {"bf16_instructions": False}}, "user_values": {"batch_size": 32},
              "trials": [{"status": "oom", "checkpoint_blocks": figures}]}
-    plan = [p.recommendation for p in recovery_plan(state)]
+    plan = [p.recommendation for p in recovery_plan(record(state))]
     assert plan[:2] == ["oom-checkpointing", "oom-accumulation"]
     state["trials"][0]["checkpoint_blocks"] = None  # a model that repeats no blocks: nothing to checkpoint
-    assert "oom-checkpointing" not in [p.recommendation for p in recovery_plan(state)]
+    assert "oom-checkpointing" not in [p.recommendation for p in recovery_plan(record(state))]

@@ -8,6 +8,8 @@ import json
 
 from rich.console import Console
 
+from records import row, session
+
 from advisor.report.progress_line import TrialProgressDisplay
 from advisor.search.cost import COMPILE_PRIOR_S, answer_seconds, by_cost, compile_seconds, slower_compile, \
     trial_seconds
@@ -18,7 +20,7 @@ from advisor.search.simplify import swap_proposal
 from advisor.trials.knobs import Knobs
 from advisor.trials.record.progress import TrialProgress
 
-CPU = {"device": {"type": "cpu"}, "trials": []}
+CPU = {"device": {"type": "cpu"}}
 
 
 def timed_trial(out, name, seconds, compile_s=None):
@@ -26,21 +28,21 @@ def timed_trial(out, name, seconds, compile_s=None):
     folder = out / "trials" / name
     folder.mkdir(parents=True)
     (folder / "trial.json").write_text(json.dumps({"times": {"started_at": 1000.0, "ended_at": 1000.0 + seconds}}))
-    return {"name": name, "folder": f"trials/{name}", "knobs": {"compile": bool(compile_s)},
-            "compile": {"compile_s": compile_s} if compile_s else None}
+    return row(name=name, folder=f"trials/{name}", knobs={"compile": bool(compile_s)},
+               compile={"compile_s": compile_s} if compile_s else None)
 
 
 def test_a_compile_pays_for_its_compile_before_it_is_ranked_over_a_cheaper_trial(tmp_path):
     best = Knobs(amp="bf16", channels_last=True)
     compile_ = on_best(best, {"compile": True}, "compile", "torch.compile", "compile", 0.10)
     batch = on_best(best, {"batch_size": 64}, "larger-batch", "batch 32→64", "batch-64", 0.05)
-    state = dict(CPU, trials=[timed_trial(tmp_path, "00-baseline", 8.0)])
+    state = session(**CPU, trials=[timed_trial(tmp_path, "00-baseline", 8.0)])
     assert value(compile_, state) > value(batch, state)  # worth more, as a trial
     # ... but it costs its compile too: 40 s before the session measured one, beside a trial of 8 s.
     assert trial_seconds(tmp_path, state) == 8.0 and compile_seconds(state) == COMPILE_PRIOR_S
     assert by_cost([compile_, batch], tmp_path, state) == [batch, compile_]
     # A compile this machine did in 2 s (a small graph) is priced at that: the better bet goes first again.
-    state["trials"].append(timed_trial(tmp_path, "01-compile", 10.0, compile_s=2.0))
+    state.trials.append(timed_trial(tmp_path, "01-compile", 10.0, compile_s=2.0))
     assert compile_seconds(state) == 2.0 and by_cost([batch, compile_], tmp_path, state) == [compile_, batch]
     # Without a compile among them, the strategy's order stands.
     assert by_cost([batch, compile_.__class__(**{**compile_.__dict__, "knobs": best})], tmp_path, state)[0] is batch
@@ -49,7 +51,7 @@ def test_a_compile_pays_for_its_compile_before_it_is_ranked_over_a_cheaper_trial
 def test_a_compile_measured_slower_is_not_compiled_again_in_another_layout():
     best = Knobs(amp="bf16", channels_last=True)
     compile_ = on_best(best, {"compile": True}, "compile", "torch.compile", "compile", -0.19)
-    swap = swap_proposal({"trials": []}, best, compile_)  # compile with channels_last off, as the loop would
+    swap = swap_proposal(session(), best, compile_)  # compile with channels_last off, as the loop would
     assert swap is not None and swap.knobs.compile and not swap.knobs.channels_last
     slower = Decision(False, "slower", gain=-0.29, noise=0.12)
     assert slower_compile(compile_, slower, swap, min_gain=0.03)  # the conv session: −29 %, then −13 %
@@ -61,7 +63,7 @@ def test_a_compile_measured_slower_is_not_compiled_again_in_another_layout():
 
 
 def test_the_progress_line_says_the_time_left_to_the_answer(tmp_path):
-    state = dict(CPU, trials=[timed_trial(tmp_path, f"{i:02d}-t", 6.0) for i in range(3)])
+    state = session(**CPU, trials=[timed_trial(tmp_path, f"{i:02d}-t", 6.0) for i in range(3)])
     # Eight trials at most, three done and one running: four more after it, 6 s each.
     assert answer_seconds(tmp_path, state, max_trials=8) == 4 * 6.0
     assert answer_seconds(tmp_path, state, max_trials=8, running=2) == 3 * 6.0

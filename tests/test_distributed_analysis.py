@@ -17,6 +17,7 @@ from advisor.analysis.job import job_diagnosis, jobs_of, own_us
 from advisor.report.html import write_report
 from advisor.search.bounds import Bound
 from advisor.search.state import SessionOptions
+from records import session
 from advisor.search.strategy import SearchSpace, propose
 from advisor.trials.record import load_trial
 from conftest import SAMPLE_RUNS, gpu_trace, run_advisor
@@ -124,9 +125,9 @@ def test_the_search_follows_the_job_not_one_rank():
     d = job_diagnosis(job)
     assert d.bound == "input" and d.recommendations[0].id == "straggler-workers"
     best = load_trial(STRAGGLER)
-    state = {"trials": [{"knobs": {}, "status": "ok", "batch_size": best.batch_size}],
-             "user_values": json.loads((STRAGGLER / "trial.json").read_text())["user_values"],
-             "device": {"type": "cpu", "cpu": {"logical_cores": 2}}}
+    state = session(trials=[{"knobs": {}, "status": "ok", "batch_size": best.batch_size}],
+                    user_values=json.loads((STRAGGLER / "trial.json").read_text())["user_values"],
+                    device={"type": "cpu", "cpu": {"logical_cores": 2}})
     options = SessionOptions(nproc_per_node=2, keep_effective_batch=True)
     found = propose(d, Bound("input"), best, state, options, SearchSpace())
     assert found[0].recommendation == "more-workers" and found[0].helps_now

@@ -12,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
+from records import on_records, row as a_row
 from trial_helpers import trial_record, write_script
 
 from advisor.search.drift import DURING, SINCE, apart, at_one_load, chained, contention, holds_across_loads, machine_changed, \
@@ -148,6 +150,8 @@ def test_with_no_trial_left_to_measure_the_best_again_the_candidate_is_decided_a
     from advisor.search.decision import decide
     from advisor.search.remeasures import without_best_again
 
+    without_best_again = on_records(without_best_again)  # the record written as JSON
+
     def setting(name, knobs, rates, load):
         """A trial folder whose windows (five steps of batch 32 each) ran at `rates` beside `load`, and its row."""
         steps = [{"phase": "window", "window": w, "batch_size": 32, "wall_s": 32 / rate / 5,
@@ -194,7 +198,7 @@ def test_a_decision_across_two_loads_holds_only_where_the_load_worked_against_it
 def test_the_chained_speedup_multiplies_the_kept_gains_only():
     rows = [{"decision": "baseline"}, {"decision": "kept", "gain": 0.5}, {"decision": "reverted", "gain": 1.0},
             {"decision": "kept", "gain": None}, {"decision": "kept", "gain": 1.0}]  # a re-measure has no gain
-    assert chained(rows) == pytest.approx(3.0)
+    assert chained([a_row(**r) for r in rows]) == pytest.approx(3.0)
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +301,7 @@ def test_a_replayed_session_reports_its_simulated_time_and_shares(drifted):
     _, sessions = drifted
     for out, state in sessions:
         time = state["time"]
-        assert time == session_time(out, state) and time["simulated"]
+        assert msgspec.to_builtins(time) == session_time(out, state) and time["simulated"]
         # One trial after another on one clock: the shares make up the whole.
         assert sum(time[k] for k in SHARES) == pytest.approx(time["wall_s"], rel=1e-6)
         assert all(time[k] >= 0 for k in SHARES) and time["measurement_s"] > 0 and time["startup_s"] > 0

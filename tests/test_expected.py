@@ -12,6 +12,7 @@ import math
 import shutil
 import sys
 
+import msgspec
 import pytest
 
 from advisor.search.best import best_trial as best_trial_of, bound_of
@@ -22,6 +23,7 @@ from advisor.search.expected import (calibrated, deferred_for, expected_improvem
                                      repriced, untried, value)
 from advisor.search.predictions import predicted_change, session_params
 from advisor.search.proposal import on_best
+from advisor.search.record import typed
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace, propose, surface_space
 from advisor.trials.knobs import Knobs
@@ -29,9 +31,15 @@ from advisor.trials.replay.surface import load_surface
 from conftest import ROOT
 from test_proposals import STEADY, replay
 from test_search import Traced, best_trial, gpu_state, rec
+from records import on_records, record, row
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from pair_surfaces import build_surface  # noqa: E402
+
+# The records these tests write as JSON, given to the search as it holds them.
+calibrated, deferred_for, levers_left, prior_for, rank, repriced, untried, value, predicted_change, session_params, \
+    propose = map(on_records, (calibrated, deferred_for, levers_left, prior_for, rank, repriced, untried, value,
+                               predicted_change, session_params, propose))
 
 TRIALS_H200 = ROOT / "tests" / "data" / "trials" / "h200-conv-session"  # a real H200 session's records
 
@@ -111,26 +119,26 @@ def test_a_worker_count_overpriced_on_a_real_h200_waits_behind_the_levers_not_me
                 shutil.copy(trace, session / "trials" / folder.name / trace.name)
             (session / "trials" / folder.name / "trial.json").write_bytes(
                 gzip.decompress((folder / "trial.json.gz").read_bytes()))
-    recorded = json.loads((TRIALS_H200 / "session.json").read_text())
-    state = {**recorded, "trials": recorded["trials"][:3], "best": "02-batch-128"}
+    recorded = typed(json.loads((TRIALS_H200 / "session.json").read_text()))
+    state = msgspec.structs.replace(recorded, trials=recorded.trials[:3], best="02-batch-128")
     best = best_trial_of(session, state)
     diagnosis, _, bound = bound_of(session, state, best)
     assert bound.name == "input"
     first = rank(propose(diagnosis, bound, best, state, SessionOptions(), SearchSpace()), state)
     assert first[0].change == "workers 0→2"  # the loader binds: the first worker count leads
-    state["trials"] = recorded["trials"][:4]
-    workers_2 = state["trials"][3]
-    assert workers_2["gain"] < -0.1 and workers_2["predicted_samples_gain"] > 0.6
+    state.trials = recorded.trials[:4]
+    workers_2 = state.trials[3]
+    assert workers_2.gain < -0.1 and workers_2.predicted_samples_gain > 0.6
     after = rank(propose(diagnosis, bound, best, state, SessionOptions(), SearchSpace()), state)
     worth = {p.change: value(p, state) for p in after}
     order = [p.change for p in after]
     assert order.index("pin_memory + non_blocking copies") < order.index("workers 0→4"), worth
-    assert worth["workers 0→4"] < 0.25 * value(first[0], {**state, "trials": recorded["trials"][:3]})
+    assert worth["workers 0→4"] < 0.25 * value(first[0], msgspec.structs.replace(state, trials=recorded.trials[:3]))
     # The model itself learnt it: the hand-off that workers 0→2 measured prices the next count below zero, and the
     # row's miss, read against the model as it is now, is gone (not counted a second time in the spread).
     params = session_params(state)
     assert predicted_change(state, "02-batch-128", best.knobs, {**best.knobs.to_dict(), "num_workers": 4}, params) < 0
-    assert abs(repriced(state, [workers_2], params)[id(workers_2)] - workers_2["gain"]) < 0.05
+    assert abs(repriced(state, [workers_2], params)[id(workers_2)] - workers_2.gain) < 0.05
 
 
 def test_a_move_within_its_noise_waits_while_a_lever_is_unmeasured():
@@ -138,13 +146,13 @@ def test_a_move_within_its_noise_waits_while_a_lever_is_unmeasured():
     copies, which no trial measured yet, are worth more: the re-measure waits; once every lever was measured,
     it is worth its trial."""
     best = Knobs(num_workers=4, persistent_workers=True)
-    state = gpu_state()
+    state = record(gpu_state())
     batch = on_best(best, {"batch_size": 128}, "larger-batch", "batch 32→128", "batch-128", 0.03, "host")
     amp = on_best(best, {"amp": "bf16"}, "amp", "AMP bf16", "amp-bf16", 0.0, "compute", helps_now=False)
     within = Decision(False, "+3.0% samples/s is within the noise", 0.03, 0.10, inconclusive=True)
     why = deferred_for(within, batch, [amp], state)
     assert why is not None and why.startswith("AMP bf16, not measured yet, is worth more"), why
-    state["trials"].append({"status": "ok", "recommendation": "amp", "knobs": Knobs(amp="bf16").to_dict()})
+    state.trials.append(row(status="ok", recommendation="amp", knobs=Knobs(amp="bf16").to_dict()))
     assert untried([amp], state) == [] and deferred_for(within, batch, [amp], state) is None
     # The budget's end says which levers were left, and keeps them in the record.
     assert levers_left([amp], gpu_state()) == "; never measured: AMP bf16"

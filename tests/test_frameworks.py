@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_script
+from records import session
 from test_scripts import changed_lines, repository
 from trial_helpers import write_script
 
@@ -53,7 +54,7 @@ def framework_trial(tmp_path_factory, script: str, knobs: Knobs) -> dict:
 def patch_lines(run: dict) -> tuple[list[str], list[str]]:
     """The session's patch for the trial's knobs (as `finish_outputs` writes it), applied with `git apply`."""
     record, script = run["record"], run["script"]
-    func, step_file = step_function({"target": str(script), "options": {}, "sites": record["sites"]}, script)
+    func, step_file = step_function(session(target=str(script), sites=record["sites"]), script)
     assert func is None  # the framework calls backward: no function of the script runs the step
     written, notes = write_patch(script, func, run["knobs"], record["user_values"], run["trial"].path,
                                  root=run["repo"], loader_site=(record["training_loader"] or {}).get("site"),

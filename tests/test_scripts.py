@@ -21,6 +21,7 @@ from advisor.code.patch import PATCH_NAME, write_patch
 from advisor.search.outputs import step_function
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
+from records import record
 from conftest import ROOT, advisor_main
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ def baseline(repo: Path, script: str, tmp_path: Path, *script_args: str) -> dict
 def applied_diff(repo: Path, state: dict, knobs: Knobs) -> tuple[str, list[str]]:
     """The patch the session writes for these knobs, applied with `git apply`; the resulting diff."""
     script = Path(state["script"])
-    func, step_file = step_function(state, script)
+    func, step_file = step_function(record(state), script)
     written, notes = write_patch(script, func, knobs, state["user_values"], Path(state["_dir"]), root=repo,
                                  loader_site=(state.get("training_loader") or {}).get("site"), step_file=step_file)
     if written is None:

@@ -25,12 +25,13 @@ from advisor.search.decision import decide
 from advisor.search.trial_runner import measure_record, recorded_losses
 from advisor.knobs.batch_size import fit_memory, next_batch_size
 from advisor.knobs.num_workers import ladder as worker_ladder
-from advisor.search.strategy import SearchSpace, propose, surface_space
+from advisor.search.strategy import SearchSpace, propose as propose_on_record, surface_space
 from advisor.search.session import run_session
 from advisor.trials.record import TrialResult
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
 from conftest import ROOT, SURFACES, TRACES, advisor_main, whole_at
+from records import record
 
 SURFACE = SURFACES / "h100-image-classifier"
 TRIALS = ROOT / "tests" / "data" / "trials" / "h200-conv-classifier"
@@ -167,6 +168,11 @@ def test_the_steady_state_decides_an_input_bound():
     assert trial_bound("ok", Traced("compute"), busy).name == "compute"
     assert trial_bound("ok", Traced("input"), busy).name is None  # the queue hid nothing: unclear
     assert trial_bound("oom", None, None).name == "memory"
+
+
+def propose(diagnosis, bound, best, state, *args):
+    """The strategy's proposals on a record written as its JSON."""
+    return propose_on_record(diagnosis, bound, best, record(state), *args)
 
 
 def gpu_state(trials=(), cores=16):

@@ -22,7 +22,9 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.replay.surface import ReplayRunner, load_surface
 from advisor.trials.record import load_trial
 from conftest import SAMPLE_RUNS, SURFACES
+from records import on_records, session
 
+unproven_knobs, swap_proposal = on_records(unproven_knobs), on_records(swap_proposal)  # records written as JSON
 CONV = SAMPLE_RUNS / "conv_classifier" / "session.json"
 
 
@@ -202,7 +204,7 @@ def test_the_draws_are_the_runners_where_it_knows_them_else_the_devices():
     """A replay serves its own draws (none, or those asked for); a live runner's are the CPU truth surfaces' on
     the CPU, and none said on a GPU, whose draws were never measured."""
     points = load_surface(SURFACES / "cpu-image-classifier")
-    cpu, cuda = {"device": {"type": "cpu"}}, {"device": {"type": "cuda"}}
+    cpu, cuda = session(device={"type": "cpu"}), session(device={"type": "cuda"})
     assert measured_spread(cpu, ReplayRunner(points, Path("unused"), 0.10, 5)) == 0.0
     assert measured_spread(cpu, ReplayRunner(points, Path("unused"), 0.10, 5, draws=0.03)) == 0.03
     live = as_runner(lambda name, knobs, **options: None)

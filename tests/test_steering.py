@@ -102,12 +102,12 @@ def test_a_change_that_was_not_applicable_is_never_the_runner_up(tmp_path):
 
     out = tmp_path / "s"
     state = replay(out, SessionOptions(max_trials=5))
-    state["best"] = state["trials"][0]["name"]
-    best = SimpleNamespace(name=state["best"], path=out / state["trials"][0]["folder"])
-    fastest = max(state["trials"][1:], key=lambda t: t["samples_per_s"] or 0)
+    state.best = state.trials[0].name
+    best = SimpleNamespace(name=state.best, path=out / state.trials[0].folder)
+    fastest = max(state.trials[1:], key=lambda t: t.samples_per_s or 0)
     assert contender(out, state, best, 0.03)[0] is fastest  # ahead of the best (the baseline here)
     # The same row, had its only knob been not applicable: it measured a setting already run.
-    knob = sorted(turned(state["trials"][0]["knobs"], fastest["knobs"]))[0]
+    knob = sorted(turned(state.trials[0].knobs, fastest.knobs))[0]
     fastest.update(decision="not applicable", outcomes={knob: "not applicable: the surface holds none"})
     assert (contender(out, state, best, 0.03) or [None])[0] is not fastest
 

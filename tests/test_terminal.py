@@ -8,6 +8,7 @@ import io
 import json
 import re
 
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -16,13 +17,14 @@ from advisor.escape import output_stream
 from advisor.report.progress_line import TrialProgressDisplay, progress_display
 from advisor.report.terminal import print_analysis, print_session
 from advisor.search.session import run_session
-from advisor.search.state import SessionOptions, reference_row
+from advisor.search.state import SessionOptions, document, reference_row
 from advisor.search.strategy import surface_space
 from advisor.trials.replay.surface import ReplayRunner, load_surface
 from advisor.trials.record.progress import PHASES, trial_progress
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
 from conftest import SAMPLE_RUNS, SURFACES, TRACES, run_advisor, whole_at
+from records import record
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SLOW_START = """\
@@ -93,6 +95,12 @@ def test_a_running_trial_reports_its_phases_and_a_terminal_shows_them(tmp_path):
     assert progress_display(Console(file=io.StringIO())) is None
 
 
+def reference_of(state: dict) -> dict | None:
+    """The row speed-ups are measured against, as session.json holds it (what the report reads)."""
+    reference = reference_row(record(state))
+    return None if reference is None else msgspec.to_builtins(reference)
+
+
 def sample_session(name: str) -> tuple[dict, object]:
     out = SAMPLE_RUNS / name
     state = json.loads((out / "session.json").read_text())
@@ -105,7 +113,7 @@ def test_the_session_summary_is_whole_at_80_columns_and_says_what_to_do_next():
         state, out = sample_session(name)
         for terminal in (True, False):
             text = io.StringIO()
-            print_session(state, out, reference_row(state),
+            print_session(state, out, reference_of(state),
                           Console(file=text, width=80, force_terminal=terminal, color_system=None))
             lines = text.getvalue().splitlines()
             # The patch command stays on one line, whatever its length, so that it can be copied whole.
@@ -118,7 +126,7 @@ def test_the_session_summary_is_whole_at_80_columns_and_says_what_to_do_next():
             assert any(line.strip() == f"patch -p1 < {out / state['patch']}" for line in lines), lines
     # Wide enough, the ladder is the table.
     wide = io.StringIO()
-    print_session(state, out, reference_row(state), Console(file=wide, width=200, color_system=None))
+    print_session(state, out, reference_of(state), Console(file=wide, width=200, color_system=None))
     assert "┃ change" in wide.getvalue() and "…" not in wide.getvalue()
 
 
@@ -128,7 +136,7 @@ def test_the_patch_command_names_its_folder_and_the_bound_and_cores_that_remain(
     state.update(patch_root=str(root), core_use={"cores": 4, "ranks": 2, "workers": 1, "threads": 1,
                                                  "all_used": True})
     text = io.StringIO()
-    print_session(state, out, reference_row(state), Console(file=text, width=80, color_system=None))
+    print_session(state, out, reference_of(state), Console(file=text, width=80, color_system=None))
     lines = [line.strip() for line in text.getvalue().splitlines()]
     assert f"cd {root}" in lines and f"patch -p1 < {out.relative_to(root) / 'suggested.patch'}" in lines
     said = " ".join(lines)
@@ -156,13 +164,14 @@ def test_piped_output_has_no_trailing_spaces_and_no_change_wraps(tmp_path):
     points = load_surface(SURFACES / "h100-image-classifier")
     out = tmp_path / "replay"
     long_try = "batch_size=64,pin_memory,non_blocking"  # a change as long as a pair's
-    replayed = run_session("surface:replay", out, SessionOptions(max_trials=5, tries=(long_try,)), log=lambda m: None,
-                           runner=ReplayRunner(points, out, 0.05, 3), script=False, space=surface_space(points))
+    replayed = document(run_session("surface:replay", out, SessionOptions(max_trials=5, tries=(long_try,)),
+                                    log=lambda m: None, runner=ReplayRunner(points, out, 0.05, 3), script=False,
+                                    space=surface_space(points)))
     sessions = [(replayed, out), sample_session("image_classifier"), sample_session("char_transformer")]
     for width in (80, 100, 120):
         for state, folder in sessions:
             text, console = piped(width)
-            print_session(state, folder, reference_row(state), console)
+            print_session(state, folder, reference_of(state), console)
             lines = text.getvalue().splitlines()
             assert not [line for line in lines if line.endswith(" ")], (width, lines)
             assert "…" not in text.getvalue(), (width, lines)  # no column crushed to fit a change
@@ -172,7 +181,7 @@ def test_piped_output_has_no_trailing_spaces_and_no_change_wraps(tmp_path):
                 assert any("┃ change" in line for line in lines), lines
     # At 100 columns the long change does not fit a table row whole: the ladder is a list.
     text, console = piped(100)
-    print_session(replayed, out, reference_row(replayed), console)
+    print_session(replayed, out, reference_of(replayed), console)
     assert f" 01 --try {long_try}: " in text.getvalue() and "┃ change" not in text.getvalue()
 
 
@@ -222,13 +231,13 @@ def test_the_time_line_adds_up_to_the_whole_on_a_recorded_session(tmp_path):
         if turns:
             last, before = state["trials"][-1], state["trials"][-2]
             last["change"] = f"{before['change']} (again)"
-            record = json.loads((out / last["folder"] / "trial.json").read_text())
+            trial = json.loads((out / last["folder"] / "trial.json").read_text())
             earlier = json.loads((out / before["folder"] / "trial.json").read_text())["times"]
-            shift = record["times"]["started_at"] - (earlier["started_at"] + 1.0)
-            record["times"] = {k: v - shift if isinstance(v, float) and k.endswith("_at") else v
-                               for k, v in record["times"].items()}
-            (out / last["folder"] / "trial.json").write_text(json.dumps(record))
-        time = session_time(out, state)
+            shift = trial["times"]["started_at"] - (earlier["started_at"] + 1.0)
+            trial["times"] = {k: v - shift if isinstance(v, float) and k.endswith("_at") else v
+                              for k, v in trial["times"].items()}
+            (out / last["folder"] / "trial.json").write_text(json.dumps(trial))
+        time = session_time(out, record(state))
         assert sum(time[k] for k in SHARES) + time["other_s"] == pytest.approx(time["wall_s"], rel=1e-9)
         assert time["reruns_s"] > 0 if turns else time["reruns_s"] == 0
         line = time_text(time)

@@ -14,6 +14,7 @@ import pytest
 from advisor.search.budget import end_cut_short, trials_in_time, trials_left
 from advisor.search.cost import answer_seconds, trial_seconds
 from advisor.search.session import run_session
+from advisor.search.record import typed
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import surface_space
 from advisor.trials.replay.surface import ReplayRunner, load_surface
@@ -55,7 +56,7 @@ def test_without_a_time_budget_the_time_never_stops_the_search(unbounded):
 
 
 def test_a_live_sessions_budget_counts_its_clock_and_its_trials_time():
-    state = json.loads((LIVE / "session.json").read_text())
+    state = typed(json.loads((LIVE / "session.json").read_text()))
     per = trial_seconds(LIVE, state)
     recorded = state["time"]["wall_s"]
     options = SessionOptions(time_budget_s=recorded + 3 * per, max_trials=len(state["trials"]) + 10)
@@ -72,7 +73,7 @@ def test_a_live_sessions_budget_counts_its_clock_and_its_trials_time():
 
 
 def test_an_end_the_time_budget_cut_short_is_said_and_only_then():
-    state = json.loads((LIVE / "session.json").read_text())
+    state = typed(json.loads((LIVE / "session.json").read_text()))
     per, recorded, n = trial_seconds(LIVE, state), state["time"]["wall_s"], len(state["trials"])
     now = time.monotonic()
     short = SessionOptions(time_budget_s=recorded + 1.5 * per, max_trials=n + 10)

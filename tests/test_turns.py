@@ -3,12 +3,14 @@ load that comes and goes falls on both alike; and a trial whose partner never co
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from advisor.trials.knobs import Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
 from advisor.trials.record.turns import start_turns, windows_log
+from records import on_records
 from trial_helpers import pair_in_turns, trial_record, write_script
 
 TINY = '''
@@ -179,7 +181,7 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
         assert "all ran under a load" in said[-1]
     else:
         assert speedup == next(iter(ratios)), (speedup, ratios)  # the pooled figure, where there is one
-        note = speedup_note(dict(state, speedup=speedup, speedup_basis="in turns"), baseline)
+        note = speedup_note(msgspec.structs.replace(state, speedup=speedup, speedup_basis="in turns"), baseline)
         assert state["speedup_pairs"] == pairs and (pairs == 1 or "(in 2 pairs of processes)" in note), note
 
     state.update(best=small["name"], final_knobs=small["knobs"])
@@ -257,7 +259,7 @@ def test_a_paired_session_keeps_its_pairs_trials_back_from_every_path(tmp_path):
     assert reserve(options, Runner(no_trial, remeasure=False, paired=True)) == 0
     # Nine trials run: two more (the best again, then the candidate's next) would reach the sixth kept back.
     state = {"trials": [{"name": f"{i:02d}"} for i in range(9)], "pooled": {}}
-    assert beside_best(Runner(no_trial, paired=True), tmp_path, state, options, {}, 9, print) is None
+    assert on_records(beside_best)(Runner(no_trial, paired=True), tmp_path, state, options, {}, 9, print) is None
 
 
 def test_the_best_is_confirmed_against_the_setting_within_its_noise_not_a_steadier_one_clearly_behind(tmp_path):
@@ -271,6 +273,8 @@ def test_the_best_is_confirmed_against_the_setting_within_its_noise_not_a_steadi
     from types import SimpleNamespace
 
     from advisor.search.runner_up import contender
+
+    contender = on_records(contender)  # the record written as JSON
 
     def setting(name, knobs, rates):
         return measured_setting(tmp_path, name, knobs, rates)
@@ -318,6 +322,8 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
     from advisor.trials.record.measurement import noise
     from advisor.search.trial_runner import measure_record, trial_record
 
+    contender, pair_settle, session_spread = map(on_records, (contender, pair_settle, draws.session_spread))
+
     amp = {"amp": "bf16", "channels_last": True}
     rows = [measured_setting(tmp_path, "00-baseline", {}, [650, 666, 682]),
             measured_setting(tmp_path, "02-amp-bf16", amp, [1512, 1530, 1550], "kept"),
@@ -328,7 +334,7 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
     figures = [measure_record([trial_record(tmp_path / r["folder"])]) for r in (rows[3], rows[2])]
     windows_only = noise(*figures)
     assert not worth_confirming(figures[1].samples_per_s / figures[0].samples_per_s - 1, windows_only, 0.03)
-    assert draws.session_spread(tmp_path, state) == draws.PRIOR  # no setting measured twice yet
+    assert session_spread(tmp_path, state) == draws.PRIOR  # no setting measured twice yet
     # A pair's windows in turns stop at half what the draws add to their ratio: more windows cannot narrow that.
     assert pair_settle(tmp_path, state) == pytest.approx(draws.between(draws.PRIOR, 1, 1) / 2)
     assert pair_settle(tmp_path, state) > CLAIM_NOISE
@@ -338,6 +344,6 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
     for i in range(6):
         rates = [r + (i % 3 - 1) * 1.5 for r in (650, 666, 682)]
         rows.append(measured_setting(tmp_path, f"{5 + i:02d}-baseline-again", {}, rates, "measured"))
-    assert draws.session_spread(tmp_path, state) <= draws.PRIOR / 2
+    assert session_spread(tmp_path, state) <= draws.PRIOR / 2
     assert contender(tmp_path, state, best, 0.03) is None
     assert pair_settle(tmp_path, state) < draws.between(draws.PRIOR, 1, 1) / 2

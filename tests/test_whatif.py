@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from records import record
 
 from advisor.analysis.analyze import analyze_file
 from advisor.analysis.whatif import calibrate, predict, step_graph, steady_figures, transform
@@ -172,7 +173,7 @@ def test_model_changes_and_the_session_error():
                         {"predicted_samples_gain": 0.5, "gain": 0.3, "recommendation": "more-workers"},
                         {"predicted_samples_gain": 0.1, "gain": -0.1, "recommendation": "amp"},
                         {"predicted_samples_gain": 0.0, "gain": 0.2, "recommendation": "confirm"}]}
-    error = prediction_error(state)
+    error = prediction_error(record(state))
     assert error["trials"] == 2 and error["median_abs"] == pytest.approx(0.2) and error["sign_agreement"] == 0.5
 
 

@@ -8,6 +8,9 @@ import dataclasses
 import os
 from typing import Any, Callable
 
+import msgspec
+
+from advisor.search.record import SessionRecord
 from advisor.report.formatting import compile_text
 from advisor.search.applicable import not_applicable, refused_knobs
 from advisor.search.decision import Decision
@@ -32,7 +35,7 @@ from advisor.trials.record.measurement import Measurement
 GIVES_WAY = "in place of "  # a proposal's `why` that names the setting it stands in for (one that failed)
 
 
-def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str, best_knobs: Knobs,
+def attempt(policy: Policy, state: SessionRecord, proposal: Proposal, why: str, best_knobs: Knobs,
             best_measure: Measurement, reference_losses: list[float], log: Callable[[str], None],
             others: list[Proposal] = ()) -> tuple[TrialResult, Decision | None]:
     """Run a proposal made on the best (`best_knobs`, measured as `best_measure`), decide it against that best
@@ -41,11 +44,11 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
     (last) result and its decision."""
     run, out, options = policy.run, policy.out, policy.options
     check_on_best(proposal, best_knobs)
-    index = len(state["trials"])
+    index = len(state.trials)
     # The unit the measured change will have; None where nothing predicted it.
     predicted = samples_gain(proposal.predicted_gain) if proposal.predicted else None
     log(f"trial {index:02d}: {proposal.change} ({why}; "
-        + (f"predicted {100 * predicted:+.0f}% {state['unit']})" if predicted is not None else "no prediction)"))
+        + (f"predicted {100 * predicted:+.0f}% {state.unit})" if predicted is not None else "no prediction)"))
     target = windows_target(best_measure.samples_per_s, best_measure.relative_se, options.min_gain, options.windows)
     result, record, measurement = run_one(run, state, index, proposal, proposal.slug, log, target)
     losses = recorded_losses(result.path)
@@ -64,48 +67,48 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
         decision = keep_simpler(decision, options.min_gain,
                                 between(measured_spread(state, run), 1, len(run_folders(out, state, best_row(state)))))
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
-    row["load"] = load_text(record)
+    row.load = load_text(record)
     if (row.get("compile") or {}).get("compile_s") is not None:
         # Against the best as the decision measured it (beside the candidate, when the machine changed).
-        before = dict(best_row(state), samples_per_s=best_measure.samples_per_s)
-        row["compile"]["pays_back_after_steps"] = compile_payback(row["compile"]["compile_s"], before, row)
+        before = msgspec.structs.replace(best_row(state), samples_per_s=best_measure.samples_per_s)
+        row.compile["pays_back_after_steps"] = compile_payback(row.compile["compile_s"], before, row)
     refused = not_applicable(row, proposal, state)
-    partly = bool(refused_knobs(row.get("outcomes"), row["knobs"]))
+    partly = bool(refused_knobs(row.get("outcomes"), row.knobs))
     # A trial whose windows followed the comparison measured to its cap already: no new process for it.
     again = decision is not None and run.remeasure and not partly and (  # partly: not what was proposed
         (decision.inconclusive and not run.adaptive and beside is None
-         and len(state["trials"]) + 2 <= options.max_trials and policy.time_for(state))
-        or (unmatched and len(state["trials"]) + 3 <= options.max_trials and policy.time_for(state)))
+         and len(state.trials) + 2 <= options.max_trials and policy.time_for(state))
+        or (unmatched and len(state.trials) + 3 <= options.max_trials and policy.time_for(state)))
     deferred = deferred_for(decision, proposal, others, state) if again and not unmatched else None
     again = again and deferred is None
     if unmatched:
-        decision = across_loads(decision, record, trial_record(out / beside[0]["folder"]), again)
+        decision = across_loads(decision, record, trial_record(out / beside[0].folder), again)
     decide_row(row, result, decision, again and not unmatched)
-    row["base"] = state.get("best")  # what the change was measured against: the model's calibration reads it
+    row.base = state.best  # what the change was measured against: the model's calibration reads it
     if proposal.why and proposal.why.startswith(GIVES_WAY):  # the setting it stands in for, said in the row
-        row["reason"] = f"{proposal.why}; {row['reason']}"
+        row.reason = f"{proposal.why}; {row.reason}"
     if refused is not None:  # nothing was changed: whatever it measured, it is not kept
         row.update(decision="not applicable", reason=refused)
         decision = dataclasses.replace(decision, keep=False, inconclusive=False) if decision is not None else None
     if beside is not None:
-        row["drift"] = beside[3]
-        row["reason"] = f"{beside[3]}: measured the best again beside it; {row['reason']}"
+        row.drift = beside[3]
+        row.reason = f"{beside[3]}: measured the best again beside it; {row.reason}"
     elif unmeasured is not None:  # not `drift`: that row field says the best was measured again beside it
-        row["reason"] = f"{unmeasured}: no trial left to measure the best again beside it; {row['reason']}"
+        row.reason = f"{unmeasured}: no trial left to measure the best again beside it; {row.reason}"
     if deferred is not None:
-        row["reason"] += f"; not measured again: {deferred}"
-    state["trials"].append(row)
+        row.reason += f"; not measured again: {deferred}"
+    state.trials.append(row)
     if beside is not None:
-        state["trials"].append(beside[0])
+        state.trials.append(beside[0])
         if beside[1] is not None and (decision is None or not decision.keep):
-            beside[0].update(decision="kept", reason=beside[0]["reason"] + "; the best, as measured now")
-            state["best"] = beside[0]["name"]  # what comes next is compared with the figure measured now
+            beside[0].update(decision="kept", reason=beside[0].reason + "; the best, as measured now")
+            state.best = beside[0].name  # what comes next is compared with the figure measured now
         elif beside[1] is not None:  # the candidate beat it, measured side by side: the old best gives way
-            beside[0].update(decision="reverted", reason=beside[0]["reason"] + f"; {result.name} is faster")
-    state["prediction_error"] = prediction_error(state)
-    log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
+            beside[0].update(decision="reverted", reason=beside[0].reason + f"; {result.name} is faster")
+    state.prediction_error = prediction_error(state)
+    log(f"  {figures_text(row, state.unit)}: {row.decision}, {row.reason}{predicted_text(row)}")
     if compile_text(row.get("compile")):
-        log(f"  {compile_text(row['compile'])}")
+        log(f"  {compile_text(row.compile)}")
     runs = [(result, record)]
     while again:
         result, record, decision, row = once_more(policy, state, proposal, runs, best_measure, unmatched,
@@ -114,20 +117,20 @@ def attempt(policy: Policy, state: dict[str, Any], proposal: Proposal, why: str,
         # A first run that could not be compared (none of its windows at the best's load) is no reading: the run
         # beside the best is the first that counts, and one within its noise is measured once more like any other.
         again, unmatched = (unmatched and result.ok and decision is not None and decision.inconclusive
-                            and decision.gain > 0 and len(state["trials"]) + 1 <= policy.options.max_trials
+                            and decision.gain > 0 and len(state.trials) + 1 <= policy.options.max_trials
                             and policy.time_for(state)
                             and deferred_for(decision, proposal, others, state) is None), False
     return result, decision
 
 
-def once_more(policy: Policy, state: dict[str, Any], proposal: Proposal, runs: list[tuple[TrialResult, dict]],
+def once_more(policy: Policy, state: SessionRecord, proposal: Proposal, runs: list[tuple[TrialResult, dict]],
               best_measure: Measurement, unmatched: bool, reference_losses: list[float],
               log: Callable[[str], None]) -> tuple[TrialResult, dict[str, Any], Decision | None, dict[str, Any]]:
     """A gain the noise could hide, measured again: the same settings run once more and decided on this run with
     the earlier ones (`runs`, latest first) at one load, or pooled with the latest; its row recorded."""
     run, out, options = policy.run, policy.out, policy.options
     save(state)
-    index = len(state["trials"])
+    index = len(state.trials)
     log(f"trial {index:02d}: {proposal.change}, again")
     # Its windows end once settled against the best (as measured beside it, where it was), at most the session's.
     result, record, _ = run_one(run, state, index, proposal, f"{proposal.slug}-again", log,
@@ -143,12 +146,12 @@ def once_more(policy: Policy, state: dict[str, Any], proposal: Proposal, runs: l
     decision = policy.judge(best_measure, measurement, losses, reference_losses, proposal) if result.ok else None
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
     decide_row(row, result, decision, False)
-    row.update(change=f"{proposal.change} (again)", base=state.get("best"),
-               reason=row["reason"] + (" (beside the best, at one load)" if unmatched else
+    row.update(change=f"{proposal.change} (again)", base=state.best,
+               reason=row.reason + (" (beside the best, at one load)" if unmatched else
                                         " (its runs at one load with the best's)" if one_load else " (both runs)"))
-    state["trials"].append(row)
-    state["prediction_error"] = prediction_error(state)
-    log(f"  {figures_text(row, state['unit'])}: {row['decision']}, {row['reason']}{predicted_text(row)}")
+    state.trials.append(row)
+    state.prediction_error = prediction_error(state)
+    log(f"  {figures_text(row, state.unit)}: {row.decision}, {row.reason}{predicted_text(row)}")
     if decision is not None and decision.keep and not one_load:
-        state["pooled"][result.name] = [os.path.relpath(runs[0][0].path, out)]
+        state.pooled[result.name] = [os.path.relpath(runs[0][0].path, out)]
     return result, record, decision, row

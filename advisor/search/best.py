@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from advisor.search.record import BestBound, SessionRecord
 from advisor.search.applicable import applied_only
 from advisor.search.bounds import Bound, trial_bound
 from advisor.search.predictions import remember_graph
@@ -16,31 +17,31 @@ from advisor.trials.record import TrialResult, load_trial
 from advisor.trials.record.measurement import Measurement
 
 
-def best_trial(out: Path, state: dict[str, Any]) -> TrialResult:
+def best_trial(out: Path, state: SessionRecord) -> TrialResult:
     """The record's best trial, as the base of what follows."""
-    return applied_only(load_trial(out / best_row(state)["folder"]))
+    return applied_only(load_trial(out / best_row(state).folder))
 
 
-def measured_best(out: Path, state: dict[str, Any]) -> Measurement:
+def measured_best(out: Path, state: SessionRecord) -> Measurement:
     """The best as measured last (its runs pooled)."""
-    return measured(out, state, load_trial(out / best_row(state)["folder"]))
+    return measured(out, state, load_trial(out / best_row(state).folder))
 
 
-def bound_of(out: Path, state: dict[str, Any], best: TrialResult) -> tuple[Any, Measurement, Bound]:
+def bound_of(out: Path, state: SessionRecord, best: TrialResult) -> tuple[Any, Measurement, Bound]:
     """Diagnosis, measurement and bound of the best trial; the bound, its step graph and its recommendations are
     kept in the record."""
     diagnosis = diagnose_trial(best)
     measurement = measured(out, state, best)
     bound = trial_bound(best.status, diagnosis, measurement)
-    state["bound"] = {"name": bound.name, "label": bound.label, "evidence": list(bound.evidence)}
+    state.bound = BestBound(name=bound.name, label=bound.label, evidence=list(bound.evidence))
     remember_graph(state, best.name, diagnosis)
-    state["recommendations"] = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
+    state.recommendations = [dataclasses.asdict(r) for r in diagnosis.recommendations] if diagnosis else []
     return diagnosis, measurement, bound
 
 
-def keep(state: dict[str, Any], result: TrialResult) -> TrialResult:
+def keep(state: SessionRecord, result: TrialResult) -> TrialResult:
     """A candidate kept: the record's best and final settings are its own; it, as the base of what follows."""
     best = applied_only(result)
-    state["best"] = result.name
-    state["final_knobs"] = best.knobs.to_dict()
+    state.best = result.name
+    state.final_knobs = best.knobs.to_dict()
     return best

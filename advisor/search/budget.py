@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
 
+from advisor.search.record import SessionRecord
 from advisor.search.cost import trial_seconds
 from advisor.search.state import SessionOptions
 from advisor.search.timing import session_time
@@ -43,7 +43,7 @@ def kept_for_time(options: SessionOptions, run: TrialRunner) -> int:
     return max(reserve(options, run), CONFIRM_TRIALS) if run.remeasure else 0
 
 
-def trials_in_time(out: Path, state: dict[str, Any], options: SessionOptions, started: float | None) -> float:
+def trials_in_time(out: Path, state: SessionRecord, options: SessionOptions, started: float | None) -> float:
     """How many trials of this session's length the --time-budget left holds (inf without one). The time spent is
     the clock's since `started` (time.monotonic()), or what the trials recorded where that is more; a replay's is
     its trials' simulated time alone (the recorded machine's, not this one's)."""
@@ -55,19 +55,19 @@ def trials_in_time(out: Path, state: dict[str, Any], options: SessionOptions, st
     return max(0.0, options.time_budget_s - spent) / trial_seconds(out, state)
 
 
-def trials_left(out: Path, state: dict[str, Any], options: SessionOptions, started: float | None) -> int:
+def trials_left(out: Path, state: SessionRecord, options: SessionOptions, started: float | None) -> int:
     """Trials the budget still allows: the --max-trials left, no more than the whole trials the --time-budget left
     holds (not the nearest: two trials in turns took 1.6 trials' time on the demo, and a budget is not overrun)."""
-    left = options.max_trials - len(state["trials"])
+    left = options.max_trials - len(state.trials)
     in_time = trials_in_time(out, state, options, started)
     return left if in_time == math.inf else min(left, math.floor(in_time))
 
 
-def end_cut_short(out: Path, state: dict[str, Any], options: SessionOptions, started: float | None) -> str | None:
+def end_cut_short(out: Path, state: SessionRecord, options: SessionOptions, started: float | None) -> str | None:
     """Where the --time-budget, not the trials left, leaves the end too little time to measure the best again (a
     trial took longer than the session's trials before it): the note that says so, else None."""
     in_time = trials_in_time(out, state, options, started)
-    if in_time >= CONFIRM_TRIALS or options.max_trials - len(state["trials"]) < CONFIRM_TRIALS:
+    if in_time >= CONFIRM_TRIALS or options.max_trials - len(state.trials) < CONFIRM_TRIALS:
         return None
     per = trial_seconds(out, state)
     return (f"the time budget (--time-budget {options.time_budget_s:g} s) left {in_time * per:.0f} s for the end, "

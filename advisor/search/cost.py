@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from advisor.search.record import SessionRecord
 from advisor.search.expected import value
 from advisor.search.proposal import Proposal
 from advisor.search.timing import row_record, session_time, trial_time
@@ -20,35 +21,35 @@ TRIAL_PRIOR_S = 10.0  # a trial's wall time before the session has timed one
 LAYOUT = "channels_last"
 
 
-def trial_seconds(out: Path, state: dict[str, Any]) -> float:
+def trial_seconds(out: Path, state: SessionRecord) -> float:
     """A trial's wall time in this session: the median of its trials' (start to end), less what a compile held;
     TRIAL_PRIOR_S before any was timed."""
     spans = []
-    for row in state.get("trials") or []:
+    for row in state.trials or []:
         own = trial_time(row_record(out, row))
         if own is not None and own["duration_s"] > 0:
             spans.append(own["duration_s"] - ((row.get("compile") or {}).get("compile_s") or 0.0))
     return statistics.median(spans) if spans else TRIAL_PRIOR_S
 
 
-def compile_seconds(state: dict[str, Any]) -> float:
+def compile_seconds(state: SessionRecord) -> float:
     """What a first compile will add to a trial: the longest this session's compiles took on this machine (the
     first compile of a graph; a second one of the same graph is a cache hit), else COMPILE_PRIOR_S."""
-    measured = [(t.get("compile") or {}).get("compile_s") for t in state.get("trials") or []]
+    measured = [(t.get("compile") or {}).get("compile_s") for t in state.trials or []]
     measured = [s for s in measured if isinstance(s, (int, float))]
     return max(measured) if measured else COMPILE_PRIOR_S
 
 
-def seconds(proposal: Proposal, out: Path, state: dict[str, Any]) -> float:
+def seconds(proposal: Proposal, out: Path, state: SessionRecord) -> float:
     """A candidate's price in wall time: a trial's, and a compile's on top where it compiles a setting not compiled
     before in this session."""
-    compiled_before = any(t.get("knobs", {}).get("compile") and t.get("knobs") == proposal.knobs.to_dict()
-                          for t in state.get("trials") or [])
+    compiled_before = any(t.knobs.get("compile") and t.knobs == proposal.knobs.to_dict()
+                          for t in state.trials or [])
     extra = compile_seconds(state) if proposal.knobs.compile and not compiled_before else 0.0
     return trial_seconds(out, state) + extra
 
 
-def by_cost(proposals: list[Proposal], out: Path, state: dict[str, Any]) -> list[Proposal]:
+def by_cost(proposals: list[Proposal], out: Path, state: SessionRecord) -> list[Proposal]:
     """The candidates by expected improvement per second of wall time (the strategy's order among equals): a
     compile's gain must pay for its compile as well as its trial."""
     if not any(p.knobs.compile for p in proposals):
@@ -70,12 +71,12 @@ def slower_compile(proposal: Proposal, decision: Any, second: Proposal | None, m
     return layout_only and not (second.predicted and second.predicted_gain >= min_gain)
 
 
-def answer_seconds(out: Path, state: dict[str, Any], max_trials: int, running: int = 1,
+def answer_seconds(out: Path, state: SessionRecord, max_trials: int, running: int = 1,
                    time_budget_s: float | None = None) -> float:
     """The time left to the answer, at most: the trials the budget still allows after the `running` ones, each a
     trial's time in this session; no more than what the --time-budget leaves after the trial running now."""
     per = trial_seconds(out, state)
-    answer = max(0, max_trials - len(state.get("trials") or []) - running) * per
+    answer = max(0, max_trials - len(state.trials or []) - running) * per
     if time_budget_s is not None:
         spent = (session_time(out, state) or {}).get("wall_s", 0.0)
         answer = min(answer, max(0.0, time_budget_s - spent - per))

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.search.applicable import in_effect
 from advisor.search.strategy import knobs_key
 from advisor.search.trial_runner import measure_record, trial_record
@@ -41,28 +42,28 @@ def process_spread(runs_by_setting: list[list[Measurement]], prior_pairs: int = 
     return math.sqrt(total / count) if count else PRIOR
 
 
-def session_runs(out: Path, state: dict[str, Any]) -> dict[tuple, list[Measurement]]:
+def session_runs(out: Path, state: SessionRecord) -> dict[tuple, list[Measurement]]:
     """Each setting's runs in the session (a measurement a trial that measured: one process each)."""
     runs: dict[tuple, list[Measurement]] = {}
-    for t in state["trials"]:
-        if t.get("status") == "ok" and t.get("samples_per_s") and t.get("folder"):
-            runs.setdefault(knobs_key(in_effect(t)), []).append(measure_record([trial_record(out / t["folder"])]))
+    for t in state.trials:
+        if t.status == "ok" and t.samples_per_s and t.folder:
+            runs.setdefault(knobs_key(in_effect(t)), []).append(measure_record([trial_record(out / t.folder)]))
     return runs
 
 
-def session_spread(out: Path, state: dict[str, Any]) -> float:
+def session_spread(out: Path, state: SessionRecord) -> float:
     """`process_spread` from the session's own runs: each trial that measured is one process of its setting."""
     return process_spread(list(session_runs(out, state).values()))
 
 
-def measured_spread(state: dict[str, Any], run: Any) -> float:
+def measured_spread(state: SessionRecord, run: Any) -> float:
     """The draws between the runner's processes where they were measured: what the runner says of its own (a replay
     serves them, or none: `TrialRunner.process_draws`); else `PRIOR` on the CPU (the CPU truth surfaces) and 0 on
     another device, whose draws this project has not measured. Not the session's own runs: a setting run again
     after the load changed reads the load's change as a draw (a replay under a drifting load read 38 %)."""
     if getattr(run, "process_draws", None) is not None:
         return run.process_draws
-    return PRIOR if ((state.get("device") or {}).get("type") or "cpu") == "cpu" else 0.0
+    return PRIOR if ((state.device or {}).get("type") or "cpu") == "cpu" else 0.0
 
 
 def between(spread: float, a_runs: int, b_runs: int) -> float:
@@ -78,7 +79,7 @@ def run_to_run_width(spread: float, base_runs: int, best_runs: int) -> float:
     return 2 * spread * math.sqrt(2 + 1 / max(1, base_runs) + 1 / max(1, best_runs))
 
 
-def run_to_run_note(out: Path, state: dict[str, Any], reference: dict[str, Any], best: dict[str, Any]) -> str:
+def run_to_run_note(out: Path, state: SessionRecord, reference: TrialRow, best: TrialRow) -> str:
     """What a user timing one run of the patched script against one of the original may read beside the claimed
     speedup: each of their two runs is a draw of its setting's level, as each of the session's runs was."""
     runs = session_runs(out, state)
@@ -90,6 +91,6 @@ def run_to_run_note(out: Path, state: dict[str, Any], reference: dict[str, Any],
               else "the CPU truth surfaces, where each setting ran in three processes")
     return (f"Each run builds its settings at a level of its own: {100 * spread:.1f} % apart from one process to "
             f"the next ({source}). One run of the patched script timed against one run of the original reads "
-            f"within about ±{100 * width:.0f} % of ×{state['speedup']:.2f} (95 %), the claim resting on "
+            f"within about ±{100 * width:.0f} % of ×{state.speedup:.2f} (95 %), the claim resting on "
             f"{counts[0]} and {counts[1]} run(s) of the two.")
 

@@ -24,6 +24,7 @@ import math
 import statistics
 from typing import Any
 
+from advisor.search.record import TrialRow
 from advisor.trials.record.measurement import Measurement, measure, noise, window_groups
 
 LOAD_RATIO = 1.3  # the share of the machine a trial gets changing by this factor is a changed machine
@@ -149,13 +150,13 @@ def load_text(record: dict[str, Any]) -> str | None:
     return f"others held {span} of the machine from it"
 
 
-def chained(rows: list[dict[str, Any]]) -> float:
+def chained(rows: list[TrialRow]) -> float:
     """The session's speedup as the product of its kept changes' gains, each measured against the best as
     measured close to it in time (the chain that a load changing between baseline and best cannot bend)."""
     ratio = 1.0
     for row in rows:
-        if row.get("decision") == "kept" and _number(row.get("gain")):
-            ratio *= 1 + row["gain"]
+        if row.decision == "kept" and _number(row.gain):
+            ratio *= 1 + row.gain
     return ratio
 
 

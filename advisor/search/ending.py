@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.knobs import NEUTRAL
 from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
@@ -35,15 +36,15 @@ from advisor.trials.record.turns import finished, start_turns, windows_log
 CONFIRM_ROUNDS = 3  # at most: a budget left over is spent telling the two fastest settings apart
 
 
-def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
-           reference: dict[str, Any], reference_losses: list[float], log: Callable[[str], None],
+def finish(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions, best: TrialResult,
+           reference: TrialRow, reference_losses: list[float], log: Callable[[str], None],
            started: float | None = None) -> TrialResult:
     """The end of the search: the best confirmed, then the speedup read (in turns with the baseline where the
     runner runs two trials at once, else from the baseline once more right before the best), with the note
     that says how, each as the budget left allows (its trials, and its time: --time-budget counts from `started`);
     returns the best, which the confirmation may have changed."""
     in_turns, side_by_side = None, False
-    cut, searched = end_cut_short(out, state, options, started), len(state["trials"])
+    cut, searched = end_cut_short(out, state, options, started), len(state.trials)
     if run.paired:  # the baseline and the best side by side, windows in turns, after the best is confirmed
         # The first round before any pair for the speedup; a later one (the two still within the noise) only
         # before the speedup's second pair, its second draw of the two settings' levels.
@@ -52,30 +53,30 @@ def finish(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionO
                             leave=PAIR_TRIALS if kept_back else 0,
                             leave_later=PAIR_TRIALS * SPEEDUP_DRAWS if kept_back else 0, started=started)
         in_turns = speedup_in_turns(run, out, state, options, reference, log, started) if run.remeasure else None
-        if state["best"] != best.name:  # slower than the baseline in turns: the session went back to it
-            best = applied_only(load_trial(out / best_row(state)["folder"]))
+        if state.best != best.name:  # slower than the baseline in turns: the session went back to it
+            best = applied_only(load_trial(out / best_row(state).folder))
     else:
         baseline = baseline_again(run, out, state, options, reference, log, started)
         best = confirm_best(run, out, state, options, best, reference_losses, log, started=started)
         side_by_side = baseline is not None and run_best_after_baseline(run, out, state, options, baseline, log,
                                                                         started)
     if in_turns is not None:
-        state["speedup"], state["speedup_basis"] = in_turns, "in turns"
-        if state["best"] != reference["name"]:  # else the note of the way back says it
-            state["notes"].append(speedup_note(state, reference))
+        state.speedup, state.speedup_basis = in_turns, "in turns"
+        if state.best != reference.name:  # else the note of the way back says it
+            state.notes.append(speedup_note(state, reference))
     else:
-        state["speedup"], state["speedup_basis"] = session_speedup(out, state, reference)
-        if state["speedup_basis"] != "direct" or side_by_side:
-            state["notes"].append(speedup_note(state, reference, side_by_side))
-    if cut and len(state["trials"]) == searched and state["best"] != reference["name"]:
-        state["notes"].append(cut)
-    if state["best"] != reference["name"] and state.get("speedup"):
-        state["notes"].append(run_to_run_note(out, state, reference, best_row(state)))
+        state.speedup, state.speedup_basis = session_speedup(out, state, reference)
+        if state.speedup_basis != "direct" or side_by_side:
+            state.notes.append(speedup_note(state, reference, side_by_side))
+    if cut and len(state.trials) == searched and state.best != reference.name:
+        state.notes.append(cut)
+    if state.best != reference.name and state.speedup:
+        state.notes.append(run_to_run_note(out, state, reference, best_row(state)))
     return best
 
 
-def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-                   reference: dict[str, Any], log: Callable[[str], None], started: float | None = None) -> str | None:
+def baseline_again(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions,
+                   reference: TrialRow, log: Callable[[str], None], started: float | None = None) -> str | None:
     """Before the best is confirmed, where the budget allows the best a run right after it, measure the
     baseline once more, so that the claimed speedup rests on runs of both at one load (`session_speedup` reads
     every run of the two cut to their windows at one load), not on what the machine did between the
@@ -86,50 +87,49 @@ def baseline_again(run: TrialRunner, out: Path, state: dict[str, Any], options: 
             or knobs_key(in_effect(top)) == knobs_key(in_effect(reference))):
         return None
     row = _speedup_run(run, state, reference, "the baseline", "right before the best", log)
-    return row["name"] if row["decision"] == "measured" else None
+    return row.name if row.decision == "measured" else None
 
 
-def run_best_after_baseline(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, baseline: str,
+def run_best_after_baseline(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions, baseline: str,
                             log: Callable[[str], None], started: float | None = None) -> bool:
     """The best once more right after the baseline's run for the speedup, unless confirming it ran it since;
     whether the best has a run after the baseline's."""
-    rows = state["trials"]
-    after = rows[next(i for i, t in enumerate(rows) if t["name"] == baseline) + 1:]
+    rows = state.trials
+    after = rows[next(i for i, t in enumerate(rows) if t.name == baseline) + 1:]
     key = knobs_key(in_effect(best_row(state)))
-    if any(t["status"] == "ok" and knobs_key(t["knobs"]) == key for t in after):
+    if any(t.status == "ok" and knobs_key(t.knobs) == key for t in after):
         return True
     if trials_left(out, state, options, started) < 1:
         return False
-    return _speedup_run(run, state, best_row(state), "the best", "right after the baseline", log)["decision"] == \
-        "measured"
+    return _speedup_run(run, state, best_row(state), "the best", "right after the baseline", log).decision == "measured"
 
 
-def measured_row(state: dict[str, Any], index: int, result: TrialResult, record: dict[str, Any], proposal: Proposal,
-                 measurement: Measurement, reason: str) -> dict[str, Any]:
+def measured_row(state: SessionRecord, index: int, result: TrialResult, record: dict[str, Any], proposal: Proposal,
+                 measurement: Measurement, reason: str) -> TrialRow:
     """The row of a setting run once more for the speedup ("measured", with its load), appended; `reason` where
     it ran, its failure where it did not."""
     new = trial_row(index, result, record, proposal, state, measurement if result.ok else None,
                     own_bound(result, measurement) if result.ok else None)
     new.update(decision="measured" if result.ok else "failed", load=load_text(record),
                reason=reason if result.ok else f"trial {result.status}: {result.message}")
-    state["trials"].append(new)
+    state.trials.append(new)
     return new
 
 
-def _speedup_run(run: TrialRunner, state: dict[str, Any], row: dict[str, Any], what: str, where: str,
-                 log: Callable[[str], None]) -> dict[str, Any]:
+def _speedup_run(run: TrialRunner, state: SessionRecord, row: TrialRow, what: str, where: str,
+                 log: Callable[[str], None]) -> TrialRow:
     """Run a setting of the session once more, for the speedup at one load; its row."""
     proposal = once_more(row, "for the speedup at one load", "speedup")
-    index = len(state["trials"])
-    log(f"trial {index:02d}: {what} ({row['name']}) once more, for the speedup at one load")
-    result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row['name'][:2]}", log)
+    index = len(state.trials)
+    log(f"trial {index:02d}: {what} ({row.name}) once more, for the speedup at one load")
+    result, record, measurement = run_one(run, state, index, proposal, f"speedup-{row.name[:2]}", log)
     new = measured_row(state, index, result, record, proposal, measurement,
-                       f"{row['name']} again, {where}, for the speedup at one load")
+                       f"{row.name} again, {where}, for the speedup at one load")
     save(state)
     return new
 
 
-def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
+def confirm_best(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions, best: TrialResult,
                   reference_losses: list[float], log: Callable[[str], None],
                   leave: int = 0, leave_later: int | None = None, started: float | None = None) -> TrialResult:
     """Before the session ends, measure the best and the runner-up (`contender`: the fastest other setting that
@@ -145,7 +145,7 @@ def confirm_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Se
     return best
 
 
-def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions, best: TrialResult,
+def _confirm_round(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions, best: TrialResult,
                    reference_losses: list[float], log: Callable[[str], None],
                    leave: int = 0, started: float | None = None) -> tuple[TrialResult, bool]:
     """One round of `confirm_best`: (the best, whether the two are still within the noise of each other)."""
@@ -157,48 +157,48 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     runner_up, earlier = found
     confirmed, runs = {}, {}
     both = ((top, run_folders(out, state, top)), (runner_up, earlier))
-    proposals = [(once_more(row, "confirming the best", "confirm"), f"confirm-{row['name'][:2]}") for row, _ in both]
+    proposals = [(once_more(row, "confirming the best", "confirm"), f"confirm-{row.name[:2]}") for row, _ in both]
     in_turns = run.paired and fit_together([top, runner_up], state)
     if in_turns:  # side by side, their windows in turns: a load that comes and goes falls on both alike
-        index = len(state["trials"])
-        log(f"trials {index:02d}-{index + 1:02d}: {top['name']} and {runner_up['name']} side by side, their windows "
+        index = len(state.trials)
+        log(f"trials {index:02d}-{index + 1:02d}: {top.name} and {runner_up.name} side by side, their windows "
             "in turns, to confirm the best against the runner-up")
         paired = run_pair(run, out, state, options, proposals, settle=pair_settle(out, state))
     for i, ((row, folders), (proposal, slug)) in enumerate(zip(both, proposals)):
-        index = len(state["trials"])
+        index = len(state.trials)
         if in_turns:
             result, record, _ = paired[i]
         else:
-            log(f"trial {index:02d}: {row['name']} once more, to confirm the best against the runner-up")
+            log(f"trial {index:02d}: {row.name} once more, to confirm the best against the runner-up")
             result, record, _ = run_one(run, state, index, proposal, slug, log)
         # Windows in turns are at one load by construction: the two are decided on those runs alone.
         folders = [] if in_turns else folders
         pooled = (measured(out, state, result, folders) if folders else paired[i][2]) if result.ok else None
         new = trial_row(index, result, record, proposal, state, pooled, own_bound(result, pooled))
         new.update(decision="measured" if result.ok else "failed",
-                   reason=(f"{row['name']} again, its windows in turns with the other's" if in_turns else
-                           f"{row['name']} again, pooled with its earlier runs") if result.ok else
+                   reason=(f"{row.name} again, its windows in turns with the other's" if in_turns else
+                           f"{row.name} again, pooled with its earlier runs") if result.ok else
                    f"trial {result.status}: {result.message}")
-        state["trials"].append(new)
+        state.trials.append(new)
         if result.ok and folders:
-            state["pooled"][result.name] = [os.path.relpath(f, out) for f in folders]
-            runs[row["name"]] = runs_of(out, state, row["knobs"])  # every run of the setting, latest first
-        confirmed[row["name"]] = (result, pooled, new)
+            state.pooled[result.name] = [os.path.relpath(f, out) for f in folders]
+            runs[row.name] = runs_of(out, state, row.knobs)  # every run of the setting, latest first
+        confirmed[row.name] = (result, pooled, new)
         save(state)
-    (kept, kept_m, kept_row), (other, other_m, other_row) = confirmed[top["name"]], confirmed[runner_up["name"]]
+    (kept, kept_m, kept_row), (other, other_m, other_row) = confirmed[top.name], confirmed[runner_up.name]
     if kept_m is None or other_m is None:  # a confirming run failed: the best stands as it was decided
         for row in (kept_row, other_row):
-            if row["decision"] == "measured":
-                row.update(decision="reverted", reason=row["reason"] + "; the other run failed, nothing changes")
+            if row.decision == "measured":
+                row.update(decision="reverted", reason=row.reason + "; the other run failed, nothing changes")
         save(state)
         return best, False
-    changed = None if in_turns else pair_changed(runs[top["name"]], runs[runner_up["name"]])
+    changed = None if in_turns else pair_changed(runs[top.name], runs[runner_up.name])
     at_one_load = True  # the two figures were measured at one load: in turns, on a steady machine, or matched
     if changed is not None:  # pooled runs span loads: decide on the runs of both measured at one load
-        matched = measured_at_one_load(runs[top["name"]], runs[runner_up["name"]])
+        matched = measured_at_one_load(runs[top.name], runs[runner_up.name])
         at_one_load = matched is not None  # else the two latest runs, at loads of their own
-        kept_m, other_m = matched or (measure_record(runs[top["name"]][:1]), measure_record(runs[runner_up["name"]][:1]))
-        other_row["drift"] = changed
+        kept_m, other_m = matched or (measure_record(runs[top.name][:1]), measure_record(runs[runner_up.name][:1]))
+        other_row.drift = changed
     losses = recorded_losses(other.path)
     decision = decide(kept_m, other_m, losses, reference_losses, options.min_gain)
     if (not decision.keep and decision.gain > 0 and at_one_load
@@ -219,45 +219,45 @@ def _confirm_round(run: TrialRunner, out: Path, state: dict[str, Any], options: 
     winner, winner_row = (other, other_row) if decision.keep else (kept, kept_row)
     winner_row.update(decision="kept")
     (kept_row if decision.keep else other_row).update(decision="reverted")
-    other_row.update(gain=decision.gain, noise=decision.noise, reason=other_row["reason"] + f": {decision.reason}"
+    other_row.update(gain=decision.gain, noise=decision.noise, reason=other_row.reason + f": {decision.reason}"
                      + (f" ({changed}: decided on the runs of both measured at one load)" if changed else ""))
-    log(f"  confirmed: {first_change(winner_row['change'])} is the best "
+    log(f"  confirmed: {first_change(winner_row.change)} is the best "
         f"({figures_text(winner_row, state.get('unit') or 'samples/s')})")
-    state["best"] = winner.name
-    state["final_knobs"] = applied_only(winner).knobs.to_dict()
+    state.best = winner.name
+    state.final_knobs = applied_only(winner).knobs.to_dict()
     save(state)
     behind = -decision.gain if decision.keep else decision.gain  # the lead of the one left behind
     return applied_only(winner), worth_confirming(behind, decision.noise, options.min_gain)
 
 
-def kept_beyond_noise_over(state: dict[str, Any], top: dict[str, Any], other: dict[str, Any]) -> bool:
+def kept_beyond_noise_over(state: SessionRecord, top: TrialRow, other: TrialRow) -> bool:
     """Whether the best's setting was kept over the other's, measured against it beyond the noise: a confirmation
     within the noise then does not undo it on its faster figure alone (a batch kept at +21 %, noise 5 %, over
     the workers' setting, was given back on a confirmation that read the workers' +11 %, noise 19 %)."""
-    rows = {t["name"]: t for t in state["trials"]}
+    rows = {t.name: t for t in state.trials}
     mine, theirs = knobs_key(in_effect(top)), knobs_key(in_effect(other))
-    return any(t["decision"] == "kept" and knobs_key(in_effect(t)) == mine and t.get("base") in rows
-               and knobs_key(in_effect(rows[t["base"]])) == theirs and (t.get("gain") or 0) > (t.get("noise") or 0)
-               for t in state["trials"])
+    return any(t.decision == "kept" and knobs_key(in_effect(t)) == mine and t.get("base") in rows
+               and knobs_key(in_effect(rows[t.base])) == theirs and (t.gain or 0) > (t.noise or 0)
+               for t in state.trials)
 
 
-def kept_beyond_noise(state: dict[str, Any], row: dict[str, Any]) -> bool:
+def kept_beyond_noise(state: SessionRecord, row: TrialRow) -> bool:
     """Whether the search kept this row's setting by a gain beyond its noise: a measurement that showed what it
     changes pays (a replay kept bf16 with batch 256 at +14.9 %, noise 13.5 %, over batch 128; the end's confirmation,
     under a moving load, then read it 11.5 % ahead of batch 256 alone, within that run's noise)."""
     mine = knobs_key(in_effect(row))
-    return any(t["decision"] == "kept" and knobs_key(in_effect(t)) == mine
-               and (t.get("gain") or 0) > (t.get("noise") or 0) for t in state["trials"])
+    return any(t.decision == "kept" and knobs_key(in_effect(t)) == mine
+               and (t.gain or 0) > (t.noise or 0) for t in state.trials)
 
 
-def changed_knobs(row: dict[str, Any], state: dict[str, Any]) -> set[str]:
+def changed_knobs(row: TrialRow, state: SessionRecord) -> set[str]:
     """The script's own settings a trial's knobs change."""
     return set(script_changes(row, state))
 
 
-def script_changes(row: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+def script_changes(row: TrialRow, state: SessionRecord) -> dict[str, Any]:
     """The script's own settings a trial's knobs change, each to its value."""
-    user = state.get("user_values") or {}
+    user = state.user_values or {}
     return {k: v for k, v in in_effect(row).items() if v is not None and v != user.get(k)}
 
 
@@ -267,25 +267,25 @@ SPEEDUP_PAIRS = 3  # at most, as the budget allows: each pair one more draw of b
 MEMORY_HEADROOM = 0.9  # two trials at once only where both peaks fit in this share of what is free
 
 
-def fit_together(rows: list[dict[str, Any]], state: dict[str, Any]) -> bool:
+def fit_together(rows: list[TrialRow], state: SessionRecord) -> bool:
     """Whether two settings' trials fit in memory at once: on a GPU both peaks in its capacity, on the CPU in
     the memory free now (measured peaks; a setting with none is taken to fit)."""
-    peaks = [row.get("peak_memory_bytes") or 0 for row in rows]
-    if (state.get("device") or {}).get("type") == "cuda":
-        capacity = max((row.get("capacity_bytes") or 0 for row in rows), default=0)
+    peaks = [row.peak_memory_bytes or 0 for row in rows]
+    if (state.device or {}).get("type") == "cuda":
+        capacity = max((row.capacity_bytes or 0 for row in rows), default=0)
         return not capacity or sum(peaks) <= MEMORY_HEADROOM * capacity
     import psutil
 
     return sum(peaks) <= MEMORY_HEADROOM * psutil.virtual_memory().available
 
 
-def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+def run_pair(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions,
              proposals: list[tuple[Proposal, str]], windows: int | None = None,
              settle: float = 0.0) -> list[tuple[TrialResult, dict[str, Any], Measurement]]:
     """Two settings run at once, each a trial of its own, their measurement windows in turns (`windows` each,
     else the session's; fewer once their ratio's noise is within `settle`): the first's first, then one of the
     other's, and so on, the one whose turn it is not waiting before its next step."""
-    index = len(state["trials"])
+    index = len(state.trials)
     names = [f"{index + i:02d}-{slug}" for i, (_, slug) in enumerate(proposals)]
     wait_s = max(trial_time_limit(options, p.knobs) for p, _ in proposals)
     ends = start_turns(out / "turns" / names[0], names[0], names[1], wait_s, settle)
@@ -314,8 +314,8 @@ def run_pair(run: TrialRunner, out: Path, state: dict[str, Any], options: Sessio
     return done
 
 
-def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
-                     reference: dict[str, Any], log: Callable[[str], None],
+def speedup_in_turns(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions,
+                     reference: TrialRow, log: Callable[[str], None],
                      started: float | None = None) -> float | None:
     """The baseline and the best run side by side at the end, their windows in turns, so that a load that
     comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS) and the claim
@@ -335,19 +335,19 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     # fifth with the draw (×2.03-2.49 in five quiet pairs). The windows of one pair at twice a trial's are spread
     # over the pairs.
     windows = math.ceil(SPEEDUP_WINDOWS * options.windows / count)
-    proposals = [(once_more(row, "for the speedup, windows in turns", "speedup"), f"speedup-{row['name'][:2]}")
+    proposals = [(once_more(row, "for the speedup, windows in turns", "speedup"), f"speedup-{row.name[:2]}")
                  for row in (reference, top)]
     records: list[list[dict[str, Any]]] = [[], []]
     for number in range(count):
-        index = len(state["trials"])
-        log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference['name']}) and the best ({top['name']}) "
+        index = len(state.trials)
+        log(f"trials {index:02d}-{index + 1:02d}: the baseline ({reference.name}) and the best ({top.name}) "
             f"side by side, their windows in turns, for the speedup at one load"
             + (f" (pair {number + 1} of {count})" if count > 1 else ""))
         done = run_pair(run, out, state, options, proposals, windows, settle=pair_settle(out, state))
         for i, ((result, record, measurement), (proposal, _)) in enumerate(zip(done, proposals)):
             row, other = (reference, top)[i], (top, reference)[i]
             measured_row(state, index + i, result, record, proposal, measurement,
-                         f"{row['name']} again, its windows in turns with {other['name']}'s, for the speedup at "
+                         f"{row.name} again, its windows in turns with {other.name}'s, for the speedup at "
                          "one load")
         save(state)
         turns = windows_log(out / "turns" / done[0][0].name)
@@ -384,14 +384,14 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: dict[str, Any], options
     speedup = best.samples_per_s / base.samples_per_s
     if speedup - 1 < -noise(base, best):
         return back_to_baseline(state, reference, top, speedup, log)
-    state["speedup_pairs"] = len(records[0])
+    state.speedup_pairs = len(records[0])
     return speedup
 
 
 CLAIM_NOISE = 0.05  # the claim's 95 % interval within ± this: one more pair would not change what is said
 
 
-def pair_settle(out: Path, state: dict[str, Any]) -> float:
+def pair_settle(out: Path, state: SessionRecord) -> float:
     """The noise of their ratio at which a pair's windows in turns stop: CLAIM_NOISE, or half what the draws between
     the two processes add to it (`draws`), where that is more: no window narrows that part, another pair does."""
     return max(CLAIM_NOISE, between(session_spread(out, state), 1, 1) / 2)
@@ -421,19 +421,19 @@ def claim_settled(records: list[list[dict[str, Any]]]) -> str | None:
                                                      if len(claims) > 1 else ""))
 
 
-def back_to_baseline(state: dict[str, Any], reference: dict[str, Any], top: dict[str, Any], speedup: float,
+def back_to_baseline(state: SessionRecord, reference: TrialRow, top: TrialRow, speedup: float,
                      log: Callable[[str], None]) -> float:
     """The best measured slower than the baseline in turns, beyond their noise: some kept change was kept on a
     measurement the load bent, and the two at one load are what the user banks on. The session ends on the
     script's own settings (the baseline), and says so; the speedup is then 1."""
     said = (f"read ×{speedup:.2f} of the baseline, their windows in turns: the session ends on the script's own "
             "settings")
-    state["trials"][-1].update(decision="reverted", reason=state["trials"][-1]["reason"] + f"; {said}")
-    state["notes"].append(f"The best the search kept ({top['name']}: {top['change']}), measured side by side with the "
-                          f"baseline, {said} (a change it kept was measured while the load moved; a longer session, "
-                          "or a quieter machine, can tell which).")
-    log(f"  {top['name']} {said}")
-    state["best"] = reference["name"]
-    state["final_knobs"] = in_effect(reference)
+    state.trials[-1].update(decision="reverted", reason=state.trials[-1].reason + f"; {said}")
+    state.notes.append(f"The best the search kept ({top.name}: {top.change}), measured side by side with the "
+                       f"baseline, {said} (a change it kept was measured while the load moved; a longer session, "
+                       "or a quieter machine, can tell which).")
+    log(f"  {top.name} {said}")
+    state.best = reference.name
+    state.final_knobs = in_effect(reference)
     save(state)
     return 1.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.analysis.worth import EVIDENCE, expected_improvement, kinds, prior_spread, samples_gain, worth
 from advisor.search.predictions import predicted_change, session_params
 from advisor.search.proposal import Proposal
@@ -29,7 +30,7 @@ from advisor.search.proposal import Proposal
 SHARED = 0.8
 
 
-def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
+def calibrated(recommendation: str | None, state: SessionRecord, prior: float,
                priced: float | None = None) -> tuple[float, float]:
     """What the session's own measured rows of this kind of change say of the model's next price of it: (the
     shift of its mean, its σ).
@@ -43,20 +44,20 @@ def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
     setting's own part and its measurement's noise; the posterior of the common part moves the mean, and its
     variance with a new setting's own part makes the σ. No row of the kind: (0, prior)."""
     mine = set(kinds(recommendation))
-    rows = [t for t in state.get("trials") or [] if t.get("predicted_samples_gain") is not None
-            and t.get("gain") is not None and set(kinds(t.get("recommendation"))) == mine]
+    rows = [t for t in state.trials or [] if t.get("predicted_samples_gain") is not None
+            and t.gain is not None and set(kinds(t.recommendation)) == mine]
     # Each row's price as the model gives it now, calibrated on what the session measured: a miss the
     # calibration has taken in (a worker hand-off learnt from the trial that missed) is not counted again. The
     # calibration is read once for both uses below; a sketch of a session (trials without names) has none.
-    named = rows and all(t.get("name") for t in state.get("trials") or [])
+    named = rows and all(t.name for t in state.trials or [])
     params = session_params(state) if named else None
     now = repriced(state, rows, params)
     here, elsewhere = [], []
     for t in rows:
-        alike = (priced is not None and t.get("base") is not None and t["base"] == state.get("best")
-                 and abs(now[id(t)] - priced) <= (t.get("noise") or 0.0) / 2)
+        alike = (priced is not None and t.get("base") is not None and t.base == state.best
+                 and abs(now[id(t)] - priced) <= (t.noise or 0.0) / 2)
         (here if alike else elsewhere).append(t)
-    errors = [t["gain"] - now[id(t)] for t in elsewhere]
+    errors = [t.gain - now[id(t)] for t in elsewhere]
     # A parameter the calibration took from these rows explains them by construction: each spends one row's say
     # on the spread (degrees of freedom), so a miss just absorbed neither widens σ nor narrows it to nothing.
     spent = fitted(state, rows, params)
@@ -64,43 +65,43 @@ def calibrated(recommendation: str | None, state: dict[str, Any], prior: float,
     if not here or sigma <= 0:
         return 0.0, sigma
     own = (1 - SHARED) * sigma ** 2
-    draws = [(t["gain"] - now[id(t)], own + (t.get("noise") or 0.0) ** 2 / 4) for t in here]
+    draws = [(t.gain - now[id(t)], own + (t.noise or 0.0) ** 2 / 4) for t in here]
     precision = 1 / (SHARED * sigma ** 2) + sum(1 / v for _, v in draws)
     return sum(e / v for e, v in draws) / precision, math.sqrt(1 / precision + own)
 
 
-def fitted(state: dict[str, Any], rows: list[dict[str, Any]], params: dict[str, float] | None) -> int:
+def fitted(state: SessionRecord, rows: list[TrialRow], params: dict[str, float] | None) -> int:
     """How many of the model's parameters (`params`, the session's calibration; None: none read) the calibration
     takes from these rows: those it sets otherwise when they are left out."""
-    names = frozenset(t["name"] for t in rows if t.get("name"))
+    names = frozenset(t.name for t in rows if t.name)
     if params is None or not names:
         return 0
     without = session_params(state, names)
     return sum(1 for k, v in params.items() if without.get(k) != v)
 
 
-def repriced(state: dict[str, Any], rows: list[dict[str, Any]],
+def repriced(state: SessionRecord, rows: list[TrialRow],
              params: dict[str, float] | None) -> dict[int, float]:
     """Each measured row's predicted change of samples/s (by the row's id) by the model as calibrated now
     (`params`, the session's `session_params`), where the model prices it; else (or with no params) the price it
     ran at."""
-    trials = {t.get("name"): t for t in state.get("trials") or []}
+    trials = {t.name: t for t in state.trials or []}
     out = {}
     for t in rows:
         base = trials.get(t.get("base")) if params is not None and t.get("base") is not None else None
-        now = predicted_change(state, t["base"], base["knobs"], t["knobs"], params) if base is not None else None
-        out[id(t)] = t["predicted_samples_gain"] if now is None else now
+        now = predicted_change(state, t.base, base.knobs, t.knobs, params) if base is not None else None
+        out[id(t)] = t.predicted_samples_gain if now is None else now
     return out
 
 
-def prior_for(recommendation: str | None, state: dict[str, Any], helps_now: bool = False) -> float:
+def prior_for(recommendation: str | None, state: SessionRecord, helps_now: bool = False) -> float:
     """σ of a change of this kind on this session's device before the session measured any: wider where it
     addresses the bound the trace shows."""
-    accelerator = (state.get("device") or {}).get("type") == "cuda"
+    accelerator = (state.device or {}).get("type") == "cuda"
     return prior_spread(recommendation, accelerator) * (EVIDENCE if helps_now else 1.0)
 
 
-def value(proposal: Proposal, state: dict[str, Any]) -> float:
+def value(proposal: Proposal, state: SessionRecord) -> float:
     """The expected improvement of a proposal over the best: its predicted gain moved by what the session
     measured of its kind, with its kind's spread (`calibrated`)."""
     prior = prior_for(proposal.recommendation, state, proposal.helps_now)
@@ -109,7 +110,7 @@ def value(proposal: Proposal, state: dict[str, Any]) -> float:
     return worth(proposal.predicted_gain, sigma, proposal.recoverable, shift)
 
 
-def rank(proposals: list[Proposal], state: dict[str, Any]) -> list[Proposal]:
+def rank(proposals: list[Proposal], state: SessionRecord) -> list[Proposal]:
     """Proposals by expected improvement, the largest first (ties: those that address the bound)."""
     return sorted(proposals, key=lambda p: (-round(value(p, state), 6), not p.helps_now, -p.predicted_gain))
 
@@ -120,19 +121,19 @@ def remeasure_value(gain: float, noise: float) -> float:
     return expected_improvement(gain, noise / 2)
 
 
-def measured_kinds(state: dict[str, Any]) -> set[str]:
+def measured_kinds(state: SessionRecord) -> set[str]:
     """The kinds of change some trial of the session measured, as a first move or in a pair."""
-    return {k for t in state.get("trials") or [] if t.get("status") == "ok" for k in kinds(t.get("recommendation"))}
+    return {k for t in state.trials or [] if t.status == "ok" for k in kinds(t.recommendation)}
 
 
-def untried(proposals: list[Proposal], state: dict[str, Any], done: set[str] | None = None) -> list[Proposal]:
+def untried(proposals: list[Proposal], state: SessionRecord, done: set[str] | None = None) -> list[Proposal]:
     """The proposals whose kind of change no trial of the session has measured yet (`done`: those kinds, where
     the caller knows more): levers the trace points at, not yet measured on any best."""
     done = measured_kinds(state) if done is None else done
     return [p for p in proposals if not set(kinds(p.recommendation)) & done]
 
 
-def deferred_for(decision: Any, proposal: Proposal, others: list[Proposal], state: dict[str, Any]) -> str | None:
+def deferred_for(decision: Any, proposal: Proposal, others: list[Proposal], state: SessionRecord) -> str | None:
     """Why a move read within its noise is not measured again now, or None: a lever the session has not measured
     yet (of `others`, the proposals after it) is worth more than the re-measure can still change."""
     if decision is None:
@@ -148,9 +149,9 @@ def deferred_for(decision: Any, proposal: Proposal, others: list[Proposal], stat
            f"{100 * again:+.1f}% for this once more)"
 
 
-def levers_left(proposals: list[Proposal], state: dict[str, Any]) -> str:
+def levers_left(proposals: list[Proposal], state: SessionRecord) -> str:
     """Where the budget ends before every lever the trace points at was measured: those left, kept in the record
     (`unmeasured`) and said after the stop's note ("" where none is left)."""
     left = untried(proposals, state)
-    state["unmeasured"] = [p.change for p in left]
-    return f"; never measured: {', '.join(state['unmeasured'])}" if left else ""
+    state.unmeasured = [p.change for p in left]
+    return f"; never measured: {', '.join(state.unmeasured)}" if left else ""

@@ -6,8 +6,8 @@ what the ladder reads itself (`advisor.knobs.offer.Learned`). Pure functions ove
 
 from __future__ import annotations
 
-from typing import Any
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.search.proposal import Proposal, moves_of
 
 
@@ -17,30 +17,30 @@ from advisor.search.proposal import Proposal, moves_of
 RETRY_GROWTH = 0.25
 
 
-def moved_on(state: dict[str, Any], row: dict[str, Any], best_sps: float | None) -> bool:
+def moved_on(state: SessionRecord, row: TrialRow, best_sps: float | None) -> bool:
     """Whether the best has outgrown the best `row` was measured against (by RETRY_GROWTH)."""
-    base = next((t for t in state["trials"] if t.get("name") == row.get("base")), None)
-    base_sps = base.get("samples_per_s") if base else None
+    base = next((t for t in state.trials if t.name == row.get("base")), None)
+    base_sps = base.samples_per_s if base else None
     return bool(best_sps and base_sps and best_sps >= (1 + RETRY_GROWTH) * base_sps)
 
 
-def reverted_under(state: dict[str, Any], proposal: Proposal, bound: str | None,
+def reverted_under(state: SessionRecord, proposal: Proposal, bound: str | None,
                    best_sps: float | None = None) -> bool:
     """Whether the proposal's move (the same kind of change, to the same values) was tried and not kept while
     the same bound held, on a best the current one (`best_sps`) has not since outgrown. A next step of a ladder
     (batch 128→256 after 64→128 was reverted) is another move."""
-    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
+    rows = {t.name: t for t in state.trials if t.name}
     moves = proposal.move_dict
-    for t in state["trials"]:
-        if (t.get("recommendation") != proposal.recommendation or t.get("decision") not in ("reverted", "failed")
-                or t.get("status") == "oom" or t.get("tried_under") != bound or moved_on(state, t, best_sps)):
+    for t in state.trials:
+        if (t.recommendation != proposal.recommendation or t.decision not in ("reverted", "failed")
+                or t.status == "oom" or t.get("tried_under") != bound or moved_on(state, t, best_sps)):
             continue
-        base = rows.get(t["base"]) if t.get("base") else None
+        base = rows.get(t.base) if t.get("base") else None
         # A move that read within its noise (or could not be measured) on another best is not known to fail
         # on this one: only one measured clearly slower waits for the bound to move.
-        unknown = t.get("gain") is None or t.get("noise") is None or t["gain"] > -t["noise"]
-        if unknown and base is not None and proposal.base is not None and base["knobs"] != proposal.base.to_dict():
+        unknown = t.gain is None or t.noise is None or t.gain > -t.noise
+        if unknown and base is not None and proposal.base is not None and base.knobs != proposal.base.to_dict():
             continue
-        if moves_of(t, base["knobs"] if base else None).items() <= moves.items():
+        if moves_of(t, base.knobs if base else None).items() <= moves.items():
             return True
     return False

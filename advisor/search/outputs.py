@@ -8,6 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from advisor.search.record import CoreUse, SessionRecord, SessionTime
 from advisor.errors import AdvisorError
 from advisor.knobs import KNOBS, written_at
 from advisor.knobs.knob import FROM_TRIAL
@@ -34,10 +37,10 @@ def out_of_memory_note(record: dict[str, Any]) -> str:
             "micro-batches with gradient accumulation (same effective batch), then a smaller batch.")
 
 
-def batch_notes(state: dict[str, Any], options: SessionOptions) -> list[str]:
+def batch_notes(state: SessionRecord, options: SessionOptions) -> list[str]:
     """What a changed batch size means for training, in words."""
-    user = state["user_values"].get("batch_size")
-    final = (state["final_knobs"] or {}).get("batch_size")
+    user = state.user_values.get("batch_size")
+    final = (state.final_knobs or {}).get("batch_size")
     if not user or not final or final == user:
         if options.keep_effective_batch:
             return ["--keep-effective-batch: the batch size was left as written"]
@@ -56,12 +59,12 @@ def repository_root(script: Path) -> Path:
     return script.resolve().parent
 
 
-def step_function(state: dict[str, Any], script: Path) -> tuple[str | None, Path | None]:
+def step_function(state: SessionRecord, script: Path) -> tuple[str | None, Path | None]:
     """The function the step runs in and its file, for the patch: the target; or a step in an imported
     module (--step); or, with no target, the function that called backward (a plain function or method;
     None for a loop at module level or in a nested function)."""
-    _, func = parse_target(state["target"])
-    step = (state.get("options") or {}).get("step")
+    _, func = parse_target(state.target)
+    step = (state.options or {}).get("step")
     if step:
         _, file, name = parse_step(step, script)
         return name, file
@@ -74,81 +77,81 @@ def step_function(state: dict[str, Any], script: Path) -> tuple[str | None, Path
     return name, Path(file)
 
 
-def core_use(state: dict[str, Any]) -> dict[str, Any] | None:
+def core_use(state: SessionRecord) -> dict[str, Any] | None:
     """How the best settings share the CPU: DataLoader workers and torch threads per rank, against the cores
     the baseline saw ("all_used": they take every core). None where the record lacks a figure."""
-    cores = ((state.get("device") or {}).get("cpu") or {}).get("logical_cores")
-    final, user = state.get("final_knobs") or {}, state.get("user_values") or {}
+    cores = ((state.device or {}).get("cpu") or {}).get("logical_cores")
+    final, user = state.final_knobs or {}, state.user_values or {}
     workers = final.get("num_workers") if final.get("num_workers") is not None else user.get("num_workers")
     threads = final.get("threads") or user.get("threads")
     if not cores or workers is None or not threads:
         return None
-    ranks = max(1, int((state.get("options") or {}).get("nproc_per_node") or 1))
+    ranks = max(1, int((state.options or {}).get("nproc_per_node") or 1))
     return {"cores": cores, "ranks": ranks, "workers": workers, "threads": threads,
             "all_used": ranks * (workers + threads) >= cores}
 
 
-def best_plan(out: Path, state: dict[str, Any], knob: str, field: str) -> Any:
+def best_plan(out: Path, state: SessionRecord, knob: str, field: str) -> Any:
     """What the best trial recorded for the patch of `knob` (its trial.json `field`: the Dataset conversion
     uint8_copies moved, the attention lines sdpa replaced, the blocks checkpointing wrapped), or None."""
-    row = next((t for t in state["trials"] if t["name"] == state.get("best")), None)
-    if row is None or not (row.get("knobs") or {}).get(knob):
+    row = next((t for t in state.trials if t.name == state.best), None)
+    if row is None or not (row.knobs or {}).get(knob):
         return None
     try:
-        return json.loads((out / row["folder"] / "trial.json").read_text()).get(field)
+        return json.loads((out / row.folder / "trial.json").read_text()).get(field)
     except (OSError, ValueError):
         return None
 
 
-def recorded_plans(out: Path, state: dict[str, Any]) -> dict[str, Any]:
+def recorded_plans(out: Path, state: SessionRecord) -> dict[str, Any]:
     """What the best trial recorded for the patch of each knob written from its trial's record, by the record's
     field (`uint8_plan`, `attention_plan`, `checkpoint_plan`: `write_patch`'s keywords)."""
     return {k.written.record: best_plan(out, state, k.name, k.written.record) for k in written_at(FROM_TRIAL)}
 
 
-def batch_inputs(out: Path, state: dict[str, Any]) -> list[int] | None:
+def batch_inputs(out: Path, state: SessionRecord) -> list[int] | None:
     """The positions of the model's inputs the best trial moved in the layout a kept knob gives the batch (the
     record of the knob whose patch writes it where the step moves the batch: `Written.batch_record`), or None."""
     return next((found for k in KNOBS if k.written.batch_record
                  and (found := best_plan(out, state, k.name, k.written.batch_record)) is not None), None)
 
 
-def wrap_up(out: Path, state: dict[str, Any], options: SessionOptions) -> None:
+def wrap_up(out: Path, state: SessionRecord, options: SessionOptions) -> None:
     """The session done: the batch's notes and the time it took in the record, saved, and the outputs written."""
-    state["notes"].extend(batch_notes(state, options))
-    state["time"] = session_time(out, state)
-    state["status"] = "done"
+    state.notes.extend(batch_notes(state, options))
+    state.time = msgspec.convert(session_time(out, state), SessionTime | None)
+    state.status = "done"
     save(state)
     finish_outputs(out, state)
 
 
-def finish_outputs(out: Path, state: dict[str, Any]) -> None:
+def finish_outputs(out: Path, state: SessionRecord) -> None:
     """suggested.patch (when a script was tuned and something changed), report.html, TensorBoard runs."""
-    final = Knobs.from_dict(state["final_knobs"] or {})
+    final = Knobs.from_dict(state.final_knobs or {})
     from advisor.code.patch import write_patch
 
     if final.requested() and state.get("replay"):
-        state["notes"].append("no suggested.patch: the trials were replayed from a recorded surface; "
-                              "make the final settings below in the recorded script")
-    elif final.requested() and not state.get("script"):
-        state["notes"].append("no suggested.patch: the step did not come from a script file; "
-                              "make the final settings below in your code")
+        state.notes.append("no suggested.patch: the trials were replayed from a recorded surface; "
+                           "make the final settings below in the recorded script")
+    elif final.requested() and not state.script:
+        state.notes.append("no suggested.patch: the step did not come from a script file; "
+                           "make the final settings below in your code")
     elif final.requested():
-        script = Path(state["script"])
+        script = Path(state.script)
         try:
             func, step_file = step_function(state, script)
-            written, notes = write_patch(script, func, final, state["user_values"], out,
+            written, notes = write_patch(script, func, final, state.user_values, out,
                                          root=repository_root(script), accumulation_steps=final.accumulation_steps,
                                          loader_site=(state.get("training_loader") or {}).get("site"),
                                          step_file=step_file, **recorded_plans(out, state),
                                          channels_last_inputs=batch_inputs(out, state))
-            state["notes"].extend(notes)
+            state.notes.extend(notes)
         except AdvisorError as exc:  # the settings stand; only the code change could not be written
-            state["notes"].append(f"no suggested.patch: {exc}")
+            state.notes.append(f"no suggested.patch: {exc}")
             written = None
-        state["patch"] = None if written is None else os.path.relpath(written, out)
-        state["patch_root"] = None if written is None else str(repository_root(script))  # where `patch -p1` runs
-    state["core_use"] = core_use(state)
+        state.patch = None if written is None else os.path.relpath(written, out)
+        state.patch_root = None if written is None else str(repository_root(script))  # where `patch -p1` runs
+    state.core_use = msgspec.convert(core_use(state), CoreUse | None)
     save(state)  # the report reads session.json: it must already name the patch
     from advisor.report import write_report
     from advisor.report.tensorboard import session_run, write_run

@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.knobs import COMPANIONS, ORDERED, companions_of, moves_text, without_lone_companions
 from advisor.search.bounds import trial_bound
 from advisor.search.expected import rank
@@ -27,10 +28,10 @@ from advisor.trials.record import TrialResult, load_trial
 PAIR_FLOOR = 0.10
 
 
-def pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
+def pairs_on(decision: Any, row: TrialRow, bound: Any) -> bool:
     """Whether a reverted change is a base for a second move: its loss was fine, it was not clearly slower,
     and it moved the bound or addressed it."""
-    if decision.keep or decision.reason.startswith("loss") or row["decision"] != "reverted":
+    if decision.keep or decision.reason.startswith("loss") or row.decision != "reverted":
         return False
     moved = row.get("bound") is not None and row.get("bound") != bound.name
     # A gain the noise hid (positive, within it) is a base too: two changes each within the noise alone can
@@ -38,13 +39,13 @@ def pairs_on(decision: Any, row: dict[str, Any], bound: Any) -> bool:
     hidden = 0 < decision.gain <= decision.noise
     return decision.gain > -max(1.5 * decision.noise, PAIR_FLOOR) and (moved or hidden or bool(row.get("helps_now")))
 
-def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any], options: SessionOptions,
+def pair_proposal(candidate: TrialResult, first: Proposal, state: SessionRecord, options: SessionOptions,
                   space: SearchSpace, best: Knobs, why: str | None = None) -> Proposal | None:
     """The second move worth most with the candidate's first, made with `first`'s moves on the best as it is now
     (`best`), as one change: of the proposals from the candidate's own trace (reverted changes included) that
     move other knobs than `first` does and are not moves measured clearly slower on the best while the bound
     held, the pair of the largest expected improvement, both moves simulated together."""
-    user = state.get("user_values") or {}
+    user = state.user_values or {}
     first_moves = first.move_dict
     if not first_moves:
         return None
@@ -66,7 +67,7 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
     for p in propose(diagnosis, bound, source, state, options, space, retry_reverted=True):
         second = p.move_dict
         if not second or set(second) & first_knobs or clearly_slower(state, second, bound.name,
-                                                                      top.get("samples_per_s")):
+                                                                      top.samples_per_s):
             continue
         moves = merged_moves(first_moves, second)
         if moves is None:
@@ -74,24 +75,24 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: dict[str, Any]
         found.append(on_best(best, moves, f"{first.recommendation}+{p.recommendation}", f"{first.change} + {p.change}",
                              f"{first.slug}-and-{p.slug}", first.predicted_gain + p.predicted_gain, first.bound,
                              first.helps_now, why=why, predicted=first.predicted and p.predicted))
-    ranked = rank(reprice(found, state, top["name"], best), state)
+    ranked = rank(reprice(found, state, top.name, best), state)
     return ranked[0] if ranked else None
 
 # A move measured this many times its noise slower on the best is not a pair's second move while the bound holds.
 SLOWER_NOISES = 3.0
 
 
-def clearly_slower(state: dict[str, Any], moves: dict[str, Any], bound: str | None, best_sps: float | None) -> bool:
+def clearly_slower(state: SessionRecord, moves: dict[str, Any], bound: str | None, best_sps: float | None) -> bool:
     """Whether these moves (or part of them) were measured alone clearly slower (beyond SLOWER_NOISES × its
     noise) on a best the current one has not outgrown, while this bound held."""
-    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
-    for t in state["trials"]:
-        if (t.get("decision") != "reverted" or t.get("gain") is None or t.get("noise") is None
-                or "+" in str(t.get("recommendation")) or t.get("tried_under") != bound
-                or t["gain"] >= -SLOWER_NOISES * t["noise"] or moved_on(state, t, best_sps)):
+    rows = {t.name: t for t in state.trials if t.name}
+    for t in state.trials:
+        if (t.decision != "reverted" or t.gain is None or t.noise is None
+                or "+" in str(t.recommendation) or t.get("tried_under") != bound
+                or t.gain >= -SLOWER_NOISES * t.noise or moved_on(state, t, best_sps)):
             continue
-        base = rows.get(t["base"]) if t.get("base") else None
-        slower = {k: v for k, v in moves_of(t, base["knobs"] if base else None).items() if k not in COMPANIONS}
+        base = rows.get(t.base) if t.get("base") else None
+        slower = {k: v for k, v in moves_of(t, base.knobs if base else None).items() if k not in COMPANIONS}
         if slower and slower.items() <= moves.items():
             return True
     return False
@@ -113,31 +114,31 @@ def still_moves(moves: dict[str, Any], before: dict[str, Any], best: Knobs, user
         kept[knob] = value
     return without_lone_companions(kept)
 
-def late_pair(out: Path, state: dict[str, Any], options: SessionOptions, space: SearchSpace,
+def late_pair(out: Path, state: SessionRecord, options: SessionOptions, space: SearchSpace,
               best: Knobs) -> Proposal | None:
     """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet,
     its moves made on the best as it is now: a change noise made read slower than it is gets its second move
     before the session ends."""
     paired = state.setdefault("paired", [])
-    rows = {t["name"]: t for t in state["trials"] if t.get("name")}
-    user = state.get("user_values") or {}
-    reverted = [t for t in state["trials"][1:] if t["decision"] == "reverted" and t["status"] == "ok"
-                and t.get("samples_per_s") and "+" not in (t.get("recommendation") or "+")
-                and t.get("recommendation") != "confirm" and not t["reason"].startswith("loss")
-                and not takes_off(str(t.get("recommendation")))  # a knob taken off: no base
-                and t["name"] not in paired]
-    for row in sorted(reverted, key=lambda t: -t["samples_per_s"]):
-        paired.append(row["name"])
-        before = rows[row["base"]]["knobs"] if row.get("base") in rows else {}
+    rows = {t.name: t for t in state.trials if t.name}
+    user = state.user_values or {}
+    reverted = [t for t in state.trials[1:] if t.decision == "reverted" and t.status == "ok"
+                and t.samples_per_s and "+" not in (t.recommendation or "+")
+                and t.recommendation != "confirm" and not t.reason.startswith("loss")
+                and not takes_off(str(t.recommendation))  # a knob taken off: no base
+                and t.name not in paired]
+    for row in sorted(reverted, key=lambda t: -t.samples_per_s):
+        paired.append(row.name)
+        before = rows[row.base].knobs if row.get("base") in rows else {}
         moves = still_moves(moves_of(row, before), before, best, user)
         if not set(moves) - COMPANIONS:
             continue  # the best holds it already, or went past it
         same = all(best.to_dict().get(k) == before.get(k) for k in moves)
-        change = row["change"].removesuffix(" (again)") if same else moves_text(moves)
-        first = on_best(best, moves, row["recommendation"], change, row["name"][3:].removesuffix("-again"),
-                        row.get("predicted_gain") or 0.0, None, bool(row.get("helps_now")),
-                        predicted=row.get("predicted_gain") is not None)
-        pair = pair_proposal(load_trial(out / row["folder"]), first, state, options, space, best)
+        change = row.change.removesuffix(" (again)") if same else moves_text(moves)
+        first = on_best(best, moves, row.recommendation, change, row.name[3:].removesuffix("-again"),
+                        row.predicted_gain or 0.0, None, bool(row.get("helps_now")),
+                        predicted=row.predicted_gain is not None)
+        pair = pair_proposal(load_trial(out / row.folder), first, state, options, space, best)
         if pair is not None:
             return pair
     return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from advisor.search.record import SessionRecord
 from advisor.search.budget import STOP_SHARE, kept_for_time, reserve, trials_in_time
 from advisor.search.cost import by_cost, seconds, slower_compile, trial_seconds
 from advisor.search.decision import Decision, decide
@@ -44,7 +45,7 @@ class Policy:
         """The policy of a session: the search space less what the user's --only and --skip keep out."""
         return cls(out, options, user_space(space, options.only, options.skip), run, started)
 
-    def next_trials(self, state: dict[str, Any], best: TrialResult, diagnosis: Any, bound: Any) -> list[Proposal]:
+    def next_trials(self, state: SessionRecord, best: TrialResult, diagnosis: Any, bound: Any) -> list[Proposal]:
         """The candidates for the next trial, the one to run first: the user's --try settings, then a knob the
         best holds without a gain of its own (taken off), then the proposals ranked by expected improvement per
         second of wall time (`cost.by_cost`: a compile pays for its compile); where none is left, or none is worth
@@ -62,14 +63,14 @@ class Policy:
         late = late_pair(self.out, state, self.options, self.space, best.knobs)
         return [late] if late is not None else proposals
 
-    def stop(self, state: dict[str, Any], proposals: list[Proposal]) -> str | None:
+    def stop(self, state: SessionRecord, proposals: list[Proposal]) -> str | None:
         """Why the session stops before the next trial (the note it leaves), or None: nothing left to try, the
         trials or the time (less what is kept back for the end) spent, or the answer known (`answer_known`)."""
         options = self.options
         if not proposals:
-            return ("stopped: a full round over the knobs kept nothing more" if len(state["trials"]) > 1
+            return ("stopped: a full round over the knobs kept nothing more" if len(state.trials) > 1
                     else "stopped: nothing to try")
-        if len(state["trials"]) >= options.max_trials - reserve(options, self.run):
+        if len(state.trials) >= options.max_trials - reserve(options, self.run):
             # One trial is a diagnosis-only run, not a budget that ran out: it stops without a note ("").
             return (f"stopped after {options.max_trials} trials (--max-trials) with {len(proposals)} change(s) left "
                     f"to try{levers_left(proposals, state)}" if options.max_trials > 1 else "")
@@ -80,7 +81,7 @@ class Policy:
                     + levers_left(proposals, state))
         return self.answer_known(state, proposals)
 
-    def answer_known(self, state: dict[str, Any], proposals: list[Proposal]) -> str | None:
+    def answer_known(self, state: SessionRecord, proposals: list[Proposal]) -> str | None:
         """Why no trial left can change the answer, or None: every candidate is a kind of change the session has
         measured already, and none is expected to improve on the best (`expected.value`, the scale the candidates
         are ranked on) by half the least gain worth keeping (STOP_SHARE). A setting the user asked for, a knob taken
@@ -93,12 +94,12 @@ class Policy:
         return (f"stopped: the answer is known: no change left is expected to improve on the best by "
                 f"{100 * STOP_SHARE * self.options.min_gain:.1f}% (the most, {likeliest.change}: {100 * most:+.1f}%)")
 
-    def room(self, state: dict[str, Any]) -> bool:
+    def room(self, state: SessionRecord) -> bool:
         """Whether one more trial fits in the budget (its trials and its time) less what is kept back for the end."""
-        return len(state["trials"]) < self.options.max_trials - reserve(self.options, self.run) \
+        return len(state.trials) < self.options.max_trials - reserve(self.options, self.run) \
             and self.time_for(state)
 
-    def time_for(self, state: dict[str, Any], proposal: Proposal | None = None) -> bool:
+    def time_for(self, state: SessionRecord, proposal: Proposal | None = None) -> bool:
         """Whether the --time-budget left holds one more trial (`proposal`, priced as `cost.seconds`: a first
         compile on top) and the trials' time kept for the end (`kept_for_time`)."""
         if self.options.time_budget_s is None:
@@ -108,14 +109,14 @@ class Policy:
         left = trials_in_time(self.out, state, self.options, self.started)
         return left >= first + kept_for_time(self.options, self.run)
 
-    def follow_up(self, state: dict[str, Any], best: TrialResult, proposal: Proposal, result: TrialResult,
+    def follow_up(self, state: SessionRecord, best: TrialResult, proposal: Proposal, result: TrialResult,
                   decision: Decision | None, bound: Any) -> tuple[Proposal | None, str]:
         """A next move on a change that did not pay, measured against the best, and why: in the place of a model
         knob the best holds (they interact), else, where the change moved or addressed the bound, or its gain hid
         in the noise, the pair with the move worth most beside it. (None, "") where none."""
-        row = next(t for t in state["trials"] if t["name"] == result.name) if result.ok else None
+        row = next(t for t in state.trials if t.name == result.name) if result.ok else None
         # A change found not applicable changed nothing: no swap or pair is made on it (it is never proposed again).
-        if (decision is None or decision.keep or row is None or row["decision"] == "not applicable"
+        if (decision is None or decision.keep or row is None or row.decision == "not applicable"
                 or decision.reason.startswith("loss")):
             return None, ""
         second = swap_proposal(state, best.knobs, proposal)
@@ -132,7 +133,7 @@ class Policy:
         state.setdefault("paired", []).append(result.name)
         return second, f"together with {proposal.change}"
 
-    def give_way(self, state: dict[str, Any], best: TrialResult, first: TrialResult, proposal: Proposal,
+    def give_way(self, state: SessionRecord, best: TrialResult, first: TrialResult, proposal: Proposal,
                  failed: Proposal) -> tuple[Proposal | None, str]:
         """A pair that could not run (a setting that fails) gives way to the nearest one of its direction: the
         first move with its next second move."""

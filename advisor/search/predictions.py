@@ -1,7 +1,7 @@
 """The predicted gain each proposal carries, from the what-if model, corrected by what the session measured.
 
 Each best trial's step graph (`advisor.analysis.whatif.step_graph`) is kept in the session record when it
-is diagnosed (`state["graphs"]`); a proposal's change from that best is simulated on it, with the
+is diagnosed (the record's `graphs`); a proposal's change from that best is simulated on it, with the
 model's parameters calibrated from every trial the session measured so far (each row's `base`, the best
 it was tried against, its measured gain and the knobs it turned): the AMP speed-up of this script's
 kernels, the batch scaling, what the workers delivered. Changes the model has no transformation for
@@ -16,6 +16,7 @@ import dataclasses
 import statistics
 from typing import Any
 
+from advisor.search.record import PredictionError, SessionRecord, TrialRow
 from advisor.knobs import COMPANIONS, MODELLED, ORDERED, making
 from advisor.analysis.whatif import StepGraph, calibrate, predict, step_graph
 from advisor.trials.knobs import Knobs
@@ -23,19 +24,19 @@ from advisor.trials.knobs import Knobs
 NOT_PREDICTIONS = ("confirm",)  # re-measures of a setting already measured: no change was predicted
 
 
-def _changed(row: dict[str, Any]) -> bool:
+def _changed(row: TrialRow) -> bool:
     """Whether a row measured a change that was predicted: not a re-measure, nor a knob found not applicable."""
-    return row.get("recommendation") not in NOT_PREDICTIONS and row.get("decision") != "not applicable"
+    return row.recommendation not in NOT_PREDICTIONS and row.decision != "not applicable"
 
 
-def remember_graph(state: dict[str, Any], name: str, diagnosis: Any) -> None:
+def remember_graph(state: SessionRecord, name: str, diagnosis: Any) -> None:
     """Keep the step graph of a diagnosed trial (the best, before proposals are made from it)."""
     graph = step_graph(diagnosis) if diagnosis is not None else None
     if graph is not None:
         state.setdefault("graphs", {})[name] = dataclasses.asdict(graph)
 
 
-def graph_of(state: dict[str, Any], name: str | None) -> StepGraph | None:
+def graph_of(state: SessionRecord, name: str | None) -> StepGraph | None:
     """The step graph kept for a trial, or None."""
     data = (state.get("graphs") or {}).get(name) if name else None
     return StepGraph(**data) if isinstance(data, dict) else None
@@ -67,42 +68,42 @@ def model_changes(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any],
     return out
 
 
-def observations(state: dict[str, Any], leave_out: frozenset[str] = frozenset()
+def observations(state: SessionRecord, leave_out: frozenset[str] = frozenset()
                  ) -> list[tuple[StepGraph, dict[str, Any], float]]:
     """(base graph, change, measured relative change of samples/s) of every measured trial of the session (but
     those named in `leave_out`): the gain its decision read (against the best measured again beside it where the
     load had changed, pooled at one load), else its first figure over its base's: a trial's first figure and its
     base's read at two loads."""
-    rows = {t["name"]: t for t in state.get("trials") or []}
+    rows = {t.name: t for t in state.trials or []}
     out = []
     for t in rows.values():
-        if t["name"] in leave_out:
+        if t.name in leave_out:
             continue
         base = rows.get(t.get("base"))
         graph = graph_of(state, t.get("base"))
-        if base is None or graph is None or t.get("status") != "ok" or not _changed(t):
+        if base is None or graph is None or t.status != "ok" or not _changed(t):
             continue
-        if not t.get("samples_per_s") or not base.get("samples_per_s"):
+        if not t.samples_per_s or not base.samples_per_s:
             continue
-        changes = model_changes(base["knobs"], t["knobs"], state.get("user_values") or {})
+        changes = model_changes(base.knobs, t.knobs, state.user_values or {})
         if changes is not None:
-            gain = t.get("gain")
-            out.append((graph, changes, gain if gain is not None else t["samples_per_s"] / base["samples_per_s"] - 1))
+            gain = t.gain
+            out.append((graph, changes, gain if gain is not None else t.samples_per_s / base.samples_per_s - 1))
     return out
 
 
-def session_params(state: dict[str, Any], leave_out: frozenset[str] = frozenset()) -> dict[str, float]:
+def session_params(state: SessionRecord, leave_out: frozenset[str] = frozenset()) -> dict[str, float]:
     """The model's parameters for this script and device: the priors, corrected by what was measured (but the
     trials named in `leave_out`)."""
     return calibrate(observations(state, leave_out))
 
 
-def predicted_change(state: dict[str, Any], base_name: str, before: Knobs | dict[str, Any],
+def predicted_change(state: SessionRecord, base_name: str, before: Knobs | dict[str, Any],
                      after: Knobs | dict[str, Any], params: dict[str, float] | None = None) -> float | None:
     """The model's relative change of samples/s from the trial `base_name` (knobs `before`) to `after`;
     None where it has no graph of the base or no transformation for the change."""
     graph = graph_of(state, base_name)
-    changes = model_changes(before, after, state.get("user_values") or {})
+    changes = model_changes(before, after, state.user_values or {})
     if graph is None or changes is None:
         return None
     return predict(graph, changes, session_params(state) if params is None else params)
@@ -114,7 +115,7 @@ def step_share(samples_change: float) -> float:
     return 1 - 1 / (1 + max(samples_change, -0.99))
 
 
-def reprice(proposals: list[Any], state: dict[str, Any], name: str, knobs: Knobs | dict[str, Any]) -> list[Any]:
+def reprice(proposals: list[Any], state: SessionRecord, name: str, knobs: Knobs | dict[str, Any]) -> list[Any]:
     """Proposals with the model's predicted gain where it can simulate the change from the trial `name`
     (the best, with `knobs`)."""
     if graph_of(state, name) is None:
@@ -127,13 +128,13 @@ def reprice(proposals: list[Any], state: dict[str, Any], name: str, knobs: Knobs
     return out
 
 
-def prediction_error(state: dict[str, Any]) -> dict[str, Any] | None:
+def prediction_error(state: SessionRecord) -> PredictionError | None:
     """How far the session's predictions were from what it measured: over its trials with both, the median
     absolute difference of the relative changes of samples/s, and the share whose signs agreed."""
-    pairs = [(t["predicted_samples_gain"], t["gain"]) for t in state.get("trials") or []
-             if t.get("predicted_samples_gain") is not None and t.get("gain") is not None
+    pairs = [(t.predicted_samples_gain, t.gain) for t in state.trials or []
+             if t.get("predicted_samples_gain") is not None and t.gain is not None
              and _changed(t)]
     if not pairs:
         return None
-    return {"trials": len(pairs), "median_abs": statistics.median(abs(p - m) for p, m in pairs),
-            "sign_agreement": sum((p > 0) == (m > 0) for p, m in pairs) / len(pairs)}
+    return PredictionError(trials=len(pairs), median_abs=statistics.median(abs(p - m) for p, m in pairs),
+                           sign_agreement=sum((p > 0) == (m > 0) for p, m in pairs) / len(pairs))

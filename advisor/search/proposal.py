@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from advisor.search.record import TrialRow
 from advisor.knobs import COMPANIONS
 from advisor.trials.knobs import Knobs
 
@@ -92,10 +93,10 @@ def own_moves(moves: dict[str, Any], best: Knobs, user: dict[str, Any]) -> dict[
             if k not in COMPANIONS and (now.get(k) if now.get(k) is not None else user.get(k)) == v}
 
 
-def moves_of(row: dict[str, Any], base_knobs: dict[str, Any] | None) -> dict[str, Any]:
+def moves_of(row: TrialRow, base_knobs: dict[str, Any] | None) -> dict[str, Any]:
     """A recorded trial's moves: as its row says, or (a record from before rows kept them) what its knobs
     turned from the best it was measured against."""
     if isinstance(row.get("moves"), dict):
-        return dict(row["moves"])
+        return dict(row.moves)
     before = base_knobs or {}
-    return {k: v for k, v in row["knobs"].items() if v != before.get(k)}
+    return {k: v for k, v in row.knobs.items() if v != before.get(k)}

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.search.applicable import in_effect
 from advisor.search.budget import reserve
 from advisor.search.decision import Decision
@@ -21,7 +22,7 @@ from advisor.trials.record.adaptive import Against, windows_target
 from advisor.trials.record.measurement import Measurement
 
 
-def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: SessionOptions,
+def beside_best(run: TrialRunner, out: Path, state: SessionRecord, options: SessionOptions,
                 record: dict[str, Any], index: int, log: Callable[[str], None], in_time: bool = True):
     """When the measurements say the machine changed (`advisor.search.drift`), run the best once more,
     right after the candidate: (its row, the best's and the candidate's measurements at one load, why); both
@@ -29,13 +30,13 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     none of its windows ran at a load the best ran at; None when nothing changed or the budget has no room (its
     trials, or `in_time`: the --time-budget's, `Policy.time_for`)."""
     # Within the budget less the trials kept back for confirming the best at the end.
-    if not run.remeasure or not in_time or len(state["trials"]) + 2 > options.max_trials - reserve(options, run):
+    if not run.remeasure or not in_time or len(state.trials) + 2 > options.max_trials - reserve(options, run):
         return None
     top, runs = best_row(state), best_runs(out, state)
     changed = machine_changed(runs, record)
     if changed is None:
         return None
-    log(f"  {changed}: measuring the best ({top['name']}) again beside it")
+    log(f"  {changed}: measuring the best ({top.name}) again beside it")
     proposal = once_more(top, "the best, measured again", "best-again")
     # All its windows: they are the best's at this load, which the speedup at one load reads too (ended once settled
     # against the candidate, a strong drift's replays read their speedups 14 % off instead of within 10 %).
@@ -43,14 +44,14 @@ def beside_best(run: TrialRunner, out: Path, state: dict[str, Any], options: Ses
     row = trial_row(index + 1, fresh, fresh_record, proposal, state, fresh_measure if fresh.ok else None,
                     own_bound(fresh, fresh_measure) if fresh.ok else None)
     row.update(decision="measured" if fresh.ok else "failed", load=load_text(fresh_record),
-               reason=f"{top['name']} again, beside trial {index:02d}: {changed}" if fresh.ok else
+               reason=f"{top.name} again, beside trial {index:02d}: {changed}" if fresh.ok else
                f"trial {fresh.status}: {fresh.message}")
-    log(f"  {figures_text(row, state['unit'])}: the best as measured now")
+    log(f"  {figures_text(row, state.unit)}: the best as measured now")
     if not fresh.ok:
         return row, None, None, changed
     # The load may have moved again by the time the best ran: the two decide on their windows at one load
     # (this run of the best or earlier ones); where none ran at one load the candidate's measurement is None.
-    matched = measured_at_one_load([fresh_record, *runs_of(out, state, top["knobs"])], [record])
+    matched = measured_at_one_load([fresh_record, *runs_of(out, state, top.knobs)], [record])
     return (row, *(matched or (fresh_measure, None)), changed)
 
 def settling(measurement: Measurement, options: SessionOptions) -> Against | None:
@@ -60,15 +61,15 @@ def settling(measurement: Measurement, options: SessionOptions) -> Against | Non
     return dataclasses.replace(target, max_windows=options.windows) if target is not None else None
 
 
-def run_folders(out: Path, state: dict[str, Any], row: dict[str, Any]) -> list[Path]:
+def run_folders(out: Path, state: SessionRecord, row: TrialRow) -> list[Path]:
     """The folders of a row's runs: its own, then those pooled with it."""
-    return [out / row["folder"], *(out / f for f in state["pooled"].get(row["name"], []))]
+    return [out / row.folder, *(out / f for f in state.pooled.get(row.name, []))]
 
-def best_runs(out: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
+def best_runs(out: Path, state: SessionRecord) -> list[dict[str, Any]]:
     """The best's records: its own run, then those pooled with it."""
     return [trial_record(folder) for folder in run_folders(out, state, best_row(state))]
 
-def without_best_again(out: Path, state: dict[str, Any], record: dict[str, Any], decision: Decision,
+def without_best_again(out: Path, state: SessionRecord, record: dict[str, Any], decision: Decision,
                        decide_on: Callable[[Measurement, Measurement], Decision]) -> tuple[Decision, str | None]:
     """The decision on a candidate where the machine changed since the best ran, and no trial was left to run the
     best again beside it (`beside_best`): made on the two settings' windows at one load where there are some
@@ -79,10 +80,10 @@ def without_best_again(out: Path, state: dict[str, Any], record: dict[str, Any],
     if changed is None:
         return decision, None
     top = best_row(state)
-    matched = measured_at_one_load(runs_of(out, state, top["knobs"]), [record])
+    matched = measured_at_one_load(runs_of(out, state, top.knobs), [record])
     if matched is not None:
         return decide_on(*matched), changed
-    return across_loads(decision, record, trial_record(out / top["folder"]), False), changed
+    return across_loads(decision, record, trial_record(out / top.folder), False), changed
 
 def measured_at_one_load(a_runs: list[dict[str, Any]],
                          b_runs: list[dict[str, Any]]) -> tuple[Measurement, Measurement] | None:
@@ -100,22 +101,22 @@ def across_loads(decision: Decision, candidate: dict[str, Any], best: dict[str, 
     why = "not measured at the load the best ran at" + (", measured again" if again else "")
     return dataclasses.replace(decision, keep=False, inconclusive=False, reason=f"{why}: {decision.reason}")
 
-def beside_fresh_best(out: Path, state: dict[str, Any], best: dict[str, Any], fresh_best: Measurement,
+def beside_fresh_best(out: Path, state: SessionRecord, best: TrialRow, fresh_best: Measurement,
                       candidate_runs: list[dict[str, Any]]) -> tuple[Measurement, Measurement]:
     """A candidate run again after the best was measured at another load: the best's and the candidate's
     windows at one load where there are some, else the best as measured last and the candidate's latest run."""
-    return (measured_at_one_load(runs_of(out, state, best["knobs"]), candidate_runs)
+    return (measured_at_one_load(runs_of(out, state, best.knobs), candidate_runs)
             or (fresh_best, measure_record(candidate_runs[:1])))
 
-def runs_of(out: Path, state: dict[str, Any], knobs: dict[str, Any]) -> list[dict[str, Any]]:
+def runs_of(out: Path, state: SessionRecord, knobs: dict[str, Any]) -> list[dict[str, Any]]:
     """The records of every run of a setting that measured, latest first."""
     key = knobs_key(knobs)
-    return [trial_record(out / t["folder"]) for t in reversed(state["trials"])
-            if t["status"] == "ok" and t.get("samples_per_s") and knobs_key(t["knobs"]) == key]
+    return [trial_record(out / t.folder) for t in reversed(state.trials)
+            if t.status == "ok" and t.samples_per_s and knobs_key(t.knobs) == key]
 
-def once_more(row: dict[str, Any], why: str, bound: str) -> Proposal:
+def once_more(row: TrialRow, why: str, bound: str) -> Proposal:
     """A setting of the session run again as it ran (its knobs in effect), `why` added to its first change."""
-    return Proposal("confirm", f"{first_change(row['change'])} ({why})", bound, Knobs.from_dict(in_effect(row)), 0.0,
+    return Proposal("confirm", f"{first_change(row.change)} ({why})", bound, Knobs.from_dict(in_effect(row)), 0.0,
                     predicted=False)
 
 def first_change(change: str) -> str:

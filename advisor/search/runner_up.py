@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.search.applicable import in_effect
 from advisor.search.budget import STOP_SHARE
 from advisor.search.draws import between, session_spread
@@ -28,8 +29,8 @@ def worth_confirming(lead: float, noise: float, min_gain: float) -> bool:
     return remeasure_value(lead, noise) >= STOP_SHARE * min_gain
 
 
-def contender(out: Path, state: dict[str, Any], best: TrialResult,
-              min_gain: float) -> tuple[dict[str, Any], list[Path]] | None:
+def contender(out: Path, state: SessionRecord, best: TrialResult,
+              min_gain: float) -> tuple[TrialRow, list[Path]] | None:
     """The runner-up to confirm the best against, and the folders of its runs: of the other settings, fastest
     first, the first that may still be the faster (within the noise, and `worth_confirming`), or measured across
     a change of the machine's load; None where every one is clearly behind. Never a change that was not applicable (it
@@ -41,32 +42,32 @@ def contender(out: Path, state: dict[str, Any], best: TrialResult,
     best_measure, best_folders = measured(out, state, best), run_folders(out, state, top)
     draws = session_spread(out, state)
     fastest: dict[tuple, dict[str, Any]] = {}
-    for t in state["trials"]:
+    for t in state.trials:
         key = knobs_key(in_effect(t))
-        if (t["status"] == "ok" and t.get("samples_per_s") and t["decision"] != "not applicable"
+        if (t.status == "ok" and t.samples_per_s and t.decision != "not applicable"
                 and key != knobs_key(in_effect(top))
-                and (key not in fastest or t["samples_per_s"] > fastest[key]["samples_per_s"])):
+                and (key not in fastest or t.samples_per_s > fastest[key].samples_per_s)):
             fastest[key] = t
-    rows = {t["name"]: t for t in state["trials"]}
+    rows = {t.name: t for t in state.trials}
     top_key = knobs_key(in_effect(top))
     # The best's setting by its fastest run too, as every other setting is: a re-measure of it under a load reads
     # slower than the baseline, which then led the ranking.
-    top_sps = max((t["samples_per_s"] for t in state["trials"] if t["status"] == "ok" and t.get("samples_per_s")
-                   and knobs_key(in_effect(t)) == top_key), default=top.get("samples_per_s"))
+    top_sps = max((t.samples_per_s for t in state.trials if t.status == "ok" and t.samples_per_s
+                   and knobs_key(in_effect(t)) == top_key), default=top.samples_per_s)
 
-    def lead(t: dict[str, Any]) -> float:
+    def lead(t: TrialRow) -> float:
         # Against the best's own setting, the gain decided beside it (at one load) says more than samples/s
         # measured at loads of their own; other rows are compared by their figures.
         base = rows.get(t.get("base") or "")
-        if base is not None and knobs_key(in_effect(base)) == top_key and t.get("gain") is not None:
-            return t["gain"]
-        return t["samples_per_s"] / top_sps - 1 if top_sps else 0.0
+        if base is not None and knobs_key(in_effect(base)) == top_key and t.gain is not None:
+            return t.gain
+        return t.samples_per_s / top_sps - 1 if top_sps else 0.0
     for rank, row in enumerate(sorted(fastest.values(), key=lambda t: -lead(t))):
         earlier = run_folders(out, state, row)
         row_measure = measure_record([trial_record(f) for f in earlier])
         # The fastest other is confirmed too where its runs and the best's span a change of load (a slower one
         # then is no closer call than the fastest).
-        if rank == 0 and pair_changed(runs_of(out, state, top["knobs"]), runs_of(out, state, row["knobs"])):
+        if rank == 0 and pair_changed(runs_of(out, state, top.knobs), runs_of(out, state, row.knobs)):
             return row, earlier
         spread = math.hypot(noise(best_measure, row_measure), between(draws, len(best_folders), len(earlier)))
         ahead = row_measure.samples_per_s / best_measure.samples_per_s - 1

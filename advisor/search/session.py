@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.search.record import SessionRecord
 from advisor.search import best as the_best, outputs, start
 from advisor.search.attempt import attempt
 from advisor.search.ending import finish
@@ -33,7 +34,7 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
                 log: Callable[[str], None] = print, runner: TrialRunner | None = None,
                 script: bool = True, space: SearchSpace | None = None,
                 extra: dict[str, Any] | None = None,
-                progress: Callable[[Any], None] | None = None) -> dict[str, Any]:
+                progress: Callable[[Any], None] | None = None) -> SessionRecord:
     """Run (or resume) the session until no change left is worth a trial or the budget is spent; return the
     record.
 
@@ -52,9 +53,9 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
 
 def _run_locked(target: str, out: Path, options: SessionOptions, command: str, resume: bool,
                 log: Callable[[str], None], runner: TrialRunner | None, script: bool, space: SearchSpace | None,
-                extra: dict[str, Any] | None, progress: Callable[[Any], None] | None = None) -> dict[str, Any]:
+                extra: dict[str, Any] | None, progress: Callable[[Any], None] | None = None) -> SessionRecord:
     state, target, options = start.open_record(out, target, options, command, resume, script, extra, log)
-    if state.get("status") == "done":
+    if state.status == "done":
         return state
     (out / "trials").mkdir(parents=True, exist_ok=True)
     save(state)
@@ -65,19 +66,19 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     try:
         _sequence(policy, state, log)
     except KeyboardInterrupt:
-        state["status"] = "interrupted"
-        state["notes"].append("interrupted: the report shows the trials finished so far")
+        state.status = "interrupted"
+        state.notes.append("interrupted: the report shows the trials finished so far")
         try:  # the report of what was measured, as for any session; a second Ctrl-C leaves the record alone
             outputs.finish_outputs(out, state)
         except (Exception, KeyboardInterrupt) as problem:
             log(f"no report: {type(problem).__name__}: {problem}")
-        state["notes"].pop()  # a resumed session goes on; the note was for this report
+        state.notes.pop()  # a resumed session goes on; the note was for this report
         save(state)
         log(f"interrupted: resume with  advisor profile --resume {out}")
         raise
     except Exception as exc:  # the session ends with its record and a report that say what went wrong
-        state["status"] = "failed"
-        state["notes"].append(start.failure_note(exc))
+        state.status = "failed"
+        state.notes.append(start.failure_note(exc))
         try:
             outputs.finish_outputs(out, state)
         except Exception as problem:  # the record is saved; a report that cannot be made must not hide why
@@ -87,7 +88,7 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     return state
 
 
-def _sequence(policy: Policy, state: dict[str, Any], log: Callable[[str], None]) -> None:
+def _sequence(policy: Policy, state: SessionRecord, log: Callable[[str], None]) -> None:
     """The loop: the baseline (and its recovery from out of memory), then trial after trial on the best until the
     policy stops, then the end: the best confirmed, the speedup read, the outputs written."""
     run, out = policy.run, policy.out
@@ -99,7 +100,7 @@ def _sequence(policy: Policy, state: dict[str, Any], log: Callable[[str], None])
         stopped = policy.stop(state, proposals)
         if stopped is not None:
             if stopped:
-                state["notes"].append(stopped)
+                state.notes.append(stopped)
             break
         proposal = proposals[0]
         why = proposal.why or (f"addresses the bound: {bound.label}" if proposal.helps_now and bound.name
@@ -120,7 +121,7 @@ def _sequence(policy: Policy, state: dict[str, Any], log: Callable[[str], None])
             second, second_why = policy.give_way(state, best, first_result, proposal, second)
         if decision is not None and decision.keep:
             best = the_best.keep(state, result)
-        elif state["best"] != best.name:  # the best, measured again beside a candidate, stays the best
+        elif state.best != best.name:  # the best, measured again beside a candidate, stays the best
             best = the_best.best_trial(out, state)
         save(state)
     best = finish(run, out, state, policy.options, best, reference, reference_losses, log, policy.started)

@@ -30,6 +30,7 @@ import dataclasses
 import math
 from typing import Any
 
+from advisor.search.record import SessionRecord
 from advisor.search.decision import Decision
 from advisor.search.state import best_row
 from advisor.search.proposal import Proposal, on_best
@@ -40,43 +41,43 @@ from advisor.trials.knobs import Knobs
 RECOMMENDATION = "without"  # the recommendation of a trial that takes a knob off: "without-compile"
 
 
-def unproven_knobs(state: dict[str, Any]) -> list[str]:
+def unproven_knobs(state: SessionRecord) -> list[str]:
     """The model knobs the best holds whose own gain was never shown (see the module), each once."""
-    tried = {str(t.get("recommendation")).split(f"{RECOMMENDATION}-", 1)[1] for t in state["trials"]
-             if takes_off(str(t.get("recommendation")))}
+    tried = {str(t.recommendation).split(f"{RECOMMENDATION}-", 1)[1] for t in state.trials
+             if takes_off(str(t.recommendation))}
     found: list[str] = []
     for depth, (base, row) in enumerate(_kept_chain(state)):  # the latest change first
-        changed = turned(base["knobs"], row["knobs"])
-        came_in = {k for k in changed if k in MODEL_KNOBS and row["knobs"].get(k)}
+        changed = turned(base.knobs, row.knobs)
+        came_in = {k for k in changed if k in MODEL_KNOBS and row.knobs.get(k)}
         for knob in sorted(came_in - tried - set(found)):
-            alone_reverted = "+" in str(row.get("recommendation") or "") and any(
-                t.get("base") == base["name"] and t["decision"] == "reverted" and t["status"] == "ok"
-                and knob in turned(base["knobs"], t["knobs"]) and turned(base["knobs"], t["knobs"]) < changed
-                for t in state["trials"])
-            narrow = (depth > 0 and row.get("gain") is not None and row.get("noise") is not None
-                      and row["gain"] < 2 * row["noise"])
+            alone_reverted = "+" in str(row.recommendation or "") and any(
+                t.get("base") == base.name and t.decision == "reverted" and t.status == "ok"
+                and knob in turned(base.knobs, t.knobs) and turned(base.knobs, t.knobs) < changed
+                for t in state.trials)
+            narrow = (depth > 0 and row.gain is not None and row.noise is not None
+                      and row.gain < 2 * row.noise)
             if alone_reverted or narrow:
                 found.append(knob)
     return found
 
 
-def _kept_chain(state: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _kept_chain(state: SessionRecord) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(the best it was kept on, the row that first kept a setting), from the best back to the baseline."""
-    rows = {t["name"]: t for t in state["trials"]}
+    rows = {t.name: t for t in state.trials}
     chain = []
-    row = _first_with(state, best_row(state)["knobs"])
+    row = _first_with(state, best_row(state).knobs)
     while row is not None and row.get("base") in rows:
-        base = _first_with(state, rows[row["base"]]["knobs"])  # a re-measure stands for where it was first kept
-        if base is None or base["name"] == row["name"]:
+        base = _first_with(state, rows[row.base].knobs)  # a re-measure stands for where it was first kept
+        if base is None or base.name == row.name:
             break
         chain.append((base, row))
         row = base
     return chain
 
 
-def _first_with(state: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] | None:
+def _first_with(state: SessionRecord, knobs: dict[str, Any]) -> dict[str, Any] | None:
     """The first row that measured these settings as the baseline or kept them."""
-    return next((t for t in state["trials"] if t["knobs"] == knobs and t["decision"] in ("baseline", "kept")), None)
+    return next((t for t in state.trials if t.knobs == knobs and t.decision in ("baseline", "kept")), None)
 
 
 def without_proposal(knobs: Knobs, knob: str) -> Proposal:
@@ -88,14 +89,14 @@ def without_proposal(knobs: Knobs, knob: str) -> Proposal:
                    predicted=False)
 
 
-def swap_proposal(state: dict[str, Any], knobs: Knobs, reverted: Proposal) -> Proposal | None:
+def swap_proposal(state: SessionRecord, knobs: Knobs, reverted: Proposal) -> Proposal | None:
     """The model knob `reverted` turned on, with a model knob of the best (`knobs`) off instead; None where it
     turned something else, the best holds no other model knob, or each swap was tried."""
     added = turned(knobs, reverted.knobs)
     knob = next(iter(added)) if len(added) == 1 else None
     if knob not in MODEL_KNOBS or not getattr(reverted.knobs, knob) or takes_off(reverted.recommendation):
         return None
-    tried = {t.get("recommendation") for t in state["trials"]}
+    tried = {t.recommendation for t in state.trials}
     for held in MODEL_KNOBS:
         recommendation = f"{reverted.recommendation}-{RECOMMENDATION}-{held}"
         if held != knob and getattr(knobs, held) and recommendation not in tried:

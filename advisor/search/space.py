@@ -13,6 +13,7 @@ import dataclasses
 import os
 from typing import Any, Iterable
 
+from advisor.search.record import SessionRecord
 from advisor.errors import AdvisorError
 from advisor.search.proposal import Proposal, on_best, own_moves
 from advisor.search.strategy import SearchSpace
@@ -98,20 +99,20 @@ def user_space(space: SearchSpace, only: Iterable[str] | None, skip: Iterable[st
     return dataclasses.replace(space, only=None if only is None else frozenset(only), skip=frozenset(skip))
 
 
-def pending_try(options: Any, state: dict[str, Any], best: Knobs, diagnosis: Any = None) -> Proposal | None:
+def pending_try(options: Any, state: SessionRecord, best: Knobs, diagnosis: Any = None) -> Proposal | None:
     """The next `--try` setting not yet run in this session, as a proposal on top of the best knobs, with the
     gain the best trial's advice predicts for those knobs (0 where none advises them); None when all have run."""
-    done = {t.get("change") for t in state["trials"] if t.get("recommendation") == TRY}
+    done = {t.change for t in state.trials if t.recommendation == TRY}
     for text in options.tries:
         change = f"--try {text}"
         if change in done:
             continue
         values = try_settings(text)
-        own = own_moves(values, best, state.get("user_values") or {})
+        own = own_moves(values, best, state.user_values or {})
         if own and own == {k: v for k, v in values.items() if k not in COMPANIONS}:
             note = f"{change}: not run, the script has it already ({own_text(own, state)})"
-            if note not in state["notes"]:
-                state["notes"].append(note)
+            if note not in state.notes:
+                state.notes.append(note)
             continue
         values = {k: v for k, v in values.items() if k not in own}
         advised = [r for r in getattr(diagnosis, "recommendations", ()) if set(r.knobs) & set(values)]
@@ -122,19 +123,19 @@ def pending_try(options: Any, state: dict[str, Any], best: Knobs, diagnosis: Any
     return None
 
 
-def own_text(knobs: dict[str, Any] | Any, state: dict[str, Any]) -> str:
+def own_text(knobs: dict[str, Any] | Any, state: SessionRecord) -> str:
     """The script's own settings of these knobs as the baseline row says them: "bf16 autocast, train.py line 84"."""
     own = state.get("own_settings") or {}
     parts = []
     for knob in knobs:
-        setting = own.get(knob) if isinstance(own.get(knob), dict) else None
+        setting = own.get(knob)
         if setting is None:
-            parts.append(f"{knob}={(state.get('user_values') or {}).get(knob)!r}")
+            parts.append(f"{knob}={(state.user_values or {}).get(knob)!r}")
             continue
-        site = setting.get("site")
+        site = setting.site
         where = ""
         if isinstance(site, str) and site.rpartition(":")[2].isdigit():
             path, _, line = site.rpartition(":")
             where = f", {os.path.basename(path)} line {line}"
-        parts.append(f"{setting.get('what') or knob}{where}")
+        parts.append(f"{setting.what or knob}{where}")
     return "; ".join(parts)

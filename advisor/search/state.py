@@ -1,7 +1,7 @@
 """The session record, `session.json`: what the search knows, rewritten atomically after every trial.
 
-Its keys and their types, and those of each trial row, are declared in `advisor.search.record` and checked on
-every save and resume. `replay` (the surface folder) is present for sessions replayed from a recorded surface.
+The search holds it as its types (`advisor.search.record`: `SessionRecord`, a `TrialRow` each trial), checked
+again on every save and resume. `replay` (the surface folder) is present for sessions replayed from a recorded surface.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import msgspec
 from advisor.analysis.worth import samples_gain
 from advisor.errors import AdvisorError
 from advisor.knobs.checkpointing import figures as checkpoint_figures
-from advisor.search.record import SCHEMA, typed
+from advisor.search.record import SCHEMA, SessionRecord, TrialRow, typed
 from advisor.report.tensorboard import SESSION_RUN
 from advisor.trials.record.storage import write_json_atomic
 from advisor.trials.record import TRIAL_MARKER
@@ -90,30 +90,35 @@ class SessionOptions:
 
 
 def new_state(target: str, script: str | None, out: Path, options: SessionOptions, command: str,
-              lint: list[dict] | None) -> dict[str, Any]:
+              lint: list[dict] | None) -> SessionRecord:
     """A fresh session record."""
     now = time.time()
-    return {
-        "schema": SCHEMA, "target": target, "script": script, "command": command, "cwd": os.getcwd(), "lint": lint,
-        "options": options.to_dict(), "status": "running", "started_at": now, "updated_at": now,
-        "device": None, "user_values": {}, "own_settings": {}, "memory_cap": None, "baseline": None, "best": None,
-        "final_knobs": None, "speedup": None, "bound": None, "unit": "samples/s", "training_loader": None,
-        "trials": [], "recommendations": [], "notes": [],
-        "patch": None, "pooled": {}, "running_trial": None, "_dir": str(out),
-    }
+    state = SessionRecord(
+        schema=SCHEMA, target=target, script=script, command=command, cwd=os.getcwd(), lint=lint,
+        options=options.to_dict(), status="running", started_at=now, updated_at=now,
+        device=None, user_values={}, own_settings={}, memory_cap=None, baseline=None, best=None,
+        final_knobs=None, speedup=None, bound=None, unit="samples/s", training_loader=None,
+        trials=[], recommendations=[], notes=[], patch=None, pooled={}, running_trial=None)
+    state.folder = str(out)
+    return state
 
 
-def save(state: dict[str, Any]) -> None:
+def document(state: SessionRecord) -> dict[str, Any]:
+    """The record as session.json holds it (plain JSON types, unset fields left out)."""
+    return msgspec.to_builtins(state)
+
+
+def save(state: SessionRecord) -> None:
     """Rewrite session.json atomically."""
-    state["updated_at"] = time.time()
-    doc = {k: v for k, v in state.items() if not k.startswith("_")}
-    path = Path(state["_dir"]) / SESSION_FILE
+    state.updated_at = time.time()
+    doc = document(state)
+    path = Path(state.folder) / SESSION_FILE
     write_json_atomic(path, doc)  # first: a record that does not fit its types is still kept
     try:
-        typed(doc)
+        typed(doc)  # in memory a field may be given a value of another type: named here
     except msgspec.ValidationError as exc:
         problem = f"{path}: the session wrote a record that does not fit advisor.search.record: {exc}"
-        if os.environ.get(STRICT_RECORD):  # the test suite: a key the search misspells fails the test that wrote it
+        if os.environ.get(STRICT_RECORD):  # the test suite: a value of the wrong type fails the test that wrote it
             raise ValueError(problem) from None
         print(f"advisor: warning: {problem}", file=sys.stderr)  # a user's session goes on: nothing is lost
 
@@ -149,7 +154,7 @@ def discard_unstarted(out: Path, created: bool) -> None:
             pass
 
 
-def resume_state(out: Path) -> dict[str, Any]:
+def resume_state(out: Path) -> SessionRecord:
     """A session record to resume. Trial folders it does not list are the trial in flight when it stopped
     (removed, when a trial made them) or something else (moved aside into trials/.set-aside, never
     deleted); a trials/ that is a symbolic link is refused, untouched."""
@@ -163,15 +168,16 @@ def resume_state(out: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("schema") != SCHEMA or not isinstance(state.get("trials"), list):
         raise AdvisorError(f"{path}: not an {SCHEMA} document")
     try:
-        typed(state)
+        state = typed(state)
     except msgspec.ValidationError as exc:
         raise AdvisorError(f"{path}: not an {SCHEMA} document: {exc}") from None
-    state["_dir"] = str(out)
-    state.setdefault("pooled", {})
+    state.folder = str(out)
+    if "pooled" not in state:
+        state.pooled = {}
     trials = out / "trials"
     if trials.is_symlink():
         raise AdvisorError(f"{trials}: is a symbolic link, not the session's own folder; nothing was touched")
-    listed = {t.get("name") for t in state["trials"] if isinstance(t, dict)}
+    listed = {t.name for t in state.trials}
     for entry in sorted(trials.iterdir()) if trials.is_dir() else ():
         if entry.name in listed or entry.name in (SET_ASIDE, SESSION_RUN):  # SESSION_RUN: rewritten at the end
             continue
@@ -194,14 +200,14 @@ def _free(path: Path) -> Path:
     return candidate
 
 
-def reference_row(state: dict[str, Any]) -> dict | None:
+def reference_row(state: SessionRecord) -> TrialRow | None:
     """The trial speed-ups are measured against: the baseline, or the first configuration that fitted."""
-    return next((t for t in state["trials"] if t["decision"] in ("baseline", "kept") and t["samples_per_s"]), None)
+    return next((t for t in state.trials if t.decision in ("baseline", "kept") and t.samples_per_s), None)
 
 
-def best_row(state: dict[str, Any]) -> dict:
+def best_row(state: SessionRecord) -> TrialRow:
     """The row of the best trial so far."""
-    return next(t for t in state["trials"] if t["name"] == state["best"])
+    return next(t for t in state.trials if t.name == state.best)
 
 
 def capacity_bytes(trial: dict[str, Any], memory_limit: int | None) -> float | None:
@@ -234,53 +240,53 @@ def capped_peak(record: dict[str, Any]) -> int | None:
     return max(0, peak - cap["held_bytes"]) + inside
 
 
-def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, state: dict[str, Any],
-              measurement: Any, bound: Any = None) -> dict[str, Any]:
+def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, state: SessionRecord,
+              measurement: Any, bound: Any = None) -> TrialRow:
     """The session.json row of one trial (decision filled in by the caller)."""
     reference = reference_row(state)
     sps = measurement.samples_per_s if measurement is not None and measurement.samples_per_s else result.samples_per_s
-    base_sps = reference["samples_per_s"] if reference else sps
-    return {
-        "index": index,
-        "name": result.name,
-        "folder": os.path.relpath(result.path, state["_dir"]),
-        "change": "baseline" if proposal is None else proposal.change,
-        "recommendation": None if proposal is None else proposal.recommendation,
-        "knobs": result.knobs.to_dict(),
-        "status": result.status,
-        "message": result.message,
-        "decision": None,
-        "reason": "",
-        "batch_size": result.batch_size,
-        "median_step_s": result.median_step_s,
-        "samples_per_s": sps,
-        "interval": list(measurement.interval) if measurement is not None and measurement.interval else None,
-        "measured": measurement.source if measurement is not None else None,
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "peak_memory_source": result.peak_memory_source,
-        "capacity_bytes": capacity_bytes(record, state["options"].get("memory_limit")),
-        "peak_capped_bytes": capped_peak(record),
-        "checkpoint_blocks": checkpoint_figures(record),  # what checkpointing would wrap, and its bytes
-        "loss": result.loss,
-        "speedup": (sps / base_sps) if sps and base_sps else None,
-        "gain": None,
+    base_sps = reference.samples_per_s if reference else sps
+    return TrialRow(
+        index=index,
+        name=result.name,
+        folder=os.path.relpath(result.path, state.folder),
+        change="baseline" if proposal is None else proposal.change,
+        recommendation=None if proposal is None else proposal.recommendation,
+        knobs=result.knobs.to_dict(),
+        status=result.status,
+        message=result.message,
+        decision=None,
+        reason="",
+        batch_size=result.batch_size,
+        median_step_s=result.median_step_s,
+        samples_per_s=sps,
+        interval=list(measurement.interval) if measurement is not None and measurement.interval else None,
+        measured=measurement.source if measurement is not None else None,
+        peak_memory_bytes=result.peak_memory_bytes,
+        peak_memory_source=result.peak_memory_source,
+        capacity_bytes=capacity_bytes(record, state.options.get("memory_limit")),
+        peak_capped_bytes=capped_peak(record),
+        checkpoint_blocks=checkpoint_figures(record),  # what checkpointing would wrap, and its bytes
+        loss=result.loss,
+        speedup=(sps / base_sps) if sps and base_sps else None,
+        gain=None,
         # What the change moved (knob → value) on the best it was made on; None for the baseline and re-measures.
-        "moves": dict(proposal.moves) if proposal is not None and proposal.base is not None else None,
+        moves=dict(proposal.moves) if proposal is not None and proposal.base is not None else None,
         # None where nothing predicted it ("no prediction"), not +0%: the figure only placed it in the order.
-        "predicted_gain": None if proposal is None or not proposal.predicted else proposal.predicted_gain,
-        "predicted_samples_gain": None if proposal is None or not proposal.predicted
+        predicted_gain=None if proposal is None or not proposal.predicted else proposal.predicted_gain,
+        predicted_samples_gain=None if proposal is None or not proposal.predicted
         else samples_gain(proposal.predicted_gain),
-        "noise": None,
-        "tried_under": state["bound"]["name"] if proposal is not None and state.get("bound") else None,
-        "helps_now": None if proposal is None else proposal.helps_now,
-        "bound": None if bound is None else bound.name,
-        "bound_evidence": [] if bound is None else list(bound.evidence),
-        "outcomes": dict(result.knob_outcomes) or None,  # what each requested knob did: applied / not applicable
-        "compile": record.get("compile"),  # torch.compile's cost and graphs, when the trial compiled
-    }
+        noise=None,
+        tried_under=state.bound.name if proposal is not None and state.get("bound") else None,
+        helps_now=None if proposal is None else proposal.helps_now,
+        bound=None if bound is None else bound.name,
+        bound_evidence=[] if bound is None else list(bound.evidence),
+        outcomes=dict(result.knob_outcomes) or None,  # what each requested knob did: applied / not applicable
+        compile=record.get("compile"),  # torch.compile's cost and graphs, when the trial compiled
+    )
 
 
-def compile_payback(compile_s: float | None, before: dict[str, Any], after: dict[str, Any]) -> int | None:
+def compile_payback(compile_s: float | None, before: TrialRow, after: TrialRow) -> int | None:
     """Steps after which a compile pays for itself: its compile time over the time it saves per step
     (steady state, the best before it against it); None when it saves nothing or a figure is missing."""
     rates = (before.get("samples_per_s"), after.get("samples_per_s"))

@@ -46,6 +46,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from advisor.search.record import SessionRecord
 from advisor.analysis.worth import ceiling
 from advisor.knobs import ADVISED, COMPANIONS, OFFERING, RECOVERING, SWITCHED_KNOBS, Knob
 from advisor.knobs.offer import Best, Learned, Offer
@@ -107,17 +108,17 @@ def knobs_key(knobs: dict[str, Any] | Knobs) -> str:
 
 # --- what to try next ------------------------------------------------------------------------------------
 
-def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], options: Any,
+def propose(diagnosis: Any, bound: Bound, best: Any, state: SessionRecord, options: Any,
             space: SearchSpace, retry_reverted: bool = False) -> list[Proposal]:
     """Candidate trials from the best trial: those that address its bound first, then the rest (a full
     round over the knobs), each by predicted gain (the what-if model's, `advisor.search.predictions`); never
     a setting already measured. `retry_reverted`: also changes reverted under this bound (as the second move of a pair, they are tried from another base)."""
     recs = {r.id: r for r in diagnosis.recommendations} if diagnosis is not None else {}
-    facts = state.get("device") or {}
+    facts = state.device or {}
     # Each rank of a data-parallel trial on this node gets its share of the cores.
     cores = max(1, ((facts.get("cpu") or {}).get("logical_cores") or 1) // max(1, options.nproc_per_node))
-    user = state.get("user_values") or {}
-    learned = Learned(tuple(state["trials"]), user, state.get("training_loader") or {})
+    user = state.user_values or {}
+    learned = Learned(tuple(state.trials), user, state.get("training_loader") or {})
     here = Best.of(best.knobs, recs, bound.name, facts, cores, space, options.nproc_per_node, learned, best, options)
     found = [
         # The moves a knob's module offers (the ladders of workers and batch first, then AMP, pinned copies,
@@ -126,9 +127,9 @@ def propose(diagnosis: Any, bound: Bound, best: Any, state: dict[str, Any], opti
         *(p for k in OFFERING for p in offered(k, here)),
         *(model_knob_proposal(recs, k, best.knobs, state, space) for k in ADVISED),
     ]
-    tried = {knobs_key(t["knobs"]) for t in state["trials"]}
+    tried = {knobs_key(t.knobs) for t in state.trials}
     refused = not_applicable_knobs(state)
-    best_sps = next((t.get("samples_per_s") for t in state["trials"] if t.get("name") == best.name), None)
+    best_sps = next((t.samples_per_s for t in state.trials if t.name == best.name), None)
     out = []
     for p in found:
         if p is None or knobs_key(p.knobs) in tried or turned(best.knobs, p.knobs) & refused:
@@ -155,9 +156,9 @@ def turned(before: Knobs | dict[str, Any], after: Knobs | dict[str, Any]) -> set
     return {k for k, v in b.items() if v != a.get(k)} - COMPANIONS
 
 
-def not_applicable_knobs(state: dict[str, Any]) -> set[str]:
+def not_applicable_knobs(state: SessionRecord) -> set[str]:
     """The knobs an earlier trial of the session found not applicable to this script or device."""
-    return {k for t in state["trials"] for k, v in (t.get("outcomes") or {}).items()
+    return {k for t in state.trials for k, v in (t.get("outcomes") or {}).items()
             if str(v).startswith("not applicable")}
 
 
@@ -173,7 +174,7 @@ def proposals_of(knob: Knob, best: Best, made: Offer | tuple[Offer | None, ...] 
                     why=o.why, predicted=o.predicted, recoverable=o.recoverable) for o in offers if o is not None]
 
 
-def model_knob_proposal(recs: dict[str, Any], knob: Knob, knobs: Knobs, state: dict[str, Any],
+def model_knob_proposal(recs: dict[str, Any], knob: Knob, knobs: Knobs, state: SessionRecord,
                         space: SearchSpace) -> Proposal | None:
     """A knob one rule advises and names the bound of: a knob whose module names that advice (channels_last for
     convolutions, a fused optimizer for its step's time, TF32 for fp32 matmuls off the Tensor Cores, cudnn.benchmark
@@ -183,7 +184,7 @@ def model_knob_proposal(recs: dict[str, Any], knob: Knob, knobs: Knobs, state: d
     if rec is None or getattr(knobs, knob.name) or not space.allows(knob.name):
         return None
     if knob.after and (getattr(knobs, knob.after) or (recs.get(knob.after) is not None and not any(
-            t.get("recommendation") == knob.after for t in state["trials"]))):
+            t.recommendation == knob.after for t in state.trials))):
         return None
     return on_best(knobs, {knob.name: True}, rec.id, knob.title, knob.name.replace("_", "-"), rec.predicted_gain,
                    rec.bound)
@@ -191,13 +192,13 @@ def model_knob_proposal(recs: dict[str, Any], knob: Knob, knobs: Knobs, state: d
 
 # --- out of memory --------------------------------------------------------------------------------------
 
-def recovery_plan(state: dict[str, Any]) -> list[Proposal]:
+def recovery_plan(state: SessionRecord) -> list[Proposal]:
     """Configurations to try after the baseline ran out of memory, closest to the user's first: each knob's
     recovery moves (`Knob.recover`: AMP, checkpointing, micro-batches, a smaller batch), made on the baseline (the
     best while nothing fits), less those the script holds already."""
-    user = state.get("user_values") or {}
+    user = state.user_values or {}
     baseline = Knobs()
-    here = Best.of(baseline, {}, "memory", state.get("device") or {}, 1, SearchSpace(), 1,
-                   Learned(tuple(state["trials"]), user, state.get("training_loader") or {}))
+    here = Best.of(baseline, {}, "memory", state.device or {}, 1, SearchSpace(), 1,
+                   Learned(tuple(state.trials), user, state.get("training_loader") or {}))
     plan = [p for k in RECOVERING for p in proposals_of(k, here, k.recover(here))]
     return [p for p in plan if not own_moves(p.move_dict, baseline, user)]

@@ -25,21 +25,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.search.strategy import knobs_key
 from advisor.trials.record import TRIAL_FILE
 
 SHARES = ("startup_s", "warmup_s", "measurement_s", "reruns_s")
 
 
-def is_rerun(row: dict[str, Any]) -> bool:
+def is_rerun(row: TrialRow) -> bool:
     """Whether a row measured a setting the session had measured before."""
-    return row.get("recommendation") == "confirm" or str(row.get("change") or "").endswith("(again)")
+    return row.recommendation == "confirm" or str(row.change or "").endswith("(again)")
 
 
-def row_record(out: Path, row: dict[str, Any]) -> dict[str, Any]:
+def row_record(out: Path, row: TrialRow) -> dict[str, Any]:
     """The trial.json of a session row's folder; {} where it cannot be read."""
     try:
-        return json.loads((out / row["folder"] / TRIAL_FILE).read_text())
+        return json.loads((out / row.folder / TRIAL_FILE).read_text())
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -72,7 +73,7 @@ def exclusive_times(spans: list[tuple[float, float]]) -> list[float]:
     return shares
 
 
-def session_time(out: Path, state: dict[str, Any]) -> dict[str, Any] | None:
+def session_time(out: Path, state: SessionRecord) -> dict[str, Any] | None:
     """The session's wall time, its shares, and the time and trials it took to first measure the setting
     it ended on (None when no trial recorded its times)."""
     out = Path(out)
@@ -80,7 +81,7 @@ def session_time(out: Path, state: dict[str, Any]) -> dict[str, Any] | None:
     timed: list[tuple[dict[str, Any], dict[str, float]]] = []
     ended: dict[str, float] = {}
     simulated = False
-    for row in state["trials"]:
+    for row in state.trials:
         record = row_record(out, row)
         own = trial_time(record)
         if own is None:
@@ -89,7 +90,7 @@ def session_time(out: Path, state: dict[str, Any]) -> dict[str, Any] | None:
         simulated |= bool(times.get("simulated"))
         spans.append((times["started_at"], max(times["started_at"], times["ended_at"])))
         timed.append((row, own))
-        ended[row["name"]] = times["ended_at"]
+        ended[row.name] = times["ended_at"]
     if not spans:
         return None
     for (row, own), exclusive in zip(timed, exclusive_times(spans)):
@@ -101,10 +102,10 @@ def session_time(out: Path, state: dict[str, Any]) -> dict[str, Any] | None:
                 shares[key] += own[key] * scale
     begin = min(s for s, _ in spans)
     wall = max(e for _, e in spans) - begin
-    best = next((t for t in state["trials"] if t["name"] == state.get("best")), None)
-    first = next((t for t in state["trials"] if best is not None and t["name"] in ended
-                  and knobs_key(t["knobs"]) == knobs_key(best["knobs"])), None)
+    best = next((t for t in state.trials if t.name == state.best), None)
+    first = next((t for t in state.trials if best is not None and t.name in ended
+                  and knobs_key(t.knobs) == knobs_key(best.knobs)), None)
     return {"wall_s": wall, **shares, "other_s": max(0.0, wall - sum(shares.values())),
-            "to_best_s": ended[first["name"]] - begin if first else None,
-            "trials_to_best": first["index"] + 1 if first else None, "simulated": simulated}
+            "to_best_s": ended[first.name] - begin if first else None,
+            "trials_to_best": first.index + 1 if first else None, "simulated": simulated}
 

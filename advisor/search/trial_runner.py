@@ -18,6 +18,7 @@ from advisor.trials.record.storage import number
 from advisor.search.bounds import trial_bound
 from advisor.search.cost import answer_seconds
 from advisor.trials.record.measurement import Measurement, job, measure
+from advisor.search.record import RunningTrial, SessionRecord, TrialRow
 from advisor.search.state import SessionOptions, save
 from advisor.search.proposal import Proposal
 from advisor.trials.record import TRIAL_FILE, TrialResult
@@ -71,10 +72,10 @@ def recorded_losses(folder: Path | str) -> list[float]:
     return [x for x in losses if x is not None]
 
 
-def measured(out: Path, state: dict[str, Any], result: TrialResult, extra: list[Path] = ()) -> Measurement:
+def measured(out: Path, state: SessionRecord, result: TrialResult, extra: list[Path] = ()) -> Measurement:
     """A trial's steady-state measurement, pooled with earlier runs of the same settings; of the whole
     job for a data-parallel trial (each rank's runs pooled, the ranks summed)."""
-    folders = [result.path, *extra, *(out / f for f in state["pooled"].get(result.name, []))]
+    folders = [result.path, *extra, *(out / f for f in state.pooled.get(result.name, []))]
     return measure_record([trial_record(folder) for folder in folders])
 
 
@@ -120,7 +121,7 @@ def lint_script(script: Path) -> list[dict] | None:
         return None
 
 
-def subprocess_runner(target: str, out: Path, options: SessionOptions, state: dict[str, Any],
+def subprocess_runner(target: str, out: Path, options: SessionOptions, state: SessionRecord,
                       progress: Callable[[Any], None] | None = None) -> TrialRunner:
     """Trials of the script in fresh subprocesses (the CLI's way), in `out/trials/<name>`; the DataLoader
     knobs go to the training loader the baseline found. The trial in flight is in the record (its
@@ -130,7 +131,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
     def started(name: str) -> Callable[[int, str], None]:
         def record(pid: int, token: str) -> None:
             with recording:
-                state["running_trial"] = {"name": name, "pid": pid, "token": token}
+                state.running_trial = RunningTrial(name=name, pid=pid, token=token)
                 save(state)
         return record
 
@@ -155,7 +156,7 @@ def subprocess_runner(target: str, out: Path, options: SessionOptions, state: di
             return run_trial(spec, on_start=started(name), on_progress=told)
         finally:
             with recording:
-                state["running_trial"] = None
+                state.running_trial = None
 
     # Its windows can follow a comparison; two trials at once, their windows in turns
     # (advisor.trials.record.turns): one process each, on one node.
@@ -170,17 +171,17 @@ def trial_time_limit(options: SessionOptions, knobs: Knobs) -> float:
     return options.timeout_s + (max(options.timeout_s, allowance) if allowance is not None else 0.0)
 
 
-def end_left_behind(state: dict[str, Any], log: Callable[[str], None]) -> None:
+def end_left_behind(state: SessionRecord, log: Callable[[str], None]) -> None:
     """End the processes of the trial a killed session left running (only those that carry its token)."""
     running = state.get("running_trial")
-    if isinstance(running, dict) and isinstance(running.get("pid"), int) and isinstance(running.get("token"), str):
-        if trial_processes(running["pid"], running["token"]):
-            log(f"ending the processes of trial {running.get('name')}, left running when the session stopped")
-            end_trial_processes(running["pid"], running["token"])
-    state["running_trial"] = None
+    if running is not None:  # its types checked on resume: a pid and a token
+        if trial_processes(running.pid, running.token):
+            log(f"ending the processes of trial {running.name}, left running when the session stopped")
+            end_trial_processes(running.pid, running.token)
+    state.running_trial = None
 
 
-def run_one(run: TrialRunner, state: dict[str, Any], index: int, proposal: Proposal | None, slug: str,
+def run_one(run: TrialRunner, state: SessionRecord, index: int, proposal: Proposal | None, slug: str,
          log: Callable[[str], None], target: Any = None) -> tuple[TrialResult, dict[str, Any], Measurement]:
     """Run one trial (its windows measured until they settle the comparison with `target`, an
     `advisor.trials.record.adaptive.Against`, where the runner can); return it, its record and its own measurement."""
@@ -194,32 +195,32 @@ def run_one(run: TrialRunner, state: dict[str, Any], index: int, proposal: Propo
     return result, record, measure_record([record])
 
 
-def trace_note(state: dict[str, Any], record: dict[str, Any], index: int) -> None:
+def trace_note(state: SessionRecord, record: dict[str, Any], index: int) -> None:
     """The session's notes where the profiler recorded fewer steps than asked (the trace's memory budget), and
     where a trial measured fewer windows than asked (its time limit), once each."""
     plan = record.get("trace_plan")
-    if isinstance(plan, dict) and plan.get("reason") and not any("the profiler recorded" in n for n in state["notes"]):
-        state["notes"].append(f"the profiler recorded {plan.get('steps')} of {plan.get('steps_asked')} step(s) "
-                              f"from trial {index:02d} on: {plan['reason']} (ADVISOR_TRACE_BUDGET sets the budget)")
+    if isinstance(plan, dict) and plan.get("reason") and not any("the profiler recorded" in n for n in state.notes):
+        state.notes.append(f"the profiler recorded {plan.get('steps')} of {plan.get('steps_asked')} step(s) "
+                           f"from trial {index:02d} on: {plan['reason']} (ADVISOR_TRACE_BUDGET sets the budget)")
     cut = record.get("windows_cut")
-    if isinstance(cut, str) and not any("would outlast" in n for n in state["notes"]):
-        state["notes"].append(f"trial {index:02d}: {cut} (--timeout gives a trial more time)")
+    if isinstance(cut, str) and not any("would outlast" in n for n in state.notes):
+        state.notes.append(f"trial {index:02d}: {cut} (--timeout gives a trial more time)")
 
 
-def figures_text(row: dict[str, Any], unit: str) -> str:
+def figures_text(row: TrialRow, unit: str) -> str:
     """A trial's samples/s (or steps/s: the session's `unit`) with its interval, for the log."""
-    if not row.get("samples_per_s"):
-        return f"{row['status']}: {row.get('message') or ''}".strip()
+    if not row.samples_per_s:
+        return f"{row.status}: {row.message or ''}".strip()
     interval = row.get("interval")
     spread = f" (95%: {interval[0]:.1f}–{interval[1]:.1f})" if interval else ""
-    return f"{row['samples_per_s']:.1f} {unit}{spread}"
+    return f"{row.samples_per_s:.1f} {unit}{spread}"
 
 
-def predicted_text(row: dict[str, Any]) -> str:
+def predicted_text(row: TrialRow) -> str:
     """What was predicted beside what was measured, for the log line of a trial."""
-    if row.get("predicted_samples_gain") is None or row.get("gain") is None:
+    if row.get("predicted_samples_gain") is None or row.gain is None:
         return ""
-    return f" (predicted {100 * row['predicted_samples_gain']:+.0f}%, measured {100 * row['gain']:+.0f}%)"
+    return f" (predicted {100 * row.predicted_samples_gain:+.0f}%, measured {100 * row.gain:+.0f}%)"
 
 
 def own_bound(result: TrialResult, measurement: Measurement):
@@ -227,7 +228,7 @@ def own_bound(result: TrialResult, measurement: Measurement):
     return trial_bound(result.status, diagnose_trial(result) if result.ok else None, measurement)
 
 
-def decide_row(row: dict[str, Any], result: TrialResult, decision, inconclusive: bool) -> None:
+def decide_row(row: TrialRow, result: TrialResult, decision, inconclusive: bool) -> None:
     """Fill in a row's decision from the trial's status and the keep/revert decision."""
     if decision is None:
         row.update(decision="failed", reason=f"trial {result.status}: {result.message}")
