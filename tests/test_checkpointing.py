@@ -30,7 +30,7 @@ from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
 from advisor.code.patch.plan import plan_patch
-from records import record
+from records import record, row
 from conftest import advisor_main, run_script, require
 from trial_helpers import EXAMPLES
 
@@ -172,7 +172,7 @@ def test_a_larger_batch_the_memory_model_puts_over_the_limit_comes_with_checkpoi
 
     def proposal(capacity: int, trials: tuple[dict, ...] = (), space: SearchSpace = SearchSpace()) -> object:
         """The batch's move from that best (its module's offer, as the search proposes it)."""
-        learned = Learned((dict(baseline, capacity_bytes=capacity), *trials))
+        learned = Learned(tuple(row(**t) for t in (dict(baseline, capacity_bytes=capacity), *trials)))
         made = offered(BY_NAME["batch_size"], Best.of(Knobs(), {}, "host", {}, 1, space, 1, learned,
                                                       SimpleNamespace(name="00-baseline", batch_size=16), options))
         return made[0] if made else None

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from records import row
 from conftest import ROOT
 
 from advisor.analysis.whatif import priors, transform
@@ -147,7 +148,7 @@ def test_each_offering_knob_offers_its_own_move_until_the_best_holds_it(knob):
     or (a ladder) its next step up."""
     devices = {"cuda": {"type": "cuda", "gpu": {"compute_capability": "9.0", "bf16_supported": True}},
                "cpu": {"type": "cpu"}}
-    baseline = {"name": "00-baseline", "status": "ok", "batch_size": 32, "knobs": Knobs().to_dict()}
+    baseline = row(name="00-baseline", status="ok", batch_size=32, knobs=Knobs().to_dict())
     learned = Learned((baseline,), {"num_workers": 2, "threads": 8})
 
     def offers(knobs: Knobs, device: dict, bound: str | None) -> list[Offer]:

@@ -48,7 +48,7 @@ def pair(best: Best, wanted: int | None, fits: Callable[[int], bool], failed_abo
     current = best.batch
     if best.knobs.checkpointing or not current or not best.space.allows("checkpointing"):
         return None
-    figures = best.learned.row(best.name).get("checkpoint_blocks")
+    figures = (best.learned.row(best.name) or {}).get("checkpoint_blocks")
     if not figures:
         return None
     target = failed_above if failed_above is not None else wanted

@@ -19,39 +19,39 @@ ROUND_GAIN = 0.02  # what a change no rule advises is ranked at: a measured expe
 
 @dataclass(frozen=True)
 class Learned:
-    """What the session has measured so far, as a knob's offer reads it: its trial rows (as session.json holds
-    them, `advisor.search.record.TrialRow`), the script's own settings, and its training loader's facts."""
+    """What the session has measured so far, as a knob's offer reads it: its trial rows
+    (`advisor.search.record.TrialRow`), the script's own settings, and its training loader's facts."""
 
-    trials: tuple[dict[str, Any], ...] = ()
+    trials: tuple[Any, ...] = ()
     user: dict[str, Any] = field(default_factory=dict)
     loader: dict[str, Any] = field(default_factory=dict)
 
-    def row(self, name: str | None) -> dict[str, Any]:
-        """The trial row of this name ({} where none)."""
-        return next((t for t in self.trials if t.get("name") == name), None) or {}
+    def row(self, name: str | None) -> Any:
+        """The trial row of this name (None where none)."""
+        return next((t for t in self.trials if t.name == name), None)
 
     def within_noise(self, knobs: Any, knob: str) -> dict[Any, str]:
         """The values of `knob` measured on these settings otherwise and reverted, but not clearly slower (the
         change within its noise): value → what it read."""
         others = _all_but(knobs.to_dict(), knob)
-        return {t["knobs"].get(knob): f"read {100 * t['gain']:+.0f}%, within its noise" for t in self.trials
-                if t["status"] == "ok" and t.get("decision") == "reverted" and t.get("gain") is not None
-                and t.get("noise") is not None and t["gain"] > -t["noise"] and t.get("knobs")
-                and "+" not in str(t.get("recommendation")) and _all_but(t["knobs"], knob) == others}
+        return {t.knobs.get(knob): f"read {100 * t.gain:+.0f}%, within its noise" for t in self.trials
+                if t.status == "ok" and t.decision == "reverted" and t.gain is not None and t.noise is not None
+                and t.gain > -t.noise and t.knobs and "+" not in str(t.recommendation)
+                and _all_but(t.knobs, knob) == others}
 
     def failed(self, knobs: Any, knob: str) -> dict[Any, str]:
         """The values of `knob` whose trial, on these settings otherwise, failed other than out of memory: value →
         why."""
         others = _all_but(knobs.to_dict(), knob)
-        return {t["knobs"].get(knob): (t.get("message") or t["status"]) for t in self.trials
-                if t["status"] not in ("ok", "oom") and t.get("knobs") and _all_but(t["knobs"], knob) == others}
+        return {t.knobs.get(knob): (t.message or t.status) for t in self.trials
+                if t.status not in ("ok", "oom") and t.knobs and _all_but(t.knobs, knob) == others}
 
     def steps_from(self, knobs: Any, change: str, bound: str | None, moved: tuple[str, ...]) -> list[dict[str, Any]]:
         """The settings of the trials that made this change (a ladder's step) under this bound from these settings
         (all but the knobs `moved` equal)."""
         base = _all_but(knobs.to_dict(), *moved)
-        return [t["knobs"] for t in self.trials if t.get("recommendation") == change
-                and t.get("tried_under") == bound and _all_but(t["knobs"], *moved) == base]
+        return [t.knobs for t in self.trials if t.recommendation == change
+                and t.get("tried_under") == bound and _all_but(t.knobs, *moved) == base]
 
 
 def _all_but(knobs: dict[str, Any], *names: str) -> dict[str, Any]:
