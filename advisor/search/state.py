@@ -105,7 +105,12 @@ def new_state(target: str, script: str | None, out: Path, options: SessionOption
 
 def document(state: SessionRecord) -> dict[str, Any]:
     """The record as session.json holds it (plain JSON types, unset fields left out)."""
-    return msgspec.to_builtins(state)
+    return msgspec.to_builtins(state, enc_hook=_plain)
+
+
+def _plain(value: Any) -> Any:
+    # A figure computed with numpy is its number; anything else JSON has no type for, its text (as json's default=str)
+    return value.item() if hasattr(value, "item") and callable(value.item) else str(value)
 
 
 def save(state: SessionRecord) -> None:
