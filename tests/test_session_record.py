@@ -160,3 +160,15 @@ def test_the_reads_check_catches_a_misspelt_key():
               '    state.bets\n    row = best_row(state)\n    row["nmae"]\n')
     state_reads, row_reads = _record_reads(ast.parse(source))
     assert state_reads == [(2, "trials"), (4, "bset"), (5, "bets")] and row_reads == [(3, "sampels_per_s"), (7, "nmae")]
+
+
+def test_a_figure_computed_with_numpy_is_saved_as_its_number(tmp_path):
+    import numpy as np
+
+    out = tmp_path / "session"
+    shutil.copytree(RECORDED[0].parent, out)
+    state = resume_state(out)
+    state.speedup, state.trials[0].samples_per_s = np.float64(2.5), np.float32(100.0)
+    save(state)
+    saved = json.loads((out / SESSION_FILE).read_text())
+    assert saved["speedup"] == 2.5 and saved["trials"][0]["samples_per_s"] == 100.0
