@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from advisor.trials.knobs import APPLIED, Knobs
-from advisor.trials.interposition.step import StepInterposition, non_blocking_cuda, non_blocking_to
+from advisor.knobs.non_blocking import copying_cuda, copying_to
+from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.gradients import GradScaling
 from advisor.trials.interposition.loaders import (LoaderRecord, dataloader_outcomes, install_dataloader_knobs,
                                                   plan_loader_arguments)
@@ -99,7 +100,7 @@ def test_non_blocking_to_passes_non_blocking_true_for_host_to_accelerator_copies
         calls.append((args, kwargs))
         return tensor
 
-    to = non_blocking_to(original)
+    to = copying_to(torch, original)
     x = torch.ones(2)
     to(x, "cuda")
     to(x, torch.device("cuda", 0), torch.float16)
@@ -110,7 +111,7 @@ def test_non_blocking_to_passes_non_blocking_true_for_host_to_accelerator_copies
     assert [c[1].get("non_blocking") for c in calls] == [True, True, True, False, None, None]
 
     cuda_calls = []
-    cuda = non_blocking_cuda(lambda tensor, *a, **k: cuda_calls.append(k))
+    cuda = copying_cuda(lambda tensor, *a, **k: cuda_calls.append(k))
     cuda(x)
     cuda(x, 0, False)
     assert cuda_calls == [{"non_blocking": True}, {}]

@@ -15,11 +15,24 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
+
+
+def not_here(value: str, device_type: str, computes_bf16: Callable[[], bool]) -> str | None:
+    """Why autocast to `value` cannot run on this device type (`computes_bf16`: whether the CUDA device computes
+    bf16 natively, asked only there); None where it can."""
+    if value == "fp16" and device_type == "cpu":
+        return "fp16 autocast needs a CUDA device; on the CPU use bf16"
+    if value == "bf16" and device_type == "cuda" and not computes_bf16():
+        return "this GPU does not compute bf16 natively (Ampere, compute capability 8.0, and later do)"
+    return None
+
+
+WITHOUT_STEP = "fp16 needs a GradScaler around a step function: name the step (script.py:train_step), or use bf16"
 
 
 def setting(trial: TrialSettings) -> bool:

@@ -7,8 +7,64 @@
 - **The patch writes**: `non_blocking=True` in the step's copies.
 """
 
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any, Callable
+
 from advisor.knobs.knob import AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written
 from advisor.knobs.pin_memory import PINNED
+
+
+def not_here(device_type: str) -> str | None:
+    """Why asynchronous copies do nothing on this device type; None where they can."""
+    return "no accelerator: there are no host-to-device copies" if device_type == "cpu" else None
+
+
+def _leaves_host(tensor: Any, target_device: Any) -> bool:
+    """True when copying `tensor` to `target_device` leaves host memory for an accelerator."""
+    return target_device is not None and tensor.device.type == "cpu" and target_device.type not in ("cpu", "meta")
+
+
+def copying_to(torch: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """`Tensor.to` whose host-to-accelerator copies default to `non_blocking=True` (the user's value wins)."""
+    def to(self, *args, **kwargs):
+        if "non_blocking" not in kwargs and not any(isinstance(a, bool) for a in args):
+            try:
+                device = torch._C._nn._parse_to(*args, **kwargs)[0]
+            except (TypeError, RuntimeError):
+                device = None
+            if _leaves_host(self, device):
+                kwargs["non_blocking"] = True
+        return original(self, *args, **kwargs)
+
+    return to
+
+
+def copying_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`Tensor.cuda` whose copies from host memory default to `non_blocking=True`."""
+    def cuda(self, *args, **kwargs):
+        if "non_blocking" not in kwargs and len(args) < 2 and self.device.type == "cpu":
+            kwargs["non_blocking"] = True
+        return original(self, *args, **kwargs)
+
+    return cuda
+
+
+def apply(torch: Any, stack: ExitStack) -> None:
+    """Asynchronous copies until `stack` closes: `Tensor.to` and `Tensor.cuda` as above, then exactly what was
+    there again (the class's own attribute, or none: the inherited one)."""
+    for name, wrapped in (("to", copying_to(torch, torch.Tensor.to)), ("cuda", copying_cuda(torch.Tensor.cuda))):
+        stack.callback(_put_back, torch.Tensor, name, vars(torch.Tensor).get(name))
+        setattr(torch.Tensor, name, wrapped)
+
+
+def _put_back(owner: Any, name: str, own: Any) -> None:
+    if own is None:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, own)
+
 
 # The what-if model's change is pin_memory's: pinned copies, which take both.
 KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED,

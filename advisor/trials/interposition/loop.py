@@ -27,7 +27,8 @@ import weakref
 from typing import Any, Callable
 
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
-from advisor.trials.interposition.step import amp_outcome, non_blocking_cuda, non_blocking_outcome, non_blocking_to
+from advisor.knobs import amp as amp_knob, non_blocking as non_blocking_knob
+from advisor.trials.interposition.step import amp_outcome, non_blocking_outcome
 from advisor.trials.interposition.gradients import patched_attribute
 
 
@@ -40,8 +41,7 @@ class LoopInterposition:
         self.step_ended = step_ended
         self.outcomes: dict[str, str] = {}
         if knobs.amp == "fp16":
-            self.outcomes["amp"] = not_applicable("fp16 needs a GradScaler around a step function: name the step "
-                                                  "(script.py:train_step), or use bf16")
+            self.outcomes["amp"] = not_applicable(amp_knob.WITHOUT_STEP)
         elif knobs.amp is not None:
             self.outcomes["amp"] = amp_outcome(knobs, device_type)
         if (knobs.accumulation_steps or 1) > 1:
@@ -82,8 +82,7 @@ class LoopInterposition:
             stack.callback(module_hooks.register_module_forward_pre_hook(self._forward_starts).remove)
             stack.callback(module_hooks.register_module_forward_hook(self._forward_ends, always_call=True).remove)
         if self.outcomes.get("non_blocking") == APPLIED and self.knobs.non_blocking:
-            stack.enter_context(patched_attribute(torch.Tensor, "to", non_blocking_to(torch.Tensor.to)))
-            stack.enter_context(patched_attribute(torch.Tensor, "cuda", non_blocking_cuda(torch.Tensor.cuda)))
+            non_blocking_knob.apply(torch, stack)
         return stack.close
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -8,16 +8,19 @@
   step: a scalar `loss.backward()` becomes `scaler.scale(loss).backward()`, `optimizer.step()` becomes
   `scaler.step(optimizer)`, and `scaler.update()` runs once when the step returns.
 - `non_blocking`: inside the step, `Tensor.to(...)` and `Tensor.cuda(...)` from host memory to an
-  accelerator get `non_blocking=True` unless the user passed a value.
+  accelerator get `non_blocking=True` unless the user passed a value (`advisor.knobs.non_blocking.apply`).
+
+Where each runs, and why not elsewhere, is its knob module's (`amp.not_here`, `non_blocking.not_here`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from advisor.trials.harness.trial_facts import cuda_computes_bf16
-from advisor.trials.interposition.gradients import GradientInterposition, patched_attribute
+from advisor.knobs import amp, non_blocking
+from advisor.trials.interposition.gradients import GradientInterposition
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 
@@ -25,11 +28,8 @@ def amp_outcome(knobs: Knobs, device_type: str) -> str | None:
     """Whether the `amp` knob can run on this device (None when not requested)."""
     if knobs.amp is None:
         return None
-    if knobs.amp == "fp16" and device_type == "cpu":
-        return not_applicable("fp16 autocast needs a CUDA device; on the CPU use bf16")
-    if knobs.amp == "bf16" and device_type == "cuda" and not cuda_computes_bf16():
-        return not_applicable("this GPU does not compute bf16 natively (Ampere, compute capability 8.0, and later do)")
-    return APPLIED
+    why = amp.not_here(knobs.amp, device_type, cuda_computes_bf16)
+    return APPLIED if why is None else not_applicable(why)
 
 
 def step_device_types(args: tuple, kwargs: dict) -> list[str]:
@@ -62,44 +62,8 @@ def non_blocking_outcome(knobs: Knobs, device_type: str) -> str | None:
     """Whether the `non_blocking` knob can run on this device (None when not requested)."""
     if knobs.non_blocking is None:
         return None
-    if device_type == "cpu":
-        return not_applicable("no accelerator: there are no host-to-device copies")
-    return APPLIED
-
-
-def is_host_to_accelerator(tensor: Any, target_device: Any) -> bool:
-    """True when copying `tensor` to `target_device` leaves host memory for an accelerator."""
-    if target_device is None:
-        return False
-    return tensor.device.type == "cpu" and target_device.type not in ("cpu", "meta")
-
-
-def non_blocking_to(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap `Tensor.to` so host-to-accelerator copies default to `non_blocking=True`."""
-    import torch
-
-    def to(self, *args, **kwargs):
-        if "non_blocking" not in kwargs and not any(isinstance(a, bool) for a in args):
-            try:
-                device = torch._C._nn._parse_to(*args, **kwargs)[0]
-            except (TypeError, RuntimeError):
-                device = None
-            if is_host_to_accelerator(self, device):
-                kwargs["non_blocking"] = True
-        return original(self, *args, **kwargs)
-
-    return to
-
-
-def non_blocking_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap `Tensor.cuda` so copies from host memory default to `non_blocking=True`."""
-
-    def cuda(self, *args, **kwargs):
-        if "non_blocking" not in kwargs and len(args) < 2 and self.device.type == "cpu":
-            kwargs["non_blocking"] = True
-        return original(self, *args, **kwargs)
-
-    return cuda
+    why = non_blocking.not_here(device_type)
+    return APPLIED if why is None else not_applicable(why)
 
 
 class StepInterposition:
@@ -189,8 +153,5 @@ class StepInterposition:
             if self.gradients is not None:
                 stack.enter_context(self.gradients.active())
             if self.use_non_blocking:
-                stack.enter_context(patched_attribute(torch.Tensor, "to", non_blocking_to(torch.Tensor.to)))
-                stack.enter_context(
-                    patched_attribute(torch.Tensor, "cuda", non_blocking_cuda(torch.Tensor.cuda))
-                )
+                non_blocking.apply(torch, stack)
             yield
