@@ -18,6 +18,49 @@ from typing import Any
 from advisor.knobs.graph import StepGraph, TrialSettings, layout_share, relayout
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
 
+
+def not_for(torch: Any, module: Any) -> str | None:
+    """Why channels_last changes nothing in this model (it changes only 2-D convolutions); None where it does."""
+    kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
+    if any(isinstance(m, kinds) for m in module.modules()):
+        return None
+    return f"the model ({type(module).__name__}) has no 2-D convolutions: channels_last changes only them"
+
+
+def apply(torch: Any, module: Any) -> bool:
+    """The model's parameters in channels_last, in place (the optimizer keeps the same Parameter objects); returns
+    whether the script had made them so itself (its first convolution's weights were)."""
+    conv = next(m for m in module.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
+    own = conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+    module.to(memory_format=torch.channels_last)
+    return own
+
+
+def undo(torch: Any, module: Any) -> None:
+    """The model's parameters back in the default layout."""
+    module.to(memory_format=torch.contiguous_format)
+
+
+def image_positions(torch: Any, args: tuple) -> list[int]:
+    """The positions of a call's 4-D floating-point inputs: those the trial makes channels_last, and the patch
+    writes it for (trial.json's `channels_last_inputs`)."""
+    return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point()]
+
+
+def inputs(torch: Any, value: Any) -> Any:
+    """4-D floating-point tensors (also inside tuples, lists and dicts) in channels_last, as a user writes
+    `x.to(device, memory_format=torch.channels_last)`."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 4 and value.is_floating_point():
+            return value.contiguous(memory_format=torch.channels_last)
+        return value
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(inputs(torch, v) for v in value)
+    if isinstance(value, dict):
+        return {k: inputs(torch, v) for k, v in value.items()}
+    return value
+
+
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's model ran in channels_last."""
     return trial.flag("channels_last")

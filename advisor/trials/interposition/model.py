@@ -10,7 +10,8 @@ the first step made is left in the old layout. Each outermost module call of a m
 - `channels_last`: the module's parameters move to `torch.channels_last` in place (the optimizer keeps the
   same Parameter objects), and every 4-D floating-point tensor it is called with is made channels_last
   before its forward, as a user writes `x.to(device, memory_format=torch.channels_last)`. A model without
-  2-D convolutions: not applicable, and said so.
+  2-D convolutions: not applicable, and said so. How, and when not, is the knob's module's
+  (`advisor.knobs.channels_last`).
 - `compile`: the module's forward becomes `torch.compile(forward)` from its next call on. The compile runs
   in the first steps (before any measured window) and its cost is the trial's `compile_s`; graph breaks
   and graphs are counted from dynamo's own counters. A compile that fails (the backend is unavailable, the
@@ -33,21 +34,13 @@ from typing import Any
 
 from advisor.trials.interposition.fused_attention import FusedAttention
 from advisor.trials.interposition.checkpointed_blocks import CheckpointBlocks
-from advisor.knobs import TORCH_SETTINGS, applied_at
+from advisor.knobs import TORCH_SETTINGS, applied_at, channels_last
 from advisor.knobs.knob import AT_FIRST_CALL
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 # The knobs this interposition applies at the model's first call (not knobs.MODEL_KNOBS: the fused optimizer is
 # applied where the optimizer is built; checkpointing, a memory knob, is applied here).
 FIRST_CALL_KNOBS = applied_at(AT_FIRST_CALL)
-
-
-def has_conv2d(module: Any) -> bool:
-    """Whether the module holds a 2-D convolution (the layers channels_last changes)."""
-    import torch
-
-    kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
-    return any(isinstance(m, kinds) for m in module.modules())
 
 
 def is_compile_error(exc: BaseException) -> bool:
@@ -70,21 +63,6 @@ def compiled_graphs() -> int | None:
         return int(counters.get("stats", {}).get("unique_graphs", 0))
     except Exception:  # a figure we could not take must not fail the step
         return None
-
-
-def to_channels_last(value: Any) -> Any:
-    """4-D floating-point tensors (also inside tuples, lists and dicts) in channels_last memory format."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 4 and value.is_floating_point():
-            return value.contiguous(memory_format=torch.channels_last)
-        return value
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(to_channels_last(v) for v in value)
-    if isinstance(value, dict):
-        return {k: to_channels_last(v) for k, v in value.items()}
-    return value
 
 
 class ModelInterposition:
@@ -138,9 +116,8 @@ class ModelInterposition:
             self._first_call(module, args)
         if self.knobs.channels_last and any(m is module for m in self.layouts):
             if self.layout_inputs is None:
-                self.layout_inputs = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dim() == 4
-                                      and a.is_floating_point()]
-            return to_channels_last(args)
+                self.layout_inputs = channels_last.image_positions(torch, args)
+            return channels_last.inputs(torch, args)
         return None
 
     def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
@@ -179,14 +156,11 @@ class ModelInterposition:
     def _channels_last(self, module: Any) -> None:
         import torch
 
-        if not has_conv2d(module):
-            self.outcomes.setdefault("channels_last", not_applicable(
-                f"the model ({type(module).__name__}) has no 2-D convolutions: channels_last changes only them"))
+        why = channels_last.not_for(torch, module)
+        if why is not None:
+            self.outcomes.setdefault("channels_last", not_applicable(why))
             return
-        conv = next(m for m in module.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
-        self.user["channels_last"] = conv.weight.is_contiguous(memory_format=torch.channels_last) \
-            and not conv.weight.is_contiguous()
-        module.to(memory_format=torch.channels_last)
+        self.user["channels_last"] = channels_last.apply(torch, module)
         self.layouts.append(module)
         self.outcomes["channels_last"] = APPLIED
 
@@ -255,5 +229,5 @@ class ModelInterposition:
             else:
                 module.__dict__.pop("forward", None)
         for module in self.layouts:
-            module.to(memory_format=torch.contiguous_format)
+            channels_last.undo(torch, module)
         self.compiled, self.layouts = [], []
