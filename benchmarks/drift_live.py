@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from advisor.report.formatting import time_text  # noqa: E402
 from advisor.search.session import run_session  # noqa: E402
-from advisor.search.state import SessionOptions  # noqa: E402
+from advisor.search.state import SessionOptions, document  # noqa: E402
 from advisor.trials.knobs import Knobs  # noqa: E402
 from grid import measure  # noqa: E402
 
@@ -73,7 +73,7 @@ def load_that_comes_and_goes(toggle_s: float):
 def session(out: Path, max_trials: int) -> dict:
     """One session of the example; its record."""
     options = SessionOptions(steps=3, max_trials=max_trials, device="cpu", windows=3, window_s=1.0)
-    return run_session(TARGET, out, options, log=lambda m: print("    " + m, flush=True))
+    return document(run_session(TARGET, out, options, log=lambda m: print("    " + m, flush=True)))
 
 
 def summary(state: dict) -> str:

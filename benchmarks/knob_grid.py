@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from advisor.trials.harness.trial_facts import device_facts  # noqa: E402
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.search.session import run_session  # noqa: E402
-from advisor.search.state import SessionOptions  # noqa: E402
+from advisor.search.state import SessionOptions, document  # noqa: E402
 from grid import STEPS, WINDOW_S, WINDOWS, floor_met, measure_grid, remeasure  # noqa: E402
 
 TARGET = f"{ROOT / 'examples' / 'conv_classifier.py'}:train_step"
@@ -54,6 +54,7 @@ def main() -> int:
         options = SessionOptions(steps=STEPS, max_trials=budget, device="cpu", windows=WINDOWS, window_s=WINDOW_S)
         started = time.monotonic()
         state = run_session(TARGET, tmp / "session", options, log=lambda m: print("  advisor " + m, flush=True))
+        state = document(state)  # the record as session.json holds it
         session_s = time.monotonic() - started
         best_row = next(t for t in state["trials"] if t["name"] == state["best"])
         advisor_knobs = Knobs.from_dict(best_row["knobs"])

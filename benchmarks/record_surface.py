@@ -187,13 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     from advisor.search.strategy import surface_space
     from advisor.trials.replay.surface import ReplayRunner, load_surface
     from advisor.search.session import run_session
-    from advisor.search.state import SessionOptions
+    from advisor.search.state import SessionOptions, document
 
     points = load_surface(out)
     session = out.with_name(out.name + "-replayed")
     state = run_session(f"{out.resolve()}:replay", session, SessionOptions(max_trials=max(2, len(points) // 3)),
                         runner=ReplayRunner(points, session.resolve()), script=False, space=surface_space(points),
                         extra={"replay": str(out.resolve())}, log=lambda m: print("  " + m, flush=True))
+    state = document(state)  # the record as session.json holds it
     print(f"replayed session: {session} (best {state['best']})")
     return 0
 

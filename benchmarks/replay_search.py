@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from advisor.search.session import run_session  # noqa: E402
-from advisor.search.state import SessionOptions  # noqa: E402
+from advisor.search.state import SessionOptions, document  # noqa: E402
 from advisor.search.strategy import surface_space  # noqa: E402
 from advisor.trials.replay.surface import ReplayRunner, load_surface  # noqa: E402
 from pair_surfaces import BUDGETS, SURFACES as BUILT, build_surface  # noqa: E402
@@ -91,6 +91,7 @@ def one_session(surface: Path, points: list, noise: float, seed: int, tmp: Path,
     state = run_session(f"{surface.resolve()}:replay", out, SessionOptions(max_trials=budget_of(surface, points)),
                         runner=ReplayRunner(points, out, noise, seed, drift, draws), script=False,
                         space=surface_space(points), extra={"replay": str(surface.resolve())}, log=lambda m: None)
+    state = document(state)  # the record as session.json holds it
     best = next(t for t in state["trials"] if t["name"] == state["best"])
     served = json.loads((out / best["folder"] / "trial.json").read_text()).get("replayed_from")
     found = recorded_sps(Path(served)) if served else 0.0

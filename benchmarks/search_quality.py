@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.trials.knobs import Knobs  # noqa: E402
 from advisor.search.session import run_session  # noqa: E402
-from advisor.search.state import SessionOptions  # noqa: E402
+from advisor.search.state import SessionOptions, document  # noqa: E402
 from grid import STEPS, WINDOW_S, WINDOWS, floor_met, measure_grid, remeasure  # noqa: E402
 
 EXAMPLE = os.environ.get("SEARCH_EXAMPLE", "char_transformer")
@@ -52,6 +52,7 @@ def main() -> int:
         options = SessionOptions(steps=STEPS, max_trials=budget, device="cpu", windows=WINDOWS, window_s=WINDOW_S)
         state = run_session(TARGET, tmp / "session", options,
                             log=lambda m: print("  advisor " + m, flush=True))
+        state = document(state)  # the record as session.json holds it
         best_row = next(t for t in state["trials"] if t["name"] == state["best"])
         advisor_knobs = Knobs.from_dict(best_row["knobs"])
         g, a = remeasure(TARGET, knobs_of(grid_best), advisor_knobs, tmp / "again")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from advisor.search.session import run_session  # noqa: E402
-from advisor.search.state import SessionOptions  # noqa: E402
+from advisor.search.state import SessionOptions, document  # noqa: E402
 from advisor.search.strategy import surface_space  # noqa: E402
 from advisor.trials.replay.surface import ReplayRunner, load_surface, settings_of  # noqa: E402
 from advisor.trials.record.measurement import measure, noise  # noqa: E402
@@ -52,6 +52,7 @@ def scored_trials(surface: Path, out: Path) -> list[dict]:
     state = run_session(f"{surface.resolve()}:replay", out, SessionOptions(max_trials=budget_of(surface, points)),
                         runner=runner, script=False, space=surface_space(points),
                         extra={"replay": str(surface.resolve())}, log=lambda m: None)
+    state = document(state)  # the record as session.json holds it
     rows = {t["name"]: t for t in state["trials"]}
     user = state.get("user_values") or {}
     scored = []

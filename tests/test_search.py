@@ -519,3 +519,14 @@ def test_the_cli_replays_under_noise_with_a_seed_and_refuses_a_bad_spread(tmp_pa
     bad = advisor_main("profile", "--replay", str(SURFACE), "--replay-noise", "2", "--out", str(tmp_path / "c"))
     assert bad.returncode == 2 and "--replay-noise: a relative spread in [0, 1)" in bad.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_the_replay_bench_reads_the_session_it_replays(tmp_path):
+    # benchmarks/replay_search.py reads run_session's record as session.json holds it (`state.document`): one of
+    # its sessions, on a recorded surface, gives the figures its table is made of.
+    import replay_search
+
+    points = load_surface(SURFACE)
+    found, trials, time = replay_search.one_session(SURFACE, points, 0.05, 1, tmp_path)
+    assert found > 0 and 1 < trials <= replay_search.budget_of(SURFACE, points)
+    assert time["wall_s"] > 0 and time["unmeasured"] >= 0
