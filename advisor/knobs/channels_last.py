@@ -19,10 +19,14 @@ from advisor.knobs.graph import StepGraph, TrialSettings, layout_share, relayout
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
 
 
+def _convolutions(torch: Any, module: Any) -> list[Any]:
+    """The model's 2-D convolutions: the layers channels_last changes."""
+    return [m for m in module.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d))]
+
+
 def not_for(torch: Any, module: Any) -> str | None:
     """Why channels_last changes nothing in this model (it changes only 2-D convolutions); None where it does."""
-    kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
-    if any(isinstance(m, kinds) for m in module.modules()):
+    if _convolutions(torch, module):
         return None
     return f"the model ({type(module).__name__}) has no 2-D convolutions: channels_last changes only them"
 
@@ -30,7 +34,7 @@ def not_for(torch: Any, module: Any) -> str | None:
 def apply(torch: Any, module: Any) -> bool:
     """The model's parameters in channels_last, in place (the optimizer keeps the same Parameter objects); returns
     whether the script had made them so itself (its first convolution's weights were)."""
-    conv = next(m for m in module.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
+    conv = _convolutions(torch, module)[0]
     own = conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
     module.to(memory_format=torch.channels_last)
     return own

@@ -11,8 +11,9 @@ runs without torch.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 # A requested knob's outcome in a trial: applied, or why not (`not_applicable`).
 APPLIED = "applied"
@@ -21,6 +22,21 @@ APPLIED = "applied"
 def not_applicable(why: str) -> str:
     """The outcome text for a knob that could not be applied."""
     return f"not applicable: {why}"
+
+
+@contextlib.contextmanager
+def patched_attribute(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """Set `owner.name = value` for the block, then restore exactly what was there (or inherited)."""
+    had_own = name in vars(owner)
+    previous = vars(owner).get(name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if had_own:
+            setattr(owner, name, previous)
+        else:
+            delattr(owner, name)
 
 
 @dataclass

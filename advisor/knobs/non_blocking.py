@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any, Callable
 
-from advisor.knobs.knob import AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written
+from advisor.knobs.knob import AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written, patched_attribute
 from advisor.knobs.pin_memory import PINNED
 
 
@@ -54,16 +54,8 @@ def copying_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
 def apply(torch: Any, stack: ExitStack) -> None:
     """Asynchronous copies until `stack` closes: `Tensor.to` and `Tensor.cuda` as above, then exactly what was
     there again (the class's own attribute, or none: the inherited one)."""
-    for name, wrapped in (("to", copying_to(torch, torch.Tensor.to)), ("cuda", copying_cuda(torch.Tensor.cuda))):
-        stack.callback(_put_back, torch.Tensor, name, vars(torch.Tensor).get(name))
-        setattr(torch.Tensor, name, wrapped)
-
-
-def _put_back(owner: Any, name: str, own: Any) -> None:
-    if own is None:
-        delattr(owner, name)
-    else:
-        setattr(owner, name, own)
+    stack.enter_context(patched_attribute(torch.Tensor, "to", copying_to(torch, torch.Tensor.to)))
+    stack.enter_context(patched_attribute(torch.Tensor, "cuda", copying_cuda(torch.Tensor.cuda)))
 
 
 # The what-if model's change is pin_memory's: pinned copies, which take both.

@@ -29,20 +29,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
-
-@contextlib.contextmanager
-def patched_attribute(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """Set `owner.name = value` for the block, then restore exactly what was there (or inherited)."""
-    had_own = name in vars(owner)
-    previous = vars(owner).get(name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        if had_own:
-            setattr(owner, name, previous)
-        else:
-            delattr(owner, name)
+from advisor.knobs.knob import patched_attribute
 
 
 def subclasses_defining(base: type, name: str) -> list[type]:

@@ -18,7 +18,7 @@ import inspect
 from typing import Any
 
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
-from advisor.trials.interposition.gradients import patched_attribute
+from advisor.knobs.knob import patched_attribute
 from advisor.trials.interposition.loaders import user_site
 
 

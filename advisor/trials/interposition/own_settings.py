@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 from advisor.knobs import TORCH_SETTINGS
-from advisor.trials.interposition.gradients import patched_attribute
+from advisor.knobs.knob import patched_attribute
 from advisor.trials.interposition.loaders import INSTALLED, user_site
 from advisor.trials.knobs import Knobs
 
