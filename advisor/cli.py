@@ -372,7 +372,6 @@ def steering(args: argparse.Namespace) -> dict:
 def profile_command(args: argparse.Namespace) -> int:
     """`advisor profile`: the session (default), or only the baseline and its diagnosis (--no-apply)."""
     # The session's modules are torch-free but not small: imported for this command only.
-    import msgspec
     from rich.console import Console
 
     from advisor.report.progress_line import progress_display
@@ -433,8 +432,8 @@ def profile_command(args: argparse.Namespace) -> int:
         diagnosis = diagnose_trial(baseline)
         if diagnosis is not None:
             print_analysis([diagnosis])
-    reference = reference_row(state)  # the report reads the record as session.json holds it
-    print_session(document(state), out, None if reference is None else msgspec.to_builtins(reference), console)
+    record, reference = document(state), reference_row(state)  # the report reads the record as session.json holds it
+    print_session(record, out, None if reference is None else record["trials"][state.trials.index(reference)], console)
     return 0
 
 
