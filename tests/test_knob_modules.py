@@ -25,7 +25,7 @@ from advisor.knobs import BY_NAME, DATALOADER_KNOBS, KNOBS, NAMES, OFFERING, ORD
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
 from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
-    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL
+    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL, ScriptSeen
 from advisor.knobs.offer import Best, Learned, Offer
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace
@@ -138,6 +138,50 @@ def test_a_torch_setting_knob_reads_sets_and_puts_back_its_own_setting():
         assert tf32.own(torch) == "float32 matmul precision 'medium'"
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+READS_OWN = tuple(k for k in KNOBS if k.own_at_first_call or k.own_at_end or k.setting)
+
+
+@pytest.mark.parametrize("knob", READS_OWN, ids=lambda k: k.name)
+def test_each_knob_that_reads_the_scripts_own_setting_reads_none_where_the_script_set_nothing(knob):
+    """Read by its module alone (`own_at_first_call`, `own_at_end`): a plain model at torch's defaults, an
+    unfused optimizer, one backward a step and no autocast are nobody's setting."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    assert knob.own_on_model(torch, model) is None
+    if knob.own_at_end is not None:
+        seen = ScriptSeen(Knobs(), optimizers=[{"class": "AdamW", "user": {"lr": 0.001}, "site": "train.py:9"}],
+                          backwards_per_step=[1, 1, 1, 1, 1])
+        assert knob.own_at_end(seen) is None
+
+
+def test_amp_reads_the_scripts_autocast_and_a_frameworks_only_where_the_knob_did_not_set_it():
+    """A framework's autocast is the knob's own where the amp knob set the framework's precision for the trial;
+    the script's code's is the script's either way; a 32-bit autocast is no AMP."""
+    read = BY_NAME["amp"].own_at_end
+    framework = {"dtype": "torch.bfloat16", "owner": "accelerate", "site": None}
+    script = {"dtype": "torch.float16", "owner": None, "site": "train.py:84"}
+    assert read(ScriptSeen(Knobs(), autocasts=[framework])) == ("bf16", "bf16 autocast (accelerate)", None)
+    assert read(ScriptSeen(Knobs(amp="bf16"), autocasts=[framework])) is None
+    assert read(ScriptSeen(Knobs(amp="bf16"), autocasts=[framework, script])) == ("fp16", "fp16 autocast",
+                                                                                  "train.py:84")
+    assert read(ScriptSeen(Knobs(), autocasts=[{**script, "dtype": "torch.float32"}])) is None
+
+
+def test_accumulation_and_the_fused_optimizer_read_the_scripts_steps_and_optimizers():
+    """The script's accumulation: the same count of backward passes, more than one, in every step after the
+    first; not where the knob accumulated. Its fused optimizer: one built with fused=True."""
+    read = BY_NAME["accumulation_steps"].own_at_end
+    assert read(ScriptSeen(Knobs(), backwards_per_step=[3, 2, 2, 2])) == (2, "gradient accumulation over 2 batches",
+                                                                         None)
+    assert read(ScriptSeen(Knobs(), backwards_per_step=[2, 2, 2])) is None  # two steps after the first: too few
+    assert read(ScriptSeen(Knobs(), backwards_per_step=[2, 2, 3, 2])) is None
+    assert read(ScriptSeen(Knobs(accumulation_steps=2), backwards_per_step=[2, 2, 2, 2])) is None
+    fused = {"class": "AdamW", "user": {"fused": True}, "site": "train.py:7"}
+    assert BY_NAME["fused_optimizer"].own_at_end(ScriptSeen(Knobs(), optimizers=[fused])) == (
+        True, "fused AdamW", "train.py:7")
 
 
 @pytest.mark.parametrize("knob", OFFERING, ids=lambda k: k.name)

@@ -4,8 +4,8 @@ The order is the order of `Knobs`' fields, of a trial's folder name (`amp-bf16+n
 knobs in trial.json. Everything that iterates over the knobs reads this registry: `Knobs`
 (`advisor.trials.knobs`), the record's shapes (`advisor.shapes`), `--only`/`--skip`/`--try`
 (`advisor.search.space`), the recorded surfaces (`advisor.trials.replay.surface`), the frameworks'
-fields, the search's companions and orders, the what-if model's transformations and priors
-(`advisor.analysis.whatif`), the patch (`advisor.code.patch`: where each knob is written, `written_at`), a change's
+fields, the search's companions and orders, the trial's reading of the script's own settings, the what-if model's
+transformations and priors (`advisor.analysis.whatif`), the patch (`advisor.code.patch`: where each knob is written, `written_at`), a change's
 words (`moves_text`), the report's notes beside lint findings, the trial's time limit, and the documentation's knob
 page. Adding a knob: a module beside these and its line
 below (docs/architecture/index.md, "A new knob"). Stdlib only.

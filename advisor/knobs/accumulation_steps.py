@@ -3,16 +3,18 @@
 - **In the trial**: micro-batches with gradient accumulation that keep the effective batch: the loader
   yields micro-batches, the loss is scaled, `optimizer.step`/`zero_grad` act once per cycle.
 - **Proposed when**: the user's own settings run out of memory (after AMP, before a smaller batch).
+- **The script's own**: as many backward passes before each optimizer step (more than one), step after step.
 - **Not applicable**: without a step function (`script.py:train_step`).
 - **The patch writes**: the accumulation in the step (a counter and a constant at module level).
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from advisor.knobs.knob import APPLIED, AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, LoaderArguments, \
-    Written, not_applicable
+    Own, ScriptSeen, Written, not_applicable
 from advisor.knobs.offer import Best, Offer
 
 # In a plain script, the step's accumulation; under transformers' Trainer, micro-batches of the batch with its own
@@ -34,6 +36,20 @@ def in_loader(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
     return why or APPLIED
 
 
+SEEN = 3  # optimizer steps whose backward counts must agree to call it the script's own accumulation
+
+
+def own(seen: ScriptSeen) -> Own | None:
+    """The script's own: as many backward passes before each optimizer step, more than one, in every step after the
+    first (which can hold a warm-up's backward), where the knob did not accumulate."""
+    counts = seen.backwards_per_step[1:]
+    if seen.knobs.accumulation_steps is not None or len(counts) < SEEN or min(counts) != max(counts) \
+            or counts[0] <= 1:
+        return None
+    steps = int(statistics.median(counts))
+    return steps, f"gradient accumulation over {steps} batches", None
+
+
 def recover(best: Best) -> tuple[Offer, ...]:
     """After an out-of-memory baseline: the user's batch in 2, 4 or 8 micro-batches (those it divides into), the
     effective batch kept."""
@@ -45,4 +61,4 @@ def recover(best: Best) -> tuple[Offer, ...]:
 
 KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE,
             written=WRITTEN, recover=recover, recovers_at=3,
-            in_loader=in_loader, idle=(1,))
+            in_loader=in_loader, idle=(1,), own_at_end=own)

@@ -4,6 +4,7 @@
   GradScaler that covers `backward` and `optimizer.step`. With no step function, bf16 autocast of each
   outermost module call (the forward).
 - **Proposed when**: the device computes (compute binds), and when memory binds.
+- **The script's own**: a bf16 or fp16 autocast the script (or its framework) enters around a training forward.
 - **Not applicable**: bf16 on a CPU without bf16 instructions (there autocast is emulated and slower than
   fp32: `advisor doctor` shows the CPU's; the session's notes say so after the baseline); fp16 with a GradScaler
   without a step function.
@@ -18,7 +19,7 @@ import dataclasses
 from typing import Any, Callable
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, WhatIf, Written
+from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, Own, ScriptSeen, WhatIf, Written
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 
@@ -103,6 +104,20 @@ def recover(best: Best) -> Offer | None:
                  recommendation="oom-amp")
 
 
+DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def own(seen: ScriptSeen) -> Own | None:
+    """The script's own: the first 16-bit autocast open at a training forward that its code entered, or a framework
+    (accelerate's `mixed_precision`, Lightning's `precision`, the Trainer's `bf16`) where this knob did not set the
+    framework's precision for the trial."""
+    for autocast in seen.autocasts:
+        dtype, owner = DTYPES.get(autocast["dtype"]), autocast["owner"]
+        if dtype is not None and (owner is None or seen.knobs.amp is None):
+            return dtype, f"{dtype} autocast" + (f" ({owner})" if owner else ""), autocast["site"]
+    return None
+
+
 def not_tried_here(device_facts: dict[str, Any] | None, own_settings: dict[str, Any]) -> str | None:
     """The session's note where bf16 autocast is never tried: on a CPU known to have no bf16 instructions, for a
     script that does not autocast itself. None elsewhere."""
@@ -118,4 +133,4 @@ def not_tried_here(device_facts: dict[str, Any] | None, own_settings: dict[str, 
 
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
             proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, written=WRITTEN, offer=offer,
-            recover=recover, recovers_at=1, moved=lambda v: f"AMP {v}" if v else "AMP off")
+            recover=recover, recovers_at=1, moved=lambda v: f"AMP {v}" if v else "AMP off", own_at_end=own)

@@ -4,6 +4,7 @@
 - **Proposed when**: convolutions take the step: ≥ 20% of a CPU step; on a GPU, layout conversions (≥ 5% of the
   kernel time) or convolutions, norms and pools on NCHW inputs, read from the trace's strides (≥ 20%). AMP with
   `channels_last` is the pair that pays most together on convolutions (bf16 kernels want NHWC).
+- **The script's own**: the model's convolutions in channels_last at its first call.
 - **Not applicable**: a model without 2-D convolutions.
 - **The patch writes**: the model in channels_last just before the optimizer is built from it, the batch
   in channels_last where the step moves it to the device: each input the trial found 4-D at the model's first
@@ -29,6 +30,16 @@ def not_for(torch: Any, module: Any) -> str | None:
     if _convolutions(torch, module):
         return None
     return f"the model ({type(module).__name__}) has no 2-D convolutions: channels_last changes only them"
+
+
+def own(torch: Any, module: Any) -> str | None:
+    """The script's own: the model's first convolution in channels_last (and not also contiguous: a 1×1 one is
+    both) at its first call."""
+    conv = next(iter(_convolutions(torch, module)), None)
+    if conv is not None and conv.weight.is_contiguous(memory_format=torch.channels_last) \
+            and not conv.weight.is_contiguous():
+        return "channels_last"
+    return None
 
 
 def apply(torch: Any, module: Any) -> bool:
@@ -105,4 +116,4 @@ WRITTEN = Written(
 
 
 KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last",
-            spread=(0.15, 0.30), whatif=WHAT_IF, written=WRITTEN)
+            spread=(0.15, 0.30), whatif=WHAT_IF, written=WRITTEN, own_at_first_call=own)

@@ -4,6 +4,7 @@
   the steps before the measured windows, so it is never in samples/s: the trial records it (`compile_s`,
   graphs, graph breaks) and the session says after how many steps it pays back.
 - **Proposed when**: compute or launch overhead binds.
+- **The script's own**: a model compiled before its first call, where the script calls `torch.compile`.
 - **Not applicable**: a compile that fails (no C++ compiler for the CPU backend, a construct the compiler
   refuses): the eager forward is put back, the trial goes on, the reason is recorded.
 - **The patch writes**: `model.compile()` just before the optimizer is built from the model (in place: the
@@ -62,6 +63,12 @@ WRITTEN = Written(
                     "steps)")
 
 
+def own(torch: Any, model: Any) -> str | None:
+    """The script's own: its model compiled before its first call (`torch.compile(model)`, `model.compile()`)."""
+    compiled = type(model).__name__ == "OptimizedModule" or getattr(model, "_compiled_call_impl", None) is not None
+    return "torch.compile" if compiled else None
+
+
 def offer(best: Best) -> Offer | None:
     """torch.compile: fused kernels for a compute- or launch-bound step. No rule predicts its gain on a
     compute-bound step (it is measured, its compile time reported apart); on a launch-bound GPU step the CUDA
@@ -78,4 +85,4 @@ def offer(best: Best) -> Offer | None:
 # torch.compile of a large model takes minutes on its first steps: a trial that compiles gets this much more time.
 KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile", proposed_as="compile", spread=(0.20, 0.30),
             whatif=WHAT_IF, written=WRITTEN, offer=offer, first_steps_s=600.0,
-            compiles=True)
+            compiles=True, own_at_first_call=own, own_call="compile")

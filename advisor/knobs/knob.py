@@ -143,6 +143,25 @@ class TorchSetting:
     apply: Callable[[Any, Any], str | None]  # (torch, an ExitStack to undo it) -> None, or why not applicable
 
 
+@dataclass
+class ScriptSeen:
+    """What a trial saw the script do itself, by its end: what a knob's `own_at_end` reads its setting from
+    (`advisor.trials.interposition.own_settings` gathers it)."""
+
+    knobs: Any  # the trial's own knobs (`Knobs`): what the advisor applied
+    # Autocasts the advisor's code did not enter, open while a module with parameters ran with gradients on (a
+    # training forward), each (dtype, owner) once, in the order seen: {dtype: "torch.bfloat16", owner: None (the
+    # script's code) or the installed package that entered it ("accelerate"), site: "train.py:84" or None}.
+    autocasts: list[dict[str, Any]] = field(default_factory=list)
+    optimizers: list[dict[str, Any]] = field(default_factory=list)  # trial.json's `optimizers`: those built
+    backwards_per_step: list[int] = field(default_factory=list)  # scalar backward passes per optimizer step
+
+
+# One setting the script made itself: its knob value, a phrase for people ("bf16 autocast"), where the script sets
+# it (`file.py:LINE`) or None.
+Own = tuple[Any, str, "str | None"]
+
+
 @dataclass(frozen=True)
 class Code:
     """A value the patch writes as code, not as a literal: set only where the call does not set it itself."""
@@ -297,6 +316,21 @@ class Knob:
     copies: bool = False  # acts on host-to-device copies: nothing to measure on the CPU, where batches are not copied
     # Seconds its first steps may take beyond a trial's --timeout where it is on (at least as long again: a compile).
     first_steps_s: float = 0.0
+    # How the trial reads the script's own setting of it (`advisor.trials.interposition.own_settings`): at the
+    # model's first call, before a knob changes the model or torch ((torch, the model) -> a phrase, or None where the
+    # script did not set it; the value is True), with the torch function whose caller is where the script sets it
+    # (`own_call`: "compile" for torch.compile); or by the trial's end, from a `ScriptSeen` -> an `Own` or None.
+    # A torch setting's (`setting.own`) is read at the first call.
+    own_at_first_call: Callable[[Any, Any], str | None] | None = None
+    own_call: str | None = None
+    own_at_end: Callable[[ScriptSeen], Own | None] | None = None
+
+    def own_on_model(self, torch: Any, model: Any) -> str | None:
+        """The script's own setting of it read at the model's first call, as a phrase; None where it set none or
+        is not read there."""
+        if self.own_at_first_call is not None:
+            return self.own_at_first_call(torch, model)
+        return self.setting.own(torch) if self.setting is not None else None
 
     def changes_nothing(self, value: Any) -> bool:
         """Whether the trial has nothing to change for this value (`idle`)."""

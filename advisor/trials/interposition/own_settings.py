@@ -1,19 +1,17 @@
 """The script's own settings of the knobs, read from the running trial: what was in effect when its model
 ran, not only what its source says. Inside the trial only (torch imported lazily).
 
-Read in every trial, whatever its knobs, so the baseline records them:
+Read in every trial, whatever its knobs, so the baseline records them. Each knob's module says how its own reads
+(`Knob.own_at_first_call`, `Knob.own_at_end`); this module gathers what they read:
 
-- `amp`: an autocast the script entered itself (`torch.autocast`, `torch.amp.autocast`,
-  `torch.cuda.amp.autocast`, a framework's: accelerate's `mixed_precision`, Lightning's `precision`, the
-  Trainer's `bf16`/`fp16`), enabled while a module with parameters runs with gradients on (a training
-  forward; an evaluation under `no_grad` does not count). The advisor's own autocast is entered from its
-  code and is never taken for the script's.
-- `fused_optimizer`: a torch.optim optimizer built with `fused=True` (`FusedOptimizers` sees every build).
-- `compile`, `channels_last` and the process-wide torch settings (`tf32`, `cudnn_benchmark`: each knob's
-  module says how its own reads): at the first call of the model, whether it is compiled already
-  (`torch.compile(model)`, `model.compile()`), its convolutions are in channels_last, and the process-wide
-  flags are set.
-- `accumulation_steps`: backward passes per optimizer step, where the script accumulates gradients itself.
+- at the model's first call, before any knob changes the model or torch: the model and torch's settings (a
+  compiled model, convolutions in channels_last, TF32), with where the script called the torch function a knob
+  names as its setter (`Knob.own_call`: torch.compile);
+- by the trial's end (`ScriptSeen`): the autocasts others than the advisor entered that were open at a training
+  forward (a module with parameters running with gradients on: an evaluation under `no_grad` does not count), with
+  who entered them (the script's code, or a framework: accelerate, lightning); the optimizers it built; its backward
+  passes per optimizer step. The advisor's own autocast is entered from its code and is never taken for the
+  script's.
 
 Each is recorded with where the script sets it (`file.py:LINE`, the nearest frame of the user's code)
 where one can be told, and a phrase for the baseline row ("bf16 autocast").
@@ -23,18 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import sys
 from typing import Any
 
-from advisor.knobs import TORCH_SETTINGS
-from advisor.knobs.knob import patched_attribute
+from advisor.knobs import KNOBS
+from advisor.knobs.knob import ScriptSeen, patched_attribute
 from advisor.trials.interposition.loaders import INSTALLED, user_site
 from advisor.trials.knobs import Knobs
 
-ACCUMULATION_STEPS_SEEN = 3  # optimizer steps whose backward counts must agree to call it accumulation
 ADVISOR_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
-DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+READ_AT_FIRST_CALL = tuple(k for k in KNOBS if k.own_at_first_call or k.setting)
+READ_AT_END = tuple(k for k in KNOBS if k.own_at_end)
 
 
 def autocast_owner() -> str | None:
@@ -63,16 +60,17 @@ def own_setting(value: Any, what: str, site: str | None) -> dict[str, Any]:
 
 
 class OwnSettings:
-    """Watches the trial for the script's own autocast, compiled model, layouts, flags and accumulation."""
+    """Watches the trial for what the script sets itself: its autocasts, model, torch settings, optimizers and
+    backward passes; each knob's module reads its own setting from them."""
 
     def __init__(self, knobs: Knobs):
         self.knobs = knobs
-        self.settings: dict[str, dict[str, Any]] = {}
-        self.entered: list[dict[str, Any] | None] = []  # autocasts open now: the user's (a dict) or not (None)
-        self.compile_site: str | None = None
+        self.settings: dict[str, dict[str, Any]] = {}  # read at the model's first call
+        self.seen = ScriptSeen(knobs)
+        self.entered: list[dict[str, Any] | None] = []  # autocasts open now: one to record (a dict) or not (None)
+        self.sites: dict[str, str | None] = {}  # a knob's setter (`own_call`) → where the script first called it
         self.first_call_seen = False
         self.backwards = 0
-        self.per_step: list[int] = []
         self.stack = contextlib.ExitStack()
         self.forward_hook: Any = None
 
@@ -96,14 +94,11 @@ class OwnSettings:
 
         self.stack.enter_context(patched_attribute(autocast_mode.autocast, "__enter__", enter))
         self.stack.enter_context(patched_attribute(autocast_mode.autocast, "__exit__", exit_))
-        original_compile = torch.compile
-
-        def compile_(*args, **kwargs):
-            watcher.compile_site = watcher.compile_site or user_site()
-            return original_compile(*args, **kwargs)
-
-        self.stack.enter_context(patched_attribute(torch, "compile", compile_))
-        self._watch_calls()  # the model's first call; later ones only while the script's own autocast is open
+        for knob in READ_AT_FIRST_CALL:
+            if knob.own_call is not None:
+                self.stack.enter_context(patched_attribute(torch, knob.own_call,
+                                                           self._recording_site(torch, knob.own_call)))
+        self._watch_calls()  # the model's first call; later ones only while an autocast to record is open
         self.stack.callback(self._stop_watching_calls)
         self.stack.callback(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
 
@@ -112,6 +107,16 @@ class OwnSettings:
         self.stack.close()
 
     # --- what the script does -------------------------------------------------------------------------
+
+    def _recording_site(self, torch: Any, call: str) -> Any:
+        """torch's function `call` (a knob's setter), recording where the script first calls it."""
+        original = getattr(torch, call)
+
+        def called(*args, **kwargs):
+            self.sites[call] = self.sites.get(call) or user_site()  # None where no frame of the script's called it
+            return original(*args, **kwargs)
+
+        return called
 
     def _watch_calls(self) -> None:
         from torch.nn.modules import module as module_hooks
@@ -125,18 +130,14 @@ class OwnSettings:
             self.forward_hook = None
 
     def _autocast_entered(self, context: Any) -> None:
-        if "amp" in self.settings:  # known already: nothing more to learn from autocasts
-            self.entered.append(None)
-            return
-        dtype = DTYPES.get(str(getattr(context, "fast_dtype", "")))
         owner = autocast_owner()
-        # With the amp knob on, a framework's autocast may be the knob's (the Trainer's precision set for it).
-        ours = owner == "advisor" or (owner is not None and self.knobs.amp is not None)
-        user = None if ours or not getattr(context, "_enabled", True) or dtype is None else \
-            {"dtype": dtype, "what": f"{dtype} autocast" + (f" ({owner})" if owner else ""), "site": user_site()}
-        self.entered.append(user)
-        if user is not None:
-            self._watch_calls()  # is it on while the model runs, with gradients?
+        dtype = str(getattr(context, "fast_dtype", ""))
+        known = any(a["dtype"] == dtype and a["owner"] == owner for a in self.seen.autocasts)
+        if owner == "advisor" or known or not getattr(context, "_enabled", True):
+            self.entered.append(None)  # the advisor's own, or nothing more to learn from it
+            return
+        self.entered.append({"dtype": dtype, "owner": owner, "site": user_site()})
+        self._watch_calls()  # is it on while the model runs, with gradients?
 
     def _forward_starts(self, module: Any, args: Any) -> None:
         import torch
@@ -146,25 +147,23 @@ class OwnSettings:
         if not self.first_call_seen:
             self.first_call_seen = True
             self._model_seen(module)
-        user = next((e for e in reversed(self.entered) if e is not None), None)
-        if user is not None and torch.is_grad_enabled():
-            self.settings["amp"] = own_setting(user["dtype"], user["what"], user["site"])
-        if "amp" in self.settings or user is None:
-            self._stop_watching_calls()  # no module call teaches more until the script's autocast opens again
+        open_ = next((e for e in reversed(self.entered) if e is not None), None)
+        if open_ is not None and torch.is_grad_enabled() and open_ not in self.seen.autocasts:
+            self.seen.autocasts.append(open_)
+        if open_ is None or open_ in self.seen.autocasts:
+            self._stop_watching_calls()  # no module call teaches more until another autocast opens
 
     def _model_seen(self, module: Any) -> None:
         import torch
 
-        if type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None:
-            self.settings["compile"] = own_setting(True, "torch.compile", self.compile_site)
-        conv = next((m for m in module.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d))), None)
-        if conv is not None and conv.weight.is_contiguous(memory_format=torch.channels_last) \
-                and not conv.weight.is_contiguous():
-            self.settings["channels_last"] = own_setting(True, "channels_last", None)
-        for knob in TORCH_SETTINGS:  # tf32, cudnn.benchmark: each knob's module reads the script's own
-            text = knob.setting.own(torch)
+        for knob in READ_AT_FIRST_CALL:
+            text = knob.own_on_model(torch, module)
             if text is not None:
-                self.settings[knob.name] = own_setting(True, text, None)
+                self.settings[knob.name] = own_setting(True, text, self.sites.get(knob.own_call))
+
+    def compiles_itself(self) -> bool:
+        """Whether the script called a compiling knob's setter itself (torch.compile): its step is compiled."""
+        return any(k.own_call in self.sites for k in READ_AT_FIRST_CALL if k.compiles)
 
     def backward_ran(self) -> None:
         """A scalar's backward ran (the loss of a micro-batch)."""
@@ -176,21 +175,16 @@ class OwnSettings:
         closure = kwargs.get("closure") if isinstance(kwargs, dict) else None
         # torch passes the step's own arguments, the optimizer first.
         closure = closure or next((a for a in args or () if a is not optimizer and callable(a)), None)
-        self.per_step.append(1 if closure is not None else self.backwards)
+        self.seen.backwards_per_step.append(1 if closure is not None else self.backwards)
         self.backwards = 0
 
     # --- the record -----------------------------------------------------------------------------------
 
     def record(self, optimizers: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
         """knob → {value, what, site} for each knob the script sets itself."""
+        self.seen.optimizers = optimizers or []
         out = dict(self.settings)
-        fused = next((o for o in optimizers or [] if o["user"].get("fused")), None)
-        if fused is not None:
-            out["fused_optimizer"] = own_setting(True, f"fused {fused['class']}", fused.get("site"))
-        # The first step's count can hold a warm-up's backward; the rest must agree.
-        counts = self.per_step[1:]
-        if self.knobs.accumulation_steps is None and len(counts) >= ACCUMULATION_STEPS_SEEN \
-                and min(counts) == max(counts) and counts[0] > 1:
-            steps = int(statistics.median(counts))
-            out["accumulation_steps"] = own_setting(steps, f"gradient accumulation over {steps} batches", None)
+        for knob in READ_AT_END:
+            if (own := knob.own_at_end(self.seen)) is not None:
+                out[knob.name] = own_setting(*own)
         return out
