@@ -51,13 +51,12 @@ from advisor.trials.interposition.frameworks import TrainerSettings
 from advisor.trials.harness.trial_facts import SetupProblem, cap_memory, device_facts, resolve_device
 from advisor.knobs import compiled
 from advisor.trials.knobs import Knobs
-from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, dataloader_outcomes, install_dataloader_knobs, \
-    training_loader
+from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, byte_copies, dataloader_outcomes, \
+    install_dataloader_knobs, training_loader
 from advisor.trials.interposition.loop import LoopInterposition, capture_losses, mark_closures
-from advisor.trials.interposition.model import ModelInterposition, compile_failure, is_compile_error
+from advisor.trials.interposition.model import ModelInterposition
 from advisor.trials.interposition.own_settings import OwnSettings
 from advisor.trials.interposition.optimizers import FusedOptimizers
-from advisor.trials.interposition.eight_bit_images import ByteCopies
 from advisor.trials.harness.torchrun_rank import one_rank_on_demand, rank_of
 from advisor.trials.interposition.ddp_arguments import DDPKnobs
 from advisor.trials.record.ranks import rank_files
@@ -174,12 +173,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         model.install()
         optimizers = FusedOptimizers(knobs)
         optimizers.install()
-        copies = ByteCopies(bool(knobs.uint8_copies))
-        if copies.requested:
-            import torch
-
-            torch.Tensor.to = copies.to(torch.Tensor.to)  # for the rest of the trial's process
-            tracker.convert = copies if device_type == "cpu" else None
+        copies = byte_copies(knobs, device_type, tracker)
         driver = StepDriver(config, device_type, loader_records, tracker)
         driver.compiles = lambda: compiled(knobs) or own.compiles_itself()  # no operator count then
         result["steps_expected"] = driver.schedule.total
@@ -226,27 +220,26 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         result.update(status="error", message=str(exc))
     except BaseException as exc:  # the user's error, an OOM, or SIGINT inside the child
         result.update(failure(exc, driver, os.path.basename(script)))
-        if model is not None and compiled(knobs) and is_compile_error(exc):  # e.g. compiling the backward
-            model.outcomes["compile"] = compile_failure(exc)
+        if model is not None:
+            model.failed(exc)  # a compile error raised in a step (compiling the backward) is the compile's outcome
     finally:
         if driver is not None:
             step_outcomes = driver.close(result)
             if loop is not None:
                 step_outcomes = loop.outcomes
             step_outcomes = {**step_outcomes, **driver.applied_at_start}
-            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records), **step_outcomes, **ddp.outcomes(),
-                                  **model_outcomes(model, optimizers), **(trainer.outcomes if trainer else {})}
+            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records, copies), **step_outcomes,
+                                  **ddp.outcomes(), **model_outcomes(model, optimizers),
+                                  **(trainer.outcomes if trainer else {})}
             result["framework"] = trainer.record() if trainer is not None else None
-            if copies is not None and copies.requested:
-                result["outcomes"]["uint8_copies"] = copies.outcome(result["outcomes"].get("uint8_copies"))
+            if copies is not None:
                 plans = [r.bytes_plan.to_dict() for r in loader_records if r.bytes_plan is not None]
                 result["uint8_plan"] = plans[0] if plans else None
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
             result["compile"] = model.compile_record() if model is not None else None
-            result["attention_plan"] = model.attention.plans if model is not None and knobs.sdpa else None
-            # Every hand-written attention the check found: rewritable (the form read), or why not (the number).
-            result["attention_modules"] = model.attention.found if model is not None and knobs.sdpa else None
+            result["attention_plan"], result["attention_modules"] = \
+                model.attention_record() if model is not None else (None, None)
             result["checkpoint_plan"] = model.checkpoints.plan if model is not None else None
             result["channels_last_inputs"] = model.layout_inputs if model is not None else None
             result["optimizers"] = optimizers.record() if optimizers is not None else None
@@ -266,18 +259,13 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 def model_outcomes(model: ModelInterposition | None, optimizers: FusedOptimizers | None) -> dict[str, str]:
     """The outcomes of the model knobs (channels_last, compile, TF32, cudnn.benchmark) and fused optimizers."""
     out = model.outcomes_after_steps() if model is not None else {}
-    fused = optimizers.outcome() if optimizers is not None else None
-    if fused is not None:
-        out["fused_optimizer"] = fused
-    return out
+    return {**out, **(optimizers.outcomes() if optimizers is not None else {})}
 
 
 def model_user_values(model: ModelInterposition | None, optimizers: FusedOptimizers | None) -> dict[str, Any]:
     """The script's own values of the model knobs the trial changed (for the patch's "from X to Y")."""
     values = dict(model.user) if model is not None else {}
-    if optimizers is not None and optimizers.user_value() is not None:
-        values["fused_optimizer"] = optimizers.user_value()
-    return values
+    return {**values, **(optimizers.user_values() if optimizers is not None else {})}
 
 
 def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from advisor.trials.interposition.eight_bit_images import mark, plan_of, rewrite_dataset
+from advisor.trials.interposition.eight_bit_images import ByteCopies, mark, plan_of, rewrite_dataset
 from advisor.knobs import BY_NAME, DATALOADER_KNOBS, DECIDED_AT_LOADER, PLANNED_AT_LOADER
 from advisor.knobs.knob import LoaderArguments
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
@@ -266,8 +266,23 @@ def training_loader(records: list[LoaderRecord]) -> LoaderRecord | None:
     return max(fed, key=lambda r: r.steps) if fed else None
 
 
-def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, str]:
-    """Per requested DataLoader knob: its outcome over all loaders the script built."""
+def byte_copies(knobs: Knobs, device_type: str, tracker: LoaderTracker) -> ByteCopies | None:
+    """With uint8_copies: the step's `.to(...)` converts the 8-bit batch, for the rest of the trial's process (on
+    the CPU, as the batch leaves the loader); None without it."""
+    if not knobs.uint8_copies:
+        return None
+    import torch
+
+    copies = ByteCopies(True)
+    torch.Tensor.to = copies.to(torch.Tensor.to)
+    tracker.convert = copies if device_type == "cpu" else None
+    return copies
+
+
+def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord], copies: ByteCopies | None = None) \
+        -> dict[str, str]:
+    """Per requested DataLoader knob: its outcome over all loaders the script built (uint8_copies': the batches'
+    conversion at the step's copy, `copies`, where the steps ran)."""
     outcomes = {}
     for key in DECIDED_AT_LOADER:
         value = getattr(knobs, key)
@@ -285,6 +300,8 @@ def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord]) -> dict[str, 
             outcomes[key] = APPLIED
         else:  # no loader was built for it (a notebook's loader, rebuilt with its arguments only)
             outcomes[key] = seen[0] if seen else not_applicable("no DataLoader was built with it")
+    if copies is not None:
+        outcomes["uint8_copies"] = copies.outcome(outcomes.get("uint8_copies"))
     return outcomes
 
 

@@ -204,6 +204,16 @@ class ModelInterposition:
                 out[name] = not_applicable("no module with parameters was called in the steps")
         return out
 
+    def failed(self, exc: BaseException) -> None:
+        """A step raised: a compile error there (compiling the backward) is the compile's outcome."""
+        if self.knobs.compile and is_compile_error(exc):
+            self.outcomes["compile"] = compile_failure(exc)
+
+    def attention_record(self) -> tuple[Any, Any]:
+        """With the sdpa knob: the attentions rewritten (their plans), and every hand-written attention the check
+        found, rewritable (the form read) or why not (the number); (None, None) without it."""
+        return (self.attention.plans, self.attention.found) if self.knobs.sdpa else (None, None)
+
     def compile_record(self) -> dict[str, Any] | None:
         """What the compiler did: graphs, graph breaks and their most frequent reasons (dynamo's counters)."""
         if not self.knobs.compile or not self.compiled or self.outcomes.get("compile") != APPLIED:

@@ -21,6 +21,8 @@ from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 from advisor.knobs.knob import patched_attribute
 from advisor.trials.interposition.loaders import user_site
 
+KNOB = "fused_optimizer"  # this interposition's knob: its outcome and the script's own value are keyed by it
+
 
 def optimizer_classes() -> list[type]:
     """torch.optim's optimizer classes whose constructor takes `fused` or `foreach`."""
@@ -39,7 +41,7 @@ class FusedOptimizers:
     """Builds the script's torch.optim optimizers fused (else foreach) for the trial; records what it did."""
 
     def __init__(self, knobs: Knobs):
-        self.requested = bool(knobs.fused_optimizer)
+        self.requested = bool(getattr(knobs, KNOB))
         self.built: list[dict[str, Any]] = []  # per optimizer: class, the user's fused/foreach, what ran
         self.stack = contextlib.ExitStack()
         self.depth = 0
@@ -100,20 +102,21 @@ class FusedOptimizers:
         entry["why"] = "; ".join(refusals) or "the script already builds it with foreach=True"
         return original(optimizer, params, *args, **kwargs)
 
-    def outcome(self) -> str | None:
-        """`applied` when an optimizer was built fused or foreach for the trial; else why not (None: not requested)."""
+    def outcomes(self) -> dict[str, str]:
+        """The knob's outcome where it was requested: `applied` when an optimizer was built fused or foreach for the
+        trial; else why not."""
         if not self.requested:
-            return None
+            return {}
         if any(e["ran"] and e["why"] is None for e in self.built):
-            return APPLIED
+            return {KNOB: APPLIED}
         if not self.built:
-            return not_applicable("no torch.optim optimizer was built in the trial (one built before it, or "
-                                  "another library's, is not rebuilt)")
-        return not_applicable(f"{self.built[0]['class']}: {self.built[0]['why']}")
+            return {KNOB: not_applicable("no torch.optim optimizer was built in the trial (one built before it, or "
+                                         "another library's, is not rebuilt)")}
+        return {KNOB: not_applicable(f"{self.built[0]['class']}: {self.built[0]['why']}")}
 
-    def user_value(self) -> bool | None:
-        """Whether the script builds its (first) optimizer fused itself, or None when it built none."""
-        return bool(self.built[0]["user"]["fused"]) if self.built else None
+    def user_values(self) -> dict[str, bool]:
+        """Whether the script builds its (first) optimizer fused itself, by the knob; empty where it built none."""
+        return {KNOB: bool(self.built[0]["user"]["fused"])} if self.built else {}
 
     def record(self) -> list[dict[str, Any]] | None:
         """Per optimizer built: its class, the script's fused/foreach and which implementation ran."""
