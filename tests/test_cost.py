@@ -11,8 +11,8 @@ from rich.console import Console
 from records import row, session
 
 from advisor.report.progress_line import TrialProgressDisplay
-from advisor.search.cost import COMPILE_PRIOR_S, answer_seconds, by_cost, compile_seconds, slower_compile, \
-    trial_seconds
+from advisor.knobs import BY_NAME
+from advisor.search.cost import answer_seconds, by_cost, first_steps_seconds, slower_compile, trial_seconds
 from advisor.search.decision import Decision
 from advisor.search.expected import value
 from advisor.search.proposal import on_best
@@ -39,11 +39,14 @@ def test_a_compile_pays_for_its_compile_before_it_is_ranked_over_a_cheaper_trial
     state = session(**CPU, trials=[timed_trial(tmp_path, "00-baseline", 8.0)])
     assert value(compile_, state) > value(batch, state)  # worth more, as a trial
     # ... but it costs its compile too: 40 s before the session measured one, beside a trial of 8 s.
-    assert trial_seconds(tmp_path, state) == 8.0 and compile_seconds(state) == COMPILE_PRIOR_S
+    compiler = BY_NAME["compile"]
+    assert trial_seconds(tmp_path, state) == 8.0 and first_steps_seconds(compiler, state) == 40.0
     assert by_cost([compile_, batch], tmp_path, state) == [batch, compile_]
     # A compile this machine did in 2 s (a small graph) is priced at that: the better bet goes first again.
     state.trials.append(timed_trial(tmp_path, "01-compile", 10.0, compile_s=2.0))
-    assert compile_seconds(state) == 2.0 and by_cost([batch, compile_], tmp_path, state) == [compile_, batch]
+    assert first_steps_seconds(compiler, state) == 2.0
+    assert by_cost([batch, compile_], tmp_path, state) == [compile_, batch]
+    assert trial_seconds(tmp_path, state) == 8.0  # the compile's 10 s trial less its 2 s compile: a trial's 8 s
     # Without a compile among them, the strategy's order stands.
     assert by_cost([batch, compile_.__class__(**{**compile_.__dict__, "knobs": best})], tmp_path, state)[0] is batch
 

@@ -116,4 +116,5 @@ WRITTEN = Written(
 
 
 KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last",
-            spread=(0.15, 0.30), whatif=WHAT_IF, written=WRITTEN, own_at_first_call=own)
+            spread=(0.15, 0.30), whatif=WHAT_IF, written=WRITTEN, own_at_first_call=own,
+            layout=True)

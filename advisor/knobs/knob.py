@@ -316,6 +316,15 @@ class Knob:
     copies: bool = False  # acts on host-to-device copies: nothing to measure on the CPU, where batches are not copied
     # Seconds its first steps may take beyond a trial's --timeout where it is on (at least as long again: a compile).
     first_steps_s: float = 0.0
+    # The seconds its first steps held in a trial beyond the steps' own (a compile's), read from the trial's row
+    # (a function of a `TrialRow` -> seconds, or None where that trial measured none), and what it is taken to hold
+    # before the session measured any: the search prices a candidate that turns it on by them
+    # (`advisor.search.cost`). A trial's own time is its wall time less what these held.
+    first_steps_held: Callable[[Any], float | None] | None = None
+    first_steps_prior_s: float = 0.0
+    # It changes the memory layout of the model's tensors (channels_last): a knob that compiles and measured slower is
+    # not compiled again in another layout unless the what-if model says the layout was the cause.
+    layout: bool = False
     # How the trial reads the script's own setting of it (`advisor.trials.interposition.own_settings`): at the
     # model's first call, before a knob changes the model or torch ((torch, the model) -> a phrase, or None where the
     # script did not set it; the value is True), with the torch function whose caller is where the script sets it

@@ -1,6 +1,6 @@
 """What a trial costs in wall time, and what that buys: candidates priced by their seconds (a compile's first steps
-hold the compile), a compile that measured slower not compiled again in another layout, and the time left to the
-answer. Pure functions over the session record and its trials' records. Torch-free.
+hold the compile: each knob's `first_steps_held`), a compile that measured slower not compiled again in another
+layout, and the time left to the answer. Pure functions over the session record and its trials' records. Torch-free.
 """
 
 from __future__ import annotations
@@ -9,16 +9,20 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from advisor.search.record import SessionRecord
+from advisor.knobs import KNOBS, compiled
+from advisor.search.record import SessionRecord, TrialRow
 from advisor.search.expected import value
 from advisor.search.proposal import Proposal
 from advisor.search.timing import row_record, session_time, trial_time
 
-# Seconds a first torch.compile adds to a trial before this session measured one: what the conv example's compile
-# trials took on a 2-core CPU (38 s and 47 s, issue 71); on a GPU a model of that size compiles in about as long.
-COMPILE_PRIOR_S = 40.0
 TRIAL_PRIOR_S = 10.0  # a trial's wall time before the session has timed one
-LAYOUT = "channels_last"
+HOLDING = tuple(k for k in KNOBS if k.first_steps_held)  # their first steps hold more than a step (a compile)
+LAYOUTS = frozenset(k.name for k in KNOBS if k.layout)
+
+
+def held_s(row: TrialRow) -> float:
+    """What a trial's first steps held beyond its steps (its compile), in seconds."""
+    return sum(k.first_steps_held(row) or 0.0 for k in HOLDING)
 
 
 def trial_seconds(out: Path, state: SessionRecord) -> float:
@@ -28,31 +32,29 @@ def trial_seconds(out: Path, state: SessionRecord) -> float:
     for row in state.trials or []:
         own = trial_time(row_record(out, row))
         if own is not None and own["duration_s"] > 0:
-            spans.append(own["duration_s"] - ((row.get("compile") or {}).get("compile_s") or 0.0))
+            spans.append(own["duration_s"] - held_s(row))
     return statistics.median(spans) if spans else TRIAL_PRIOR_S
 
 
-def compile_seconds(state: SessionRecord) -> float:
-    """What a first compile will add to a trial: the longest this session's compiles took on this machine (the
-    first compile of a graph; a second one of the same graph is a cache hit), else COMPILE_PRIOR_S."""
-    measured = [(t.get("compile") or {}).get("compile_s") for t in state.trials or []]
-    measured = [s for s in measured if isinstance(s, (int, float))]
-    return max(measured) if measured else COMPILE_PRIOR_S
+def first_steps_seconds(knob: Any, state: SessionRecord) -> float:
+    """What the knob's first steps will add to a trial: the longest this session's took on this machine (the first
+    compile of a graph; a second one of the same graph is a cache hit), else its prior."""
+    measured = [s for t in state.trials or [] if (s := knob.first_steps_held(t)) is not None]
+    return max(measured) if measured else knob.first_steps_prior_s
 
 
 def seconds(proposal: Proposal, out: Path, state: SessionRecord) -> float:
-    """A candidate's price in wall time: a trial's, and a compile's on top where it compiles a setting not compiled
-    before in this session."""
-    compiled_before = any(t.knobs.get("compile") and t.knobs == proposal.knobs.to_dict()
-                          for t in state.trials or [])
-    extra = compile_seconds(state) if proposal.knobs.compile and not compiled_before else 0.0
+    """A candidate's price in wall time: a trial's, and its first steps' (a compile's) on top where it turns on a
+    knob that holds them in a setting not run before in this session."""
+    run_before = any(t.knobs == proposal.knobs.to_dict() for t in state.trials or [])
+    extra = sum(first_steps_seconds(k, state) for k in HOLDING if getattr(proposal.knobs, k.name) and not run_before)
     return trial_seconds(out, state) + extra
 
 
 def by_cost(proposals: list[Proposal], out: Path, state: SessionRecord) -> list[Proposal]:
     """The candidates by expected improvement per second of wall time (the strategy's order among equals): a
     compile's gain must pay for its compile as well as its trial."""
-    if not any(p.knobs.compile for p in proposals):
+    if not any(getattr(p.knobs, k.name) for p in proposals for k in HOLDING):
         return proposals  # every trial costs about the same: the strategy's order stands
     price = {id(p): seconds(p, out, state) for p in proposals}
     order = {id(p): i for i, p in enumerate(proposals)}
@@ -63,11 +65,11 @@ def slower_compile(proposal: Proposal, decision: Any, second: Proposal | None, m
     """Whether a follow-up `second` would compile again in another layout after the compile `proposal` measured
     slower beyond its noise: not done unless the model says the layout was the cause (it predicts the compile
     without it to gain at least `min_gain`)."""
-    if second is None or decision is None or not proposal.knobs.compile or not second.knobs.compile:
+    if second is None or decision is None or not compiled(proposal.knobs) or not compiled(second.knobs):
         return False
     if decision.gain >= -decision.noise:  # within the noise, or faster: the swap may still tell
         return False
-    layout_only = {k for k, v in proposal.knobs.to_dict().items() if second.knobs.to_dict().get(k) != v} <= {LAYOUT}
+    layout_only = {k for k, v in proposal.knobs.to_dict().items() if second.knobs.to_dict().get(k) != v} <= LAYOUTS
     return layout_only and not (second.predicted and second.predicted_gain >= min_gain)
 
 
