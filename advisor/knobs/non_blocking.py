@@ -60,4 +60,4 @@ def apply(torch: Any, stack: ExitStack) -> None:
 
 # The what-if model's change is pin_memory's: pinned copies, which take both.
 KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED,
-            written=Written(IN_STEP), lint="non-blocking-copy", copies=True)
+            written=Written(IN_STEP), lint="non-blocking-copy", copies=True, proposed_as="non-blocking")

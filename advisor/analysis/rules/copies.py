@@ -49,7 +49,7 @@ def non_blocking(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="non-blocking",
         title="Copy batches asynchronously: .to(device, non_blocking=True)",
-        knobs={"non_blocking": True},
+        knobs=proposed_knobs("non-blocking"),
         predicted_gain=wait,
         evidence=(f"{c.synchronous:.0f} synchronous host-to-device copies per step; the host waits "
                   f"{ms(c.sync_wait_us)} per step in synchronizes and blocking copies",),

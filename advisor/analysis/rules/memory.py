@@ -7,6 +7,7 @@ from pathlib import Path
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.memory_peaks import memory_leak
 from advisor.analysis.rules.recommendation import Recommendation
+from advisor.knobs import proposed_knobs
 
 MEMORY_TIGHT = 0.70  # peak above this share of capacity: memory, not speed, is what binds
 
@@ -60,7 +61,7 @@ def activation_checkpointing_advice(trial: dict | None, capacity: float | None =
         id="activation-checkpointing",
         title=f"Checkpoint the {name} blocks: recompute their activations in backward",
         # The session measures it with the batch it buys (`advisor.knobs.checkpointing`).
-        knobs={"checkpointing": True},
+        knobs=proposed_knobs("activation-checkpointing"),
         predicted_gain=0.0,
         evidence=tuple(evidence),
         code_change=("from torch.utils.checkpoint import checkpoint\n"
