@@ -25,7 +25,7 @@ from advisor.knobs import BY_NAME, DATALOADER_KNOBS, KNOBS, NAMES, OFFERING, ORD
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
 from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
-    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL, ScriptSeen
+    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL, ScriptSeen, workers_queue
 from advisor.knobs.offer import Best, Learned, Offer
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace
@@ -138,6 +138,14 @@ def test_a_torch_setting_knob_reads_sets_and_puts_back_its_own_setting():
         assert tf32.own(torch) == "float32 matmul precision 'medium'"
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+def test_the_workers_queue_is_read_from_the_first_source_that_sets_it_else_from_dataloaders_defaults():
+    """Workers and their prefetch as the DataLoader ran them (its effective arguments), else the knobs, else the
+    script's; DataLoader's own where none sets them: no workers, two batches each."""
+    assert workers_queue({}, {}, {}) == (0, 2)
+    assert workers_queue({"num_workers": None}, {"num_workers": 4}, {"num_workers": 2, "prefetch_factor": 3}) == (4, 3)
+    assert workers_queue({"num_workers": 0, "prefetch_factor": None}) == (0, 2)
 
 
 READS_OWN = tuple(k for k in KNOBS if k.own_at_first_call or k.own_at_end or k.setting)

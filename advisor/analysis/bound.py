@@ -19,6 +19,7 @@ from advisor.analysis.copy_times import CopyEvents
 from advisor.analysis.findings import Finding
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
+from advisor.knobs.knob import workers_queue
 
 # What can bound a step, and how output names it. Recommendations address one of these (`Recommendation.bound`).
 BOUNDS = {
@@ -103,12 +104,7 @@ def _loader_workers(trial: dict) -> tuple[int, int]:
     """(num_workers, prefetch_factor) the trial's first DataLoader ran with."""
     loaders = trial.get("dataloaders") or []
     effective = (loaders[0].get("effective") if loaders else None) or {}
-    knobs, user = trial.get("knobs") or {}, trial.get("user_values") or {}
-    workers = next((v for v in (effective.get("num_workers"), knobs.get("num_workers"), user.get("num_workers"))
-                    if v is not None), 0)
-    prefetch = next((v for v in (effective.get("prefetch_factor"), knobs.get("prefetch_factor"),
-                                 user.get("prefetch_factor")) if v is not None), 2)
-    return int(workers or 0), int(prefetch or 2)
+    return workers_queue(effective, trial.get("knobs") or {}, trial.get("user_values") or {})
 
 
 def loader_queue(trial: dict | None, trace: Trace, steps: list[Step], dataloader: iv.Intervals,

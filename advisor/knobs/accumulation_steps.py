@@ -61,4 +61,4 @@ def recover(best: Best) -> tuple[Offer, ...]:
 
 KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE,
             written=WRITTEN, recover=recover, recovers_at=3,
-            in_loader=in_loader, idle=(1,), own_at_end=own)
+            in_loader=in_loader, idle=(1,), own_at_end=own, unset=1)

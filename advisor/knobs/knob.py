@@ -39,6 +39,15 @@ def patched_attribute(owner: Any, name: str, value: Any) -> Iterator[None]:
             delattr(owner, name)
 
 
+def workers_queue(*sources: dict[str, Any]) -> tuple[int, int]:
+    """(worker processes, batches each prefetches) a DataLoader runs with: each from the first of `sources` that sets
+    it (its effective arguments, the knobs, the user's values), else DataLoader's own (none; 2 a worker)."""
+    def first(name: str, default: int) -> int:
+        return int(next((s[name] for s in sources if s.get(name) is not None), default) or default)
+
+    return first("num_workers", 0), first("prefetch_factor", 2)
+
+
 @dataclass
 class LoaderArguments:
     """The training DataLoader's arguments as a trial plans them (`Knob.in_loader`): those the script gave (batch_size,
@@ -273,6 +282,9 @@ class Knob:
     in_loader: Callable[[Any, Any, Any], str | None] | None = None
     # Values with which it changes nothing in the trial (one micro-batch a step): applied as they are.
     idle: tuple = ()
+    # What is in effect where neither the knob nor the script sets it (DataLoader's no workers; one micro-batch a
+    # step), where a recorded surface tells settings apart by it.
+    unset: Any = None
     # How the trial applies it once the steps start, over what the script set itself: (value, torch) -> its outcome.
     at_steps_start: Callable[[Any, Any], str] | None = None
     compiles: bool = False  # it compiles the step: its first steps compile, its graphs are counted step by step

@@ -101,4 +101,4 @@ KNOB = Knob("num_workers", WORKERS, LOADER, AT_LOADER, "DataLoader workers", alo
             training_argument="dataloader_num_workers", numerics=False, proposed_as="more-workers",
             spread=(0.30, 0.30), whatif=WHAT_IF, written=Written(IN_LOADER, position=5),
             moved=lambda v: f"workers →{v}", lint="dataloader-num-workers", offer=offer, order=0,
-            in_loader=as_given)
+            in_loader=as_given, unset=0)

@@ -27,6 +27,7 @@ from advisor.trials.harness import profiler
 from advisor.trials.harness.torchrun_rank import all_measured
 from advisor.trials.record.ranks import rank_files
 from advisor.knobs import STARTING, compiled
+from advisor.knobs.knob import workers_queue
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.model import compiled_graphs
 from advisor.trials.interposition.step import StepInterposition
@@ -236,7 +237,7 @@ class StepDriver:
 
         fed = self.tracker.last or (self.loader_records[-1] if self.loader_records else None)
         effective = fed.effective if fed is not None else {}
-        self.schedule.add_queue(effective.get("num_workers") or 0, effective.get("prefetch_factor"))
+        self.schedule.add_queue(*workers_queue(effective))
         # The schedule as sized now, for the parent's progress display (advisor.trials.record.progress).
         write_json_atomic(self.out_dir / self.files["schedule"], self.schedule.to_dict())
         self.user_threads = torch.get_num_threads()

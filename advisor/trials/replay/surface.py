@@ -46,7 +46,7 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.files import regular_traces_in
 from advisor.trials.record.storage import write_json_atomic
-from advisor.knobs import FLAG, KNOBS
+from advisor.knobs import BY_NAME, FLAG, KNOBS
 from advisor.trials.knobs import Knobs
 from advisor.trials.record import SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult, load_trial
 from advisor.trials.record.adaptive import Against, settled
@@ -71,13 +71,12 @@ class SurfacePoint:
 
 def settings_of(knobs: dict[str, Any], user_values: dict[str, Any]) -> tuple:
     """What a trial ran with: each setting the knobs change, over the user's values (defaults where unset)."""
-    defaults = {"num_workers": 0, "accumulation_steps": 1}
     values = []
     for name in SETTINGS:
         value = knobs.get(name)
         if value is None:
             value = user_values.get(name)
-        value = defaults.get(name) if value is None else value
+        value = BY_NAME[name].unset if value is None else value
         values.append(bool(value) if name in SWITCHES else value)
     return tuple(values)
 
