@@ -110,6 +110,13 @@ def advised_by(advice: str) -> dict[str, bool]:
     return {k.name: True for k in KNOBS if k.advice == advice}
 
 
+def advised_values(change: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """The knobs a finding's change sets and their values, chosen from the finding's figures by each knob proposed as
+    that change (`Knob.advised`), in the registry's order."""
+    chosen = ((k.name, k.advised(figures)) for k in KNOBS if k.proposed_as == change and k.advised)
+    return {name: value for name, value in chosen if value is not None}
+
+
 def proposed_knobs(change: str, value: Any = True) -> dict[str, Any]:
     """The knobs a finding's change turns where the search proposes them by a move of its own (their
     `proposed_as`, the finding's id), each at `value` ("increase": up their ladder); its `Recommendation.knobs`."""
@@ -136,5 +143,5 @@ __all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COMPILING", "COUNT", "
            "DECIDED_AT_LOADER", "FLAG", "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS",
            "NAMES", "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "STARTING",
            "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS", "TURNED", "WHAT_IFS",
-           "WORKERS", "Knob", "WhatIf", "advised_by", "applied_at", "companions_of", "compiled", "making", "of_part",
+           "WORKERS", "Knob", "WhatIf", "advised_by", "advised_values", "applied_at", "companions_of", "compiled", "making", "of_part",
            "with_companions", "without_lone_companions", "written_at"]

@@ -30,4 +30,5 @@ def offer(best: Best) -> Offer | None:
 
 
 KNOB = Knob("ddp_gradient_as_bucket_view", FLAG, DDP, AT_DDP, "DDP bucket views", on_surface=False,
-            written=Written(IN_DDP, argument="gradient_as_bucket_view"), offer=offer)
+            written=Written(IN_DDP, argument="gradient_as_bucket_view"), offer=offer, proposed_as="ddp-buckets",
+            advised=lambda figures: True)

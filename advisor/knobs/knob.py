@@ -299,6 +299,11 @@ class Knob:
     # The id of the change it is proposed as where no finding's advice turns it on (a finding's, or the search's
     # own move: "more-workers", "amp"; a `Proposal.recommendation`).
     proposed_as: str | None = None
+    # Where that finding chooses its value (DDP's arguments for exposed all-reduce): its value from the finding's
+    # figures (a dict the rule gives), or None to leave it out of the change; and what the finding's evidence says
+    # where it is in the change.
+    advised: Callable[[dict[str, Any]], Any] | None = None
+    advised_because: str | None = None
     # σ of what that change (its advice, or what it is proposed as) moves samples/s by, before a session measured any
     # (`advisor.analysis.worth`): on an accelerator, and on the CPU (None: the default spread).
     spread: tuple[float | None, float | None] = (None, None)

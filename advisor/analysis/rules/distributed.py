@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
+from advisor.knobs import BY_NAME, advised_values
 
 EXPOSED_SHARE = 0.05  # exposed communication worth tuning DDP for
 NO_SYNC_SHARE = 0.15  # exposed communication worth skipping all-reduces for (accumulating gradients)
-SMALL_COLLECTIVE = 4 * 2**20  # bytes: collectives smaller than this pay more in latency than in bandwidth
 
 WAITING_CAVEAT = ("From one rank's trace, waiting for a slower rank looks the same as slow communication: "
                   "analyse every rank's trace together (advisor analyze FOLDER) to see whether a straggler "
@@ -38,16 +38,12 @@ def ddp_buckets(d: Diagnosis) -> Recommendation | None:
     c = d.communication
     count = sum(k.count for k in c.collectives if k.name == "all_reduce") or c.count
     total = sum(k.bytes or 0.0 for k in c.collectives if k.name == "all_reduce")
-    # Many small all-reduces pay latency each: larger buckets; few large ones start late: smaller buckets.
-    bucket = 100 if count > 4 and total and total / count < SMALL_COLLECTIVE else 10
-    knobs = {"ddp_bucket_cap_mb": bucket, "ddp_gradient_as_bucket_view": True}
-    user = (d.trial or {}).get("user_values") or {}
-    code = f"DistributedDataParallel(model, bucket_cap_mb={bucket}, gradient_as_bucket_view=True"
-    if user.get("ddp_find_unused_parameters"):
-        knobs["ddp_find_unused_parameters"] = False
-        evidence.append("the script passes find_unused_parameters=True: DDP then walks the autograd graph every "
-                        "step and can start no all-reduce before the backward ends")
-        code += ", find_unused_parameters=False"
+    # Each DDP argument's module chooses its value (the bucket by the all-reduces' sizes).
+    knobs = advised_values("ddp-buckets", {"all_reduces": count, "all_reduce_bytes": total,
+                                           "user_values": (d.trial or {}).get("user_values") or {}})
+    evidence += [BY_NAME[name].advised_because for name in knobs if BY_NAME[name].advised_because]
+    code = "DistributedDataParallel(model, " + ", ".join(f"{BY_NAME[name].written.argument}={value}"
+                                                        for name, value in knobs.items())
     return Recommendation(
         id="ddp-buckets",
         title="Overlap gradient all-reduce with the backward pass: tune DistributedDataParallel",
