@@ -148,6 +148,21 @@ def test_the_workers_queue_is_read_from_the_first_source_that_sets_it_else_from_
     assert workers_queue({"num_workers": 0, "prefetch_factor": None}) == (0, 2)
 
 
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k.on_model], ids=lambda k: k.name)
+def test_each_knob_that_changes_the_model_applies_at_its_first_call_and_puts_it_back(knob):
+    """Its `ModelChange` on a real convnet: applied at the first call, the script's own value read (it had set
+    neither), and undone to the model as it was (an in-process trial's model is the user's)."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten())
+    forward, strides = model.forward, model[0].weight.stride()
+    change = knob.on_model()
+    change.apply(torch, model, (torch.randn(2, 3, 8, 8),))
+    assert change.outcome == APPLIED and change.user is False
+    change.undo(torch)
+    assert model.forward == forward and "forward" not in model.__dict__ and model[0].weight.stride() == strides
+
+
 READS_OWN = tuple(k for k in KNOBS if k.own_at_first_call or k.own_at_end or k.setting)
 
 

@@ -17,7 +17,8 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, layout_share, relayout
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
+from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, ModelChange, WhatIf, Written, \
+    not_applicable
 
 
 def _convolutions(torch: Any, module: Any) -> list[Any]:
@@ -76,6 +77,42 @@ def inputs(torch: Any, value: Any) -> Any:
     return value
 
 
+class ChannelsLast(ModelChange):
+    """In the trial: each model with 2-D convolutions in channels_last at its first call, and every 4-D input of its
+    calls; the positions of those of its first call recorded (`channels_last_inputs`)."""
+
+    record_field = "channels_last_inputs"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layouts: list[Any] = []  # the models moved
+        self.positions: list[int] | None = None
+
+    def apply(self, torch: Any, module: Any, args: tuple) -> None:
+        why = not_for(torch, module)
+        if why is not None:
+            self.outcome = self.outcome or not_applicable(why)  # another model may have convolutions
+            return
+        self.user = apply(torch, module)
+        self.layouts.append(module)
+        self.outcome = APPLIED
+
+    def call(self, torch: Any, module: Any, args: tuple) -> tuple | None:
+        if not any(m is module for m in self.layouts):
+            return None
+        if self.positions is None:
+            self.positions = image_positions(torch, args)
+        return inputs(torch, args)
+
+    def record(self) -> list[int] | None:
+        return self.positions
+
+    def undo(self, torch: Any) -> None:
+        for module in self.layouts:
+            undo(torch, module)
+        self.layouts = []
+
+
 def setting(trial: TrialSettings) -> bool:
     """Whether the trial's model ran in channels_last."""
     return trial.flag("channels_last")
@@ -117,4 +154,4 @@ WRITTEN = Written(
 
 KNOB = Knob("channels_last", FLAG, MODEL, AT_FIRST_CALL, "channels_last", in_process=True, advice="channels-last",
             spread=(0.15, 0.30), whatif=WHAT_IF, written=WRITTEN, own_at_first_call=own,
-            layout=True)
+            layout=True, on_model=ChannelsLast)

@@ -18,7 +18,8 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share, relayout, undone
-from advisor.knobs.knob import AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written
+from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, ModelChange, WhatIf, Written, \
+    not_applicable
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 
@@ -69,6 +70,79 @@ def own(torch: Any, model: Any) -> str | None:
     return "torch.compile" if compiled else None
 
 
+def is_compile_error(exc: BaseException) -> bool:
+    """An error raised by the compiler (dynamo, AOTAutograd, inductor), not by the user's code."""
+    return any(type(e).__module__.startswith(("torch._dynamo", "torch._inductor", "torch._functorch"))
+               for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+
+
+def failure(exc: BaseException) -> str:
+    """The not-applicable outcome of a compile that failed: its error, one line."""
+    first = (str(exc).strip().splitlines() or [""])[0][:240]
+    return not_applicable(f"torch.compile failed: {type(exc).__name__}: {first}".rstrip(": "))
+
+
+class Compile(ModelChange):
+    """In the trial: each model's forward through `torch.compile` from its next call; a compile that fails puts the
+    eager forward back and the trial goes on. Records the graphs, graph breaks and their most frequent reasons
+    (dynamo's counters; `compile_s` is the driver's)."""
+
+    after_rewrites = True  # it traces the attention and checkpointed blocks rewritten before it
+    record_field = "compile"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compiled: list[tuple[Any, bool, Any]] = []  # (module, had its own forward, that forward)
+
+    def apply(self, torch: Any, module: Any, args: tuple) -> None:
+        self.user = own(torch, module) is not None
+        had_own, previous, eager = "forward" in module.__dict__, module.__dict__.get("forward"), module.forward
+        try:
+            compiled = torch.compile(eager)
+        except Exception as exc:  # e.g. dynamo does not support this Python
+            self.outcome = failure(exc)
+            return
+        change = self
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if change.outcome not in (None, APPLIED):
+                return eager(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as exc:
+                if not is_compile_error(exc):
+                    raise
+                change.outcome = failure(exc)
+                return eager(*args, **kwargs)  # the trial goes on without the compiler
+
+        module.forward = forward
+        self.compiled.append((module, had_own, previous))
+        self.outcome = self.outcome or APPLIED
+
+    def failed(self, exc: BaseException) -> None:
+        if is_compile_error(exc):  # raised in a step, compiling the backward
+            self.outcome = failure(exc)
+
+    def record(self) -> dict[str, Any] | None:
+        if not self.compiled or self.outcome != APPLIED:
+            return None
+        from torch._dynamo.utils import counters  # the trial's torch: this runs inside it
+
+        breaks = counters.get("graph_break", {})
+        return {"graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
+                "graph_breaks": int(sum(breaks.values())),
+                "break_reasons": [reason.splitlines()[0][:200] for reason, _ in
+                                  sorted(breaks.items(), key=lambda kv: -kv[1])[:3]]}
+
+    def undo(self, torch: Any) -> None:
+        for module, had_own, forward in self.compiled:
+            if had_own:
+                module.forward = forward
+            else:
+                module.__dict__.pop("forward", None)
+        self.compiled = []
+
+
 def held(row: Any) -> float | None:
     """The seconds a trial's compile took in its first steps (its row's `compile` record), None where it compiled
     nothing."""
@@ -95,4 +169,4 @@ def offer(best: Best) -> Offer | None:
 KNOB = Knob("compile", FLAG, MODEL, AT_FIRST_CALL, "torch.compile", proposed_as="compile", spread=(0.20, 0.30),
             whatif=WHAT_IF, written=WRITTEN, offer=offer, first_steps_s=600.0,
             compiles=True, own_at_first_call=own, own_call="compile", first_steps_held=held,
-            first_steps_prior_s=40.0)
+            first_steps_prior_s=40.0, on_model=Compile)

@@ -152,6 +152,38 @@ class TorchSetting:
     apply: Callable[[Any, Any], str | None]  # (torch, an ExitStack to undo it) -> None, or why not applicable
 
 
+class ModelChange:
+    """What a knob applied at the model's first call does to the trial's models (`Knob.on_model`, one per trial),
+    inside the trial, torch given: `advisor.trials.interposition.model` calls it at each model's first call, at
+    each call of a model, when a step raises, and after the steps. The defaults change nothing."""
+
+    # Applied after the model's own rewrites (attention, checkpointed blocks), which a compile must trace.
+    after_rewrites = False
+    # The field of trial.json its `record` fills (null where it did not run).
+    record_field: str | None = None
+
+    def __init__(self) -> None:
+        self.outcome: str | None = None  # APPLIED, or not applicable and why; None until a model was called
+        self.user: Any = None  # the script's own value before it changed it (the patch's "from X to Y")
+
+    def apply(self, torch: Any, module: Any, args: tuple) -> None:
+        """Change a model (a module with parameters) at its first call; set `outcome`."""
+
+    def call(self, torch: Any, module: Any, args: tuple) -> tuple | None:
+        """The arguments a call of a model changed by it runs with (None: as given)."""
+        return None
+
+    def failed(self, exc: BaseException) -> None:
+        """A step raised: where the error is this change's own, its outcome says so."""
+
+    def record(self) -> Any:
+        """What trial.json's `record_field` holds after the steps."""
+        return None
+
+    def undo(self, torch: Any) -> None:
+        """Take the change back (an in-process trial's model is the user's)."""
+
+
 @dataclass
 class ScriptSeen:
     """What a trial saw the script do itself, by its end: what a knob's `own_at_end` reads its setting from
@@ -342,6 +374,8 @@ class Knob:
     # It changes the memory layout of the model's tensors (channels_last): a knob that compiles and measured slower is
     # not compiled again in another layout unless the what-if model says the layout was the cause.
     layout: bool = False
+    # How the trial applies it at the model's first call, where it changes the model: a `ModelChange` class.
+    on_model: Callable[[], ModelChange] | None = None
     # How the trial reads the script's own setting of it (`advisor.trials.interposition.own_settings`): at the
     # model's first call, before a knob changes the model or torch ((torch, the model) -> a phrase, or None where the
     # script did not set it; the value is True), with the torch function whose caller is where the script sets it

@@ -54,7 +54,7 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, byte_copies, dataloader_outcomes, \
     install_dataloader_knobs, training_loader
 from advisor.trials.interposition.loop import LoopInterposition, capture_losses, mark_closures
-from advisor.trials.interposition.model import ModelInterposition
+from advisor.trials.interposition.model import ModelInterposition, records_of
 from advisor.trials.interposition.own_settings import OwnSettings
 from advisor.trials.interposition.optimizers import FusedOptimizers
 from advisor.trials.harness.torchrun_rank import one_rank_on_demand, rank_of
@@ -237,11 +237,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 result["uint8_plan"] = plans[0] if plans else None
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
-            result["compile"] = model.compile_record() if model is not None else None
+            result.update(records_of(model))  # what the model's changes record: the compile's graphs, ...
             result["attention_plan"], result["attention_modules"] = \
                 model.attention_record() if model is not None else (None, None)
             result["checkpoint_plan"] = model.checkpoints.plan if model is not None else None
-            result["channels_last_inputs"] = model.layout_inputs if model is not None else None
             result["optimizers"] = optimizers.record() if optimizers is not None else None
             result["own_settings"] = own.record(result["optimizers"]) if own is not None else None
             trains = training_loader(loader_records)
@@ -264,7 +263,7 @@ def model_outcomes(model: ModelInterposition | None, optimizers: FusedOptimizers
 
 def model_user_values(model: ModelInterposition | None, optimizers: FusedOptimizers | None) -> dict[str, Any]:
     """The script's own values of the model knobs the trial changed (for the patch's "from X to Y")."""
-    values = dict(model.user) if model is not None else {}
+    values = model.user_values() if model is not None else {}
     return {**values, **(optimizers.user_values() if optimizers is not None else {})}
 
 

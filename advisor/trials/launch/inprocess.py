@@ -36,7 +36,7 @@ from advisor.trials.harness.entry import user_traceback
 from advisor.trials.harness.process_memory import proc_status_bytes, reset_peak_rss
 from advisor.knobs import DATALOADER_KNOBS, KNOBS
 from advisor.trials.knobs import Knobs, not_applicable
-from advisor.trials.interposition.model import ModelInterposition
+from advisor.trials.interposition.model import ModelInterposition, records_of
 from advisor.trials.interposition.loaders import LoaderRecord, dataloader_outcomes, plan_loader_arguments
 from advisor.trials.record import (LOG_FILE, RESULT_FILE, SCHEMA as TRIAL_SCHEMA, TRIAL_FILE, TrialResult,
                                    complete_record)
@@ -249,7 +249,7 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
             batch = None
             if driver is not None:
                 result["outcomes"] = {**loader_outcomes, **driver.close(result), **model.outcomes_after_steps()}
-                result["compile"] = model.compile_record()
+                result.update(records_of(model))  # what the model's changes record (channels_last's inputs)
             model.undo()
             for knob in KNOBS:  # what this process cannot apply (the notebook built it already)
                 if knob.not_in_notebook and getattr(knobs, knob.name):
