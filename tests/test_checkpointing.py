@@ -25,7 +25,7 @@ from advisor.knobs.offer import Best, Learned
 from advisor.search.strategy import SearchSpace, offered
 from advisor.search.strategy import recovery_plan
 from advisor.trials.interposition.checkpointed_blocks import repeated_blocks
-from advisor.trials.interposition.model import ModelInterposition
+from advisor.trials.interposition.model import ModelInterposition, records_of
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.trials.launch.runner import run_trial
 from advisor.trials.spec import TrialSpec
@@ -64,7 +64,7 @@ def test_checkpointed_blocks_give_the_same_loss_and_gradients_and_undo_gives_the
     try:
         got = loss_and_gradients(twin, tokens)
         assert interposition.outcomes_after_steps() == {"checkpointing": APPLIED}
-        plan = interposition.checkpoints.plan
+        plan = records_of(interposition)["checkpoint_plan"]  # as trial.json records it
         assert (plan["holder"], plan["attribute"], plan["how"], plan["block"], plan["count"]) == \
             ("GPT", "blocks", "loop", "Block", 3)
         assert Path(plan["file"]).name == "gpt.py"
@@ -90,7 +90,7 @@ def test_blocks_stacked_in_a_sequential_are_the_blocks_not_the_sequential():
         model(torch.randint(0, 16, (2, 8))).sum().backward()
     finally:
         interposition.undo()
-    plan = interposition.checkpoints.plan
+    plan = records_of(interposition)["checkpoint_plan"]  # as trial.json records it
     assert (plan["holder"], plan["attribute"], plan["how"], plan["block"], plan["count"]) == \
         ("LongContextModel", "blocks", "sequential", "Block", 3)
     patch = plan_patch(EXAMPLES / "memory_hungry.py", "train_step", Knobs(checkpointing=True), {}, checkpoint_plan=plan)

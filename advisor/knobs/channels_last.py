@@ -81,7 +81,7 @@ class ChannelsLast(ModelChange):
     """In the trial: each model with 2-D convolutions in channels_last at its first call, and every 4-D input of its
     calls; the positions of those of its first call recorded (`channels_last_inputs`)."""
 
-    record_field = "channels_last_inputs"
+    record_fields = ("channels_last_inputs",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,8 +104,8 @@ class ChannelsLast(ModelChange):
             self.positions = image_positions(torch, args)
         return inputs(torch, args)
 
-    def record(self) -> list[int] | None:
-        return self.positions
+    def record(self) -> dict[str, Any]:
+        return {"channels_last_inputs": self.positions}
 
     def undo(self, torch: Any) -> None:
         for module in self.layouts:

@@ -73,4 +73,5 @@ def recover(best: Best) -> Offer | None:
 
 KNOB = Knob("checkpointing", FLAG, MEMORY, AT_FIRST_CALL, "activation checkpointing", in_process=True,
             on_surface=False, recover=recover, recovers_at=2, written=Written(FROM_TRIAL, record="checkpoint_plan"),
-            proposed_as="activation-checkpointing")
+            proposed_as="activation-checkpointing",
+            on_model="advisor.trials.interposition.checkpointed_blocks:CheckpointBlocks")

@@ -88,7 +88,7 @@ class Compile(ModelChange):
     (dynamo's counters; `compile_s` is the driver's)."""
 
     after_rewrites = True  # it traces the attention and checkpointed blocks rewritten before it
-    record_field = "compile"
+    record_fields = ("compile",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,16 +123,16 @@ class Compile(ModelChange):
         if is_compile_error(exc):  # raised in a step, compiling the backward
             self.outcome = failure(exc)
 
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> dict[str, Any]:
         if not self.compiled or self.outcome != APPLIED:
-            return None
+            return {"compile": None}
         from torch._dynamo.utils import counters  # the trial's torch: this runs inside it
 
         breaks = counters.get("graph_break", {})
-        return {"graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
-                "graph_breaks": int(sum(breaks.values())),
-                "break_reasons": [reason.splitlines()[0][:200] for reason, _ in
-                                  sorted(breaks.items(), key=lambda kv: -kv[1])[:3]]}
+        return {"compile": {"graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
+                            "graph_breaks": int(sum(breaks.values())),
+                            "break_reasons": [reason.splitlines()[0][:200] for reason, _ in
+                                              sorted(breaks.items(), key=lambda kv: -kv[1])[:3]]}}
 
     def undo(self, torch: Any) -> None:
         for module, had_own, forward in self.compiled:

@@ -159,8 +159,8 @@ class ModelChange:
 
     # Applied after the model's own rewrites (attention, checkpointed blocks), which a compile must trace.
     after_rewrites = False
-    # The field of trial.json its `record` fills (null where it did not run).
-    record_field: str | None = None
+    # The fields of trial.json its `record` fills (null where it did not run).
+    record_fields: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.outcome: str | None = None  # APPLIED, or not applicable and why; None until a model was called
@@ -176,9 +176,9 @@ class ModelChange:
     def failed(self, exc: BaseException) -> None:
         """A step raised: where the error is this change's own, its outcome says so."""
 
-    def record(self) -> Any:
-        """What trial.json's `record_field` holds after the steps."""
-        return None
+    def record(self) -> dict[str, Any]:
+        """What its `record_fields` of trial.json hold after the steps."""
+        return {}
 
     def undo(self, torch: Any) -> None:
         """Take the change back (an in-process trial's model is the user's)."""
@@ -374,8 +374,10 @@ class Knob:
     # It changes the memory layout of the model's tensors (channels_last): a knob that compiles and measured slower is
     # not compiled again in another layout unless the what-if model says the layout was the cause.
     layout: bool = False
-    # How the trial applies it at the model's first call, where it changes the model: a `ModelChange` class.
-    on_model: Callable[[], ModelChange] | None = None
+    # How the trial applies it at the model's first call, where it changes the model: a `ModelChange` class, or
+    # where that class lives in the trial's code ("advisor.trials.interposition.fused_attention:AttentionRewrite":
+    # a trial-side module this package may not import), which the trial imports.
+    on_model: Callable[[], ModelChange] | str | None = None
     # How the trial reads the script's own setting of it (`advisor.trials.interposition.own_settings`): at the
     # model's first call, before a knob changes the model or torch ((torch, the model) -> a phrase, or None where the
     # script did not set it; the value is True), with the torch function whose caller is where the script sets it

@@ -33,4 +33,5 @@
 from advisor.knobs.knob import AT_FIRST_CALL, FLAG, FROM_TRIAL, MODEL, Knob, Written
 
 KNOB = Knob("sdpa", FLAG, MODEL, AT_FIRST_CALL, "scaled_dot_product_attention", advice="sdpa", spread=(0.15, 0.15),
-            written=Written(FROM_TRIAL, record="attention_plan"))
+            written=Written(FROM_TRIAL, record="attention_plan"),
+            on_model="advisor.trials.interposition.fused_attention:AttentionRewrite")

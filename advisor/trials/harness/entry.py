@@ -238,9 +238,6 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
             result.update(records_of(model))  # what the model's changes record: the compile's graphs, ...
-            result["attention_plan"], result["attention_modules"] = \
-                model.attention_record() if model is not None else (None, None)
-            result["checkpoint_plan"] = model.checkpoints.plan if model is not None else None
             result["optimizers"] = optimizers.record() if optimizers is not None else None
             result["own_settings"] = own.record(result["optimizers"]) if own is not None else None
             trains = training_loader(loader_records)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.knobs.knob import ModelChange
 from advisor.trials.knobs import APPLIED, not_applicable
 
 CONTAINERS = ("ModuleList", "ModuleDict")  # hold blocks but are never called: never the block
@@ -79,15 +80,19 @@ def checkpoint_plan(model: Any, blocks: list[tuple[str, Any]]) -> dict[str, Any]
             "block": type(blocks[0][1]).__name__, "count": len(blocks), "names": [n for n, _ in blocks][:8]}
 
 
-class CheckpointBlocks:
-    """Activation checkpointing of the repeated blocks, applied at the model's first call; `undo` restores them."""
+class CheckpointBlocks(ModelChange):
+    """The `checkpointing` knob's change of the model (`Knob.on_model`): activation checkpointing of the repeated
+    blocks, applied at the model's first call; the blocks recorded for the patch (`checkpoint_plan`); `undo`
+    restores them."""
+
+    record_fields = ("checkpoint_plan",)
 
     def __init__(self) -> None:
+        super().__init__()
         self.wrapped: list[tuple[Any, bool, Any]] = []  # (block, had its own forward, that forward)
-        self.outcome: str | None = None
         self.plan: dict[str, Any] | None = None
 
-    def apply(self, model: Any) -> None:
+    def apply(self, torch: Any, model: Any, args: tuple = ()) -> None:
         """Wrap the forward of each repeated block of `model` in a non-reentrant checkpoint."""
         blocks = repeated_blocks(model)
         if not blocks:
@@ -102,7 +107,10 @@ class CheckpointBlocks:
         self.plan = checkpoint_plan(model, blocks)
         self.outcome = APPLIED
 
-    def undo(self) -> None:
+    def record(self) -> dict[str, Any]:
+        return {"checkpoint_plan": self.plan}
+
+    def undo(self, torch: Any = None) -> None:
         """Give every block its own forward back (an in-process trial's model is the user's)."""
         for block, own, forward in self.wrapped:
             if own:

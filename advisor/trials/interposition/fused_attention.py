@@ -21,6 +21,7 @@ from typing import Any
 
 from advisor.trials.interposition.attention_check import capture_inputs, check, compiled, rewritten_lines
 from advisor.trials.interposition.attention_source import Refusal, find_attention
+from advisor.knobs.knob import ModelChange
 from advisor.trials.knobs import APPLIED, not_applicable
 
 NONE_FOUND = ("no attention written by hand (q @ k.transpose, softmax, @ v) in the forward of the model's modules; "
@@ -153,3 +154,26 @@ class FusedAttention:
         for owner, forward in self.rewritten.items():
             owner.forward = forward
         self.rewritten = {}
+
+
+class AttentionRewrite(ModelChange):
+    """The `sdpa` knob's change of the model (`Knob.on_model`): its attention rewritten at its first call
+    (`FusedAttention`); records what the patch writes (`attention_plan`) and every hand-written attention found,
+    rewritable (the form read) or why not (`attention_modules`)."""
+
+    record_fields = ("attention_plan", "attention_modules")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = FusedAttention()
+
+    def apply(self, torch: Any, module: Any, args: tuple) -> None:
+        self.attention.apply(module, args)
+        self.user = False  # a forward the script wrote by hand: its own is not the fused call
+        self.outcome = self.attention.outcome()
+
+    def record(self) -> dict[str, Any]:
+        return {"attention_plan": self.attention.plans, "attention_modules": self.attention.found}
+
+    def undo(self, torch: Any) -> None:
+        self.attention.undo()

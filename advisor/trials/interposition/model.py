@@ -1,28 +1,22 @@
-"""The knobs that change the model and how torch runs it: `channels_last`, `compile` (each by its module's
-`ModelChange`), `sdpa`
-(`advisor.trials.interposition.fused_attention`), and the process-wide torch settings (`tf32`, `cudnn_benchmark`).
-Inside the trial only (torch imported lazily).
+"""The knobs applied at the model's first call: those that change the model, each by its `ModelChange`
+(`Knob.on_model`: `channels_last`, `compile`, `sdpa`, `checkpointing`), and the process-wide torch settings (`tf32`,
+`cudnn_benchmark`). Names no knob: each is its module's. Inside the trial only (torch imported lazily).
 
 They reach the model at its first call, through a global module forward pre-hook: the model exists by then
 (whether the script has a step function or only a loop), and the optimizer has no state yet, so nothing
 the first step made is left in the old layout. Each outermost module call of a module with parameters
 (the model; a GAN's two models each) is the place:
 
-- a knob whose module declares a `ModelChange` (`Knob.on_model`) changes the model by it, at its first call, at
-  each of its calls, when a step raises, and after the steps (what trial.json records; the undo):
-  `channels_last` (the module's parameters in `torch.channels_last` in place, and every 4-D floating-point input
-  made channels_last before its forward; a model without 2-D convolutions: not applicable, and said so) and
-  `compile` (the module's forward becomes `torch.compile(forward)` from its next call on; the compile runs in the
-  first steps, before any measured window, and its cost is the trial's `compile_s`; graph breaks and graphs are
-  counted from dynamo's own counters; a compile that fails puts the eager forward back and the trial goes on:
-  not applicable, with the reason). A change marked `after_rewrites` (the compile) comes after the attention and
-  the checkpointed blocks below, which it must trace.
+- a knob's `ModelChange` (declared in its module, or where its module says it lives in the trial's code: the
+  attention rewrite, `advisor.trials.interposition.fused_attention`; the checkpointed blocks,
+  `advisor.trials.interposition.checkpointed_blocks`) changes the model at its first call, may change the
+  arguments of each of its calls (channels_last's inputs), reads a step's error (a compile's), says what
+  trial.json records (the compile's graphs, the attention plan, the checkpointed blocks, channels_last's inputs)
+  and is undone. Those that rewrite the model come first, in the registry's order; a change marked
+  `after_rewrites` (the compile) after them, which it must trace.
 - the process-wide torch settings (a knob whose module declares a `TorchSetting`: `tf32`, `cudnn_benchmark`):
   set at the same moment over what the script set itself, by the knob's own module, which also says how the
   script's own setting reads; on the CPU there is neither TF32 nor cuDNN: not applicable.
-
-- `checkpointing`: the model's repeated blocks run under activation checkpointing
-  (`advisor.trials.interposition.checkpointed_blocks`); a model that repeats none: not applicable, and said so.
 
 `undo()` takes every change back (in-process trials run in the user's own notebook).
 """
@@ -30,18 +24,28 @@ the first step made is left in the old layout. Each outermost module call of a m
 from __future__ import annotations
 
 import contextlib
+from importlib import import_module
 from typing import Any
 
-from advisor.trials.interposition.fused_attention import FusedAttention
-from advisor.trials.interposition.checkpointed_blocks import CheckpointBlocks
 from advisor.knobs import KNOBS, TORCH_SETTINGS, applied_at
-from advisor.knobs.knob import AT_FIRST_CALL
+from advisor.knobs.knob import AT_FIRST_CALL, Knob, ModelChange
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 # The knobs this interposition applies at the model's first call (not knobs.MODEL_KNOBS: the fused optimizer is
 # applied where the optimizer is built; checkpointing, a memory knob, is applied here).
 FIRST_CALL_KNOBS = applied_at(AT_FIRST_CALL)
-CHANGING = tuple(k for k in KNOBS if k.on_model)  # each changes the model by its module's `ModelChange`
+
+
+def change_of(knob: Knob) -> type[ModelChange]:
+    """The knob's `ModelChange` class: declared in its module, or imported from where the module says it lives."""
+    if not isinstance(knob.on_model, str):
+        return knob.on_model
+    module, _, name = knob.on_model.partition(":")
+    return getattr(import_module(module), name)
+
+
+# Each changes the model by its `ModelChange`, in the registry's order (those after the rewrites last).
+CHANGES = {k.name: change_of(k) for k in KNOBS if k.on_model}
 
 
 def compiled_graphs() -> int | None:
@@ -56,15 +60,15 @@ def compiled_graphs() -> int | None:
 
 def records_of(model: "ModelInterposition | None") -> dict[str, Any]:
     """The trial.json fields the model's changes fill (`ModelChange.record_field`), null where none ran."""
-    out: dict[str, Any] = {k.on_model.record_field: None for k in CHANGING if k.on_model.record_field}
-    if model is not None:
-        out.update({c.record_field: c.record() for c in model.changes.values() if c.record_field})
+    out: dict[str, Any] = {field: None for change in CHANGES.values() for field in change.record_fields}
+    for change in model.changes.values() if model is not None else ():
+        out.update(change.record())
     return out
 
 
 class ModelInterposition:
-    """The knobs' changes of the model (their `ModelChange`: channels_last, compile), sdpa, checkpointing and the
-    torch settings, applied at the model's first call."""
+    """The knobs' changes of the model (their `ModelChange`) and the torch settings, applied at the model's first
+    call."""
 
     def __init__(self, knobs: Knobs, device_type: str):
         self.knobs = knobs
@@ -73,9 +77,7 @@ class ModelInterposition:
         self.user: dict[str, Any] = {}  # the script's own values, for "from X to Y"
         self.seen: set[int] = set()  # modules already given the knobs
         self.depth = 0
-        self.changes = {k.name: k.on_model() for k in CHANGING if getattr(knobs, k.name)}
-        self.attention = FusedAttention()  # sdpa: the attention forwards rewritten
-        self.checkpoints = CheckpointBlocks()
+        self.changes = {name: change() for name, change in CHANGES.items() if getattr(knobs, name)}
         self.undo_stack = contextlib.ExitStack()
         self.requested = any(getattr(knobs, name) for name in FIRST_CALL_KNOBS)
         if self.requested and device_type != "cuda":
@@ -125,19 +127,9 @@ class ModelInterposition:
 
         if len(self.seen) == 1:
             self._process_wide()
-        for change in self.changes.values():
-            if not change.after_rewrites:
-                change.apply(torch, module, args)
-        if self.knobs.sdpa:  # before compile: the compiled forward traces the fused call
-            self.attention.apply(module, args)
-            self.user["sdpa"] = False
-            self.outcomes["sdpa"] = self.attention.outcome()
-        if self.knobs.checkpointing:  # before compile: the compiled forward traces the checkpointed blocks
-            self.checkpoints.apply(module)
-            self.outcomes["checkpointing"] = self.checkpoints.outcome
-        for change in self.changes.values():
-            if change.after_rewrites:
-                change.apply(torch, module, args)
+        # The model's own rewrites (its layout, attention, checkpointed blocks) first: a compile traces them.
+        for change in sorted(self.changes.values(), key=lambda c: c.after_rewrites):
+            change.apply(torch, module, args)
 
     def _process_wide(self) -> None:
         import torch
@@ -169,17 +161,10 @@ class ModelInterposition:
         for change in self.changes.values():
             change.failed(exc)
 
-    def attention_record(self) -> tuple[Any, Any]:
-        """With the sdpa knob: the attentions rewritten (their plans), and every hand-written attention the check
-        found, rewritable (the form read) or why not (the number); (None, None) without it."""
-        return (self.attention.plans, self.attention.found) if self.knobs.sdpa else (None, None)
-
     def undo(self) -> None:
         """Take every change back: hooks, forwards, layouts (an in-process trial's model is the user's)."""
         import torch
 
         self.undo_stack.close()
-        self.attention.undo()
-        self.checkpoints.undo()
         for change in self.changes.values():
             change.undo(torch)
