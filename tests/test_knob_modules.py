@@ -24,8 +24,9 @@ from advisor.knobs import BY_NAME, DATALOADER_KNOBS, KNOBS, NAMES, OFFERING, ORD
     TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
-from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
-    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL, ScriptSeen, workers_queue
+from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, IN_OPTIMIZER, \
+    IN_STEP, NEEDS_A_VALUE, ON_MODEL
+from advisor.knobs.in_trial import ScriptSeen, workers_queue
 from advisor.knobs.offer import Best, Learned, Offer
 from advisor.search.state import SessionOptions
 from advisor.search.strategy import SearchSpace
@@ -62,8 +63,9 @@ def test_no_module_outside_the_knobs_names_a_knob_it_was_not_listed_for():
 
 
 def test_the_registry_holds_each_knob_module_once_and_knobs_has_a_field_each():
-    # The registry, the declaration, the what-if model's graph, what a knob offers the search.
-    shared = ("__init__", "knob", "graph", "offer")
+    # The registry, the declaration, what a knob uses inside the trial, the what-if model's graph, what a knob offers
+    # the search.
+    shared = ("__init__", "knob", "in_trial", "graph", "offer")
     modules = sorted(p.stem for p in (ROOT / "advisor" / "knobs").glob("*.py") if p.stem not in shared)
     assert sorted(NAMES) == modules  # a module not in the registry would be a knob nobody reads
     assert [k.name for k in KNOBS] == list(NAMES)

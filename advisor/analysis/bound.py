@@ -19,7 +19,7 @@ from advisor.analysis.copy_times import CopyEvents
 from advisor.analysis.findings import Finding
 from advisor.analysis.steps import Step, starts_in_steps
 from advisor.analysis.trace import Trace
-from advisor.knobs.knob import workers_queue
+from advisor.knobs.in_trial import workers_queue
 
 # What can bound a step, and how output names it. Recommendations address one of these (`Recommendation.bound`).
 BOUNDS = {

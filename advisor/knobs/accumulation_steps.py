@@ -13,8 +13,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from advisor.knobs.knob import APPLIED, AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, LoaderArguments, \
-    Own, ScriptSeen, Written, not_applicable
+from advisor.knobs.knob import APPLIED, AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, Written, \
+    not_applicable
+from advisor.knobs.in_trial import LoaderArguments, Own, ScriptSeen
 from advisor.knobs.offer import Best, Offer
 
 # In a plain script, the step's accumulation; under transformers' Trainer, micro-batches of the batch with its own

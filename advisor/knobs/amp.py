@@ -19,7 +19,8 @@ import dataclasses
 from typing import Any, Callable
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, Own, ScriptSeen, WhatIf, Written
+from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, WhatIf, Written
+from advisor.knobs.in_trial import Own, ScriptSeen
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from advisor.knobs import checkpointing
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import APPLIED, AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, LoaderArguments, \
-    WhatIf, Written
+from advisor.knobs.knob import APPLIED, AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, WhatIf, Written
+from advisor.knobs.in_trial import LoaderArguments
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 

@@ -17,8 +17,8 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, layout_share, relayout
-from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, ModelChange, WhatIf, Written, \
-    not_applicable
+from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written, not_applicable
+from advisor.knobs.in_trial import ModelChange
 
 
 def _convolutions(torch: Any, module: Any) -> list[Any]:

@@ -18,8 +18,8 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share, relayout, undone
-from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, ModelChange, WhatIf, Written, \
-    not_applicable
+from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written, not_applicable
+from advisor.knobs.in_trial import ModelChange
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 

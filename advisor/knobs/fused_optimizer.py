@@ -14,7 +14,8 @@ import dataclasses
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, undone
-from advisor.knobs.knob import AT_OPTIMIZER, FLAG, IN_OPTIMIZER, MODEL, Knob, Own, ScriptSeen, WhatIf, Written
+from advisor.knobs.knob import AT_OPTIMIZER, FLAG, IN_OPTIMIZER, MODEL, Knob, WhatIf, Written
+from advisor.knobs.in_trial import Own, ScriptSeen
 
 
 def setting(trial: TrialSettings) -> bool:

@@ -5,15 +5,18 @@ folder's name, what part of the training it belongs to, where it is applied, its
 of the what-if model: a `WhatIf`, how the patch writes it: a `Written`) and its reference text, the module's
 docstring, which the documentation site renders as the knob's section. The registry (`advisor.knobs`) gathers
 them; `Knobs` (`advisor.trials.knobs`), the record's shapes, `--only`, `--skip` and `--try`, the recorded
-surfaces, the what-if model, the patch and the docs iterate over it. Stdlib only: read by the analysis, which
-runs without torch.
+surfaces, the what-if model, the patch and the docs iterate over it. What a knob's module uses inside the trial
+(patching an attribute, the DataLoader's arguments as planned, `ModelChange`, `ScriptSeen`) is
+`advisor.knobs.in_trial`'s. Stdlib only: read by the analysis, which runs without torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # the trial's side of a knob: in_trial imports this module
+    from advisor.knobs.in_trial import ModelChange, Own, ScriptSeen
 
 # A requested knob's outcome in a trial: applied, or why not (`not_applicable`).
 APPLIED = "applied"
@@ -22,85 +25,6 @@ APPLIED = "applied"
 def not_applicable(why: str) -> str:
     """The outcome text for a knob that could not be applied."""
     return f"not applicable: {why}"
-
-
-@contextlib.contextmanager
-def patched_attribute(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """Set `owner.name = value` for the block, then restore exactly what was there (or inherited)."""
-    had_own = name in vars(owner)
-    previous = vars(owner).get(name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        if had_own:
-            setattr(owner, name, previous)
-        else:
-            delattr(owner, name)
-
-
-def workers_queue(*sources: dict[str, Any]) -> tuple[int, int]:
-    """(worker processes, batches each prefetches) a DataLoader runs with: each from the first of `sources` that sets
-    it (its effective arguments, the knobs, the user's values), else DataLoader's own (none; 2 a worker)."""
-    def first(name: str, default: int) -> int:
-        return int(next((s[name] for s in sources if s.get(name) is not None), default) or default)
-
-    return first("num_workers", 0), first("prefetch_factor", 2)
-
-
-@dataclass
-class LoaderArguments:
-    """The training DataLoader's arguments as a trial plans them (`Knob.in_loader`): those the script gave (batch_size,
-    batch_sampler and each DataLoader knob's), those it will be built with (each DataLoader knob's, changed by the
-    knobs in turn), and whether its batches go to an accelerator."""
-
-    user: dict[str, Any]
-    effective: dict[str, Any]
-    accelerator: bool
-
-    @property
-    def workers(self) -> int:
-        """The worker processes it will be built with."""
-        return self.effective.get("num_workers") or 0
-
-    def plan(self, knobs: Any, planned: Any) -> dict[str, str]:
-        """Each of the `planned` knobs' outcome at its value in `knobs`, planned in turn (`Knob.in_loader`), where it
-        asked for something."""
-        outcomes = {}
-        for knob in planned:
-            outcome = knob.in_loader(knob, getattr(knobs, knob.name), self)
-            if outcome is not None:
-                outcomes[knob.name] = outcome
-        return outcomes
-
-    def unbatched(self) -> str | None:
-        """Why the loader's batch cannot be changed (a batch_sampler of the script's, or no batching), or None."""
-        if self.user.get("batch_sampler") is not None:
-            return not_applicable("the DataLoader uses a batch_sampler")
-        if self.effective.get("batch_size") is None:
-            return not_applicable("the DataLoader does not batch (batch_size=None)")
-        return None
-
-
-def as_given(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
-    """A DataLoader argument the knob's value replaces as it is."""
-    if value is None:
-        return None
-    loader.effective[knob.name] = value
-    return APPLIED
-
-
-def with_workers(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:
-    """A DataLoader argument torch takes only with worker processes: without them, the value it takes then in place
-    of the script's (valid for its own worker count), and a requested one not applicable."""
-    if loader.workers == 0:
-        loader.effective[knob.name] = knob.without_workers
-    if value is None:
-        return None
-    if loader.workers == 0 and value != knob.without_workers:
-        return not_applicable("the DataLoader has no worker processes")
-    loader.effective[knob.name] = value
-    return APPLIED
 
 
 # What values a knob takes.
@@ -150,57 +74,6 @@ class TorchSetting:
     off_cuda: str  # why it is not applicable on another device
     own: Callable[[Any], str | None]  # (torch) -> how the script's own setting reads, None where it set none
     apply: Callable[[Any, Any], str | None]  # (torch, an ExitStack to undo it) -> None, or why not applicable
-
-
-class ModelChange:
-    """What a knob applied at the model's first call does to the trial's models (`Knob.on_model`, one per trial),
-    inside the trial, torch given: `advisor.trials.interposition.model` calls it at each model's first call, at
-    each call of a model, when a step raises, and after the steps. The defaults change nothing."""
-
-    # Applied after the model's own rewrites (attention, checkpointed blocks), which a compile must trace.
-    after_rewrites = False
-    # The fields of trial.json its `record` fills (null where it did not run).
-    record_fields: tuple[str, ...] = ()
-
-    def __init__(self) -> None:
-        self.outcome: str | None = None  # APPLIED, or not applicable and why; None until a model was called
-        self.user: Any = None  # the script's own value before it changed it (the patch's "from X to Y")
-
-    def apply(self, torch: Any, module: Any, args: tuple) -> None:
-        """Change a model (a module with parameters) at its first call; set `outcome`."""
-
-    def call(self, torch: Any, module: Any, args: tuple) -> tuple | None:
-        """The arguments a call of a model changed by it runs with (None: as given)."""
-        return None
-
-    def failed(self, exc: BaseException) -> None:
-        """A step raised: where the error is this change's own, its outcome says so."""
-
-    def record(self) -> dict[str, Any]:
-        """What its `record_fields` of trial.json hold after the steps."""
-        return {}
-
-    def undo(self, torch: Any) -> None:
-        """Take the change back (an in-process trial's model is the user's)."""
-
-
-@dataclass
-class ScriptSeen:
-    """What a trial saw the script do itself, by its end: what a knob's `own_at_end` reads its setting from
-    (`advisor.trials.interposition.own_settings` gathers it)."""
-
-    knobs: Any  # the trial's own knobs (`Knobs`): what the advisor applied
-    # Autocasts the advisor's code did not enter, open while a module with parameters ran with gradients on (a
-    # training forward), each (dtype, owner) once, in the order seen: {dtype: "torch.bfloat16", owner: None (the
-    # script's code) or the installed package that entered it ("accelerate"), site: "train.py:84" or None}.
-    autocasts: list[dict[str, Any]] = field(default_factory=list)
-    optimizers: list[dict[str, Any]] = field(default_factory=list)  # trial.json's `optimizers`: those built
-    backwards_per_step: list[int] = field(default_factory=list)  # scalar backward passes per optimizer step
-
-
-# One setting the script made itself: its knob value, a phrase for people ("bf16 autocast"), where the script sets
-# it (`file.py:LINE`) or None.
-Own = tuple[Any, str, "str | None"]
 
 
 @dataclass(frozen=True)

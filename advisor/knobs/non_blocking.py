@@ -12,7 +12,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any, Callable
 
-from advisor.knobs.knob import AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written, patched_attribute
+from advisor.knobs.knob import AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written
+from advisor.knobs.in_trial import patched_attribute
 from advisor.knobs.pin_memory import PINNED
 
 

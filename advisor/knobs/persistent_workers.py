@@ -8,7 +8,8 @@
   0` where the count is only known at run time).
 """
 
-from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, Written, with_workers
+from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, Written
+from advisor.knobs.in_trial import with_workers
 
 KNOB = Knob("persistent_workers", FLAG, LOADER, AT_LOADER, "persistent workers", on_surface=False,
             companion_of=("num_workers", True), needs_workers=True, without_workers=False, numerics=False,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, faster_copies
-from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, LoaderArguments, WhatIf, Written, as_given, \
-    not_applicable
+from advisor.knobs.knob import AT_LOADER, FLAG, IN_LOADER, LOADER, Knob, WhatIf, Written, not_applicable
+from advisor.knobs.in_trial import LoaderArguments, as_given
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 

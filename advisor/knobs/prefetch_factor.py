@@ -8,7 +8,8 @@
   else None` where the worker count is only known at run time).
 """
 
-from advisor.knobs.knob import AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, Written, with_workers
+from advisor.knobs.knob import AT_LOADER, COUNT, IN_LOADER, LOADER, NEEDS_A_VALUE, Knob, Written
+from advisor.knobs.in_trial import with_workers
 
 KNOB = Knob("prefetch_factor", COUNT, LOADER, AT_LOADER, "the prefetch depth", alone=NEEDS_A_VALUE, on_surface=False,
             needs_workers=True, numerics=False, training_argument="dataloader_prefetch_factor",

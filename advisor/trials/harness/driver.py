@@ -27,7 +27,7 @@ from advisor.trials.harness import profiler
 from advisor.trials.harness.torchrun_rank import all_measured
 from advisor.trials.record.ranks import rank_files
 from advisor.knobs import STARTING, compiled
-from advisor.knobs.knob import workers_queue
+from advisor.knobs.in_trial import workers_queue
 from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.model import compiled_graphs
 from advisor.trials.interposition.step import StepInterposition

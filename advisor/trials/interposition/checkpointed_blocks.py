@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.knobs.knob import ModelChange
+from advisor.knobs.in_trial import ModelChange
 from advisor.trials.knobs import APPLIED, not_applicable
 
 CONTAINERS = ("ModuleList", "ModuleDict")  # hold blocks but are never called: never the block

@@ -22,7 +22,7 @@ import sys
 from typing import Any, Callable
 
 from advisor.knobs import KNOBS, PLANNED_AT_LOADER, TRAINING_ARGUMENTS
-from advisor.knobs.knob import LoaderArguments
+from advisor.knobs.in_trial import LoaderArguments
 from advisor.trials.knobs import APPLIED, Knobs
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from advisor.trials.interposition.attention_check import capture_inputs, check, compiled, rewritten_lines
 from advisor.trials.interposition.attention_source import Refusal, find_attention
-from advisor.knobs.knob import ModelChange
+from advisor.knobs.in_trial import ModelChange
 from advisor.trials.knobs import APPLIED, not_applicable
 
 NONE_FOUND = ("no attention written by hand (q @ k.transpose, softmax, @ v) in the forward of the model's modules; "

@@ -29,7 +29,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
-from advisor.knobs.knob import patched_attribute
+from advisor.knobs.in_trial import patched_attribute
 
 
 def subclasses_defining(base: type, name: str) -> list[type]:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from advisor.trials.interposition.eight_bit_images import ByteCopies, mark, plan_of, rewrite_dataset
 from advisor.knobs import BY_NAME, DATALOADER_KNOBS, DECIDED_AT_LOADER, PLANNED_AT_LOADER
-from advisor.knobs.knob import LoaderArguments
+from advisor.knobs.in_trial import LoaderArguments
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 from advisor.knobs import amp as amp_knob, non_blocking as non_blocking_knob
 from advisor.trials.interposition.step import amp_outcome, non_blocking_outcome
-from advisor.knobs.knob import patched_attribute
+from advisor.knobs.in_trial import patched_attribute
 
 
 class LoopInterposition:

@@ -28,7 +28,8 @@ from importlib import import_module
 from typing import Any
 
 from advisor.knobs import KNOBS, TORCH_SETTINGS, applied_at
-from advisor.knobs.knob import AT_FIRST_CALL, Knob, ModelChange
+from advisor.knobs.knob import AT_FIRST_CALL, Knob
+from advisor.knobs.in_trial import ModelChange
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 # The knobs this interposition applies at the model's first call (not knobs.MODEL_KNOBS: the fused optimizer is

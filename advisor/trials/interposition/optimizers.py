@@ -18,7 +18,7 @@ import inspect
 from typing import Any
 
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
-from advisor.knobs.knob import patched_attribute
+from advisor.knobs.in_trial import patched_attribute
 from advisor.trials.interposition.loaders import user_site
 
 KNOB = "fused_optimizer"  # this interposition's knob: its outcome and the script's own value are keyed by it

@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 from advisor.knobs import KNOBS
-from advisor.knobs.knob import ScriptSeen, patched_attribute
+from advisor.knobs.in_trial import ScriptSeen, patched_attribute
 from advisor.trials.interposition.loaders import INSTALLED, user_site
 from advisor.trials.knobs import Knobs
 
