@@ -1,19 +1,31 @@
 """What a knob's module uses inside the trial: patching an attribute and putting it back, the training
 DataLoader's arguments as a trial plans them (`Knob.in_loader`), a DataLoader's workers queue, how a knob changes
-the model (`ModelChange`, `Knob.on_model`) and what the trial saw the script do itself (`ScriptSeen`, read by
-`Knob.own_at_end`). Stdlib only: torch is given by the trial.
+the model (`ModelChange`, `Knob.on_model`) or the training Dataset and the step's copies (`DataChange`,
+`Knob.on_data`), and what the trial saw the script do itself (`ScriptSeen`, read by `Knob.own_at_end`). Stdlib
+only: torch is given by the trial.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, Iterator
 
 from advisor.knobs.knob import APPLIED, not_applicable
 
 if TYPE_CHECKING:
     from advisor.knobs.knob import Knob
+
+
+def declared_class(declared: Any) -> Any:
+    """A knob's trial-side class (`Knob.on_model`, `Knob.on_data`): given in its module, or imported, inside the
+    trial, from where its module names it ("package.module:Class", in the trial's code this package may not
+    import)."""
+    if not isinstance(declared, str):
+        return declared
+    module, _, name = declared.partition(":")
+    return getattr(import_module(module), name)
 
 
 @contextlib.contextmanager
@@ -144,3 +156,40 @@ class ScriptSeen:
 # One setting the script made itself: its knob value, a phrase for people ("bf16 autocast"), where the script sets
 # it (`file.py:LINE`) or None.
 Own = tuple[Any, str, "str | None"]
+
+
+class DataChange:
+    """What a knob applied in the training Dataset and the step's copies does (`Knob.on_data`, one per trial), inside
+    the trial, torch given: `advisor.trials.interposition.loaders` calls it where the training DataLoader is built,
+    as any DataLoader's iteration starts and as it hands out each batch, and after the steps. The defaults change
+    nothing."""
+
+    # The fields of trial.json its `record` fills.
+    record_fields: tuple[str, ...] = ()
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+
+    def install(self, torch: Any) -> None:
+        """Interpose for the rest of the trial's process (the step's copies)."""
+
+    def at_training_loader(self, dataset: Any, site: str | None) -> str | None:
+        """Change the training DataLoader's Dataset: its outcome (None: it asked for nothing of this loader)."""
+        return None
+
+    def batches_of(self, dataset: Any) -> Any:
+        """What it does to the batches of a DataLoader over `dataset` (None: nothing), as its iteration starts."""
+        return None
+
+    def batch(self, batch: Any, how: Any) -> Any:
+        """A batch as the DataLoader hands it out, changed as `batches_of` said."""
+        return batch
+
+    def outcome(self, loader_outcome: str | None) -> str | None:
+        """Its outcome once the steps ran, from the training DataLoader's (`loader_outcome`)."""
+        return loader_outcome
+
+    def record(self) -> dict[str, Any]:
+        """What its `record_fields` of trial.json hold after the steps."""
+        return {}
+

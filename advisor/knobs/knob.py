@@ -6,7 +6,7 @@ of the what-if model: a `WhatIf`, how the patch writes it: a `Written`) and its 
 docstring, which the documentation site renders as the knob's section. The registry (`advisor.knobs`) gathers
 them; `Knobs` (`advisor.trials.knobs`), the record's shapes, `--only`, `--skip` and `--try`, the recorded
 surfaces, the what-if model, the patch and the docs iterate over it. What a knob's module uses inside the trial
-(patching an attribute, the DataLoader's arguments as planned, `ModelChange`, `ScriptSeen`) is
+(patching an attribute, the DataLoader's arguments as planned, `ModelChange`, `DataChange`, `ScriptSeen`) is
 `advisor.knobs.in_trial`'s. Stdlib only: read by the analysis, which runs without torch.
 """
 
@@ -251,6 +251,9 @@ class Knob:
     # where that class lives in the trial's code ("advisor.trials.interposition.fused_attention:AttentionRewrite":
     # a trial-side module this package may not import), which the trial imports.
     on_model: Callable[[], ModelChange] | str | None = None
+    # How the trial applies it in the training Dataset and the step's copies: a `DataChange` class, or where it lives
+    # in the trial's code (as `on_model`).
+    on_data: Callable[[str], Any] | str | None = None
     # How the trial reads the script's own setting of it (`advisor.trials.interposition.own_settings`): at the
     # model's first call, before a knob changes the model or torch ((torch, the model) -> a phrase, or None where the
     # script did not set it; the value is True), with the torch function whose caller is where the script sets it

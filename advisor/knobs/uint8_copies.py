@@ -101,4 +101,5 @@ def offer(best: Best) -> Offer | None:
 KNOB = Knob("uint8_copies", FLAG, DATA, AT_DATASET, "8-bit images", numerics=False, proposed_as="fewer-copy-bytes",
             spread=(0.10, 0.10), whatif=WHAT_IF, written=Written(FROM_TRIAL, record="uint8_plan"), offer=offer,
             idle=(False,),
-            not_in_notebook="the notebook's loader and Dataset are its own: profile the script to measure 8-bit copies")
+            not_in_notebook="the notebook's loader and Dataset are its own: profile the script to measure 8-bit copies",
+            on_data="advisor.trials.interposition.eight_bit_images:EightBitImages")

@@ -51,7 +51,7 @@ from advisor.trials.interposition.frameworks import TrainerSettings
 from advisor.trials.harness.trial_facts import SetupProblem, cap_memory, device_facts, resolve_device
 from advisor.knobs import compiled
 from advisor.trials.knobs import Knobs
-from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, byte_copies, dataloader_outcomes, \
+from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, data_changes, dataloader_outcomes, \
     install_dataloader_knobs, training_loader
 from advisor.trials.interposition.loop import LoopInterposition, capture_losses, mark_closures
 from advisor.trials.interposition.model import ModelInterposition, records_of
@@ -146,7 +146,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
     result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None, "python": sys.executable}
-    driver = loop = model = optimizers = copies = trainer = own = None
+    driver = loop = model = optimizers = changes = trainer = own = None
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
     started = time.time()
@@ -157,9 +157,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["memory_cap"] = cap_memory(int(config["memory_limit"]), device_type)
         trainer = TrainerSettings(knobs, accelerator=device_type != "cpu")
         trainer.install()
+        changes = data_changes(knobs, device_type)  # of the training Dataset and the step's copies
         install_dataloader_knobs(knobs, accelerator=device_type != "cpu", records=loader_records,
-                                 training=config.get("loader"), taken=trainer.taken)
-        tracker = LoaderTracker()
+                                 training=config.get("loader"), taken=trainer.taken, changes=changes)
+        tracker = LoaderTracker(changes=changes)
         tracker.install()
         processes = OwnProcesses()
         processes.install()
@@ -173,7 +174,11 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         model.install()
         optimizers = FusedOptimizers(knobs)
         optimizers.install()
-        copies = byte_copies(knobs, device_type, tracker)
+        if changes:
+            import torch
+
+            for change in changes.values():
+                change.install(torch)  # the step's copies, for the rest of the trial's process
         driver = StepDriver(config, device_type, loader_records, tracker)
         driver.compiles = lambda: compiled(knobs) or own.compiles_itself()  # no operator count then
         result["steps_expected"] = driver.schedule.total
@@ -228,13 +233,12 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             if loop is not None:
                 step_outcomes = loop.outcomes
             step_outcomes = {**step_outcomes, **driver.applied_at_start}
-            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records, copies), **step_outcomes,
+            result["outcomes"] = {**dataloader_outcomes(knobs, loader_records, changes), **step_outcomes,
                                   **ddp.outcomes(), **model_outcomes(model, optimizers),
                                   **(trainer.outcomes if trainer else {})}
             result["framework"] = trainer.record() if trainer is not None else None
-            if copies is not None:
-                plans = [r.bytes_plan.to_dict() for r in loader_records if r.bytes_plan is not None]
-                result["uint8_plan"] = plans[0] if plans else None
+            for change in (changes or {}).values():
+                result.update(change.record())  # the 8-bit images' plan
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
             result.update(records_of(model))  # what the model's changes record: the compile's graphs, ...

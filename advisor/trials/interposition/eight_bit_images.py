@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from advisor.knobs.in_trial import DataChange
 from advisor.trials.interposition.uint8_plan import BytePlan
 from advisor.trials.knobs import APPLIED, not_applicable
 
@@ -116,3 +117,42 @@ class ByteCopies:
         if loader_outcome == APPLIED and not self.converted:
             return not_applicable("the step never moved the batch with .to(...), where the conversion runs")
         return loader_outcome
+
+
+class EightBitImages(DataChange):
+    """The `uint8_copies` knob's change (`Knob.on_data`): the training Dataset rewritten to hand out 8-bit images
+    (`rewrite_dataset`, once: the first training DataLoader it applies to), every loader's batches over a Dataset made
+    so marked for the step's copy (on the CPU converted as they leave the loader), the step's `.to(...)` converting
+    them (`ByteCopies`); records the plan the patch writes (`uint8_plan`)."""
+
+    record_fields = ("uint8_plan",)
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__(device_type)
+        self.copies = ByteCopies(True)
+        self.plan: BytePlan | None = None
+
+    def install(self, torch: Any) -> None:
+        torch.Tensor.to = self.copies.to(torch.Tensor.to)  # for the rest of the trial's process
+
+    def at_training_loader(self, dataset: Any, site: str | None) -> str | None:
+        if self.plan is not None:  # another training loader's Dataset is 8-bit already
+            return None
+        self.plan, outcome = rewrite_dataset(dataset, site)
+        return outcome
+
+    def batches_of(self, dataset: Any) -> BytePlan | None:
+        return plan_of(dataset)  # any loader over a Dataset made 8-bit (its workers copy it as they start)
+
+    def batch(self, batch: Any, how: BytePlan) -> Any:
+        if self.device_type == "cpu":  # where the batch enters the step: the workers still hand over a quarter
+            return self.copies.at_loader(batch, how)
+        mark(batch, how)
+        return batch
+
+    def outcome(self, loader_outcome: str | None) -> str | None:
+        return self.copies.outcome(loader_outcome)
+
+    def record(self) -> dict[str, Any]:
+        return {"uint8_plan": self.plan.to_dict() if self.plan is not None else None}
+

@@ -24,9 +24,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from advisor.trials.interposition.eight_bit_images import ByteCopies, mark, plan_of, rewrite_dataset
-from advisor.knobs import BY_NAME, DATALOADER_KNOBS, DECIDED_AT_LOADER, PLANNED_AT_LOADER
-from advisor.knobs.in_trial import LoaderArguments
+from advisor.knobs import BY_NAME, DATALOADER_KNOBS, DECIDED_AT_LOADER, KNOBS, PLANNED_AT_LOADER
+from advisor.knobs.in_trial import DataChange, LoaderArguments, declared_class
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's code
@@ -49,7 +48,6 @@ class LoaderRecord:
     ordinal: int = 0  # loaders built at the same site before this one
     fetches: int = 0  # batches it handed out
     steps: int = 0  # steps whose last batch came from it: the training loader feeds the most
-    bytes_plan: Any = None  # with uint8_copies: how its Dataset hands out 8-bit images (a BytePlan)
     rebuilds: "LoaderRecord | None" = None  # the loader it was rebuilt from (accelerate's prepare): fed as that one
     batch_sampler: bool = False  # built with a batch_sampler of the script's: no batch_size reaches it
 
@@ -109,12 +107,20 @@ def is_training_site(record: LoaderRecord, training: dict[str, Any] | None) -> b
     return record.site == training.get("site") and record.ordinal == training.get("ordinal", 0)
 
 
+def data_changes(knobs: Knobs, device_type: str) -> dict[str, DataChange]:
+    """The requested knobs' changes of the training Dataset and the step's copies (their `DataChange`: 8-bit
+    images), one each for this trial, in the registry's order."""
+    return {k.name: declared_class(k.on_data)(device_type) for k in KNOBS if k.on_data and getattr(knobs, k.name)}
+
+
 def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[LoaderRecord],
                              training: dict[str, Any] | None = None,
-                             taken: Callable[[], set[str]] | None = None) -> Callable[[], None]:
+                             taken: Callable[[], set[str]] | None = None,
+                             changes: dict[str, DataChange] | None = None) -> Callable[[], None]:
     """Wrap `DataLoader.__init__` so the training loader (`training`: its site and ordinal; every loader
-    when None) gets the knobs and every loader is recorded; returns an undo. `taken()`: the knobs a
-    framework's own settings took (`advisor.trials.interposition.frameworks`), which no DataLoader gets again."""
+    when None) gets the knobs (its arguments; its Dataset, by the knobs' `changes`) and every loader is recorded;
+    returns an undo. `taken()`: the knobs a framework's own settings took
+    (`advisor.trials.interposition.frameworks`), which no DataLoader gets again."""
     import dataclasses
 
     import torch.utils.data
@@ -147,8 +153,9 @@ def install_dataloader_knobs(knobs: Knobs, *, accelerator: bool, records: list[L
         if is_training_site(record, training):
             own = dataclasses.replace(knobs, **{k: None for k in given}) if given else knobs
             record.effective, record.outcomes = plan_loader_arguments(user, own, accelerator=accelerator)
-            if knobs.uint8_copies and not any(r.bytes_plan is not None for r in records):
-                record.bytes_plan, record.outcomes["uint8_copies"] = rewrite_dataset(values.get("dataset"), site)
+            for name, change in (changes or {}).items():
+                if (outcome := change.at_training_loader(values.get("dataset"), site)) is not None:
+                    record.outcomes[name] = outcome
         else:
             record.effective = dict(record.user)
             record.outcomes = {k: not_applicable("not the training loader") for k in knobs.requested()
@@ -200,9 +207,9 @@ class LoaderTracker:
     last: LoaderRecord | None = None  # the loader whose batch came last
     fetching: bool = False  # inside a loader's __next__ (a target called now is not a step)
     samples: dict = field(default_factory=dict)  # samples each loader handed out since the last step
-    # uint8_copies on the CPU (a ByteCopies): the 8-bit batch converted as it leaves the loader, in the training
-    # process, whether or not the step moves it with .to(...) (the workers still hand over a quarter of the bytes)
-    convert: Any = None
+    # The knobs' changes of the batches (`DataChange.batch`: 8-bit images marked for the step's copy, or converted
+    # as they leave the loader on the CPU), by knob.
+    changes: dict = field(default_factory=dict)
 
     def install(self) -> Callable[[], None]:
         """Time `__next__` of every DataLoader iterator, attributed to its loader; returns an undo."""
@@ -215,8 +222,10 @@ class LoaderTracker:
         def __iter__(loader):  # noqa: N807
             iterator = original_iter(loader)
             iterator._advisor_record = getattr(loader, "_advisor_record", None)
-            # Any loader over a Dataset made 8-bit (known once its iteration starts, as its workers copy it)
-            iterator._advisor_bytes = plan_of(loader.dataset)
+            # What the knobs do to its batches (an 8-bit Dataset's: known once its iteration starts, as its workers
+            # copy it)
+            iterator._advisor_changes = [(c, how) for c in tracker.changes.values()
+                                         if (how := c.batches_of(loader.dataset)) is not None]
             return iterator
 
         def __next__(iterator):  # noqa: N807
@@ -227,11 +236,8 @@ class LoaderTracker:
             finally:
                 tracker.fetching = False
                 tracker.fetch_s += time.perf_counter() - started
-            plan = getattr(iterator, "_advisor_bytes", None)
-            if plan is not None and tracker.convert is not None:
-                batch = tracker.convert.at_loader(batch, plan)  # the CPU: where the batch enters the step
-            elif plan is not None:
-                mark(batch, plan)
+            for change, how in getattr(iterator, "_advisor_changes", ()):
+                batch = change.batch(batch, how)
             record = getattr(iterator, "_advisor_record", None)
             if record is not None:
                 record.fetches += 1
@@ -266,23 +272,10 @@ def training_loader(records: list[LoaderRecord]) -> LoaderRecord | None:
     return max(fed, key=lambda r: r.steps) if fed else None
 
 
-def byte_copies(knobs: Knobs, device_type: str, tracker: LoaderTracker) -> ByteCopies | None:
-    """With uint8_copies: the step's `.to(...)` converts the 8-bit batch, for the rest of the trial's process (on
-    the CPU, as the batch leaves the loader); None without it."""
-    if not knobs.uint8_copies:
-        return None
-    import torch
-
-    copies = ByteCopies(True)
-    torch.Tensor.to = copies.to(torch.Tensor.to)
-    tracker.convert = copies if device_type == "cpu" else None
-    return copies
-
-
-def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord], copies: ByteCopies | None = None) \
+def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord], changes: dict[str, DataChange] | None = None) \
         -> dict[str, str]:
-    """Per requested DataLoader knob: its outcome over all loaders the script built (uint8_copies': the batches'
-    conversion at the step's copy, `copies`, where the steps ran)."""
+    """Per requested DataLoader knob: its outcome over all loaders the script built, and by its `DataChange` once
+    the steps ran, where it has one (8-bit images: whether the step's copy converted them)."""
     outcomes = {}
     for key in DECIDED_AT_LOADER:
         value = getattr(knobs, key)
@@ -300,8 +293,8 @@ def dataloader_outcomes(knobs: Knobs, records: list[LoaderRecord], copies: ByteC
             outcomes[key] = APPLIED
         else:  # no loader was built for it (a notebook's loader, rebuilt with its arguments only)
             outcomes[key] = seen[0] if seen else not_applicable("no DataLoader was built with it")
-    if copies is not None:
-        outcomes["uint8_copies"] = copies.outcome(outcomes.get("uint8_copies"))
+    for name, change in (changes or {}).items():
+        outcomes[name] = change.outcome(outcomes.get(name))
     return outcomes
 
 

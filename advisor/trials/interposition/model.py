@@ -24,12 +24,11 @@ the first step made is left in the old layout. Each outermost module call of a m
 from __future__ import annotations
 
 import contextlib
-from importlib import import_module
 from typing import Any
 
 from advisor.knobs import KNOBS, TORCH_SETTINGS, applied_at
-from advisor.knobs.knob import AT_FIRST_CALL, Knob
-from advisor.knobs.in_trial import ModelChange
+from advisor.knobs.knob import AT_FIRST_CALL
+from advisor.knobs.in_trial import ModelChange, declared_class
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 
 # The knobs this interposition applies at the model's first call (not knobs.MODEL_KNOBS: the fused optimizer is
@@ -37,16 +36,8 @@ from advisor.trials.knobs import APPLIED, Knobs, not_applicable
 FIRST_CALL_KNOBS = applied_at(AT_FIRST_CALL)
 
 
-def change_of(knob: Knob) -> type[ModelChange]:
-    """The knob's `ModelChange` class: declared in its module, or imported from where the module says it lives."""
-    if not isinstance(knob.on_model, str):
-        return knob.on_model
-    module, _, name = knob.on_model.partition(":")
-    return getattr(import_module(module), name)
-
-
 # Each changes the model by its `ModelChange`, in the registry's order (those after the rewrites last).
-CHANGES = {k.name: change_of(k) for k in KNOBS if k.on_model}
+CHANGES: dict[str, type[ModelChange]] = {k.name: declared_class(k.on_model) for k in KNOBS if k.on_model}
 
 
 def compiled_graphs() -> int | None:
