@@ -19,7 +19,7 @@ from typing import Any
 
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share, relayout, undone
 from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written, not_applicable
-from advisor.knobs.in_trial import ModelChange
+from advisor.knobs.in_trial import ModelChange, forwards_back
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
 
@@ -135,11 +135,7 @@ class Compile(ModelChange):
                                               sorted(breaks.items(), key=lambda kv: -kv[1])[:3]]}}
 
     def undo(self, torch: Any) -> None:
-        for module, had_own, forward in self.compiled:
-            if had_own:
-                module.forward = forward
-            else:
-                module.__dict__.pop("forward", None)
+        forwards_back(self.compiled)
         self.compiled = []
 
 

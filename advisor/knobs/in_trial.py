@@ -43,6 +43,16 @@ def patched_attribute(owner: Any, name: str, value: Any) -> Iterator[None]:
             delattr(owner, name)
 
 
+def forwards_back(replaced: list[tuple[Any, bool, Any]]) -> None:
+    """Give each module its own `forward` back: `(module, had its own, that forward)`, the one it had, or none (its
+    class's again)."""
+    for module, had_own, forward in replaced:
+        if had_own:
+            module.forward = forward
+        else:
+            module.__dict__.pop("forward", None)
+
+
 def workers_queue(*sources: dict[str, Any]) -> tuple[int, int]:
     """(worker processes, batches each prefetches) a DataLoader runs with: each from the first of `sources` that sets
     it (its effective arguments, the knobs, the user's values), else DataLoader's own (none; 2 a worker)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.knobs.in_trial import ModelChange
+from advisor.knobs.in_trial import ModelChange, forwards_back
 from advisor.trials.knobs import APPLIED, not_applicable
 
 CONTAINERS = ("ModuleList", "ModuleDict")  # hold blocks but are never called: never the block
@@ -112,11 +112,7 @@ class CheckpointBlocks(ModelChange):
 
     def undo(self, torch: Any = None) -> None:
         """Give every block its own forward back (an in-process trial's model is the user's)."""
-        for block, own, forward in self.wrapped:
-            if own:
-                block.forward = forward
-            else:
-                block.__dict__.pop("forward", None)
+        forwards_back(self.wrapped)
         self.wrapped = []
 
 
