@@ -143,14 +143,14 @@ def test_autocast_follows_where_the_model_is_not_the_trial_device():
     interposition = StepInterposition(Knobs(amp="bf16"), "cuda")
     with interposition.step((x,), {}):
         inside = model(x).dtype
-    assert inside == torch.bfloat16 and "cpu" in interposition.autocast_types
+    assert inside == torch.bfloat16 and "cpu" in interposition.changes["amp"].autocast_types
     assert interposition.outcomes == {"amp": APPLIED}
     # fp16 autocast runs only on CUDA: a CPU-only step gets none, and says why.
     fp16 = StepInterposition(Knobs(amp="fp16"), "cuda")
     with fp16.step((x,), {}):
         inside = model(x).dtype
     if not torch.cuda.is_available():
-        assert inside == torch.float32 and fp16.autocast_types == []
+        assert inside == torch.float32 and fp16.changes["amp"].autocast_types == []
         assert fp16.outcomes["amp"].startswith("not applicable")
 
 

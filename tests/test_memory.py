@@ -79,7 +79,7 @@ def test_accumulated_gradients_equal_the_full_batch(order, monkeypatch):
         assert torch.allclose(after, expected, atol=1e-6)
     assert calls == {"step": 1, "zero_grad": 1}  # once per cycle each
     assert interposition.outcomes["accumulation_steps"] == APPLIED
-    record = interposition.accumulation_record()
+    record = interposition.record()["accumulation"]
     assert record == {"steps": K, "micro_steps": K, "optimizer_steps": 1, "optimizer_steps_deferred": K - 1,
                       "zero_grads": 1, "zero_grads_skipped": K - 1}
 
@@ -98,7 +98,7 @@ def test_accumulation_with_the_fp16_grad_scaler_and_an_lr_scheduler():
     model, x, y, full_grads, reference = small_problem()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)  # wraps optimizer.step
-    gradients = GradientInterposition("cpu", scale=True, accumulation_steps=K)
+    gradients = GradientInterposition("cpu", scale=True, accumulate=K)
     for cycle in range(2):
         for xb, yb in zip(x.chunk(K), y.chunk(K)):
             with gradients.active():

@@ -1,7 +1,8 @@
 """`accumulation_steps`: micro-batches with gradient accumulation, the effective batch kept.
 
 - **In the trial**: micro-batches with gradient accumulation that keep the effective batch: the loader
-  yields micro-batches, the loss is scaled, `optimizer.step`/`zero_grad` act once per cycle.
+  yields micro-batches, the loss is scaled, `optimizer.step`/`zero_grad` act once per cycle
+  (`advisor.trials.interposition.gradients`).
 - **Proposed when**: the user's own settings run out of memory (after AMP, before a smaller batch).
 - **The script's own**: as many backward passes before each optimizer step (more than one), step after step.
 - **Not applicable**: without a step function (`script.py:train_step`).
@@ -62,4 +63,5 @@ def recover(best: Best) -> tuple[Offer, ...]:
 
 KNOB = Knob("accumulation_steps", COUNT, STEP, AROUND_STEP, "gradient accumulation", alone=NEEDS_A_VALUE,
             written=WRITTEN, recover=recover, recovers_at=3,
-            in_loader=in_loader, idle=(1,), own_at_end=own, unset=1)
+            in_loader=in_loader, idle=(1,), own_at_end=own, unset=1,
+            on_step="advisor.trials.interposition.gradients:Accumulation")

@@ -2,7 +2,7 @@
 
 - **In the trial**: `torch.autocast` around the step for each device its model is on: bf16, or fp16 with a
   GradScaler that covers `backward` and `optimizer.step`. With no step function, bf16 autocast of each
-  outermost module call (the forward).
+  outermost module call (the forward). (`advisor.trials.interposition.autocast`.)
 - **Proposed when**: the device computes (compute binds), and when memory binds.
 - **The script's own**: a bf16 or fp16 autocast the script (or its framework) enters around a training forward.
 - **Not applicable**: bf16 on a CPU without bf16 instructions (there autocast is emulated and slower than
@@ -66,8 +66,9 @@ WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3
 # In the step (autocast, and for fp16 the GradScaler: `advisor.code.patch.step_rewrite`); in a framework, its own
 # setting.
 # The Trainer refuses bf16 without a GPU unless told it trains on the CPU: neutral where one is there.
-WRITTEN = Written(IN_STEP, trainer_for={"bf16": (("bf16", True), ("use_cpu", Code("not torch.cuda.is_available()"))),
-                                        "fp16": (("fp16", True),)},
+WRITTEN = Written(IN_STEP,
+                  trainer_for={"bf16": (("bf16", True), ("use_cpu", Code("not torch.cuda.is_available()"))),
+                               "fp16": (("fp16", True),)},
                   accelerator_argument="mixed_precision",
                   lightning_for={"bf16": (("precision", "bf16-mixed"),), "fp16": (("precision", "16-mixed"),)})
 
@@ -134,4 +135,5 @@ def not_tried_here(device_facts: dict[str, Any] | None, own_settings: dict[str, 
 
 KNOB = Knob("amp", CHOICE, STEP, AROUND_STEP, "AMP", choices=(None, "bf16", "fp16"), alone="bf16",
             proposed_as="amp", spread=(0.25, 0.20), whatif=WHAT_IF, written=WRITTEN, offer=offer,
-            recover=recover, recovers_at=1, moved=lambda v: f"AMP {v}" if v else "AMP off", own_at_end=own)
+            recover=recover, recovers_at=1, moved=lambda v: f"AMP {v}" if v else "AMP off", own_at_end=own,
+            on_step="advisor.trials.interposition.autocast:Autocast")

@@ -1,8 +1,8 @@
 """What a knob's module uses inside the trial: patching an attribute and putting it back, the training
 DataLoader's arguments as a trial plans them (`Knob.in_loader`), a DataLoader's workers queue, how a knob changes
-the model (`ModelChange`, `Knob.on_model`) or the training Dataset and the step's copies (`DataChange`,
-`Knob.on_data`), and what the trial saw the script do itself (`ScriptSeen`, read by `Knob.own_at_end`). Stdlib
-only: torch is given by the trial.
+the model (`ModelChange`, `Knob.on_model`), the training Dataset and the step's copies (`DataChange`,
+`Knob.on_data`) or each call of the step (`StepChange`, `Knob.on_step`), and what the trial saw the script do
+itself (`ScriptSeen`, read by `Knob.own_at_end`). Stdlib only: torch is given by the trial.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 
 def declared_class(declared: Any) -> Any:
-    """A knob's trial-side class (`Knob.on_model`, `Knob.on_data`): given in its module, or imported, inside the
-    trial, from where its module names it ("package.module:Class", in the trial's code this package may not
-    import)."""
+    """A knob's trial-side class (`Knob.on_model`, `Knob.on_data`, `Knob.on_step`): given in its module, or imported,
+    inside the trial, from where its module names it ("package.module:Class", in the trial's code this package may
+    not import)."""
     if not isinstance(declared, str):
         return declared
     module, _, name = declared.partition(":")
@@ -203,3 +203,46 @@ class DataChange:
         """What its `record_fields` of trial.json hold after the steps."""
         return {}
 
+
+class StepChange:
+    """What a knob applied around each call of the step function does (`Knob.on_step`, one per trial, for a value the
+    trial sets), inside the trial, torch given: `advisor.trials.interposition.step` calls it at the step's first call,
+    around each call and after the steps; where the script has no step function,
+    `advisor.trials.interposition.loop` asks its outcome there and has it interpose for the whole run. The defaults
+    change nothing."""
+
+    # The fields of trial.json its `record` fills (null where it did not run).
+    record_fields: tuple[str, ...] = ()
+
+    def __init__(self, value: Any, device_type: str) -> None:
+        self.value = value
+        self.device_type = device_type
+        self.outcome: str | None = None  # APPLIED, or not applicable and why; None while it has none of its own
+
+    def first_call(self, torch: Any, args: tuple, kwargs: dict, loaders: list | None) -> None:
+        """Decide at the step's first call, made with `args` and `kwargs`: the model and the training DataLoader
+        exist by then (`loaders`: the DataLoaders' records, with their outcomes; None where the caller feeds the
+        step itself)."""
+
+    def gradients(self) -> dict[str, Any]:
+        """What it asks of the step's gradients: `GradientInterposition`'s arguments (loss scaling, accumulation)."""
+        return {}
+
+    def enter(self, torch: Any, stack: contextlib.ExitStack) -> None:
+        """Enter what one call of the step runs in, until `stack` closes."""
+
+    def after_steps(self, gradients: Any) -> str | None:
+        """Its outcome where only the steps could tell (None: as it was); `gradients`: the step's
+        `GradientInterposition`, or None where none ran."""
+        return None
+
+    def record(self, gradients: Any) -> dict[str, Any]:
+        """What its `record_fields` of trial.json hold after the steps."""
+        return {}
+
+    def in_loop(self) -> str | None:
+        """Its outcome where the script has no step function (the whole run is the place)."""
+        return self.outcome
+
+    def around_run(self, torch: Any, stack: contextlib.ExitStack) -> None:
+        """With no step function, and applied there: interpose for the whole run, until `stack` closes."""

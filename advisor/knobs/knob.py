@@ -254,6 +254,9 @@ class Knob:
     # How the trial applies it in the training Dataset and the step's copies: a `DataChange` class, or where it lives
     # in the trial's code (as `on_model`).
     on_data: Callable[[str], Any] | str | None = None
+    # How the trial applies it around each call of the step function (and, where the script has none, over the whole
+    # run): a `StepChange` class (given the knob's value and the device type), or where it lives (as `on_model`).
+    on_step: Callable[[Any, str], Any] | str | None = None
     # How the trial reads the script's own setting of it (`advisor.trials.interposition.own_settings`): at the
     # model's first call, before a knob changes the model or torch ((torch, the model) -> a phrase, or None where the
     # script did not set it; the value is True), with the torch function whose caller is where the script sets it

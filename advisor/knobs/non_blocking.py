@@ -12,8 +12,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any, Callable
 
-from advisor.knobs.knob import AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written
-from advisor.knobs.in_trial import patched_attribute
+from advisor.knobs.knob import APPLIED, AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written, not_applicable
+from advisor.knobs.in_trial import StepChange, patched_attribute
 from advisor.knobs.pin_memory import PINNED
 
 
@@ -59,6 +59,26 @@ def apply(torch: Any, stack: ExitStack) -> None:
     stack.enter_context(patched_attribute(torch.Tensor, "cuda", copying_cuda(torch.Tensor.cuda)))
 
 
+class AsynchronousCopies(StepChange):
+    """Its change of the step (`Knob.on_step`): asynchronous copies inside each call of the step, or, with no step
+    function, over the whole run; false leaves the copies as they are."""
+
+    def __init__(self, value: bool, device_type: str) -> None:
+        super().__init__(value, device_type)
+        why = not_here(device_type)
+        self.outcome = APPLIED if why is None else not_applicable(why)
+
+    def enter(self, torch: Any, stack: ExitStack) -> None:
+        """The step's copies asynchronous, where they can be."""
+        if self.outcome == APPLIED and self.value:
+            apply(torch, stack)
+
+    def around_run(self, torch: Any, stack: ExitStack) -> None:
+        """Every copy of the run asynchronous."""
+        self.enter(torch, stack)
+
+
 # The what-if model's change is pin_memory's: pinned copies, which take both.
 KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED,
-            written=Written(IN_STEP), lint="non-blocking-copy", copies=True, proposed_as="non-blocking")
+            written=Written(IN_STEP), lint="non-blocking-copy", copies=True,
+            proposed_as="non-blocking", on_step=AsynchronousCopies)

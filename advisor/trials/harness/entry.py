@@ -54,6 +54,7 @@ from advisor.trials.knobs import Knobs
 from advisor.trials.interposition.loaders import LoaderRecord, LoaderTracker, data_changes, dataloader_outcomes, \
     install_dataloader_knobs, training_loader
 from advisor.trials.interposition.loop import LoopInterposition, capture_losses, mark_closures
+from advisor.trials.interposition.step import step_records
 from advisor.trials.interposition.model import ModelInterposition, records_of
 from advisor.trials.interposition.own_settings import OwnSettings
 from advisor.trials.interposition.optimizers import FusedOptimizers
@@ -249,7 +250,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["training_loader"] = None if trains is None else {
                 "site": trains.site, "ordinal": trains.ordinal, "index": loader_records.index(trains),
                 "batch_sampler": trains.batch_sampler}
-            result["accumulation"] = driver.interposition.accumulation_record() if loop is None else None
+            result.update(step_records(driver.interposition if loop is None else None))  # accumulation's cycles
             result["memory_breakdown"] = driver.memory.breakdown()
             result["activations"] = driver.memory.activations
     result.setdefault("times", {})["harness_s"] = time.time() - started

@@ -1,7 +1,8 @@
 """Gradient accumulation and fp16 loss scaling around each call of a step function, by interposition on
 `Tensor.backward`, the optimizers' `step` and `zero_grad`, the LR schedulers and the GradScaler.
 
-- `accumulation_steps=k` (gradient accumulation; None or 1 = off): the effective batch stays the user's
+- `accumulate=k` (gradient accumulation, the `accumulation_steps` knob's change of the step: `Accumulation`;
+  None or 1 = off): the effective batch stays the user's
   (or the `batch_size` knob's) while each call of the target sees a micro-batch of batch // k. One call
   of the target is one micro-step; k calls are one accumulation cycle, aligned to the trial's first call.
   * The DataLoader is built with batch_size = batch // k. A batch that k does not divide, a loader
@@ -29,7 +30,9 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
-from advisor.knobs.in_trial import patched_attribute
+from advisor.knobs.accumulation_steps import KNOB
+from advisor.knobs.in_trial import StepChange, patched_attribute
+from advisor.knobs.knob import APPLIED, not_applicable
 
 
 def subclasses_defining(base: type, name: str) -> list[type]:
@@ -73,11 +76,11 @@ class GradientInterposition:
     called from any `GradScaler.step` reaches the optimizer directly.
     """
 
-    def __init__(self, device_type: str, *, scale: bool = False, accumulation_steps: int | None = None):
+    def __init__(self, device_type: str, *, scale: bool = False, accumulate: int | None = None):
         import torch
 
         self.scaler = torch.amp.GradScaler(device_type) if scale else None
-        self.accumulation_steps = accumulation_steps if accumulation_steps and accumulation_steps > 1 else None
+        self.accumulate = accumulate if accumulate and accumulate > 1 else None  # k micro-steps a cycle
         self.micro_steps = 0  # calls so far: where the next call falls in its accumulation cycle
         self.stepped = False  # our path stepped an optimizer in the current call (fp16: update the scaler)
         self.counts = {"optimizer_steps": 0, "optimizer_steps_deferred": 0, "zero_grads": 0, "zero_grads_skipped": 0}
@@ -95,7 +98,7 @@ class GradientInterposition:
 
         import torch
 
-        k = self.accumulation_steps
+        k = self.accumulate
         position = self.micro_steps % k if k else 0
         self._first, self._last = position == 0, k is None or position == k - 1
         self.micro_steps += 1
@@ -225,3 +228,51 @@ class GradScaling(GradientInterposition):
 
     def __init__(self, device_type: str):
         super().__init__(device_type, scale=True)
+
+
+class Accumulation(StepChange):
+    """The `accumulation_steps` knob's change of the step (its `Knob.on_step`): k calls of the step are one cycle of
+    the `GradientInterposition`, where the training DataLoader yields micro-batches (the loader's plan,
+    `accumulation_steps.in_loader`, says whether it does); without a step function, not applicable."""
+
+    record_fields = ("accumulation",)
+
+    def __init__(self, value: int, device_type: str) -> None:
+        super().__init__(value, device_type)
+        self.requested = value if value > 1 else None
+        self.steps: int | None = None  # k, once the first call found the micro-batches
+
+    def first_call(self, torch: Any, args: tuple, kwargs: dict, loaders: list | None) -> None:
+        """Accumulate where a DataLoader was built with micro-batches (always where the caller feeds the step)."""
+        if loaders is None:
+            self.steps = self.requested
+            self.outcome = APPLIED if self.requested else None
+        elif any(r.outcomes.get(KNOB.name) == APPLIED for r in loaders):
+            self.steps = self.requested
+
+    def gradients(self) -> dict[str, Any]:
+        """k micro-steps a cycle."""
+        return {"accumulate": self.steps} if self.steps else {}
+
+    def after_steps(self, gradients: GradientInterposition | None) -> str | None:
+        """Not applicable in a target that never steps an optimizer (the user's loop steps it after every call, so
+        no step waited for the cycle's end)."""
+        record = self.record(gradients)["accumulation"]
+        if record and record["micro_steps"] and not record["optimizer_steps"] + record["optimizer_steps_deferred"]:
+            return not_applicable(
+                "the target never calls optimizer.step(), so the optimizer cannot wait for the cycle's end")
+        return None
+
+    def record(self, gradients: GradientInterposition | None) -> dict[str, Any]:
+        """What accumulation did: k, micro-steps run, optimizer steps and zero_grads taken and skipped."""
+        if gradients is None or gradients.accumulate is None:
+            return {"accumulation": None}
+        return {"accumulation": {"steps": gradients.accumulate, "micro_steps": gradients.micro_steps,
+                                 **gradients.counts}}
+
+    def in_loop(self) -> str | None:
+        """Accumulation needs the bounds of a step."""
+        if self.requested:
+            return not_applicable(
+                "gradient accumulation needs the bounds of a step: name the step function (script.py:train_step)")
+        return None

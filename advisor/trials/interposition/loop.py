@@ -7,11 +7,10 @@ With no target, the trial runs the script unchanged and:
 - every `optimizer.step()` (torch's global optimizer post-hook: any optimizer, also when an LR
   scheduler wrapped it, also `step(closure)`) or `GradScaler.step(optimizer)` ends a step; where the
   loop steps several optimizers, the first to step is the clock;
-- `amp` (bf16) autocasts the forward of each outermost module call (global module forward hooks), on
-  the device types of that module's parameters; backward runs outside autocast, as the AMP docs
-  advise. fp16 needs a GradScaler around a step and gradient accumulation needs the step's bounds:
-  both are "not applicable" here (name a step function for them);
-- `non_blocking` makes every host-to-accelerator `.to()`/`.cuda()` of the run non-blocking;
+- each requested knob's `StepChange` (`Knob.on_step`) says its outcome where there is no step (`in_loop`) and,
+  applied, interposes for the whole run (`around_run`): `amp`'s bf16 autocasts the forward of each outermost
+  module call, `non_blocking` makes every host-to-accelerator copy of the run non-blocking; fp16 (its GradScaler)
+  and gradient accumulation need the bounds of a step: "not applicable" here (name a step function for them);
 - the loss of a step is the last scalar that `backward()` ran from (`capture_losses`, in both ways);
 - a closure handed to `optimizer.step(closure)` (Lightning's way, L-BFGS's) runs under the profiler range
   `CLOSURE_RANGE` (`mark_closures`, in both ways), so the analysis charges its forward and backward to
@@ -26,10 +25,9 @@ import contextlib
 import weakref
 from typing import Any, Callable
 
-from advisor.trials.knobs import APPLIED, Knobs, not_applicable
-from advisor.knobs import amp as amp_knob, non_blocking as non_blocking_knob
-from advisor.trials.interposition.step import amp_outcome, non_blocking_outcome
 from advisor.knobs.in_trial import patched_attribute
+from advisor.trials.interposition.step import step_changes
+from advisor.trials.knobs import APPLIED, Knobs
 
 
 class LoopInterposition:
@@ -39,28 +37,15 @@ class LoopInterposition:
         self.knobs = knobs
         self.device_type = device_type
         self.step_ended = step_ended
-        self.outcomes: dict[str, str] = {}
-        if knobs.amp == "fp16":
-            self.outcomes["amp"] = not_applicable(amp_knob.WITHOUT_STEP)
-        elif knobs.amp is not None:
-            self.outcomes["amp"] = amp_outcome(knobs, device_type)
-        if (knobs.accumulation_steps or 1) > 1:
-            self.outcomes["accumulation_steps"] = not_applicable(
-                "gradient accumulation needs the bounds of a step: name the step function (script.py:train_step)")
-        non_blocking = non_blocking_outcome(knobs, device_type)
-        if non_blocking is not None:
-            self.outcomes["non_blocking"] = non_blocking
-        self.autocast = knobs.amp == "bf16" and self.outcomes.get("amp") == APPLIED
+        self.changes = step_changes(knobs, device_type)
+        self.outcomes = {name: outcome for name, change in self.changes.items()
+                         if (outcome := change.in_loop()) is not None}
         self.clock: Any = None  # a weak reference to the optimizer whose steps end steps
         self.in_scaler = 0
-        self.depth = 0
-        self.contexts: list[Any] = []
-        self.autocast_types: dict[int, list[str]] = {}  # per module: the device types autocast covers
 
     def install(self) -> Callable[[], None]:
         """Interpose for the rest of the process; returns an undo."""
         import torch
-        from torch.nn.modules import module as module_hooks
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         stack = contextlib.ExitStack()
@@ -78,11 +63,9 @@ class LoopInterposition:
             return result
 
         stack.enter_context(patched_attribute(torch.amp.GradScaler, "step", scaler_step))
-        if self.autocast:
-            stack.callback(module_hooks.register_module_forward_pre_hook(self._forward_starts).remove)
-            stack.callback(module_hooks.register_module_forward_hook(self._forward_ends, always_call=True).remove)
-        if self.outcomes.get("non_blocking") == APPLIED and self.knobs.non_blocking:
-            non_blocking_knob.apply(torch, stack)
+        for name, change in self.changes.items():
+            if self.outcomes.get(name) == APPLIED:
+                change.around_run(torch, stack)
         return stack.close
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -94,27 +77,6 @@ class LoopInterposition:
             self.clock = weakref.ref(optimizer)
         if self.clock() is optimizer:
             self.step_ended()
-
-    def _forward_starts(self, module: Any, args: Any) -> None:
-        import torch
-
-        self.depth += 1
-        if self.depth > 1:
-            return
-        key = id(module)
-        if key not in self.autocast_types:
-            types = sorted({p.device.type for p in module.parameters()} - {"meta"}) or [self.device_type]
-            self.autocast_types[key] = [t for t in types if amp_outcome(self.knobs, t) == APPLIED]
-        for device_type in self.autocast_types[key]:
-            context = torch.autocast(device_type=device_type, dtype=torch.bfloat16)
-            context.__enter__()
-            self.contexts.append(context)
-
-    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
-        self.depth = max(0, self.depth - 1)
-        if self.depth == 0:
-            while self.contexts:
-                self.contexts.pop().__exit__(None, None, None)
 
 
 CLOSURE_RANGE = "## optimizer closure: forward and backward ##"  # advisor.analysis.launches reads this name
