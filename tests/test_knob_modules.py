@@ -333,3 +333,14 @@ def test_each_loader_knob_plans_its_own_argument_and_says_why_not_where_the_load
     assert outcomes[knob.name] == APPLIED or outcomes[knob.name].startswith("not applicable: "), outcomes
     if effective["num_workers"] == 0:
         assert all(effective[k.name] == k.without_workers for k in KNOBS if k.needs_workers)
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k.written and k.written.step_part], ids=lambda k: k.name)
+def test_each_knob_written_in_the_step_turns_on_its_part_of_the_rewrite(knob):
+    from advisor.code.patch.step_body import StepPlan
+
+    value = a_value(knob)
+    plan = StepPlan.of(Knobs(**{knob.name: value}))
+    assert knob.written.at == IN_STEP and plan.turned() and plan.asked == ((knob.name, value),)
+    assert f"{knob.name}={value}" in plan.unwritten()
+    assert not StepPlan.of(Knobs()).turned()

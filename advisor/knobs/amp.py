@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any, Callable
 
 from advisor.knobs.graph import StepGraph, TrialSettings
-from advisor.knobs.knob import AROUND_STEP, CHOICE, IN_STEP, STEP, Code, Knob, WhatIf, Written
+from advisor.knobs.knob import AROUND_STEP, AUTOCAST, CHOICE, IN_STEP, STEP, Code, Knob, WhatIf, Written
 from advisor.knobs.in_trial import Own, ScriptSeen
 from advisor.knobs.offer import ROUND_GAIN, Best, Offer
 
@@ -66,7 +66,7 @@ WHAT_IF = WhatIf("amp", "amp", setting, transform, "amp", prior=0.0, bounds=(0.3
 # In the step (autocast, and for fp16 the GradScaler: `advisor.code.patch.step_rewrite`); in a framework, its own
 # setting.
 # The Trainer refuses bf16 without a GPU unless told it trains on the CPU: neutral where one is there.
-WRITTEN = Written(IN_STEP,
+WRITTEN = Written(IN_STEP, step_part=AUTOCAST,
                   trainer_for={"bf16": (("bf16", True), ("use_cpu", Code("not torch.cuda.is_available()"))),
                                "fp16": (("fp16", True),)},
                   accelerator_argument="mixed_precision",

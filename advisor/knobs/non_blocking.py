@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any, Callable
 
-from advisor.knobs.knob import APPLIED, AROUND_STEP, FLAG, IN_STEP, STEP, Knob, Written, not_applicable
+from advisor.knobs.knob import APPLIED, AROUND_STEP, COPIES, FLAG, IN_STEP, STEP, Knob, Written, not_applicable
 from advisor.knobs.in_trial import StepChange, patched_attribute
 from advisor.knobs.pin_memory import PINNED
 
@@ -80,5 +80,5 @@ class AsynchronousCopies(StepChange):
 
 # The what-if model's change is pin_memory's: pinned copies, which take both.
 KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED,
-            written=Written(IN_STEP), lint="non-blocking-copy", copies=True,
+            written=Written(IN_STEP, step_part=COPIES), lint="non-blocking-copy", copies=True,
             proposed_as="non-blocking", on_step=AsynchronousCopies)

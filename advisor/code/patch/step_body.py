@@ -8,6 +8,8 @@ from typing import Any
 import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts
+from advisor.knobs import written_at
+from advisor.knobs.knob import AUTOCAST, COPIES, IN_STEP
 from advisor.code.syntax import dotted, keyword_arg, method_call, put_keyword, statement_call
 
 ACCUMULATION_CONSTANT = "ACCUMULATION_STEPS"
@@ -16,32 +18,36 @@ ACCUMULATION_COUNTER = "accumulation_micro_step"
 
 @dataclass
 class StepPlan:
-    """What to change inside the target."""
+    """What to change inside the target: each part of the step's rewrite as the knobs written there ask
+    (`Written.step_part`), and `accumulation` micro-steps."""
 
-    amp: str | None
-    non_blocking: bool
+    autocast: str | None  # the dtype the forward is autocast to
+    copies: bool  # non_blocking=True on the step's copies
     accumulation: int | None
     scaler_name: str
+    asked: tuple[tuple[str, Any], ...] = ()  # (knob, value) of each part asked for, for the note where none is written
 
     @classmethod
     def of(cls, knobs: Any, accumulation: int | None = None, scaler_name: str = "scaler") -> StepPlan:
         """The plan for the knobs written in the step (`IN_STEP`) of a `Knobs`, with `accumulation` micro-steps."""
-        return cls(amp=knobs.amp, non_blocking=bool(knobs.non_blocking), accumulation=accumulation,
-                   scaler_name=scaler_name)
+        parts = {k.written.step_part: k for k in written_at(IN_STEP) if k.written.step_part}
+        asked = tuple((k.name, getattr(knobs, k.name)) for k in parts.values() if getattr(knobs, k.name))
+        autocast, copies = (getattr(knobs, parts[part].name) if part in parts else None for part in (AUTOCAST, COPIES))
+        return cls(autocast=autocast, copies=bool(copies), accumulation=accumulation, scaler_name=scaler_name,
+                   asked=asked)
 
     @property
     def fp16(self) -> bool:
         """fp16 autocast, which needs a GradScaler."""
-        return self.amp == "fp16"
+        return self.autocast == "fp16"
 
     def turned(self) -> bool:
         """Whether autocast or non_blocking copies are to be written."""
-        return bool(self.amp or self.non_blocking)
+        return bool(self.autocast or self.copies)
 
     def unwritten(self) -> str:
         """The note where no step function is known to write them in."""
-        kept = ", ".join(f"{name}={value}" for name, value in (("amp", self.amp), ("non_blocking", self.non_blocking))
-                         if value)
+        kept = ", ".join(f"{name}={value}" for name, value in self.asked)
         return (f"{kept} is not written: the function that runs the step is not known (a framework's loop runs it); "
                 "put the forward under torch.autocast (amp) and pass non_blocking=True to .to(device), or set the "
                 "framework's own mixed-precision option")
@@ -90,7 +96,7 @@ class StepBodyRewrite(cst.CSTTransformer):
         method = func.attr.value
         if method == "backward":
             return self._backward(updated_node)
-        if self.plan.non_blocking and method in ("to", "cuda") and self._copies_to_device(updated_node):
+        if self.plan.copies and method in ("to", "cuda") and self._copies_to_device(updated_node):
             return put_keyword(updated_node, "non_blocking", cst.Name("True"))
         return updated_node
 

@@ -96,7 +96,7 @@ class TargetRewrite(cst.CSTTransformer):
         statements = list(block.body)
         head = statements[:1] if statements and is_docstring(statements[0]) else []
         rest = statements[len(head):]
-        if self.plan.amp and rest and not uses_autocast(block):
+        if self.plan.autocast and rest and not uses_autocast(block):
             rest = self._autocast(rest, params, class_name)
         if plan.accumulation:
             flags = [cst.parse_statement(code) for code in (
@@ -213,7 +213,7 @@ def add_module_statements(module: cst.Module, facts: ScriptFacts, plan: StepPlan
                           rewrite: TargetRewrite) -> cst.Module:
     """Insert what the rewritten target needs at module level, right after the imports."""
     imports, lines = [], []
-    needs_torch = rewrite.used_scaler or bool(plan.amp)
+    needs_torch = rewrite.used_scaler or bool(plan.autocast)
     if needs_torch and not facts.torch_bound:
         imports.append(cst.parse_statement("import torch"))
     if rewrite.used_scaler:
