@@ -344,3 +344,25 @@ def test_each_knob_written_in_the_step_turns_on_its_part_of_the_rewrite(knob):
     assert knob.written.at == IN_STEP and plan.turned() and plan.asked == ((knob.name, value),)
     assert f"{knob.name}={value}" in plan.unwritten()
     assert not StepPlan.of(Knobs()).turned()
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k.on_optimizer], ids=lambda k: k.name)
+def test_each_knob_that_builds_the_optimizers_builds_them_its_way_and_reads_the_scripts_own(knob):
+    import torch
+
+    from advisor.knobs.in_trial import declared_class
+
+    model = torch.nn.Linear(4, 2)
+    for value, own in ((True, {}), (None, {}), (None, {"fused": True})):
+        change = declared_class(knob.on_optimizer)(knob.name, value)
+        change.install()
+        try:
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.1, **own)
+        finally:
+            change.undo()
+        outcome = change.outcomes().get(knob.name)
+        assert outcome == (APPLIED if value else None), outcome  # Adam takes fused=True on the CPU
+        assert change.user_values() == {knob.name: bool(own)}
+        assert [o["class"] for o in change.record()] == ["Adam"]
+        assert optimizer.defaults.get("fused") is (True if value or own else None)
+    assert torch.optim.Adam([torch.zeros(1)]).defaults.get("fused") is None  # the constructors put back

@@ -1,7 +1,7 @@
 """`fused_optimizer`: torch.optim optimizers built with `fused=True` (else `foreach=True`).
 
 - **In the trial**: torch.optim optimizers built with `fused=True` (Adam, AdamW, SGD, Adagrad), else
-  `foreach=True`.
+  `foreach=True` (`advisor.trials.interposition.optimizers`).
 - **Proposed when**: the optimizer's step is ≥ 5% of the step.
 - **The script's own**: an optimizer the script builds with `fused=True`.
 - **Not applicable**: no torch.optim optimizer built in the trial (a notebook's, built before it).
@@ -44,4 +44,5 @@ KNOB = Knob("fused_optimizer", FLAG, MODEL, AT_OPTIMIZER, "the fused optimizer",
             advice="fused-optimizer", spread=(0.05, 0.05), whatif=WHAT_IF,
             written=Written(IN_OPTIMIZER, manual="build the optimizer with fused=True",
                             trainer_keywords=(("optim", "adamw_torch_fused"),)), own_at_end=own,
-            not_in_notebook="the notebook built its optimizer before the trial: build it with fused=True to measure it")
+            not_in_notebook="the notebook built its optimizer before the trial: build it with fused=True to measure it",
+            on_optimizer="advisor.trials.interposition.optimizers:FusedOptimizers")

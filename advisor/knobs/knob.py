@@ -261,6 +261,10 @@ class Knob:
     # How the trial applies it around each call of the step function (and, where the script has none, over the whole
     # run): a `StepChange` class (given the knob's value and the device type), or where it lives (as `on_model`).
     on_step: Callable[[Any, str], Any] | str | None = None
+    # How the trial builds the script's torch.optim optimizers for it: a class given the knob's name and value (None:
+    # the script's own), installed for the whole trial, which records what each optimizer the script built ran with,
+    # requested or not (`install`, `outcomes`, `user_values`, `record`); or where it lives (as `on_model`).
+    on_optimizer: Callable[[str, Any], Any] | str | None = None
     # How the trial reads the script's own setting of it (`advisor.trials.interposition.own_settings`): at the
     # model's first call, before a knob changes the model or torch ((torch, the model) -> a phrase, or None where the
     # script did not set it; the value is True), with the torch function whose caller is where the script sets it

@@ -57,7 +57,7 @@ from advisor.trials.interposition.loop import LoopInterposition, capture_losses,
 from advisor.trials.interposition.step import step_records
 from advisor.trials.interposition.model import ModelInterposition, records_of
 from advisor.trials.interposition.own_settings import OwnSettings
-from advisor.trials.interposition.optimizers import FusedOptimizers
+from advisor.trials.interposition.optimizers import optimizer_changes
 from advisor.trials.harness.torchrun_rank import one_rank_on_demand, rank_of
 from advisor.trials.interposition.ddp_arguments import DDPKnobs
 from advisor.trials.record.ranks import rank_files
@@ -147,7 +147,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config, loop=not target)
     step_module = config.get("step_module")  # where the target is defined, when not in the script
     result: dict[str, Any] = {"status": "error", "message": "", "steps_expected": None, "python": sys.executable}
-    driver = loop = model = optimizers = changes = trainer = own = None
+    driver = loop = model = changes = trainer = own = None
+    optimizers: list[Any] = []
     loader_records: list[LoaderRecord] = []
     knobs = Knobs.from_dict(config["knobs"])
     started = time.time()
@@ -173,8 +174,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         own.install()
         model = ModelInterposition(knobs, device_type)
         model.install()
-        optimizers = FusedOptimizers(knobs)
-        optimizers.install()
+        optimizers = optimizer_changes(knobs)
+        for optimizer in optimizers:
+            optimizer.install()
         if changes:
             import torch
 
@@ -243,7 +245,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
             result.update(records_of(model))  # what the model's changes record: the compile's graphs, ...
-            result["optimizers"] = optimizers.record() if optimizers is not None else None
+            result["optimizers"] = next((o.record() for o in optimizers if o.record() is not None), None)
             result["own_settings"] = own.record(result["optimizers"]) if own is not None else None
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]
@@ -257,16 +259,17 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def model_outcomes(model: ModelInterposition | None, optimizers: FusedOptimizers | None) -> dict[str, str]:
-    """The outcomes of the model knobs (channels_last, compile, TF32, cudnn.benchmark) and fused optimizers."""
+def model_outcomes(model: ModelInterposition | None, optimizers: list[Any]) -> dict[str, str]:
+    """The outcomes of the model's knobs (`ModelChange`s, torch settings) and the optimizers' (`Knob.on_optimizer`)."""
     out = model.outcomes_after_steps() if model is not None else {}
-    return {**out, **(optimizers.outcomes() if optimizers is not None else {})}
+    return {**out, **{k: v for o in optimizers for k, v in o.outcomes().items()}}
 
 
-def model_user_values(model: ModelInterposition | None, optimizers: FusedOptimizers | None) -> dict[str, Any]:
-    """The script's own values of the model knobs the trial changed (for the patch's "from X to Y")."""
+def model_user_values(model: ModelInterposition | None, optimizers: list[Any]) -> dict[str, Any]:
+    """The script's own values of the model's and the optimizers' knobs the trial changed (the patch's "from X to
+    Y")."""
     values = model.user_values() if model is not None else {}
-    return {**values, **(optimizers.user_values() if optimizers is not None else {})}
+    return {**values, **{k: v for o in optimizers for k, v in o.user_values().items()}}
 
 
 def failure(exc: BaseException, driver: StepDriver | None, script: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The `fused_optimizer` knob: torch.optim optimizers built with `fused=True` (one kernel for the whole
-update), or `foreach=True` (a few kernels over tensor lists) where fused is not offered for the class or
-the parameters' device. Inside the trial only (torch imported lazily).
+"""How the trial builds the script's torch.optim optimizers for a knob (`Knob.on_optimizer`): `fused_optimizer`'s
+`FusedOptimizers`, built with `fused=True` (one kernel for the whole update), or `foreach=True` (a few kernels over
+tensor lists) where fused is not offered for the class or the parameters' device. Names no knob: each is given
+its knob's name and value. Inside the trial only (torch imported lazily).
 
 Applied where the optimizer is built: the constructors of torch.optim's classes are wrapped for the trial,
 so the script's own `torch.optim.AdamW(model.parameters(), lr=...)` builds the fused one. A constructor
@@ -17,11 +18,16 @@ import functools
 import inspect
 from typing import Any
 
+from advisor.knobs import KNOBS
 from advisor.trials.knobs import APPLIED, Knobs, not_applicable
-from advisor.knobs.in_trial import patched_attribute
+from advisor.knobs.in_trial import declared_class, patched_attribute
 from advisor.trials.interposition.loaders import user_site
 
-KNOB = "fused_optimizer"  # this interposition's knob: its outcome and the script's own value are keyed by it
+
+def optimizer_changes(knobs: Knobs) -> list[Any]:
+    """What builds the script's optimizers for each knob that says how (`Knob.on_optimizer`), in the registry's order:
+    given its name and this trial's value, installed in every trial."""
+    return [declared_class(k.on_optimizer)(k.name, getattr(knobs, k.name)) for k in KNOBS if k.on_optimizer]
 
 
 def optimizer_classes() -> list[type]:
@@ -40,8 +46,9 @@ def optimizer_classes() -> list[type]:
 class FusedOptimizers:
     """Builds the script's torch.optim optimizers fused (else foreach) for the trial; records what it did."""
 
-    def __init__(self, knobs: Knobs):
-        self.requested = bool(getattr(knobs, KNOB))
+    def __init__(self, knob: str, value: bool | None):
+        self.knob = knob  # its outcome and the script's own value are keyed by it
+        self.requested = bool(value)
         self.built: list[dict[str, Any]] = []  # per optimizer: class, the user's fused/foreach, what ran
         self.stack = contextlib.ExitStack()
         self.depth = 0
@@ -108,15 +115,15 @@ class FusedOptimizers:
         if not self.requested:
             return {}
         if any(e["ran"] and e["why"] is None for e in self.built):
-            return {KNOB: APPLIED}
+            return {self.knob: APPLIED}
         if not self.built:
-            return {KNOB: not_applicable("no torch.optim optimizer was built in the trial (one built before it, or "
+            return {self.knob: not_applicable("no torch.optim optimizer was built in the trial (one built before it, or "
                                          "another library's, is not rebuilt)")}
-        return {KNOB: not_applicable(f"{self.built[0]['class']}: {self.built[0]['why']}")}
+        return {self.knob: not_applicable(f"{self.built[0]['class']}: {self.built[0]['why']}")}
 
     def user_values(self) -> dict[str, bool]:
         """Whether the script builds its (first) optimizer fused itself, by the knob; empty where it built none."""
-        return {KNOB: bool(self.built[0]["user"]["fused"])} if self.built else {}
+        return {self.knob: bool(self.built[0]["user"]["fused"])} if self.built else {}
 
     def record(self) -> list[dict[str, Any]] | None:
         """Per optimizer built: its class, the script's fused/foreach and which implementation ran."""
