@@ -8,8 +8,12 @@ machine) that spread, beyond the windows' own, is 1.9-6.7 % (`PRIOR`: their medi
 knob-grid bench's conv session kept batch 128 at +3.2 % (its windows' noise 2.5 %) on a trial that read 1579
 samples/s; the same setting read 1197 measured again.
 
-The session's settings measured in more than one process estimate it: each two runs of a setting give half their
-squared log-ratio less their windows' own variance; `PRIOR` stands for `PRIOR_PAIRS` such pairs until they do.
+The session's settings measured in more than one process estimate it: each two runs of a setting measured alike give
+half their squared log-ratio less their windows' own variance; `PRIOR` stands for `PRIOR_PAIRS` such pairs until
+they do. Alike: alone, or windows in turns with another trial (the speedup's pairs), never one of each. A window
+taken after waiting for the other's turn runs at a level of its own (the demo's baseline: 195 samples/s alone,
+126 in turns; its best 341 and 227): a run of each way read that offset as a draw, 21 % between processes where
+the surfaces give 2-7 %, and a user was told one run of each script reads within ±74 % of the claim.
 Torch-free.
 """
 
@@ -42,17 +46,21 @@ def process_spread(runs_by_setting: list[list[Measurement]], prior_pairs: int = 
     return math.sqrt(total / count) if count else PRIOR
 
 
-def session_runs(out: Path, state: SessionRecord) -> dict[tuple, list[Measurement]]:
-    """Each setting's runs in the session (a measurement a trial that measured: one process each)."""
-    runs: dict[tuple, list[Measurement]] = {}
+def session_runs(out: Path, state: SessionRecord) -> dict[tuple[tuple, bool], list[Measurement]]:
+    """Each setting's runs in the session (a measurement a trial that measured: one process each), by the setting
+    and whether its windows ran in turns with another trial's."""
+    runs: dict[tuple[tuple, bool], list[Measurement]] = {}
     for t in state.trials:
         if t.status == "ok" and t.samples_per_s and t.folder:
-            runs.setdefault(knobs_key(in_effect(t)), []).append(measure_record([trial_record(out / t.folder)]))
+            record = trial_record(out / t.folder)
+            in_turns = bool((record.get("schedule") or {}).get("turns"))
+            runs.setdefault((knobs_key(in_effect(t)), in_turns), []).append(measure_record([record]))
     return runs
 
 
 def session_spread(out: Path, state: SessionRecord) -> float:
-    """`process_spread` from the session's own runs: each trial that measured is one process of its setting."""
+    """`process_spread` from the session's own runs: each trial that measured is one process of its setting, and
+    only runs measured alike are set against each other (`session_runs`)."""
     return process_spread(list(session_runs(out, state).values()))
 
 
@@ -84,7 +92,8 @@ def run_to_run_note(out: Path, state: SessionRecord, reference: TrialRow, best: 
     speedup: each of their two runs is a draw of its setting's level, as each of the session's runs was."""
     runs = session_runs(out, state)
     spread = process_spread(list(runs.values()))
-    counts = [len(runs.get(knobs_key(in_effect(row)), ())) or 1 for row in (reference, best)]
+    counts = [sum(len(r) for (key, _), r in runs.items() if key == knobs_key(in_effect(row))) or 1
+              for row in (reference, best)]
     width = run_to_run_width(spread, *counts)
     learnt = any(len(r) > 1 for r in runs.values())
     source = ("this session's settings measured more than once, beside the CPU truth surfaces' figure" if learnt
