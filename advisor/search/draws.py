@@ -92,8 +92,8 @@ def run_to_run_note(out: Path, state: SessionRecord, reference: TrialRow, best: 
     speedup: each of their two runs is a draw of its setting's level, as each of the session's runs was."""
     runs = session_runs(out, state)
     spread = process_spread(list(runs.values()))
-    counts = [sum(len(r) for (key, _), r in runs.items() if key == knobs_key(in_effect(row))) or 1
-              for row in (reference, best)]
+    keys = [knobs_key(in_effect(row)) for row in (reference, best)]
+    counts = [sum(len(r) for (key, _), r in runs.items() if key == wanted) or 1 for wanted in keys]
     width = run_to_run_width(spread, *counts)
     learnt = any(len(r) > 1 for r in runs.values())
     source = ("this session's settings measured more than once, beside the CPU truth surfaces' figure" if learnt

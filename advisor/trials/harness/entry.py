@@ -245,7 +245,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             result["user_ddp"] = ddp.user
             result["user_model"] = model_user_values(model, optimizers)
             result.update(records_of(model))  # what the model's changes record: the compile's graphs, ...
-            result["optimizers"] = next((o.record() for o in optimizers if o.record() is not None), None)
+            result["optimizers"] = next(filter(None, (o.record() for o in optimizers)), None)
             result["own_settings"] = own.record(result["optimizers"]) if own is not None else None
             trains = training_loader(loader_records)
             result["dataloaders"] = [r.to_dict(training=r is trains) for r in loader_records]

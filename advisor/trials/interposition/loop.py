@@ -34,8 +34,6 @@ class LoopInterposition:
     """The knobs of a loop trial, applied to the whole run, and the optimizer as the clock of its steps."""
 
     def __init__(self, knobs: Knobs, device_type: str, step_ended: Callable[[], None]):
-        self.knobs = knobs
-        self.device_type = device_type
         self.step_ended = step_ended
         self.changes = step_changes(knobs, device_type)
         self.outcomes = {name: outcome for name, change in self.changes.items()

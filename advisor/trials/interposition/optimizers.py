@@ -117,8 +117,8 @@ class FusedOptimizers:
         if any(e["ran"] and e["why"] is None for e in self.built):
             return {self.knob: APPLIED}
         if not self.built:
-            return {self.knob: not_applicable("no torch.optim optimizer was built in the trial (one built before it, or "
-                                         "another library's, is not rebuilt)")}
+            return {self.knob: not_applicable("no torch.optim optimizer was built in the trial (one built before it, "
+                                              "or another library's, is not rebuilt)")}
         return {self.knob: not_applicable(f"{self.built[0]['class']}: {self.built[0]['why']}")}
 
     def user_values(self) -> dict[str, bool]:

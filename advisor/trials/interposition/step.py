@@ -48,7 +48,6 @@ class StepInterposition:
     """
 
     def __init__(self, knobs: Knobs, device_type: str, loader_records: list | None = None):
-        self.knobs = knobs
         self.device_type = device_type
         self.loader_records = loader_records
         self.changes = step_changes(knobs, device_type)
