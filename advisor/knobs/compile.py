@@ -5,8 +5,10 @@
   graphs, graph breaks) and the session says after how many steps it pays back.
 - **Proposed when**: compute or launch overhead binds.
 - **The script's own**: a model compiled before its first call, where the script calls `torch.compile`.
-- **Not applicable**: a compile that fails (no C++ compiler for the CPU backend, a construct the compiler
-  refuses): the eager forward is put back, the trial goes on, the reason is recorded.
+- **Not applicable**: a compile that fails (a construct the compiler refuses): the eager forward is put back,
+  the trial goes on, the reason is recorded. A model on the CPU where inductor finds no working C++ compiler
+  is not traced at all: the compiler is looked for first (what tracing a large model only to fail at its first
+  kernel would cost is minutes of the trial).
 - **The patch writes**: `model.compile()` just before the optimizer is built from the model (in place: the
   model's class, its state_dict keys and what `torch.save(model)` writes stay as they were); under Lightning,
   `model = torch.compile(model)` before `trainer.fit(model)`; under transformers' Trainer, `torch_compile=True`.
@@ -82,6 +84,23 @@ def failure(exc: BaseException) -> str:
     return not_applicable(f"torch.compile failed: {type(exc).__name__}: {first}".rstrip(": "))
 
 
+def no_cpu_compiler(torch: Any, module: Any) -> str | None:
+    """Why inductor cannot build this module's kernels, where they would be C++ for the CPU and no working C++
+    compiler is found (CXX, then g++, as inductor looks); None where one is, or the module is on another device."""
+    devices = {t.device.type for t in (*module.parameters(), *module.buffers())}
+    if devices - {"cpu"} or (not devices and torch.cuda.is_available()):
+        return None
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except Exception as exc:  # inductor's InvalidCxxCompiler: none of the compilers it tries runs
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"torch.compile failed: no C++ compiler for its CPU kernels ({type(exc).__name__}: {first}); " \
+               "nothing was traced"
+    return None
+
+
 class Compile(ModelChange):
     """In the trial: each model's forward through `torch.compile` from its next call; a compile that fails puts the
     eager forward back and the trial goes on. Records the graphs, graph breaks and their most frequent reasons
@@ -97,6 +116,9 @@ class Compile(ModelChange):
     def apply(self, torch: Any, module: Any, args: tuple) -> None:
         self.user = own(torch, module) is not None
         had_own, previous, eager = "forward" in module.__dict__, module.__dict__.get("forward"), module.forward
+        if (missing := no_cpu_compiler(torch, module)) is not None:
+            self.outcome = not_applicable(missing)
+            return
         try:
             compiled = torch.compile(eager)
         except Exception as exc:  # e.g. dynamo does not support this Python
