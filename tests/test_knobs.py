@@ -191,3 +191,25 @@ def test_grad_scaling_leaves_a_step_that_scales_itself_alone():
     assert torch.allclose(seen[0], torch.tensor([8.0, 8.0]))  # scaled once, by the user's scaler
     assert torch.allclose(weight.detach(), torch.tensor([0.8, 1.8]))
     assert not scaling.stepped
+
+
+def test_a_grown_batch_says_how_to_scale_the_learning_rate_and_one_left_as_written_says_nothing():
+    from advisor.knobs.batch_size import training_notes
+
+    grown = training_notes({"batch_size": 32}, {"batch_size": 128}, keep_effective_batch=False)
+    assert len(grown) == 1 and grown[0].startswith("The batch grew from 32 to 128 (×4): scale the learning rate by "
+                                                   "about ×4")
+    assert training_notes({"batch_size": 32}, {"batch_size": None}, keep_effective_batch=False) == []
+    assert training_notes({"batch_size": 32}, {"batch_size": 32}, keep_effective_batch=True) == [
+        "--keep-effective-batch: the batch size was left as written"]
+
+
+def test_core_use_counts_workers_and_threads_per_rank_against_the_cores():
+    from advisor.knobs.threads import core_use, core_use_text
+
+    use = core_use(4, 1, {"num_workers": 2, "threads": None}, {"num_workers": 0, "threads": 2})
+    assert use == {"cores": 4, "ranks": 1, "workers": 2, "threads": 2, "all_used": True}
+    assert core_use_text(use, input_bound=True).endswith("or use a machine with more cores")
+    assert core_use(8, 1, {}, {"num_workers": 2, "threads": 2})["all_used"] is False
+    assert core_use_text(core_use(8, 1, {}, {"num_workers": 2, "threads": 2}), input_bound=True) is None
+    assert core_use(None, 1, {}, {"num_workers": 2, "threads": 2}) is None  # the cores were not recorded

@@ -104,6 +104,18 @@ def next_batch_size(current: int, points: list[tuple[int, float]], capacity: flo
     return size
 
 
+def training_notes(user_values: dict[str, Any], final: dict[str, Any], keep_effective_batch: bool) -> list[str]:
+    """What the session's batch, changed from the script's own, means for training, in words (none where it
+    was not changed)."""
+    user, kept = user_values.get("batch_size"), final.get("batch_size")
+    if not user or not kept or kept == user:
+        return ["--keep-effective-batch: the batch size was left as written"] if keep_effective_batch else []
+    factor = kept / user
+    return [f"The batch grew from {user} to {kept} (×{factor:g}): scale the learning rate by about ×{factor:g} "
+            "(linear scaling rule, with a few hundred warm-up steps) and check convergence; or run with "
+            "--keep-effective-batch to leave the batch as it is."]
+
+
 def offer(best: Best) -> Offer | None:
     """A larger batch, while the memory model says it fits: advised for a launch-bound step, else a measured
     experiment in the round over the knobs. Where the size the search wants does not fit, activation checkpointing

@@ -58,6 +58,30 @@ def offer(best: Best) -> Offer | None:
                  f"threads-{target}", 0.1, "input", predicted=False)
 
 
+def core_use(cores: int | None, ranks: int, final: dict[str, Any], user_values: dict[str, Any]) -> dict[str, Any] | None:
+    """How settings share the CPU: DataLoader workers and torch threads per rank, against the `cores` ("all_used":
+    they take every core); the session's settings (`final`) over the script's own. None where a figure is
+    missing."""
+    workers = final.get("num_workers") if final.get("num_workers") is not None else user_values.get("num_workers")
+    threads = final.get("threads") or user_values.get("threads")
+    if not cores or workers is None or not threads:
+        return None
+    return {"cores": cores, "ranks": ranks, "workers": workers, "threads": threads,
+            "all_used": ranks * (workers + threads) >= cores}
+
+
+def core_use_text(use: dict[str, Any], input_bound: bool) -> str | None:
+    """Where the settings take every core (`core_use`): that, in words, and what it leaves a loader-bound step;
+    None where cores are left."""
+    if not use.get("all_used"):
+        return None
+    ranks = f" in each of {use['ranks']} ranks" if (use.get("ranks") or 1) > 1 else ""
+    more = ("; more workers would take cores from the training process: make each sample cheaper to load, "
+            "or use a machine with more cores" if input_bound else "")
+    return (f"all {use['cores']} CPU cores are in use: {use['workers']} DataLoader worker(s) and "
+            f"{use['threads']} torch thread(s){ranks}{more}")
+
+
 def set_threads(value: int, torch: Any) -> str:
     """torch's intra-op threads for the steps, over what the script set itself."""
     torch.set_num_threads(value)

@@ -18,6 +18,7 @@ from advisor.analysis.breakdown import ROLES
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.job import Job, compute_us, exposed_us, jobs_of, own_us, rank_of
 from advisor.escape import for_terminal, output_stream
+from advisor.knobs import threads
 from advisor.report.formatting import attention_text, gb as _gb, pct as _pct, step_time_s, time_text
 
 ROLE_LABELS = {
@@ -412,13 +413,8 @@ def next_steps(state: dict[str, Any], out: Path) -> list[tuple[str, list[str]]]:
         evidence = list(bound.get("evidence") or [])
         steps.append((f"the best trial is still bound by {bound.get('label') or bound['name']}"
                       + (f": {evidence[0]}" if evidence else ""), []))
-    use = state.get("core_use") or {}
-    if use.get("all_used"):
-        ranks = f" in each of {use['ranks']} ranks" if (use.get("ranks") or 1) > 1 else ""
-        more = ("; more workers would take cores from the training process: make each sample cheaper to load, "
-                "or use a machine with more cores" if bound.get("name") == "input" else "")
-        steps.append((f"all {use['cores']} CPU cores are in use: {use['workers']} DataLoader worker(s) and "
-                      f"{use['threads']} torch thread(s){ranks}{more}", []))
+    if (cores := threads.core_use_text(state.get("core_use") or {}, bound.get("name") == "input")) is not None:
+        steps.append((cores, []))
     if (out / "report.html").exists():
         steps.append(("the full report:", [str(out / "report.html")]))  # a path is never cut
     return steps

@@ -12,7 +12,7 @@ import msgspec
 
 from advisor.search.record import CoreUse, SessionRecord, SessionTime
 from advisor.errors import AdvisorError
-from advisor.knobs import KNOBS, written_at
+from advisor.knobs import KNOBS, batch_size, threads, written_at
 from advisor.knobs.knob import FROM_TRIAL
 from advisor.search.state import SessionOptions, save
 from advisor.search.timing import session_time
@@ -35,20 +35,6 @@ def out_of_memory_note(record: dict[str, Any]) -> str:
     return (f"The user's settings ran out of memory{where}; the session looked for the closest configuration "
             "that fits: AMP, then activation checkpointing of the repeated blocks (the same batch), then "
             "micro-batches with gradient accumulation (same effective batch), then a smaller batch.")
-
-
-def batch_notes(state: SessionRecord, options: SessionOptions) -> list[str]:
-    """What a changed batch size means for training, in words."""
-    user = state.user_values.get("batch_size")
-    final = (state.final_knobs or {}).get("batch_size")
-    if not user or not final or final == user:
-        if options.keep_effective_batch:
-            return ["--keep-effective-batch: the batch size was left as written"]
-        return []
-    factor = final / user
-    return [f"The batch grew from {user} to {final} (×{factor:g}): scale the learning rate by about ×{factor:g} "
-            "(linear scaling rule, with a few hundred warm-up steps) and check convergence; or run with "
-            "--keep-effective-batch to leave the batch as it is."]
 
 
 def repository_root(script: Path) -> Path:
@@ -75,20 +61,6 @@ def step_function(state: SessionRecord, script: Path) -> tuple[str | None, Path 
     if not name or not file or "<" in name or len(name.split(".")) > 2 or not Path(file).is_file():
         return None, None
     return name, Path(file)
-
-
-def core_use(state: SessionRecord) -> dict[str, Any] | None:
-    """How the best settings share the CPU: DataLoader workers and torch threads per rank, against the cores
-    the baseline saw ("all_used": they take every core). None where the record lacks a figure."""
-    cores = ((state.device or {}).get("cpu") or {}).get("logical_cores")
-    final, user = state.final_knobs or {}, state.user_values or {}
-    workers = final.get("num_workers") if final.get("num_workers") is not None else user.get("num_workers")
-    threads = final.get("threads") or user.get("threads")
-    if not cores or workers is None or not threads:
-        return None
-    ranks = max(1, int((state.options or {}).get("nproc_per_node") or 1))
-    return {"cores": cores, "ranks": ranks, "workers": workers, "threads": threads,
-            "all_used": ranks * (workers + threads) >= cores}
 
 
 def best_plan(out: Path, state: SessionRecord, knob: str, field: str) -> Any:
@@ -118,7 +90,8 @@ def batch_inputs(out: Path, state: SessionRecord) -> list[int] | None:
 
 def wrap_up(out: Path, state: SessionRecord, options: SessionOptions) -> None:
     """The session done: the batch's notes and the time it took in the record, saved, and the outputs written."""
-    state.notes.extend(batch_notes(state, options))
+    state.notes.extend(batch_size.training_notes(state.user_values or {}, state.final_knobs or {},
+                                                  options.keep_effective_batch))
     state.time = msgspec.convert(session_time(out, state), SessionTime | None)
     state.status = "done"
     save(state)
@@ -151,7 +124,10 @@ def finish_outputs(out: Path, state: SessionRecord) -> None:
             written = None
         state.patch = None if written is None else os.path.relpath(written, out)
         state.patch_root = None if written is None else str(repository_root(script))  # where `patch -p1` runs
-    state.core_use = msgspec.convert(core_use(state), CoreUse | None)
+    cores = ((state.device or {}).get("cpu") or {}).get("logical_cores")
+    ranks = max(1, int((state.options or {}).get("nproc_per_node") or 1))
+    state.core_use = msgspec.convert(threads.core_use(cores, ranks, state.final_knobs or {}, state.user_values or {}),
+                                     CoreUse | None)
     save(state)  # the report reads session.json: it must already name the patch
     from advisor.report import write_report
     from advisor.report.tensorboard import session_run, write_run
