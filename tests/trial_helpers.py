@@ -24,9 +24,10 @@ def trial_record(folder: Path) -> dict:
     return json.loads((folder / "trial.json").read_text())
 
 
-def pair_in_turns(script: Path, folder: Path, windows: int, settle: float = 0.0) -> dict:
+def pair_in_turns(script: Path, folder: Path, windows: int, settle: float = 0.0, knobs: dict | None = None) -> dict:
     """Two real trials of `script` ("a" and "b", in `folder`) run at once, their windows in turns (`folder /
-    "turns"`), as the session's ending runs them; each one's TrialResult by name."""
+    "turns"`), as the session's ending runs them, each with its `knobs` by name (none: the script's own); each
+    one's TrialResult by name."""
     import threading
 
     from advisor.trials.knobs import Knobs
@@ -39,7 +40,8 @@ def pair_in_turns(script: Path, folder: Path, windows: int, settle: float = 0.0)
 
     def run(i: int, name: str) -> None:
         try:
-            results[name] = run_trial(TrialSpec(f"{script}:train_step", Knobs(), folder / name, steps=1, wait=0,
+            chosen = (knobs or {}).get(name, Knobs())
+            results[name] = run_trial(TrialSpec(f"{script}:train_step", chosen, folder / name, steps=1, wait=0,
                                                 warmup=0, windows=windows, window_s=0.2, device="cpu",
                                                 turns=ends[i].to_dict()))
         finally:

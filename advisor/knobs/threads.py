@@ -58,7 +58,8 @@ def offer(best: Best) -> Offer | None:
                  f"threads-{target}", 0.1, "input", predicted=False)
 
 
-def core_use(cores: int | None, ranks: int, final: dict[str, Any], user_values: dict[str, Any]) -> dict[str, Any] | None:
+def core_use(cores: int | None, ranks: int, final: dict[str, Any],
+             user_values: dict[str, Any]) -> dict[str, Any] | None:
     """How settings share the CPU: DataLoader workers and torch threads per rank, against the `cores` ("all_used":
     they take every core); the session's settings (`final`) over the script's own. None where a figure is
     missing."""

@@ -358,11 +358,17 @@ class StepDriver:
         if closed is not None:
             pass_turn(self.turns, closed, self.window_began or time.time(), time.time(), self.schedule.groups[-1])
             self.window_began = None
-        waited = 0.0 if (done := self.done or settled(self.turns)) else wait_for_turn(self.turns, first=closed is None)
-        if done or settled(self.turns):  # read again after a wait only: the other's window may have settled it
-            self.done = True
-            finished(self.turns)
-            wait_for_the_other(self.turns)
+        began = time.perf_counter()
+        with self.tracker.workers_stopped() as stopped:  # their refill would run beside the other's window
+            done = self.done or settled(self.turns)
+            waited = 0.0 if done else wait_for_turn(self.turns, first=closed is None)
+            if done or settled(self.turns):  # read again after a wait only: the other's window may have settled it
+                self.done = True
+                finished(self.turns)
+                wait_for_the_other(self.turns)
+        if stopped:
+            self.times["workers_stopped_s"] = self.times.get("workers_stopped_s", 0.0) + time.perf_counter() - began
+        if self.done:
             return
         if waited > PAUSED_S:
             self.schedule.resettle(self.index)

@@ -2,11 +2,14 @@
 
 Before a session ends, its baseline and its best run side by side (`advisor.search.ending`): both start,
 both run their profiled steps, then each measurement window of one is followed by one of the other, the
-trial whose turn it is not sleeping before its next step meanwhile (its DataLoader workers fill their queue
-and stop). A load that comes and goes then falls on both alike, window by window, and the speedup is read
-off windows measured seconds apart, not off runs minutes apart. After a pause a trial runs its loader's
-queue depth of steps again before its next window counts (`StepSchedule.resettle`): the batches queued
-while it slept would make its loader look free.
+trial whose turn it is not sleeping before its next step meanwhile, its DataLoader workers stopped (SIGSTOP)
+until its turn comes back: their refill of its queue would run beside the other's window (the demo's baseline,
+no workers and two threads on two cores, measured 8-26 % below its speed alone beside a best whose two workers
+refilled, and the speedup read off the pair 6-9 % high; with the workers stopped, within 1-2 % of each alone). A
+load that comes and goes then falls on both alike, window by window, and the speedup is read off windows
+measured seconds apart, not off runs minutes apart. After a pause a trial runs its loader's queue depth of
+steps again before its next window counts (`StepSchedule.resettle`): the batches queued before it paused
+would make its loader look free.
 
 The turn is a file in a folder both trials know: `turn` holds the name of the trial that measures now; a trial
 passes it on after each window, and writes `done-NAME` once it has measured all its windows (the other then
