@@ -297,6 +297,26 @@ def test_both_trials_of_a_pair_are_forked_from_one_zygote_and_each_is_its_own_pr
     assert facts[0]["draw"] != facts[1]["draw"]
 
 
+def test_a_zygote_started_from_a_thread_outlives_it_and_so_do_its_trials(tmp_path):
+    """The kernel ends a process when the *thread* that started it ends (the zygote's `die_with_parent`): a zygote
+    started by one trial of a pair, in that trial's thread, died once the thread ended, and its other child with
+    it. A trial started from a thread that ends at once, in an environment no zygote served yet, runs to its own
+    end and exit code."""
+    import threading
+    import uuid
+
+    (tmp_path / "ends_later.py").write_text("import time\ntime.sleep(2)\nraise SystemExit(3)\n")
+    env = {**trial_environment(), "ADVISOR_TEST_ONLY": uuid.uuid4().hex}  # a zygote of its own, started below
+    started = []
+    thread = threading.Thread(target=lambda: started.append(
+        start_trial(sys.executable, None, str(tmp_path), env, str(tmp_path / "log"), 60, module=["ends_later"])))
+    thread.start()
+    thread.join()  # the thread that asked for the zygote has ended; its child has not
+    child = started[0]
+    assert child is not None, "not forked from a zygote"
+    assert child.wait(60) == 3, (tmp_path / "log").read_text()
+
+
 PARSES_IN_THREADS = """
 import gc, sys, threading
 from pathlib import Path

@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from advisor.trials.harness.zygote_serve import PLACEHOLDER, READY
@@ -216,6 +217,10 @@ _lock = threading.Lock()
 # does not start one each time. Each holds torch imported (docs/architecture/trials.md), so no more than two are kept.
 MAX_ZYGOTES = 2
 _zygotes: OrderedDict[tuple, Zygote] = OrderedDict()
+# Every zygote is started from this one thread, which lives as long as the advisor: the kernel sends a process its
+# parent-death signal (`die_with_parent`) when the *thread* that started it ends, and a zygote one trial of a pair
+# started in its own thread died when that trial ended, and the other trial with it (its result lost, exit code 1).
+_starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="advisor-zygotes")
 _refused: set[tuple] = set()  # zygotes that could not start: those trials start fresh
 
 
@@ -252,8 +257,9 @@ def _zygote_for(python: str, key: tuple, env: dict[str, str], timeout_s: float) 
         zygote = None
     if zygote is None:
         try:
-            zygote = Zygote(python, {k: v for k, v in env.items() if k not in PER_TRIAL}, timeout_s)
-        except OSError:
+            zygote = _starter.submit(Zygote, python, {k: v for k, v in env.items() if k not in PER_TRIAL},
+                                     timeout_s).result()
+        except (OSError, RuntimeError):  # RuntimeError: the interpreter is shutting down
             zygote = None
         if zygote is None or not zygote.ready:
             _refused.add(key)
