@@ -21,8 +21,8 @@ import site
 import sysconfig
 import time
 import weakref
-from dataclasses import dataclass, field
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from advisor.knobs import BY_NAME, DATALOADER_KNOBS, DECIDED_AT_LOADER, KNOBS, PLANNED_AT_LOADER
@@ -270,9 +270,8 @@ class LoaderTracker:
             self.last.steps += 1
         return waited, self.last, samples
 
-
     @contextmanager
-    def workers_stopped(self) -> Iterator[float]:
+    def workers_stopped(self) -> Iterator[int]:
         """The worker processes of the loader that fed the last batch stopped (SIGSTOP) for the block, and
         continued (SIGCONT) after it however it ends: a trial waiting while another measures would otherwise refill
         its queue beside the other's window (a paused trial's two workers took 20-29 % of the CPU beside its
