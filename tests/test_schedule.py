@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from advisor.trials.record.adaptive import Against
 from advisor.trials.record.schedule import MIN_WINDOW_STEPS, StepSchedule
 
 
@@ -98,8 +99,21 @@ def test_the_recorded_schedule_and_messages():
     assert schedule.completed_message() == "3 steps profiled, then 1 window(s) of at least 0.5 s measured"
     assert schedule.script_ended(8, "train.py", "step") == {
         "status": "ok", "message": "3 steps profiled, then 1 window(s) of at least 0.5 s measured; train.py ended "
-                                   "after 1 of 2 measurement window(s)"}
+                                   "after 1 measurement window(s) (of 2)"}
     assert schedule.script_ended(3, "train.py", None) == {
         "status": "error", "message": "train.py finished after 3 optimizer step(s); the trial needs 8 "
                                       "(wait 4 + warmup 1 + record 3)"}
     assert StepSchedule.from_config({"wait": 0, "warmup": 0, "active": 1}).completed_message() == "1 steps profiled"
+
+
+def test_a_script_that_ends_before_its_windows_settle_against_the_best_says_so():
+    """Measured against the best, the windows asked for are a range: the message gives its most, not the count a
+    trial alone would have measured (a session once said "ended after 10 of 5 measurement window(s)")."""
+    against = Against(100.0, 0.05, min_gain=0.03, margin=0.03, min_windows=3, max_windows=15)
+    schedule = StepSchedule(wait=0, warmup=0, active=1, windows=5, window_s=0.5, against=against)
+    for samples in (55, 45, 55, 45):  # no gain, within a noise too wide to call: the verdict stays open
+        for _ in range(MIN_WINDOW_STEPS):
+            schedule.count_window_step(0.5 / MIN_WINDOW_STEPS * 1.0001, samples / MIN_WINDOW_STEPS)
+    assert schedule.window == 4 and schedule.verdict is None
+    assert schedule.script_ended(30, "train.py", None)["message"].endswith(
+        "train.py ended after 4 measurement window(s) (up to 15, before they settled the comparison with the best)")

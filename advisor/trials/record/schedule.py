@@ -141,8 +141,11 @@ class StepSchedule:
         profiled steps ran (with the windows it got), an error before (`processes`: what it says of the processes
         the script started itself, where it counted none)."""
         if steps_run >= self.total:
+            # Measured against the best, the count asked for is a range: up to its most, fewer once settled.
+            asked = (f"up to {self.against.max_windows}, before they settled the comparison with the best"
+                     if self.against is not None and self.verdict is None else f"of {self.windows}")
             return {"status": "ok", "message": f"{self.completed_message()}; {script} ended after "
-                                               f"{self.window} of {self.windows} measurement window(s)"}
+                                               f"{self.window} measurement window(s) ({asked})"}
         what = f"call(s) of {target}" if target else "optimizer step(s)"
         message = (f"{script} finished after {steps_run} {what}; the trial needs {self.total} (wait {self.wait} + "
                    f"warmup {self.warmup} + record {self.active})")
