@@ -90,7 +90,8 @@ def one_session(surface: Path, points: list, noise: float, seed: int, tmp: Path,
     out = tmp / f"s-{noise}-{drift}-{draws}-{seed}"
     state = run_session(f"{surface.resolve()}:replay", out, SessionOptions(max_trials=budget_of(surface, points)),
                         runner=ReplayRunner(points, out, noise, seed, drift, draws), script=False,
-                        space=surface_space(points), extra={"replay": str(surface.resolve())}, log=lambda m: None)
+                        space=surface_space(points), extra={"replay": str(surface.resolve())}, log=lambda m: None,
+                        outputs=False)  # the decisions alone: no report, no TensorBoard runs
     state = document(state)  # the record as session.json holds it
     best = next(t for t in state["trials"] if t["name"] == state["best"])
     served = json.loads((out / best["folder"] / "trial.json").read_text()).get("replayed_from")

@@ -51,7 +51,7 @@ def scored_trials(surface: Path, out: Path) -> list[dict]:
     runner = ReplayRunner(points, out, 0.0, 0, None)
     state = run_session(f"{surface.resolve()}:replay", out, SessionOptions(max_trials=budget_of(surface, points)),
                         runner=runner, script=False, space=surface_space(points),
-                        extra={"replay": str(surface.resolve())}, log=lambda m: None)
+                        extra={"replay": str(surface.resolve())}, log=lambda m: None, outputs=False)
     state = document(state)  # the record as session.json holds it
     rows = {t["name"]: t for t in state["trials"]}
     user = state.get("user_values") or {}

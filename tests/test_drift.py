@@ -210,7 +210,7 @@ def drifted(tmp_path_factory):
         out = tmp_path_factory.mktemp(f"drift-{seed}")
         state = run_session(f"{SURFACE.resolve()}:replay", out, SessionOptions(max_trials=len(points) // 3),
                             runner=ReplayRunner(points, out, 0.10, seed, drift=3.0), script=False,
-                            space=surface_space(points), log=lambda m: None)
+                            space=surface_space(points), log=lambda m: None, outputs=False)
         sessions.append((out, state))
     return points, sessions
 

@@ -58,7 +58,7 @@ def replay(out: Path, noise: float | None, seed: int, drift: float | None = None
     points = load_surface(SURFACE)
     return run_session(f"{SURFACE}:replay", out, SessionOptions(max_trials=len(points) // 3), log=lambda m: None,
                        runner=ReplayRunner(points, out, noise, seed, drift), script=False,
-                       space=surface_space(points), extra={"replay": str(SURFACE)})
+                       space=surface_space(points), extra={"replay": str(SURFACE)}, outputs=False)
 
 
 def test_a_replayed_h200_session_measures_channels_last_and_ends_on_the_best(tmp_path):

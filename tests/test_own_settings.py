@@ -117,7 +117,8 @@ def test_a_replayed_session_never_proposes_or_credits_the_scripts_own_autocast(t
     for name, runner in (("plain", ReplayRunner), ("bf16", Bf16Script)):
         out = tmp_path / name
         states[name] = run_session(f"{surface}:replay", out, SessionOptions(max_trials=10), log=lambda m: None,
-                                   runner=runner(points, out), script=False, space=surface_space(points))
+                                   runner=runner(points, out), script=False, space=surface_space(points),
+                                   outputs=False)
     assert any(t["knobs"].get("amp") == "bf16" for t in states["plain"]["trials"])
     own = states["bf16"]
     assert not any(t["knobs"].get("amp") == "bf16" for t in own["trials"]), [t["change"] for t in own["trials"]]

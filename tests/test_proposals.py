@@ -60,7 +60,7 @@ def replay(surface: Path, out: Path, noise: float | None, seed: int, drift: floa
     points = load_surface(surface)
     return run_session(f"{surface}:replay", out, options or SessionOptions(max_trials=len(points) // 3),
                        log=lambda m: None, runner=ReplayRunner(points, out, noise, seed, drift), script=False,
-                       space=surface_space(points))
+                       space=surface_space(points), outputs=False)
 
 
 @pytest.mark.parametrize("seed", [2, 3])

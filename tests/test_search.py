@@ -409,7 +409,7 @@ def replay(surface: Path, out: Path, noise: float | None, seed: int, max_trials:
     points = load_surface(surface)
     return run_session(f"{surface}:replay", out, SessionOptions(max_trials=max_trials or len(points) // 3),
                        log=lambda m: None, runner=ReplayRunner(points, out, noise, seed), script=False,
-                       space=surface_space(points), extra={"replay": str(surface)})
+                       space=surface_space(points), extra={"replay": str(surface)}, outputs=False)
 
 
 def served_settings(out: Path, state: dict) -> tuple:
@@ -436,6 +436,10 @@ def test_noise_draws_windows_around_the_recording_and_a_seed_replays_the_same_se
     runs = [replay(SURFACE, tmp_path / f"s{i}", 0.05, seed=7, max_trials=8)["trials"] for i in range(2)]
     assert [(t["change"], t["samples_per_s"], t["decision"]) for t in runs[0]] == \
            [(t["change"], t["samples_per_s"], t["decision"]) for t in runs[1]]
+    # Run with outputs=False (the helper's): the record, whole, and none of the outputs read by people.
+    saved = json.loads((tmp_path / "s0" / "session.json").read_text())
+    assert saved["status"] == "done" and saved["time"]["wall_s"] > 0 and len(saved["trials"]) == len(runs[0])
+    assert not [p.name for p in (tmp_path / "s0").rglob("*") if p.name == "report.html" or "tfevents" in p.name]
 
 
 def test_with_draws_each_served_trial_is_a_process_at_a_level_of_its_own(tmp_path):

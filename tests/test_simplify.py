@@ -170,7 +170,7 @@ def test_a_change_found_not_applicable_is_never_swapped_in_for_a_kept_model_knob
     out = tmp_path / "s"
     state = run_session("cpu-conv-classifier:replay", out,
                         SessionOptions(max_trials=8, tries=("channels_last", "compile")), log=lambda m: None,
-                        runner=NoCompiler(points, out), script=False, space=surface_space(points))
+                        runner=NoCompiler(points, out), script=False, space=surface_space(points), outputs=False)
     rows = {t["name"]: t for t in state["trials"]}
     changes = [t["change"] for t in state["trials"]]
     # What made the swap before: channels_last kept, then compile on top of it, not applicable.
@@ -193,7 +193,7 @@ def test_the_confirmation_keeps_the_setting_that_changes_less_where_the_runs_can
     out = tmp_path / "s"
     state = run_session("cpu-image-classifier:replay", out, SessionOptions(max_trials=len(points) // 3),
                         log=lambda m: None, runner=ReplayRunner(points, out, 0.10, 5), script=False,
-                        space=surface_space(points))
+                        space=surface_space(points), outputs=False)
     final = Knobs.from_dict(state["final_knobs"])
     assert final.uint8_copies and final.num_workers == 2 and final.batch_size is None, final
     flipped = [t for t in state["trials"] if t["reason"].endswith("it changes less of the script")]

@@ -24,7 +24,7 @@ def replay(out: Path, options: SessionOptions, runner=None) -> dict:
     points = load_surface(SURFACE)
     return run_session(f"{SURFACE}:replay", out, options, log=lambda m: None,
                        runner=runner or ReplayRunner(points, out, 0.05, 1), script=False,
-                       space=surface_space(points), extra={"replay": str(SURFACE)})
+                       space=surface_space(points), extra={"replay": str(SURFACE)}, outputs=False)
 
 
 def turned_by(state: dict) -> set[str]:
@@ -76,7 +76,8 @@ def test_only_bounds_the_search_and_resume_keeps_it(tmp_path):
     saved = json.loads((out / "session.json").read_text())
     assert saved["options"]["only"] == ["amp", "batch_size"] and saved["status"] == "interrupted"
     state = run_session("", out, SessionOptions(max_trials=6), resume=True, log=lambda m: None,
-                        runner=ReplayRunner(points, out, 0.05, 2), script=False, space=surface_space(points))
+                        runner=ReplayRunner(points, out, 0.05, 2), script=False, space=surface_space(points),
+                        outputs=False)
     assert state["status"] == "done" and len(state["trials"]) > 3
     assert turned_by(state) <= {"amp", "batch_size"} and turned_by(state), state["trials"]
     # Without --only, the loader-bound baseline's first move is more workers: the bound was there to follow.

@@ -166,7 +166,7 @@ def test_piped_output_has_no_trailing_spaces_and_no_change_wraps(tmp_path):
     long_try = "batch_size=64,pin_memory,non_blocking"  # a change as long as a pair's
     replayed = document(run_session("surface:replay", out, SessionOptions(max_trials=5, tries=(long_try,)),
                                     log=lambda m: None, runner=ReplayRunner(points, out, 0.05, 3), script=False,
-                                    space=surface_space(points)))
+                                    space=surface_space(points), outputs=False))
     sessions = [(replayed, out), sample_session("image_classifier"), sample_session("char_transformer")]
     for width in (80, 100, 120):
         for state, folder in sessions:

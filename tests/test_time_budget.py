@@ -28,7 +28,7 @@ def replay(out: Path, budget: float | None) -> dict:
     points = load_surface(SURFACE)
     return run_session(f"{SURFACE}:replay", out, SessionOptions(time_budget_s=budget), log=lambda m: None,
                        runner=ReplayRunner(points, out, 0.05, 1), script=False, space=surface_space(points),
-                       extra={"replay": str(SURFACE)})
+                       extra={"replay": str(SURFACE)}, outputs=False)
 
 
 @pytest.fixture(scope="module")

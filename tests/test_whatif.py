@@ -304,7 +304,7 @@ def test_a_noise_free_session_prices_its_first_move_within_a_tenth(tmp_path, nam
     out = tmp_path / "replay"
     state = run_session(f"{surface}:replay", out, SessionOptions(max_trials=4), log=lambda line: None,
                         runner=ReplayRunner(points, out, 0.0, 0), script=False, space=surface_space(points),
-                        extra={"replay": str(surface)})
+                        extra={"replay": str(surface)}, outputs=False)
     first = state["trials"][1]
     assert first["recommendation"] == "more-workers" and first["base"] == "00-baseline"
     assert (1 + first["predicted_samples_gain"]) / (1 + first["gain"]) == pytest.approx(1, abs=0.10)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -88,14 +88,16 @@ def batch_inputs(out: Path, state: SessionRecord) -> list[int] | None:
                  and (found := best_plan(out, state, k.name, k.written.batch_record)) is not None), None)
 
 
-def wrap_up(out: Path, state: SessionRecord, options: SessionOptions) -> None:
-    """The session done: the batch's notes and the time it took in the record, saved, and the outputs written."""
+def wrap_up(out: Path, state: SessionRecord, options: SessionOptions,
+            outputs: Callable[[Path, SessionRecord], None] | None = None) -> None:
+    """The session done: the batch's notes and the time it took in the record, saved, and the outputs written
+    (`finish_outputs`, or `outputs`)."""
     state.notes.extend(batch_size.training_notes(state.user_values or {}, state.final_knobs or {},
                                                   options.keep_effective_batch))
     state.time = msgspec.convert(session_time(out, state), SessionTime | None)
     state.status = "done"
     save(state)
-    finish_outputs(out, state)
+    (outputs or finish_outputs)(out, state)
 
 
 def finish_outputs(out: Path, state: SessionRecord) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.search.record import SessionRecord
-from advisor.search import best as the_best, outputs, start
+from advisor.search import best as the_best, outputs as the_outputs, start
 from advisor.search.attempt import attempt
 from advisor.search.ending import finish
 from advisor.search.policy import Policy
@@ -34,7 +34,7 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
                 log: Callable[[str], None] = print, runner: TrialRunner | None = None,
                 script: bool = True, space: SearchSpace | None = None,
                 extra: dict[str, Any] | None = None,
-                progress: Callable[[Any], None] | None = None) -> SessionRecord:
+                progress: Callable[[Any], None] | None = None, outputs: bool = True) -> SessionRecord:
     """Run (or resume) the session until no change left is worth a trial or the budget is spent; return the
     record.
 
@@ -43,17 +43,21 @@ def run_session(target: str, out: Path, options: SessionOptions, *, command: str
     a setting twice). `script=False`: the target only names a step (e.g. "<notebook>:train_step"), so
     there is no script to check or patch. `space`: the values the search may give each knob (those a
     recorded surface holds); `extra`: fields added to a new session record; `progress`: told where each
-    trial of the subprocess runner is while it runs (`run_trial`'s `on_progress`). Before the baseline of a
+    trial of the subprocess runner is while it runs (`run_trial`'s `on_progress`); `outputs=False`: session.json
+    only, without the report, the TensorBoard runs and suggested.patch (for a caller that reads the decisions alone:
+    a replayed search, the replay benchmark; about a second a session). Before the baseline of a
     new session whose trials may run on CUDA, the profiler is checked in a fresh process: where its trace
     would hold no GPU kernels, or --device cuda finds no device, the session stops with why and the fix.
     """
     with start.session_folder(out, options, resume, checked=runner is None and script) as folder:
-        return _run_locked(target, folder, options, command, resume, log, runner, script, space, extra, progress)
+        return _run_locked(target, folder, options, command, resume, log, runner, script, space, extra, progress,
+                           outputs)
 
 
 def _run_locked(target: str, out: Path, options: SessionOptions, command: str, resume: bool,
                 log: Callable[[str], None], runner: TrialRunner | None, script: bool, space: SearchSpace | None,
-                extra: dict[str, Any] | None, progress: Callable[[Any], None] | None = None) -> SessionRecord:
+                extra: dict[str, Any] | None, progress: Callable[[Any], None] | None = None,
+                outputs: bool = True) -> SessionRecord:
     state, target, options = start.open_record(out, target, options, command, resume, script, extra, log)
     if state.status == "done":
         return state
@@ -63,13 +67,14 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     started = time.monotonic()
     run = start.runner_for(runner, target, out, options, state, progress)
     policy = Policy.of(out, options, space or SearchSpace(), run, started)
+    finish_outputs = the_outputs.finish_outputs if outputs else _record_only
     try:
-        _sequence(policy, state, log)
+        _sequence(policy, state, log, finish_outputs)
     except KeyboardInterrupt:
         state.status = "interrupted"
         state.notes.append("interrupted: the report shows the trials finished so far")
         try:  # the report of what was measured, as for any session; a second Ctrl-C leaves the record alone
-            outputs.finish_outputs(out, state)
+            finish_outputs(out, state)
         except (Exception, KeyboardInterrupt) as problem:
             log(f"no report: {type(problem).__name__}: {problem}")
         state.notes.pop()  # a resumed session goes on; the note was for this report
@@ -80,7 +85,7 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
         state.status = "failed"
         state.notes.append(start.failure_note(exc))
         try:
-            outputs.finish_outputs(out, state)
+            finish_outputs(out, state)
         except Exception as problem:  # the record is saved; a report that cannot be made must not hide why
             log(f"no report: {type(problem).__name__}: {problem}")
             save(state)
@@ -88,7 +93,13 @@ def _run_locked(target: str, out: Path, options: SessionOptions, command: str, r
     return state
 
 
-def _sequence(policy: Policy, state: SessionRecord, log: Callable[[str], None]) -> None:
+def _record_only(out: Path, state: SessionRecord) -> None:
+    """The outputs of a session run with `outputs=False`: its record, saved."""
+    save(state)
+
+
+def _sequence(policy: Policy, state: SessionRecord, log: Callable[[str], None],
+              finish_outputs: Callable[[Path, SessionRecord], None]) -> None:
     """The loop: the baseline (and its recovery from out of memory), then trial after trial on the best until the
     policy stops, then the end: the best confirmed, the speedup read, the outputs written."""
     run, out = policy.run, policy.out
@@ -126,4 +137,4 @@ def _sequence(policy: Policy, state: SessionRecord, log: Callable[[str], None]) 
         save(state)
     best = finish(run, out, state, policy.options, best, reference, reference_losses, log, policy.started)
     the_best.bound_of(out, state, best)
-    outputs.wrap_up(out, state, policy.options)
+    the_outputs.wrap_up(out, state, policy.options, finish_outputs)
