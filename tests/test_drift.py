@@ -383,7 +383,8 @@ def test_a_cpu_job_switched_on_during_a_trial_makes_the_session_measure_again(tm
     options = SessionOptions(steps=2, wait=1, warmup=1, max_trials=3, device="cpu", windows=3, window_s=0.3)
     try:
         state = run_session(f"{script}:train_step", tmp_path / "s", options, log=lambda m: None,
-                            space=SearchSpace(held={"amp": (), "pin_memory": ()}, model_knobs=()), progress=hogs)
+                            space=SearchSpace(held={"amp": (), "pin_memory": ()}, model_knobs=()), progress=hogs,
+                            outputs=False)
     finally:
         hogs.stop()
     assert hogs.processes, "the hog never started: trial 01 measured no window"

@@ -140,7 +140,7 @@ def test_the_speedup_is_read_off_the_baseline_and_the_best_in_turns_and_a_best_s
     # the try again (a busy machine spent four trials on the baseline and batch 64).
     options = SessionOptions(steps=2, wait=1, warmup=1, device="cpu", max_trials=5, windows=PAIR_WINDOWS,
                              window_s=0.2, tries=("batch_size=64", "batch_size=2"))
-    state = run_session(target, out, options, log=lambda m: None)
+    state = run_session(target, out, options, log=lambda m: None, outputs=False)
     baseline = state["trials"][0]
     kept, small = (next(t for t in state["trials"] if t["knobs"]["batch_size"] == batch) for batch in (64, 2))
     state.update(best=kept["name"], final_knobs=kept["knobs"])  # a busy machine may have hidden a 4x batch's gain
