@@ -70,6 +70,22 @@ def test_loss_accumulation_found_with_fix():
     assert "total_loss += loss" in finding.what
 
 
+def test_a_script_is_linted_once_while_it_stays_as_it_was(tmp_path):
+    """A session diagnoses every trial's trace, each naming the same script: its findings are read once, and a
+    script written again (another stamp) is linted again; a caller's changes to the findings stay its own."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(LOSS_ACCUMULATION))
+    first = lint.script_findings(script)
+    assert [f["rule"] for f in first] == ["loss-accumulation"]
+    first[0]["rule"] = "changed by the caller"
+    hits = lint.run._script_findings.cache_info().hits
+    assert lint.script_findings(script)[0]["rule"] == "loss-accumulation"
+    assert lint.run._script_findings.cache_info().hits == hits + 1
+    script.write_text(textwrap.dedent(LOSS_ACCUMULATION).replace("total_loss += loss  # <-", "total_loss += 1.0"))
+    os.utime(script, ns=(1, 1))  # a stamp of its own, however coarse the file system's clock
+    assert lint.script_findings(script) == []
+
+
 def test_loss_accumulation_fixed():
     fixed = LOSS_ACCUMULATION.replace("total_loss += loss  # <-", "total_loss += loss.item()")
     assert "loss-accumulation" not in rules(fixed)

@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 import ast
+import copy
 import io
 import os
 import re
 import stat
 import tokenize
+from functools import lru_cache
 from pathlib import Path
 
 from advisor.code.lint.lint_findings import LintError, LintFinding
 from advisor.code.lint.rules import RULES
 from advisor.code.lint.script import Script
-from advisor.files import NotARegularFile, describe_os_error, is_regular, read_regular
+from advisor.files import NotARegularFile, describe_os_error, file_stamps, is_regular, read_regular
 
 _IGNORE = re.compile(r"#\s*advisor:\s*ignore(?:\[([^\]]*)\])?")
 
@@ -122,6 +124,14 @@ def script_findings(script: Path) -> list[dict] | None:
     is opened)."""
     if not script.name.endswith(".py") or not is_regular(script):
         return None
+    found = _script_findings(Path(os.path.abspath(script)), file_stamps([script]))
+    return None if found is None else copy.deepcopy(found)
+
+
+# A session diagnoses every trial's trace, and each trace's record names the same script: it is linted once
+# while the file stays as it was (its stamp: a script edited meanwhile is linted again).
+@lru_cache(maxsize=16)
+def _script_findings(script: Path, _stamps: tuple) -> list[dict] | None:
     try:
         return [f.to_dict() for f in lint_file(script)]
     except LintError:
