@@ -229,11 +229,14 @@ def rewrite_frameworks(edited: dict[Path, cst.Module], module_of: Callable[[Path
         "lightning": lightning_keywords(knobs),
     }
     users = {TRAINING_ARGUMENTS[k]: v for k, v in user_values.items() if k in TRAINING_ARGUMENTS}
+    read: dict[Path, tuple[cst.Module, FrameworkCalls]] = {}  # each file's calls, read again once it is rewritten
     for kind, by_knob in plans.items():
         by_knob = {k: v for k, v in by_knob.items() if k not in done.written}
         for path in files:
             module = edited.get(path) or module_of(path)
-            calls = framework_calls(module)
+            if path not in read or read[path][0] is not module:
+                read[path] = (module, framework_calls(module))
+            calls = read[path][1]
             if kind not in calls.found:
                 continue
             if by_knob:
