@@ -94,7 +94,7 @@ def fewer_copy_bytes(d: Diagnosis) -> Recommendation | None:
                   f"{c.count:.0f} copies, {per_step}; the host waits {ms(c.host_wait_us)} per step",
                   saving(c, bool(d.extra.get("conv_share")))),
         code_change=("# in the Dataset: keep the decoded image as uint8, no float conversion or normalization\n"
-                     "pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8)).permute(2, 0, 1)\n"
+                     "pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)\n"
                      "# (torchvision: ToTensor() -> PILToTensor(), or v2 ToDtype(torch.uint8, scale=True); no Normalize)\n"
                      "# in the step: copy 1 byte per value, then convert and normalize on the device\n"
                      "x = x.to(device, non_blocking=True).float().div_(255)\n"

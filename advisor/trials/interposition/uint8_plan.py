@@ -23,7 +23,7 @@ class BytePlan:
     mean: float | list | None  # normalization constants, when the Dataset normalizes (lists: in the batch's layout)
     std: float | list | None
     conversion: str  # the float conversion as the user wrote it, e.g. "np.asarray(image, dtype=np.float32) / 255.0"
-    uint8: str  # what it becomes, e.g. "np.asarray(image, dtype=np.uint8)"
+    uint8: str  # what it becomes, e.g. "np.array(image, dtype=np.uint8)"
     normalization: str | None  # the normalizing statement the rewrite removes, as written
     function: Any = None  # the rewritten __getitem__ (not recorded)
     # A torchvision pipeline (`uint8_transforms`): kind "transform", the names of its transforms in order, the

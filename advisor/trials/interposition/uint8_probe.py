@@ -295,7 +295,9 @@ def rebuilt(node: ast.FunctionDef, found: dict, namespace: dict, file: str, firs
     source_text = ast.unparse(found["source"])
     numpy = next((k for k, v in namespace.items() if getattr(v, "__name__", None) == "numpy"), None)
     numpy = numpy or "__import__('numpy')"
-    array = source_text if not found["pil"] else f"{numpy}.asarray({source_text}, dtype={numpy}.uint8)"
+    # A copy (np.array), not a view: PIL's buffer is read-only, and torch.from_numpy of a read-only array warns
+    # that writing to the tensor is undefined behaviour, in the trial and in the user's patched script alike.
+    array = source_text if not found["pil"] else f"{numpy}.array({source_text}, dtype={numpy}.uint8)"
     top, conversions = found["conversion"], found["conversions"]
     torch = next((k for k, v in namespace.items() if getattr(v, "__name__", None) == "torch"), "__import__('torch')")
     uint8 = ast.unparse(WithoutConversions(conversions, found["source"], array, found["run"], torch).visit(top))
