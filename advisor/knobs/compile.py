@@ -78,10 +78,14 @@ def is_compile_error(exc: BaseException) -> bool:
                for e in (exc, exc.__cause__, exc.__context__) if e is not None)
 
 
+def first_line(exc: BaseException, width: int) -> str:
+    """An error's type and the first line of its message, cut to `width` characters."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:width]}".rstrip(": ")
+
+
 def failure(exc: BaseException) -> str:
     """The not-applicable outcome of a compile that failed: its error, one line."""
-    first = (str(exc).strip().splitlines() or [""])[0][:240]
-    return not_applicable(f"torch.compile failed: {type(exc).__name__}: {first}".rstrip(": "))
+    return not_applicable(f"torch.compile failed: {first_line(exc, 240)}")
 
 
 def no_cpu_compiler(torch: Any, module: Any) -> str | None:
@@ -95,9 +99,7 @@ def no_cpu_compiler(torch: Any, module: Any) -> str | None:
     try:
         get_cpp_compiler()
     except Exception as exc:  # inductor's InvalidCxxCompiler: none of the compilers it tries runs
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return f"torch.compile failed: no C++ compiler for its CPU kernels ({type(exc).__name__}: {first}); " \
-               "nothing was traced"
+        return f"torch.compile failed: no C++ compiler for its CPU kernels ({first_line(exc, 200)}); nothing was traced"
     return None
 
 
