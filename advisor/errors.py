@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException, width: int = 300) -> str:
+    """`Type: first line of the message`, the message cut to `width` characters."""
+    text = (str(exc).strip().splitlines() or [""])[0][:width]
+    return f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
 class AdvisorError(Exception):
     """A user-facing error: one line that names the file or argument and the problem."""
 

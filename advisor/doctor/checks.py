@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.errors import first_line
 from advisor.trials.harness.trial_facts import cpu_facts, cuda_computes_bf16, gpu_facts
 from advisor.trials.launch.profiler_check import probe, trace_problems
 
@@ -88,12 +89,6 @@ def cuda_only(name: str, machine: Machine, why: str = "") -> Check:
     """The skip of a check that only a CUDA device needs, on the CPU."""
     where = "--device cpu: no accelerator is used" if machine.requested == "cpu" else "needs a CUDA device"
     return skipped(name, where + why)
-
-
-def first_line(exc: BaseException) -> str:
-    """`Type: first line of the message`, at most 300 characters."""
-    text = (str(exc).strip().splitlines() or [""])[0][:300]
-    return f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
 def run_check(name: str, function: Callable[[Machine], Check], machine: Machine) -> Check:

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from advisor.doctor.checks import CHECKS, FAILED, NEEDED, SKIPPED, Check, Machine, first_line, run_check, skipped
+from advisor.doctor.checks import CHECKS, FAILED, NEEDED, SKIPPED, Check, Machine, run_check, skipped
 from advisor.doctor.imports import imports_check
+from advisor.errors import first_line
 from advisor.escape import for_terminal
 from advisor.trials.record.storage import dumps
 

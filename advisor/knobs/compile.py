@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from advisor.errors import first_line
 from advisor.knobs.graph import StepGraph, TrialSettings, host_cut, layout_share, relayout, undone
 from advisor.knobs.knob import APPLIED, AT_FIRST_CALL, FLAG, MODEL, ON_MODEL, Knob, WhatIf, Written, not_applicable
 from advisor.knobs.in_trial import ModelChange, forwards_back
@@ -76,11 +77,6 @@ def is_compile_error(exc: BaseException) -> bool:
     """An error raised by the compiler (dynamo, AOTAutograd, inductor), not by the user's code."""
     return any(type(e).__module__.startswith(("torch._dynamo", "torch._inductor", "torch._functorch"))
                for e in (exc, exc.__cause__, exc.__context__) if e is not None)
-
-
-def first_line(exc: BaseException, width: int) -> str:
-    """An error's type and the first line of its message, cut to `width` characters."""
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:width]}".rstrip(": ")
 
 
 def failure(exc: BaseException) -> str:
