@@ -231,6 +231,15 @@ def test_a_session_on_ray_decides_on_the_jobs_figures(session):
         assert_cleaned_up(record)
 
 
+def test_each_nodes_ranks_are_forked_from_one_zygote_through_the_session(session):
+    out, state = session
+    zygotes = [{n["node_id"]: n["zygote"] for n in trial_record(out / row["folder"])["ray"]["nodes"]}
+               for row in state["trials"]]
+    assert None not in zygotes[0].values() and len(set(zygotes[0].values())) == 2, zygotes  # one on each node
+    # The second trial's ranks (on the same two nodes, in either order) started with torch imported.
+    assert zygotes[1] == zygotes[0]
+
+
 def test_a_failing_rank_is_named_with_its_traceback_and_node(cluster, tmp_path):
     script = ranks_script(tmp_path, fail_at=4)
     trial = run_trial(TrialSpec(f"{script}:train_step", Knobs(), tmp_path / "t", steps=10, device="cpu",

@@ -46,7 +46,9 @@ def trial_processes(pgid: int, token: str | None = None, node: str | None = None
     """The live processes of a trial: its process group, the descendants of its first process, and any
     process whose environment carries the trial's token (a daemon that double-forked out of both). With
     a token, only processes that carry it: a recycled process id is never taken for the trial's. With a
-    `node`, none that another node of the job started."""
+    `node`, of those found by the token alone only the ones that carry the node too: not another node's ranks
+    (nor those of a rank forked from a zygote, whose /proc environment is the zygote's: its node's host ends
+    them, `advisor.trials.launch.ray_hosts`)."""
     import psutil
 
     found: dict[int, Any] = {}
@@ -57,6 +59,7 @@ def trial_processes(pgid: int, token: str | None = None, node: str | None = None
             found[child.pid] = child
     except psutil.Error:
         pass
+    related = set(found)  # the group and its first process's descendants: this node's by where they are
     for proc in psutil.process_iter() if token else ():
         found.setdefault(proc.pid, proc)
     processes = []
@@ -67,7 +70,7 @@ def trial_processes(pgid: int, token: str | None = None, node: str | None = None
                 continue
             if token and proc.environ().get(TRIAL_TOKEN) != token:
                 continue
-            if node is not None and proc.environ().get(TRIAL_NODE, node) != node:
+            if node is not None and pid not in related and proc.environ().get(TRIAL_NODE) != node:
                 continue
             processes.append(proc)
         except psutil.Error:

@@ -8,8 +8,10 @@ record, the harness's config) and hands it to `run_ray_job`, which
 2. starts a `NodeAgent` actor in each bundle: the agent of bundle 0 names its node's address and a free
    port (MASTER_ADDR, MASTER_PORT), and every agent starts its G ranks as torchrun would, each the harness
    with torch.distributed's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-   MASTER_ADDR, MASTER_PORT), writing into a scratch folder on its own node; agents and ranks run at the
-   driver's priority (its nice value), not at the nice 15 Ray gives its workers;
+   MASTER_ADDR, MASTER_PORT), writing into a scratch folder on its own node: forked from the zygote its node's
+   host keeps for the driver (`advisor.trials.launch.ray_hosts`: torch imported once a node, not once a rank
+   and trial), else fresh; agents and ranks run at the driver's priority (its nice value), not at the nice 15
+   Ray gives its workers;
 3. gets every agent's files back as the agent's return value (Ray's object store: no shared filesystem),
    writes them into the trial folder under the names a local data-parallel trial has, and completes the
    record as for torchrun (`complete_record`: every rank's steps, the job's samples/s, one trace per rank).
@@ -18,7 +20,8 @@ Faults: a rank that fails ends the trial with its traceback and its node; once a
 rank, the others get FAILURE_GRACE_S to fail after it and are then stopped; the time limit stops every
 rank (status "timeout"); a node lost mid-trial fails the trial, naming it; Ctrl-C stops the job and marks
 the trial interrupted. The actors are killed and the placement group removed however the trial ends;
-the ranks die with their agent (PR_SET_PDEATHSIG), and carry the trial's token like any trial's processes.
+the ranks carry the trial's token like any trial's processes, and are ended by it on every node (a rank started
+fresh also dies with its agent, PR_SET_PDEATHSIG; a forked one with its node's host).
 
 Ray is optional (`pip install 'torch-advisor[ray]'`) and imported only here, inside functions.
 """
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.errors import AdvisorError
+from advisor.trials.launch.ray_hosts import end_on_hosts, host_for
 from advisor.trials.record import LOG_FILE, TRIAL_FILE, TrialResult, complete_record
 from advisor.trials.record.storage import write_json_atomic
 
@@ -130,8 +134,9 @@ class NodeAgent:
         return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "port": port, "pid": os.getpid()}
 
     def run(self, config: dict[str, Any], env: dict[str, str], ranks: list[int], world_size: int,
-            master: dict[str, Any], node_rank: int) -> dict[str, Any]:
-        """Start these ranks (the harness, torchrun's environment), wait for them, return every file they wrote."""
+            master: dict[str, Any], node_rank: int, host: Any = None, timeout_s: float = PLACEMENT_S) -> dict[str, Any]:
+        """Start these ranks (the harness, torchrun's environment: forked by the node's `host` where it can, else
+        fresh), wait for them, return every file they wrote and the zygote they were forked from (None: fresh)."""
         import shutil
         import subprocess
         import sys
@@ -139,6 +144,7 @@ class NodeAgent:
 
         from advisor.trials.record import TRIAL_NODE
         from advisor.trials.launch.commands import HARNESS_ENTRY
+        from advisor.trials.launch.ray_hosts import forked_rank
 
         self.node = str(node_rank)
         scratch = Path(tempfile.mkdtemp(prefix=f"advisor-ray-{self.token}-"))  # the token: whose it is
@@ -157,13 +163,19 @@ class NodeAgent:
                             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
                             "TORCHELASTIC_RUN_ID": self.token, "MASTER_ADDR": master["ip"],
                             "MASTER_PORT": str(master["port"]), TRIAL_NODE: self.node}
-                with open(scratch / f"output.rank{rank}.log", "wb") as out:
+                log, cwd = scratch / f"output.rank{rank}.log", Path(config["script"]).parent
+                forked = forked_rank(host, config, str(cwd), rank_env, str(log), timeout_s)
+                if forked is not None:
+                    self.processes.append(forked)
+                    continue
+                with open(log, "wb") as out:
                     self.processes.append(subprocess.Popen(
-                        [sys.executable, "-c", HARNESS_ENTRY, json.dumps(config)], cwd=Path(config["script"]).parent,
+                        [sys.executable, "-c", HARNESS_ENTRY, json.dumps(config)], cwd=cwd,
                         env=rank_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
             codes = [p.wait() for p in self.processes]
             files = {p.name: p.read_bytes() for p in scratch.iterdir() if p.is_file()}
-            return {"codes": codes, "files": files}
+            zygotes = {getattr(p, "zygote", None) for p in self.processes}
+            return {"codes": codes, "files": files, "zygote": zygotes.pop() if len(zygotes) == 1 else None}
         finally:
             self._end_ranks()
             shutil.rmtree(scratch, ignore_errors=True)
@@ -209,6 +221,7 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
                                                       "placement_group": group.id.hex()})
     write_json_atomic(out / TRIAL_FILE, record)
     agents: list[Any] = []
+    hosts: list[Any] = []
     deadline = time.monotonic() + timeout_s
     if on_start is not None:  # a killed session's --resume ends whatever this machine still runs of the trial
         on_start(os.getpid(), record["token"])
@@ -220,8 +233,9 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
                           f"{min(PLACEMENT_S, timeout_s):g} s; it has {ray.cluster_resources()}")
             return _complete(record, out, started, world_size, {})
         agent_class = ray.remote(NodeAgent)
+        runtime_env = {"env_vars": {NICENESS_VARIABLE: str(os.nice(0))}}
         agents = [agent_class.options(num_cpus=nproc_per_node, num_gpus=gpus, max_concurrency=2,
-                                      runtime_env={"env_vars": {NICENESS_VARIABLE: str(os.nice(0))}},
+                                      runtime_env=runtime_env,
                                       scheduling_strategy=PlacementGroupSchedulingStrategy(
                                           group, placement_group_bundle_index=i)).remote(record["token"])
                   for i in range(nnodes)]
@@ -229,8 +243,10 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
         record["ray"]["nodes"] = [{"node": i, "ip": n["ip"], "node_id": n["node_id"],
                                    "ranks": list(range(i * nproc_per_node, (i + 1) * nproc_per_node))}
                                   for i, n in enumerate(nodes)]
-        runs = [agent.run.remote(config, env, node["ranks"], world_size, nodes[0], node["node"])
-                for agent, node in zip(agents, record["ray"]["nodes"])]
+        hosts = [host_for(ray, node["node_id"], runtime_env) for node in nodes]
+        runs = [agent.run.remote(config, env, node["ranks"], world_size, nodes[0], node["node"], host,
+                                 max(1.0, deadline - time.monotonic()))
+                for agent, node, host in zip(agents, record["ray"]["nodes"], hosts)]
         returned = _wait(ray, runs, agents, record, deadline, timeout_s)
         return _complete(record, out, started, world_size, returned)
     except KeyboardInterrupt:
@@ -247,7 +263,8 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
         return _complete(record, out, started, world_size, {})
     finally:
         for agent in agents:
-            ray.kill(agent)  # its ranks follow it (PR_SET_PDEATHSIG)
+            ray.kill(agent)  # the ranks it started fresh follow it (PR_SET_PDEATHSIG)
+        end_on_hosts(ray, hosts, record["token"], COLLECT_S)  # and those its host forked, whatever happened
         remove_placement_group(group)
 
 
@@ -314,6 +331,8 @@ def _complete(record: dict[str, Any], out: Path, started: float, world_size: int
     a local data-parallel trial's, and name the node of the rank that failed."""
     logs = []
     for node in sorted(returned):
+        # The zygote its node's ranks were forked from (`ray_hosts`); None: they started fresh.
+        record["ray"]["nodes"][node]["zygote"] = returned[node].get("zygote")
         for name, data in sorted(returned[node]["files"].items()):
             if name.startswith("output.rank"):
                 rank = name.removeprefix("output.rank").removesuffix(".log")

@@ -20,10 +20,11 @@ its own process (`advisor.trials.launch.forked_ranks`).
 A trial in another environment than a zygote's is forked from a zygote of its own (torch and its libraries
 read some variables at import). A zygote forks a trial while another of its children runs: the two trials of a
 pair (their windows in turns) are both forked, neither pays a fresh start (about 2.4 s on this 2-core machine).
-What a fork cannot give is served by a fresh process instead (`start_trial` returns None): Ray's ranks (its own
-actors start them), a trial in another environment while some zygote has a trial in flight (letting a busy
-zygote go would end its trial), a zygote that could not start, a platform other than Linux, and
-`ADVISOR_FRESH_TRIALS=1` (the user's way to turn it off).
+Ray's ranks are forked on their own nodes, from a zygote kept there by this module in an actor of the driver's
+(`advisor.trials.launch.ray_hosts`), with torch.distributed's variables among a rank's own.
+What a fork cannot give is served by a fresh process instead (`start_trial` returns None): a trial in another
+environment while some zygote has a trial in flight (letting a busy zygote go would end its trial), a zygote
+that could not start, a platform other than Linux, and `ADVISOR_FRESH_TRIALS=1` (the user's way to turn it off).
 
 The token: /proc/<pid>/environ shows the environment a process was *exec*'d with, so a forked child would
 show the zygote's and could not be found by the trial's token (`advisor.trials.launch.processes`). The
@@ -126,14 +127,16 @@ class Zygote:
                 self.replied.notify_all()
 
     def fork(self, config: dict[str, Any] | None, cwd: str, env: dict[str, str], log_path: str,
-             call: tuple[str, str, list[str]] | None = None, module: list[str] | None = None) -> ForkedTrial | None:
+             call: tuple[str, str, list[str]] | None = None, module: list[str] | None = None,
+             per_trial: tuple[str, ...] = PER_TRIAL) -> ForkedTrial | None:
         """A child running the harness with `config` (or `call`: module, function, its string arguments; or
-        `module`: a module and its arguments, run as `python -m` runs it); None when the zygote has gone."""
+        `module`: a module and its arguments, run as `python -m` runs it), the `per_trial` variables of `env` its
+        own; None when the zygote has gone."""
         # The harness ends with its parent: that is the zygote now.
         argv = [] if config is None else [json.dumps({**config, "parent": self.proc.pid})]
         # A fresh process would inherit Ctrl-C ignored if the advisor ignores it now (a shell's background job),
         # and Python's handler otherwise, whatever it was when the zygote started.
-        request = {"argv": argv, "cwd": cwd, "env": {k: env.get(k) for k in PER_TRIAL}, "log": log_path,
+        request = {"argv": argv, "cwd": cwd, "env": {k: env.get(k) for k in per_trial}, "log": log_path,
                    "call": call, "module": module,
                    "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
         with self.writing:
@@ -225,40 +228,41 @@ _refused: set[tuple] = set()  # zygotes that could not start: those trials start
 
 
 def start_trial(python: str, config: dict[str, Any] | None, cwd: str, env: dict[str, str], log_path: str,
-                timeout_s: float, module: list[str] | None = None) -> ForkedTrial | None:
-    """The trial forked from a zygote for `python` and `env` (started if need be): the harness with `config`,
-    or `module` (its name and arguments, as `python -m` takes them); None where a fresh process must run it
-    (see the module's docstring)."""
+                timeout_s: float, module: list[str] | None = None,
+                per_trial: tuple[str, ...] = PER_TRIAL) -> ForkedTrial | None:
+    """The trial forked from a zygote for `python` and `env` less its `per_trial` variables (started if need
+    be): the harness with `config`, or `module` (its name and arguments, as `python -m` takes them); None where
+    a fresh process must run it (see the module's docstring)."""
     token = env.get(TRIAL_TOKEN, "")
     if sys.platform != "linux" or env.get(FRESH_VARIABLE) == "1" or len(token) != len(PLACEHOLDER):
         return None
-    key = (python, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TRIAL)))
+    shared = {k: v for k, v in env.items() if k not in per_trial}
+    key = (python, tuple(sorted(shared.items())))
     with _lock:
         # A busy zygote of another environment would be let go, and its trial with it, to make room for this one.
         if key in _refused or (key not in _zygotes and any(z.busy for z in _zygotes.values())):
             return None
         for _ in range(2):  # a zygote that has gone since the last trial is replaced once
-            zygote = _zygote_for(python, key, env, timeout_s)
+            zygote = _zygote_for(python, key, shared, timeout_s)
             if zygote is None:
                 return None
-            forked = zygote.fork(config, cwd, env, log_path, module=module)
+            forked = zygote.fork(config, cwd, env, log_path, module=module, per_trial=per_trial)
             if forked is not None:
                 return forked
             _retire(key)
         return None
 
 
-def _zygote_for(python: str, key: tuple, env: dict[str, str], timeout_s: float) -> Zygote | None:
-    """The zygote for `key`, started if need be (the least recently used let go beyond MAX_ZYGOTES); None if
-    it cannot start."""
+def _zygote_for(python: str, key: tuple, shared: dict[str, str], timeout_s: float) -> Zygote | None:
+    """The zygote for `key`, started if need be in the environment its trials share (the least recently used
+    let go beyond MAX_ZYGOTES); None if it cannot start."""
     zygote = _zygotes.get(key)
     if zygote is not None and not zygote.alive():
         _retire(key)
         zygote = None
     if zygote is None:
         try:
-            zygote = _starter.submit(Zygote, python, {k: v for k, v in env.items() if k not in PER_TRIAL},
-                                     timeout_s).result()
+            zygote = _starter.submit(Zygote, python, shared, timeout_s).result()
         except (OSError, RuntimeError):  # RuntimeError: the interpreter is shutting down
             zygote = None
         if zygote is None or not zygote.ready:
