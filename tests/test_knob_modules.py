@@ -366,3 +366,23 @@ def test_each_knob_that_builds_the_optimizers_builds_them_its_way_and_reads_the_
         assert [o["class"] for o in change.record()] == ["Adam"]
         assert optimizer.defaults.get("fused") is (True if value or own else None)
     assert torch.optim.Adam([torch.zeros(1)]).defaults.get("fused") is None  # the constructors put back
+
+
+def test_the_compile_knob_says_after_how_many_steps_its_compile_pays_back():
+    from advisor.knobs.compile import figures_text, note_payback, payback_steps, row_text
+
+    before = {"samples_per_s": 100.0, "batch_size": 10}  # 0.1 s a step
+    row = {"samples_per_s": 125.0, "batch_size": 10, "compile": {"compile_s": 12.0, "graphs": 1, "graph_breaks": 0}}
+    note_payback(row, before)  # 0.02 s saved a step: 12 s back after 600 steps
+    assert row["compile"]["pays_back_after_steps"] == 600
+    assert row_text(row) == ("compiled in 12.0 s (first steps, not in the speed); 1 graph, no graph breaks; "
+                             "pays back after 600 steps")
+    assert payback_steps(12.0, before, {"samples_per_s": 90.0, "batch_size": 10}) is None  # slower: never
+    # A batch grown with it: per sample, at the trial's batch (0.2 s a step of 20 at 100/s; 0.16 s at 125/s).
+    assert payback_steps(12.0, before, {"samples_per_s": 125.0, "batch_size": 20}) == 300
+    eager = {"samples_per_s": 125.0, "batch_size": 10, "compile": None}
+    note_payback(eager, before)
+    assert eager["compile"] is None and row_text(eager) == ""
+    assert figures_text({"compile_s": 3.0, "graphs": 2, "graph_breaks": 1, "break_reasons": ["data-dependent"]}) \
+        == "compiled in 3.0 s (first steps, not in the speed); 2 graphs, 1 graph break (data-dependent); " \
+           "does not pay back: no faster"

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from advisor.errors import first_line
@@ -164,6 +165,49 @@ def held(row: Any) -> float | None:
     nothing."""
     seconds = (row.get("compile") or {}).get("compile_s")
     return seconds if isinstance(seconds, (int, float)) else None
+
+
+def payback_steps(compile_s: float | None, before: Any, after: Any) -> int | None:
+    """Steps after which a compile pays for itself: its compile time over the time it saves per step (steady
+    state, the best before it, a row, against the trial's); None when it saves nothing or a figure is missing."""
+    rates = (before.get("samples_per_s"), after.get("samples_per_s"))
+    sizes = (before.get("batch_size") or 1, after.get("batch_size") or 1)
+    if compile_s is None or not all(rates):
+        return None
+    saved = sizes[0] / rates[0] - sizes[1] / rates[1]  # seconds per step; per sample where the batch differs
+    if sizes[0] != sizes[1]:
+        saved = (1 / rates[0] - 1 / rates[1]) * sizes[1]
+    return math.ceil(compile_s / saved) if saved > 0 else None
+
+
+def note_payback(row: Any, before: Any) -> None:
+    """Put into a trial's row, where it compiled, after how many steps its compile pays back against `before`."""
+    seconds = held(row)
+    if seconds is not None:
+        row.get("compile")["pays_back_after_steps"] = payback_steps(seconds, before, row)
+
+
+def figures_text(figures: dict | None) -> str:
+    """What a trial's torch.compile cost and did: 'compiled in 12.9 s (first steps, not in the speed); 1 graph,
+    no graph breaks; pays back after 140 steps'; '' for a trial that did not compile."""
+    if not isinstance(figures, dict) or not isinstance(figures.get("compile_s"), (int, float)):
+        return ""
+    graphs, breaks = figures.get("graphs"), figures.get("graph_breaks")
+    parts = [f"compiled in {figures['compile_s']:.1f} s (first steps, not in the speed)"]
+    if isinstance(graphs, int):
+        parts.append(f"{graphs} graph{'s' if graphs != 1 else ''}, "
+                     + ("no graph breaks" if not breaks else f"{breaks} graph break{'s' if breaks != 1 else ''}"))
+    reasons = [r for r in figures.get("break_reasons") or [] if isinstance(r, str)]
+    if breaks and reasons:
+        parts[-1] += f" ({reasons[0]})"
+    steps = figures.get("pays_back_after_steps")
+    parts.append(f"pays back after {steps:,} steps" if isinstance(steps, int) else "does not pay back: no faster")
+    return "; ".join(parts)
+
+
+def row_text(row: Any) -> str:
+    """`figures_text` of a trial's row ('' where it did not compile)."""
+    return figures_text(row.get("compile"))
 
 
 def offer(best: Best) -> Offer | None:

@@ -53,24 +53,6 @@ def gain(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
-def compile_text(figures: dict | None) -> str:
-    """What a trial's torch.compile cost and did: 'compiled in 12.9 s (first steps, not in the speed); 1 graph,
-    no graph breaks; pays back after 140 steps'; '' for a trial that did not compile."""
-    if not isinstance(figures, dict) or not isinstance(figures.get("compile_s"), (int, float)):
-        return ""
-    graphs, breaks = figures.get("graphs"), figures.get("graph_breaks")
-    parts = [f"compiled in {figures['compile_s']:.1f} s (first steps, not in the speed)"]
-    if isinstance(graphs, int):
-        parts.append(f"{graphs} graph{'s' if graphs != 1 else ''}, "
-                     + ("no graph breaks" if not breaks else f"{breaks} graph break{'s' if breaks != 1 else ''}"))
-    reasons = [r for r in figures.get("break_reasons") or [] if isinstance(r, str)]
-    if breaks and reasons:
-        parts[-1] += f" ({reasons[0]})"
-    steps = figures.get("pays_back_after_steps")
-    parts.append(f"pays back after {steps:,} steps" if isinstance(steps, int) else "does not pay back: no faster")
-    return "; ".join(parts)
-
-
 def flatten(facts: dict, prefix: str = "") -> list[tuple[str, str]]:
     """Nested device facts as ('cpu.model', 'Intel ...') rows."""
     rows = []

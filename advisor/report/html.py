@@ -22,7 +22,8 @@ from advisor.analysis.reading import trace_files
 from advisor.errors import AdvisorError, NotATrace, TraceError
 from advisor.escape import without_surrogates
 from advisor.report import charts
-from advisor.report.formatting import compile_text, flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, \
+from advisor.knobs.compile import figures_text as compile_text
+from advisor.report.formatting import flatten, gain, gb, memory_cap_text, ms, num, option_rows, pct, \
     seconds_ms, spread, step_time_s, time_text
 from advisor.report.outcomes import REMEASURES, lint_findings, split_recommendations, verdict
 from advisor.report.session_folder import checked_trial_traces, inside, load_session, trial_traceback

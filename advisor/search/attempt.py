@@ -11,7 +11,6 @@ from typing import Any, Callable
 import msgspec
 
 from advisor.search.record import SessionRecord
-from advisor.report.formatting import compile_text
 from advisor.search.applicable import not_applicable, refused_knobs
 from advisor.search.decision import Decision
 from advisor.search.drift import load_text
@@ -24,7 +23,8 @@ from advisor.search.remeasures import across_loads, beside_best, beside_fresh_be
     without_best_again
 from advisor.search.simplify import keep_simpler, simplifies
 from advisor.analysis.worth import samples_gain
-from advisor.search.state import best_row, compile_payback, save, trial_row
+from advisor.knobs.compile import note_payback, row_text
+from advisor.search.state import best_row, save, trial_row
 from advisor.search.trial_runner import decide_row, figures_text, measured, own_bound, predicted_text, \
     recorded_losses, run_one, trial_record
 from advisor.trials.knobs import Knobs
@@ -68,10 +68,8 @@ def attempt(policy: Policy, state: SessionRecord, proposal: Proposal, why: str, 
                                 between(measured_spread(state, run), 1, len(run_folders(out, state, best_row(state)))))
     row = trial_row(index, result, record, proposal, state, measurement, own_bound(result, measurement))
     row.load = load_text(record)
-    if (row.get("compile") or {}).get("compile_s") is not None:
-        # Against the best as the decision measured it (beside the candidate, when the machine changed).
-        before = msgspec.structs.replace(best_row(state), samples_per_s=best_measure.samples_per_s)
-        row.compile["pays_back_after_steps"] = compile_payback(row.compile["compile_s"], before, row)
+    # Against the best as the decision measured it (beside the candidate, when the machine changed).
+    note_payback(row, msgspec.structs.replace(best_row(state), samples_per_s=best_measure.samples_per_s))
     refused = not_applicable(row, proposal, state)
     partly = bool(refused_knobs(row.get("outcomes"), row.knobs))
     # A trial whose windows followed the comparison measured to its cap already: no new process for it.
@@ -107,8 +105,8 @@ def attempt(policy: Policy, state: SessionRecord, proposal: Proposal, why: str, 
             beside[0].update(decision="reverted", reason=beside[0].reason + f"; {result.name} is faster")
     state.prediction_error = prediction_error(state)
     log(f"  {figures_text(row, state.unit)}: {row.decision}, {row.reason}{predicted_text(row)}")
-    if compile_text(row.get("compile")):
-        log(f"  {compile_text(row.compile)}")
+    if row_text(row):
+        log(f"  {row_text(row)}")
     runs = [(result, record)]
     while again:
         result, record, decision, row = once_more(policy, state, proposal, runs, best_measure, unmatched,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import math
 import os
 import shutil
 import sys
@@ -289,16 +288,3 @@ def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, st
         outcomes=dict(result.knob_outcomes) or None,  # what each requested knob did: applied / not applicable
         compile=record.get("compile"),  # torch.compile's cost and graphs, when the trial compiled
     )
-
-
-def compile_payback(compile_s: float | None, before: TrialRow, after: TrialRow) -> int | None:
-    """Steps after which a compile pays for itself: its compile time over the time it saves per step
-    (steady state, the best before it against it); None when it saves nothing or a figure is missing."""
-    rates = (before.get("samples_per_s"), after.get("samples_per_s"))
-    sizes = (before.get("batch_size") or 1, after.get("batch_size") or 1)
-    if compile_s is None or not all(rates):
-        return None
-    saved = sizes[0] / rates[0] - sizes[1] / rates[1]  # seconds per step; per sample where the batch differs
-    if sizes[0] != sizes[1]:
-        saved = (1 / rates[0] - 1 / rates[1]) * sizes[1]
-    return math.ceil(compile_s / saved) if saved > 0 else None
