@@ -58,7 +58,7 @@ def patch_lines(run: dict) -> tuple[list[str], list[str]]:
     assert func is None  # the framework calls backward: no function of the script runs the step
     written, notes = write_patch(script, func, run["knobs"], record["user_values"], run["trial"].path,
                                  root=run["repo"], loader_site=(record["training_loader"] or {}).get("site"),
-                                 step_file=step_file, accumulation_steps=run["knobs"].accumulation_steps)
+                                 step_file=step_file)
     assert written is not None, notes
     applied = subprocess.run(["git", "apply", str(written)], cwd=run["repo"], capture_output=True, text=True)
     assert applied.returncode == 0, applied.stderr + written.read_text()
@@ -164,8 +164,7 @@ def test_compile_tf32_and_workers_in_framework_terms():
 
 
 def test_accumulation_keeps_the_effective_batch_in_training_arguments():
-    diff = plan_patch(SCRIPTS / "hf_trainer.py", None, Knobs(accumulation_steps=2), {"batch_size": 8},
-                      accumulation_steps=2).diff
+    diff = plan_patch(SCRIPTS / "hf_trainer.py", None, Knobs(accumulation_steps=2), {"batch_size": 8}).diff
     assert "default=4)" in diff and "+    gradient_accumulation_steps=2," in diff
 
 

@@ -73,8 +73,7 @@ def patch_text(tmp_path: Path, source: str, knobs: Knobs, user_values: dict | No
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(source))
     diff = suggest_patch(script, target, knobs, USER_VALUES if user_values is None else user_values, **kwargs)
-    after = patched_source(script.read_text(), target, knobs, USER_VALUES if user_values is None else user_values,
-                           accumulation_steps=kwargs.get("accumulation_steps"))
+    after = patched_source(script.read_text(), target, knobs, USER_VALUES if user_values is None else user_values)
     if diff:
         check_applies(tmp_path, diff)
     compile(after, "train.py", "exec")
@@ -539,7 +538,7 @@ def test_gradient_accumulation_shape_and_behaviour(tmp_path):
             optimizer.step()
             return loss
     """
-    diff, after = patch_text(tmp_path, source, Knobs(), accumulation_steps=2)
+    diff, after = patch_text(tmp_path, source, Knobs(accumulation_steps=2))
     assert "ACCUMULATION_STEPS = 2" in after and "(loss / ACCUMULATION_STEPS).backward()" in after
     namespace: dict = {}
     exec(compile(after, "train.py", "exec"), namespace)
@@ -582,7 +581,7 @@ def test_crlf_script(tmp_path):
 
 def test_fp16_with_accumulation_on_example(tmp_path):
     script = copy_example(tmp_path, "image_classifier.py")
-    diff = suggest_patch(script, "train_step", Knobs(amp="fp16"), USER_VALUES, accumulation_steps=4)
+    diff = suggest_patch(script, "train_step", Knobs(amp="fp16", accumulation_steps=4), USER_VALUES)
     check_applies(tmp_path, diff)
     apply(tmp_path, diff)
     tree = ast.parse(script.read_text())
@@ -686,7 +685,7 @@ def test_accumulation_in_a_loop_target(tmp_path):
                 loss.backward()
                 optimizer.step()
     """
-    diff, after = patch_text(tmp_path, source, Knobs(), target="train", accumulation_steps=3)
+    diff, after = patch_text(tmp_path, source, Knobs(accumulation_steps=3), target="train")
     assert textwrap.dedent('''\
         def train(optimizer, losses):
             """All the steps."""

@@ -76,7 +76,7 @@ KINDS = {  # name: (script, its folder, knobs, extra arguments of plan_patch; th
     "loader": ("image_classifier.py", EXAMPLES, Knobs(batch_size=64, num_workers=4, pin_memory=True,
                                                       persistent_workers=True, prefetch_factor=4), {}),
     "autocast, non_blocking": ("image_classifier.py", EXAMPLES, Knobs(amp="bf16", non_blocking=True), {}),
-    "fp16 scaler, accumulation": ("conv_classifier.py", EXAMPLES, Knobs(amp="fp16"), {"accumulation_steps": 4}),
+    "fp16 scaler, accumulation": ("conv_classifier.py", EXAMPLES, Knobs(amp="fp16", accumulation_steps=4), {}),
     "model: channels_last, compile, fused": ("conv_classifier.py", EXAMPLES,
                                              Knobs(channels_last=True, compile=True, fused_optimizer=True), {}),
     "tf32, cudnn.benchmark": ("conv_classifier.py", EXAMPLES, Knobs(tf32=True, cudnn_benchmark=True), {}),
@@ -144,7 +144,7 @@ def test_each_patch_kind_is_within_the_width_and_passes_the_formatters(tmp_path,
         if plan is not None:
             plan["file"] = str(script)
         patch = plan_patch(script, extra.get("target", "train_step"), knobs, USER, root=project,
-                           accumulation_steps=extra.get("accumulation_steps"), uint8_plan=plan)
+                           uint8_plan=plan)
         assert patch.diff, patch.notes
         (project / "suggested.patch").write_text(patch.diff)
         applied = subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=project, capture_output=True,

@@ -14,14 +14,15 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from advisor.knobs.knob import APPLIED, AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, Written, \
+from advisor.knobs.knob import ACCUMULATION, APPLIED, AROUND_STEP, COUNT, IN_STEP, NEEDS_A_VALUE, STEP, Knob, Written, \
     not_applicable
 from advisor.knobs.in_trial import LoaderArguments, Own, ScriptSeen
 from advisor.knobs.offer import Best, Offer
 
 # In a plain script, the step's accumulation; under transformers' Trainer, micro-batches of the batch with its own
 # accumulation (where the batch divides).
-WRITTEN = Written(IN_STEP, micro_batches_of="batch_size", trainer_count="gradient_accumulation_steps")
+WRITTEN = Written(IN_STEP, step_part=ACCUMULATION, micro_batches_of="batch_size",
+                  trainer_count="gradient_accumulation_steps")
 
 
 def in_loader(knob: Knob, value: Any, loader: LoaderArguments) -> str | None:

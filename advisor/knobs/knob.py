@@ -58,6 +58,7 @@ IN_STEP = "in the step function"  # autocast, non_blocking copies, accumulation 
 # IN_STEP: the part of the step's rewrite that writes it (`Written.step_part`).
 AUTOCAST = "autocast"  # the forward under torch.autocast to the knob's dtype (fp16: with a GradScaler)
 COPIES = "asynchronous copies"  # non_blocking=True on the step's host-to-device copies
+ACCUMULATION = "gradient accumulation"  # one optimizer step every N calls of the step, its counter and guards
 AFTER_IMPORTS = "after the script's imports"  # `Written.lines`
 ON_MODEL = "on the model, just before the optimizer is built from it"  # `Written.lines`
 IN_OPTIMIZER = "in the optimizer's constructor"  # fused=True (foreach=True for a class without a fused kernel)
@@ -100,7 +101,7 @@ class Written:
     position: int | None = None  # IN_LOADER: its position among DataLoader's arguments, where it has one
     excluded_by: str | None = None  # IN_LOADER: the DataLoader argument that, given, leaves it out
     record: str | None = None  # FROM_TRIAL: the field of trial.json that holds what the trial changed
-    step_part: str | None = None  # IN_STEP: the part of the step's rewrite that writes it (AUTOCAST, COPIES)
+    step_part: str | None = None  # IN_STEP: the part of the step's rewrite that writes it (AUTOCAST, COPIES, ACCUMULATION)
     # ON_MODEL: the keyword (and its code) the step's move of the batch to the device takes, and what to write by
     # hand where no such move is found.
     batch_keyword: tuple[str, str] | None = None

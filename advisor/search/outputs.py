@@ -116,7 +116,7 @@ def finish_outputs(out: Path, state: SessionRecord) -> None:
         try:
             func, step_file = step_function(state, script)
             written, notes = write_patch(script, func, final, state.user_values, out,
-                                         root=repository_root(script), accumulation_steps=final.accumulation_steps,
+                                         root=repository_root(script),
                                          loader_site=(state.get("training_loader") or {}).get("site"),
                                          step_file=step_file, **recorded_plans(out, state),
                                          channels_last_inputs=batch_inputs(out, state))

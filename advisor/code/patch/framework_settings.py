@@ -41,7 +41,7 @@ from advisor.trials.knobs import Knobs
 LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
 
 
-def trainer_keywords(knobs: Knobs, user: dict, accumulation_steps: int | None) -> dict[str, Any]:
+def trainer_keywords(knobs: Knobs, user: dict) -> dict[str, Any]:
     """The TrainingArguments keywords for the knobs, by knob: {knob: {keyword: value}} (each knob's `Written`)."""
     out: dict[str, dict[str, Any]] = {}
     for knob in KNOBS:  # a keyword for each of its values (`bf16=True`)
@@ -52,12 +52,11 @@ def trainer_keywords(knobs: Knobs, user: dict, accumulation_steps: int | None) -
         value = getattr(knobs, name)
         if value is not None and value != user.get(name):
             out[name] = {keyword: value}
-    k = accumulation_steps or 1
     for knob in KNOBS:  # micro-batches of the batch, with the Trainer's own accumulation
         of = knob.written.micro_batches_of if knob.written else None
         if of is None:
             continue
-        batch = getattr(knobs, of) or user.get(of)
+        k, batch = getattr(knobs, knob.name) or 1, getattr(knobs, of) or user.get(of)
         if k > 1 and batch and batch % k == 0:
             out[knob.name] = {TRAINING_ARGUMENTS[of]: batch // k, knob.written.trainer_count: k}
             if getattr(knobs, of) is not None:
@@ -219,12 +218,11 @@ class FrameworkPatch:
 
 
 def rewrite_frameworks(edited: dict[Path, cst.Module], module_of: Callable[[Path], cst.Module], files: list[Path],
-                       knobs: Knobs, user_values: dict, accumulation_steps: int | None,
-                       elsewhere: Elsewhere) -> FrameworkPatch:
+                       knobs: Knobs, user_values: dict, elsewhere: Elsewhere) -> FrameworkPatch:
     """Write the knobs a framework owns into the first file (of `files`) that configures that framework."""
     done = FrameworkPatch()
     plans: dict[str, dict[str, Any]] = {
-        "transformers": trainer_keywords(knobs, user_values, accumulation_steps),
+        "transformers": trainer_keywords(knobs, user_values),
         "accelerate": accelerator_keywords(knobs),
         "lightning": lightning_keywords(knobs),
     }

@@ -53,7 +53,7 @@ def site_of(site: str | None) -> tuple[Path, int] | None:
 
 
 def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
-               root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
+               root: Path | None = None, loader_site: str | None = None,
                step_file: Path | None = None, uint8_plan: dict | None = None,
                attention_plan: list | None = None, checkpoint_plan: dict | None = None,
                channels_last_inputs: list[int] | None = None) -> Patch:
@@ -92,12 +92,10 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
     elsewhere = Elsewhere(search_files(script, loader_file, root), loader_file)
     # A framework the script configures (TrainingArguments, Accelerator, Lightning's Trainer) owns the
     # settings it builds from: those knobs are written there, the rest by the plain rules below.
-    framework = rewrite_frameworks(edited, module_of, elsewhere.files, knobs, user_values, accumulation_steps,
-                                   elsewhere)
+    framework = rewrite_frameworks(edited, module_of, elsewhere.files, knobs, user_values, elsewhere)
     notes += framework.notes
     if framework.written:
         knobs = dataclasses.replace(knobs, **{k: None for k in framework.written})
-        accumulation_steps = None if "accumulation_steps" in framework.written else accumulation_steps
     module = edited.get(loader_file) or module_of(loader_file)
     loader = rewrite_dataloaders(module, ScriptFacts.collect(module), knobs, user_values, line=line,
                                  elsewhere=elsewhere)
@@ -110,9 +108,9 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         base = edited.get(path) or module_of(path)
         edited[path] = set_definitions(base, [(d, v) for d, v in elsewhere.changes if d.file == path])
     step = StepPlan.of(knobs)
-    if target is not None and (step.turned() or (accumulation_steps or 1) > 1):
+    if target is not None and step.turned():
         base = edited.get(step_path) or module_of(step_path)
-        edited[step_path] = rewrite_step(base, target, knobs, accumulation_steps, str(step_path))
+        edited[step_path] = rewrite_step(base, target, knobs, str(step_path))
     elif step.turned():
         notes.append(step.unwritten())
     if ddp_changes(knobs, user_values):
@@ -275,22 +273,22 @@ RECORDED = {"uint8_plan": write_uint8, "checkpoint_plan": write_checkpointing}
 
 
 def suggest_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, *,
-                  root: Path | None = None, accumulation_steps: int | None = None,
+                  root: Path | None = None,
                   loader_site: str | None = None, step_file: Path | None = None,
                   uint8_plan: dict | None = None, attention_plan: list | None = None) -> str:
     """The unified diff (`a/<rel>`, `b/<rel>` headers per file) that applies `knobs`; '' if none."""
-    return plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
+    return plan_patch(script, target, knobs, user_values, root=root,
                       loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan,
                       attention_plan=attention_plan).diff
 
 
 def write_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict | None, folder: Path, *,
-                root: Path | None = None, accumulation_steps: int | None = None, loader_site: str | None = None,
+                root: Path | None = None, loader_site: str | None = None,
                 step_file: Path | None = None, uint8_plan: dict | None = None,
                 attention_plan: list | None = None, checkpoint_plan: dict | None = None,
                 channels_last_inputs: list[int] | None = None) -> tuple[Path | None, list[str]]:
     """Write `folder/suggested.patch`; return its path (None when nothing changes) and the patch's notes."""
-    patch = plan_patch(script, target, knobs, user_values, root=root, accumulation_steps=accumulation_steps,
+    patch = plan_patch(script, target, knobs, user_values, root=root,
                        loader_site=loader_site, step_file=step_file, uint8_plan=uint8_plan,
                        attention_plan=attention_plan, checkpoint_plan=checkpoint_plan,
                        channels_last_inputs=channels_last_inputs)
@@ -340,24 +338,20 @@ def parse_source(source: str, filename: str) -> cst.Module:
         raise AdvisorError(f"{filename}: cannot patch: the script does not parse (line {exc.raw_line})") from None
 
 
-def rewrite_step(module: cst.Module, target: str, knobs: Knobs, accumulation_steps: int | None,
-                 filename: str) -> cst.Module:
+def rewrite_step(module: cst.Module, target: str, knobs: Knobs, filename: str) -> cst.Module:
     """The module with autocast, the GradScaler, non_blocking copies and gradient accumulation written
-    into the step function `target`."""
-    if accumulation_steps is not None and (not isinstance(accumulation_steps, int) or accumulation_steps < 1):
-        raise AdvisorError(f"{filename}: cannot patch: accumulation_steps must be a positive integer")
+    into the step function `target`, as the knobs written in the step ask (`StepPlan`)."""
     facts = ScriptFacts.collect(module)
     if not facts.target_exists(target):
         raise AdvisorError(f"{filename}: cannot patch: {facts.not_found_message(target)}")
-    accumulation = accumulation_steps if accumulation_steps and accumulation_steps > 1 else None
-    step = StepPlan.of(knobs, accumulation, facts.free_name("scaler", "grad_scaler", "advisor_scaler"))
+    step = StepPlan.of(knobs, facts.free_name("scaler", "grad_scaler", "advisor_scaler"))
     transformer = TargetRewrite(target, step, facts)
     module = module.visit(transformer)
     return add_module_statements(module, facts, step, transformer)
 
 
 def patched_source(source: str, target: str, knobs: Knobs, user_values: dict, *,
-                   accumulation_steps: int | None = None, filename: str = "<script>") -> str:
+                   filename: str = "<script>") -> str:
     """The script's source with the knobs written in (every DataLoader call, the step `target`); raises
     AdvisorError if that cannot be done."""
     module = parse_source(source, filename)
@@ -365,7 +359,7 @@ def patched_source(source: str, target: str, knobs: Knobs, user_values: dict, *,
     if not facts.target_exists(target):
         raise AdvisorError(f"{filename}: cannot patch: {facts.not_found_message(target)}")
     module = rewrite_dataloaders(module, facts, knobs, user_values)
-    module = rewrite_step(module, target, knobs, accumulation_steps, filename)
+    module = rewrite_step(module, target, knobs, filename)
     after = module.code
     try:
         compile(after, filename, "exec", dont_inherit=True)

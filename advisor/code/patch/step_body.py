@@ -9,9 +9,12 @@ import libcst as cst
 
 from advisor.code.patch.facts import ScriptFacts
 from advisor.knobs import written_at
-from advisor.knobs.knob import AUTOCAST, COPIES, IN_STEP
+from advisor.knobs.knob import ACCUMULATION, AUTOCAST, COPIES, IN_STEP
 from advisor.code.syntax import dotted, keyword_arg, method_call, put_keyword, statement_call
 
+# How a user writes each part of the step's rewrite by hand, for the note where the advisor cannot.
+BY_HAND = {AUTOCAST: "put the forward under torch.autocast", COPIES: "pass non_blocking=True to .to(device)",
+           ACCUMULATION: "step the optimizer (and zero its gradients) once every N batches"}
 ACCUMULATION_CONSTANT = "ACCUMULATION_STEPS"
 ACCUMULATION_COUNTER = "accumulation_micro_step"
 
@@ -19,22 +22,25 @@ ACCUMULATION_COUNTER = "accumulation_micro_step"
 @dataclass
 class StepPlan:
     """What to change inside the target: each part of the step's rewrite as the knobs written there ask
-    (`Written.step_part`), and `accumulation` micro-steps."""
+    (`Written.step_part`): autocast, non_blocking copies, `accumulation` micro-steps (None: one a step)."""
 
     autocast: str | None  # the dtype the forward is autocast to
     copies: bool  # non_blocking=True on the step's copies
     accumulation: int | None
     scaler_name: str
     asked: tuple[tuple[str, Any], ...] = ()  # (knob, value) of each part asked for, for the note where none is written
+    how: tuple[str, ...] = ()  # how a user writes each of those parts by hand
 
     @classmethod
-    def of(cls, knobs: Any, accumulation: int | None = None, scaler_name: str = "scaler") -> StepPlan:
-        """The plan for the knobs written in the step (`IN_STEP`) of a `Knobs`, with `accumulation` micro-steps."""
+    def of(cls, knobs: Any, scaler_name: str = "scaler") -> StepPlan:
+        """The plan for the knobs written in the step (`IN_STEP`) of a `Knobs`."""
         parts = {k.written.step_part: k for k in written_at(IN_STEP) if k.written.step_part}
-        asked = tuple((k.name, getattr(knobs, k.name)) for k in parts.values() if getattr(knobs, k.name))
-        autocast, copies = (getattr(knobs, parts[part].name) if part in parts else None for part in (AUTOCAST, COPIES))
-        return cls(autocast=autocast, copies=bool(copies), accumulation=accumulation, scaler_name=scaler_name,
-                   asked=asked)
+        # A knob's value where it asks for its part: one micro-step a step is no accumulation.
+        on = {part: value for part, k in parts.items()
+              if (value := getattr(knobs, k.name)) and not (part == ACCUMULATION and value == 1)}
+        asked = tuple((parts[part].name, value) for part, value in on.items())
+        return cls(autocast=on.get(AUTOCAST), copies=bool(on.get(COPIES)), accumulation=on.get(ACCUMULATION),
+                   scaler_name=scaler_name, asked=asked, how=tuple(BY_HAND[part] for part in on))
 
     @property
     def fp16(self) -> bool:
@@ -42,15 +48,14 @@ class StepPlan:
         return self.autocast == "fp16"
 
     def turned(self) -> bool:
-        """Whether autocast or non_blocking copies are to be written."""
-        return bool(self.autocast or self.copies)
+        """Whether autocast, non_blocking copies or accumulation are to be written."""
+        return bool(self.autocast or self.copies or self.accumulation)
 
     def unwritten(self) -> str:
         """The note where no step function is known to write them in."""
         kept = ", ".join(f"{name}={value}" for name, value in self.asked)
         return (f"{kept} is not written: the function that runs the step is not known (a framework's loop runs it); "
-                "put the forward under torch.autocast (amp) and pass non_blocking=True to .to(device), or set the "
-                "framework's own mixed-precision option")
+                f"{' and '.join(self.how)}, or set the framework's own option")
 
 
 DTYPE_NAMES = {
