@@ -234,6 +234,9 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
             return _complete(record, out, started, world_size, {})
         agent_class = ray.remote(NodeAgent)
         runtime_env = {"env_vars": {NICENESS_VARIABLE: str(os.nice(0))}}
+        # Each bundle's node has the driver's host (started now at its first trial, beside the agents' start).
+        placed = ray.util.placement_group_table(group).get("bundles_to_node_id") or {}
+        hosts = [host_for(ray, placed[i], runtime_env) if placed.get(i) else None for i in range(nnodes)]
         agents = [agent_class.options(num_cpus=nproc_per_node, num_gpus=gpus, max_concurrency=2,
                                       runtime_env=runtime_env,
                                       scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -243,7 +246,6 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
         record["ray"]["nodes"] = [{"node": i, "ip": n["ip"], "node_id": n["node_id"],
                                    "ranks": list(range(i * nproc_per_node, (i + 1) * nproc_per_node))}
                                   for i, n in enumerate(nodes)]
-        hosts = [host_for(ray, node["node_id"], runtime_env) for node in nodes]
         runs = [agent.run.remote(config, env, node["ranks"], world_size, nodes[0], node["node"], host,
                                  max(1.0, deadline - time.monotonic()))
                 for agent, node, host in zip(agents, record["ray"]["nodes"], hosts)]
@@ -264,7 +266,8 @@ def run_ray_job(record: dict[str, Any], out: Path, config: dict[str, Any], env: 
     finally:
         for agent in agents:
             ray.kill(agent)  # the ranks it started fresh follow it (PR_SET_PDEATHSIG)
-        end_on_hosts(ray, hosts, record["token"], COLLECT_S)  # and those its host forked, whatever happened
+        # And the ranks its host forked, whatever happened.
+        end_on_hosts(ray, [host for host in hosts if host is not None], record["token"], COLLECT_S)
         remove_placement_group(group)
 
 
