@@ -5,6 +5,7 @@ that comes and goes) hold it trial by trial in their session.json."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -17,12 +18,19 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from session_checks import assert_every_trial_on_its_best
 
+from advisor.search import best as the_best
+from advisor.search.budget import STOP_SHARE
+from advisor.search.decision import Decision
+from advisor.search.expected import value
 from advisor.search.pairing import late_pair
+from advisor.search.policy import Policy
+from advisor.search.trial_runner import as_runner
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.search.proposal import ProposalError, check_on_best, merged_moves, on_best
 from advisor.search.strategy import surface_space
 from advisor.trials.knobs import Knobs
+from advisor.trials.record import load_trial
 from advisor.trials.replay.surface import ReplayRunner, load_surface
 from conftest import ROOT, SURFACES
 
@@ -180,3 +188,39 @@ def test_a_batch_exponent_fitted_to_one_drift_hit_trial_does_not_end_the_search(
     best = next(t for t in rows if t["name"] == state["best"])["knobs"]
     assert (best["amp"], best["batch_size"], best["num_workers"], best["pin_memory"]) == ("bf16", 512, 14, True), \
         [(t["name"], t["decision"]) for t in rows]
+
+
+def test_a_pair_not_worth_a_trial_is_not_run(tmp_path, four_changes):
+    """The pair after a reverted change runs only where its expected improvement over the best reaches what any
+    trial must (`Policy.least_worth`, half the least gain worth keeping): a pair the model prices below that
+    cannot change the answer (the demo's "8-bit images + channels_last", predicted -5 %, ran ten seconds)."""
+    options = SessionOptions(max_trials=3, tries=("amp=bf16", "num_workers=14"))
+    out = tmp_path / "s"
+    state = replay(four_changes, out, 0.0, 0, options=options)
+    points = load_surface(four_changes)
+    best = the_best.best_trial(out, state)
+    _, _, bound = the_best.bound_of(out, state, best)
+    amp_row = state.trials[1]
+    assert amp_row.knobs.get("amp") == "bf16" and amp_row.decision == "reverted"
+    amp = on_best(Knobs.from_dict(state.trials[0].knobs), {"amp": "bf16"}, "amp", "AMP bf16", "amp-bf16", 0.05)
+    hidden = Decision(keep=False, reason="+0.4% is within the noise", gain=0.004, noise=0.02)
+
+    def follow_up(min_gain: float):
+        policy = Policy.of(out, dataclasses.replace(options, min_gain=min_gain), surface_space(points),
+                           as_runner(ReplayRunner(points, out)))
+        return policy, policy.follow_up(state, best, amp, load_trial(out / amp_row.folder), hidden, bound)
+
+    policy, (pair, why) = follow_up(options.min_gain)
+    assert pair is not None and why == "together with AMP bf16" and pair.move_dict["amp"] == "bf16"
+    worth = value(pair, state)
+    assert worth >= policy.least_worth
+    policy, (none, why) = follow_up(1.01 * worth / STOP_SHARE)  # the bar just above what the pair is worth
+    assert policy.least_worth > worth and none is None and why == ""
+    # A late pair is held to the same bar: the reverted change's pair is made where the bar is the session's, and
+    # not above what it is worth.
+    state.paired = []
+    final = Knobs.from_dict(state["final_knobs"])
+    late = late_pair(out, copy.deepcopy(state), options, surface_space(points), final, least=0.0)
+    assert late is not None and late.move_dict["amp"] == "bf16"
+    above = 1.01 * value(late, state)
+    assert late_pair(out, copy.deepcopy(state), options, surface_space(points), final, least=above) is None

@@ -12,7 +12,7 @@ from typing import Any
 from advisor.search.record import SessionRecord, TrialRow
 from advisor.knobs import COMPANIONS, ORDERED, companions_of, moves_text, without_lone_companions
 from advisor.search.bounds import trial_bound
-from advisor.search.expected import rank
+from advisor.search.expected import rank, value as expected_value
 from advisor.search.history import moved_on
 from advisor.search.predictions import remember_graph, reprice
 from advisor.search.proposal import Proposal, merged_moves, moves_of, on_best
@@ -115,10 +115,11 @@ def still_moves(moves: dict[str, Any], before: dict[str, Any], best: Knobs, user
     return without_lone_companions(kept)
 
 def late_pair(out: Path, state: SessionRecord, options: SessionOptions, space: SearchSpace,
-              best: Knobs) -> Proposal | None:
+              best: Knobs, least: float | None = None) -> Proposal | None:
     """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet,
     its moves made on the best as it is now: a change noise made read slower than it is gets its second move
-    before the session ends."""
+    before the session ends, where the pair's expected improvement over the best (`expected.value`) is at least
+    `least` (None: any)."""
     paired = state.setdefault("paired", [])
     rows = {t.name: t for t in state.trials if t.name}
     user = state.user_values or {}
@@ -139,6 +140,6 @@ def late_pair(out: Path, state: SessionRecord, options: SessionOptions, space: S
                         row.predicted_gain or 0.0, None, bool(row.get("helps_now")),
                         predicted=row.predicted_gain is not None)
         pair = pair_proposal(load_trial(out / row.folder), first, state, options, space, best)
-        if pair is not None:
+        if pair is not None and (least is None or expected_value(pair, state) >= least):
             return pair
     return None

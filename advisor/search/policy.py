@@ -60,7 +60,7 @@ class Policy:
         if proposals and not self.answer_known(state, proposals):
             return proposals
         # The round is over (nothing left, or nothing worth a trial): a reverted change gets its second move.
-        late = late_pair(self.out, state, self.options, self.space, best.knobs)
+        late = late_pair(self.out, state, self.options, self.space, best.knobs, least=self.least_worth)
         return [late] if late is not None else proposals
 
     def stop(self, state: SessionRecord, proposals: list[Proposal]) -> str | None:
@@ -89,10 +89,16 @@ class Policy:
         if any(p.recommendation == TRY or takes_off(p.recommendation) for p in proposals) or untried(proposals, state):
             return None
         most, likeliest = max(((value(p, state), p) for p in proposals), key=lambda pair: pair[0])
-        if most >= STOP_SHARE * self.options.min_gain:
+        if most >= self.least_worth:
             return None
         return (f"stopped: the answer is known: no change left is expected to improve on the best by "
-                f"{100 * STOP_SHARE * self.options.min_gain:.1f}% (the most, {likeliest.change}: {100 * most:+.1f}%)")
+                f"{100 * self.least_worth:.1f}% (the most, {likeliest.change}: {100 * most:+.1f}%)")
+
+    @property
+    def least_worth(self) -> float:
+        """The least expected improvement over the best (`expected.value`) worth a trial: half the least gain worth
+        keeping (STOP_SHARE)."""
+        return STOP_SHARE * self.options.min_gain
 
     def room(self, state: SessionRecord) -> bool:
         """Whether one more trial fits in the budget (its trials and its time) less what is kept back for the end."""
@@ -131,6 +137,8 @@ class Policy:
         # most beside it, measured together against the best.
         second = pair_proposal(result, proposal, state, self.options, self.space, best.knobs)
         state.setdefault("paired", []).append(result.name)
+        if second is None or value(second, state) < self.least_worth:
+            return None, ""  # the pair worth most is not worth a trial: it cannot change the answer
         return second, f"together with {proposal.change}"
 
     def give_way(self, state: SessionRecord, best: TrialResult, first: TrialResult, proposal: Proposal,
