@@ -377,8 +377,9 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
     windows_only = noise(*figures)
     assert not worth_confirming(figures[1].samples_per_s / figures[0].samples_per_s - 1, windows_only, 0.03)
     assert session_spread(tmp_path, state) == draws.PRIOR  # no setting measured twice yet
-    # A pair's windows in turns stop at half what the draws add to their ratio: more windows cannot narrow that.
-    assert pair_settle(tmp_path, state) == pytest.approx(draws.between(draws.PRIOR, 1, 1) / 2)
+    # A pair's windows in turns stop once their part of the ratio's noise is no larger than what the draws add:
+    # more windows cannot narrow that.
+    assert pair_settle(tmp_path, state) == pytest.approx(draws.between(draws.PRIOR, 1, 1))
     assert pair_settle(tmp_path, state) > CLAIM_NOISE
     runner_up, folders = contender(tmp_path, state, best, 0.03)
     assert runner_up["name"] == "03-batch-64" and folders == [tmp_path / "03-batch-64"]
@@ -388,4 +389,4 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
         rows.append(measured_setting(tmp_path, f"{5 + i:02d}-baseline-again", {}, rates, "measured"))
     assert session_spread(tmp_path, state) <= draws.PRIOR / 2
     assert contender(tmp_path, state, best, 0.03) is None
-    assert pair_settle(tmp_path, state) < draws.between(draws.PRIOR, 1, 1) / 2
+    assert pair_settle(tmp_path, state) < draws.between(draws.PRIOR, 1, 1)
