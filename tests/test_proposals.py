@@ -192,8 +192,8 @@ def test_a_batch_exponent_fitted_to_one_drift_hit_trial_does_not_end_the_search(
 
 def test_a_pair_not_worth_a_trial_is_not_run(tmp_path, four_changes):
     """The pair after a reverted change runs only where its expected improvement over the best reaches what any
-    trial must (`Policy.least_worth`, half the least gain worth keeping): a pair the model prices below that
-    cannot change the answer (the demo's "8-bit images + channels_last", predicted -5 %, ran ten seconds)."""
+    trial must (`Policy.least_worth`, half the least gain worth keeping): a pair worth less cannot change the
+    answer, and a late pair is held to the same bar."""
     options = SessionOptions(max_trials=3, tries=("amp=bf16", "num_workers=14"))
     out = tmp_path / "s"
     state = replay(four_changes, out, 0.0, 0, options=options)
