@@ -389,4 +389,6 @@ def test_a_best_kept_by_a_hair_is_confirmed_against_a_runner_up_within_the_draws
         rows.append(measured_setting(tmp_path, f"{5 + i:02d}-baseline-again", {}, rates, "measured"))
     assert session_spread(tmp_path, state) <= draws.PRIOR / 2
     assert contender(tmp_path, state, best, 0.03) is None
-    assert pair_settle(tmp_path, state) < draws.between(draws.PRIOR, 1, 1)
+    # The draws learnt are at most half the prior's: the settle is at most what they add (the bound the old rule,
+    # half the prior's part, was held to here).
+    assert pair_settle(tmp_path, state) <= draws.between(draws.PRIOR / 2, 1, 1) + 1e-12

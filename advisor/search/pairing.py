@@ -115,11 +115,11 @@ def still_moves(moves: dict[str, Any], before: dict[str, Any], best: Knobs, user
     return without_lone_companions(kept)
 
 def late_pair(out: Path, state: SessionRecord, options: SessionOptions, space: SearchSpace,
-              best: Knobs, least: float | None = None) -> Proposal | None:
+              best: Knobs, least: float = 0.0) -> Proposal | None:
     """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet,
     its moves made on the best as it is now: a change noise made read slower than it is gets its second move
-    before the session ends, where the pair's expected improvement over the best (`expected.value`) is at least
-    `least` (None: any)."""
+    before the session ends, where the pair's expected improvement over the best (`expected.value`, never below 0)
+    is at least `least`."""
     paired = state.setdefault("paired", [])
     rows = {t.name: t for t in state.trials if t.name}
     user = state.user_values or {}
@@ -140,6 +140,6 @@ def late_pair(out: Path, state: SessionRecord, options: SessionOptions, space: S
                         row.predicted_gain or 0.0, None, bool(row.get("helps_now")),
                         predicted=row.predicted_gain is not None)
         pair = pair_proposal(load_trial(out / row.folder), first, state, options, space, best)
-        if pair is not None and (least is None or expected_value(pair, state) >= least):
+        if pair is not None and expected_value(pair, state) >= least:
             return pair
     return None
