@@ -355,11 +355,13 @@ class StepDriver:
     def _take_turn(self, closed: int | None) -> None:
         """Windows in turns: pass the turn after window `closed` (None: before the first window), wait for it
         to come back, then settle again before the next window counts; done once the two's windows settle."""
-        if closed is not None:
-            pass_turn(self.turns, closed, self.window_began or time.time(), time.time(), self.schedule.groups[-1])
-            self.window_began = None
-        began = time.perf_counter()
+        ended, began = time.time(), time.perf_counter()
+        # Stopped before the turn passes: a trial descheduled between the two on a busy machine left its workers
+        # refilling beside the first part of the other's window.
         with self.tracker.workers_stopped() as stopped:  # their refill would run beside the other's window
+            if closed is not None:
+                pass_turn(self.turns, closed, self.window_began or ended, ended, self.schedule.groups[-1])
+                self.window_began = None
             done = self.done or settled(self.turns)
             waited = 0.0 if done else wait_for_turn(self.turns, first=closed is None)
             if done or settled(self.turns):  # read again after a wait only: the other's window may have settled it
