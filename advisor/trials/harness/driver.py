@@ -7,13 +7,11 @@ fetched meanwhile (`advisor.trials.interposition.loaders.LoaderTracker`: the loa
 time it waited for them), calls `prof.step()` (so the trace's `ProfilerStep#N` span is step N) and
 appends its record to `steps.jsonl`, flushed, so a killed trial keeps its finished steps.
 
-The phases of the steps (wait, warmup, profiled, settle, measurement windows) are the driver's
-`StepSchedule` (`advisor.trials.record.schedule`). After the last window `TrialComplete` (a BaseException, so the
-user's `except Exception` does not swallow it) ends the script.
+The steps' phases (wait, warmup, profiled, settle, windows) are its `StepSchedule` (`advisor.trials.record.schedule`);
+after the last window `TrialComplete` (a BaseException: passes the user's `except Exception`) ends the script.
 
-Memory: the driver's `StepMemory` (`advisor.trials.harness.step_memory`) records the first step's activations,
-where memory was at an out-of-memory error (before its frames unwind) or at the end of a finished trial,
-and the figures of each step.
+Memory: the driver's `StepMemory` (`advisor.trials.harness.step_memory`) records the first step's activations, where
+memory was at an out-of-memory error (before its frames unwind) or at the end of a finished trial, and each step's.
 """
 
 from __future__ import annotations
@@ -356,9 +354,9 @@ class StepDriver:
         """Windows in turns: pass the turn after window `closed` (None: before the first window), wait for it
         to come back, then settle again before the next window counts; done once the two's windows settle."""
         ended, began = time.time(), time.perf_counter()
-        # Stopped before the turn passes: a trial descheduled between the two on a busy machine left its workers
-        # refilling beside the first part of the other's window.
-        with self.tracker.workers_stopped() as stopped:  # their refill would run beside the other's window
+        # Their refill would run beside the other's window: stopped before the turn passes (descheduled between the
+        # two on a busy machine, they refilled beside its start).
+        with self.tracker.workers_stopped() as stopped:
             if closed is not None:
                 pass_turn(self.turns, closed, self.window_began or ended, ended, self.schedule.groups[-1])
                 self.window_began = None
