@@ -25,7 +25,10 @@ CAP_FACTOR = 3  # at most this many times the windows asked for, in a trial meas
 # No earlier end where the best's own noise keeps the verdict from settling: the verdict asks two standard errors
 # of the difference, but the search keeps a change that addresses the bound at one, so windows that cannot settle
 # the verdict still narrow the figure it decides on (twice tried, twice reverted: cut so, the replayed four-change
-# surfaces ended at 0.57-0.79 of their best in seeds that reached it before).
+# surfaces ended at 0.57-0.79 of their best in seeds that reached it before). Nor an end where the windows left
+# could not lift the figure over the search's own bar by the cap (stochastic curtailment, tried on 2026-12-03 with
+# the load beside the windows allowed for): the replayed sessions took 6 % less simulated time at the median
+# (3 % under drift), and the worst seeds of three surfaces at 10 % fell below 0.85 (docs/benchmarks.md).
 MIN_WINDOWS = 3  # a standard error needs a few windows before it means anything
 
 
