@@ -492,3 +492,16 @@ def test_the_speedups_pairs_stop_once_the_claim_is_settled():
     assert claim_settled([[steady_base, steady_base], [steady_best, faster]]) is None
     assert claim_settled([[steady_base, steady_base], [steady_best, steady_best]]) is not None
     assert 0 < CLAIM_NOISE <= 0.10  # the issue's bar: a claim within 10 % of the patched script
+
+
+def test_another_speedup_pair_runs_only_while_it_narrows_what_a_users_own_run_reads():
+    """Each pair of the speedup's processes is one more draw of both settings: it narrows the width one run of each
+    script reads beside the claim (`run_to_run_width`) by less each time. From one run of each to two: 13 %; two to
+    three: 6 %, worth a pair; three to four: 3 %, not (the conv example's third pair, 11 s of an 87 s session)."""
+    from advisor.search.draws import NARROWING, pair_narrowing, run_to_run_width
+
+    assert pair_narrowing(1, 1) == pytest.approx(1 - math.sqrt(2.5 + 0.5) / math.sqrt(2 + 2))
+    assert pair_narrowing(1, 1) > pair_narrowing(2, 2) >= NARROWING > pair_narrowing(3, 3) > pair_narrowing(4, 4) > 0
+    assert pair_narrowing(2, 3) < NARROWING  # a best measured once more already: one pair after the first is enough
+    # Whatever the spread between processes: the narrowing is a share of the width.
+    assert 1 - run_to_run_width(0.2, 3, 3) / run_to_run_width(0.2, 2, 2) == pytest.approx(pair_narrowing(2, 2))

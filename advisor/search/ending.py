@@ -19,7 +19,8 @@ from advisor.search.decision import decide
 from advisor.search.drift import at_one_load, load_text, pair_changed, quiet_as_ever
 from advisor.search.applicable import applied_only, in_effect
 from advisor.search.budget import CONFIRM_TRIALS, SPEEDUP_BUDGET, SPEEDUP_DRAWS, end_cut_short, trials_left
-from advisor.search.draws import between, measured_spread, run_to_run_note, session_spread
+from advisor.search.draws import NARROWING, between, measured_spread, pair_narrowing, run_counts, run_to_run_note, \
+    session_runs, session_spread
 from advisor.search.runner_up import contender, worth_confirming
 from advisor.search.simplify import fewer_changes
 from advisor.search.remeasures import first_change, measured_at_one_load, once_more, run_folders, runs_of
@@ -364,6 +365,11 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: SessionRecord, options:
         settled = claim_settled(records)
         if settled is not None and number + 1 < count:
             log(f"  the speedup is settled after {number + 1} pair(s): {settled}")
+            break
+        narrows = pair_narrowing(*run_counts(session_runs(out, state), (reference, top)))
+        if number + 1 < count and narrows < NARROWING:  # each pair is a draw of both: the first is the claim at one load
+            log(f"  another pair would narrow what one run of each script reads by {100 * narrows:.1f} % (less than "
+                f"{100 * NARROWING:.0f} %): the speedup is read from {number + 1} pair(s)")
             break
     # Turns put a load that comes and goes on both alike, but not its effect: on a loaded 2-core machine the conv
     # example's steps ran at a fifth to a tenth of their quiet speed, by how much varying from one setting and one
