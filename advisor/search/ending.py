@@ -320,7 +320,8 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: SessionRecord, options:
                      started: float | None = None) -> float | None:
     """The baseline and the best run side by side at the end, their windows in turns, so that a load that
     comes and goes falls on both alike, in as many pairs as the budget leaves (up to SPEEDUP_PAIRS) and the claim
-    needs (none after the one that settles it: `claim_settled`; a pair's windows stop once they settle it): where
+    needs (none after the one that settles it: `claim_settled`, nor once another would narrow what one run of each
+    script reads by less than `NARROWING`: `pair_narrowing`; a pair's windows stop once they settle it): where
     those windows ran at the quietest load the two ever ran at, the best's samples/s over the baseline's in them and
     every other run of the two at that load (a pair that fails or does not take turns ends them: the pairs
     before it count); else None (no budget left, the two would not fit in memory at once, the best is the
