@@ -89,7 +89,7 @@ def run_to_run_width(spread: float, base_runs: int, best_runs: int) -> float:
 
 # One more pair of the speedup's processes (a run of each setting) is worth its time only where it narrows the width
 # a user's own one-run check reads by at least this share: the conv example's third pair narrowed it by 3 % (from
-# three runs of each to four) for 11 s of a 87 s session.
+# three runs of each to four) for 11 s of an 87 s session.
 NARROWING = 0.05
 
 
