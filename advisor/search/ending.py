@@ -363,12 +363,14 @@ def speedup_in_turns(run: TrialRunner, out: Path, state: SessionRecord, options:
             return None
         for i, (_, record, _) in enumerate(done):
             records[i].append(record)
+        if number + 1 == count:
+            break  # the last pair the budget leaves: nothing more to decide
         settled = claim_settled(records)
-        if settled is not None and number + 1 < count:
+        if settled is not None:
             log(f"  the speedup is settled after {number + 1} pair(s): {settled}")
             break
         narrows = pair_narrowing(*run_counts(session_runs(out, state), (reference, top)))
-        if number + 1 < count and narrows < NARROWING:  # each pair is a draw of both: the first is the claim at one load
+        if narrows < NARROWING:  # each pair is a draw of both: the first is the claim at one load
             log(f"  another pair would narrow what one run of each script reads by {100 * narrows:.1f} % (less than "
                 f"{100 * NARROWING:.0f} %): the speedup is read from {number + 1} pair(s)")
             break
