@@ -108,6 +108,27 @@ def test_a_reverted_change_carries_its_move_to_the_best_it_is_paired_on(tmp_path
     assert len(pair.move_dict) > 1, "bf16 and a second move"
 
 
+def test_a_change_measured_clearly_slower_on_the_best_of_now_is_no_base_for_a_late_pair(tmp_path, four_changes):
+    """The conv example on this 2-core CPU reverted batch 64→128 (15 % slower, noise 6 %) and torch.compile (38 %
+    slower, noise 10 %) on its best, then ran their pair as the late pair before the end: priced 43 % slower,
+    measured 42 % slower, 10 s of a 76 s session. A change measured that much slower on the best of now is no
+    base for a second move after a decision (`pairs_on`), nor before the end; read so on a best the session has
+    since outgrown, it still is one."""
+    options = SessionOptions(max_trials=3, tries=("amp=bf16", "num_workers=14"))
+    out = tmp_path / "s"
+    state = replay(four_changes, out, 0.0, 0, options=options)
+    best = Knobs.from_dict(state["final_knobs"])
+    space = surface_space(load_surface(four_changes))
+    amp, kept = state.trials[1], state.trials[2]
+    assert amp.decision == "reverted" and kept.decision == "kept"
+    assert late_pair(out, copy.deepcopy(state), options, space, best) is not None  # within its noise: a base
+    slower = copy.deepcopy(state)
+    slower.trials[1].gain, slower.trials[1].noise = -0.15, 0.06
+    assert late_pair(out, copy.deepcopy(slower), options, space, best) is not None  # measured on the baseline
+    slower.trials[1].base = kept.name  # measured so on the best of now
+    assert late_pair(out, slower, options, space, best) is None
+
+
 def test_a_move_reverted_under_the_bound_is_measured_again_once_the_best_has_outgrown_it(tmp_path, four_changes):
     """Noise-free: bf16 reads +2.8% beside 14 workers and pinned copies at batch 32 (short of the 3% kept);
     once the batch grew to 512 the best is 53% faster under the same bound, and bf16, measured again there,

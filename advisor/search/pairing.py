@@ -28,6 +28,12 @@ from advisor.trials.record import TrialResult, load_trial
 PAIR_FLOOR = 0.10
 
 
+def too_slow_for_a_base(gain: float | None, noise: float | None) -> bool:
+    """Whether a change measured this `gain` (its `noise`: two standard errors of the difference) against the
+    best is slower beyond what a change that pays only in a pair reads alone: no base for a second move."""
+    return gain is not None and gain <= -max(1.5 * (noise or 0.0), PAIR_FLOOR)
+
+
 def pairs_on(decision: Any, row: TrialRow, bound: Any) -> bool:
     """Whether a reverted change is a base for a second move: its loss was fine, it was not clearly slower,
     and it moved the bound or addressed it."""
@@ -37,7 +43,7 @@ def pairs_on(decision: Any, row: TrialRow, bound: Any) -> bool:
     # A gain the noise hid (positive, within it) is a base too: two changes each within the noise alone can
     # pay together beyond it (pinned copies and bf16 beside a fed loader).
     hidden = 0 < decision.gain <= decision.noise
-    return decision.gain > -max(1.5 * decision.noise, PAIR_FLOOR) and (moved or hidden or bool(row.get("helps_now")))
+    return not too_slow_for_a_base(decision.gain, decision.noise) and (moved or hidden or bool(row.get("helps_now")))
 
 def pair_proposal(candidate: TrialResult, first: Proposal, state: SessionRecord, options: SessionOptions,
                   space: SearchSpace, best: Knobs, why: str | None = None) -> Proposal | None:
@@ -116,17 +122,22 @@ def still_moves(moves: dict[str, Any], before: dict[str, Any], best: Knobs, user
 
 def late_pair(out: Path, state: SessionRecord, options: SessionOptions, space: SearchSpace,
               best: Knobs, least: float = 0.0) -> Proposal | None:
-    """The pair of the fastest-measured reverted change (its loss fine) that has not been a pair's base yet,
-    its moves made on the best as it is now: a change noise made read slower than it is gets its second move
-    before the session ends, where the pair's expected improvement over the best (`expected.value`, never below 0)
-    is at least `least`."""
+    """The pair of the fastest-measured reverted change (its loss fine; not clearly slower, `too_slow_for_a_base`,
+    on a best the current one has not outgrown) that has not been a pair's base yet, its moves made on the best as
+    it is now: a change noise made read slower than it is gets its second move before the session ends, where the
+    pair's expected improvement over the best (`expected.value`, never below 0) is at least `least`."""
     paired = state.setdefault("paired", [])
     rows = {t.name: t for t in state.trials if t.name}
     user = state.user_values or {}
+    top = best_row(state).samples_per_s
     reverted = [t for t in state.trials[1:] if t.decision == "reverted" and t.status == "ok"
                 and t.samples_per_s and "+" not in (t.recommendation or "+")
                 and t.recommendation != "confirm" and not t.reason.startswith("loss")
                 and not takes_off(str(t.recommendation))  # a knob taken off: no base
+                # Measured clearly slower, it is no base here either: on the conv example the pair of torch.compile
+                # (38 % slower, noise 10 %) and batch 64→128 (15 % slower, noise 6 %) ran, 10 s of a 76 s session
+                # for a pair the model priced 43 % slower, on nothing but the pair's wide prior.
+                and not (too_slow_for_a_base(t.gain, t.noise) and not moved_on(state, t, top))
                 and t.name not in paired]
     for row in sorted(reverted, key=lambda t: -t.samples_per_s):
         paired.append(row.name)
