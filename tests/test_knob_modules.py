@@ -5,6 +5,8 @@ not moved into the knob's module yet (its interposition, the search's moves, the
 builds its graph from a trace).
 The list only shrinks: a module that starts naming a knob fails here (read the knob from the registry
 instead), and one that stops must be taken off the list, so that it says what is left.
+A finding's id given as one (the diagnosis's "amp", "sdpa": a Recommendation's `id=`, the registry's look-ups by
+finding) names the finding, not the knob: the registry says which knobs answer it.
 """
 
 from __future__ import annotations
@@ -35,10 +37,36 @@ from advisor.trials.knobs import Knobs
 OUTSIDE = ROOT / "tests" / "data" / "knobs_named_outside.json"
 
 
+# The ids of the findings and changes knobs declare they answer (`Knob.advice`, `Knob.proposed_as`): a diagnosis
+# names its finding ("amp", "sdpa"), and the registry gives the knobs that answer it. Where such an id is given as
+# one (a Recommendation's `id=`, the first argument of the registry's look-ups) it names the finding, not a knob.
+FINDING_IDS = {k.advice for k in KNOBS} | {k.proposed_as for k in KNOBS}
+BY_FINDING = ("advised_by", "proposed_knobs", "advised_values", "tried_advice")
+
+
+def finding_ids(tree: ast.AST) -> set[int]:
+    """The nodes (by id) of the strings a module gives as a finding's id."""
+    given = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        candidates = [k.value for k in node.keywords if k.arg == "id"]
+        if name in BY_FINDING:
+            candidates += node.args[:1] if name != "tried_advice" else node.args[1:2]
+        given |= {id(c) for c in candidates if isinstance(c, ast.Constant) and c.value in FINDING_IDS}
+    return given
+
+
 def knobs_named(path) -> set[str]:
-    """The knobs a module names: as a string ("tf32"), an attribute (`knobs.tf32`) or a keyword (`tf32=True`)."""
+    """The knobs a module names: as a string ("tf32"), an attribute (`knobs.tf32`) or a keyword (`tf32=True`); not
+    a finding's id given as one (`finding_ids`)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    ids = finding_ids(tree)
+    for node in ast.walk(tree):
+        if id(node) in ids:
+            continue
         if isinstance(node, ast.Constant) and node.value in BY_NAME:
             found.add(node.value)
         elif isinstance(node, ast.Attribute) and node.attr in BY_NAME \

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct, tried_advice
-from advisor.knobs import advised_by
+from advisor.knobs import advised_by, proposed_knobs
 from advisor.knobs.channels_last import WHAT_IF as CHANNELS_LAST
 
 ELIGIBLE_SHARE = 0.20  # of kernel time (GPU) or step time (CPU)
@@ -77,7 +77,7 @@ def mostly_float64(d: Diagnosis) -> bool:
 
 def amp(d: Diagnosis) -> Recommendation | None:
     """Matmuls and convolutions run in fp32: autocast them to bf16/fp16 to use Tensor/matrix cores."""
-    if ((d.trial or {}).get("knobs") or {}).get("amp"):
+    if tried_advice(d, "amp"):
         return None  # the trial already ran under autocast
     if mostly_float64(d):
         return None  # autocast leaves float64 alone: the model would have to be made float32 first
@@ -97,7 +97,7 @@ def amp(d: Diagnosis) -> Recommendation | None:
         return Recommendation(
             id="amp",
             title="Autocast matmuls and convolutions to bf16 (CPU AMP)",
-            knobs={"amp": "bf16"},
+            knobs=proposed_knobs("amp", "bf16"),
             predicted_gain=factor * share,
             evidence=tuple(evidence),
             code_change=_autocast_code("cpu", "bf16"),
@@ -123,7 +123,7 @@ def amp(d: Diagnosis) -> Recommendation | None:
     return Recommendation(
         id="amp",
         title=f"Use automatic mixed precision ({dtype}{scaler}) to run matmuls on {unit}",
-        knobs={"amp": dtype},
+        knobs=proposed_knobs("amp", dtype),
         predicted_gain=0.5 * d.eligible_share * min(kernel_share, 1.0),
         evidence=tuple(evidence),
         code_change=_autocast_code("cuda", dtype),  # ROCm builds use the "cuda" device type too
@@ -198,7 +198,7 @@ def tf32(d: Diagnosis) -> Recommendation | None:
     cap = dev.compute_capability
     if cap is None or cap < TF32_CAPABILITY or d.eligible_share is None or d.tensor_core_share is None:
         return None
-    if ((d.trial or {}).get("knobs") or {}).get("amp"):
+    if tried_advice(d, "amp"):
         return None  # under autocast the matmuls are not fp32
     if d.eligible_share < ELIGIBLE_SHARE or d.tensor_core_share >= TENSOR_CORE_SHARE_LOW or not d.step_time_us:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from advisor.knobs import advised_by
+from advisor.knobs import advised_by, proposed_knobs
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,9 @@ def tried(d: Any, knob: str) -> bool:
 
 
 def tried_advice(d: Any, advice: str) -> bool:
-    """Whether the trial behind this trace already ran with the knobs this advice turns on (`advisor.knobs`)."""
-    return any(tried(d, knob) for knob in advised_by(advice))
+    """Whether the trial behind this trace already ran with a knob this advice turns on (`advisor.knobs`: those
+    it advises, and those proposed as it)."""
+    return any(tried(d, knob) for knob in {**advised_by(advice), **proposed_knobs(advice)})
 
 
 def pct(x: float) -> str:
