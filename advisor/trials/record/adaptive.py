@@ -28,7 +28,9 @@ CAP_FACTOR = 3  # at most this many times the windows asked for, in a trial meas
 # surfaces ended at 0.57-0.79 of their best in seeds that reached it before). Nor an end where the windows left
 # could not lift the figure over the search's own bar by the cap (stochastic curtailment, tried on 2026-12-03 with
 # the load beside the windows allowed for): the replayed sessions took 6 % less simulated time at the median
-# (3 % under drift), and the worst seeds of three surfaces at 10 % fell below 0.85 (docs/benchmarks.md).
+# (3 % under drift), and the worst seeds of three surfaces at 10 % fell below 0.85 (docs/benchmarks.md). Nor a
+# later end for a trial read better until its standard error is no wider than the best's it replaces (tried the
+# same day): the replayed sessions took as long at the median, and the ridge under drift fell to 0.836.
 MIN_WINDOWS = 3  # a standard error needs a few windows before it means anything
 
 
