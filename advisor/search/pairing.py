@@ -45,6 +45,7 @@ def pairs_on(decision: Any, row: TrialRow, bound: Any) -> bool:
     hidden = 0 < decision.gain <= decision.noise
     return not too_slow_for_a_base(decision.gain, decision.noise) and (moved or hidden or bool(row.get("helps_now")))
 
+
 def pair_proposal(candidate: TrialResult, first: Proposal, state: SessionRecord, options: SessionOptions,
                   space: SearchSpace, best: Knobs, why: str | None = None) -> Proposal | None:
     """The second move worth most with the candidate's first, made with `first`'s moves on the best as it is now
