@@ -26,7 +26,7 @@ from advisor.knobs import BY_NAME, DATALOADER_KNOBS, KNOBS, NAMES, OFFERING, ORD
     TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
-from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, IN_OPTIMIZER, \
+from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, COPIES, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, IN_OPTIMIZER, \
     IN_STEP, NEEDS_A_VALUE, ON_MODEL
 from advisor.knobs.in_trial import ScriptSeen, workers_queue
 from advisor.knobs.offer import Best, Learned, Offer
@@ -285,7 +285,8 @@ def test_each_knob_declares_where_the_patch_writes_it_and_the_patch_writes_its_l
     written = knob.written
     assert written is not None and written.at in PLACES
     assert bool(written.lines) == (written.at in (AFTER_IMPORTS, ON_MODEL))
-    assert bool(written.argument) == (written.at == IN_DDP)
+    # A keyword: DistributedDataParallel's, or the one the step's copies to the device take.
+    assert bool(written.argument) == (written.at == IN_DDP or written.step_part == COPIES)
     assert (written.record in {**RECORDED_FIRST, **RECORDED}) == (written.at == FROM_TRIAL)
     if written.lines:
         script = tmp_path / "train.py"

@@ -52,6 +52,7 @@ COMPANIONS = frozenset(k.name for k in KNOBS if k.companion_of)  # go with anoth
 TURNED = tuple(k.name for k in KNOBS if not k.companion_of)  # what --only, --skip and --try name
 ORDERED = frozenset(k.name for k in KNOBS if k.kind in (COUNT, WORKERS))  # a larger value is a move one way
 NEEDS_WORKERS = tuple(k for k in KNOBS if k.needs_workers)  # DataLoader rejects them without worker processes
+WORKER_COUNT = next(k.name for k in KNOBS if k.kind == WORKERS)  # the loader's worker count, which those need
 PLANNED_AT_LOADER = tuple(k for k in KNOBS if k.in_loader)  # the training DataLoader's arguments plan them in turn
 # Whose outcome the training loader decides: its arguments, its micro-batches, its Dataset's images.
 DECIDED_AT_LOADER = tuple(k.name for k in KNOBS if k.in_loader or k.applied == AT_DATASET)
@@ -143,5 +144,5 @@ __all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COMPILING", "COUNT", "
            "DECIDED_AT_LOADER", "FLAG", "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS",
            "NAMES", "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "STARTING",
            "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS", "TURNED", "WHAT_IFS",
-           "WORKERS", "Knob", "WhatIf", "advised_by", "advised_values", "applied_at", "companions_of", "compiled", "making", "of_part",
+           "WORKERS", "WORKER_COUNT", "Knob", "WhatIf", "advised_by", "advised_values", "applied_at", "companions_of", "compiled", "making", "of_part",
            "with_companions", "without_lone_companions", "written_at"]

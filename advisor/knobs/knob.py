@@ -97,7 +97,8 @@ class Written:
     # AFTER_IMPORTS, ON_MODEL: its lines, `{value}` the knob's value, `{model}` the model's name.
     lines: tuple[str, ...] = ()
     manual: str | None = None  # ON_MODEL, IN_OPTIMIZER: what to write by hand where that place is not found
-    argument: str | None = None  # IN_DDP: DistributedDataParallel's keyword
+    # IN_DDP: DistributedDataParallel's keyword; IN_STEP's COPIES: the keyword the step's copies to the device take
+    argument: str | None = None
     position: int | None = None  # IN_LOADER: its position among DataLoader's arguments, where it has one
     excluded_by: str | None = None  # IN_LOADER: the DataLoader argument that, given, leaves it out
     record: str | None = None  # FROM_TRIAL: the field of trial.json that holds what the trial changed

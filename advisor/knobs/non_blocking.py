@@ -80,5 +80,5 @@ class AsynchronousCopies(StepChange):
 
 # The what-if model's change is pin_memory's: pinned copies, which take both.
 KNOB = Knob("non_blocking", FLAG, STEP, AROUND_STEP, "non_blocking copies", numerics=False, whatif=PINNED,
-            written=Written(IN_STEP, step_part=COPIES), lint="non-blocking-copy", copies=True,
+            written=Written(IN_STEP, step_part=COPIES, argument="non_blocking"), lint="non-blocking-copy", copies=True,
             proposed_as="non-blocking", on_step=AsynchronousCopies)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from advisor.analysis.diagnosis import Diagnosis
 from advisor.analysis.rules.recommendation import Recommendation, ms, pct
-from advisor.knobs import proposed_knobs
+from advisor.knobs import WORKER_COUNT, proposed_knobs
+
 
 def loader_workers(trial: dict | None) -> tuple[int | None, int | None]:
     """(the training DataLoader's workers, the machine's logical cores) as a trial recorded them, each None
@@ -12,7 +13,7 @@ def loader_workers(trial: dict | None) -> tuple[int | None, int | None]:
     trial = trial or {}
     loaders = [x for x in trial.get("dataloaders") or [] if isinstance(x, dict)]
     loader = next((x for x in loaders if x.get("training")), loaders[0] if loaders else {})
-    workers = (loader.get("effective") or {}).get("num_workers")
+    workers = (loader.get("effective") or {}).get(WORKER_COUNT)
     cores = ((trial.get("device_facts") or {}).get("cpu") or {}).get("logical_cores")
     return (workers if isinstance(workers, int) else None), (cores if isinstance(cores, int) and cores > 0 else None)
 

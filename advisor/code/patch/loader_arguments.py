@@ -12,7 +12,7 @@ from advisor.code.patch.facts import NOT_LITERAL, ScriptFacts, argparse_dest
 from advisor.code.syntax import double_star, dotted, drop_keywords, keyword_arg, literal_node, literal_value, \
     put_keyword, replace_arg
 from advisor.code.settings import Elsewhere
-from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS, written_at
+from advisor.knobs import DATALOADER_KNOBS, NEEDS_WORKERS, WORKER_COUNT, written_at
 from advisor.knobs.knob import IN_LOADER
 from advisor.trials.knobs import Knobs
 
@@ -192,19 +192,19 @@ class LoaderRewrite(cst.CSTTransformer):
 
     def _workers(self, call: cst.Call) -> cst.BaseExpression:
         """The expression that gives the call's worker count."""
-        found = _find_arg(call, "num_workers")
+        found = _find_arg(call, WORKER_COUNT)
         if found is not None:
             return found.value
         mapping = double_star(call)
         if mapping is None:
             return cst.Integer("0")
-        if "num_workers" in self.changes:
-            return literal_node(self.changes["num_workers"])
+        if WORKER_COUNT in self.changes:
+            return literal_node(self.changes[WORKER_COUNT])
         # `DataLoader(..., **options)`: the count is in the user's mapping, or the default 0.
         options = mapping.value
         if isinstance(options, cst.Dict) and options.elements and isinstance(options.elements[0], cst.StarredDictElement):
             options = options.elements[0].value  # already merged into `{**options, ...}` above
-        return cst.parse_expression('x.get("num_workers", 0)').with_changes(
+        return cst.parse_expression(f'x.get("{WORKER_COUNT}", 0)').with_changes(
             func=cst.Attribute(value=options, attr=cst.Name("get")))
 
     def _static_value(self, node: cst.BaseExpression) -> Any:

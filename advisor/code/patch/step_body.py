@@ -25,7 +25,7 @@ class StepPlan:
     (`Written.step_part`): autocast, non_blocking copies, `accumulation` micro-steps (None: one a step)."""
 
     autocast: str | None  # the dtype the forward is autocast to
-    copies: bool  # non_blocking=True on the step's copies
+    copies: str | None  # the keyword the step's copies to the device take as True (the knob's `Written.argument`)
     accumulation: int | None
     scaler_name: str
     asked: tuple[tuple[str, Any], ...] = ()  # (knob, value) of each part asked for, for the note where none is written
@@ -39,7 +39,8 @@ class StepPlan:
         on = {part: value for part, k in parts.items()
               if (value := getattr(knobs, k.name)) and not (part == ACCUMULATION and value == 1)}
         asked = tuple((parts[part].name, value) for part, value in on.items())
-        return cls(autocast=on.get(AUTOCAST), copies=bool(on.get(COPIES)), accumulation=on.get(ACCUMULATION),
+        copies = parts[COPIES].written.argument if on.get(COPIES) else None
+        return cls(autocast=on.get(AUTOCAST), copies=copies, accumulation=on.get(ACCUMULATION),
                    scaler_name=scaler_name, asked=asked, how=tuple(BY_HAND[part] for part in on))
 
     @property
@@ -102,7 +103,7 @@ class StepBodyRewrite(cst.CSTTransformer):
         if method == "backward":
             return self._backward(updated_node)
         if self.plan.copies and method in ("to", "cuda") and self._copies_to_device(updated_node):
-            return put_keyword(updated_node, "non_blocking", cst.Name("True"))
+            return put_keyword(updated_node, self.plan.copies, cst.Name("True"))
         return updated_node
 
     def _backward(self, call: cst.Call) -> cst.BaseExpression:
@@ -128,7 +129,7 @@ class StepBodyRewrite(cst.CSTTransformer):
         return call.with_changes(func=func.with_changes(value=receiver))
 
     def _copies_to_device(self, call: cst.Call) -> bool:
-        """A `.to(<device>)` / `.cuda()` on a tensor that has no non_blocking yet."""
+        """A `.to(<device>)` / `.cuda()` on a tensor that has no keyword of the copies' yet (non_blocking)."""
         func = call.func
         assert isinstance(func, cst.Attribute)
         receiver = dotted(func.value)
@@ -136,7 +137,7 @@ class StepBodyRewrite(cst.CSTTransformer):
             last = receiver.rsplit(".", 1)[-1].lower()
             if receiver in self.module_params or last == "self" or any(w in last for w in ("model", "net", "module")):
                 return False
-        if keyword_arg(call, "non_blocking") is not None or any(a.star for a in call.args):
+        if keyword_arg(call, self.plan.copies) is not None or any(a.star for a in call.args):
             return False
         positional = [a.value for a in call.args if a.keyword is None]
         if func.attr.value == "cuda":
