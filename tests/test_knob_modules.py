@@ -178,6 +178,16 @@ def test_the_workers_queue_is_read_from_the_first_source_that_sets_it_else_from_
     assert workers_queue({"num_workers": 0, "prefetch_factor": None}) == (0, 2)
 
 
+def test_the_batch_after_a_move_is_the_moved_one_else_the_settings_else_the_scripts_else_the_measured_one():
+    """A pair's second move is proposed from the best with the first made: the batch it runs at."""
+    from advisor.knobs.batch_size import after_moves
+
+    assert after_moves({"batch_size": 128}, Knobs(batch_size=64), {"batch_size": 32}, 16) == 128
+    assert after_moves({"amp": "bf16"}, Knobs(batch_size=64), {"batch_size": 32}, 16) == 64
+    assert after_moves({"amp": "bf16"}, Knobs(), {"batch_size": 32}, 16) == 32
+    assert after_moves({}, Knobs(), {}, 16) == 16
+
+
 @pytest.mark.parametrize("knob", [k for k in KNOBS if k.on_model and not isinstance(k.on_model, str)],
                          ids=lambda k: k.name)
 def test_each_knob_that_changes_a_convnet_applies_at_its_first_call_and_puts_it_back(knob):

@@ -26,6 +26,12 @@ def setting(trial: TrialSettings) -> int:
     return int(trial.value("batch_size", (trial.record.get("summary") or {}).get("batch_size") or 1))
 
 
+def after_moves(moves: dict[str, Any], knobs: Any, user: dict[str, Any], measured: int | None) -> int | None:
+    """The batch a step runs at once `moves` are made on a setting (`knobs`): the moved batch, else the setting's,
+    else the script's own (`user`), else the one a trial measured."""
+    return moves.get("batch_size") or knobs.batch_size or user.get("batch_size") or measured
+
+
 def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> StepGraph:
     """Per step, the loader's batch, the kernels and the copies × (B'/B)^γ (γ = p); launches and Python fixed."""
     k = (int(value) / g.batch) ** p

@@ -11,6 +11,7 @@ from typing import Any
 
 from advisor.search.record import SessionRecord, TrialRow
 from advisor.knobs import COMPANIONS, ORDERED, companions_of, moves_text, without_lone_companions
+from advisor.knobs.batch_size import after_moves as batch_after_moves
 from advisor.search.bounds import trial_bound
 from advisor.search.expected import rank, value as expected_value
 from advisor.search.history import moved_on
@@ -63,8 +64,8 @@ def pair_proposal(candidate: TrialResult, first: Proposal, state: SessionRecord,
     # What the second move is proposed from: the best with the first move made (the candidate, when the best
     # has not moved since it ran), with the candidate's diagnosis: the bound the first move left.
     base = dataclasses.replace(best, **first_moves)
-    batch = first_moves.get("batch_size") or best.batch_size or user.get("batch_size") or candidate.batch_size
-    source = dataclasses.replace(candidate, knobs=base, batch_size=batch)
+    batch = batch_after_moves(first_moves, best, user, candidate.batch_size)
+    source = dataclasses.replace(candidate, knobs=base, batch_size=batch)  # the trial's measured batch, moved
     first_knobs = set(first_moves) | companions_of(first_moves)
     top = best_row(state)
     # Every second move from there, each with the first made on the best as one change, simulated together by
