@@ -26,8 +26,8 @@ from advisor.knobs import BY_NAME, DATALOADER_KNOBS, KNOBS, NAMES, OFFERING, ORD
     TRANSFORMATIONS, making
 from advisor.knobs.graph import StepGraph, TrialSettings
 from advisor.code.patch.plan import RECORDED, RECORDED_FIRST, plan_patch
-from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, COPIES, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, IN_OPTIMIZER, \
-    IN_STEP, NEEDS_A_VALUE, ON_MODEL
+from advisor.knobs.knob import AFTER_IMPORTS, APPLIED, CHOICE, COPIES, FLAG, FROM_TRIAL, IN_DDP, IN_LOADER, \
+    IN_OPTIMIZER, IN_STEP, NEEDS_A_VALUE, ON_MODEL
 from advisor.knobs.in_trial import ScriptSeen, workers_queue
 from advisor.knobs.offer import Best, Learned, Offer
 from advisor.search.state import SessionOptions

@@ -144,5 +144,5 @@ __all__ = ["ADVISED", "BY_NAME", "CHOICE", "COMPANIONS", "COMPILING", "COUNT", "
            "DECIDED_AT_LOADER", "FLAG", "IN_PROCESS_KNOBS", "KNOBS", "MEMORY_KNOBS", "MODELLED", "MODEL_KNOBS",
            "NAMES", "NEEDS_WORKERS", "NEUTRAL", "OFFERING", "ORDERED", "PLANNED_AT_LOADER", "RECOVERING", "STARTING",
            "SWITCHED_KNOBS", "TORCH_SETTINGS", "TRAINING_ARGUMENTS", "TRANSFORMATIONS", "TURNED", "WHAT_IFS",
-           "WORKERS", "WORKER_COUNT", "Knob", "WhatIf", "advised_by", "advised_values", "applied_at", "companions_of", "compiled", "making", "of_part",
-           "with_companions", "without_lone_companions", "written_at"]
+           "WORKERS", "WORKER_COUNT", "Knob", "WhatIf", "advised_by", "advised_values", "applied_at", "companions_of",
+           "compiled", "making", "of_part", "with_companions", "without_lone_companions", "written_at"]
