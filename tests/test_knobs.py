@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from advisor.knobs import DATALOADER_KNOBS
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.knobs.non_blocking import copying_cuda, copying_to
 from advisor.trials.interposition.step import StepInterposition
@@ -16,14 +18,10 @@ from advisor.trials.interposition.gradients import GradScaling
 from advisor.trials.interposition.loaders import (LoaderRecord, dataloader_outcomes, install_dataloader_knobs,
                                                   plan_loader_arguments)
 
-USER = {
-    "batch_size": 16,
-    "batch_sampler": None,
-    "num_workers": 0,
-    "pin_memory": False,
-    "persistent_workers": False,
-    "prefetch_factor": None,
-}
+# What DataLoader takes where the script gives nothing, for each of its arguments a knob sets (torch's own defaults:
+# a loader knob added to the registry is in these tests without naming it here).
+TORCH_DEFAULTS = {name: inspect.signature(DataLoader).parameters[name].default for name in DATALOADER_KNOBS}
+USER = {**TORCH_DEFAULTS, "batch_size": 16, "batch_sampler": None}
 
 
 def test_knobs_import_does_not_import_torch():
@@ -51,9 +49,8 @@ def test_plan_overrides_and_keeps_dataloader_valid():
     effective, outcomes = plan_loader_arguments(
         USER, Knobs(batch_size=64, num_workers=2, prefetch_factor=4, persistent_workers=True), accelerator=False
     )
-    assert effective == {
-        "batch_size": 64, "num_workers": 2, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 4,
-    }
+    assert effective == {**TORCH_DEFAULTS, "batch_size": 64, "num_workers": 2, "persistent_workers": True,
+                         "prefetch_factor": 4}
     assert set(outcomes.values()) == {APPLIED}
 
 
@@ -87,9 +84,7 @@ def test_dataloader_is_built_with_the_knobs_and_records_the_users_values():
         undo()
     assert (loader.batch_size, loader.num_workers, loader.prefetch_factor) == (8, 1, 3)
     assert [len(batch[0]) for batch in loader] == [8] * 5
-    assert records[0].user == {
-        "batch_size": 4, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
-    }
+    assert records[0].user == {**TORCH_DEFAULTS, "batch_size": 4}
     assert DataLoader(TensorDataset(torch.arange(4.0)), 4).batch_size == 4  # undone
 
 
