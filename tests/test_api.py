@@ -22,6 +22,7 @@ from advisor.api import Diagnosis, Session, Trial
 from advisor.trials.launch.inprocess import apply_loader_knobs
 from advisor.trials.knobs import Knobs
 from conftest import ROOT, SAMPLE_RUNS
+from trial_helpers import dataloader_defaults
 
 sys.path.insert(0, str(ROOT / "examples"))
 from char_transformer import CharTransformer, CharWindows, make_text, train_step  # noqa: E402
@@ -98,9 +99,7 @@ def test_profile_rebuilds_the_loader_and_autocasts_the_step(tmp_path, capfd):
     assert all(s["autocast"] and s["dtype"] == torch.bfloat16 and s["logits"] == torch.bfloat16 for s in seen)
     assert {s["worker"] for s in seen} <= {0, 1}  # the user's collate_fn ran, in the two worker processes
     record = trial.record
-    assert record["user_values"] == {"batch_size": 4, "num_workers": 0, "pin_memory": False,
-                                     "persistent_workers": False, "prefetch_factor": None,
-                                     "threads": torch.get_num_threads()}
+    assert record["user_values"] == {**dataloader_defaults(), "batch_size": 4, "threads": torch.get_num_threads()}
     assert record["dataloaders"][0]["effective"]["num_workers"] == 2
     assert loader.batch_size == 4 and loader.num_workers == 0  # the user's own loader is left as it was
     # The folder is a trial like a subprocess trial's: trial.json, a trace, steps, and a diagnosis.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import subprocess
 import sys
 
@@ -10,17 +9,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from advisor.knobs import DATALOADER_KNOBS
 from advisor.trials.knobs import APPLIED, Knobs
 from advisor.knobs.non_blocking import copying_cuda, copying_to
 from advisor.trials.interposition.step import StepInterposition
 from advisor.trials.interposition.gradients import GradScaling
 from advisor.trials.interposition.loaders import (LoaderRecord, dataloader_outcomes, install_dataloader_knobs,
                                                   plan_loader_arguments)
+from trial_helpers import dataloader_defaults
 
-# What DataLoader takes where the script gives nothing, for each of its arguments a knob sets (torch's own defaults:
-# a loader knob added to the registry is in these tests without naming it here).
-TORCH_DEFAULTS = {name: inspect.signature(DataLoader).parameters[name].default for name in DATALOADER_KNOBS}
+TORCH_DEFAULTS = dataloader_defaults()
 USER = {**TORCH_DEFAULTS, "batch_size": 16, "batch_sampler": None}
 
 

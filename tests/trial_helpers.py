@@ -100,3 +100,15 @@ def apply_bytes_patch(script: Path, root: Path, plan: dict, user_values: dict | 
     applied = subprocess.run(["patch", "-p1", "-i", "suggested.patch"], cwd=root, capture_output=True, text=True)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     return script.read_text()
+
+
+def dataloader_defaults() -> dict:
+    """What DataLoader takes for each argument a loader knob sets where the script gives none: torch's own defaults,
+    so that a loader knob added to the registry is in the tests that read these without being named there."""
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    from advisor.knobs import DATALOADER_KNOBS
+
+    return {name: inspect.signature(DataLoader).parameters[name].default for name in DATALOADER_KNOBS}
