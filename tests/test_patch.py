@@ -19,11 +19,11 @@ from advisor.trials.knobs import Knobs
 from advisor.code.patch import PATCH_NAME, patched_source, suggest_patch, write_patch
 from advisor.code.patch.plan import plan_patch
 from conftest import run_script, require
+from trial_helpers import dataloader_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-USER_VALUES = {"batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
-               "prefetch_factor": None}
+USER_VALUES = {**dataloader_defaults(), "batch_size": 32}
 
 KNOB_SETS = {
     "amp-bf16": Knobs(amp="bf16"),
