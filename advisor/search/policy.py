@@ -16,6 +16,7 @@ from advisor.search.cost import by_cost, seconds, slower_compile, trial_seconds
 from advisor.search.decision import Decision, decide
 from advisor.search.expected import levers_left, untried, value
 from advisor.search.pairing import late_pair, pair_proposal, pairs_on
+from advisor.search.predictions import reprice
 from advisor.search.proposal import Proposal
 from advisor.search.simplify import swap_proposal, takes_off, unproven_knobs, without_proposal
 from advisor.search.space import TRY, pending_try, user_space
@@ -51,8 +52,8 @@ class Policy:
         second of wall time (`cost.by_cost`: a compile pays for its compile); where none is left, or none is worth
         a trial (`answer_known`), the fastest reverted change not yet paired, with its next move."""
         asked = pending_try(self.options, state, best.knobs, diagnosis)
-        if asked:
-            return [asked]
+        if asked:  # priced as the search's own are: a finding's gain is what its bound could give back at most
+            return reprice([asked], state, best.name, best.knobs)
         unproven = unproven_knobs(state)
         if unproven:
             return [without_proposal(best.knobs, unproven[0])]

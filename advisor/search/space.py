@@ -101,7 +101,8 @@ def user_space(space: SearchSpace, only: Iterable[str] | None, skip: Iterable[st
 
 def pending_try(options: Any, state: SessionRecord, best: Knobs, diagnosis: Any = None) -> Proposal | None:
     """The next `--try` setting not yet run in this session, as a proposal on top of the best knobs, with the
-    gain the best trial's advice predicts for those knobs (0 where none advises them); None when all have run."""
+    gain the best trial's advice gives those knobs (0 where none advises them; the policy prices it by the model
+    where the model can simulate it, as the search's own); None when all have run."""
     done = {t.change for t in state.trials if t.recommendation == TRY}
     for text in options.tries:
         change = f"--try {text}"
@@ -118,7 +119,7 @@ def pending_try(options: Any, state: SessionRecord, best: Knobs, diagnosis: Any 
         advised = [r for r in getattr(diagnosis, "recommendations", ()) if set(r.knobs) & set(values)]
         return on_best(best, values, TRY, change, "try-" + Knobs(**values).label(),
                        sum(r.predicted_gain for r in advised), None, False,
-                       why="asked for with --try" + ("" if advised else "; no advice predicts its gain"),
+                       why="asked for with --try",
                        predicted=bool(advised))
     return None
 
