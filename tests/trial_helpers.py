@@ -55,16 +55,17 @@ def pair_in_turns(script: Path, folder: Path, windows: int, settle: float = 0.0,
     return results
 
 
-def profiler_step_durations(trace: Path) -> dict[int, float]:
-    """{N: seconds} of each `ProfilerStep#N` span in a Chrome trace (.json or .json.gz)."""
+def trace_spans(trace: Path, prefix: str) -> list[dict]:
+    """The complete events of a Chrome trace (.json or .json.gz) whose name starts with `prefix`."""
     opener = gzip.open if trace.suffix == ".gz" else open
     with opener(trace, "rt") as f:
         events = json.load(f)["traceEvents"]
-    return {
-        int(e["name"].split("#")[1]): e["dur"] / 1e6
-        for e in events
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-    }
+    return [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith(prefix)]
+
+
+def profiler_step_durations(trace: Path) -> dict[int, float]:
+    """{N: seconds} of each `ProfilerStep#N` span in a Chrome trace (.json or .json.gz)."""
+    return {int(e["name"].split("#")[1]): e["dur"] / 1e6 for e in trace_spans(trace, "ProfilerStep#")}
 
 
 def median_trace_step(folder: Path) -> float:

@@ -12,6 +12,9 @@ With no target, the trial runs the script unchanged and:
   module call, `non_blocking` makes every host-to-accelerator copy of the run non-blocking; fp16 (its GradScaler)
   and gradient accumulation need the bounds of a step: "not applicable" here (name a step function for them);
 - the loss of a step is the last scalar that `backward()` ran from (`capture_losses`, in both ways);
+- where a step ends, inside the optimizer's profiler range (torch runs its post-hooks there), an empty range
+  `STEP_END_RANGE` marks it first, so the analysis charges the optimizer's update up to it only, not the trial's own
+  end of the step (the loss read, the profiler's step and, in the last, its stop);
 - a closure handed to `optimizer.step(closure)` (Lightning's way, L-BFGS's) runs under the profiler range
   `CLOSURE_RANGE` (`mark_closures`, in both ways), so the analysis charges its forward and backward to
   the closure, and only the rest of the step's span to the optimizer's own update.
@@ -40,6 +43,7 @@ class LoopInterposition:
                          if (outcome := change.in_loop()) is not None}
         self.clock: Any = None  # a weak reference to the optimizer whose steps end steps
         self.in_scaler = 0
+        self.record_function: Any = None  # torch's, once installed
 
     def install(self) -> Callable[[], None]:
         """Interpose for the rest of the process; returns an undo."""
@@ -47,6 +51,7 @@ class LoopInterposition:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         stack = contextlib.ExitStack()
+        self.record_function = torch.profiler.record_function
         stack.callback(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
         original_scaler_step = torch.amp.GradScaler.step
         interposition = self
@@ -74,10 +79,13 @@ class LoopInterposition:
         if self.clock is None:
             self.clock = weakref.ref(optimizer)
         if self.clock() is optimizer:
+            with self.record_function(STEP_END_RANGE):
+                pass
             self.step_ended()
 
 
 CLOSURE_RANGE = "## optimizer closure: forward and backward ##"  # advisor.analysis.launches reads this name
+STEP_END_RANGE = "## the trial ends the step here ##"  # and this one
 
 
 def mark_closures() -> Callable[[], None]:
