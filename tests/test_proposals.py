@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -28,11 +29,17 @@ from advisor.search.trial_runner import as_runner
 from advisor.search.session import run_session
 from advisor.search.state import SessionOptions
 from advisor.search.proposal import ProposalError, check_on_best, merged_moves, on_best
-from advisor.search.strategy import surface_space
+from advisor.search.strategy import SearchSpace, offered, surface_space
+from advisor.knobs import BY_NAME
+from advisor.knobs.offer import Best, Learned
 from advisor.trials.knobs import Knobs
+from advisor.trials.launch.runner import run_trial
+from advisor.trials.spec import TrialSpec
 from advisor.trials.record import load_trial
 from advisor.trials.replay.surface import ReplayRunner, load_surface
 from conftest import ROOT, SURFACES
+from records import row
+from trial_helpers import trial_record, write_script
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from pair_surfaces import FOUR_CHANGES_USER, H100, build_surface, set_point  # noqa: E402
@@ -156,6 +163,42 @@ def test_a_setting_that_fails_gives_way_to_the_next_of_its_direction(tmp_path, f
     after = [t for t in rows.values() if t["reason"].startswith("in place of batch 64, which failed")]
     assert after and after[0]["knobs"]["batch_size"] == 128 and after[0]["decision"] == "kept", after
     assert_every_trial_on_its_best(state)
+
+
+def test_a_batch_the_script_runs_out_of_steps_at_caps_the_ladder(tmp_path):
+    """A script of 256 samples, two epochs: at batch 128 it runs 4 steps where a trial needs 8, and its trial says
+    so; the batch's ladder then stays under what gives a trial its steps (an MLP's session tried 4096 after 2048
+    ran 6 of 8)."""
+    script = write_script(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        model = torch.nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,))), batch_size=32)
+        for epoch in range(2):
+            for x, y in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+    """)
+    result = run_trial(TrialSpec(str(script), Knobs(batch_size=128), tmp_path / "t", steps=5, windows=0,
+                                 device="cpu"))
+    ended = trial_record(result.path)["script_ended"]
+    assert result.status == "error" and ended["steps"] == 4 and ended["needed"] > 4, result.message
+    baseline = row(name="00-baseline", status="ok", batch_size=32, peak_memory_bytes=2**20, knobs=Knobs().to_dict())
+    short = row(name="01-batch-128", status="error", batch_size=128, knobs=Knobs(batch_size=128).to_dict(),
+                script_ended=ended)
+
+    def offer(batch: int) -> dict | None:
+        """The batch's move from a best at `batch`, the trial at 128 known."""
+        best = Best.of(Knobs(batch_size=batch), {}, "host", {}, 1, SearchSpace(), 1, Learned((baseline, short)),
+                       SimpleNamespace(name="00-baseline", batch_size=batch), SessionOptions(device="cpu"))
+        made = offered(BY_NAME["batch_size"], best)
+        return made[0].move_dict if made else None
+
+    assert offer(32) == {"batch_size": 64}  # 64 runs 8 steps: the trial has them
+    assert offer(64) is None  # anything larger runs out before the trial's steps
 
 
 def random_surface(folder: Path, rates: list[float], busy: list[float], holes: set[int], oom: bool) -> Path:

@@ -102,7 +102,7 @@ def test_the_recorded_schedule_and_messages():
                                    "after 1 measurement window(s) (of 2)"}
     assert schedule.script_ended(3, "train.py", None) == {
         "status": "error", "message": "train.py finished after 3 optimizer step(s); the trial needs 8 "
-                                      "(wait 4 + warmup 1 + record 3)"}
+                                      "(wait 4 + warmup 1 + record 3)", "script_ended": {"steps": 3, "needed": 8}}
     assert StepSchedule.from_config({"wait": 0, "warmup": 0, "active": 1}).completed_message() == "1 steps profiled"
 
 

@@ -142,6 +142,11 @@ def offer(best: Best) -> Offer | None:
     failed = [t["knobs"]["batch_size"] for t in trials
               if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
     failed_above = min((b for b in failed if b > current), default=None)
+    # A trial the script ended before it had its steps: the script runs so many samples, and a batch above those
+    # over the steps a trial needs runs out sooner still (an MLP of 4096 samples, 3 epochs: batch 2048 ran 6 steps
+    # of 8, and 4096 was tried next).
+    most = min((samples // ended["needed"] for t in trials if (ended := t.get("script_ended")) and (samples := (
+        ended["steps"] * ((t.get("knobs") or {}).get("batch_size") or t.get("batch_size") or 0)))), default=None)
     capacity = trials[0].get("capacity_bytes")
     rec = best.advice.get(KNOB.proposed_as)
     gain = rec.predicted_gain if rec is not None else (0.1 if best.bound == "host" else ROUND_GAIN)
@@ -152,7 +157,14 @@ def offer(best: Best) -> Offer | None:
                               fit_memory(points)(b) <= safety * capacity, failed_above, gain)
     if pair is not None:
         return pair
-    size = next_batch_size(current, points, capacity, safety, failed_above, sizes)
+    def next_size(size: int) -> int | None:
+        """The ladder's next size above `size`: under the memory's, and the script's steps' ceilings."""
+        larger = next_batch_size(size, points, capacity, safety, failed_above, sizes)
+        if larger is not None and most is not None and larger > most:
+            larger = next_batch_size(size, points, capacity, safety, most + 1, sizes)
+        return larger
+
+    size = next_size(current)
     # A size whose trial failed otherwise than out of memory (a crash, a setting that cannot run) gives way to
     # the next one of the same direction, and so does one that read within the noise (a step of the ladder too
     # small for the noise to show; the next is twice as large): the row says so.
@@ -161,7 +173,7 @@ def offer(best: Best) -> Offer | None:
     why = None
     while size is not None and size in passed:
         why = f"in place of batch {size}, which {passed[size]}: the next size"
-        size = next_batch_size(size, points, capacity, safety, failed_above, sizes)
+        size = next_size(size)
     if size is None:
         return None
     return Offer({"batch_size": size}, f"batch {current}→{size}", f"batch-{size}", gain, "host",

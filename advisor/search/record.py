@@ -168,6 +168,8 @@ class TrialRow(Record, kw_only=True):
     """The best it was measured against."""
     drift: str | UnsetType = UNSET
     """Why the best was measured again beside it: the machine's load changed during the trial."""
+    script_ended: dict[str, int] | UnsetType = UNSET
+    """Where the script ended before the trial had its steps: the steps it ran, and those the trial needed."""
 
 
 class SessionRecord(Record, kw_only=True, dict=True):

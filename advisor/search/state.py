@@ -287,4 +287,6 @@ def trial_row(index: int, result: Any, record: dict[str, Any], proposal: Any, st
         bound_evidence=[] if bound is None else list(bound.evidence),
         outcomes=dict(result.knob_outcomes) or None,  # what each requested knob did: applied / not applicable
         compile=record.get("compile"),  # torch.compile's cost and graphs, when the trial compiled
+        # Where it ran out of the script's steps: a ceiling on the batch.
+        script_ended=record.get("script_ended", msgspec.UNSET),
     )

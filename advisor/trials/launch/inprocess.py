@@ -227,6 +227,7 @@ def run_trial_in_process(train_step: Callable, loader: Iterable, knobs: Knobs | 
                     if ended["status"] == "ok":
                         result.update(ended)
                     else:
+                        result["script_ended"] = ended["script_ended"]
                         result["message"] = (f"the loader ran out of batches after {driver.index} step(s); the "
                                              f"trial needs {driver.schedule.total} (wait {driver.schedule.wait} + "
                                              f"warmup {warmup} + record {steps})")

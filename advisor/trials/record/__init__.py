@@ -350,7 +350,7 @@ def complete_record(record: dict[str, Any], out: Path, started: float, world_siz
     if record["status"] == "running" and harness:
         record["status"] = harness.get("status", "error")
         record["message"] = harness.get("message", "")
-    for key in ("error_type", "traceback"):
+    for key in ("error_type", "traceback", "script_ended"):
         if harness.get(key):
             record[key] = harness[key]
     record["python"] = harness.get("python")  # the interpreter the script ran under (its dependencies' environment)

@@ -154,4 +154,5 @@ class StepSchedule:
         elif not steps_run and not target:  # pytorch/examples' word_language_model updates p.data by hand
             message += (": a step is counted at each torch.optim optimizer's step(); where the script updates its "
                         f"parameters itself, name a function that runs one training step ({script}:FUNCTION)")
-        return {"status": "error", "message": message}
+        # What the search reads: a larger batch runs the script's samples in fewer steps still.
+        return {"status": "error", "message": message, "script_ended": {"steps": steps_run, "needed": self.total}}
