@@ -380,6 +380,18 @@ def test_two_windows_that_happen_to_agree_are_not_a_noise_of_nil():
     assert measured.relative_se == blocks > 0.005
 
 
+def test_a_short_last_block_joins_the_block_before_it_and_no_block_is_lost():
+    """Steps that alternate (a queue filling and draining) are read in blocks of two; an odd last step joins the
+    block before it. It once replaced the first block with the joined one, the second kept twice."""
+    from advisor.trials.record.measurement import MIN_WINDOW_STEPS, window_blocks, window_groups
+
+    steps = [{"wall_s": 0.1 if i % 2 else 0.3, "batch_size": 8, "recorded": True, "index": i} for i in range(7)]
+    blocks, source = window_groups(steps)
+    assert source == "blocks" and [[s["index"] for s in b] for b in blocks] == [[0, 1], [2, 3], [4, 5, 6]]
+    window = [{"wall_s": 0.1, "batch_size": 8}] * (MIN_WINDOW_STEPS + 1)  # two blocks, the last of one step
+    assert window_blocks(window) == [(8 * (MIN_WINDOW_STEPS + 1), pytest.approx(0.1 * (MIN_WINDOW_STEPS + 1)))]
+
+
 def test_a_script_that_updates_its_parameters_by_hand_is_told_to_name_its_step(tmp_path):
     """No torch.optim optimizer (pytorch/examples' word_language_model: `p.data.add_(p.grad, alpha=-lr)`): the
     trial counts no step, and says how to give it one."""

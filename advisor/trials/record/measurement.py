@@ -83,7 +83,8 @@ def window_groups(steps: list[dict[str, Any]]) -> tuple[list[list[dict]], str]:
     size = BLOCK_STEPS if alternating and len(recorded) >= 2 * BLOCK_STEPS else 1
     blocks = [recorded[i:i + size] for i in range(0, len(recorded), size)]
     if len(blocks) > 1 and len(blocks[-1]) < size:
-        blocks[-2] = blocks[-2] + blocks.pop()  # a lone last step joins the block before it
+        last = blocks.pop()  # popped first: with two blocks, [-2] is gone once it is
+        blocks[-1] = blocks[-1] + last  # a lone last step joins the block before it
     return blocks, "blocks" if size > 1 else "steps"
 
 
@@ -103,7 +104,8 @@ def window_blocks(window: list[dict[str, Any]]) -> list[tuple[float, float]]:
     Read within a window, it can only understate the spread between windows."""
     blocks = [window[i:i + MIN_WINDOW_STEPS] for i in range(0, len(window), MIN_WINDOW_STEPS)]
     if len(blocks) > 1 and len(blocks[-1]) < MIN_WINDOW_STEPS:
-        blocks[-2] = blocks[-2] + blocks.pop()
+        last = blocks.pop()  # popped first: with two blocks, [-2] is gone once it is
+        blocks[-1] = blocks[-1] + last
     return [(sum(s["batch_size"] for s in b), sum(s["wall_s"] for s in b)) for b in blocks]
 
 
