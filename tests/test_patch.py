@@ -130,14 +130,17 @@ def test_image_classifier_all_knobs(tmp_path):
 
     step = function(tree, "train_step")
     assert isinstance(step.body[0], ast.Expr) and isinstance(step.body[0].value, ast.Constant), "docstring first"
-    autocast = step.body[1]
+    # The batch's copies are no forward work (torch's AMP recipe keeps them out of the block too).
+    assert ast.unparse(step.body[1]) == ("images, labels = (images.to(device, non_blocking=True), "
+                                         "labels.to(device, non_blocking=True))")
+    autocast = step.body[2]
     assert isinstance(autocast, ast.With)
     assert ast.unparse(autocast.items[0].context_expr) == (
         "torch.autocast(device_type=device.type, dtype=torch.bfloat16)")
     inside = [ast.unparse(s) for s in autocast.body]
     assert any(s.startswith("loss = F.cross_entropy(") for s in inside), "the forward and loss are inside"
     assert inside[-1].startswith("loss = "), "the block ends with the loss: zero_grad is no forward work"
-    after = [ast.unparse(s) for s in step.body[2:]]
+    after = [ast.unparse(s) for s in step.body[3:]]
     assert after == ["optimizer.zero_grad(set_to_none=True)", "loss.backward()", "optimizer.step()",
                      "return loss.detach()"], "backward runs outside autocast"
 
@@ -174,9 +177,10 @@ def test_fp16_on_example(tmp_path):
     last_import = max(i for i, s in enumerate(tree.body) if isinstance(s, (ast.Import, ast.ImportFrom)))
     assert module_level.index("scaler = torch.amp.GradScaler('cuda')") == last_import + 1
     step = function(tree, "train_step")
-    assert ast.unparse(step.body[1].items[0].context_expr) == (
+    assert ast.unparse(step.body[1]) == "tokens, targets = (tokens.to(device), targets.to(device))"
+    assert ast.unparse(step.body[2].items[0].context_expr) == (
         "torch.autocast(device_type='cuda', dtype=torch.float16)")
-    assert [ast.unparse(s) for s in step.body[2:]] == [
+    assert [ast.unparse(s) for s in step.body[3:]] == [
         "optimizer.zero_grad(set_to_none=True)", "scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()", "return loss.detach()"]
 
 
@@ -378,8 +382,8 @@ def test_fp16_grad_scaler_rewrite(tmp_path):
     assert textwrap.dedent('''\
         def train_step(x, y):
             """One step."""
+            x = x.cuda()
             with torch.autocast(device_type="cuda", dtype=torch.float16):
-                x = x.cuda()
                 out = model(x)
                 loss = ((out - y.cuda()) ** 2).mean()
             opt.zero_grad()
@@ -432,8 +436,8 @@ def test_class_method_target(tmp_path):
     assert 'def step(batch):\n    return batch.to("cuda")\n' in after, "the function of the same name is untouched"
     assert textwrap.indent(textwrap.dedent("""\
         def step(self, batch):
+            batch = batch.to(self.device, non_blocking=True)
             with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
-                batch = batch.to(self.device, non_blocking=True)
                 self.model.to(self.device)
                 loss = self.model(batch).float().to(torch.float16).sum()
             loss.backward()
@@ -593,8 +597,9 @@ def test_fp16_with_accumulation_on_example(tmp_path):
         "last_micro_step = accumulation_micro_step % ACCUMULATION_STEPS == ACCUMULATION_STEPS - 1",
         "accumulation_micro_step += 1",
     ]
-    assert isinstance(step.body[5], ast.With)
-    assert [ast.unparse(s) for s in step.body[6:]] == [
+    assert ast.unparse(step.body[5]).startswith("images, labels = (images.to(device)")  # no forward work
+    assert isinstance(step.body[6], ast.With)
+    assert [ast.unparse(s) for s in step.body[7:]] == [
         "if first_micro_step:\n    optimizer.zero_grad(set_to_none=True)",
         "scaler.scale(loss / ACCUMULATION_STEPS).backward()",
         "if last_micro_step:\n    scaler.step(optimizer)\n    scaler.update()",
@@ -664,8 +669,8 @@ def test_target_with_its_own_loop(tmp_path):
         def train(model, optimizer, loader, device):
             model.train()
             for images, target in loader:
+                images = images.to(device, non_blocking=True)
                 with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
-                    images = images.to(device, non_blocking=True)
                     output = model(images)
                     loss = torch.nn.functional.cross_entropy(output, target.to(device, non_blocking=True))
                 optimizer.zero_grad()

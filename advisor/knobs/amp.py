@@ -8,7 +8,8 @@
 - **Not applicable**: bf16 on a CPU without bf16 instructions (there autocast is emulated and slower than
   fp32: `advisor doctor` shows the CPU's; the session's notes say so after the baseline); fp16 with a GradScaler
   without a step function.
-- **The patch writes**: autocast around the step's forward and, for fp16, the GradScaler
+- **The patch writes**: autocast around the step's forward (the batch's copies to the device and `zero_grad`
+  before or after it stay outside, as in torch's AMP recipe) and, for fp16, the GradScaler
   (`advisor/code/patch/step_rewrite.py`); in a framework, its own setting (`bf16=True`, `precision="bf16-mixed"`,
   `mixed_precision="bf16"`).
 """

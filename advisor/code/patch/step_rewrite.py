@@ -121,8 +121,13 @@ class TargetRewrite(cst.CSTTransformer):
             return [*rest[:split], loop.with_changes(body=body), *rest[split + 1:]]
         if not split:  # no backward, or backward first: wrap everything
             split = len(rest)
-        inside, after = rest[:split], rest[split:]
-        while len(inside) > 1 and _is_zero_grad(inside[-1]):  # not forward work: keep it out of the block
+        before, inside, after = [], rest[:split], rest[split:]
+        # Not forward work, kept out of the block as torch's AMP recipe keeps it: the batch's copies to the device
+        # and zero_grad before the forward (pytorch/examples' MNIST: copies, zero_grad, forward, loss), zero_grad
+        # after it.
+        while len(inside) > 1 and (_is_zero_grad(inside[0]) or _copies_only(inside[0])):
+            before.append(inside.pop(0))
+        while len(inside) > 1 and _is_zero_grad(inside[-1]):
             after.insert(0, inside.pop())
         if self.plan.fp16:
             call = 'torch.autocast(device_type="cuda", dtype=torch.float16)'
@@ -133,7 +138,7 @@ class TargetRewrite(cst.CSTTransformer):
             body=cst.IndentedBlock(body=[inside[0].with_changes(leading_lines=[]), *inside[1:]]),
             leading_lines=inside[0].leading_lines,
         )
-        return [with_statement, *after]
+        return [*before, with_statement, *after]
 
     def _device_type(self, params: dict[str, str], class_name: str | None) -> str:
         """The autocast device_type: from the script's device variable if obvious, else a literal."""
@@ -189,6 +194,17 @@ def _is_zero_grad(statement: cst.BaseStatement) -> bool:
     if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock):
         return len(statement.body.body) == 1 and _is_zero_grad(statement.body.body[0])
     return method_call(statement_call(statement), "zero_grad") is not None
+
+
+def _copies_only(statement: cst.BaseStatement) -> bool:
+    """`x, y = x.to(device), y.to(device)` (or `.cuda()`): a line that only moves tensors, no forward work."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign)):
+        return False
+    value = statement.body[0].value
+    values = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+    return all(isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in ("to", "cuda")
+               and isinstance(v.func.value, cst.Name) for v in values)
 
 
 def _count_optimizer_steps(block: cst.CSTNode, facts: ScriptFacts) -> int:
