@@ -395,6 +395,36 @@ def test_fp16_grad_scaler_rewrite(tmp_path):
     ''') in after
 
 
+def test_autocast_covers_the_forward_not_the_copies_and_zero_grad_before_it(tmp_path):
+    # pytorch/examples' MNIST `train`: the batch's copies and zero_grad come before the forward.
+    source = """\
+        import torch
+        import torch.nn.functional as F
+
+
+        def train(args, model, device, train_loader, optimizer, epoch):
+            model.train()
+            for batch_idx, (data, target) in enumerate(train_loader):
+                data, target = data.to(device), target.to(device)
+                optimizer.zero_grad()
+                output = model(data)
+                loss = F.nll_loss(output, target)
+                loss.backward()
+                optimizer.step()
+    """
+    diff, after = patch_text(tmp_path, source, Knobs(amp="bf16"), target="train")
+    assert textwrap.dedent("""\
+            for batch_idx, (data, target) in enumerate(train_loader):
+                data, target = data.to(device), target.to(device)
+                optimizer.zero_grad()
+                with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+                    output = model(data)
+                    loss = F.nll_loss(output, target)
+                loss.backward()
+                optimizer.step()
+    """) in textwrap.dedent(after.split("model.train()\n", 1)[1]), after
+
+
 def test_fp16_without_optimizer_step_leaves_backward_unscaled(tmp_path):
     # The step is outside the target: scaled gradients would reach an unscaled optimizer.step.
     source = """\
