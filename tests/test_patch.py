@@ -425,6 +425,48 @@ def test_autocast_covers_the_forward_not_the_copies_and_zero_grad_before_it(tmp_
     """) in textwrap.dedent(after.split("model.train()\n", 1)[1]), after
 
 
+def test_a_loop_at_the_scripts_top_level_gets_autocast_around_each_forward(tmp_path):
+    # nanoGPT's train.py trains at the top level, with no step function: the steps are found where the optimizer
+    # steps, and the one loop that calls backward is where autocast and the copies are written.
+    source = """\
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = torch.nn.Linear(8, 1).to(device)
+        optimizer = torch.optim.AdamW(model.parameters())
+
+
+        def get_batch():
+            return torch.randn(4, 8), torch.randn(4, 1)
+
+
+        if __name__ == "__main__":
+            for it in range(100):
+                x, y = get_batch()
+                x, y = x.to(device), y.to(device)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    """
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source))
+    apply(tmp_path, suggest_patch(script, None, Knobs(amp="bf16", non_blocking=True), USER_VALUES))
+    after = script.read_text()
+    assert textwrap.dedent("""\
+        if __name__ == "__main__":
+            for it in range(100):
+                with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+                    x, y = get_batch()
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+    """) in after, after
+    script.write_text(textwrap.dedent(source))
+    fp16 = plan_patch(script, None, Knobs(amp="fp16"), USER_VALUES)  # the GradScaler needs a step's bounds
+    assert not fp16.diff and any(note.startswith("amp=fp16 is not written") for note in fp16.notes), fp16.notes
+
+
 def test_fp16_without_optimizer_step_leaves_backward_unscaled(tmp_path):
     # The step is outside the target: scaled gradients would reach an unscaled optimizer.step.
     source = """\

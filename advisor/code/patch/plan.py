@@ -112,7 +112,11 @@ def plan_patch(script: Path, target: str | None, knobs: Knobs, user_values: dict
         base = edited.get(step_path) or module_of(step_path)
         edited[step_path] = rewrite_step(base, target, knobs, str(step_path))
     elif step.turned():
-        notes.append(step.unwritten())
+        at_top = rewrite_top_level_loop(edited.get(script) or module_of(script), knobs)
+        if at_top is None:
+            notes.append(step.unwritten())
+        else:
+            edited[script] = at_top
     if ddp_changes(knobs, user_values):
         edited[script], ddp_notes = rewrite_ddp(edited.get(script) or module_of(script), knobs, user_values)
         notes += ddp_notes
@@ -336,6 +340,16 @@ def parse_source(source: str, filename: str) -> cst.Module:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise AdvisorError(f"{filename}: cannot patch: the script does not parse (line {exc.raw_line})") from None
+
+
+def rewrite_top_level_loop(module: cst.Module, knobs: Knobs) -> cst.Module | None:
+    """The module with the step plan written into the one loop at its top level that calls backward
+    (`TargetRewrite.top_level_loop`), or None where there is none to write it in."""
+    facts = ScriptFacts.collect(module)
+    step = StepPlan.of(knobs, facts.free_name("scaler", "grad_scaler", "advisor_scaler"))
+    transformer = TargetRewrite("", step, facts)
+    body = transformer.top_level_loop(list(module.body))
+    return None if body is None else add_module_statements(module.with_changes(body=body), facts, step, transformer)
 
 
 def rewrite_step(module: cst.Module, target: str, knobs: Knobs, filename: str) -> cst.Module:

@@ -55,7 +55,8 @@ class StepPlan:
     def unwritten(self) -> str:
         """The note where no step function is known to write them in."""
         kept = ", ".join(f"{name}={value}" for name, value in self.asked)
-        return (f"{kept} is not written: the function that runs the step is not known (a framework's loop runs it); "
+        return (f"{kept} is not written: the step's loop was found neither in a function nor once at the script's top "
+                f"level (a framework's loop runs it, or it needs a step function's bounds); "
                 f"{' and '.join(self.how)}, or set the framework's own option")
 
 

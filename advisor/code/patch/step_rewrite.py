@@ -110,6 +110,29 @@ class TargetRewrite(cst.CSTTransformer):
                                 rest[1].with_changes(leading_lines=[]))
         return func.with_changes(body=block.with_changes(body=[*head, *rest]))
 
+    def top_level_loop(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement] | None:
+        """The statements with the one loop among them that calls backward rewritten, looked for under an `if`
+        (`if __name__ == "__main__":`) too: a script that trains at its top level, with no step function (nanoGPT's
+        train.py). Autocast around each iteration's forward and non_blocking copies; None where there is not one
+        such loop, or the plan needs the bounds of a step (the GradScaler, accumulation)."""
+        if self.plan.fp16 or self.plan.accumulation:
+            return None
+        found = [i for i, s in enumerate(body) if not isinstance(s, (cst.FunctionDef, cst.ClassDef))
+                 and calls_backward(s)]
+        if len(found) != 1:
+            return None
+        statement = body[found[0]]
+        if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock):
+            inner = self.top_level_loop(list(statement.body.body))
+            rewritten = None if inner is None else statement.with_changes(body=statement.body.with_changes(body=inner))
+        elif isinstance(statement, (cst.For, cst.While)) and isinstance(statement.body, cst.IndentedBlock):
+            rewritten = statement.visit(StepBodyRewrite(self.plan, self.facts, {}))
+            if self.plan.autocast and not uses_autocast(rewritten):
+                rewritten = self._autocast([rewritten], {}, None)[0]
+        else:
+            return None
+        return None if rewritten is None else [*body[:found[0]], rewritten, *body[found[0] + 1:]]
+
     def _autocast(self, rest: list[cst.BaseStatement], params: dict[str, str],
                   class_name: str | None) -> list[cst.BaseStatement]:
         """The statements with the forward part under `with torch.autocast(...)`."""
