@@ -201,6 +201,25 @@ def test_a_batch_the_script_runs_out_of_steps_at_caps_the_ladder(tmp_path):
     assert offer(64) is None  # anything larger runs out before the trial's steps
 
 
+def test_the_batch_ladder_moves_the_loaders_batch_where_the_script_accumulates_its_own_steps():
+    """A script that steps its optimizer every 4 batches of 16 measures 64 samples a step. The batch knob is the
+    DataLoader's: its next size is 32, not 128 (a session proposed "batch 128→256" from a loader at 32 and wrote
+    batch_size=256, ×16 the script's effective batch)."""
+    user = {"batch_size": 16}
+    baseline = row(name="00-baseline", status="ok", batch_size=64, peak_memory_bytes=2**20, knobs=Knobs().to_dict())
+    doubled = row(name="01-batch-32", status="ok", batch_size=128, peak_memory_bytes=2**20,
+                  knobs=Knobs(batch_size=32).to_dict())
+
+    def offer(knobs: Knobs, rows: tuple, measured: int) -> object:
+        best = Best.of(knobs, {}, "host", {}, 1, SearchSpace(), 1, Learned(rows, user),
+                       SimpleNamespace(name=rows[-1].name, batch_size=measured), SessionOptions(device="cpu"))
+        return offered(BY_NAME["batch_size"], best)[0]
+
+    first = offer(Knobs(), (baseline,), 64)
+    assert first.move_dict == {"batch_size": 32} and first.change == "batch 16→32"
+    assert offer(Knobs(batch_size=32), (baseline, doubled), 128).move_dict == {"batch_size": 64}
+
+
 def random_surface(folder: Path, rates: list[float], busy: list[float], holes: set[int], oom: bool) -> Path:
     """A surface over GRID with these samples/s and busy shares, the points in `holes` left out (never the
     script's own), the script's own run out of memory where `oom` (and then the AMP it recovers with kept)."""

@@ -132,12 +132,20 @@ def offer(best: Best) -> Offer | None:
         return None
     if trials[0]["status"] == "oom" or best.knobs.accumulation_steps:
         return None  # memory-bound already: the batch was made to fit, not to grow
-    current = best.batch
+    user = best.learned.user
+
+    def loader_batch(knobs: dict[str, Any], measured: int | None) -> int | None:
+        """The DataLoader's batch a trial ran at, the knob's value: a step of a script that accumulates gradients
+        itself holds several (one of 4 batches of 32 measured 128, and batch 128→256 was proposed from 32)."""
+        return knobs.get("batch_size") or user.get("batch_size") or measured
+
+    current = after_moves({}, best.knobs, user, best.batch) if best.batch else None
     if not current or best.learned.loader.get("batch_sampler"):
         return None  # a loader built with the script's batch_sampler takes no batch_size: nothing to try
     # Against a CPU --memory-limit, the memory the cap counts (the data segment beyond torch's own).
-    points = [(t["batch_size"], t.get("peak_capped_bytes") or t["peak_memory_bytes"]) for t in trials
-              if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
+    points = [(loader_batch(t.get("knobs") or {}, t["batch_size"]),
+               t.get("peak_capped_bytes") or t["peak_memory_bytes"])
+              for t in trials if t["status"] == "ok" and t.get("batch_size") and t.get("peak_memory_bytes")]
     # The batch size a trial asked for: one that ran out of memory in its first step measured none.
     failed = [t["knobs"]["batch_size"] for t in trials
               if t["status"] == "oom" and (t.get("knobs") or {}).get("batch_size")]
@@ -146,7 +154,7 @@ def offer(best: Best) -> Offer | None:
     # over the steps a trial needs runs out sooner still (an MLP of 4096 samples, 3 epochs: batch 2048 ran 6 steps
     # of 8, and 4096 was tried next).
     most = min((samples // ended["needed"] for t in trials if (ended := t.get("script_ended")) and (samples := (
-        ended["steps"] * ((t.get("knobs") or {}).get("batch_size") or t.get("batch_size") or 0)))), default=None)
+        ended["steps"] * (loader_batch(t.get("knobs") or {}, t.get("batch_size")) or 0)))), default=None)
     capacity = trials[0].get("capacity_bytes")
     rec = best.advice.get(KNOB.proposed_as)
     gain = rec.predicted_gain if rec is not None else (0.1 if best.bound == "host" else ROUND_GAIN)
