@@ -67,20 +67,21 @@ def host_figures(trace: Trace, steps: list[Step]) -> dict:
         else:
             implementation = "for-loop"
         closure_us = sum(c.dur for c in closures) / n
-        out["optimizer"] = {"name": name, "us_per_step": sum(own_span_us(span, inside, steps) for span in spans) / n
-                            - closure_us,
+        step_starts = [s.start for s in steps]
+        out["optimizer"] = {"name": name, "us_per_step": sum(own_span_us(span, inside, steps, step_starts)
+                                                             for span in spans) / n - closure_us,
                             "closure_us_per_step": closure_us, "implementation": implementation}
     out["host_busy_us_per_step"] = host_busy_us(trace, steps)
     return out
 
 
-def own_span_us(span: Event, inside: list[Event], steps: list[Step]) -> float:
+def own_span_us(span: Event, inside: list[Event], steps: list[Step], step_starts: list[float]) -> float:
     """The optimizer's update in its step's span: up to the trial's mark where it ends the step there, and no
     further than the end of the step it starts in. Where the steps are counted at the optimizer's step (a script
     with no target), the trial's own end of the step runs in the span (torch's post-hooks do): the loss read, the
     profiler's step and, in the last, its stop, which made an MLP's AdamW read 12 ms a step where it took 6."""
     ends = [op.ts for op in inside if op.name == STEP_END_RANGE and span.ts <= op.ts <= span.end]
-    step = steps[max(0, bisect.bisect_right([s.start for s in steps], span.ts) - 1)]
+    step = steps[max(0, bisect.bisect_right(step_starts, span.ts) - 1)]
     return min([span.end, step.end, *ends]) - span.ts
 
 

@@ -27,9 +27,10 @@ def setting(trial: TrialSettings) -> int:
 
 
 def after_moves(moves: dict[str, Any], knobs: Any, user: dict[str, Any], measured: int | None) -> int | None:
-    """The batch a step runs at once `moves` are made on a setting (`knobs`): the moved batch, else the setting's,
-    else the script's own (`user`), else the one a trial measured."""
-    return moves.get("batch_size") or knobs.batch_size or user.get("batch_size") or measured
+    """The batch a step runs at once `moves` are made on a setting (`knobs`, None: none beside the moves): the moved
+    batch, else the setting's, else the script's own (`user`), else the one a trial measured."""
+    return moves.get("batch_size") or (knobs.batch_size if knobs is not None else None) or user.get("batch_size") \
+        or measured
 
 
 def transform(g: StepGraph, value: Any, p: float, params: dict[str, float]) -> StepGraph:
@@ -137,7 +138,7 @@ def offer(best: Best) -> Offer | None:
     def loader_batch(knobs: dict[str, Any], measured: int | None) -> int | None:
         """The DataLoader's batch a trial ran at, the knob's value: a step of a script that accumulates gradients
         itself holds several (one of 4 batches of 32 measured 128, and batch 128→256 was proposed from 32)."""
-        return knobs.get("batch_size") or user.get("batch_size") or measured
+        return after_moves(knobs, None, user, measured)
 
     current = after_moves({}, best.knobs, user, best.batch) if best.batch else None
     if not current or best.learned.loader.get("batch_sampler"):

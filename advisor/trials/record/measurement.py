@@ -81,11 +81,16 @@ def window_groups(steps: list[dict[str, Any]]) -> tuple[list[list[dict]], str]:
     recorded = [s for s in steps if s.get("recorded") and _usable(s)]
     alternating = lag1_autocorrelation([s["wall_s"] for s in recorded]) < -0.3
     size = BLOCK_STEPS if alternating and len(recorded) >= 2 * BLOCK_STEPS else 1
-    blocks = [recorded[i:i + size] for i in range(0, len(recorded), size)]
+    return chunks(recorded, size), "blocks" if size > 1 else "steps"
+
+
+def chunks(steps: list[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
+    """Consecutive steps `size` at a time, a short last chunk joined to the one before it."""
+    blocks = [steps[i:i + size] for i in range(0, len(steps), size)]
     if len(blocks) > 1 and len(blocks[-1]) < size:
         last = blocks.pop()  # popped first: with two blocks, [-2] is gone once it is
-        blocks[-1] = blocks[-1] + last  # a lone last step joins the block before it
-    return blocks, "blocks" if size > 1 else "steps"
+        blocks[-1] = blocks[-1] + last
+    return blocks
 
 
 def lag1_autocorrelation(values: list[float]) -> float:
@@ -102,11 +107,7 @@ def window_blocks(window: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """A window's steps as (samples, seconds) of blocks of MIN_WINDOW_STEPS consecutive steps (a short last block
     joins the one before): a noise estimate where the windows give none, or one of a single degree of freedom.
     Read within a window, it can only understate the spread between windows."""
-    blocks = [window[i:i + MIN_WINDOW_STEPS] for i in range(0, len(window), MIN_WINDOW_STEPS)]
-    if len(blocks) > 1 and len(blocks[-1]) < MIN_WINDOW_STEPS:
-        last = blocks.pop()  # popped first: with two blocks, [-2] is gone once it is
-        blocks[-1] = blocks[-1] + last
-    return [(sum(s["batch_size"] for s in b), sum(s["wall_s"] for s in b)) for b in blocks]
+    return [(sum(s["batch_size"] for s in b), sum(s["wall_s"] for s in b)) for b in chunks(window, MIN_WINDOW_STEPS)]
 
 
 def ratio_relative_se(groups: list[tuple[float, float]]) -> float | None:
@@ -165,7 +166,7 @@ def measure(runs: Iterable[list[dict[str, Any]]]) -> Measurement:
         # which two windows that happen to agree make nil (an MLP's baseline: 7270 and 7274 samples/s, ±0.03 %,
         # and a batch of 128 was reverted as 13 % slower on it). Their steps in blocks say at least as much.
         blocks = ratio_relative_se([block for cut in cuts for block in window_blocks(cut)])
-        se = max(se, blocks) if se is not None and blocks is not None else se if blocks is None else blocks
+        se = max((x for x in (se, blocks) if x is not None), default=None)
     return Measurement(
         samples_per_s=samples / seconds if seconds > 0 else None,
         relative_se=se,
